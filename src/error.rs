@@ -1,0 +1,414 @@
+//! The one error type of diesel-occ.
+//!
+//! A guarded write that matches no row is not a generic database failure: it is one of a
+//! few precise outcomes (the row is gone, someone else changed it, the transition is not
+//! allowed, a lock was lost). Each gets its own variant so callers can `match` on what
+//! happened and decide what to do, and each message says what to do next.
+
+use std::any::Any;
+use std::fmt;
+
+use diesel::result::{DatabaseErrorKind, Error as DieselError};
+
+/// Everything that can go wrong in diesel-occ.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The row addressed by the key does not exist (any more).
+    #[error("no row in `{table}` with key {key}: it was deleted or never existed; reload the list or report 404")]
+    NotFound {
+        /// The table that was written.
+        table: &'static str,
+        /// The key that was looked for, rendered with `Debug`.
+        key: String,
+    },
+
+    /// Someone else changed the row since the caller read it; nothing was written.
+    #[error("{0}")]
+    Conflict(Box<Conflict>),
+
+    /// The row is in a state from which the requested transition is not allowed.
+    #[error("`{table}` row {key} is `{from}`, so it cannot become `{to}`; nothing was written")]
+    InvalidTransition {
+        /// The table that was written.
+        table: &'static str,
+        /// The key of the row.
+        key: String,
+        /// The state the row is in now.
+        from: String,
+        /// The state that was asked for.
+        to: String,
+    },
+
+    /// The lock is held by another owner.
+    #[error("lock `{lock}` is held by another owner; try again later or wait for it")]
+    LockHeld {
+        /// The lock's name and resource.
+        lock: String,
+    },
+
+    /// The caller no longer holds the lock or lease it thinks it holds (it expired or was
+    /// taken over); whatever it protects must not be written any more.
+    #[error("lock `{lock}` is no longer held by this owner (expired or taken over); stop the work it protects")]
+    LockLost {
+        /// The lock's name and resource.
+        lock: String,
+    },
+
+    /// A write carried a fencing token older than the newest one handed out.
+    #[error("fencing token {presented} is stale (the newest is {current}); the writer lost its lease and must stop")]
+    StaleFence {
+        /// The token the writer presented.
+        presented: i64,
+        /// The newest token.
+        current: i64,
+    },
+
+    /// A retry policy gave up; `last` is the error of the final attempt.
+    #[error("gave up after {attempts} attempts; last error: {last}")]
+    RetriesExhausted {
+        /// How many attempts were made.
+        attempts: u32,
+        /// The error of the last attempt.
+        last: Box<Error>,
+    },
+
+    /// The database refused the statement for a transient reason (serialization failure,
+    /// deadlock, lock wait timeout, SQLite busy). Nothing was written; running the whole
+    /// transaction again from its first read is safe.
+    #[error("transient database error ({reason}): roll back and run the transaction again from its first read: {source}")]
+    Retryable {
+        /// Why the database refused.
+        reason: RetryReason,
+        /// The error the database returned.
+        source: DieselError,
+    },
+
+    /// The connection failed while a write or commit was in flight: the write may or may
+    /// not have been applied. Never retried automatically (an increment would apply twice).
+    #[error("the connection failed while a write was in flight; it may or may not have been applied: read the row before deciding: {source}")]
+    Ambiguous {
+        /// The error the connection returned.
+        source: DieselError,
+    },
+
+    /// A version column already holds the largest value of its type; nothing was written.
+    #[error("version of `{table}` row {key} is at its maximum ({current}); widen the column (BIGINT) or reset it: nothing was written")]
+    VersionOverflow {
+        /// The table that was written.
+        table: &'static str,
+        /// The key of the row.
+        key: String,
+        /// The version the row holds.
+        current: i64,
+    },
+
+    /// A guarded write matched more than one row: the key the entity declares does not
+    /// identify a single row. Check `#[diesel(primary_key(...))]` against the table.
+    #[error("a guarded write on `{table}` with key {key} matched {rows} rows; the declared primary key does not identify one row")]
+    KeyNotUnique {
+        /// The table that was written.
+        table: &'static str,
+        /// The key used.
+        key: String,
+        /// How many rows matched.
+        rows: usize,
+    },
+
+    /// A stored value cannot be used as it is (malformed JSON, a NULL where a token is
+    /// required, ...); nothing was written.
+    #[error("invalid stored data in `{table}`.`{column}`: {reason}; nothing was written")]
+    InvalidData {
+        /// The table read.
+        table: &'static str,
+        /// The column read.
+        column: &'static str,
+        /// What is wrong with it.
+        reason: String,
+    },
+
+    /// Any other database error.
+    #[error("database error: {0}")]
+    Database(#[source] DieselError),
+
+    /// The connection could not be established.
+    #[error("cannot connect to the database: {0}")]
+    Connection(#[from] diesel::ConnectionError),
+
+    /// The pool could not hand out a connection in time.
+    #[error("no pooled connection available: {0}")]
+    Pool(#[from] r2d2::Error),
+
+    /// A JSON value could not be read or written.
+    #[error("JSON error: {0}")]
+    Json(#[from] serde_json::Error),
+}
+
+/// Why the database refused a statement in a way that a fresh attempt can fix.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum RetryReason {
+    /// PostgreSQL `40001` under REPEATABLE READ / SERIALIZABLE.
+    SerializationFailure,
+    /// PostgreSQL `40P01`, MySQL `1213`.
+    Deadlock,
+    /// MySQL `1205`, PostgreSQL `55P03` (lock not available).
+    LockTimeout,
+    /// SQLite `SQLITE_BUSY` / `SQLITE_LOCKED` after the busy timeout.
+    Busy,
+}
+
+impl fmt::Display for RetryReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            RetryReason::SerializationFailure => "serialization failure",
+            RetryReason::Deadlock => "deadlock",
+            RetryReason::LockTimeout => "lock wait timeout",
+            RetryReason::Busy => "database busy",
+        })
+    }
+}
+
+/// The token a guard compared, for messages and for callers that merge.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Token {
+    /// A version number (`i16`, `i32` and `i64` columns, widened).
+    Version(i64),
+}
+
+impl fmt::Display for Token {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Token::Version(v) => write!(f, "version {v}"),
+        }
+    }
+}
+
+/// A row value that a [`Conflict`] can carry without making [`Error`] generic.
+pub trait CurrentRow: Any + fmt::Debug + Send + Sync {
+    /// Upcast for downcasting to the entity type.
+    fn as_any(&self) -> &dyn Any;
+    /// Upcast for taking the entity out.
+    fn into_any(self: Box<Self>) -> Box<dyn Any>;
+}
+
+impl<T: Any + fmt::Debug + Send + Sync> CurrentRow for T {
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+    fn into_any(self: Box<Self>) -> Box<dyn Any> {
+        self
+    }
+}
+
+/// Someone else wrote the row between the caller's read and its write.
+///
+/// Carries the row as it is now, so the caller can show it, merge into it or re-apply its
+/// change without another round trip. Take it out with [`Conflict::current`] or
+/// [`Conflict::into_current`] using the entity type that was written.
+#[derive(Debug)]
+pub struct Conflict {
+    /// The table that was written.
+    pub table: &'static str,
+    /// The key of the row, rendered with `Debug`.
+    pub key: String,
+    /// The token the caller's copy had.
+    pub expected: Token,
+    /// The token the row has now.
+    pub found: Token,
+    current: Box<dyn CurrentRow>,
+}
+
+impl Conflict {
+    /// A conflict on `table`/`key` whose current row is `current`.
+    pub fn new<T: CurrentRow>(
+        table: &'static str,
+        key: String,
+        expected: Token,
+        found: Token,
+        current: T,
+    ) -> Self {
+        Conflict {
+            table,
+            key,
+            expected,
+            found,
+            current: Box::new(current),
+        }
+    }
+
+    /// The current row, if it is a `T`.
+    pub fn current<T: 'static>(&self) -> Option<&T> {
+        self.current.as_any().downcast_ref()
+    }
+
+    /// Takes the current row out; gives the conflict back if it is not a `T`.
+    pub fn into_current<T: 'static>(self) -> Result<T, Self> {
+        if self.current.as_any().is::<T>() {
+            let any = self.current.into_any();
+            Ok(*any.downcast::<T>().expect("type checked just above"))
+        } else {
+            Err(self)
+        }
+    }
+}
+
+impl fmt::Display for Conflict {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "`{}` row {} was changed by someone else (expected {}, found {}); nothing was written: \
+             re-apply your change to the current row and save again",
+            self.table, self.key, self.expected, self.found
+        )
+    }
+}
+
+impl Error {
+    /// True when running the whole operation again from its first read may succeed:
+    /// a conflict or a transient database refusal. Never true for [`Error::Ambiguous`].
+    pub fn is_retryable(&self) -> bool {
+        matches!(self, Error::Conflict(_) | Error::Retryable { .. })
+    }
+
+    /// The conflict, if this is one.
+    pub fn as_conflict(&self) -> Option<&Conflict> {
+        match self {
+            Error::Conflict(c) => Some(c),
+            _ => None,
+        }
+    }
+
+    /// Classifies an error of a statement that writes (or commits). When the connection
+    /// dies outside a transaction the statement may have been applied: that is
+    /// [`Error::Ambiguous`]. Inside a transaction the database rolls back, so it is not.
+    pub fn from_write(source: DieselError, in_transaction: bool) -> Self {
+        match source {
+            DieselError::DatabaseError(DatabaseErrorKind::ClosedConnection, _)
+                if !in_transaction =>
+            {
+                Error::Ambiguous { source }
+            }
+            other => Error::from(other),
+        }
+    }
+}
+
+impl From<DieselError> for Error {
+    fn from(source: DieselError) -> Self {
+        match retry_reason(&source) {
+            Some(reason) => Error::Retryable { reason, source },
+            None => Error::Database(source),
+        }
+    }
+}
+
+/// Which database errors a fresh attempt can fix. diesel maps PostgreSQL `40001` and
+/// MySQL `1213` to `SerializationFailure`; the others only show in the message.
+fn retry_reason(error: &DieselError) -> Option<RetryReason> {
+    let DieselError::DatabaseError(kind, info) = error else {
+        return None;
+    };
+    if let DatabaseErrorKind::SerializationFailure = kind {
+        let message = info.message();
+        return Some(if message.contains("Deadlock") {
+            RetryReason::Deadlock
+        } else {
+            RetryReason::SerializationFailure
+        });
+    }
+    let message = info.message().to_ascii_lowercase();
+    if message.contains("deadlock") {
+        Some(RetryReason::Deadlock)
+    } else if message.contains("lock wait timeout") || message.contains("could not obtain lock")
+    {
+        Some(RetryReason::LockTimeout)
+    } else if message.contains("database is locked") || message.contains("database table is locked")
+    {
+        Some(RetryReason::Busy)
+    } else {
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug, PartialEq)]
+    struct Row(i32);
+
+    fn conflict() -> Conflict {
+        Conflict::new(
+            "orders",
+            "7".into(),
+            Token::Version(3),
+            Token::Version(5),
+            Row(1),
+        )
+    }
+
+    #[test]
+    fn conflict_gives_back_the_current_row_by_type() {
+        let c = conflict();
+        assert_eq!(c.current::<Row>(), Some(&Row(1)));
+        assert_eq!(c.current::<String>(), None);
+        let c = c.into_current::<String>().unwrap_err();
+        assert_eq!(c.into_current::<Row>().unwrap(), Row(1));
+    }
+
+    #[test]
+    fn conflict_message_says_what_happened_and_what_to_do() {
+        let msg = Error::Conflict(Box::new(conflict())).to_string();
+        assert_eq!(
+            msg,
+            "`orders` row 7 was changed by someone else (expected version 3, found version 5); \
+             nothing was written: re-apply your change to the current row and save again"
+        );
+    }
+
+    #[test]
+    fn closed_connection_is_ambiguous_only_outside_a_transaction() {
+        let closed = || {
+            DieselError::DatabaseError(
+                DatabaseErrorKind::ClosedConnection,
+                Box::new("server closed the connection".to_string()),
+            )
+        };
+        assert!(matches!(
+            Error::from_write(closed(), false),
+            Error::Ambiguous { .. }
+        ));
+        assert!(matches!(
+            Error::from_write(closed(), true),
+            Error::Database(_)
+        ));
+        assert!(!Error::from_write(closed(), false).is_retryable());
+    }
+
+    #[test]
+    fn transient_errors_are_classified_by_kind_and_message() {
+        let db = |kind, msg: &str| Error::from(DieselError::DatabaseError(kind, Box::new(msg.to_string())));
+        let reason = |e: Error| match e {
+            Error::Retryable { reason, .. } => Some(reason),
+            _ => None,
+        };
+        use DatabaseErrorKind::*;
+        assert_eq!(
+            reason(db(SerializationFailure, "could not serialize access")),
+            Some(RetryReason::SerializationFailure)
+        );
+        assert_eq!(
+            reason(db(SerializationFailure, "Deadlock found when trying to get lock")),
+            Some(RetryReason::Deadlock)
+        );
+        assert_eq!(reason(db(Unknown, "deadlock detected")), Some(RetryReason::Deadlock));
+        assert_eq!(
+            reason(db(Unknown, "Lock wait timeout exceeded; try restarting transaction")),
+            Some(RetryReason::LockTimeout)
+        );
+        assert_eq!(reason(db(Unknown, "database is locked")), Some(RetryReason::Busy));
+        assert_eq!(reason(db(UniqueViolation, "duplicate key")), None);
+    }
+}

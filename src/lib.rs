@@ -1,0 +1,100 @@
+//! Optimistic concurrency control for [diesel]: writes to shared rows that never lose
+//! another writer's update.
+//!
+//! A guarded write is a compare-and-set on one row: `UPDATE ... SET <changes>,
+//! version = <next> WHERE <key> AND version = <the version you read>`. One row matched:
+//! the write happened and you get the new version without a re-read. No row matched: the
+//! row is read once more by key and you get a precise [`Error`]: [`Error::NotFound`], or
+//! [`Error::Conflict`] carrying the row as it is now.
+//!
+//! ```
+//! # include!("../tests/doctest_setup.rs");
+//! use diesel::prelude::*;
+//! use diesel_occ::{Error, Guarded, GuardedWrite};
+//!
+//! diesel::table! {
+//!     orders (id) {
+//!         id -> BigInt,
+//!         note -> Text,
+//!         version -> BigInt,
+//!     }
+//! }
+//!
+//! #[derive(Debug, Clone, Queryable, Selectable, Identifiable, Guarded)]
+//! #[diesel(table_name = orders)]
+//! struct Order {
+//!     id: i64,
+//!     note: String,
+//!     #[occ(version)]
+//!     version: i64,
+//! }
+//!
+//! # fn main() -> Result<(), Error> {
+//! # let mut conn = doctest_connection("CREATE TABLE orders (id BIGINT PRIMARY KEY, note TEXT NOT NULL, version BIGINT NOT NULL);
+//! #     INSERT INTO orders VALUES (1, 'new', 0);");
+//! // Two people open the same order.
+//! let mut alice: Order = orders::table.find(1).select(Order::as_select()).first(&mut conn)?;
+//! let bob = alice.clone();
+//!
+//! // Alice saves first: the version goes from 0 to 1.
+//! alice.note = "gift wrap".into();
+//! assert_eq!(alice.guarded_save(&mut conn)?, 1);
+//!
+//! // Bob's copy is stale: his write matches no row and he learns what is there now.
+//! match bob.guarded_update(&mut conn, orders::note.eq("express")) {
+//!     Err(Error::Conflict(conflict)) => {
+//!         let current = conflict.current::<Order>().unwrap();
+//!         assert_eq!((current.note.as_str(), current.version), ("gift wrap", 1));
+//!     }
+//!     other => panic!("expected a conflict, got {other:?}"),
+//! }
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! # Feature flags
+//! - `sqlite` (default): SQLite, bundled, nothing to install.
+//! - `postgres`: PostgreSQL through libpq.
+//! - `mysql`: MySQL / MariaDB through libmysqlclient.
+//! - `all-backends`: all three.
+//!
+//! # The derive
+//! `#[derive(Guarded)]` goes next to diesel's `Queryable`, `Selectable` and `Identifiable`
+//! and reads the attributes they read.
+//!
+//! Container attributes (diesel's own):
+//! - `#[diesel(table_name = path)]`: the `table!` module (default: the struct's name in
+//!   snake case with an `s`, like diesel).
+//! - `#[diesel(primary_key(col, ...))]`: key columns (default `id`); composite keys work.
+//!
+//! Field attributes:
+//! - `#[occ(version)]`: the version column, of type `i16`, `i32` or `i64`. Exactly one.
+//! - `#[diesel(column_name = name)]`: the field's column, when named differently.
+//! - `#[diesel(skip_update)]`: left out of [`GuardedWrite::guarded_save`].
+//! - `#[diesel(serialize_as = Type)]`: converted with `Into<Type>` before it is written.
+
+pub mod connection;
+pub mod error;
+pub mod guard;
+pub mod pool;
+pub mod statement;
+pub mod update;
+
+pub use connection::WriteTransaction;
+pub use error::{Conflict, CurrentRow, Error, RetryReason, Token};
+pub use guard::{Guarded, VersionNumber};
+pub use pool::PoolConfig;
+#[cfg(feature = "mysql")]
+pub use pool::{mysql_pool, MysqlPool};
+#[cfg(feature = "postgres")]
+pub use pool::{postgres_pool, PgPool};
+#[cfg(feature = "sqlite")]
+pub use pool::{sqlite_pool, SqlitePool, SqliteSettings};
+pub use update::{execute_guarded, GuardedWrite, LoadByKey};
+
+/// Derives [`Guarded`] for an entity struct; see the crate docs for its attributes.
+pub use diesel_occ_derive::Guarded;
+
+/// The diesel this crate is built on; generated code names it through this path.
+#[doc(hidden)]
+pub use diesel;

@@ -1,0 +1,213 @@
+//! The executor of guarded writes and the version-guarded writes built on it.
+
+use diesel::connection::{Connection, LoadConnection, TransactionManager};
+use diesel::dsl::{AsSelect, Filter, Select};
+use diesel::query_builder::{AsChangeset, QueryId};
+use diesel::query_dsl::methods::{ExecuteDsl, FilterDsl, LoadQuery, SelectDsl};
+use diesel::{OptionalExtension, QueryResult, RunQueryDsl, Selectable, SelectableHelper};
+
+use crate::error::{Conflict, Error, Token};
+use crate::guard::{Guarded, VersionNumber};
+use crate::statement::{ColumnEq, GuardedDelete, GuardedUpdate, NoChanges};
+
+/// Runs one compare-and-set statement and classifies its outcome.
+///
+/// - 1 row: `Ok(())`.
+/// - 0 rows: `on_miss` explains why (it usually reads the row again by key).
+/// - more rows: [`Error::KeyNotUnique`]; the key does not address one row.
+/// - a database error: classified by [`Error::from_write`] (retryable, ambiguous, ...).
+///
+/// Every guard kind runs through here, so they all report outcomes the same way.
+pub fn execute_guarded<C, S>(
+    conn: &mut C,
+    statement: S,
+    describe: impl FnOnce() -> (&'static str, String),
+    on_miss: impl FnOnce(&mut C) -> Error,
+) -> Result<(), Error>
+where
+    C: Connection,
+    S: ExecuteDsl<C>,
+{
+    match ExecuteDsl::execute(statement, conn) {
+        Ok(1) => Ok(()),
+        Ok(0) => Err(on_miss(conn)),
+        Ok(rows) => {
+            let (table, key) = describe();
+            Err(Error::KeyNotUnique { table, key, rows })
+        }
+        Err(e) => Err(Error::from_write(e, in_transaction(conn))),
+    }
+}
+
+/// Whether `conn` has an open transaction (so a dropped connection rolls the write back).
+fn in_transaction<C: Connection>(conn: &mut C) -> bool {
+    C::TransactionManager::transaction_manager_status_mut(conn)
+        .transaction_depth()
+        .map(|depth| depth.is_some())
+        // A broken transaction manager means the connection is in an unknown state:
+        // treat the write as possibly applied.
+        .unwrap_or(false)
+}
+
+/// The version-guarded `UPDATE` of entity `T` with changeset `Ch`.
+pub type VersionedUpdate<T, Ch> = GuardedUpdate<
+    <T as diesel::associations::HasTable>::Table,
+    Ch,
+    VersionEq<T>,
+    <T as Guarded>::KeyPredicate,
+    VersionEq<T>,
+>;
+
+/// The version-guarded `DELETE` of entity `T`.
+pub type VersionedDelete<T> = GuardedDelete<
+    <T as diesel::associations::HasTable>::Table,
+    <T as Guarded>::KeyPredicate,
+    VersionEq<T>,
+>;
+
+/// `version = ?` for entity `T`.
+pub type VersionEq<T> = ColumnEq<<T as Guarded>::VersionColumn, <T as Guarded>::Version>;
+
+/// Loading an entity by key on connection `C`; used to explain a write that matched no
+/// row. Implemented for every [`Guarded`] + [`Selectable`] entity whose query fits `C`.
+pub trait LoadByKey<C>: Guarded {
+    /// The row with `key`, if it exists.
+    fn load_by_key(conn: &mut C, key: &Self::Key) -> QueryResult<Option<Self>>;
+}
+
+impl<T, C> LoadByKey<C> for T
+where
+    T: Guarded + Selectable<C::Backend>,
+    C: LoadConnection,
+    T::SelectExpression: QueryId,
+    T::Table: FilterDsl<T::KeyPredicate>,
+    Filter<T::Table, T::KeyPredicate>: SelectDsl<AsSelect<T, C::Backend>>,
+    Select<Filter<T::Table, T::KeyPredicate>, AsSelect<T, C::Backend>>:
+        LoadQuery<'static, C, T> + RunQueryDsl<C>,
+{
+    fn load_by_key(conn: &mut C, key: &Self::Key) -> QueryResult<Option<Self>> {
+        let filtered = FilterDsl::filter(T::table(), T::key_predicate(key));
+        SelectDsl::select(filtered, T::as_select())
+            .get_result(conn)
+            .optional()
+    }
+}
+
+/// Version-guarded writes for every [`Guarded`] entity.
+///
+/// Each write is one statement, `... WHERE <key> AND version = <the version this copy was
+/// read at>`, that also sets the next version. It returns the new version without reading
+/// the row back. When it matches no row the row is read once by key to report
+/// [`Error::NotFound`] or [`Error::Conflict`] with the current row. Nothing opens a
+/// transaction: inside the caller's transaction the write is part of it.
+///
+/// At the version type's maximum every write fails with [`Error::VersionOverflow`] before
+/// anything is sent: versions never wrap, since a wrapped version could repeat a token a
+/// stale copy still holds.
+pub trait GuardedWrite: Guarded {
+    /// Applies `changes` to this row if it is still at this copy's version, and advances
+    /// the version. An empty changeset (all fields `None`) just advances the version.
+    ///
+    /// The copy itself is not modified: its other fields do not reflect `changes`.
+    fn guarded_update<C, Ch>(&self, conn: &mut C, changes: Ch) -> Result<Self::Version, Error>
+    where
+        C: Connection,
+        Ch: AsChangeset<Target = Self::Table>,
+        VersionedUpdate<Self, Ch::Changeset>: ExecuteDsl<C>,
+        Self: LoadByKey<C>,
+    {
+        let next = next_version(self)?;
+        let statement = VersionedUpdate::<Self, Ch::Changeset>::new(
+            Self::table(),
+            changes.as_changeset(),
+            ColumnEq::new(next),
+            Self::key_predicate(&self.key()),
+            ColumnEq::new(self.version()),
+        );
+        run_versioned(self, conn, statement)?;
+        Ok(next)
+    }
+
+    /// Writes every updatable field of this copy if the row is still at its version, and
+    /// records the new version in the copy.
+    fn guarded_save<C>(&mut self, conn: &mut C) -> Result<Self::Version, Error>
+    where
+        C: Connection,
+        VersionedUpdate<Self, <Self::Changes as AsChangeset>::Changeset>: ExecuteDsl<C>,
+        Self: LoadByKey<C>,
+    {
+        let next = self.guarded_update(conn, self.changes())?;
+        self.set_version(next);
+        Ok(next)
+    }
+
+    /// Advances the version without changing anything else ("force increment"), e.g. to
+    /// mark an aggregate root changed when only its children were. Records the new
+    /// version in the copy.
+    fn guarded_touch<C>(&mut self, conn: &mut C) -> Result<Self::Version, Error>
+    where
+        C: Connection,
+        VersionedUpdate<Self, NoChanges<Self::Table>>: ExecuteDsl<C>,
+        Self: LoadByKey<C>,
+    {
+        let next = self.guarded_update(conn, NoChanges::default())?;
+        self.set_version(next);
+        Ok(next)
+    }
+
+    /// Deletes the row if it is still at this copy's version.
+    fn guarded_delete<C>(&self, conn: &mut C) -> Result<(), Error>
+    where
+        C: Connection,
+        VersionedDelete<Self>: ExecuteDsl<C>,
+        Self: LoadByKey<C>,
+    {
+        let statement = VersionedDelete::<Self>::new(
+            Self::table(),
+            Self::key_predicate(&self.key()),
+            ColumnEq::new(self.version()),
+        );
+        run_versioned(self, conn, statement)
+    }
+}
+
+impl<T: Guarded> GuardedWrite for T {}
+
+/// The version after `row`'s, or [`Error::VersionOverflow`].
+fn next_version<T: Guarded>(row: &T) -> Result<T::Version, Error> {
+    row.version().next().ok_or_else(|| Error::VersionOverflow {
+        table: T::TABLE_NAME,
+        key: format!("{:?}", row.key()),
+        current: row.version().widen(),
+    })
+}
+
+/// Runs a version-guarded `statement` for `row`; a miss is explained by reading the row
+/// again: gone is [`Error::NotFound`], present is [`Error::Conflict`] with it.
+fn run_versioned<T, C, S>(row: &T, conn: &mut C, statement: S) -> Result<(), Error>
+where
+    T: LoadByKey<C>,
+    C: Connection,
+    S: ExecuteDsl<C>,
+{
+    let key = row.key();
+    execute_guarded(
+        conn,
+        statement,
+        || (T::TABLE_NAME, format!("{key:?}")),
+        |conn| match T::load_by_key(conn, &key) {
+            Ok(None) => Error::NotFound {
+                table: T::TABLE_NAME,
+                key: format!("{key:?}"),
+            },
+            Ok(Some(current)) => Error::Conflict(Box::new(Conflict::new(
+                T::TABLE_NAME,
+                format!("{key:?}"),
+                Token::Version(row.version().widen()),
+                Token::Version(current.version().widen()),
+                current,
+            ))),
+            Err(e) => Error::from(e),
+        },
+    )
+}
