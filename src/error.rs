@@ -240,12 +240,13 @@ impl Conflict {
 
     /// The current row, if it is a `T`.
     pub fn current<T: 'static>(&self) -> Option<&T> {
-        self.current.as_any().downcast_ref()
+        // Deref first: the `Box` itself is a `CurrentRow` too.
+        (*self.current).as_any().downcast_ref()
     }
 
     /// Takes the current row out; gives the conflict back if it is not a `T`.
     pub fn into_current<T: 'static>(self) -> Result<T, Self> {
-        if self.current.as_any().is::<T>() {
+        if (*self.current).as_any().is::<T>() {
             let any = self.current.into_any();
             Ok(*any.downcast::<T>().expect("type checked just above"))
         } else {
@@ -321,8 +322,7 @@ fn retry_reason(error: &DieselError) -> Option<RetryReason> {
     let message = info.message().to_ascii_lowercase();
     if message.contains("deadlock") {
         Some(RetryReason::Deadlock)
-    } else if message.contains("lock wait timeout") || message.contains("could not obtain lock")
-    {
+    } else if message.contains("lock wait timeout") || message.contains("could not obtain lock") {
         Some(RetryReason::LockTimeout)
     } else if message.contains("database is locked") || message.contains("database table is locked")
     {
@@ -389,7 +389,9 @@ mod tests {
 
     #[test]
     fn transient_errors_are_classified_by_kind_and_message() {
-        let db = |kind, msg: &str| Error::from(DieselError::DatabaseError(kind, Box::new(msg.to_string())));
+        let db = |kind, msg: &str| {
+            Error::from(DieselError::DatabaseError(kind, Box::new(msg.to_string())))
+        };
         let reason = |e: Error| match e {
             Error::Retryable { reason, .. } => Some(reason),
             _ => None,
@@ -400,15 +402,27 @@ mod tests {
             Some(RetryReason::SerializationFailure)
         );
         assert_eq!(
-            reason(db(SerializationFailure, "Deadlock found when trying to get lock")),
+            reason(db(
+                SerializationFailure,
+                "Deadlock found when trying to get lock"
+            )),
             Some(RetryReason::Deadlock)
         );
-        assert_eq!(reason(db(Unknown, "deadlock detected")), Some(RetryReason::Deadlock));
         assert_eq!(
-            reason(db(Unknown, "Lock wait timeout exceeded; try restarting transaction")),
+            reason(db(Unknown, "deadlock detected")),
+            Some(RetryReason::Deadlock)
+        );
+        assert_eq!(
+            reason(db(
+                Unknown,
+                "Lock wait timeout exceeded; try restarting transaction"
+            )),
             Some(RetryReason::LockTimeout)
         );
-        assert_eq!(reason(db(Unknown, "database is locked")), Some(RetryReason::Busy));
+        assert_eq!(
+            reason(db(Unknown, "database is locked")),
+            Some(RetryReason::Busy)
+        );
         assert_eq!(reason(db(UniqueViolation, "duplicate key")), None);
     }
 }

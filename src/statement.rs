@@ -160,9 +160,8 @@ where
     Guard: QueryId,
 {
     type QueryId = (T::QueryId, Key::QueryId, Guard::QueryId);
-    const HAS_STATIC_QUERY_ID: bool = T::HAS_STATIC_QUERY_ID
-        && Key::HAS_STATIC_QUERY_ID
-        && Guard::HAS_STATIC_QUERY_ID;
+    const HAS_STATIC_QUERY_ID: bool =
+        T::HAS_STATIC_QUERY_ID && Key::HAS_STATIC_QUERY_ID && Guard::HAS_STATIC_QUERY_ID;
 }
 
 impl<T: Table, Key, Guard, Conn> RunQueryDsl<Conn> for GuardedDelete<T, Key, Guard> {}

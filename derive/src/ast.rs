@@ -1,0 +1,124 @@
+//! The entity as the derive sees it: table, key columns and fields with their columns.
+
+use proc_macro2::Span;
+use syn::spanned::Spanned;
+use syn::{DeriveInput, Ident, Member, Path, Type};
+
+use crate::attr::{self, Errors, OccAttr};
+
+pub struct Entity<'a> {
+    pub ident: &'a Ident,
+    pub table: Path,
+    /// Key column names, from `#[diesel(primary_key(...))]` or `id`.
+    pub primary_key: Vec<Ident>,
+    pub fields: Vec<Field<'a>>,
+}
+
+pub struct Field<'a> {
+    pub member: Member,
+    pub ty: &'a Type,
+    pub column: Ident,
+    pub occ: Vec<OccAttr>,
+    pub serialize_as: Option<Type>,
+    pub skip_update: bool,
+    pub not_a_column: Option<Span>,
+}
+
+impl<'a> Entity<'a> {
+    pub fn from_input(input: &'a DeriveInput) -> syn::Result<Self> {
+        let syn::Data::Struct(data) = &input.data else {
+            return Err(syn::Error::new(
+                input.ident.span(),
+                "`#[derive(Guarded)]` works on structs that map a table row",
+            ));
+        };
+        if !input.generics.params.is_empty() {
+            return Err(syn::Error::new(
+                input.generics.span(),
+                "`#[derive(Guarded)]` does not support generic structs: a row type owns its values",
+            ));
+        }
+        let mut errors = Errors::default();
+        attr::occ_container_attrs(&input.attrs, &mut errors);
+        let diesel = attr::diesel_container(&input.attrs)?;
+        let table = diesel
+            .table_name
+            .unwrap_or_else(|| default_table_name(&input.ident).into());
+        let primary_key = diesel
+            .primary_key
+            .unwrap_or_else(|| vec![Ident::new("id", input.ident.span())]);
+
+        let mut fields = Vec::new();
+        for (index, field) in data.fields.iter().enumerate() {
+            let occ = attr::occ_field_attrs(&field.attrs, &mut errors);
+            let diesel = match attr::diesel_field(&field.attrs) {
+                Ok(d) => d,
+                Err(e) => {
+                    errors.push(e);
+                    continue;
+                }
+            };
+            let member = match &field.ident {
+                Some(ident) => Member::Named(ident.clone()),
+                None => Member::Unnamed(index.into()),
+            };
+            let column = match (diesel.column_name, &field.ident) {
+                (Some(column), _) => column,
+                (None, Some(ident)) => ident.clone(),
+                (None, None) => {
+                    errors.push(syn::Error::new(
+                        field.span(),
+                        "a tuple struct field needs `#[diesel(column_name = ...)]`",
+                    ));
+                    continue;
+                }
+            };
+            fields.push(Field {
+                member,
+                ty: &field.ty,
+                column,
+                occ,
+                serialize_as: diesel.serialize_as,
+                skip_update: diesel.skip_update,
+                not_a_column: diesel.not_a_column,
+            });
+        }
+        errors.finish()?;
+        Ok(Entity {
+            ident: &input.ident,
+            table,
+            primary_key,
+            fields,
+        })
+    }
+
+    /// The table's own name (the path's last segment), for messages.
+    pub fn table_name(&self) -> String {
+        self.table
+            .segments
+            .last()
+            .map(|s| s.ident.to_string())
+            .unwrap_or_default()
+    }
+
+    pub fn is_key(&self, field: &Field<'_>) -> bool {
+        self.primary_key.contains(&field.column)
+    }
+}
+
+/// diesel's default: `OrderLine` -> `order_lines`.
+fn default_table_name(ident: &Ident) -> Ident {
+    let mut snake = String::new();
+    for (i, c) in ident.to_string().chars().enumerate() {
+        if c.is_uppercase() {
+            if i > 0 {
+                snake.push('_');
+            }
+            snake.extend(c.to_lowercase());
+        } else {
+            snake.push(c);
+        }
+    }
+    snake.push('s');
+    Ident::new(&snake, ident.span())
+}

@@ -1,0 +1,165 @@
+//! Parsing of the attributes the derive reads: its own `#[occ(...)]` and the parts of
+//! diesel's `#[diesel(...)]` that say where the data lives.
+
+use proc_macro2::Span;
+use syn::ext::IdentExt;
+use syn::parse::ParseStream;
+use syn::spanned::Spanned;
+use syn::{Attribute, Ident, Path, Token, Type};
+
+/// The field attributes of `#[occ(...)]`, for "expected one of" messages.
+const OCC_FIELD_ATTRIBUTES: &str = "`version`";
+
+/// One `#[occ(...)]` item on a field. Keeps its ident so errors point at it.
+pub enum OccAttr {
+    /// `#[occ(version)]`: the version column.
+    Version(Ident),
+}
+
+/// Errors collected over the whole input, reported together.
+#[derive(Default)]
+pub struct Errors(Option<syn::Error>);
+
+impl Errors {
+    pub fn push(&mut self, error: syn::Error) {
+        match &mut self.0 {
+            Some(all) => all.combine(error),
+            None => self.0 = Some(error),
+        }
+    }
+
+    pub fn finish(self) -> syn::Result<()> {
+        self.0.map_or(Ok(()), Err)
+    }
+}
+
+fn malformed(span: Span, message: &str) -> syn::Error {
+    syn::Error::new(
+        span,
+        format!("{message}\n  help: the correct format looks like `#[occ(version)]`"),
+    )
+}
+
+/// Parses the `#[occ(...)]` attributes of a field.
+pub fn occ_field_attrs(attrs: &[Attribute], errors: &mut Errors) -> Vec<OccAttr> {
+    let mut found = Vec::new();
+    for attr in attrs.iter().filter(|a| a.path().is_ident("occ")) {
+        if !matches!(attr.meta, syn::Meta::List(_)) {
+            errors.push(malformed(attr.span(), "`occ` takes a list of items"));
+            continue;
+        }
+        let parsed = attr.parse_nested_meta(|meta| {
+            let Some(ident) = meta.path.get_ident().cloned() else {
+                return Err(malformed(meta.path.span(), "expected a single word"));
+            };
+            if ident == "version" {
+                if !meta.input.is_empty() && !meta.input.peek(Token![,]) {
+                    return Err(malformed(meta.input.span(), "`version` takes no value"));
+                }
+                found.push(OccAttr::Version(ident));
+                Ok(())
+            } else {
+                Err(syn::Error::new(
+                    ident.span(),
+                    format!(
+                        "unknown occ attribute `{ident}`; expected one of: {OCC_FIELD_ATTRIBUTES}"
+                    ),
+                ))
+            }
+        });
+        if let Err(e) = parsed {
+            errors.push(e);
+        }
+    }
+    found
+}
+
+/// Rejects `#[occ(...)]` on the struct itself: every occ attribute so far is a field's.
+pub fn occ_container_attrs(attrs: &[Attribute], errors: &mut Errors) {
+    for attr in attrs.iter().filter(|a| a.path().is_ident("occ")) {
+        errors.push(syn::Error::new(
+            attr.span(),
+            "`#[occ(...)]` goes on a field, not on the struct\n  \
+             help: mark the version field: `#[occ(version)] version: i64`",
+        ));
+    }
+}
+
+/// What the derive reads of diesel's container attributes.
+#[derive(Default)]
+pub struct DieselContainer {
+    pub table_name: Option<Path>,
+    pub primary_key: Option<Vec<Ident>>,
+}
+
+/// What the derive reads of diesel's field attributes.
+#[derive(Default)]
+pub struct DieselField {
+    pub column_name: Option<Ident>,
+    pub serialize_as: Option<Type>,
+    pub skip_update: bool,
+    /// `embed` or `select_expression`: fields that are not one column.
+    pub not_a_column: Option<Span>,
+}
+
+/// Reads `table_name` and `primary_key`; other diesel keys belong to diesel and are skipped.
+pub fn diesel_container(attrs: &[Attribute]) -> syn::Result<DieselContainer> {
+    let mut out = DieselContainer::default();
+    for attr in attrs.iter().filter(|a| a.path().is_ident("diesel")) {
+        attr.parse_nested_meta(|meta| {
+            if meta.path.is_ident("table_name") {
+                out.table_name = Some(meta.value()?.parse()?);
+            } else if meta.path.is_ident("primary_key") {
+                let content;
+                syn::parenthesized!(content in meta.input);
+                let keys = content.parse_terminated(Ident::parse_any, Token![,])?;
+                out.primary_key = Some(keys.into_iter().collect());
+            } else {
+                skip_value(meta.input)?;
+            }
+            Ok(())
+        })?;
+    }
+    Ok(out)
+}
+
+/// Reads `column_name`, `serialize_as`, `skip_update`, `embed`, `select_expression`.
+pub fn diesel_field(attrs: &[Attribute]) -> syn::Result<DieselField> {
+    let mut out = DieselField::default();
+    for attr in attrs.iter().filter(|a| a.path().is_ident("diesel")) {
+        attr.parse_nested_meta(|meta| {
+            if meta.path.is_ident("column_name") {
+                out.column_name = Some(meta.value()?.call(Ident::parse_any)?);
+            } else if meta.path.is_ident("serialize_as") {
+                out.serialize_as = Some(meta.value()?.parse()?);
+            } else if meta.path.is_ident("skip_update") {
+                out.skip_update = true;
+            } else {
+                if meta.path.is_ident("embed") || meta.path.is_ident("select_expression") {
+                    out.not_a_column = Some(meta.path.span());
+                }
+                skip_value(meta.input)?;
+            }
+            Ok(())
+        })?;
+    }
+    Ok(out)
+}
+
+/// Skips what follows a diesel key we do not read: `= <type or expression>` or `(...)`.
+fn skip_value(input: ParseStream<'_>) -> syn::Result<()> {
+    if input.peek(Token![=]) {
+        input.parse::<Token![=]>()?;
+        // Types (`dsl::Foo<a, b>`) contain commas outside any group, so try them first.
+        let fork = input.fork();
+        if fork.parse::<Type>().is_ok() && (fork.is_empty() || fork.peek(Token![,])) {
+            input.parse::<Type>()?;
+        } else {
+            input.parse::<syn::Expr>()?;
+        }
+    } else if input.peek(syn::token::Paren) {
+        let _content;
+        syn::parenthesized!(_content in input);
+    }
+    Ok(())
+}

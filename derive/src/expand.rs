@@ -1,0 +1,142 @@
+//! The generated `impl diesel_occ::Guarded`.
+//!
+//! Everything is named by absolute path and wrapped in `const _: () = { ... };`, so the
+//! expansion neither needs nor adds anything in the user's scope except the table module,
+//! which it resolves where the struct is defined, like diesel's own derives.
+
+use proc_macro2::TokenStream;
+use quote::quote;
+
+use crate::ast::{Entity, Field};
+
+pub fn guarded(entity: &Entity<'_>, version: &Field<'_>) -> TokenStream {
+    let ident = entity.ident;
+    let table = &entity.table;
+    let table_name = entity.table_name();
+    let column = |f: &Field<'_>| {
+        let c = &f.column;
+        quote!(#table::#c)
+    };
+    // A field's value as written to its column: cloned, then converted if `serialize_as`.
+    let value = |f: &Field<'_>, source: TokenStream| match &f.serialize_as {
+        Some(ty) => (
+            quote!(#ty),
+            quote!(::std::convert::Into::<#ty>::into(::std::clone::Clone::clone(#source))),
+        ),
+        None => {
+            let ty = f.ty;
+            (quote!(#ty), quote!(::std::clone::Clone::clone(#source)))
+        }
+    };
+
+    let keys: Vec<&Field<'_>> = entity
+        .primary_key
+        .iter()
+        .map(|k| {
+            entity
+                .fields
+                .iter()
+                .find(|f| &f.column == k)
+                .expect("validated")
+        })
+        .collect();
+    let key_types: Vec<_> = keys.iter().map(|f| f.ty).collect();
+    let key_members: Vec<_> = keys.iter().map(|f| &f.member).collect();
+    let (key_type, key_value) = if keys.len() == 1 {
+        let (ty, member) = (key_types[0], key_members[0]);
+        (
+            quote!(#ty),
+            quote!(::std::clone::Clone::clone(&self.#member)),
+        )
+    } else {
+        (
+            quote!((#(#key_types,)*)),
+            quote!((#(::std::clone::Clone::clone(&self.#key_members),)*)),
+        )
+    };
+    // `a = key.0 AND b = key.1 ...`, folded left like `a.eq(..).and(b.eq(..))`.
+    let mut predicate: Option<(TokenStream, TokenStream)> = None;
+    for (i, f) in keys.iter().enumerate() {
+        let col = column(f);
+        let source = if keys.len() == 1 {
+            quote!(key)
+        } else {
+            let index = syn::Index::from(i);
+            quote!(&key.#index)
+        };
+        let (bound_ty, bound) = value(f, source);
+        let eq_ty = quote!(::diesel_occ::diesel::dsl::Eq<#col, #bound_ty>);
+        let eq = quote!(::diesel_occ::diesel::ExpressionMethods::eq(#col, #bound));
+        predicate = Some(match predicate {
+            None => (eq_ty, eq),
+            Some((ty, expr)) => (
+                quote!(::diesel_occ::diesel::dsl::And<#ty, #eq_ty>),
+                quote!(::diesel_occ::diesel::BoolExpressionMethods::and(#expr, #eq)),
+            ),
+        });
+    }
+    let (predicate_type, predicate) = predicate.expect("validated: at least one key column");
+
+    let changed: Vec<&Field<'_>> = entity
+        .fields
+        .iter()
+        .filter(|f| !entity.is_key(f) && !f.skip_update && f.column != version.column)
+        .collect();
+    let (changes_type, changes) = if changed.is_empty() {
+        (
+            quote!(::diesel_occ::statement::NoChanges<#table::table>),
+            quote!(::std::default::Default::default()),
+        )
+    } else {
+        let (types, values): (Vec<_>, Vec<_>) = changed
+            .iter()
+            .map(|f| {
+                let col = column(f);
+                let member = &f.member;
+                let (ty, v) = value(f, quote!(&self.#member));
+                (
+                    quote!(::diesel_occ::diesel::dsl::Eq<#col, #ty>),
+                    quote!(::diesel_occ::diesel::ExpressionMethods::eq(#col, #v)),
+                )
+            })
+            .unzip();
+        (quote!((#(#types,)*)), quote!((#(#values,)*)))
+    };
+
+    let version_ty = version.ty;
+    let version_member = &version.member;
+    let version_column = column(version);
+
+    quote! {
+        const _: () = {
+            impl ::diesel_occ::Guarded for #ident {
+                const TABLE_NAME: &'static str = #table_name;
+                type Key = #key_type;
+                type KeyPredicate = #predicate_type;
+                type Version = #version_ty;
+                type VersionColumn = #version_column;
+                type Changes = #changes_type;
+
+                fn key(&self) -> Self::Key {
+                    #key_value
+                }
+
+                fn key_predicate(key: &Self::Key) -> Self::KeyPredicate {
+                    #predicate
+                }
+
+                fn version(&self) -> Self::Version {
+                    self.#version_member
+                }
+
+                fn set_version(&mut self, version: Self::Version) {
+                    self.#version_member = version;
+                }
+
+                fn changes(&self) -> Self::Changes {
+                    #changes
+                }
+            }
+        };
+    }
+}

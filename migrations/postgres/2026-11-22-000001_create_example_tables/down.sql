@@ -1,0 +1,3 @@
+DROP TABLE counters;
+DROP TABLE order_lines;
+DROP TABLE orders;

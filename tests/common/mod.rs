@@ -1,0 +1,198 @@
+//! The test harness: a fresh, migrated database per test on every backend.
+//!
+//! SQLite gets a temporary file; PostgreSQL a schema of its own (through `search_path`);
+//! MySQL a database of its own. Tests can therefore run in parallel and check exact end
+//! states. Server URLs come from `PG_DATABASE_URL` and `MYSQL_DATABASE_URL`; without them
+//! the server tests are skipped, unless `CI` is set: then a missing or unreachable server
+//! fails the test.
+
+#![allow(dead_code)]
+
+pub mod models;
+pub mod schema;
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use diesel::r2d2::{ConnectionManager, Pool, PooledConnection, R2D2Connection};
+use diesel::Connection;
+use diesel_migrations::{EmbeddedMigrations, MigrationHarness};
+use diesel_occ::PoolConfig;
+
+/// A migrated database that is dropped with this value.
+pub struct TestDb<C: R2D2Connection + 'static> {
+    pub pool: Pool<ConnectionManager<C>>,
+    drop_namespace: Option<Box<dyn FnOnce() + Send>>,
+}
+
+impl<C: R2D2Connection + 'static> TestDb<C> {
+    /// A pooled connection.
+    pub fn conn(&self) -> PooledConnection<ConnectionManager<C>> {
+        self.pool.get().expect("a pooled test connection")
+    }
+}
+
+impl<C: R2D2Connection + 'static> Drop for TestDb<C> {
+    fn drop(&mut self) {
+        if let Some(drop_namespace) = self.drop_namespace.take() {
+            drop_namespace();
+        }
+    }
+}
+
+/// The pool settings of the tests: room for the 8-thread tests plus a spare.
+pub fn pool_config() -> PoolConfig {
+    PoolConfig {
+        max_size: 10,
+        ..PoolConfig::default()
+    }
+}
+
+/// A name no other test of any process uses at the same time.
+fn unique_name() -> String {
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .expect("clock after 1970")
+        .subsec_nanos();
+    format!(
+        "occ_t{}_{}_{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed),
+        nanos
+    )
+}
+
+/// The URL in `var`, or `None` (skip) outside CI; in CI a missing URL fails the test.
+fn server_url(var: &str) -> Option<String> {
+    match std::env::var(var) {
+        Ok(url) if !url.is_empty() => Some(url),
+        _ if std::env::var_os("CI").is_some() => {
+            panic!("{var} is not set but CI is: server tests must not be skipped in CI")
+        }
+        _ => {
+            eprintln!("skipped: {var} is not set");
+            None
+        }
+    }
+}
+
+fn migrate<C: MigrationHarness<C::Backend> + Connection>(
+    conn: &mut C,
+    migrations: EmbeddedMigrations,
+) {
+    conn.run_pending_migrations(migrations)
+        .expect("migrations run");
+}
+
+#[cfg(feature = "sqlite")]
+pub fn sqlite() -> Option<TestDb<diesel::SqliteConnection>> {
+    const MIGRATIONS: EmbeddedMigrations =
+        diesel_migrations::embed_migrations!("migrations/sqlite");
+    let path = std::env::temp_dir().join(format!("{}.sqlite3", unique_name()));
+    let path_text = path.to_str().expect("UTF-8 temp dir").to_owned();
+    let pool = diesel_occ::sqlite_pool(&path_text, &pool_config()).expect("SQLite pool");
+    migrate(&mut pool.get().expect("connection"), MIGRATIONS);
+    Some(TestDb {
+        pool,
+        drop_namespace: Some(Box::new(move || {
+            for suffix in ["", "-wal", "-shm"] {
+                let _ = std::fs::remove_file(format!("{path_text}{suffix}"));
+            }
+        })),
+    })
+}
+
+#[cfg(feature = "postgres")]
+pub fn postgres() -> Option<TestDb<diesel::PgConnection>> {
+    const MIGRATIONS: EmbeddedMigrations =
+        diesel_migrations::embed_migrations!("migrations/postgres");
+    let base = server_url("PG_DATABASE_URL")?;
+    let schema = unique_name();
+    use diesel::connection::SimpleConnection;
+    let mut admin = diesel::PgConnection::establish(&base)
+        .unwrap_or_else(|e| panic!("cannot reach PostgreSQL at PG_DATABASE_URL: {e}"));
+    admin
+        .batch_execute(&format!("CREATE SCHEMA {schema}"))
+        .expect("create test schema");
+    let separator = if base.contains('?') { '&' } else { '?' };
+    let url = format!("{base}{separator}options=-csearch_path%3D{schema}");
+    let pool = diesel_occ::postgres_pool(&url, &pool_config()).expect("PostgreSQL pool");
+    migrate(&mut pool.get().expect("connection"), MIGRATIONS);
+    Some(TestDb {
+        pool,
+        drop_namespace: Some(Box::new(move || {
+            let _ = admin.batch_execute(&format!("DROP SCHEMA {schema} CASCADE"));
+        })),
+    })
+}
+
+#[cfg(feature = "mysql")]
+pub fn mysql() -> Option<TestDb<diesel::MysqlConnection>> {
+    const MIGRATIONS: EmbeddedMigrations = diesel_migrations::embed_migrations!("migrations/mysql");
+    let base = server_url("MYSQL_DATABASE_URL")?;
+    let database = unique_name();
+    use diesel::connection::SimpleConnection;
+    let mut admin = diesel::MysqlConnection::establish(&base)
+        .unwrap_or_else(|e| panic!("cannot reach MySQL at MYSQL_DATABASE_URL: {e}"));
+    admin
+        .batch_execute(&format!("CREATE DATABASE {database}"))
+        .expect("create test database");
+    let pool = diesel_occ::mysql_pool(&with_database(&base, &database), &pool_config())
+        .expect("MySQL pool");
+    migrate(&mut pool.get().expect("connection"), MIGRATIONS);
+    Some(TestDb {
+        pool,
+        drop_namespace: Some(Box::new(move || {
+            let _ = admin.batch_execute(&format!("DROP DATABASE {database}"));
+        })),
+    })
+}
+
+/// `mysql://u@h:3306/base?x` with the database replaced: `mysql://u@h:3306/<database>?x`.
+#[cfg(feature = "mysql")]
+fn with_database(url: &str, database: &str) -> String {
+    let (before_query, query) = match url.split_once('?') {
+        Some((u, q)) => (u, format!("?{q}")),
+        None => (url, String::new()),
+    };
+    let authority_start = before_query.find("://").map_or(0, |i| i + 3);
+    let host_part = match before_query[authority_start..].find('/') {
+        Some(i) => &before_query[..authority_start + i],
+        None => before_query,
+    };
+    format!("{host_part}/{database}{query}")
+}
+
+/// Writes each item once per backend, in modules `sqlite`, `postgres` and `mysql`, each
+/// with `Conn` (the backend's connection type) and `db()` (a fresh database, or `None`
+/// when that server is not configured outside CI).
+#[macro_export]
+macro_rules! for_each_backend {
+    ($($item:item)*) => {
+        #[cfg(feature = "sqlite")]
+        mod sqlite {
+            #![allow(unused_imports)]
+            use super::*;
+            pub type Conn = diesel::SqliteConnection;
+            fn db() -> Option<common::TestDb<Conn>> { common::sqlite() }
+            $($item)*
+        }
+        #[cfg(feature = "postgres")]
+        mod postgres {
+            #![allow(unused_imports)]
+            use super::*;
+            pub type Conn = diesel::PgConnection;
+            fn db() -> Option<common::TestDb<Conn>> { common::postgres() }
+            $($item)*
+        }
+        #[cfg(feature = "mysql")]
+        mod mysql {
+            #![allow(unused_imports)]
+            use super::*;
+            pub type Conn = diesel::MysqlConnection;
+            fn db() -> Option<common::TestDb<Conn>> { common::mysql() }
+            $($item)*
+        }
+    };
+}

@@ -1,0 +1,65 @@
+//! Entities of the example tables, as a user of diesel-occ writes them.
+
+use diesel::prelude::*;
+use diesel_occ::Guarded;
+
+use super::schema::{counters, order_lines, orders};
+
+/// A BIGINT version and a nullable column.
+#[derive(Debug, Clone, PartialEq, Queryable, Selectable, Identifiable, Insertable, Guarded)]
+#[diesel(table_name = orders)]
+pub struct Order {
+    pub id: i64,
+    pub customer: String,
+    pub note: String,
+    pub status: String,
+    pub quantity: i32,
+    pub gift_message: Option<String>,
+    #[occ(version)]
+    pub version: i64,
+}
+
+impl Order {
+    pub fn new(id: i64, note: &str) -> Self {
+        Order {
+            id,
+            customer: "ada".into(),
+            note: note.into(),
+            status: "valid".into(),
+            quantity: 1,
+            gift_message: None,
+            version: 0,
+        }
+    }
+}
+
+/// A partial change: only `Some` fields are written.
+#[derive(Debug, Default, AsChangeset)]
+#[diesel(table_name = orders)]
+pub struct OrderPatch {
+    pub note: Option<String>,
+    pub quantity: Option<i32>,
+}
+
+/// A composite key and an INTEGER version.
+#[derive(Debug, Clone, PartialEq, Queryable, Selectable, Identifiable, Insertable, Guarded)]
+#[diesel(table_name = order_lines, primary_key(order_id, line_no))]
+pub struct OrderLine {
+    pub order_id: i64,
+    pub line_no: i32,
+    pub sku: String,
+    pub quantity: i32,
+    #[occ(version)]
+    pub version: i32,
+}
+
+/// A text key and a SMALLINT version whose field is named differently from its column.
+#[derive(Debug, Clone, PartialEq, Queryable, Selectable, Identifiable, Insertable, Guarded)]
+#[diesel(table_name = counters, primary_key(name))]
+pub struct Counter {
+    pub name: String,
+    pub value: i64,
+    #[occ(version)]
+    #[diesel(column_name = revision)]
+    pub rev: i16,
+}
