@@ -285,13 +285,10 @@ impl Error {
     /// dies outside a transaction the statement may have been applied: that is
     /// [`Error::Ambiguous`]. Inside a transaction the database rolls back, so it is not.
     pub fn from_write(source: DieselError, in_transaction: bool) -> Self {
-        match source {
-            DieselError::DatabaseError(DatabaseErrorKind::ClosedConnection, _)
-                if !in_transaction =>
-            {
-                Error::Ambiguous { source }
-            }
-            other => Error::from(other),
+        if !in_transaction && connection_lost(&source) {
+            Error::Ambiguous { source }
+        } else {
+            Error::from(source)
         }
     }
 }
@@ -302,6 +299,19 @@ impl From<DieselError> for Error {
             Some(reason) => Error::Retryable { reason, source },
             None => Error::Database(source),
         }
+    }
+}
+
+/// Whether the connection died. PostgreSQL reports `ClosedConnection`; MySQL's client
+/// errors 2006 / 2013 reach diesel as `Unknown`, so their messages are matched too.
+fn connection_lost(error: &DieselError) -> bool {
+    match error {
+        DieselError::DatabaseError(DatabaseErrorKind::ClosedConnection, _) => true,
+        DieselError::DatabaseError(DatabaseErrorKind::Unknown, info) => {
+            let message = info.message().to_ascii_lowercase();
+            message.contains("lost connection") || message.contains("server has gone away")
+        }
+        _ => false,
     }
 }
 

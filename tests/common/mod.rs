@@ -165,7 +165,7 @@ fn with_database(url: &str, database: &str) -> String {
 }
 
 /// Writes each item once per backend, in modules `sqlite`, `postgres` and `mysql`, each
-/// with `Conn` (the backend's connection type) and `db()` (a fresh database, or `None`
+/// with `Conn` (the backend's connection type), `BACKEND` (its name) and `db()` (a fresh database, or `None`
 /// when that server is not configured outside CI).
 #[macro_export]
 macro_rules! for_each_backend {
@@ -175,6 +175,7 @@ macro_rules! for_each_backend {
             #![allow(unused_imports)]
             use super::*;
             pub type Conn = diesel::SqliteConnection;
+            const BACKEND: &str = "sqlite";
             fn db() -> Option<common::TestDb<Conn>> { common::sqlite() }
             $($item)*
         }
@@ -183,6 +184,7 @@ macro_rules! for_each_backend {
             #![allow(unused_imports)]
             use super::*;
             pub type Conn = diesel::PgConnection;
+            const BACKEND: &str = "postgres";
             fn db() -> Option<common::TestDb<Conn>> { common::postgres() }
             $($item)*
         }
@@ -191,6 +193,7 @@ macro_rules! for_each_backend {
             #![allow(unused_imports)]
             use super::*;
             pub type Conn = diesel::MysqlConnection;
+            const BACKEND: &str = "mysql";
             fn db() -> Option<common::TestDb<Conn>> { common::mysql() }
             $($item)*
         }

@@ -1,0 +1,221 @@
+//! The pool builders: SQLite settings, server connection checks, write transactions.
+
+mod common;
+
+use common::models::{Order, OrderLine};
+use common::schema::{order_lines, orders};
+use diesel::prelude::*;
+use diesel::result::{DatabaseErrorKind, Error as DieselError};
+use diesel::sql_types::{BigInt, Text};
+use diesel_occ::{Error, GuardedWrite, RetryReason, WriteTransaction};
+
+#[derive(QueryableByName)]
+struct TextValue {
+    #[diesel(sql_type = Text)]
+    value: String,
+}
+
+#[derive(QueryableByName)]
+struct IntValue {
+    #[diesel(sql_type = BigInt)]
+    value: i64,
+}
+
+for_each_backend! {
+    #[test]
+    fn foreign_keys_are_enforced() {
+        let Some(db) = db() else { return };
+        let conn = &mut db.conn();
+        let orphan = OrderLine { order_id: 42, line_no: 1, sku: "s".into(), quantity: 1, version: 0 };
+
+        let err = diesel::insert_into(order_lines::table).values(&orphan).execute(conn).unwrap_err();
+
+        assert!(matches!(err, DieselError::DatabaseError(DatabaseErrorKind::ForeignKeyViolation, _)), "{err:?}");
+    }
+
+    #[test]
+    fn write_transaction_commits_on_ok_and_rolls_back_on_err() {
+        let Some(db) = db() else { return };
+        let conn = &mut db.conn();
+
+        conn.write_transaction(|conn| {
+            diesel::insert_into(orders::table).values(&Order::new(1, "kept")).execute(conn)
+        })
+        .unwrap();
+        let failed: Result<(), Error> = conn.write_transaction(|conn| {
+            diesel::insert_into(orders::table).values(&Order::new(2, "dropped")).execute(conn)?;
+            Err(Error::Database(DieselError::RollbackTransaction))
+        });
+        // Nested: the inner one is a savepoint.
+        conn.write_transaction(|conn| {
+            conn.write_transaction(|conn| {
+                diesel::insert_into(orders::table).values(&Order::new(3, "nested")).execute(conn)
+            })
+        })
+        .unwrap();
+
+        assert!(failed.is_err());
+        let ids: Vec<i64> = orders::table.select(orders::id).order(orders::id).load(conn).unwrap();
+        assert_eq!(ids, vec![1, 3]);
+    }
+}
+
+#[cfg(feature = "sqlite")]
+mod sqlite_only {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn sqlite_pool_turns_on_wal_busy_timeout_and_foreign_keys() {
+        let db = common::sqlite().unwrap();
+        let conn = &mut db.conn();
+        let mode: TextValue =
+            diesel::sql_query("SELECT journal_mode AS value FROM pragma_journal_mode")
+                .get_result(conn)
+                .unwrap();
+        let timeout: IntValue =
+            diesel::sql_query("SELECT timeout AS value FROM pragma_busy_timeout")
+                .get_result(conn)
+                .unwrap();
+        let keys: IntValue =
+            diesel::sql_query("SELECT foreign_keys AS value FROM pragma_foreign_keys")
+                .get_result(conn)
+                .unwrap();
+        assert_eq!(mode.value, "wal");
+        assert_eq!(timeout.value, 5000);
+        assert_eq!(keys.value, 1);
+    }
+
+    #[test]
+    fn sqlite_write_transaction_takes_the_write_lock_before_its_first_read() {
+        let db = common::sqlite().unwrap();
+        let path = {
+            let conn = &mut db.conn();
+            let file: TextValue = diesel::sql_query(
+                "SELECT file AS value FROM pragma_database_list WHERE name = 'main'",
+            )
+            .get_result(conn)
+            .unwrap();
+            file.value
+        };
+        let impatient = diesel_occ::sqlite_pool(
+            &path,
+            &diesel_occ::PoolConfig {
+                busy_timeout: Duration::from_millis(50),
+                ..common::pool_config()
+            },
+        )
+        .unwrap();
+        let mut holder = db.conn();
+
+        let blocked = holder.write_transaction(|conn| {
+            // Only a read so far; a deferred transaction would not hold the write lock yet.
+            orders::table.count().get_result::<i64>(conn)?;
+            let write = diesel::insert_into(orders::table)
+                .values(&Order::new(1, "other writer"))
+                .execute(&mut impatient.get().unwrap());
+            Ok::<_, DieselError>(write.map_err(Error::from))
+        });
+
+        let err = blocked.unwrap().unwrap_err();
+        assert!(
+            matches!(
+                err,
+                Error::Retryable {
+                    reason: RetryReason::Busy,
+                    ..
+                }
+            ),
+            "{err:?}"
+        );
+    }
+}
+
+#[cfg(feature = "postgres")]
+#[test]
+fn postgres_pool_replaces_a_connection_the_server_dropped() {
+    let Some(db) = common::postgres() else { return };
+    let id_of = |conn: &mut diesel::PgConnection| {
+        let id: IntValue = diesel::sql_query("SELECT pg_backend_pid()::BIGINT AS value")
+            .get_result(conn)
+            .unwrap();
+        id.value
+    };
+    let kill = |id| format!("SELECT pg_terminate_backend({id})");
+    check_dropped_connection_is_replaced(&db, id_of, kill);
+    check_write_on_dropped_connection_is_ambiguous(&db, id_of, kill, |conn| {
+        Order::new(1, "x")
+            .guarded_update(conn, orders::note.eq("y"))
+            .map(drop)
+    });
+}
+
+#[cfg(feature = "mysql")]
+#[test]
+fn mysql_pool_replaces_a_connection_the_server_dropped() {
+    let Some(db) = common::mysql() else { return };
+    let id_of = |conn: &mut diesel::MysqlConnection| {
+        let id: IntValue = diesel::sql_query("SELECT CAST(CONNECTION_ID() AS SIGNED) AS value")
+            .get_result(conn)
+            .unwrap();
+        id.value
+    };
+    let kill = |id| format!("KILL {id}");
+    check_dropped_connection_is_replaced(&db, id_of, kill);
+    check_write_on_dropped_connection_is_ambiguous(&db, id_of, kill, |conn| {
+        Order::new(1, "x")
+            .guarded_update(conn, orders::note.eq("y"))
+            .map(drop)
+    });
+}
+
+/// Kills every pooled connection from another connection, then checks out again: the
+/// checkout test must notice and hand out a new, working connection.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+fn check_dropped_connection_is_replaced<C>(
+    db: &common::TestDb<C>,
+    id_of: impl Fn(&mut C) -> i64,
+    kill: impl Fn(i64) -> String,
+) where
+    C: diesel::r2d2::R2D2Connection + 'static,
+{
+    use diesel::connection::SimpleConnection;
+    let mut victim = db.conn();
+    let first = id_of(&mut victim);
+    let mut killer = db.conn();
+    drop(victim); // back to the pool, where the server now drops it
+    killer.batch_execute(&kill(first)).unwrap();
+
+    let mut seen = Vec::new();
+    for _ in 0..3 {
+        let mut conn = db.conn();
+        seen.push(id_of(&mut conn));
+    }
+
+    assert!(
+        !seen.contains(&first),
+        "the dropped connection {first} was handed out again: {seen:?}"
+    );
+}
+
+/// A write outside a transaction on a connection the server dropped may or may not have
+/// been applied, as far as the client can tell: it must be reported as ambiguous.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+fn check_write_on_dropped_connection_is_ambiguous<C>(
+    db: &common::TestDb<C>,
+    id_of: impl Fn(&mut C) -> i64,
+    kill: impl Fn(i64) -> String,
+    write: impl Fn(&mut C) -> Result<(), Error>,
+) where
+    C: diesel::r2d2::R2D2Connection + 'static,
+{
+    use diesel::connection::SimpleConnection;
+    let mut victim = db.conn();
+    let id = id_of(&mut victim);
+    db.conn().batch_execute(&kill(id)).unwrap();
+
+    let err = write(&mut victim).unwrap_err();
+
+    assert!(matches!(err, Error::Ambiguous { .. }), "{err:?}");
+    assert!(!err.is_retryable());
+}
