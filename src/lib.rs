@@ -1,3 +1,4 @@
+#![warn(missing_docs)]
 //! Optimistic concurrency control for [diesel]: writes to shared rows that never lose
 //! another writer's update.
 //!
@@ -8,7 +9,7 @@
 //! [`Error::Conflict`] carrying the row as it is now.
 //!
 //! ```
-//! # include!("../tests/doctest_setup.rs");
+//! # include!("doctest_setup.rs");
 //! use diesel::prelude::*;
 //! use diesel_occ::{Error, Guarded, GuardedWrite};
 //!

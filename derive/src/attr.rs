@@ -45,7 +45,10 @@ pub fn occ_field_attrs(attrs: &[Attribute], errors: &mut Errors) -> Vec<OccAttr>
     let mut found = Vec::new();
     for attr in attrs.iter().filter(|a| a.path().is_ident("occ")) {
         if !matches!(attr.meta, syn::Meta::List(_)) {
-            errors.push(malformed(attr.span(), "`occ` takes a list of items"));
+            errors.push(syn::Error::new_spanned(
+                attr,
+                "`occ` takes a list of items\n  help: the correct format looks like `#[occ(version)]`",
+            ));
             continue;
         }
         let parsed = attr.parse_nested_meta(|meta| {
@@ -77,8 +80,8 @@ pub fn occ_field_attrs(attrs: &[Attribute], errors: &mut Errors) -> Vec<OccAttr>
 /// Rejects `#[occ(...)]` on the struct itself: every occ attribute so far is a field's.
 pub fn occ_container_attrs(attrs: &[Attribute], errors: &mut Errors) {
     for attr in attrs.iter().filter(|a| a.path().is_ident("occ")) {
-        errors.push(syn::Error::new(
-            attr.span(),
+        errors.push(syn::Error::new_spanned(
+            attr,
             "`#[occ(...)]` goes on a field, not on the struct\n  \
              help: mark the version field: `#[occ(version)] version: i64`",
         ));

@@ -1,3 +1,4 @@
+#![warn(missing_docs)]
 //! Derive macros of [diesel-occ](https://docs.rs/diesel-occ). Use them through that crate:
 //! the generated code names its items as `::diesel_occ::...`.
 

@@ -172,7 +172,7 @@ macro_rules! for_each_backend {
     ($($item:item)*) => {
         #[cfg(feature = "sqlite")]
         mod sqlite {
-            #![allow(unused_imports)]
+            #![allow(unused_imports, dead_code)]
             use super::*;
             pub type Conn = diesel::SqliteConnection;
             const BACKEND: &str = "sqlite";
@@ -181,7 +181,7 @@ macro_rules! for_each_backend {
         }
         #[cfg(feature = "postgres")]
         mod postgres {
-            #![allow(unused_imports)]
+            #![allow(unused_imports, dead_code)]
             use super::*;
             pub type Conn = diesel::PgConnection;
             const BACKEND: &str = "postgres";
@@ -190,7 +190,7 @@ macro_rules! for_each_backend {
         }
         #[cfg(feature = "mysql")]
         mod mysql {
-            #![allow(unused_imports)]
+            #![allow(unused_imports, dead_code)]
             use super::*;
             pub type Conn = diesel::MysqlConnection;
             const BACKEND: &str = "mysql";

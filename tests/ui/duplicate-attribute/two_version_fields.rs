@@ -1,0 +1,21 @@
+use diesel_occ::Guarded;
+
+diesel::table! {
+    orders (id) {
+        id -> BigInt,
+        note -> Text,
+        version -> BigInt,
+    }
+}
+
+#[derive(diesel::Queryable, Guarded)]
+#[diesel(table_name = orders)]
+struct Order {
+    id: i64,
+    #[occ(version)]
+    note: i64,
+    #[occ(version)]
+    version: i64,
+}
+
+fn main() {}

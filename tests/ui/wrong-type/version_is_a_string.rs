@@ -1,0 +1,20 @@
+use diesel_occ::Guarded;
+
+diesel::table! {
+    orders (id) {
+        id -> BigInt,
+        note -> Text,
+        version -> BigInt,
+    }
+}
+
+#[derive(diesel::Queryable, Guarded)]
+#[diesel(table_name = orders)]
+struct Order {
+    id: i64,
+    note: String,
+    #[occ(version)]
+    version: String,
+}
+
+fn main() {}

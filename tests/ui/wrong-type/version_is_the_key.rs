@@ -1,0 +1,20 @@
+use diesel_occ::Guarded;
+
+diesel::table! {
+    orders (id) {
+        id -> BigInt,
+        note -> Text,
+        version -> BigInt,
+    }
+}
+
+#[derive(diesel::Identifiable, Guarded)]
+#[diesel(table_name = orders, primary_key(version))]
+struct Order {
+    id: i64,
+    note: String,
+    #[occ(version)]
+    version: i64,
+}
+
+fn main() {}
