@@ -7,7 +7,7 @@
 //! writers queue behind the busy timeout instead. PostgreSQL and MySQL need nothing
 //! special: their write transactions are ordinary ones.
 
-use diesel::connection::{AnsiTransactionManager, Connection, TransactionManager};
+use diesel::connection::Connection;
 use diesel::result::Error as DieselError;
 
 /// A connection that can run a transaction meant to write.
@@ -81,6 +81,7 @@ where
     F: FnOnce(&mut C) -> Result<T, E>,
     E: From<DieselError>,
 {
+    use diesel::connection::{AnsiTransactionManager, TransactionManager};
     let open = AnsiTransactionManager::transaction_manager_status_mut(inner(conn))
         .transaction_depth()?
         .is_some();

@@ -99,3 +99,8 @@ pub use diesel_occ_derive::Guarded;
 /// The diesel this crate is built on; generated code names it through this path.
 #[doc(hidden)]
 pub use diesel;
+
+/// The README's examples, compiled as doc tests so that they stay true.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;

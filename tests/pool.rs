@@ -7,7 +7,7 @@ use common::schema::{order_lines, orders};
 use diesel::prelude::*;
 use diesel::result::{DatabaseErrorKind, Error as DieselError};
 use diesel::sql_types::{BigInt, Text};
-use diesel_occ::{Error, GuardedWrite, RetryReason, WriteTransaction};
+use diesel_occ::{Error, RetryReason, WriteTransaction};
 
 #[derive(QueryableByName)]
 struct TextValue {
@@ -144,8 +144,7 @@ fn postgres_pool_replaces_a_connection_the_server_dropped() {
     let kill = |id| format!("SELECT pg_terminate_backend({id})");
     check_dropped_connection_is_replaced(&db, id_of, kill);
     check_write_on_dropped_connection_is_ambiguous(&db, id_of, kill, |conn| {
-        Order::new(1, "x")
-            .guarded_update(conn, orders::note.eq("y"))
+        diesel_occ::GuardedWrite::guarded_update(&Order::new(1, "x"), conn, orders::note.eq("y"))
             .map(drop)
     });
 }
@@ -163,8 +162,7 @@ fn mysql_pool_replaces_a_connection_the_server_dropped() {
     let kill = |id| format!("KILL {id}");
     check_dropped_connection_is_replaced(&db, id_of, kill);
     check_write_on_dropped_connection_is_ambiguous(&db, id_of, kill, |conn| {
-        Order::new(1, "x")
-            .guarded_update(conn, orders::note.eq("y"))
+        diesel_occ::GuardedWrite::guarded_update(&Order::new(1, "x"), conn, orders::note.eq("y"))
             .map(drop)
     });
 }

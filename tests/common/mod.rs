@@ -3,8 +3,8 @@
 //! SQLite gets a temporary file; PostgreSQL a schema of its own (through `search_path`);
 //! MySQL a database of its own. Tests can therefore run in parallel and check exact end
 //! states. Server URLs come from `PG_DATABASE_URL` and `MYSQL_DATABASE_URL`; without them
-//! the server tests are skipped, unless `CI` is set: then a missing or unreachable server
-//! fails the test.
+//! the server tests are skipped, unless `CI` or `OCC_REQUIRE_SERVERS` is set: then a
+//! missing or unreachable server fails the test.
 
 #![allow(dead_code)]
 
@@ -63,12 +63,17 @@ fn unique_name() -> String {
     )
 }
 
+/// Set in CI and by `scripts/test.sh`: every backend must really run.
+fn servers_required() -> bool {
+    std::env::var_os("CI").is_some() || std::env::var_os("OCC_REQUIRE_SERVERS").is_some()
+}
+
 /// The URL in `var`, or `None` (skip) outside CI; in CI a missing URL fails the test.
 fn server_url(var: &str) -> Option<String> {
     match std::env::var(var) {
         Ok(url) if !url.is_empty() => Some(url),
-        _ if std::env::var_os("CI").is_some() => {
-            panic!("{var} is not set but CI is: server tests must not be skipped in CI")
+        _ if servers_required() => {
+            panic!("{var} is not set, but CI / OCC_REQUIRE_SERVERS is: server tests must not be skipped")
         }
         _ => {
             eprintln!("skipped: {var} is not set");
