@@ -61,7 +61,8 @@
 //!
 //! # The derive
 //! `#[derive(Guarded)]` goes next to diesel's `Queryable`, `Selectable` and `Identifiable`
-//! and reads the attributes they read.
+//! and reads the attributes they read. It needs `Identifiable` (for the table) and
+//! `Selectable` (to read the current row back after a miss).
 //!
 //! Container attributes (diesel's own):
 //! - `#[diesel(table_name = path)]`: the `table!` module (default: the struct's name in
