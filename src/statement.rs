@@ -192,3 +192,68 @@ impl<T, DB: Backend> QueryFragment<DB> for NoChanges<T> {
         Ok(true)
     }
 }
+
+/// A `SELECT` that sees the latest committed row, even inside a transaction whose
+/// snapshot is older. Used to explain a write that matched no row.
+///
+/// A guarded `UPDATE` always compares against the latest committed row. Under MySQL's
+/// default REPEATABLE READ a plain `SELECT` inside the same transaction would still show
+/// the transaction's old snapshot, so the "current" row of a conflict could be the very
+/// version the caller holds. `LOCK IN SHARE MODE` makes the read a current read there
+/// (its shared lock lasts until the caller's transaction ends, or the statement when
+/// there is none). PostgreSQL (READ COMMITTED reads fresh per statement; stricter levels
+/// fail the `UPDATE` itself with a serialization error) and SQLite (a stale snapshot
+/// cannot write at all: busy) need no suffix.
+#[derive(Debug, Clone)]
+pub struct LatestRead<Q>(Q);
+
+impl<Q> LatestRead<Q> {
+    /// `query`, read as the latest committed row.
+    pub fn new(query: Q) -> Self {
+        LatestRead(query)
+    }
+}
+
+/// What a backend appends to a `SELECT` so that it reads the latest committed row.
+pub trait LatestReadSql: Backend {
+    /// The suffix, with a leading space, or empty.
+    const SUFFIX: &'static str;
+}
+
+#[cfg(feature = "sqlite")]
+impl LatestReadSql for diesel::sqlite::Sqlite {
+    const SUFFIX: &'static str = "";
+}
+
+#[cfg(feature = "postgres")]
+impl LatestReadSql for diesel::pg::Pg {
+    const SUFFIX: &'static str = "";
+}
+
+#[cfg(feature = "mysql")]
+impl LatestReadSql for diesel::mysql::Mysql {
+    const SUFFIX: &'static str = " LOCK IN SHARE MODE";
+}
+
+impl<Q: diesel::query_builder::Query> diesel::query_builder::Query for LatestRead<Q> {
+    type SqlType = Q::SqlType;
+}
+
+impl<Q, DB> QueryFragment<DB> for LatestRead<Q>
+where
+    DB: LatestReadSql,
+    Q: QueryFragment<DB>,
+{
+    fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, DB>) -> QueryResult<()> {
+        self.0.walk_ast(out.reborrow())?;
+        out.push_sql(DB::SUFFIX);
+        Ok(())
+    }
+}
+
+impl<Q: QueryId> QueryId for LatestRead<Q> {
+    type QueryId = LatestRead<Q::QueryId>;
+    const HAS_STATIC_QUERY_ID: bool = Q::HAS_STATIC_QUERY_ID;
+}
+
+impl<Q, Conn> RunQueryDsl<Conn> for LatestRead<Q> {}

@@ -8,7 +8,7 @@ use diesel::{OptionalExtension, QueryResult, RunQueryDsl, Selectable, Selectable
 
 use crate::error::{Conflict, Error, Token};
 use crate::guard::{Guarded, VersionNumber};
-use crate::statement::{ColumnEq, GuardedDelete, GuardedUpdate, NoChanges};
+use crate::statement::{ColumnEq, GuardedDelete, GuardedUpdate, LatestRead, NoChanges};
 
 /// Runs one compare-and-set statement and classifies its outcome.
 ///
@@ -68,8 +68,8 @@ pub type VersionedDelete<T> = GuardedDelete<
 /// `version = ?` for entity `T`.
 pub type VersionEq<T> = ColumnEq<<T as Guarded>::VersionColumn, <T as Guarded>::Version>;
 
-/// Loading an entity by key on connection `C`; used to explain a write that matched no
-/// row. Implemented for every [`Guarded`] + [`Selectable`] entity whose query fits `C`.
+/// Loading the latest committed row of an entity by key on connection `C` (see
+/// [`LatestRead`]); used to explain a write that matched no row. Implemented for every [`Guarded`] + [`Selectable`] entity whose query fits `C`.
 pub trait LoadByKey<C>: Guarded {
     /// The row with `key`, if it exists.
     fn load_by_key(conn: &mut C, key: &Self::Key) -> QueryResult<Option<Self>>;
@@ -82,12 +82,12 @@ where
     T::SelectExpression: QueryId,
     T::Table: FilterDsl<T::KeyPredicate>,
     Filter<T::Table, T::KeyPredicate>: SelectDsl<AsSelect<T, C::Backend>>,
-    Select<Filter<T::Table, T::KeyPredicate>, AsSelect<T, C::Backend>>:
-        LoadQuery<'static, C, T> + RunQueryDsl<C>,
+    LatestRead<Select<Filter<T::Table, T::KeyPredicate>, AsSelect<T, C::Backend>>>:
+        LoadQuery<'static, C, T>,
 {
     fn load_by_key(conn: &mut C, key: &Self::Key) -> QueryResult<Option<Self>> {
         let filtered = FilterDsl::filter(T::table(), T::key_predicate(key));
-        SelectDsl::select(filtered, T::as_select())
+        LatestRead::new(SelectDsl::select(filtered, T::as_select()))
             .get_result(conn)
             .optional()
     }

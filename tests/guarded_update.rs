@@ -330,4 +330,30 @@ for_each_backend! {
         assert_eq!(outcome.unwrap(), 2);
         assert_eq!(load_order(conn, 1).unwrap().note, "merged");
     }
+
+    #[test]
+    fn write_from_a_stale_transaction_snapshot_reports_the_latest_row() {
+        let Some(db) = db() else { return };
+        let (conn, other) = (&mut db.conn(), &mut db.conn());
+        insert_order(conn, 1, "new");
+
+        let outcome = conn.transaction(|conn| {
+            // The first read fixes this transaction's snapshot (MySQL, SQLite).
+            let mine = load_order(conn, 1).unwrap();
+            let theirs = load_order(other, 1).unwrap();
+            theirs.guarded_update(other, orders::note.eq("theirs")).unwrap();
+            Ok::<_, diesel::result::Error>(mine.guarded_update(conn, orders::note.eq("mine")))
+        });
+
+        let err = outcome.unwrap().unwrap_err();
+        if BACKEND == "sqlite" {
+            // A snapshot older than the last commit cannot write at all in SQLite.
+            assert!(matches!(err, Error::Retryable { reason: diesel_occ::RetryReason::Busy, .. }), "{err:?}");
+        } else {
+            let conflict = err.as_conflict().unwrap_or_else(|| panic!("{err:?}"));
+            assert_eq!(conflict.found, Token::Version(1), "the re-read must not use the old snapshot");
+            assert_eq!(conflict.current::<Order>().unwrap().note, "theirs");
+        }
+        assert_eq!(load_order(conn, 1).unwrap().note, "theirs");
+    }
 }
