@@ -105,7 +105,8 @@ pub enum Error {
 
     /// A guarded write matched more than one row: the key the entity declares does not
     /// identify a single row. Check `#[diesel(primary_key(...))]` against the table.
-    #[error("a guarded write on `{table}` with key {key} matched {rows} rows; the declared primary key does not identify one row")]
+    /// The statement was executed: roll back your transaction, if any, to undo it.
+    #[error("a guarded write on `{table}` with key {key} matched {rows} rows and was applied to all of them (roll back to undo); the declared primary key does not identify one row")]
     KeyNotUnique {
         /// The table that was written.
         table: &'static str,

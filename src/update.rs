@@ -69,7 +69,8 @@ pub type VersionedDelete<T> = GuardedDelete<
 pub type VersionEq<T> = ColumnEq<<T as Guarded>::VersionColumn, <T as Guarded>::Version>;
 
 /// Loading the latest committed row of an entity by key on connection `C` (see
-/// [`LatestRead`]); used to explain a write that matched no row. Implemented for every [`Guarded`] + [`Selectable`] entity whose query fits `C`.
+/// [`LatestRead`]); used to explain a write that matched no row. Implemented for every
+/// [`Guarded`] + [`Selectable`] entity whose query fits `C`.
 pub trait LoadByKey<C>: Guarded {
     /// The row with `key`, if it exists.
     fn load_by_key(conn: &mut C, key: &Self::Key) -> QueryResult<Option<Self>>;

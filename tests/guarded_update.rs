@@ -8,6 +8,17 @@ use diesel::prelude::*;
 use diesel::r2d2::{ConnectionManager, PooledConnection};
 use diesel_occ::{Error, GuardedWrite, Token};
 
+/// An entity whose declared key (`order_id` alone) does not identify one line: a mistake
+/// the executor must report instead of calling it a success.
+#[derive(Debug, Clone, Queryable, Selectable, Identifiable, diesel_occ::Guarded)]
+#[diesel(table_name = order_lines, primary_key(order_id))]
+struct LineByOrderOnly {
+    order_id: i64,
+    line_no: i32,
+    #[occ(version)]
+    version: i32,
+}
+
 for_each_backend! {
     type Pooled = PooledConnection<ConnectionManager<Conn>>;
 
@@ -355,5 +366,27 @@ for_each_backend! {
             assert_eq!(conflict.current::<Order>().unwrap().note, "theirs");
         }
         assert_eq!(load_order(conn, 1).unwrap().note, "theirs");
+    }
+
+    #[test]
+    fn key_that_matches_several_rows_is_reported() {
+        let Some(db) = db() else { return };
+        let conn = &mut db.conn();
+        insert_order(conn, 1, "new");
+        let lines: Vec<OrderLine> = (1..=2)
+            .map(|line_no| OrderLine { order_id: 1, line_no, sku: "s".into(), quantity: 1, version: 0 })
+            .collect();
+        diesel::insert_into(order_lines::table).values(&lines).execute(conn).unwrap();
+        let line: LineByOrderOnly = order_lines::table.select(LineByOrderOnly::as_select()).first(conn).unwrap();
+
+        let outcome: Result<(), Error> = conn.transaction(|conn| {
+            let err = line.guarded_update(conn, order_lines::quantity.eq(5)).unwrap_err();
+            assert!(matches!(err, Error::KeyNotUnique { rows: 2, .. }), "{err:?}");
+            Err(err)
+        });
+
+        assert!(outcome.is_err());
+        let quantities: Vec<i32> = order_lines::table.select(order_lines::quantity).load(conn).unwrap();
+        assert_eq!(quantities, vec![1, 1], "rolled back by the caller");
     }
 }
