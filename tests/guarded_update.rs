@@ -2,7 +2,7 @@
 
 mod common;
 
-use common::models::{Counter, Order, OrderLine, OrderPatch};
+use common::models::{Counter, Order, OrderForm, OrderLine, OrderPatch, Quantity};
 use common::schema::{counters, order_lines, orders};
 use diesel::prelude::*;
 use diesel::r2d2::{ConnectionManager, PooledConnection};
@@ -388,5 +388,22 @@ for_each_backend! {
         assert!(outcome.is_err());
         let quantities: Vec<i32> = order_lines::table.select(order_lines::quantity).load(conn).unwrap();
         assert_eq!(quantities, vec![1, 1], "rolled back by the caller");
+    }
+
+    #[test]
+    fn save_skips_skip_update_fields_and_converts_serialize_as_fields() {
+        let Some(db) = db() else { return };
+        let conn = &mut db.conn();
+        insert_order(conn, 1, "new");
+        let mut form: OrderForm = orders::table.find(1).select(OrderForm::as_select()).first(conn).unwrap();
+        form.customer = "mallory".into();
+        form.note = "edited".into();
+        form.quantity = Quantity(4);
+
+        assert_eq!(form.guarded_save(conn).unwrap(), 1);
+
+        let stored = load_order(conn, 1).unwrap();
+        assert_eq!(stored.customer, "ada", "skip_update field is not written");
+        assert_eq!((stored.note.as_str(), stored.quantity, stored.version), ("edited", 4, 1));
     }
 }

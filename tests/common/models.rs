@@ -63,3 +63,33 @@ pub struct Counter {
     #[diesel(column_name = revision)]
     pub rev: i16,
 }
+
+/// A quantity as the domain sees it; stored as INTEGER.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Quantity(pub i32);
+
+impl From<Quantity> for i32 {
+    fn from(q: Quantity) -> i32 {
+        q.0
+    }
+}
+
+impl From<i32> for Quantity {
+    fn from(q: i32) -> Quantity {
+        Quantity(q)
+    }
+}
+
+/// A form over `orders` that may not change the customer and stores a newtype.
+#[derive(Debug, Clone, PartialEq, Queryable, Selectable, Identifiable, Guarded)]
+#[diesel(table_name = orders)]
+pub struct OrderForm {
+    pub id: i64,
+    #[diesel(skip_update)]
+    pub customer: String,
+    pub note: String,
+    #[diesel(serialize_as = i32, deserialize_as = i32)]
+    pub quantity: Quantity,
+    #[occ(version)]
+    pub version: i64,
+}
