@@ -10,6 +10,8 @@ use std::fmt;
 
 use diesel::result::{DatabaseErrorKind, Error as DieselError};
 
+use crate::backend::retry_reason_of;
+
 /// Everything that can go wrong in diesel-occ.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -74,8 +76,12 @@ pub enum Error {
     },
 
     /// The database refused the statement for a transient reason (serialization failure,
-    /// deadlock, lock wait timeout, SQLite busy). Nothing was written; running the whole
-    /// transaction again from its first read is safe.
+    /// deadlock, lock wait timeout, SQLite busy). Roll back the whole transaction and run
+    /// it again from its first read: that is safe, and it is required. A deadlock or a
+    /// serialization failure rolls the transaction back already, but after a lock wait
+    /// timeout MySQL / MariaDB undo only the failed statement and keep the transaction's
+    /// earlier writes, and PostgreSQL leaves the transaction aborted. Outside a
+    /// transaction the failed statement wrote nothing.
     #[error("transient database error ({reason}): roll back and run the transaction again from its first read: {source}")]
     Retryable {
         /// Why the database refused.
@@ -100,7 +106,7 @@ pub enum Error {
         /// The key of the row.
         key: String,
         /// The version the row holds.
-        current: i64,
+        current: i128,
     },
 
     /// A guarded write matched more than one row: the key the entity declares does not
@@ -114,6 +120,33 @@ pub enum Error {
         key: String,
         /// How many rows matched.
         rows: usize,
+    },
+
+    /// The write matched no row although the row is still at the token the caller
+    /// expected: the database refused or ignored it. A `BEFORE UPDATE` trigger that skips
+    /// the row (PostgreSQL `RETURN NULL`, SQLite `RAISE(IGNORE)`), a rule, a row-level
+    /// security policy that hides the row from `UPDATE` but not from `SELECT`, or a stored
+    /// token the Rust type cannot represent (SQLite keeps 32768 in a SMALLINT column, read
+    /// as `i16` it is -32768). Nobody else won, so running it again cannot succeed.
+    #[error("the write to `{table}` row {key} matched no row although the row is still at {token}: the database refused or ignored it (a trigger, rule or row-level security policy, or a stored token out of the field type's range); retrying cannot help, nothing was written")]
+    Refused {
+        /// The table that was written.
+        table: &'static str,
+        /// The key of the row.
+        key: String,
+        /// The token the row has, equal to the expected one.
+        token: Token,
+    },
+
+    /// The changeset assigns a column that the guard itself sets (the version, say). The
+    /// statement would be invalid on PostgreSQL and would silently drop one of the two
+    /// values elsewhere, so it is refused before anything is sent.
+    #[error("the changeset for `{table}` assigns `{column}`, which the guard sets itself; leave it out of the changeset (for an `AsChangeset` struct: `#[diesel(skip_update)]` on that field): nothing was written")]
+    ChangesetAssignsGuard {
+        /// The table that was written.
+        table: &'static str,
+        /// The column assigned twice, as the SQL names it.
+        column: String,
     },
 
     /// A stored value cannot be used as it is (malformed JSON, a NULL where a token is
@@ -174,8 +207,8 @@ impl fmt::Display for RetryReason {
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Token {
-    /// A version number (`i16`, `i32` and `i64` columns, widened).
-    Version(i64),
+    /// A version number (signed or unsigned 16, 32 and 64 bit columns, widened).
+    Version(i128),
 }
 
 impl fmt::Display for Token {
@@ -292,10 +325,13 @@ impl Error {
             Error::from(source)
         }
     }
-}
 
-impl From<DieselError> for Error {
-    fn from(source: DieselError) -> Self {
+    /// `source` as [`Error::Retryable`] when `retry_reason` names a reason, else as
+    /// [`Error::Database`].
+    pub(crate) fn classified(
+        source: DieselError,
+        retry_reason: impl FnOnce(&DieselError) -> Option<RetryReason>,
+    ) -> Self {
         match retry_reason(&source) {
             Some(reason) => Error::Retryable { reason, source },
             None => Error::Database(source),
@@ -303,43 +339,32 @@ impl From<DieselError> for Error {
     }
 }
 
-/// Whether the connection died. PostgreSQL reports `ClosedConnection`; MySQL's client
-/// errors 2006 / 2013 reach diesel as `Unknown`, so their messages are matched too.
-fn connection_lost(error: &DieselError) -> bool {
-    match error {
-        DieselError::DatabaseError(DatabaseErrorKind::ClosedConnection, _) => true,
-        DieselError::DatabaseError(DatabaseErrorKind::Unknown, info) => {
-            let message = info.message().to_ascii_lowercase();
-            message.contains("lost connection") || message.contains("server has gone away")
-        }
-        _ => false,
+impl From<DieselError> for Error {
+    /// Classifies by diesel's error kind and the servers' fixed message texts
+    /// ([`retry_reason_of`]). diesel-occ's own statements classify more precisely, asking
+    /// the server where the kind is not enough ([`OccBackend::retry_reason`](crate::backend::OccBackend::retry_reason)).
+    fn from(source: DieselError) -> Self {
+        Error::classified(source, retry_reason_of)
     }
 }
 
-/// Which database errors a fresh attempt can fix. diesel maps PostgreSQL `40001` and
-/// MySQL `1213` to `SerializationFailure`; the others only show in the message.
-fn retry_reason(error: &DieselError) -> Option<RetryReason> {
-    let DieselError::DatabaseError(kind, info) = error else {
-        return None;
-    };
-    if let DatabaseErrorKind::SerializationFailure = kind {
-        let message = info.message();
-        return Some(if message.contains("Deadlock") {
-            RetryReason::Deadlock
-        } else {
-            RetryReason::SerializationFailure
-        });
-    }
-    let message = info.message().to_ascii_lowercase();
-    if message.contains("deadlock") {
-        Some(RetryReason::Deadlock)
-    } else if message.contains("lock wait timeout") || message.contains("could not obtain lock") {
-        Some(RetryReason::LockTimeout)
-    } else if message.contains("database is locked") || message.contains("database table is locked")
-    {
-        Some(RetryReason::Busy)
-    } else {
-        None
+/// Whether the connection died. PostgreSQL reports `ClosedConnection`; MySQL's client
+/// errors 2006 / 2013 reach diesel as `Unknown` with the client library's own fixed
+/// texts (never the server's, never translated), which are compared as prefixes.
+pub(crate) fn connection_lost(error: &DieselError) -> bool {
+    match error {
+        DieselError::DatabaseError(DatabaseErrorKind::ClosedConnection, _) => true,
+        DieselError::DatabaseError(DatabaseErrorKind::Unknown, info) => {
+            let message = info.message();
+            [
+                "Lost connection to",
+                "MySQL server has gone away",
+                "Server has gone away",
+            ]
+            .iter()
+            .any(|prefix| message.starts_with(prefix))
+        }
+        _ => false,
     }
 }
 
@@ -396,44 +421,5 @@ mod tests {
             Error::Database(_)
         ));
         assert!(!Error::from_write(closed(), false).is_retryable());
-    }
-
-    #[test]
-    fn transient_errors_are_classified_by_kind_and_message() {
-        let db = |kind, msg: &str| {
-            Error::from(DieselError::DatabaseError(kind, Box::new(msg.to_string())))
-        };
-        let reason = |e: Error| match e {
-            Error::Retryable { reason, .. } => Some(reason),
-            _ => None,
-        };
-        use DatabaseErrorKind::*;
-        assert_eq!(
-            reason(db(SerializationFailure, "could not serialize access")),
-            Some(RetryReason::SerializationFailure)
-        );
-        assert_eq!(
-            reason(db(
-                SerializationFailure,
-                "Deadlock found when trying to get lock"
-            )),
-            Some(RetryReason::Deadlock)
-        );
-        assert_eq!(
-            reason(db(Unknown, "deadlock detected")),
-            Some(RetryReason::Deadlock)
-        );
-        assert_eq!(
-            reason(db(
-                Unknown,
-                "Lock wait timeout exceeded; try restarting transaction"
-            )),
-            Some(RetryReason::LockTimeout)
-        );
-        assert_eq!(
-            reason(db(Unknown, "database is locked")),
-            Some(RetryReason::Busy)
-        );
-        assert_eq!(reason(db(UniqueViolation, "duplicate key")), None);
     }
 }

@@ -8,7 +8,8 @@ use std::fmt::Debug;
 
 use diesel::associations::HasTable;
 use diesel::query_builder::AsChangeset;
-use diesel::Column;
+use diesel::sql_types::{BigInt, Integer, SmallInt};
+use diesel::{Column, Expression};
 
 /// An entity whose updates are guarded by a version column.
 ///
@@ -17,20 +18,18 @@ use diesel::Column;
 /// The row must be `Debug + Send + Sync + 'static` so that a
 /// [`Conflict`](crate::Conflict) can carry the current row inside [`Error`](crate::Error).
 pub trait Guarded: HasTable + Debug + Send + Sync + Sized + 'static {
-    /// The table's name, for messages.
-    const TABLE_NAME: &'static str;
-
     /// The primary key's value: the field's type, or a tuple for composite keys.
     type Key: Clone + Debug + Send + Sync + 'static;
 
     /// `key_column = key` (joined with `AND` for composite keys).
     type KeyPredicate;
 
-    /// The version's Rust type: `i16`, `i32` or `i64`.
+    /// The version's Rust type: `i16`, `i32` or `i64` (or `u16`, `u32`, `u64` for MySQL
+    /// `UNSIGNED` columns), or an alias of one.
     type Version: VersionNumber;
 
-    /// The version column of [`HasTable::Table`].
-    type VersionColumn: Column<Table = Self::Table> + Default;
+    /// The version column of [`HasTable::Table`]: NOT NULL, of the version's SQL type.
+    type VersionColumn: Column<Table = Self::Table> + VersionColumnFor<Self::Version> + Default;
 
     /// Every updatable column set from the entity's fields (key and version excluded).
     /// Values are cloned out of the entity: a borrowed changeset would need a lifetime in
@@ -59,29 +58,59 @@ pub trait Guarded: HasTable + Debug + Send + Sync + Sized + 'static {
 /// The next version is computed here, not in SQL, so that the executor knows the new
 /// token without reading the row back and so that overflow is one rule on every backend
 /// (SQLite would silently turn `i64::MAX + 1` into a float).
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot be a version: use `i16`, `i32` or `i64` (`u16`, `u32`, `u64` for MySQL UNSIGNED columns)",
+    label = "not a version type"
+)]
 pub trait VersionNumber: Copy + Debug + PartialEq + Send + Sync + 'static {
+    /// The SQL type of a NOT NULL column holding this version.
+    type SqlType;
+
     /// The version after this one, or `None` at the type's maximum. Versions never wrap:
     /// a wrapped version would repeat an old token and let a stale copy win.
     fn next(self) -> Option<Self>;
 
     /// Widened for messages and [`Token`](crate::Token).
-    fn widen(self) -> i64;
+    fn widen(self) -> i128;
 }
 
 macro_rules! version_number {
-    ($($t:ty),*) => {$(
+    ($($t:ty => $sql:ty),*) => {$(
         impl VersionNumber for $t {
+            type SqlType = $sql;
             fn next(self) -> Option<Self> {
                 self.checked_add(1)
             }
-            fn widen(self) -> i64 {
-                i64::from(self)
+            fn widen(self) -> i128 {
+                i128::from(self)
             }
         }
     )*};
 }
 
-version_number!(i16, i32, i64);
+version_number!(i16 => SmallInt, i32 => Integer, i64 => BigInt);
+#[cfg(feature = "mysql")]
+version_number!(
+    u16 => diesel::sql_types::Unsigned<SmallInt>,
+    u32 => diesel::sql_types::Unsigned<Integer>,
+    u64 => diesel::sql_types::Unsigned<BigInt>
+);
+
+/// A column that can hold versions of type `V`: NOT NULL and of `V`'s SQL type. A
+/// nullable version column would let a NULL silently disable the check.
+#[diagnostic::on_unimplemented(
+    message = "the version column `{Self}` does not hold `{V}` values: it must be NOT NULL and of the version's SQL type",
+    label = "this field's column",
+    note = "`i16`, `i32`, `i64` need SmallInt, Integer, BigInt (`u16`.. need Unsigned<..>); a `Nullable<..>` column is refused: a NULL version would disable the check"
+)]
+pub trait VersionColumnFor<V> {}
+
+impl<C, V> VersionColumnFor<V> for C
+where
+    V: VersionNumber,
+    C: Column + Expression<SqlType = V::SqlType>,
+{
+}
 
 #[cfg(test)]
 mod tests {

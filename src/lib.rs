@@ -75,16 +75,19 @@
 //! - `#[diesel(skip_update)]`: left out of [`GuardedWrite::guarded_save`].
 //! - `#[diesel(serialize_as = Type)]`: converted with `Into<Type>` before it is written.
 
+pub mod backend;
 pub mod connection;
 pub mod error;
 pub mod guard;
+mod names;
 pub mod pool;
 pub mod statement;
 pub mod update;
 
+pub use backend::OccBackend;
 pub use connection::WriteTransaction;
 pub use error::{Conflict, CurrentRow, Error, RetryReason, Token};
-pub use guard::{Guarded, VersionNumber};
+pub use guard::{Guarded, VersionColumnFor, VersionNumber};
 pub use pool::PoolConfig;
 #[cfg(feature = "mysql")]
 pub use pool::{mysql_pool, MysqlPool};

@@ -9,6 +9,8 @@
 use std::marker::PhantomData;
 
 use diesel::backend::Backend;
+
+use crate::backend::OccBackend;
 use diesel::query_builder::{AstPass, QueryFragment, QueryId};
 use diesel::query_dsl::RunQueryDsl;
 use diesel::sql_types::HasSqlType;
@@ -86,9 +88,12 @@ where
     Key: QueryFragment<DB>,
     Guard: QueryFragment<DB>,
 {
+    // The statement may be cached as a prepared statement. Its `QueryId` is not static,
+    // so diesel keys the cache by the SQL text: a changeset whose `None` fields leave
+    // columns out renders other SQL and gets its own entry, never a wrong one. A changeset
+    // type with n optional fields makes at most 2^n entries; fragments whose SQL depends
+    // on their values (`IN` lists) mark themselves uncacheable as they walk.
     fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, DB>) -> QueryResult<()> {
-        // Like diesel's own UPDATE: whether `changes` is empty can differ per call.
-        out.unsafe_to_cache_prepared();
         out.push_sql("UPDATE ");
         self.from.walk_ast(out.reborrow())?;
         out.push_sql(" SET ");
@@ -114,6 +119,75 @@ impl<T: Table, Changes, Advance, Key, Guard> QueryId
 impl<T: Table, Changes, Advance, Key, Guard, Conn> RunQueryDsl<Conn>
     for GuardedUpdate<T, Changes, Advance, Key, Guard>
 {
+}
+
+/// What the executor checks in a compare-and-set statement before sending it.
+pub trait CompareAndSet<DB> {
+    /// A column that both the caller's changes and the guard's advance assign, as the SQL
+    /// names it. PostgreSQL rejects such a statement; MySQL and SQLite would keep one of
+    /// the two values silently, so the executor refuses it on every backend.
+    fn assigned_twice(&self) -> QueryResult<Option<String>>;
+}
+
+impl<T, Changes, Advance, Key, Guard, DB> CompareAndSet<DB>
+    for GuardedUpdate<T, Changes, Advance, Key, Guard>
+where
+    DB: OccBackend,
+    T: Table,
+    Changes: QueryFragment<DB>,
+    Advance: QueryFragment<DB>,
+{
+    fn assigned_twice(&self) -> QueryResult<Option<String>> {
+        if self.changes.is_noop(&DB::default())? {
+            return Ok(None);
+        }
+        let changes = DB::render(&self.changes)?;
+        let advance = DB::render(&self.advance)?;
+        let guarded = assignment_targets(&advance);
+        Ok(assignment_targets(&changes)
+            .into_iter()
+            .find(|target| guarded.contains(target))
+            .map(str::to_owned))
+    }
+}
+
+impl<T: Table, Key, Guard, DB> CompareAndSet<DB> for GuardedDelete<T, Key, Guard> {
+    fn assigned_twice(&self) -> QueryResult<Option<String>> {
+        Ok(None)
+    }
+}
+
+/// The assigned columns of a rendered `SET` list (`"a" = $1, "b" = $2 + 1`): the text
+/// before the first top-level ` = ` of each top-level, comma-separated item. Commas and
+/// `=` inside parentheses or quotes belong to expressions, not to the list. Values are
+/// bind parameters, so the text is the schema's and the developer's, never user data.
+fn assignment_targets(set_list: &str) -> Vec<&str> {
+    let mut targets = Vec::new();
+    let (mut depth, mut quote, mut item_start) = (0usize, None, 0usize);
+    let mut target_end = None;
+    let bytes = set_list.as_bytes();
+    for (i, &b) in bytes.iter().enumerate() {
+        match (quote, b) {
+            // A doubled quote inside a quoted part re-opens it on the next byte.
+            (Some(q), _) if b == q => quote = None,
+            (Some(_), _) => {}
+            (None, b'"' | b'`' | b'\'') => quote = Some(b),
+            (None, b'(') => depth += 1,
+            (None, b')') => depth = depth.saturating_sub(1),
+            (None, b'=') if depth == 0 && target_end.is_none() => target_end = Some(i),
+            (None, b',') if depth == 0 => {
+                if let Some(end) = target_end.take() {
+                    targets.push(set_list[item_start..end].trim());
+                }
+                item_start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    if let Some(end) = target_end {
+        targets.push(set_list[item_start..end].trim());
+    }
+    targets
 }
 
 /// `DELETE FROM <table> WHERE (<key>) AND <guard>`.
@@ -196,43 +270,26 @@ impl<T, DB: Backend> QueryFragment<DB> for NoChanges<T> {
 /// A `SELECT` that sees the latest committed row, even inside a transaction whose
 /// snapshot is older. Used to explain a write that matched no row.
 ///
-/// A guarded `UPDATE` always compares against the latest committed row. Under MySQL's
-/// default REPEATABLE READ a plain `SELECT` inside the same transaction would still show
-/// the transaction's old snapshot, so the "current" row of a conflict could be the very
-/// version the caller holds. `LOCK IN SHARE MODE` makes the read a current read there
-/// (its shared lock lasts until the caller's transaction ends, or the statement when
-/// there is none). PostgreSQL (READ COMMITTED reads fresh per statement; stricter levels
-/// fail the `UPDATE` itself with a serialization error) and SQLite (a stale snapshot
-/// cannot write at all: busy) need no suffix.
+/// A guarded `UPDATE` always compares against the latest committed row, so its miss must
+/// be explained by that row too. Outside a transaction every statement reads the latest
+/// committed row. Inside one, a plain `SELECT` may show the transaction's snapshot
+/// (MySQL REPEATABLE READ, PostgreSQL REPEATABLE READ and SERIALIZABLE), so the read is
+/// made a locking one ([`OccBackend::LOCKING_READ`]): it sees the latest row, or on
+/// PostgreSQL fails with a retryable serialization failure when the snapshot cannot act on
+/// it. The lock lasts until the caller's transaction ends; it is the lock the caller's
+/// next write of that row takes anyway, so a merge written in the same transaction cannot
+/// conflict again. SQLite needs no clause: a stale snapshot cannot write at all (busy).
 #[derive(Debug, Clone)]
-pub struct LatestRead<Q>(Q);
+pub struct LatestRead<Q> {
+    query: Q,
+    locking: bool,
+}
 
 impl<Q> LatestRead<Q> {
-    /// `query`, read as the latest committed row.
-    pub fn new(query: Q) -> Self {
-        LatestRead(query)
+    /// `query`, read as the latest committed row; `locking` inside a transaction.
+    pub fn new(query: Q, locking: bool) -> Self {
+        LatestRead { query, locking }
     }
-}
-
-/// What a backend appends to a `SELECT` so that it reads the latest committed row.
-pub trait LatestReadSql: Backend {
-    /// The suffix, with a leading space, or empty.
-    const SUFFIX: &'static str;
-}
-
-#[cfg(feature = "sqlite")]
-impl LatestReadSql for diesel::sqlite::Sqlite {
-    const SUFFIX: &'static str = "";
-}
-
-#[cfg(feature = "postgres")]
-impl LatestReadSql for diesel::pg::Pg {
-    const SUFFIX: &'static str = "";
-}
-
-#[cfg(feature = "mysql")]
-impl LatestReadSql for diesel::mysql::Mysql {
-    const SUFFIX: &'static str = " LOCK IN SHARE MODE";
 }
 
 impl<Q: diesel::query_builder::Query> diesel::query_builder::Query for LatestRead<Q> {
@@ -241,19 +298,42 @@ impl<Q: diesel::query_builder::Query> diesel::query_builder::Query for LatestRea
 
 impl<Q, DB> QueryFragment<DB> for LatestRead<Q>
 where
-    DB: LatestReadSql,
+    DB: OccBackend,
     Q: QueryFragment<DB>,
 {
     fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, DB>) -> QueryResult<()> {
-        self.0.walk_ast(out.reborrow())?;
-        out.push_sql(DB::SUFFIX);
+        self.query.walk_ast(out.reborrow())?;
+        if self.locking {
+            out.push_sql(DB::LOCKING_READ);
+        }
         Ok(())
     }
 }
 
-impl<Q: QueryId> QueryId for LatestRead<Q> {
-    type QueryId = LatestRead<Q::QueryId>;
-    const HAS_STATIC_QUERY_ID: bool = Q::HAS_STATIC_QUERY_ID;
+// The lock clause depends on a value, so the SQL text keys the statement cache.
+impl<Q> QueryId for LatestRead<Q> {
+    type QueryId = ();
+    const HAS_STATIC_QUERY_ID: bool = false;
 }
 
 impl<Q, Conn> RunQueryDsl<Conn> for LatestRead<Q> {}
+
+#[cfg(test)]
+mod tests {
+    use super::assignment_targets;
+
+    #[test]
+    fn set_list_targets_ignore_commas_and_equals_inside_expressions() {
+        assert_eq!(
+            assignment_targets("\"note\" = $1, \"version\" = $2"),
+            ["\"note\"", "\"version\""]
+        );
+        assert_eq!(
+            assignment_targets("`a` = coalesce(?, `b` = ?), `c` = ? = ?"),
+            ["`a`", "`c`"]
+        );
+        assert_eq!(assignment_targets("`a` = 'x, `b` = y'"), ["`a`"]);
+        assert_eq!(assignment_targets("\"odd\"\"=,\" = $1"), ["\"odd\"\"=,\""]);
+        assert!(assignment_targets("").is_empty());
+    }
+}

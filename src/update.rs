@@ -2,22 +2,33 @@
 
 use diesel::connection::{Connection, LoadConnection, TransactionManager};
 use diesel::dsl::{AsSelect, Filter, Select};
-use diesel::query_builder::{AsChangeset, QueryId};
+use diesel::query_builder::{AsChangeset, QueryFragment, QueryId};
 use diesel::query_dsl::methods::{ExecuteDsl, FilterDsl, LoadQuery, SelectDsl};
+use diesel::query_source::QuerySource;
+use diesel::result::Error as DieselError;
 use diesel::{OptionalExtension, QueryResult, RunQueryDsl, Selectable, SelectableHelper};
 
+use crate::backend::OccBackend;
 use crate::error::{Conflict, Error, Token};
 use crate::guard::{Guarded, VersionNumber};
-use crate::statement::{ColumnEq, GuardedDelete, GuardedUpdate, LatestRead, NoChanges};
+use crate::names::table_name;
+use crate::statement::{
+    ColumnEq, CompareAndSet, GuardedDelete, GuardedUpdate, LatestRead, NoChanges,
+};
 
 /// Runs one compare-and-set statement and classifies its outcome.
 ///
+/// - a changeset that assigns a column the guard sets: [`Error::ChangesetAssignsGuard`],
+///   before anything is sent.
 /// - 1 row: `Ok(())`.
 /// - 0 rows: `on_miss` explains why (it usually reads the row again by key).
 /// - more rows: [`Error::KeyNotUnique`]; the key does not address one row.
-/// - a database error: classified by [`Error::from_write`] (retryable, ambiguous, ...).
+/// - a database error: [`Error::Ambiguous`] when the connection died outside a
+///   transaction, [`Error::Retryable`] when the backend says a fresh attempt can succeed
+///   ([`OccBackend::retry_reason`]), else [`Error::Database`].
 ///
 /// Every guard kind runs through here, so they all report outcomes the same way.
+/// `describe` names the table and key for messages; it runs only on the error paths.
 pub fn execute_guarded<C, S>(
     conn: &mut C,
     statement: S,
@@ -25,9 +36,14 @@ pub fn execute_guarded<C, S>(
     on_miss: impl FnOnce(&mut C) -> Error,
 ) -> Result<(), Error>
 where
-    C: Connection,
-    S: ExecuteDsl<C>,
+    C: LoadConnection,
+    C::Backend: OccBackend,
+    S: ExecuteDsl<C> + CompareAndSet<C::Backend>,
 {
+    if let Some(column) = statement.assigned_twice()? {
+        let (table, _) = describe();
+        return Err(Error::ChangesetAssignsGuard { table, column });
+    }
     match ExecuteDsl::execute(statement, conn) {
         Ok(1) => Ok(()),
         Ok(0) => Err(on_miss(conn)),
@@ -35,12 +51,24 @@ where
             let (table, key) = describe();
             Err(Error::KeyNotUnique { table, key, rows })
         }
-        Err(e) => Err(Error::from_write(e, in_transaction(conn))),
+        Err(e) => Err(classify(conn, e)),
     }
 }
 
+/// Classifies an error that a statement just returned on `conn` (see [`execute_guarded`]).
+pub fn classify<C>(conn: &mut C, error: DieselError) -> Error
+where
+    C: LoadConnection,
+    C::Backend: OccBackend,
+{
+    if !in_transaction(conn) && crate::error::connection_lost(&error) {
+        return Error::Ambiguous { source: error };
+    }
+    Error::classified(error, |e| C::Backend::retry_reason(conn, e))
+}
+
 /// Whether `conn` has an open transaction (so a dropped connection rolls the write back).
-fn in_transaction<C: Connection>(conn: &mut C) -> bool {
+pub(crate) fn in_transaction<C: Connection>(conn: &mut C) -> bool {
     C::TransactionManager::transaction_manager_status_mut(conn)
         .transaction_depth()
         .map(|depth| depth.is_some())
@@ -68,18 +96,26 @@ pub type VersionedDelete<T> = GuardedDelete<
 /// `version = ?` for entity `T`.
 pub type VersionEq<T> = ColumnEq<<T as Guarded>::VersionColumn, <T as Guarded>::Version>;
 
-/// Loading the latest committed row of an entity by key on connection `C` (see
-/// [`LatestRead`]); used to explain a write that matched no row. Implemented for every
-/// [`Guarded`] + [`Selectable`] entity whose query fits `C`.
+/// What the executor needs of an entity on connection `C`: its table's name and a read
+/// of the latest committed row by key (see [`LatestRead`]), to explain a write that
+/// matched no row. Implemented for every [`Guarded`] + [`Selectable`] entity whose query
+/// fits `C`.
 pub trait LoadByKey<C>: Guarded {
-    /// The row with `key`, if it exists.
+    /// The row with `key`, if it exists, as last committed. Inside a transaction the read
+    /// locks the row until the transaction ends.
     fn load_by_key(conn: &mut C, key: &Self::Key) -> QueryResult<Option<Self>>;
+
+    /// The table's SQL name, for messages.
+    fn table_name() -> &'static str;
 }
 
 impl<T, C> LoadByKey<C> for T
 where
     T: Guarded + Selectable<C::Backend>,
     C: LoadConnection,
+    C::Backend: OccBackend,
+    T::Table: 'static,
+    <T::Table as QuerySource>::FromClause: QueryFragment<C::Backend>,
     T::SelectExpression: QueryId,
     T::Table: FilterDsl<T::KeyPredicate>,
     Filter<T::Table, T::KeyPredicate>: SelectDsl<AsSelect<T, C::Backend>>,
@@ -87,10 +123,15 @@ where
         LoadQuery<'static, C, T>,
 {
     fn load_by_key(conn: &mut C, key: &Self::Key) -> QueryResult<Option<Self>> {
+        let locking = in_transaction(conn);
         let filtered = FilterDsl::filter(T::table(), T::key_predicate(key));
-        LatestRead::new(SelectDsl::select(filtered, T::as_select()))
+        LatestRead::new(SelectDsl::select(filtered, T::as_select()), locking)
             .get_result(conn)
             .optional()
+    }
+
+    fn table_name() -> &'static str {
+        table_name::<T::Table, C::Backend>(&T::table())
     }
 }
 
@@ -112,12 +153,13 @@ pub trait GuardedWrite: Guarded {
     /// The copy itself is not modified: its other fields do not reflect `changes`.
     fn guarded_update<C, Ch>(&self, conn: &mut C, changes: Ch) -> Result<Self::Version, Error>
     where
-        C: Connection,
+        C: LoadConnection,
+        C::Backend: OccBackend,
         Ch: AsChangeset<Target = Self::Table>,
-        VersionedUpdate<Self, Ch::Changeset>: ExecuteDsl<C>,
+        VersionedUpdate<Self, Ch::Changeset>: ExecuteDsl<C> + CompareAndSet<C::Backend>,
         Self: LoadByKey<C>,
     {
-        let next = next_version(self)?;
+        let next = next_version::<Self, C>(self)?;
         let statement = VersionedUpdate::<Self, Ch::Changeset>::new(
             Self::table(),
             changes.as_changeset(),
@@ -133,8 +175,10 @@ pub trait GuardedWrite: Guarded {
     /// records the new version in the copy.
     fn guarded_save<C>(&mut self, conn: &mut C) -> Result<Self::Version, Error>
     where
-        C: Connection,
-        VersionedUpdate<Self, <Self::Changes as AsChangeset>::Changeset>: ExecuteDsl<C>,
+        C: LoadConnection,
+        C::Backend: OccBackend,
+        VersionedUpdate<Self, <Self::Changes as AsChangeset>::Changeset>:
+            ExecuteDsl<C> + CompareAndSet<C::Backend>,
         Self: LoadByKey<C>,
     {
         let next = self.guarded_update(conn, self.changes())?;
@@ -147,8 +191,9 @@ pub trait GuardedWrite: Guarded {
     /// version in the copy.
     fn guarded_touch<C>(&mut self, conn: &mut C) -> Result<Self::Version, Error>
     where
-        C: Connection,
-        VersionedUpdate<Self, NoChanges<Self::Table>>: ExecuteDsl<C>,
+        C: LoadConnection,
+        C::Backend: OccBackend,
+        VersionedUpdate<Self, NoChanges<Self::Table>>: ExecuteDsl<C> + CompareAndSet<C::Backend>,
         Self: LoadByKey<C>,
     {
         let next = self.guarded_update(conn, NoChanges::default())?;
@@ -159,8 +204,9 @@ pub trait GuardedWrite: Guarded {
     /// Deletes the row if it is still at this copy's version.
     fn guarded_delete<C>(&self, conn: &mut C) -> Result<(), Error>
     where
-        C: Connection,
-        VersionedDelete<Self>: ExecuteDsl<C>,
+        C: LoadConnection,
+        C::Backend: OccBackend,
+        VersionedDelete<Self>: ExecuteDsl<C> + CompareAndSet<C::Backend>,
         Self: LoadByKey<C>,
     {
         let statement = VersionedDelete::<Self>::new(
@@ -175,40 +221,48 @@ pub trait GuardedWrite: Guarded {
 impl<T: Guarded> GuardedWrite for T {}
 
 /// The version after `row`'s, or [`Error::VersionOverflow`].
-fn next_version<T: Guarded>(row: &T) -> Result<T::Version, Error> {
+fn next_version<T: LoadByKey<C>, C>(row: &T) -> Result<T::Version, Error> {
     row.version().next().ok_or_else(|| Error::VersionOverflow {
-        table: T::TABLE_NAME,
+        table: T::table_name(),
         key: format!("{:?}", row.key()),
         current: row.version().widen(),
     })
 }
 
 /// Runs a version-guarded `statement` for `row`; a miss is explained by reading the row
-/// again: gone is [`Error::NotFound`], present is [`Error::Conflict`] with it.
+/// again: gone is [`Error::NotFound`]; at another version, [`Error::Conflict`] with it; at
+/// the very version expected, [`Error::Refused`] (nobody else won: the database ignored
+/// the write).
 fn run_versioned<T, C, S>(row: &T, conn: &mut C, statement: S) -> Result<(), Error>
 where
     T: LoadByKey<C>,
-    C: Connection,
-    S: ExecuteDsl<C>,
+    C: LoadConnection,
+    C::Backend: OccBackend,
+    S: ExecuteDsl<C> + CompareAndSet<C::Backend>,
 {
     let key = row.key();
     execute_guarded(
         conn,
         statement,
-        || (T::TABLE_NAME, format!("{key:?}")),
+        || (T::table_name(), format!("{key:?}")),
         |conn| match T::load_by_key(conn, &key) {
             Ok(None) => Error::NotFound {
-                table: T::TABLE_NAME,
+                table: T::table_name(),
                 key: format!("{key:?}"),
             },
+            Ok(Some(current)) if current.version() == row.version() => Error::Refused {
+                table: T::table_name(),
+                key: format!("{key:?}"),
+                token: Token::Version(current.version().widen()),
+            },
             Ok(Some(current)) => Error::Conflict(Box::new(Conflict::new(
-                T::TABLE_NAME,
+                T::table_name(),
                 format!("{key:?}"),
                 Token::Version(row.version().widen()),
                 Token::Version(current.version().widen()),
                 current,
             ))),
-            Err(e) => Error::from(e),
+            Err(e) => classify(conn, e),
         },
     )
 }

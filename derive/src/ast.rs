@@ -20,6 +20,8 @@ pub struct Field<'a> {
     pub column: Ident,
     pub occ: Vec<OccAttr>,
     pub serialize_as: Option<Type>,
+    /// The span of `deserialize_as`, which changes the field's type as read.
+    pub deserialize_as: Option<Span>,
     pub skip_update: bool,
     pub not_a_column: Option<Span>,
 }
@@ -79,6 +81,7 @@ impl<'a> Entity<'a> {
                 column,
                 occ,
                 serialize_as: diesel.serialize_as,
+                deserialize_as: diesel.deserialize_as,
                 skip_update: diesel.skip_update,
                 not_a_column: diesel.not_a_column,
             });
@@ -90,15 +93,6 @@ impl<'a> Entity<'a> {
             primary_key,
             fields,
         })
-    }
-
-    /// The table's own name (the path's last segment), for messages.
-    pub fn table_name(&self) -> String {
-        self.table
-            .segments
-            .last()
-            .map(|s| s.ident.to_string())
-            .unwrap_or_default()
     }
 
     pub fn is_key(&self, field: &Field<'_>) -> bool {

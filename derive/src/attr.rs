@@ -100,6 +100,7 @@ pub struct DieselContainer {
 pub struct DieselField {
     pub column_name: Option<Ident>,
     pub serialize_as: Option<Type>,
+    pub deserialize_as: Option<Span>,
     pub skip_update: bool,
     /// `embed` or `select_expression`: fields that are not one column.
     pub not_a_column: Option<Span>,
@@ -126,15 +127,19 @@ pub fn diesel_container(attrs: &[Attribute]) -> syn::Result<DieselContainer> {
     Ok(out)
 }
 
-/// Reads `column_name`, `serialize_as`, `skip_update`, `embed`, `select_expression`.
+/// Reads `column_name`, `serialize_as`, `deserialize_as`, `skip_update`, `embed`,
+/// `select_expression`; other diesel keys belong to diesel and are skipped.
 pub fn diesel_field(attrs: &[Attribute]) -> syn::Result<DieselField> {
     let mut out = DieselField::default();
     for attr in attrs.iter().filter(|a| a.path().is_ident("diesel")) {
         attr.parse_nested_meta(|meta| {
             if meta.path.is_ident("column_name") {
-                out.column_name = Some(meta.value()?.call(Ident::parse_any)?);
+                out.column_name = Some(column_name(meta.value()?)?);
             } else if meta.path.is_ident("serialize_as") {
                 out.serialize_as = Some(meta.value()?.parse()?);
+            } else if meta.path.is_ident("deserialize_as") {
+                out.deserialize_as = Some(meta.path.span());
+                skip_value(meta.input)?;
             } else if meta.path.is_ident("skip_update") {
                 out.skip_update = true;
             } else {
@@ -149,7 +154,31 @@ pub fn diesel_field(attrs: &[Attribute]) -> syn::Result<DieselField> {
     Ok(out)
 }
 
-/// Skips what follows a diesel key we do not read: `= <type or expression>` or `(...)`.
+/// `column_name = note` or, as diesel also accepts, `column_name = "note"` (which can name
+/// a column that is a Rust keyword or not an identifier at all).
+fn column_name(input: ParseStream<'_>) -> syn::Result<Ident> {
+    if !input.peek(syn::LitStr) {
+        return input.call(Ident::parse_any);
+    }
+    let literal: syn::LitStr = input.parse()?;
+    let mut ident =
+        syn::parse::Parser::parse_str(Ident::parse_any, &literal.value()).map_err(|_| {
+            syn::Error::new(
+                literal.span(),
+                format!(
+                    "`{}` is not a column of a `table!` schema\n  \
+                 help: use the column's name as your `table!` definition spells it",
+                    literal.value()
+                ),
+            )
+        })?;
+    ident.set_span(literal.span());
+    Ok(ident)
+}
+
+/// Skips what follows a diesel key we do not read: `= <type, expression or literal>`, or
+/// a parenthesised list such as `check_for_backend(diesel::pg::Pg, diesel::sqlite::Sqlite)`
+/// or `belongs_to(User, foreign_key = author)`, consumed whole.
 fn skip_value(input: ParseStream<'_>) -> syn::Result<()> {
     if input.peek(Token![=]) {
         input.parse::<Token![=]>()?;
@@ -161,8 +190,9 @@ fn skip_value(input: ParseStream<'_>) -> syn::Result<()> {
             input.parse::<syn::Expr>()?;
         }
     } else if input.peek(syn::token::Paren) {
-        let _content;
-        syn::parenthesized!(_content in input);
+        let content;
+        syn::parenthesized!(content in input);
+        content.parse::<proc_macro2::TokenStream>()?;
     }
     Ok(())
 }

@@ -5,14 +5,14 @@
 //! which it resolves where the struct is defined, like diesel's own derives.
 
 use proc_macro2::TokenStream;
-use quote::quote;
+use quote::{quote, quote_spanned};
+use syn::spanned::Spanned;
 
 use crate::ast::{Entity, Field};
 
 pub fn guarded(entity: &Entity<'_>, version: &Field<'_>) -> TokenStream {
     let ident = entity.ident;
     let table = &entity.table;
-    let table_name = entity.table_name();
     let column = |f: &Field<'_>| {
         let c = &f.column;
         quote!(#table::#c)
@@ -106,15 +106,20 @@ pub fn guarded(entity: &Entity<'_>, version: &Field<'_>) -> TokenStream {
     let version_ty = version.ty;
     let version_member = &version.member;
     let version_column = column(version);
+    // Spanned at the field, so that a version type or column the trait bounds refuse
+    // (`String`, a `Nullable` column) is reported there, with the bound's own hint.
+    let version_column = respan(version_column, version.ty.span());
+    let version_types = quote_spanned! {version.ty.span()=>
+        type Version = #version_ty;
+        type VersionColumn = #version_column;
+    };
 
     quote! {
         const _: () = {
             impl ::diesel_occ::Guarded for #ident {
-                const TABLE_NAME: &'static str = #table_name;
                 type Key = #key_type;
                 type KeyPredicate = #predicate_type;
-                type Version = #version_ty;
-                type VersionColumn = #version_column;
+                #version_types
                 type Changes = #changes_type;
 
                 fn key(&self) -> Self::Key {
@@ -126,7 +131,7 @@ pub fn guarded(entity: &Entity<'_>, version: &Field<'_>) -> TokenStream {
                 }
 
                 fn version(&self) -> Self::Version {
-                    self.#version_member
+                    ::std::clone::Clone::clone(&self.#version_member)
                 }
 
                 fn set_version(&mut self, version: Self::Version) {
@@ -139,4 +144,22 @@ pub fn guarded(entity: &Entity<'_>, version: &Field<'_>) -> TokenStream {
             }
         };
     }
+}
+
+/// `tokens` with every span set to `span`, so that errors about them point there.
+fn respan(tokens: TokenStream, span: proc_macro2::Span) -> TokenStream {
+    tokens
+        .into_iter()
+        .map(|mut token| {
+            if let proc_macro2::TokenTree::Group(group) = &token {
+                let mut inner =
+                    proc_macro2::Group::new(group.delimiter(), respan(group.stream(), span));
+                inner.set_span(span);
+                token = proc_macro2::TokenTree::Group(inner);
+            } else {
+                token.set_span(span);
+            }
+            token
+        })
+        .collect()
 }

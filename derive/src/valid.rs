@@ -5,8 +5,6 @@ use syn::spanned::Spanned;
 use crate::ast::{Entity, Field};
 use crate::attr::{Errors, OccAttr};
 
-const VERSION_TYPES: [&str; 3] = ["i16", "i32", "i64"];
-
 /// Checks the entity and returns its version field.
 pub fn check<'e, 'a>(entity: &'e Entity<'a>) -> syn::Result<&'e Field<'a>> {
     let mut errors = Errors::default();
@@ -24,6 +22,7 @@ pub fn check<'e, 'a>(entity: &'e Entity<'a>) -> syn::Result<&'e Field<'a>> {
             version = Some(field);
             check_version_field(entity, field, &mut errors);
         }
+        check_deserialize_as(entity, field, &mut errors);
         if let Some(span) = field.not_a_column {
             errors.push(syn::Error::new(
                 span,
@@ -54,30 +53,44 @@ pub fn check<'e, 'a>(entity: &'e Entity<'a>) -> syn::Result<&'e Field<'a>> {
     Ok(version.expect("checked above"))
 }
 
+/// The version field's type is checked by the compiler against `VersionNumber` and the
+/// column's SQL type, so that aliases (`type Rev = i64`) work and mistakes are reported
+/// with the real types; here only what the types cannot say.
 fn check_version_field(entity: &Entity<'_>, field: &Field<'_>, errors: &mut Errors) {
-    let type_name = match field.ty {
-        syn::Type::Path(p) if p.qself.is_none() => {
-            p.path.segments.last().map(|s| s.ident.to_string())
-        }
-        _ => None,
-    };
-    if !type_name.is_some_and(|t| VERSION_TYPES.contains(&t.as_str())) {
+    if field.serialize_as.is_some() || field.deserialize_as.is_some() {
         errors.push(syn::Error::new(
             field.ty.span(),
-            "an `#[occ(version)]` field must be `i16`, `i32` or `i64`\n  \
-             help: use the integer type of the column (SMALLINT, INTEGER or BIGINT)",
-        ));
-    }
-    if field.serialize_as.is_some() {
-        errors.push(syn::Error::new(
-            field.ty.span(),
-            "an `#[occ(version)]` field cannot use `serialize_as`: it is written as it is",
+            "an `#[occ(version)]` field cannot use `serialize_as` or `deserialize_as`: \
+             the version is read and written as it is\n  \
+             help: make the field the column's integer type (i16, i32, i64)",
         ));
     }
     if entity.is_key(field) {
         errors.push(syn::Error::new(
             field.ty.span(),
             "the `#[occ(version)]` field cannot be part of the primary key",
+        ));
+    }
+}
+
+/// A field read through `deserialize_as` has a type that may not be a column value, so
+/// writing it (as a key or an updatable field) needs `serialize_as`, as with diesel's own
+/// `AsChangeset`.
+fn check_deserialize_as(entity: &Entity<'_>, field: &Field<'_>, errors: &mut Errors) {
+    let written = entity.is_key(field) || !field.skip_update;
+    let is_version = !field.occ.is_empty();
+    if let (Some(span), None, true, false) = (
+        field.deserialize_as,
+        &field.serialize_as,
+        written,
+        is_version,
+    ) {
+        errors.push(syn::Error::new(
+            span,
+            "this field is read through `deserialize_as` and `#[derive(Guarded)]` also writes \
+             it, but it has no `serialize_as`\n  \
+             help: add `serialize_as = <column type>` (the field's own type if it already is \
+             one), or `#[diesel(skip_update)]` if updates must not write it",
         ));
     }
 }

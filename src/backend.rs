@@ -1,0 +1,273 @@
+//! What diesel-occ needs to know about each database backend.
+//!
+//! Three things differ per backend and nothing else does: how to read the latest
+//! committed row inside a transaction (the lock clause), how to tell a transient refusal
+//! from any other database error, and how to render a SQL fragment for messages and
+//! checks. Everything else is written once, generically.
+
+use diesel::backend::Backend;
+use diesel::connection::LoadConnection;
+use diesel::query_builder::{QueryBuilder, QueryFragment};
+use diesel::result::{DatabaseErrorKind, Error as DieselError};
+use diesel::QueryResult;
+
+use crate::error::RetryReason;
+
+/// A backend diesel-occ supports: SQLite, PostgreSQL and MySQL / MariaDB.
+pub trait OccBackend: Backend + Default {
+    /// Appended to the `SELECT` that explains a miss inside a transaction, so that it reads
+    /// the latest committed row (not the transaction's snapshot) and keeps it locked for the
+    /// write that usually follows (see [`LatestRead`](crate::statement::LatestRead)).
+    const LOCKING_READ: &'static str;
+
+    /// Why `error`, just returned by a statement on `conn`, can be fixed by running the
+    /// transaction again; `None` for every other error.
+    ///
+    /// The default looks at diesel's error kind and at the server's own fixed message
+    /// texts only ([`retry_reason_of`]). MySQL overrides it to ask the server for the error
+    /// number, which does not depend on the message language.
+    fn retry_reason<C>(conn: &mut C, error: &DieselError) -> Option<RetryReason>
+    where
+        C: LoadConnection<Backend = Self>,
+    {
+        let _ = conn;
+        retry_reason_of(error)
+    }
+
+    /// The SQL text of `fragment` as this backend writes it, without bind values.
+    fn render<F: QueryFragment<Self> + ?Sized>(fragment: &F) -> QueryResult<String>;
+}
+
+/// Renders with a backend whose query builder is `Default` (all three are).
+fn render_with<DB, F>(fragment: &F) -> QueryResult<String>
+where
+    DB: Backend + Default,
+    DB::QueryBuilder: Default,
+    F: QueryFragment<DB> + ?Sized,
+{
+    let mut builder = DB::QueryBuilder::default();
+    // `to_sql` is doc-hidden in diesel ("for connections"), but it is the one way to get
+    // a fragment's SQL without formatting its bind values, which may be large documents.
+    fragment.to_sql(&mut builder, &DB::default())?;
+    Ok(builder.finish())
+}
+
+#[cfg(feature = "sqlite")]
+impl OccBackend for diesel::sqlite::Sqlite {
+    // SQLite has no row locks: a transaction whose snapshot is stale cannot write at all
+    // (busy), so a plain read inside it is already the latest one it can act on.
+    const LOCKING_READ: &'static str = "";
+
+    fn render<F: QueryFragment<Self> + ?Sized>(fragment: &F) -> QueryResult<String> {
+        render_with(fragment)
+    }
+}
+
+#[cfg(feature = "postgres")]
+impl OccBackend for diesel::pg::Pg {
+    // The lock a non-key UPDATE takes. At READ COMMITTED it reads the latest row; at
+    // REPEATABLE READ and SERIALIZABLE a row changed after the snapshot fails at once with
+    // a serialization failure (retryable) instead of showing the snapshot's stale row.
+    const LOCKING_READ: &'static str = " FOR NO KEY UPDATE";
+
+    fn render<F: QueryFragment<Self> + ?Sized>(fragment: &F) -> QueryResult<String> {
+        render_with(fragment)
+    }
+}
+
+#[cfg(feature = "mysql")]
+impl OccBackend for diesel::mysql::Mysql {
+    // A current read at every isolation level. `LOCK IN SHARE MODE` deadlocks at READ
+    // COMMITTED when the caller then writes the row while another stale writer waits.
+    const LOCKING_READ: &'static str = " FOR UPDATE";
+
+    fn retry_reason<C>(conn: &mut C, error: &DieselError) -> Option<RetryReason>
+    where
+        C: LoadConnection<Backend = Self>,
+    {
+        match error {
+            // diesel maps exactly 1213 to this kind on MySQL.
+            DieselError::DatabaseError(DatabaseErrorKind::SerializationFailure, _) => {
+                Some(RetryReason::Deadlock)
+            }
+            DieselError::DatabaseError(DatabaseErrorKind::Unknown, _) => {
+                match mysql_error_number(conn) {
+                    Some(number) => mysql_retry_reason(number),
+                    // The connection could not tell (it is gone, say): fall back to text.
+                    None => retry_reason_of(error),
+                }
+            }
+            _ => None,
+        }
+    }
+
+    fn render<F: QueryFragment<Self> + ?Sized>(fragment: &F) -> QueryResult<String> {
+        render_with(fragment)
+    }
+}
+
+/// The MySQL / MariaDB error numbers that a fresh attempt can fix.
+#[cfg(feature = "mysql")]
+fn mysql_retry_reason(number: u32) -> Option<RetryReason> {
+    match number {
+        // ER_LOCK_DEADLOCK
+        1213 => Some(RetryReason::Deadlock),
+        // ER_LOCK_WAIT_TIMEOUT (MariaDB also reports NOWAIT / SKIP LOCKED failures so),
+        // ER_LOCK_NOWAIT (MySQL 8)
+        1205 | 3572 => Some(RetryReason::LockTimeout),
+        // ER_CHECKREAD: MariaDB's snapshot isolation found the row changed since the read
+        1020 => Some(RetryReason::SerializationFailure),
+        _ => None,
+    }
+}
+
+/// Asks the server for the number of the error the last statement raised. It costs two
+/// round trips and runs only after a statement has already failed. `GET DIAGNOSTICS`
+/// does not clear the diagnostics area, so the count is read before the condition.
+#[cfg(feature = "mysql")]
+fn mysql_error_number<C>(conn: &mut C) -> Option<u32>
+where
+    C: LoadConnection<Backend = diesel::mysql::Mysql>,
+{
+    use diesel::sql_types::{Nullable, Unsigned};
+    use diesel::RunQueryDsl;
+    conn.batch_execute(
+        "GET DIAGNOSTICS @diesel_occ_conditions = NUMBER; \
+         GET DIAGNOSTICS CONDITION 1 @diesel_occ_errno = MYSQL_ERRNO",
+    )
+    .ok()?;
+    diesel::select(diesel::dsl::sql::<
+        Nullable<Unsigned<diesel::sql_types::Integer>>,
+    >(
+        "IF(@diesel_occ_conditions > 0, @diesel_occ_errno, NULL)"
+    ))
+    .get_result::<Option<u32>>(conn)
+    .ok()
+    .flatten()
+}
+
+/// Why `error` can be fixed by a fresh attempt, judged without asking the server: by
+/// diesel's error kind, and for kinds diesel does not map, by the servers' own fixed
+/// English message texts, compared whole (never searched for words: messages carry user
+/// data such as duplicate values, constraint names and trigger texts).
+///
+/// What this recognises in any server language: PostgreSQL serialization failures
+/// (`40001`) and MySQL deadlocks (`1213`), which diesel maps to a kind. What needs the
+/// English text: PostgreSQL deadlocks (`40P01`) and lock timeouts or `NOWAIT` failures
+/// (`55P03`), MySQL lock wait timeouts (`1205`, but see [`OccBackend::retry_reason`]), and
+/// SQLite busy errors (SQLite's messages are never translated).
+pub fn retry_reason_of(error: &DieselError) -> Option<RetryReason> {
+    let DieselError::DatabaseError(kind, info) = error else {
+        return None;
+    };
+    let message = info.message();
+    match kind {
+        DatabaseErrorKind::SerializationFailure => Some(
+            if message == "Deadlock found when trying to get lock; try restarting transaction" {
+                RetryReason::Deadlock
+            } else {
+                RetryReason::SerializationFailure
+            },
+        ),
+        DatabaseErrorKind::Unknown => retry_reason_of_message(message),
+        // Unique, foreign-key, check and not-null violations, read-only transactions,
+        // closed connections: the same statement fails the same way again.
+        _ => None,
+    }
+}
+
+fn retry_reason_of_message(message: &str) -> Option<RetryReason> {
+    let quoted_name_after = |prefix: &str| {
+        message
+            .strip_prefix(prefix)
+            .is_some_and(|rest| rest.len() >= 2 && rest.starts_with('"') && rest.ends_with('"'))
+    };
+    match message {
+        // PostgreSQL 40P01
+        "deadlock detected" => Some(RetryReason::Deadlock),
+        // PostgreSQL 55P03 from lock_timeout
+        "canceling statement due to lock timeout" => Some(RetryReason::LockTimeout),
+        // MySQL / MariaDB 1205
+        "Lock wait timeout exceeded; try restarting transaction" => Some(RetryReason::LockTimeout),
+        // SQLITE_BUSY, SQLITE_LOCKED
+        "database is locked" | "database table is locked" => Some(RetryReason::Busy),
+        // PostgreSQL 55P03 from NOWAIT: the quoted part is a relation name from the schema.
+        _ if quoted_name_after("could not obtain lock on row in relation ")
+            || quoted_name_after("could not obtain lock on relation ") =>
+        {
+            Some(RetryReason::LockTimeout)
+        }
+        _ if message.starts_with("database table is locked: ") => Some(RetryReason::Busy),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn reason(kind: DatabaseErrorKind, message: &str) -> Option<RetryReason> {
+        retry_reason_of(&DieselError::DatabaseError(
+            kind,
+            Box::new(message.to_string()),
+        ))
+    }
+
+    #[test]
+    fn server_texts_compared_whole_are_transient() {
+        use DatabaseErrorKind::Unknown;
+        use RetryReason::*;
+        assert_eq!(
+            reason(
+                DatabaseErrorKind::SerializationFailure,
+                "could not serialize access"
+            ),
+            Some(SerializationFailure)
+        );
+        assert_eq!(
+            reason(
+                DatabaseErrorKind::SerializationFailure,
+                "Deadlock found when trying to get lock; try restarting transaction"
+            ),
+            Some(Deadlock)
+        );
+        assert_eq!(reason(Unknown, "deadlock detected"), Some(Deadlock));
+        assert_eq!(
+            reason(Unknown, "canceling statement due to lock timeout"),
+            Some(LockTimeout)
+        );
+        assert_eq!(
+            reason(
+                Unknown,
+                "could not obtain lock on row in relation \"orders\""
+            ),
+            Some(LockTimeout)
+        );
+        assert_eq!(
+            reason(
+                Unknown,
+                "Lock wait timeout exceeded; try restarting transaction"
+            ),
+            Some(LockTimeout)
+        );
+        assert_eq!(reason(Unknown, "database is locked"), Some(Busy));
+    }
+
+    #[test]
+    fn words_inside_other_messages_are_not_transient() {
+        use DatabaseErrorKind::*;
+        for message in [
+            "Duplicate entry 'deadlock' for key 'note'",
+            "Duplicate entry 'database is locked' for key 'note'",
+            "new row for relation \"orders\" violates check constraint \"no deadlock notes\"",
+            "refused by deadlock policy",
+            "canceling statement due to statement timeout",
+            "deadlock detected!",
+        ] {
+            assert_eq!(reason(Unknown, message), None, "{message}");
+        }
+        assert_eq!(reason(UniqueViolation, "deadlock detected"), None);
+        assert_eq!(reason(CheckViolation, "database is locked"), None);
+        assert_eq!(reason(ForeignKeyViolation, "deadlock detected"), None);
+    }
+}

@@ -1,0 +1,20 @@
+use diesel_occ::Guarded;
+
+diesel::table! {
+    orders (id) {
+        id -> BigInt,
+        note -> Text,
+        version -> Nullable<BigInt>,
+    }
+}
+
+#[derive(Debug, diesel::Queryable, diesel::Selectable, diesel::Identifiable, Guarded)]
+#[diesel(table_name = orders)]
+struct Order {
+    id: i64,
+    note: String,
+    #[occ(version)]
+    version: i64,
+}
+
+fn main() {}

@@ -1,0 +1,20 @@
+use diesel_occ::Guarded;
+
+diesel::table! {
+    orders (id) {
+        id -> BigInt,
+        version -> Double,
+    }
+}
+
+type Revision = f64;
+
+#[derive(Debug, diesel::Queryable, diesel::Selectable, diesel::Identifiable, Guarded)]
+#[diesel(table_name = orders)]
+struct Order {
+    id: i64,
+    #[occ(version)]
+    version: Revision,
+}
+
+fn main() {}
