@@ -7,14 +7,27 @@
 //! writers queue behind the busy timeout instead. PostgreSQL and MySQL need nothing
 //! special: their write transactions are ordinary ones.
 
-use diesel::connection::Connection;
+use diesel::connection::{AnsiTransactionManager, Connection, TransactionManager};
+use diesel::r2d2::{ManageConnection, PooledConnection, R2D2Connection};
 use diesel::result::Error as DieselError;
 
 /// A connection that can run a transaction meant to write.
 pub trait WriteTransaction: Connection {
+    /// The statement that begins a write transaction where the backend needs a special
+    /// one (SQLite: `BEGIN IMMEDIATE`); `None` for an ordinary `BEGIN`.
+    const BEGIN_WRITE: Option<&'static str> = None;
+
     /// Runs `f` in a transaction that takes the write lock up front where the backend
     /// needs it (SQLite: `BEGIN IMMEDIATE`). Commits on `Ok`, rolls back on `Err`. Inside
     /// an open transaction it nests as a savepoint, like [`Connection::transaction`].
+    fn write_transaction<T, E, F>(&mut self, f: F) -> Result<T, E>
+    where
+        F: FnOnce(&mut Self) -> Result<T, E>,
+        E: From<DieselError>;
+}
+
+#[cfg(feature = "postgres")]
+impl WriteTransaction for diesel::PgConnection {
     fn write_transaction<T, E, F>(&mut self, f: F) -> Result<T, E>
     where
         F: FnOnce(&mut Self) -> Result<T, E>,
@@ -24,71 +37,73 @@ pub trait WriteTransaction: Connection {
     }
 }
 
-#[cfg(feature = "postgres")]
-impl WriteTransaction for diesel::PgConnection {}
-
-#[cfg(feature = "postgres")]
-impl WriteTransaction
-    for diesel::r2d2::PooledConnection<diesel::r2d2::ConnectionManager<diesel::PgConnection>>
-{
-}
-
 #[cfg(feature = "mysql")]
-impl WriteTransaction for diesel::MysqlConnection {}
-
-#[cfg(feature = "mysql")]
-impl WriteTransaction
-    for diesel::r2d2::PooledConnection<diesel::r2d2::ConnectionManager<diesel::MysqlConnection>>
-{
+impl WriteTransaction for diesel::MysqlConnection {
+    fn write_transaction<T, E, F>(&mut self, f: F) -> Result<T, E>
+    where
+        F: FnOnce(&mut Self) -> Result<T, E>,
+        E: From<DieselError>,
+    {
+        self.transaction(f)
+    }
 }
 
 #[cfg(feature = "sqlite")]
 impl WriteTransaction for diesel::SqliteConnection {
+    const BEGIN_WRITE: Option<&'static str> = Some("BEGIN IMMEDIATE");
+
     fn write_transaction<T, E, F>(&mut self, f: F) -> Result<T, E>
     where
         F: FnOnce(&mut Self) -> Result<T, E>,
         E: From<DieselError>,
     {
-        immediate(self, |conn| conn, f)
+        begin_with(self, |conn| conn, "BEGIN IMMEDIATE", f)
     }
 }
 
-#[cfg(feature = "sqlite")]
-impl WriteTransaction
-    for diesel::r2d2::PooledConnection<diesel::r2d2::ConnectionManager<diesel::SqliteConnection>>
+impl<M> WriteTransaction for PooledConnection<M>
+where
+    M: ManageConnection,
+    M::Connection: WriteTransaction<TransactionManager = AnsiTransactionManager>
+        + R2D2Connection
+        + Send
+        + 'static,
 {
     fn write_transaction<T, E, F>(&mut self, f: F) -> Result<T, E>
     where
         F: FnOnce(&mut Self) -> Result<T, E>,
         E: From<DieselError>,
     {
-        // The pool's transaction manager keeps its state in the inner connection, so the
-        // transaction is begun and ended there while `f` gets the pooled connection.
-        immediate(self, |pooled| &mut **pooled, f)
+        match M::Connection::BEGIN_WRITE {
+            None => self.transaction(f),
+            // The pool's transaction manager keeps its state in the inner connection, so
+            // the transaction is begun and ended there while `f` gets the pooled one.
+            Some(begin) => begin_with(self, |pooled| &mut **pooled, begin, f),
+        }
     }
 }
 
-/// `BEGIN IMMEDIATE` on the SQLite connection inside `conn` (or a savepoint when a
-/// transaction is already open), `f`, then commit or roll back.
-#[cfg(feature = "sqlite")]
-fn immediate<C, T, E, F>(
+/// `begin` on the connection inside `conn` (or a savepoint when a transaction is already
+/// open), `f`, then commit or roll back.
+fn begin_with<C, Inner, T, E, F>(
     conn: &mut C,
-    inner: impl Fn(&mut C) -> &mut diesel::SqliteConnection,
+    inner: impl Fn(&mut C) -> &mut Inner,
+    begin: &str,
     f: F,
 ) -> Result<T, E>
 where
     C: Connection,
+    Inner: Connection<TransactionManager = AnsiTransactionManager>,
     F: FnOnce(&mut C) -> Result<T, E>,
     E: From<DieselError>,
 {
-    use diesel::connection::{AnsiTransactionManager, TransactionManager};
     let open = AnsiTransactionManager::transaction_manager_status_mut(inner(conn))
         .transaction_depth()?
         .is_some();
     if open {
         return conn.transaction(f);
     }
-    AnsiTransactionManager::begin_transaction_sql(inner(conn), "BEGIN IMMEDIATE")?;
+    AnsiTransactionManager::begin_transaction_sql(inner(conn), begin)?;
     match f(conn) {
         Ok(value) => match AnsiTransactionManager::commit_transaction(inner(conn)) {
             Ok(()) => Ok(value),

@@ -88,13 +88,13 @@ pub use backend::OccBackend;
 pub use connection::WriteTransaction;
 pub use error::{Conflict, CurrentRow, Error, RetryReason, Token};
 pub use guard::{Guarded, VersionColumnFor, VersionNumber};
-pub use pool::PoolConfig;
 #[cfg(feature = "mysql")]
 pub use pool::{mysql_pool, MysqlPool};
 #[cfg(feature = "postgres")]
 pub use pool::{postgres_pool, PgPool};
 #[cfg(feature = "sqlite")]
 pub use pool::{sqlite_pool, SqlitePool, SqliteSettings};
+pub use pool::{CheckedManager, PoolConfig, Pooled};
 pub use update::{execute_guarded, GuardedWrite, LoadByKey};
 
 /// Derives [`Guarded`] for an entity struct; see the crate docs for its attributes.

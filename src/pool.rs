@@ -1,15 +1,16 @@
 //! r2d2 pools set up the way diesel-occ expects.
 //!
 //! SQLite connections get WAL (readers do not block the writer), a busy timeout (writers
-//! queue instead of failing) and foreign keys. Server connections are checked on checkout,
-//! so a connection the server dropped is discarded by the pool instead of failing the
-//! next request.
+//! queue instead of failing) and foreign keys. Every pool hands out connections through a
+//! [`CheckedManager`]: a connection the server dropped is discarded instead of failing the
+//! next request, without a round trip on every checkout.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use diesel::r2d2::{ConnectionManager, Pool};
+use diesel::connection::{Instrumentation, InstrumentationEvent};
+use diesel::r2d2::{ConnectionManager, ManageConnection, Pool, PooledConnection, R2D2Connection};
 
-use crate::error::Error;
+use crate::error::{connection_lost, Error};
 
 /// Settings shared by the pool builders.
 ///
@@ -19,6 +20,8 @@ use crate::error::Error;
 /// - `connection_timeout`: 30 s to wait for a free connection, then [`Error::Pool`]
 /// - `busy_timeout` (SQLite only): 5 s for a writer to wait for the write lock, then a
 ///   [`Error::Retryable`] with [`RetryReason::Busy`](crate::RetryReason::Busy)
+/// - `check_after_idle`: 500 ms; a connection idle for longer is checked with a round
+///   trip before it is handed out (HikariCP's default window), a busier one is not
 #[derive(Debug, Clone)]
 pub struct PoolConfig {
     /// Most connections the pool opens.
@@ -29,6 +32,9 @@ pub struct PoolConfig {
     pub connection_timeout: Duration,
     /// How long a SQLite writer waits for the write lock.
     pub busy_timeout: Duration,
+    /// How long a connection may have gone without a successful statement before a
+    /// checkout checks it with a round trip. `Duration::ZERO` checks every checkout.
+    pub check_after_idle: Duration,
 }
 
 impl Default for PoolConfig {
@@ -38,57 +44,160 @@ impl Default for PoolConfig {
             min_idle: 1,
             connection_timeout: Duration::from_secs(30),
             busy_timeout: Duration::from_secs(5),
+            check_after_idle: Duration::from_millis(500),
         }
     }
 }
 
-fn builder<C: diesel::r2d2::R2D2Connection + 'static>(
+/// diesel's r2d2 [`ConnectionManager`], checking connections on checkout only when they
+/// may have died.
+///
+/// A round trip per checkout (r2d2's `test_on_check_out` with diesel's `SELECT 1`) cost a
+/// third of the round trips of a load-and-update request. Servers drop connections that
+/// sat idle (a restart, `wait_timeout`, an administrator's kill), so only a connection
+/// that has gone without a successful statement for [`PoolConfig::check_after_idle`] is
+/// checked; a connection whose last statement found the connection lost is discarded when
+/// it is returned. The manager learns both by instrumenting its connections (any
+/// instrumentation set with `set_default_instrumentation` still receives every event).
+/// If you replace a pooled connection's instrumentation, that connection is checked on
+/// every checkout instead.
+#[derive(Debug)]
+pub struct CheckedManager<C: R2D2Connection + 'static> {
+    inner: ConnectionManager<C>,
+    check_after_idle: Duration,
+}
+
+impl<C: R2D2Connection + 'static> CheckedManager<C> {
+    /// A manager for `url` that checks connections idle for longer than `check_after_idle`.
+    pub fn new(url: impl Into<String>, check_after_idle: Duration) -> Self {
+        CheckedManager {
+            inner: ConnectionManager::new(url),
+            check_after_idle,
+        }
+    }
+}
+
+impl<C: R2D2Connection + Send + 'static> ManageConnection for CheckedManager<C> {
+    type Connection = C;
+    type Error = diesel::r2d2::Error;
+
+    fn connect(&self) -> Result<C, Self::Error> {
+        let mut conn = self.inner.connect()?;
+        conn.set_instrumentation(Liveness {
+            last_answer: Some(Instant::now()),
+            lost: false,
+            user: diesel::connection::get_default_instrumentation(),
+        });
+        Ok(conn)
+    }
+
+    fn is_valid(&self, conn: &mut C) -> Result<(), Self::Error> {
+        let answered_recently = conn
+            .instrumentation()
+            .downcast_ref::<Liveness>()
+            .and_then(|liveness| liveness.last_answer)
+            .is_some_and(|at| at.elapsed() < self.check_after_idle);
+        if answered_recently {
+            Ok(())
+        } else {
+            self.inner.is_valid(conn)
+        }
+    }
+
+    fn has_broken(&self, conn: &mut C) -> bool {
+        self.inner.has_broken(conn)
+            || conn
+                .instrumentation()
+                .downcast_ref::<Liveness>()
+                .is_some_and(|liveness| liveness.lost)
+    }
+}
+
+/// Remembers when the server last answered on a connection and whether the connection
+/// was found lost, then passes the event on to the user's instrumentation, if any.
+struct Liveness {
+    last_answer: Option<Instant>,
+    lost: bool,
+    user: Option<Box<dyn Instrumentation>>,
+}
+
+impl Instrumentation for Liveness {
+    fn on_connection_event(&mut self, event: InstrumentationEvent<'_>) {
+        if let InstrumentationEvent::FinishQuery { error, .. } = &event {
+            match error {
+                None => self.last_answer = Some(Instant::now()),
+                Some(error) if connection_lost(error) => {
+                    self.lost = true;
+                    self.last_answer = None;
+                }
+                // The server answered, with an error of its own.
+                Some(diesel::result::Error::DatabaseError(..)) => {
+                    self.last_answer = Some(Instant::now())
+                }
+                Some(_) => {}
+            }
+        }
+        if let Some(user) = &mut self.user {
+            user.on_connection_event(event);
+        }
+    }
+}
+
+/// A connection checked out of one of this crate's pools.
+pub type Pooled<C> = PooledConnection<CheckedManager<C>>;
+
+fn builder<C: R2D2Connection + 'static>(
+    url: &str,
     config: &PoolConfig,
-) -> r2d2::Builder<ConnectionManager<C>> {
-    Pool::builder()
+) -> (r2d2::Builder<CheckedManager<C>>, CheckedManager<C>) {
+    let builder = Pool::builder()
         .max_size(config.max_size)
         .min_idle(Some(config.min_idle.min(config.max_size)))
         .connection_timeout(config.connection_timeout)
-        .test_on_check_out(true)
+        .test_on_check_out(true);
+    (builder, CheckedManager::new(url, config.check_after_idle))
 }
 
 /// A pool of SQLite connections.
 #[cfg(feature = "sqlite")]
-pub type SqlitePool = Pool<ConnectionManager<diesel::SqliteConnection>>;
+pub type SqlitePool = Pool<CheckedManager<diesel::SqliteConnection>>;
 
 /// A pool of PostgreSQL connections.
 #[cfg(feature = "postgres")]
-pub type PgPool = Pool<ConnectionManager<diesel::PgConnection>>;
+pub type PgPool = Pool<CheckedManager<diesel::PgConnection>>;
 
 /// A pool of MySQL / MariaDB connections.
 #[cfg(feature = "mysql")]
-pub type MysqlPool = Pool<ConnectionManager<diesel::MysqlConnection>>;
+pub type MysqlPool = Pool<CheckedManager<diesel::MysqlConnection>>;
 
 /// Opens a pool on the SQLite file `path` (created if missing) with [`SqliteSettings`].
 ///
 /// `:memory:` gives every pooled connection its own empty database; use a file.
 #[cfg(feature = "sqlite")]
 pub fn sqlite_pool(path: &str, config: &PoolConfig) -> Result<SqlitePool, Error> {
-    Ok(builder(config)
+    let (builder, manager) = builder(path, config);
+    Ok(builder
         .connection_customizer(Box::new(SqliteSettings {
             busy_timeout: config.busy_timeout,
         }))
-        .build(ConnectionManager::new(path))?)
+        .build(manager)?)
 }
 
-/// Opens a pool on the PostgreSQL `url`; connections are checked on checkout.
+/// Opens a pool on the PostgreSQL `url`.
 #[cfg(feature = "postgres")]
 pub fn postgres_pool(url: &str, config: &PoolConfig) -> Result<PgPool, Error> {
-    Ok(builder(config).build(ConnectionManager::new(url))?)
+    let (builder, manager) = builder(url, config);
+    Ok(builder.build(manager)?)
 }
 
-/// Opens a pool on the MySQL / MariaDB `url`; connections are checked on checkout.
+/// Opens a pool on the MySQL / MariaDB `url`.
 ///
 /// diesel asks the server for rows *matched* (`CLIENT_FOUND_ROWS`), not rows changed, so
 /// a guarded write that sets values equal to the stored ones still counts as done.
 #[cfg(feature = "mysql")]
 pub fn mysql_pool(url: &str, config: &PoolConfig) -> Result<MysqlPool, Error> {
-    Ok(builder(config).build(ConnectionManager::new(url))?)
+    let (builder, manager) = builder(url, config);
+    Ok(builder.build(manager)?)
 }
 
 /// Sets up each new SQLite connection: busy timeout, WAL, `synchronous = NORMAL` (safe

@@ -51,7 +51,7 @@ for_each_backend! {
     fn run_threads(
         db: &common::TestDb<Conn>,
         retries: &Retries,
-        increment: impl Fn(&mut diesel::r2d2::PooledConnection<diesel::r2d2::ConnectionManager<Conn>>) -> Result<(), Error> + Sync,
+        increment: impl Fn(&mut diesel_occ::Pooled<Conn>) -> Result<(), Error> + Sync,
     ) -> usize {
         let successes = AtomicUsize::new(0);
         let start = Barrier::new(THREADS);

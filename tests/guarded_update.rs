@@ -5,7 +5,6 @@ mod common;
 use common::models::{Counter, Order, OrderForm, OrderLine, OrderPatch, Quantity};
 use common::schema::{counters, order_lines, orders};
 use diesel::prelude::*;
-use diesel::r2d2::{ConnectionManager, PooledConnection};
 use diesel_occ::{Error, GuardedWrite, Token};
 
 /// An entity whose declared key (`order_id` alone) does not identify one line: a mistake
@@ -20,7 +19,7 @@ struct LineByOrderOnly {
 }
 
 for_each_backend! {
-    type Pooled = PooledConnection<ConnectionManager<Conn>>;
+    type Pooled = diesel_occ::Pooled<Conn>;
 
     fn insert_order(conn: &mut Pooled, id: i64, note: &str) -> Order {
         let order = Order::new(id, note);

@@ -4,10 +4,14 @@ mod common;
 
 use common::models::{Order, OrderLine};
 use common::schema::{order_lines, orders};
+use diesel::connection::InstrumentationEvent;
 use diesel::prelude::*;
 use diesel::result::{DatabaseErrorKind, Error as DieselError};
 use diesel::sql_types::{BigInt, Text};
-use diesel_occ::{Error, RetryReason, WriteTransaction};
+use diesel_occ::{Error, PoolConfig, RetryReason, WriteTransaction};
+use std::cell::Cell;
+use std::sync::Once;
+use std::time::Duration;
 
 #[derive(QueryableByName)]
 struct TextValue {
@@ -21,7 +25,59 @@ struct IntValue {
     value: i64,
 }
 
+thread_local! {
+    /// Statements started on this thread's connections.
+    static STATEMENTS: Cell<usize> = const { Cell::new(0) };
+}
+
+/// Counts statements per thread through diesel's default instrumentation, which the
+/// pools' own instrumentation passes every event on to.
+fn count_statements() {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        diesel::connection::set_default_instrumentation(|| {
+            Some(Box::new(|event: InstrumentationEvent<'_>| {
+                if let InstrumentationEvent::StartQuery { .. } = event {
+                    STATEMENTS.with(|n| n.set(n.get() + 1));
+                }
+            }))
+        })
+        .unwrap();
+    });
+}
+
+fn statements() -> usize {
+    STATEMENTS.with(Cell::get)
+}
+
 for_each_backend! {
+    /// A connection that answered within `check_after_idle` is handed out without a
+    /// round trip; one idle for longer is checked first (one statement more).
+    #[test]
+    fn checkout_checks_only_connections_idle_for_longer_than_the_window() {
+        let Some(db) = db() else { return };
+        count_statements();
+        let check_after_idle = Duration::from_millis(200);
+        let pool = db.pool_with(&PoolConfig { max_size: 1, min_idle: 1, check_after_idle, ..common::pool_config() });
+        let mut conn = pool.get().unwrap();
+        orders::table.count().get_result::<i64>(&mut conn).unwrap();
+        drop(conn);
+
+        let before = statements();
+        let mut conn = pool.get().unwrap();
+        orders::table.count().get_result::<i64>(&mut conn).unwrap();
+        drop(conn);
+        let busy = statements() - before;
+
+        std::thread::sleep(check_after_idle * 2);
+        let before = statements();
+        let mut conn = pool.get().unwrap();
+        orders::table.count().get_result::<i64>(&mut conn).unwrap();
+        let idle = statements() - before;
+
+        assert_eq!((busy, idle), (1, 2), "statements per checkout + query: busy, then idle");
+    }
+
     #[test]
     fn foreign_keys_are_enforced() {
         let Some(db) = db() else { return };
@@ -63,7 +119,6 @@ for_each_backend! {
 #[cfg(feature = "sqlite")]
 mod sqlite_only {
     use super::*;
-    use std::time::Duration;
 
     #[test]
     fn sqlite_pool_turns_on_wal_busy_timeout_and_foreign_keys() {
@@ -133,7 +188,7 @@ mod sqlite_only {
 
 #[cfg(feature = "postgres")]
 #[test]
-fn postgres_pool_replaces_a_connection_the_server_dropped() {
+fn postgres_pool_replaces_connections_the_server_dropped() {
     let Some(db) = common::postgres() else { return };
     let id_of = |conn: &mut diesel::PgConnection| {
         let id: IntValue = diesel::sql_query("SELECT pg_backend_pid()::BIGINT AS value")
@@ -142,8 +197,8 @@ fn postgres_pool_replaces_a_connection_the_server_dropped() {
         id.value
     };
     let kill = |id| format!("SELECT pg_terminate_backend({id})");
-    check_dropped_connection_is_replaced(&db, id_of, kill);
-    check_write_on_dropped_connection_is_ambiguous(&db, id_of, kill, |conn| {
+    check_idle_connection_dropped_by_the_server_is_replaced(&db, id_of, kill);
+    check_connection_found_lost_is_discarded_on_return(&db, id_of, kill, |conn| {
         diesel_occ::GuardedWrite::guarded_update(&Order::new(1, "x"), conn, orders::note.eq("y"))
             .map(drop)
     });
@@ -151,7 +206,7 @@ fn postgres_pool_replaces_a_connection_the_server_dropped() {
 
 #[cfg(feature = "mysql")]
 #[test]
-fn mysql_pool_replaces_a_connection_the_server_dropped() {
+fn mysql_pool_replaces_connections_the_server_dropped() {
     let Some(db) = common::mysql() else { return };
     let id_of = |conn: &mut diesel::MysqlConnection| {
         let id: IntValue = diesel::sql_query("SELECT CAST(CONNECTION_ID() AS SIGNED) AS value")
@@ -160,17 +215,18 @@ fn mysql_pool_replaces_a_connection_the_server_dropped() {
         id.value
     };
     let kill = |id| format!("KILL {id}");
-    check_dropped_connection_is_replaced(&db, id_of, kill);
-    check_write_on_dropped_connection_is_ambiguous(&db, id_of, kill, |conn| {
+    check_idle_connection_dropped_by_the_server_is_replaced(&db, id_of, kill);
+    check_connection_found_lost_is_discarded_on_return(&db, id_of, kill, |conn| {
         diesel_occ::GuardedWrite::guarded_update(&Order::new(1, "x"), conn, orders::note.eq("y"))
             .map(drop)
     });
 }
 
-/// Kills every pooled connection from another connection, then checks out again: the
-/// checkout test must notice and hand out a new, working connection.
+/// The server kills a pooled connection while it sits idle (a restart, `wait_timeout`, an
+/// administrator). Once it has been idle longer than `check_after_idle`, the checkout
+/// checks it, notices, and hands out a new, working connection.
 #[cfg(any(feature = "postgres", feature = "mysql"))]
-fn check_dropped_connection_is_replaced<C>(
+fn check_idle_connection_dropped_by_the_server_is_replaced<C>(
     db: &common::TestDb<C>,
     id_of: impl Fn(&mut C) -> i64,
     kill: impl Fn(i64) -> String,
@@ -178,15 +234,22 @@ fn check_dropped_connection_is_replaced<C>(
     C: diesel::r2d2::R2D2Connection + 'static,
 {
     use diesel::connection::SimpleConnection;
-    let mut victim = db.conn();
+    let check_after_idle = Duration::from_millis(50);
+    let pool = db.pool_with(&PoolConfig {
+        max_size: 2,
+        check_after_idle,
+        ..common::pool_config()
+    });
+    let mut victim = pool.get().unwrap();
     let first = id_of(&mut victim);
-    let mut killer = db.conn();
     drop(victim); // back to the pool, where the server now drops it
-    killer.batch_execute(&kill(first)).unwrap();
+    db.conn().batch_execute(&kill(first)).unwrap();
+    // Idle for longer than the window: that, not luck, is what makes the checkout check.
+    std::thread::sleep(check_after_idle * 3);
 
     let mut seen = Vec::new();
     for _ in 0..3 {
-        let mut conn = db.conn();
+        let mut conn = pool.get().unwrap();
         seen.push(id_of(&mut conn));
     }
 
@@ -196,10 +259,12 @@ fn check_dropped_connection_is_replaced<C>(
     );
 }
 
-/// A write outside a transaction on a connection the server dropped may or may not have
-/// been applied, as far as the client can tell: it must be reported as ambiguous.
+/// A connection killed while it was still inside the no-check window is handed out; the
+/// write on it fails as ambiguous (outside a transaction it may or may not have been
+/// applied, as far as the client can tell), and when the connection goes back to the
+/// pool it is discarded, so the next checkout works.
 #[cfg(any(feature = "postgres", feature = "mysql"))]
-fn check_write_on_dropped_connection_is_ambiguous<C>(
+fn check_connection_found_lost_is_discarded_on_return<C>(
     db: &common::TestDb<C>,
     id_of: impl Fn(&mut C) -> i64,
     kill: impl Fn(i64) -> String,
@@ -208,12 +273,27 @@ fn check_write_on_dropped_connection_is_ambiguous<C>(
     C: diesel::r2d2::R2D2Connection + 'static,
 {
     use diesel::connection::SimpleConnection;
-    let mut victim = db.conn();
+    let pool = db.pool_with(&PoolConfig {
+        max_size: 1,
+        min_idle: 1,
+        check_after_idle: Duration::from_secs(3600),
+        ..common::pool_config()
+    });
+    let mut victim = pool.get().unwrap();
     let id = id_of(&mut victim);
+    drop(victim);
     db.conn().batch_execute(&kill(id)).unwrap();
 
+    let mut victim = pool.get().unwrap(); // the only connection: the dead one, unchecked
     let err = write(&mut victim).unwrap_err();
-
     assert!(matches!(err, Error::Ambiguous { .. }), "{err:?}");
     assert!(!err.is_retryable());
+    drop(victim);
+
+    let mut next = pool.get().unwrap();
+    assert_ne!(
+        id_of(&mut next),
+        id,
+        "the lost connection was handed out again"
+    );
 }

@@ -10,7 +10,7 @@ use diesel::prelude::*;
 use diesel_occ::{Error, GuardedWrite, RetryReason};
 
 for_each_backend! {
-    type Pooled = diesel::r2d2::PooledConnection<diesel::r2d2::ConnectionManager<Conn>>;
+    type Pooled = diesel_occ::Pooled<Conn>;
 
     fn insert(conn: &mut Pooled, id: i64) {
         diesel::insert_into(orders::table).values(&Order::new(id, "new")).execute(conn).unwrap();

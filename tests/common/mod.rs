@@ -14,21 +14,30 @@ pub mod schema;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use diesel::r2d2::{ConnectionManager, Pool, PooledConnection, R2D2Connection};
+use diesel::r2d2::{Pool, R2D2Connection};
 use diesel::Connection;
 use diesel_migrations::{EmbeddedMigrations, MigrationHarness};
 use diesel_occ::PoolConfig;
+use diesel_occ::{CheckedManager, Pooled};
 
 /// A migrated database that is dropped with this value.
 pub struct TestDb<C: R2D2Connection + 'static> {
-    pub pool: Pool<ConnectionManager<C>>,
+    pub pool: Pool<CheckedManager<C>>,
+    /// The database's URL (a file path for SQLite).
+    pub url: String,
+    make_pool: fn(&str, &PoolConfig) -> Result<Pool<CheckedManager<C>>, diesel_occ::Error>,
     drop_namespace: Option<Box<dyn FnOnce() + Send>>,
 }
 
 impl<C: R2D2Connection + 'static> TestDb<C> {
     /// A pooled connection.
-    pub fn conn(&self) -> PooledConnection<ConnectionManager<C>> {
+    pub fn conn(&self) -> Pooled<C> {
         self.pool.get().expect("a pooled test connection")
+    }
+
+    /// Another pool on the same database, with other settings.
+    pub fn pool_with(&self, config: &PoolConfig) -> Pool<CheckedManager<C>> {
+        (self.make_pool)(&self.url, config).expect("a second pool")
     }
 }
 
@@ -100,6 +109,8 @@ pub fn sqlite() -> Option<TestDb<diesel::SqliteConnection>> {
     migrate(&mut pool.get().expect("connection"), MIGRATIONS);
     Some(TestDb {
         pool,
+        url: path_text.clone(),
+        make_pool: diesel_occ::sqlite_pool,
         drop_namespace: Some(Box::new(move || {
             for suffix in ["", "-wal", "-shm"] {
                 let _ = std::fs::remove_file(format!("{path_text}{suffix}"));
@@ -126,6 +137,8 @@ pub fn postgres() -> Option<TestDb<diesel::PgConnection>> {
     migrate(&mut pool.get().expect("connection"), MIGRATIONS);
     Some(TestDb {
         pool,
+        url,
+        make_pool: diesel_occ::postgres_pool,
         drop_namespace: Some(Box::new(move || {
             let _ = admin.batch_execute(&format!("DROP SCHEMA {schema} CASCADE"));
         })),
@@ -143,11 +156,13 @@ pub fn mysql() -> Option<TestDb<diesel::MysqlConnection>> {
     admin
         .batch_execute(&format!("CREATE DATABASE {database}"))
         .expect("create test database");
-    let pool = diesel_occ::mysql_pool(&with_database(&base, &database), &pool_config())
-        .expect("MySQL pool");
+    let url = with_database(&base, &database);
+    let pool = diesel_occ::mysql_pool(&url, &pool_config()).expect("MySQL pool");
     migrate(&mut pool.get().expect("connection"), MIGRATIONS);
     Some(TestDb {
         pool,
+        url,
+        make_pool: diesel_occ::mysql_pool,
         drop_namespace: Some(Box::new(move || {
             let _ = admin.batch_execute(&format!("DROP DATABASE {database}"));
         })),
