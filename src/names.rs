@@ -35,7 +35,7 @@ where
 }
 
 /// `"s"."t"` or `` `t` `` as `s.t` / `t`: quotes removed, doubled quotes undone.
-fn unquote(sql: &str) -> String {
+pub(crate) fn unquote(sql: &str) -> String {
     let mut out = String::with_capacity(sql.len());
     let mut chars = sql.chars().peekable();
     while let Some(c) = chars.next() {

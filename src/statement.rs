@@ -123,8 +123,8 @@ impl<T: Table, Changes, Advance, Key, Guard, Conn> RunQueryDsl<Conn>
 
 /// What the executor checks in a compare-and-set statement before sending it.
 pub trait CompareAndSet<DB> {
-    /// A column that both the caller's changes and the guard's advance assign, as the SQL
-    /// names it. PostgreSQL rejects such a statement; MySQL and SQLite would keep one of
+    /// A column that both the caller's changes and the guard's advance assign, by its SQL
+    /// name. PostgreSQL rejects such a statement; MySQL and SQLite would keep one of
     /// the two values silently, so the executor refuses it on every backend.
     fn assigned_twice(&self) -> QueryResult<Option<String>>;
 }
@@ -147,7 +147,7 @@ where
         Ok(assignment_targets(&changes)
             .into_iter()
             .find(|target| guarded.contains(target))
-            .map(str::to_owned))
+            .map(crate::names::unquote))
     }
 }
 

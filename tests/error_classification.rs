@@ -8,7 +8,7 @@ use common::schema::orders;
 use diesel::connection::SimpleConnection;
 use diesel::prelude::*;
 use diesel::result::{DatabaseErrorKind, Error as DieselError};
-use diesel_occ::{Error, GuardedWrite, RetryReason};
+use diesel_occ::{Error, GuardedWrite};
 
 /// Texts that a substring search would have taken for a transient refusal.
 const LOOKALIKES: [&str; 5] = [
@@ -136,7 +136,7 @@ fn mysql_lock_wait_timeout_is_retryable_in_any_message_language() {
             matches!(
                 err,
                 Error::Retryable {
-                    reason: RetryReason::LockTimeout,
+                    reason: diesel_occ::RetryReason::LockTimeout,
                     ..
                 }
             ),
@@ -176,7 +176,7 @@ fn postgres_lock_timeout_is_retryable_and_statement_timeout_is_not() {
         matches!(
             err,
             Error::Retryable {
-                reason: RetryReason::LockTimeout,
+                reason: diesel_occ::RetryReason::LockTimeout,
                 ..
             }
         ),

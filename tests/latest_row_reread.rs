@@ -3,6 +3,9 @@
 //! does not deadlock the common "conflict, merge, write again" pattern, at each isolation
 //! level.
 
+// Only the servers have row locks and isolation levels to choose from.
+#![cfg(any(feature = "postgres", feature = "mysql"))]
+
 mod common;
 
 use std::sync::Barrier;

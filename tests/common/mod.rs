@@ -20,12 +20,15 @@ use diesel_migrations::{EmbeddedMigrations, MigrationHarness};
 use diesel_occ::PoolConfig;
 use diesel_occ::{CheckedManager, Pooled};
 
+/// A pool builder of diesel-occ (`sqlite_pool`, `postgres_pool`, `mysql_pool`).
+type MakePool<C> = fn(&str, &PoolConfig) -> Result<Pool<CheckedManager<C>>, diesel_occ::Error>;
+
 /// A migrated database that is dropped with this value.
 pub struct TestDb<C: R2D2Connection + 'static> {
     pub pool: Pool<CheckedManager<C>>,
     /// The database's URL (a file path for SQLite).
     pub url: String,
-    make_pool: fn(&str, &PoolConfig) -> Result<Pool<CheckedManager<C>>, diesel_occ::Error>,
+    make_pool: MakePool<C>,
     drop_namespace: Option<Box<dyn FnOnce() + Send>>,
 }
 
