@@ -6,7 +6,12 @@
 //!   and a check that one row matched; what a careful diesel user writes;
 //! - `guarded_update`: the same statement through diesel-occ;
 //! - `hand-written miss` / `guarded miss`: a stale write that matches no row; the library
-//!   also reads the row back to say why (the price of a typed `Conflict`).
+//!   also reads the row back to say why (the price of a typed `Conflict`);
+//! - `request, ping pool` / `request, occ pool`: a web request's worth of work, one
+//!   worker: check a connection out, load the row, guarded update, check it back in.
+//!   The first pool is r2d2 with diesel's manager and `test_on_check_out` (a `SELECT 1`
+//!   per checkout); the second is diesel-occ's, which checks only connections idle for
+//!   longer than 500 ms. Their ratio is the price of that round trip.
 //!
 //! It prints the median time per operation over the rounds and the ratio to the
 //! hand-written update. Server backends run when `PG_DATABASE_URL` / `MYSQL_DATABASE_URL`
@@ -44,9 +49,32 @@ fn report(backend: &str, samples: &[(&str, Vec<Duration>)]) {
     }
 }
 
+/// r2d2 with diesel's own manager, checking every connection on checkout.
+fn pinging_pool<C: diesel::r2d2::R2D2Connection + 'static>(
+    url: &str,
+    customizer: Option<Box<dyn diesel::r2d2::CustomizeConnection<C, diesel::r2d2::Error>>>,
+) -> diesel::r2d2::Pool<diesel::r2d2::ConnectionManager<C>> {
+    let builder = diesel::r2d2::Pool::builder()
+        .max_size(2)
+        .min_idle(Some(1))
+        .test_on_check_out(true);
+    let builder = match customizer {
+        Some(c) => builder.connection_customizer(c),
+        None => builder,
+    };
+    builder
+        .build(diesel::r2d2::ConnectionManager::new(url))
+        .unwrap()
+}
+
 macro_rules! bench {
-    ($backend:literal, $db:expr) => {{
+    ($backend:literal, $conn:ty, $db:expr, $customizer:expr) => {{
         let db = $db;
+        let pinging = pinging_pool::<$conn>(&db.url, $customizer);
+        let occ_pool = db.pool_with(&diesel_occ::PoolConfig {
+            max_size: 2,
+            ..common::pool_config()
+        });
         let conn = &mut db.conn();
         diesel::insert_into(orders::table)
             .values(&Order::new(1, "bench"))
@@ -63,6 +91,8 @@ macro_rules! bench {
             ("guarded_update", vec![]),
             ("hand-written miss", vec![]),
             ("guarded miss", vec![]),
+            ("request, ping pool", vec![]),
+            ("request, occ pool", vec![]),
         ];
         for round in 0..ROUNDS {
             let start = Instant::now();
@@ -116,6 +146,37 @@ macro_rules! bench {
                 assert!(err.as_conflict().is_some());
             }
             samples[3].1.push(start.elapsed());
+
+            let start = Instant::now();
+            for i in 0..OPS_PER_ROUND {
+                let mut pooled = pinging.get().unwrap();
+                let row: Order = orders::table
+                    .find(1)
+                    .select(Order::as_select())
+                    .first(&mut pooled)
+                    .unwrap();
+                row.guarded_update(&mut pooled, orders::note.eq(format!("p{round}-{i}")))
+                    .unwrap();
+            }
+            samples[4].1.push(start.elapsed());
+
+            let start = Instant::now();
+            for i in 0..OPS_PER_ROUND {
+                let mut pooled = occ_pool.get().unwrap();
+                let row: Order = orders::table
+                    .find(1)
+                    .select(Order::as_select())
+                    .first(&mut pooled)
+                    .unwrap();
+                row.guarded_update(&mut pooled, orders::note.eq(format!("o{round}-{i}")))
+                    .unwrap();
+            }
+            samples[5].1.push(start.elapsed());
+            order = orders::table
+                .find(1)
+                .select(Order::as_select())
+                .first(conn)
+                .unwrap();
         }
         report($backend, &samples);
     }};
@@ -130,13 +191,20 @@ fn main() {
         "backend", "strategy", "us/op", "ratio"
     );
     #[cfg(feature = "sqlite")]
-    bench!("sqlite", common::sqlite().unwrap());
+    bench!(
+        "sqlite",
+        diesel::SqliteConnection,
+        common::sqlite().unwrap(),
+        Some(Box::new(diesel_occ::SqliteSettings {
+            busy_timeout: Duration::from_secs(5),
+        }))
+    );
     #[cfg(feature = "postgres")]
     if let Some(db) = common::postgres() {
-        bench!("postgres", db);
+        bench!("postgres", diesel::PgConnection, db, None);
     }
     #[cfg(feature = "mysql")]
     if let Some(db) = common::mysql() {
-        bench!("mysql", db);
+        bench!("mysql", diesel::MysqlConnection, db, None);
     }
 }

@@ -70,10 +70,17 @@
 //! - `#[diesel(primary_key(col, ...))]`: key columns (default `id`); composite keys work.
 //!
 //! Field attributes:
-//! - `#[occ(version)]`: the version column, of type `i16`, `i32` or `i64`. Exactly one.
-//! - `#[diesel(column_name = name)]`: the field's column, when named differently.
+//! - `#[occ(version)]`: the version column. Exactly one, of type `i16`, `i32` or `i64` (or
+//!   an alias of one), or `u16`, `u32`, `u64` for MySQL `UNSIGNED` columns; the column must
+//!   be NOT NULL and of the matching SQL type ([`VersionColumnFor`]).
+//! - `#[diesel(column_name = name)]` or `column_name = "name"`: the field's column, when
+//!   named differently.
 //! - `#[diesel(skip_update)]`: left out of [`GuardedWrite::guarded_save`].
 //! - `#[diesel(serialize_as = Type)]`: converted with `Into<Type>` before it is written.
+//!   A field read through `deserialize_as` needs it too (or `skip_update`).
+//!
+//! Every other attribute diesel accepts (`check_for_backend(...)`, `belongs_to(...)`, ...)
+//! is accepted and left to diesel.
 
 pub mod backend;
 pub mod connection;
