@@ -24,8 +24,8 @@ struct Count {
     n: i64,
 }
 
-/// `load` (the order as committed) and `wait_until_blocked` (until a session waits on a
-/// lock, asked of the server) for the module's `Conn`.
+/// `load` (the order as committed), `write_from_snapshot` and `wait_until_blocked` (until
+/// a session waits on a lock, asked of the server) for the module's `Conn`.
 macro_rules! helpers {
     () => {
         fn load(conn: &mut Pooled<Conn>) -> Order {
@@ -34,6 +34,38 @@ macro_rules! helpers {
                 .select(Order::as_select())
                 .first(conn)
                 .unwrap()
+        }
+
+        /// A copy read at version 0 writes inside a transaction at `level` whose snapshot
+        /// saw version 1; with `commit_after_snapshot`, another session commits version 2
+        /// after the snapshot was taken. Returns the write's error.
+        fn write_from_snapshot(
+            db: &common::TestDb<Conn>,
+            level: &str,
+            commit_after_snapshot: bool,
+        ) -> Error {
+            let (conn, other) = (&mut db.conn(), &mut db.conn());
+            conn.batch_execute("DELETE FROM orders").unwrap();
+            let copy = Order::new(1, "new");
+            diesel::insert_into(orders::table)
+                .values(&copy)
+                .execute(conn)
+                .unwrap();
+            copy.guarded_update(other, orders::note.eq("v1")).unwrap();
+
+            conn.batch_execute(&format!("{SET_ISOLATION} {level}"))
+                .unwrap();
+            conn.transaction::<(), Error, _>(|conn| {
+                assert_eq!(load(conn).version, 1, "the snapshot");
+                if commit_after_snapshot {
+                    load(other)
+                        .guarded_update(other, orders::note.eq("v2"))
+                        .unwrap();
+                }
+                copy.guarded_update(conn, orders::note.eq("stale"))?;
+                Ok(())
+            })
+            .unwrap_err()
         }
 
         fn wait_until_blocked(observer: &mut Pooled<Conn>, waiting_sql: &str) {
@@ -129,6 +161,7 @@ macro_rules! stale_writers_test {
 mod mysql {
     use super::*;
     type Conn = diesel::MysqlConnection;
+    const SET_ISOLATION: &str = "SET SESSION TRANSACTION ISOLATION LEVEL";
     helpers!();
 
     const WAITING: &str = "SELECT COUNT(*) AS n FROM information_schema.INNODB_TRX \
@@ -137,21 +170,13 @@ mod mysql {
     #[test]
     fn stale_writers_merge_in_turn_at_read_committed() {
         let Some(db) = common::mysql() else { return };
-        stale_writers_test!(
-            &db,
-            "SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED",
-            WAITING
-        );
+        stale_writers_test!(&db, &format!("{SET_ISOLATION} READ COMMITTED"), WAITING);
     }
 
     #[test]
     fn stale_writers_merge_in_turn_at_repeatable_read() {
         let Some(db) = common::mysql() else { return };
-        stale_writers_test!(
-            &db,
-            "SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ",
-            WAITING
-        );
+        stale_writers_test!(&db, &format!("{SET_ISOLATION} REPEATABLE READ"), WAITING);
     }
 
     /// REPEATABLE READ: the transaction's snapshot holds version 1, version 2 is committed
@@ -159,24 +184,8 @@ mod mysql {
     #[test]
     fn conflict_reports_rows_committed_after_the_snapshot() {
         let Some(db) = common::mysql() else { return };
-        let (conn, other) = (&mut db.conn(), &mut db.conn());
-        let copy = Order::new(1, "new");
-        diesel::insert_into(orders::table)
-            .values(&copy)
-            .execute(conn)
-            .unwrap();
-        copy.guarded_update(other, orders::note.eq("v1")).unwrap();
 
-        conn.batch_execute("SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ")
-            .unwrap();
-        assert_eq!(load(conn).version, 1, "the snapshot");
-        load(other)
-            .guarded_update(other, orders::note.eq("v2"))
-            .unwrap();
-        let err = copy
-            .guarded_update(conn, orders::note.eq("stale"))
-            .unwrap_err();
-        conn.batch_execute("ROLLBACK").unwrap();
+        let err = write_from_snapshot(&db, "REPEATABLE READ", true);
 
         let conflict = err.as_conflict().unwrap_or_else(|| panic!("{err:?}"));
         assert_eq!(conflict.found, Token::Version(2));
@@ -188,6 +197,7 @@ mod mysql {
 mod postgres {
     use super::*;
     type Conn = diesel::PgConnection;
+    const SET_ISOLATION: &str = "SET SESSION CHARACTERISTICS AS TRANSACTION ISOLATION LEVEL";
     helpers!();
 
     const WAITING: &str = "SELECT COUNT(*) AS n FROM pg_stat_activity \
@@ -196,11 +206,7 @@ mod postgres {
     #[test]
     fn stale_writers_merge_in_turn_at_read_committed() {
         let Some(db) = common::postgres() else { return };
-        stale_writers_test!(
-            &db,
-            "SET SESSION CHARACTERISTICS AS TRANSACTION ISOLATION LEVEL READ COMMITTED",
-            WAITING
-        );
+        stale_writers_test!(&db, &format!("{SET_ISOLATION} READ COMMITTED"), WAITING);
     }
 
     /// The copy is at version 0, the transaction's snapshot sees 1, and 2 is committed
@@ -210,29 +216,7 @@ mod postgres {
     fn stale_snapshot_reports_a_serialization_failure_not_its_own_row() {
         let Some(db) = common::postgres() else { return };
         for level in ["REPEATABLE READ", "SERIALIZABLE"] {
-            let (conn, other) = (&mut db.conn(), &mut db.conn());
-            conn.batch_execute("DELETE FROM orders").unwrap();
-            let copy = Order::new(1, "new");
-            diesel::insert_into(orders::table)
-                .values(&copy)
-                .execute(conn)
-                .unwrap();
-            copy.guarded_update(other, orders::note.eq("v1")).unwrap();
-
-            conn.batch_execute(&format!(
-                "SET SESSION CHARACTERISTICS AS TRANSACTION ISOLATION LEVEL {level}"
-            ))
-            .unwrap();
-            let err = conn
-                .transaction::<(), Error, _>(|conn| {
-                    assert_eq!(load(conn).version, 1, "the snapshot");
-                    load(other)
-                        .guarded_update(other, orders::note.eq("v2"))
-                        .unwrap();
-                    copy.guarded_update(conn, orders::note.eq("stale"))?;
-                    Ok(())
-                })
-                .unwrap_err();
+            let err = write_from_snapshot(&db, level, true);
 
             assert!(
                 matches!(
@@ -251,25 +235,8 @@ mod postgres {
     #[test]
     fn stale_copy_in_a_current_snapshot_is_a_conflict_with_the_latest_row() {
         let Some(db) = common::postgres() else { return };
-        let (conn, other) = (&mut db.conn(), &mut db.conn());
-        let copy = Order::new(1, "new");
-        diesel::insert_into(orders::table)
-            .values(&copy)
-            .execute(conn)
-            .unwrap();
-        copy.guarded_update(other, orders::note.eq("v1")).unwrap();
 
-        conn.batch_execute(
-            "SET SESSION CHARACTERISTICS AS TRANSACTION ISOLATION LEVEL REPEATABLE READ",
-        )
-        .unwrap();
-        let err = conn
-            .transaction::<(), Error, _>(|conn| {
-                assert_eq!(load(conn).version, 1);
-                copy.guarded_update(conn, orders::note.eq("stale"))?;
-                Ok(())
-            })
-            .unwrap_err();
+        let err = write_from_snapshot(&db, "REPEATABLE READ", false);
 
         let conflict = err.as_conflict().unwrap_or_else(|| panic!("{err:?}"));
         assert_eq!(conflict.found, Token::Version(1));

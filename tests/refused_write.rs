@@ -25,11 +25,11 @@ fn assert_refused_at(err: &Error, token: i128) {
     assert!(!err.is_retryable());
 }
 
-#[cfg(feature = "postgres")]
-mod postgres {
-    use super::*;
-
-    fn frozen_order(conn: &mut diesel_occ::Pooled<diesel::PgConnection>) -> Order {
+/// Inserts an order whose status is "frozen" (which the test's trigger or policy guards),
+/// updates it, and checks the outcome is `Refused` with nothing written.
+macro_rules! assert_frozen_order_refuses_updates {
+    ($conn:expr) => {{
+        let conn = $conn;
         let order = Order {
             status: "frozen".into(),
             ..Order::new(1, "new")
@@ -38,8 +38,23 @@ mod postgres {
             .values(&order)
             .execute(conn)
             .unwrap();
-        order
-    }
+
+        let err = order
+            .guarded_update(conn, orders::note.eq("edited"))
+            .unwrap_err();
+
+        assert_refused_at(&err, 0);
+        let stored: Order = orders::table
+            .select(Order::as_select())
+            .first(conn)
+            .unwrap();
+        assert_eq!(stored, order);
+    }};
+}
+
+#[cfg(feature = "postgres")]
+mod postgres {
+    use super::*;
 
     #[test]
     fn update_skipped_by_a_trigger_is_refused_not_a_conflict() {
@@ -52,18 +67,8 @@ mod postgres {
                  WHEN (OLD.status = 'frozen') EXECUTE FUNCTION skip_row();",
         )
         .unwrap();
-        let order = frozen_order(conn);
 
-        let err = order
-            .guarded_update(conn, orders::note.eq("edited"))
-            .unwrap_err();
-
-        assert_refused_at(&err, 0);
-        let stored: Order = orders::table
-            .select(Order::as_select())
-            .first(conn)
-            .unwrap();
-        assert_eq!(stored, order);
+        assert_frozen_order_refuses_updates!(conn);
     }
 
     /// A policy that lets a role read every row but update only open ones. Superusers
@@ -72,32 +77,23 @@ mod postgres {
     fn update_hidden_by_row_level_security_is_refused_not_a_conflict() {
         let Some(db) = common::postgres() else { return };
         let conn = &mut db.conn();
-        let order = frozen_order(conn);
         let role = format!("occ_rls_{}", std::process::id());
         let _cleanup = DropRole(role.clone(), db.url.clone());
         conn.batch_execute(&format!(
             "DROP ROLE IF EXISTS {role};
              CREATE ROLE {role} NOLOGIN;
              DO $$ BEGIN EXECUTE format('GRANT USAGE ON SCHEMA %I TO {role}', current_schema()); END $$;
-             GRANT SELECT, UPDATE ON orders TO {role};
+             GRANT SELECT, INSERT, UPDATE ON orders TO {role};
              ALTER TABLE orders ENABLE ROW LEVEL SECURITY;
              CREATE POLICY read_all ON orders FOR SELECT USING (true);
+             CREATE POLICY insert_all ON orders FOR INSERT WITH CHECK (true);
              CREATE POLICY update_open ON orders FOR UPDATE USING (status <> 'frozen');
              SET ROLE {role};"
         ))
         .unwrap();
 
-        let err = order
-            .guarded_update(conn, orders::note.eq("edited"))
-            .unwrap_err();
-
+        assert_frozen_order_refuses_updates!(&mut *conn);
         conn.batch_execute("RESET ROLE").unwrap();
-        assert_refused_at(&err, 0);
-        let stored: Order = orders::table
-            .select(Order::as_select())
-            .first(conn)
-            .unwrap();
-        assert_eq!(stored, order);
     }
 
     /// Drops the test's role even when the test fails; roles outlive schemas.
@@ -128,25 +124,8 @@ mod sqlite {
                  BEGIN SELECT RAISE(IGNORE); END;",
         )
         .unwrap();
-        let order = Order {
-            status: "frozen".into(),
-            ..Order::new(1, "new")
-        };
-        diesel::insert_into(orders::table)
-            .values(&order)
-            .execute(conn)
-            .unwrap();
 
-        let err = order
-            .guarded_update(conn, orders::note.eq("edited"))
-            .unwrap_err();
-
-        assert_refused_at(&err, 0);
-        let stored: Order = orders::table
-            .select(Order::as_select())
-            .first(conn)
-            .unwrap();
-        assert_eq!(stored, order);
+        assert_frozen_order_refuses_updates!(conn);
     }
 
     /// SQLite keeps 32768 in a SMALLINT column; read as `i16` it is -32768, which the
