@@ -98,15 +98,16 @@ pub enum Error {
         source: DieselError,
     },
 
-    /// A version column already holds the largest value of its type; nothing was written.
-    #[error("version of `{table}` row {key} is at its maximum ({current}); widen the column (BIGINT) or reset it: nothing was written")]
+    /// The token cannot advance: a version column already holds the largest value of its
+    /// type. Nothing was written.
+    #[error("`{table}` row {key} is at {current}, the largest its column can hold; widen the column (BIGINT) or reset it: nothing was written")]
     VersionOverflow {
         /// The table that was written.
         table: &'static str,
         /// The key of the row.
         key: String,
-        /// The version the row holds.
-        current: i128,
+        /// The token the row holds.
+        current: Token,
     },
 
     /// A guarded write matched more than one row: the key the entity declares does not

@@ -1,17 +1,22 @@
-//! What an entity tells the executor about itself: its table, key and guard token.
+//! What an entity tells the executor about itself: its table, key and guard.
 //!
 //! `#[derive(Guarded)]` writes the implementation from the struct and the attributes
 //! diesel already reads (`table_name`, `primary_key`, `column_name`), so the schema stays
 //! the user's own `table!` and nothing is named twice.
+//!
+//! A guarded write is a compare-and-set: a predicate that proves the row still holds the
+//! token the caller saw, and assignments that move it to the next token. A [`GuardKind`]
+//! is one such pair (a version column, a timestamp, ...); the entity names its kind and
+//! hands out its token, and the one executor does the rest for every kind.
 
 use std::fmt::Debug;
 
 use diesel::associations::HasTable;
 use diesel::query_builder::AsChangeset;
-use diesel::sql_types::{BigInt, Integer, SmallInt};
-use diesel::{Column, Expression};
 
-/// An entity whose updates are guarded by a version column.
+use crate::error::Token;
+
+/// An entity whose updates are guarded.
 ///
 /// Implement it with `#[derive(Guarded)]`; the write methods come from
 /// [`GuardedWrite`](crate::GuardedWrite), implemented for every `Guarded` type.
@@ -24,16 +29,13 @@ pub trait Guarded: HasTable + Debug + Send + Sync + Sized + 'static {
     /// `key_column = key` (joined with `AND` for composite keys).
     type KeyPredicate;
 
-    /// The version's Rust type: `i16`, `i32` or `i64` (or `u16`, `u32`, `u64` for MySQL
-    /// `UNSIGNED` columns), or an alias of one.
-    type Version: VersionNumber;
+    /// How this entity's writes prove and advance their token.
+    type Guard: GuardKind;
 
-    /// The version column of [`HasTable::Table`]: NOT NULL, of the version's SQL type.
-    type VersionColumn: Column<Table = Self::Table> + VersionColumnFor<Self::Version> + Default;
-
-    /// Every updatable column set from the entity's fields (key and version excluded).
-    /// Values are cloned out of the entity: a borrowed changeset would need a lifetime in
-    /// every bound that names it, and a clone costs far less than the round trip.
+    /// Every updatable column set from the entity's fields (key and guard columns
+    /// excluded). Values are cloned out of the entity: a borrowed changeset would need a
+    /// lifetime in every bound that names it, and a clone costs far less than the round
+    /// trip.
     type Changes: AsChangeset<Target = Self::Table>;
 
     /// This row's key.
@@ -42,86 +44,45 @@ pub trait Guarded: HasTable + Debug + Send + Sync + Sized + 'static {
     /// The predicate that selects the row with `key`.
     fn key_predicate(key: &Self::Key) -> Self::KeyPredicate;
 
-    /// The version this copy was read at.
-    fn version(&self) -> Self::Version;
+    /// The token this copy was read with.
+    fn token(&self) -> TokenOf<Self>;
 
-    /// Records the version the row has after a successful write.
-    fn set_version(&mut self, version: Self::Version);
+    /// Records the token the row holds after a successful write.
+    fn set_token(&mut self, token: TokenOf<Self>);
 
     /// All updatable fields as a changeset, used by
     /// [`guarded_save`](crate::GuardedWrite::guarded_save).
     fn changes(&self) -> Self::Changes;
 }
 
-/// The integer types a version column may have.
-///
-/// The next version is computed here, not in SQL, so that the executor knows the new
-/// token without reading the row back and so that overflow is one rule on every backend
-/// (SQLite would silently turn `i64::MAX + 1` into a float).
+/// The token type of entity `T`'s guard (the version number, for a version guard).
+pub type TokenOf<T> = <<T as Guarded>::Guard as GuardKind>::Token;
+
+/// One kind of guard: the predicate that proves a row still holds a token and the
+/// assignments that advance it. Both are diesel query fragments over the user's schema,
+/// so every kind runs through the same statement and executor.
 #[diagnostic::on_unimplemented(
-    message = "`{Self}` cannot be a version: use `i16`, `i32` or `i64` (`u16`, `u32`, `u64` for MySQL UNSIGNED columns)",
-    label = "not a version type"
+    message = "`{Self}` is not a guard kind diesel-occ can run",
+    note = "for a version guard, the field must be `i16`, `i32` or `i64` (`u16`, `u32`, `u64` on MySQL) and its column NOT NULL of the matching SQL type"
 )]
-pub trait VersionNumber: Copy + Debug + PartialEq + Send + Sync + 'static {
-    /// The SQL type of a NOT NULL column holding this version.
-    type SqlType;
+pub trait GuardKind {
+    /// What a copy holds and a write compares: a version number, a timestamp, ...
+    type Token: Clone + Debug + PartialEq + Send + Sync + 'static;
 
-    /// The version after this one, or `None` at the type's maximum. Versions never wrap:
-    /// a wrapped version would repeat an old token and let a stale copy win.
-    fn next(self) -> Option<Self>;
+    /// `WHERE ... AND <predicate>`: the row still holds the token.
+    type Predicate;
 
-    /// Widened for messages and [`Token`](crate::Token).
-    fn widen(self) -> i128;
-}
+    /// `SET ..., <advance>`: the row moves to the next token.
+    type Advance;
 
-macro_rules! version_number {
-    ($($t:ty => $sql:ty),*) => {$(
-        impl VersionNumber for $t {
-            type SqlType = $sql;
-            fn next(self) -> Option<Self> {
-                self.checked_add(1)
-            }
-            fn widen(self) -> i128 {
-                i128::from(self)
-            }
-        }
-    )*};
-}
+    /// The predicate for a copy that holds `token`.
+    fn predicate(token: &Self::Token) -> Self::Predicate;
 
-version_number!(i16 => SmallInt, i32 => Integer, i64 => BigInt);
-#[cfg(feature = "mysql")]
-version_number!(
-    u16 => diesel::sql_types::Unsigned<SmallInt>,
-    u32 => diesel::sql_types::Unsigned<Integer>,
-    u64 => diesel::sql_types::Unsigned<BigInt>
-);
+    /// The assignments that move a row past `token`, and the token it then holds, known
+    /// without reading the row back. `None` when the token cannot advance (a version at
+    /// its type's maximum): the write is refused before anything is sent.
+    fn advance(token: &Self::Token) -> Option<(Self::Advance, Self::Token)>;
 
-/// A column that can hold versions of type `V`: NOT NULL and of `V`'s SQL type. A
-/// nullable version column would let a NULL silently disable the check.
-#[diagnostic::on_unimplemented(
-    message = "the version column `{Self}` does not hold `{V}` values: it must be NOT NULL and of the version's SQL type",
-    label = "this field's column",
-    note = "`i16`, `i32`, `i64` need SmallInt, Integer, BigInt (`u16`.. need Unsigned<..>); a `Nullable<..>` column is refused: a NULL version would disable the check"
-)]
-pub trait VersionColumnFor<V> {}
-
-impl<C, V> VersionColumnFor<V> for C
-where
-    V: VersionNumber,
-    C: Column + Expression<SqlType = V::SqlType>,
-{
-}
-
-#[cfg(test)]
-mod tests {
-    use super::VersionNumber;
-
-    #[test]
-    fn versions_stop_at_the_maximum_instead_of_wrapping() {
-        assert_eq!(41i16.next(), Some(42));
-        assert_eq!(i16::MAX.next(), None);
-        assert_eq!(i32::MAX.next(), None);
-        assert_eq!(i64::MAX.next(), None);
-        assert_eq!((i64::MAX - 1).next(), Some(i64::MAX));
-    }
+    /// The token as conflicts and messages show it.
+    fn describe(token: &Self::Token) -> Token;
 }

@@ -90,11 +90,13 @@ mod names;
 pub mod pool;
 pub mod statement;
 pub mod update;
+pub mod version;
 
 pub use backend::OccBackend;
 pub use connection::WriteTransaction;
 pub use error::{Conflict, CurrentRow, Error, RetryReason, Token};
-pub use guard::{Guarded, VersionColumnFor, VersionNumber};
+pub use guard::{GuardKind, Guarded, TokenOf};
+pub use version::{VersionColumnFor, VersionGuard, VersionNumber};
 #[cfg(feature = "mysql")]
 pub use pool::{mysql_pool, MysqlPool};
 #[cfg(feature = "postgres")]

@@ -1,4 +1,4 @@
-//! The executor of guarded writes and the version-guarded writes built on it.
+//! The executor of guarded writes and the entity writes built on it.
 
 use diesel::connection::{Connection, LoadConnection, TransactionManager};
 use diesel::dsl::{AsSelect, Filter, Select};
@@ -9,11 +9,11 @@ use diesel::result::Error as DieselError;
 use diesel::{OptionalExtension, QueryResult, RunQueryDsl, Selectable, SelectableHelper};
 
 use crate::backend::OccBackend;
-use crate::error::{Conflict, Error, Token};
-use crate::guard::{Guarded, VersionNumber};
+use crate::error::{Conflict, Error};
+use crate::guard::{GuardKind, Guarded, TokenOf};
 use crate::names::table_name;
 use crate::statement::{
-    ColumnEq, CompareAndSet, GuardedDelete, GuardedUpdate, LatestRead, NoChanges,
+    CompareAndSet, GuardedDelete, GuardedUpdate, LatestRead, NoChanges,
 };
 
 /// Runs one compare-and-set statement and classifies its outcome.
@@ -77,24 +77,21 @@ pub(crate) fn in_transaction<C: Connection>(conn: &mut C) -> bool {
         .unwrap_or(false)
 }
 
-/// The version-guarded `UPDATE` of entity `T` with changeset `Ch`.
-pub type VersionedUpdate<T, Ch> = GuardedUpdate<
+/// The guarded `UPDATE` of entity `T` with changeset `Ch`.
+pub type UpdateOf<T, Ch> = GuardedUpdate<
     <T as diesel::associations::HasTable>::Table,
     Ch,
-    VersionEq<T>,
+    <<T as Guarded>::Guard as GuardKind>::Advance,
     <T as Guarded>::KeyPredicate,
-    VersionEq<T>,
+    <<T as Guarded>::Guard as GuardKind>::Predicate,
 >;
 
-/// The version-guarded `DELETE` of entity `T`.
-pub type VersionedDelete<T> = GuardedDelete<
+/// The guarded `DELETE` of entity `T`.
+pub type DeleteOf<T> = GuardedDelete<
     <T as diesel::associations::HasTable>::Table,
     <T as Guarded>::KeyPredicate,
-    VersionEq<T>,
+    <<T as Guarded>::Guard as GuardKind>::Predicate,
 >;
-
-/// `version = ?` for entity `T`.
-pub type VersionEq<T> = ColumnEq<<T as Guarded>::VersionColumn, <T as Guarded>::Version>;
 
 /// What the executor needs of an entity on connection `C`: its table's name and a read
 /// of the latest committed row by key (see [`LatestRead`]), to explain a write that
@@ -135,131 +132,171 @@ where
     }
 }
 
-/// Version-guarded writes for every [`Guarded`] entity.
+/// Guarded writes for every [`Guarded`] entity.
 ///
-/// Each write is one statement, `... WHERE <key> AND version = <the version this copy was
-/// read at>`, that also sets the next version. It returns the new version without reading
-/// the row back. When it matches no row the row is read once by key to report
-/// [`Error::NotFound`] or [`Error::Conflict`] with the current row. Nothing opens a
-/// transaction: inside the caller's transaction the write is part of it.
+/// Each write is one statement, `... WHERE <key> AND <the row still holds the token this
+/// copy was read with>`, that also moves the row to the next token (for a version guard:
+/// `version = ?read` and `version = ?next`). It returns the new token without reading the
+/// row back. When it matches no row the row is read once by key to report
+/// [`Error::NotFound`], [`Error::Conflict`] with the current row, or [`Error::Refused`].
+/// Nothing opens a transaction: inside the caller's transaction the write is part of it.
 ///
-/// At the version type's maximum every write fails with [`Error::VersionOverflow`] before
-/// anything is sent: versions never wrap, since a wrapped version could repeat a token a
-/// stale copy still holds.
+/// Every write has a stateless form (`..._by_key`) for callers that hold a key and the
+/// token a client sent back (a web form, an `If-Match` header) rather than a loaded copy;
+/// the outcomes are the same.
+///
+/// When the token cannot advance (a version at its type's maximum) every write fails with
+/// [`Error::VersionOverflow`] before anything is sent: versions never wrap, since a
+/// wrapped version could repeat a token a stale copy still holds.
 pub trait GuardedWrite: Guarded {
-    /// Applies `changes` to this row if it is still at this copy's version, and advances
-    /// the version. An empty changeset (all fields `None`) just advances the version.
+    /// Applies `changes` to this row if it still holds this copy's token, and advances the
+    /// token. An empty changeset (all fields `None`) just advances the token.
     ///
     /// The copy itself is not modified: its other fields do not reflect `changes`.
-    fn guarded_update<C, Ch>(&self, conn: &mut C, changes: Ch) -> Result<Self::Version, Error>
+    fn guarded_update<C, Ch>(&self, conn: &mut C, changes: Ch) -> Result<TokenOf<Self>, Error>
     where
         C: LoadConnection,
         C::Backend: OccBackend,
         Ch: AsChangeset<Target = Self::Table>,
-        VersionedUpdate<Self, Ch::Changeset>: ExecuteDsl<C> + CompareAndSet<C::Backend>,
+        UpdateOf<Self, Ch::Changeset>: ExecuteDsl<C> + CompareAndSet<C::Backend>,
         Self: LoadByKey<C>,
     {
-        let next = next_version::<Self, C>(self)?;
-        let statement = VersionedUpdate::<Self, Ch::Changeset>::new(
-            Self::table(),
-            changes.as_changeset(),
-            ColumnEq::new(next),
-            Self::key_predicate(&self.key()),
-            ColumnEq::new(self.version()),
-        );
-        run_versioned(self, conn, statement)?;
-        Ok(next)
+        Self::guarded_update_by_key(conn, &self.key(), &self.token(), changes)
     }
 
-    /// Writes every updatable field of this copy if the row is still at its version, and
-    /// records the new version in the copy.
-    fn guarded_save<C>(&mut self, conn: &mut C) -> Result<Self::Version, Error>
+    /// Applies `changes` to the row with `key` if it still holds `expected`, and advances
+    /// the token; the stateless form of [`guarded_update`](Self::guarded_update).
+    fn guarded_update_by_key<C, Ch>(
+        conn: &mut C,
+        key: &Self::Key,
+        expected: &TokenOf<Self>,
+        changes: Ch,
+    ) -> Result<TokenOf<Self>, Error>
     where
         C: LoadConnection,
         C::Backend: OccBackend,
-        VersionedUpdate<Self, <Self::Changes as AsChangeset>::Changeset>:
+        Ch: AsChangeset<Target = Self::Table>,
+        UpdateOf<Self, Ch::Changeset>: ExecuteDsl<C> + CompareAndSet<C::Backend>,
+        Self: LoadByKey<C>,
+    {
+        let Some((advance, next)) = Self::Guard::advance(expected) else {
+            return Err(Error::VersionOverflow {
+                table: Self::table_name(),
+                key: format!("{key:?}"),
+                current: Self::Guard::describe(expected),
+            });
+        };
+        let statement = UpdateOf::<Self, Ch::Changeset>::new(
+            Self::table(),
+            changes.as_changeset(),
+            advance,
+            Self::key_predicate(key),
+            Self::Guard::predicate(expected),
+        );
+        run_guarded::<Self, C, _>(conn, key, expected, statement)?;
+        Ok(next)
+    }
+
+    /// Writes every updatable field of this copy if the row still holds its token, and
+    /// records the new token in the copy.
+    fn guarded_save<C>(&mut self, conn: &mut C) -> Result<TokenOf<Self>, Error>
+    where
+        C: LoadConnection,
+        C::Backend: OccBackend,
+        UpdateOf<Self, <Self::Changes as AsChangeset>::Changeset>:
             ExecuteDsl<C> + CompareAndSet<C::Backend>,
         Self: LoadByKey<C>,
     {
         let next = self.guarded_update(conn, self.changes())?;
-        self.set_version(next);
+        self.set_token(next.clone());
         Ok(next)
     }
 
-    /// Advances the version without changing anything else ("force increment"), e.g. to
-    /// mark an aggregate root changed when only its children were. Records the new
-    /// version in the copy.
-    fn guarded_touch<C>(&mut self, conn: &mut C) -> Result<Self::Version, Error>
+    /// Advances the token without changing anything else ("force increment"), e.g. to
+    /// mark an aggregate root changed when only its children were. Records the new token
+    /// in the copy.
+    fn guarded_touch<C>(&mut self, conn: &mut C) -> Result<TokenOf<Self>, Error>
     where
         C: LoadConnection,
         C::Backend: OccBackend,
-        VersionedUpdate<Self, NoChanges<Self::Table>>: ExecuteDsl<C> + CompareAndSet<C::Backend>,
+        UpdateOf<Self, NoChanges<Self::Table>>: ExecuteDsl<C> + CompareAndSet<C::Backend>,
         Self: LoadByKey<C>,
     {
         let next = self.guarded_update(conn, NoChanges::default())?;
-        self.set_version(next);
+        self.set_token(next.clone());
         Ok(next)
     }
 
-    /// Deletes the row if it is still at this copy's version.
+    /// Deletes the row if it still holds this copy's token.
     fn guarded_delete<C>(&self, conn: &mut C) -> Result<(), Error>
     where
         C: LoadConnection,
         C::Backend: OccBackend,
-        VersionedDelete<Self>: ExecuteDsl<C> + CompareAndSet<C::Backend>,
+        DeleteOf<Self>: ExecuteDsl<C> + CompareAndSet<C::Backend>,
         Self: LoadByKey<C>,
     {
-        let statement = VersionedDelete::<Self>::new(
+        Self::guarded_delete_by_key(conn, &self.key(), &self.token())
+    }
+
+    /// Deletes the row with `key` if it still holds `expected`; the stateless form of
+    /// [`guarded_delete`](Self::guarded_delete).
+    fn guarded_delete_by_key<C>(
+        conn: &mut C,
+        key: &Self::Key,
+        expected: &TokenOf<Self>,
+    ) -> Result<(), Error>
+    where
+        C: LoadConnection,
+        C::Backend: OccBackend,
+        DeleteOf<Self>: ExecuteDsl<C> + CompareAndSet<C::Backend>,
+        Self: LoadByKey<C>,
+    {
+        let statement = DeleteOf::<Self>::new(
             Self::table(),
-            Self::key_predicate(&self.key()),
-            ColumnEq::new(self.version()),
+            Self::key_predicate(key),
+            Self::Guard::predicate(expected),
         );
-        run_versioned(self, conn, statement)
+        run_guarded::<Self, C, _>(conn, key, expected, statement)
     }
 }
 
 impl<T: Guarded> GuardedWrite for T {}
 
-/// The version after `row`'s, or [`Error::VersionOverflow`].
-fn next_version<T: LoadByKey<C>, C>(row: &T) -> Result<T::Version, Error> {
-    row.version().next().ok_or_else(|| Error::VersionOverflow {
-        table: T::table_name(),
-        key: format!("{:?}", row.key()),
-        current: row.version().widen(),
-    })
-}
-
-/// Runs a version-guarded `statement` for `row`; a miss is explained by reading the row
-/// again: gone is [`Error::NotFound`]; at another version, [`Error::Conflict`] with it; at
-/// the very version expected, [`Error::Refused`] (nobody else won: the database ignored
-/// the write).
-fn run_versioned<T, C, S>(row: &T, conn: &mut C, statement: S) -> Result<(), Error>
+/// Runs a guarded `statement` on the row with `key`, expected to hold `expected`. A miss
+/// is explained by reading the row again: gone is [`Error::NotFound`]; holding another
+/// token, [`Error::Conflict`] with it; holding the very token expected,
+/// [`Error::Refused`] (nobody else won: the database ignored the write).
+fn run_guarded<T, C, S>(
+    conn: &mut C,
+    key: &T::Key,
+    expected: &TokenOf<T>,
+    statement: S,
+) -> Result<(), Error>
 where
     T: LoadByKey<C>,
     C: LoadConnection,
     C::Backend: OccBackend,
     S: ExecuteDsl<C> + CompareAndSet<C::Backend>,
 {
-    let key = row.key();
     execute_guarded(
         conn,
         statement,
         || (T::table_name(), format!("{key:?}")),
-        |conn| match T::load_by_key(conn, &key) {
+        |conn| match T::load_by_key(conn, key) {
             Ok(None) => Error::NotFound {
                 table: T::table_name(),
                 key: format!("{key:?}"),
             },
-            Ok(Some(current)) if current.version() == row.version() => Error::Refused {
+            Ok(Some(current)) if current.token() == *expected => Error::Refused {
                 table: T::table_name(),
                 key: format!("{key:?}"),
-                token: Token::Version(current.version().widen()),
+                token: T::Guard::describe(expected),
             },
             Ok(Some(current)) => Error::Conflict(Box::new(Conflict::new(
                 T::table_name(),
                 format!("{key:?}"),
-                Token::Version(row.version().widen()),
-                Token::Version(current.version().widen()),
+                T::Guard::describe(expected),
+                T::Guard::describe(&current.token()),
                 current,
             ))),
             Err(e) => classify(conn, e),

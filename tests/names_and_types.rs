@@ -109,7 +109,7 @@ mod mysql_unsigned {
             .guarded_update(conn, unsigned_items::label.eq("y"))
             .unwrap_err();
         assert!(
-            matches!(err, Error::VersionOverflow { current, .. } if current == i128::from(u64::MAX)),
+            matches!(&err, Error::VersionOverflow { current, .. } if *current == Token::Version(i128::from(u64::MAX))),
             "{err:?}"
         );
         let stored: UnsignedItem = unsigned_items::table

@@ -109,9 +109,8 @@ pub fn guarded(entity: &Entity<'_>, version: &Field<'_>) -> TokenStream {
     // Spanned at the field, so that a version type or column the trait bounds refuse
     // (`String`, a `Nullable` column) is reported there, with the bound's own hint.
     let version_column = respan(version_column, version.ty.span());
-    let version_types = quote_spanned! {version.ty.span()=>
-        type Version = #version_ty;
-        type VersionColumn = #version_column;
+    let guard_type = quote_spanned! {version.ty.span()=>
+        type Guard = ::diesel_occ::VersionGuard<#version_column, #version_ty>;
     };
 
     quote! {
@@ -119,7 +118,7 @@ pub fn guarded(entity: &Entity<'_>, version: &Field<'_>) -> TokenStream {
             impl ::diesel_occ::Guarded for #ident {
                 type Key = #key_type;
                 type KeyPredicate = #predicate_type;
-                #version_types
+                #guard_type
                 type Changes = #changes_type;
 
                 fn key(&self) -> Self::Key {
@@ -130,12 +129,12 @@ pub fn guarded(entity: &Entity<'_>, version: &Field<'_>) -> TokenStream {
                     #predicate
                 }
 
-                fn version(&self) -> Self::Version {
+                fn token(&self) -> #version_ty {
                     ::std::clone::Clone::clone(&self.#version_member)
                 }
 
-                fn set_version(&mut self, version: Self::Version) {
-                    self.#version_member = version;
+                fn set_token(&mut self, token: #version_ty) {
+                    self.#version_member = token;
                 }
 
                 fn changes(&self) -> Self::Changes {
