@@ -96,7 +96,6 @@ pub use backend::OccBackend;
 pub use connection::WriteTransaction;
 pub use error::{Conflict, CurrentRow, Error, RetryReason, Token};
 pub use guard::{GuardKind, Guarded, TokenOf};
-pub use version::{VersionColumnFor, VersionGuard, VersionNumber};
 #[cfg(feature = "mysql")]
 pub use pool::{mysql_pool, MysqlPool};
 #[cfg(feature = "postgres")]
@@ -105,6 +104,7 @@ pub use pool::{postgres_pool, PgPool};
 pub use pool::{sqlite_pool, SqlitePool, SqliteSettings};
 pub use pool::{CheckedManager, PoolConfig, Pooled};
 pub use update::{execute_guarded, GuardedWrite, LoadByKey};
+pub use version::{VersionColumnFor, VersionGuard, VersionNumber};
 
 /// Derives [`Guarded`] for an entity struct; see the crate docs for its attributes.
 pub use diesel_occ_derive::Guarded;

@@ -12,9 +12,7 @@ use crate::backend::OccBackend;
 use crate::error::{Conflict, Error};
 use crate::guard::{GuardKind, Guarded, TokenOf};
 use crate::names::table_name;
-use crate::statement::{
-    CompareAndSet, GuardedDelete, GuardedUpdate, LatestRead, NoChanges,
-};
+use crate::statement::{CompareAndSet, GuardedDelete, GuardedUpdate, LatestRead, NoChanges};
 
 /// Runs one compare-and-set statement and classifies its outcome.
 ///

@@ -98,6 +98,29 @@ for_each_backend! {
         );
     }
 
+    /// The web flow: a client reads the value and its version, and sends both back; the
+    /// server writes by key and that version without loading the row first.
+    #[test]
+    fn concurrent_stateless_increments_by_key_lose_no_update() {
+        let Some(db) = db() else { return };
+        insert_counter(&db);
+        let retries = Retries::default();
+        let key = "hits".to_string();
+
+        let successes = run_threads(&db, &retries, |conn| {
+            let (value, rev): (i64, i16) = counters::table
+                .find(&key)
+                .select((counters::value, counters::revision))
+                .first(conn)?;
+            Counter::guarded_update_by_key(conn, &key, &rev, counters::value.eq(value + 1))?;
+            Ok(())
+        });
+
+        let end = load_counter(&mut db.conn()).unwrap();
+        assert_eq!(end.value, successes as i64, "a lost update");
+        assert_eq!(end.rev as usize, successes);
+    }
+
     #[test]
     fn concurrent_read_modify_write_in_write_transactions_loses_no_update() {
         let Some(db) = db() else { return };
