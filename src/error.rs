@@ -210,12 +210,15 @@ impl fmt::Display for RetryReason {
 pub enum Token {
     /// A version number (signed or unsigned 16, 32 and 64 bit columns, widened).
     Version(i128),
+    /// A last-modified timestamp, as UTC with microseconds.
+    Timestamp(String),
 }
 
 impl fmt::Display for Token {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Token::Version(v) => write!(f, "version {v}"),
+            Token::Timestamp(t) => write!(f, "last modified {t}"),
         }
     }
 }
@@ -279,8 +282,9 @@ impl Conflict {
         (*self.current).as_any().downcast_ref()
     }
 
-    /// Takes the current row out; gives the conflict back if it is not a `T`.
-    pub fn into_current<T: 'static>(self) -> Result<T, Self> {
+    /// Takes the current row out; gives the conflict back if it is not a `T`. Takes the
+    /// box [`Error::Conflict`] holds, so the conflict is never copied.
+    pub fn into_current<T: 'static>(self: Box<Self>) -> Result<T, Box<Self>> {
         if (*self.current).as_any().is::<T>() {
             let any = self.current.into_any();
             Ok(*any.downcast::<T>().expect("type checked just above"))
@@ -388,7 +392,7 @@ mod tests {
 
     #[test]
     fn conflict_gives_back_the_current_row_by_type() {
-        let c = conflict();
+        let c = Box::new(conflict());
         assert_eq!(c.current::<Row>(), Some(&Row(1)));
         assert_eq!(c.current::<String>(), None);
         let c = c.into_current::<String>().unwrap_err();

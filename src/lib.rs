@@ -86,6 +86,8 @@ pub mod backend;
 pub mod connection;
 pub mod error;
 pub mod guard;
+#[cfg(feature = "chrono")]
+pub mod last_modified;
 mod names;
 pub mod pool;
 pub mod statement;
@@ -96,6 +98,8 @@ pub use backend::OccBackend;
 pub use connection::WriteTransaction;
 pub use error::{Conflict, CurrentRow, Error, RetryReason, Token};
 pub use guard::{GuardKind, Guarded, TokenOf};
+#[cfg(feature = "chrono")]
+pub use last_modified::{Clock, LastModifiedGuard, SystemClock};
 #[cfg(feature = "mysql")]
 pub use pool::{mysql_pool, MysqlPool};
 #[cfg(feature = "postgres")]

@@ -53,7 +53,7 @@ pub trait VersionNumber: Copy + Debug + PartialEq + Send + Sync + 'static {
     /// a wrapped version would repeat an old token and let a stale copy win.
     fn next(self) -> Option<Self>;
 
-    /// Widened for messages and [`Token`](crate::Token).
+    /// Widened for messages and [`Token`].
     fn widen(self) -> i128;
 }
 

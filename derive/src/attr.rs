@@ -8,12 +8,36 @@ use syn::spanned::Spanned;
 use syn::{Attribute, Ident, Path, Token, Type};
 
 /// The field attributes of `#[occ(...)]`, for "expected one of" messages.
-const OCC_FIELD_ATTRIBUTES: &str = "`version`";
+const OCC_FIELD_ATTRIBUTES: &str = "`version`, `last_modified`";
+
+/// The precisions `last_modified(precision = "...")` accepts, with the library's type.
+const PRECISIONS: [(&str, &str); 3] = [
+    ("micros", "Micros"),
+    ("millis", "Millis"),
+    ("seconds", "Seconds"),
+];
 
 /// One `#[occ(...)]` item on a field. Keeps its ident so errors point at it.
 pub enum OccAttr {
     /// `#[occ(version)]`: the version column.
     Version(Ident),
+    /// `#[occ(last_modified)]` or `#[occ(last_modified(precision = "..", clock = path))]`.
+    LastModified {
+        ident: Ident,
+        /// The library's precision type (`Micros`, `Millis`, `Seconds`), if given.
+        precision: Option<Ident>,
+        /// A `diesel_occ::Clock` other than the system clock.
+        clock: Option<Path>,
+    },
+}
+
+impl OccAttr {
+    /// The attribute's own word, where errors about it point.
+    pub fn ident(&self) -> &Ident {
+        match self {
+            OccAttr::Version(ident) | OccAttr::LastModified { ident, .. } => ident,
+        }
+    }
 }
 
 /// Errors collected over the whole input, reported together.
@@ -61,6 +85,9 @@ pub fn occ_field_attrs(attrs: &[Attribute], errors: &mut Errors) -> Vec<OccAttr>
                 }
                 found.push(OccAttr::Version(ident));
                 Ok(())
+            } else if ident == "last_modified" {
+                found.push(last_modified(ident, &meta)?);
+                Ok(())
             } else {
                 Err(syn::Error::new(
                     ident.span(),
@@ -77,13 +104,57 @@ pub fn occ_field_attrs(attrs: &[Attribute], errors: &mut Errors) -> Vec<OccAttr>
     found
 }
 
+/// `last_modified`, bare or with `(precision = "micros" | "millis" | "seconds", clock =
+/// path)`.
+fn last_modified(ident: Ident, meta: &syn::meta::ParseNestedMeta<'_>) -> syn::Result<OccAttr> {
+    let (mut precision, mut clock) = (None, None);
+    if meta.input.peek(syn::token::Paren) {
+        meta.parse_nested_meta(|option| {
+            if option.path.is_ident("precision") {
+                let value: syn::LitStr = option.value()?.parse()?;
+                let Some((_, ty)) = PRECISIONS.iter().find(|(name, _)| value.value() == *name)
+                else {
+                    return Err(syn::Error::new(
+                        value.span(),
+                        "unknown precision; expected one of: \"micros\" (the default), \
+                         \"millis\", \"seconds\"\n  help: use the precision the column keeps: \
+                         \"seconds\" for MySQL `DATETIME` without fractional digits",
+                    ));
+                };
+                precision = Some(Ident::new(ty, value.span()));
+                Ok(())
+            } else if option.path.is_ident("clock") {
+                clock = Some(option.value()?.parse()?);
+                Ok(())
+            } else {
+                Err(syn::Error::new(
+                    option.path.span(),
+                    "unknown `last_modified` option; expected one of: `precision`, `clock`\n  \
+                     help: the correct format looks like \
+                     `#[occ(last_modified(precision = \"seconds\", clock = my::Clock))]`",
+                ))
+            }
+        })?;
+    } else if !meta.input.is_empty() && !meta.input.peek(Token![,]) {
+        return Err(malformed(
+            meta.input.span(),
+            "`last_modified` takes its options in parentheses",
+        ));
+    }
+    Ok(OccAttr::LastModified {
+        ident,
+        precision,
+        clock,
+    })
+}
+
 /// Rejects `#[occ(...)]` on the struct itself: every occ attribute so far is a field's.
 pub fn occ_container_attrs(attrs: &[Attribute], errors: &mut Errors) {
     for attr in attrs.iter().filter(|a| a.path().is_ident("occ")) {
         errors.push(syn::Error::new_spanned(
             attr,
             "`#[occ(...)]` goes on a field, not on the struct\n  \
-             help: mark the version field: `#[occ(version)] version: i64`",
+             help: mark the guard field: `#[occ(version)] version: i64`",
         ));
     }
 }

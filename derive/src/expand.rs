@@ -9,8 +9,11 @@ use quote::{quote, quote_spanned};
 use syn::spanned::Spanned;
 
 use crate::ast::{Entity, Field};
+use crate::attr::OccAttr;
+use crate::valid::Guard;
 
-pub fn guarded(entity: &Entity<'_>, version: &Field<'_>) -> TokenStream {
+pub fn guarded(entity: &Entity<'_>, guard: &Guard<'_, '_>) -> TokenStream {
+    let version = guard.field;
     let ident = entity.ident;
     let table = &entity.table;
     let column = |f: &Field<'_>| {
@@ -109,8 +112,28 @@ pub fn guarded(entity: &Entity<'_>, version: &Field<'_>) -> TokenStream {
     // Spanned at the field, so that a version type or column the trait bounds refuse
     // (`String`, a `Nullable` column) is reported there, with the bound's own hint.
     let version_column = respan(version_column, version.ty.span());
+    let guard_kind = match guard.attr {
+        OccAttr::Version(_) => quote!(::diesel_occ::VersionGuard<#version_column, #version_ty>),
+        OccAttr::LastModified {
+            precision, clock, ..
+        } => {
+            let clock = clock
+                .as_ref()
+                .map_or_else(|| quote!(::diesel_occ::SystemClock), |path| quote!(#path));
+            let precision = precision
+                .as_ref()
+                .map_or_else(|| quote!(Micros), |p| quote!(#p));
+            quote!(::diesel_occ::LastModifiedGuard<
+                #version_column,
+                #version_ty,
+                #clock,
+                ::diesel_occ::last_modified::#precision,
+            >)
+        }
+    };
+    let guard_kind = respan(guard_kind, version.ty.span());
     let guard_type = quote_spanned! {version.ty.span()=>
-        type Guard = ::diesel_occ::VersionGuard<#version_column, #version_ty>;
+        type Guard = #guard_kind;
     };
 
     quote! {

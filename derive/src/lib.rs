@@ -14,7 +14,7 @@ use proc_macro::TokenStream;
 pub fn derive_guarded(input: TokenStream) -> TokenStream {
     let input = syn::parse_macro_input!(input as syn::DeriveInput);
     ast::Entity::from_input(&input)
-        .and_then(|entity| valid::check(&entity).map(|version| expand::guarded(&entity, version)))
+        .and_then(|entity| valid::check(&entity).map(|guard| expand::guarded(&entity, &guard)))
         .unwrap_or_else(syn::Error::into_compile_error)
         .into()
 }

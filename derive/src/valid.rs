@@ -5,22 +5,41 @@ use syn::spanned::Spanned;
 use crate::ast::{Entity, Field};
 use crate::attr::{Errors, OccAttr};
 
-/// Checks the entity and returns its version field.
-pub fn check<'e, 'a>(entity: &'e Entity<'a>) -> syn::Result<&'e Field<'a>> {
+/// The field that carries the token, and the attribute that says which kind.
+pub struct Guard<'e, 'a> {
+    pub field: &'e Field<'a>,
+    pub attr: &'e OccAttr,
+}
+
+/// Checks the entity and returns its guard.
+pub fn check<'e, 'a>(entity: &'e Entity<'a>) -> syn::Result<Guard<'e, 'a>> {
     let mut errors = Errors::default();
-    let mut version = None;
+    let mut guard: Option<Guard<'e, 'a>> = None;
     for field in &entity.fields {
-        for OccAttr::Version(ident) in &field.occ {
-            if version.is_some() {
+        for attr in &field.occ {
+            if let Some(first) = &guard {
                 errors.push(syn::Error::new(
-                    ident.span(),
-                    "a second `#[occ(version)]` field: a row has exactly one version column\n  \
-                     help: keep `#[occ(version)]` on one field only",
+                    attr.ident().span(),
+                    format!(
+                        "a second guard field (`{}` after `{}`): a row has one token, and \
+                         guard kinds do not combine\n  help: keep one of them",
+                        attr.ident(),
+                        first.attr.ident()
+                    ),
                 ));
                 continue;
             }
-            version = Some(field);
-            check_version_field(entity, field, &mut errors);
+            if let OccAttr::LastModified { ident, .. } = attr {
+                if !cfg!(feature = "chrono") {
+                    errors.push(syn::Error::new(
+                        ident.span(),
+                        "`#[occ(last_modified)]` needs diesel-occ's `chrono` feature\n  \
+                         help: diesel-occ = { version = \"0.1\", features = [\"chrono\"] }",
+                    ));
+                }
+            }
+            guard = Some(Guard { field, attr });
+            check_guard_field(entity, field, attr, &mut errors);
         }
         check_deserialize_as(entity, field, &mut errors);
         if let Some(span) = field.not_a_column {
@@ -42,33 +61,37 @@ pub fn check<'e, 'a>(entity: &'e Entity<'a>) -> syn::Result<&'e Field<'a>> {
             ));
         }
     }
-    if version.is_none() {
+    if guard.is_none() {
         errors.push(syn::Error::new(
             entity.ident.span(),
-            "`#[derive(Guarded)]` needs a version field\n  \
-             help: mark it: `#[occ(version)] version: i64` (i16, i32 or i64)",
+            "`#[derive(Guarded)]` needs a guard field\n  \
+             help: mark it: `#[occ(version)] version: i64` or \
+             `#[occ(last_modified)] updated_at: NaiveDateTime`",
         ));
     }
     errors.finish()?;
-    Ok(version.expect("checked above"))
+    Ok(guard.expect("checked above"))
 }
 
-/// The version field's type is checked by the compiler against `VersionNumber` and the
-/// column's SQL type, so that aliases (`type Rev = i64`) work and mistakes are reported
-/// with the real types; here only what the types cannot say.
-fn check_version_field(entity: &Entity<'_>, field: &Field<'_>, errors: &mut Errors) {
+/// The guard field's type is checked by the compiler against the guard kind's bounds and
+/// the column's SQL type, so that aliases (`type Rev = i64`) work and mistakes are
+/// reported with the real types; here only what the types cannot say.
+fn check_guard_field(entity: &Entity<'_>, field: &Field<'_>, attr: &OccAttr, errors: &mut Errors) {
+    let kind = attr.ident();
     if field.serialize_as.is_some() || field.deserialize_as.is_some() {
         errors.push(syn::Error::new(
             field.ty.span(),
-            "an `#[occ(version)]` field cannot use `serialize_as` or `deserialize_as`: \
-             the version is read and written as it is\n  \
-             help: make the field the column's integer type (i16, i32, i64)",
+            format!(
+                "an `#[occ({kind})]` field cannot use `serialize_as` or `deserialize_as`: \
+                 the token is read and written as it is\n  \
+                 help: make the field the column's own type"
+            ),
         ));
     }
     if entity.is_key(field) {
         errors.push(syn::Error::new(
             field.ty.span(),
-            "the `#[occ(version)]` field cannot be part of the primary key",
+            format!("the `#[occ({kind})]` field cannot be part of the primary key"),
         ));
     }
 }

@@ -20,6 +20,34 @@ use diesel_migrations::{EmbeddedMigrations, MigrationHarness};
 use diesel_occ::PoolConfig;
 use diesel_occ::{CheckedManager, Pooled};
 
+/// A clock that stands still at the instant this thread set, for tests of writes within
+/// one tick; each thread sets its own, so tests running in parallel do not meet.
+#[cfg(feature = "chrono")]
+pub struct FrozenClock;
+
+#[cfg(feature = "chrono")]
+thread_local! {
+    static FROZEN_AT: std::cell::Cell<Option<chrono::DateTime<chrono::Utc>>> =
+        const { std::cell::Cell::new(None) };
+}
+
+#[cfg(feature = "chrono")]
+impl FrozenClock {
+    /// Stops this thread's clock at `instant`.
+    pub fn freeze(instant: chrono::DateTime<chrono::Utc>) {
+        FROZEN_AT.with(|at| at.set(Some(instant)));
+    }
+}
+
+#[cfg(feature = "chrono")]
+impl diesel_occ::Clock for FrozenClock {
+    fn now() -> chrono::DateTime<chrono::Utc> {
+        FROZEN_AT
+            .with(|at| at.get())
+            .expect("FrozenClock::freeze was not called on this thread")
+    }
+}
+
 /// A pool builder of diesel-occ (`sqlite_pool`, `postgres_pool`, `mysql_pool`).
 type MakePool<C> = fn(&str, &PoolConfig) -> Result<Pool<CheckedManager<C>>, diesel_occ::Error>;
 

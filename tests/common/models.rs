@@ -3,6 +3,8 @@
 use diesel::prelude::*;
 use diesel_occ::Guarded;
 
+#[cfg(feature = "chrono")]
+use super::schema::documents;
 use super::schema::{counters, order_lines, orders};
 
 /// A BIGINT version and a nullable column.
@@ -92,4 +94,28 @@ pub struct OrderForm {
     pub quantity: Quantity,
     #[occ(version)]
     pub version: i64,
+}
+
+/// A row guarded by its last-modified timestamp, on the application's clock.
+#[cfg(feature = "chrono")]
+#[derive(Debug, Clone, PartialEq, Queryable, Selectable, Identifiable, Insertable, Guarded)]
+#[diesel(table_name = documents)]
+pub struct Document {
+    pub id: i64,
+    pub body: String,
+    pub hits: i64,
+    #[occ(last_modified)]
+    pub last_modified: chrono::NaiveDateTime,
+}
+
+/// The same row on a clock each test thread sets itself ([`FrozenClock`]).
+#[cfg(feature = "chrono")]
+#[derive(Debug, Clone, PartialEq, Queryable, Selectable, Identifiable, Insertable, Guarded)]
+#[diesel(table_name = documents)]
+pub struct FrozenDocument {
+    pub id: i64,
+    pub body: String,
+    pub hits: i64,
+    #[occ(last_modified(clock = super::FrozenClock))]
+    pub last_modified: chrono::NaiveDateTime,
 }

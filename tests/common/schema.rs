@@ -30,5 +30,14 @@ diesel::table! {
     }
 }
 
+diesel::table! {
+    documents (id) {
+        id -> BigInt,
+        body -> Text,
+        hits -> BigInt,
+        last_modified -> Timestamp,
+    }
+}
+
 diesel::joinable!(order_lines -> orders (order_id));
-diesel::allow_tables_to_appear_in_same_query!(orders, order_lines, counters);
+diesel::allow_tables_to_appear_in_same_query!(orders, order_lines, counters, documents);

@@ -1,0 +1,8 @@
+-- A table guarded by its last-modified timestamp instead of a version column.
+-- DATETIME(6): microseconds, like PostgreSQL; plain DATETIME keeps whole seconds.
+CREATE TABLE documents (
+    id BIGINT PRIMARY KEY NOT NULL,
+    body TEXT NOT NULL,
+    hits BIGINT NOT NULL DEFAULT 0,
+    last_modified DATETIME(6) NOT NULL
+);

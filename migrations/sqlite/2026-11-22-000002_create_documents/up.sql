@@ -1,0 +1,7 @@
+-- A table guarded by its last-modified timestamp instead of a version column.
+CREATE TABLE documents (
+    id BIGINT PRIMARY KEY NOT NULL,
+    body TEXT NOT NULL,
+    hits BIGINT NOT NULL DEFAULT 0,
+    last_modified TIMESTAMP NOT NULL
+);

@@ -1,0 +1,18 @@
+use diesel_occ::Guarded;
+
+diesel::table! {
+    orders (id) {
+        id -> BigInt,
+        updated_at -> Nullable<Timestamp>,
+    }
+}
+
+#[derive(Debug, diesel::Queryable, diesel::Selectable, diesel::Identifiable, Guarded)]
+#[diesel(table_name = orders)]
+struct Order {
+    id: i64,
+    #[occ(last_modified)]
+    updated_at: chrono::NaiveDateTime,
+}
+
+fn main() {}
