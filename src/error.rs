@@ -150,6 +150,16 @@ pub enum Error {
         column: String,
     },
 
+    /// A write meant for excluded fields only (`update_excluded`) assigns a column the
+    /// guard protects. Nothing was written.
+    #[error("the changeset for `{table}` assigns `{column}`, which is not an `#[occ(exclude)]` field: write it with a guarded update, or exclude the field: nothing was written")]
+    NotExcluded {
+        /// The table that was written.
+        table: &'static str,
+        /// The column that is not excluded, by its SQL name.
+        column: String,
+    },
+
     /// A stored value cannot be used as it is (malformed JSON, a NULL where a token is
     /// required, ...); nothing was written.
     #[error("invalid stored data in `{table}`.`{column}`: {reason}; nothing was written")]

@@ -32,8 +32,13 @@ pub trait Guarded: HasTable + Debug + Send + Sync + Sized + 'static {
     /// How this entity's writes prove and advance their token.
     type Guard: GuardKind;
 
-    /// Every updatable column set from the entity's fields (key and guard columns
-    /// excluded). Values are cloned out of the entity: a borrowed changeset would need a
+    /// The columns of `#[occ(exclude)]` fields, by SQL name: their writes neither check
+    /// nor advance the token, and [`guarded_save`](crate::GuardedWrite::guarded_save)
+    /// leaves them alone.
+    const EXCLUDED_COLUMNS: &'static [&'static str] = &[];
+
+    /// Every updatable column set from the entity's fields (key, guard and excluded columns
+    /// left out). Values are cloned out of the entity: a borrowed changeset would need a
     /// lifetime in every bound that names it, and a clone costs far less than the round
     /// trip.
     type Changes: AsChangeset<Target = Self::Table>;

@@ -54,7 +54,9 @@ impl<Col: 'static, V: 'static> QueryId for ColumnEq<Col, V> {
 /// `UPDATE <table> SET <changes>, <advance> WHERE (<key>) AND <guard>`.
 ///
 /// An empty `changes` (a changeset whose fields are all `None`) leaves just the
-/// `advance`, so the statement stays valid and still proves and advances the token.
+/// `advance`, so the statement stays valid and still proves and advances the token. An
+/// [`Unguarded`] `advance` and `guard` leave a plain keyed update, for the fields a guard
+/// excludes.
 #[derive(Debug, Clone)]
 pub struct GuardedUpdate<T: Table, Changes, Advance, Key, Guard> {
     from: T::FromClause,
@@ -94,18 +96,37 @@ where
     // type with n optional fields makes at most 2^n entries; fragments whose SQL depends
     // on their values (`IN` lists) mark themselves uncacheable as they walk.
     fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, DB>) -> QueryResult<()> {
+        let backend = out.backend();
+        let (changes, advance) = (
+            !self.changes.is_noop(backend)?,
+            !self.advance.is_noop(backend)?,
+        );
+        let guarded = !self.guard.is_noop(backend)?;
+        if !changes && !advance {
+            return Err(diesel::result::Error::QueryBuilderError(
+                "a guarded update with nothing to set".into(),
+            ));
+        }
         out.push_sql("UPDATE ");
         self.from.walk_ast(out.reborrow())?;
         out.push_sql(" SET ");
-        if !self.changes.is_noop(out.backend())? {
+        if changes {
             self.changes.walk_ast(out.reborrow())?;
+        }
+        if changes && advance {
             out.push_sql(", ");
         }
-        self.advance.walk_ast(out.reborrow())?;
+        if advance {
+            self.advance.walk_ast(out.reborrow())?;
+        }
         out.push_sql(" WHERE (");
         self.key.walk_ast(out.reborrow())?;
-        out.push_sql(") AND ");
-        self.guard.walk_ast(out.reborrow())
+        out.push_sql(")");
+        if guarded {
+            out.push_sql(" AND ");
+            self.guard.walk_ast(out.reborrow())?;
+        }
+        Ok(())
     }
 }
 
@@ -138,16 +159,10 @@ where
     Advance: QueryFragment<DB>,
 {
     fn assigned_twice(&self) -> QueryResult<Option<String>> {
-        if self.changes.is_noop(&DB::default())? {
-            return Ok(None);
-        }
-        let changes = DB::render(&self.changes)?;
-        let advance = DB::render(&self.advance)?;
-        let guarded = assignment_targets(&advance);
-        Ok(assignment_targets(&changes)
+        let guarded = assigned_columns::<DB, _>(&self.advance)?;
+        Ok(assigned_columns::<DB, _>(&self.changes)?
             .into_iter()
-            .find(|target| guarded.contains(target))
-            .map(crate::names::unquote))
+            .find(|column| guarded.contains(column)))
     }
 }
 
@@ -155,6 +170,22 @@ impl<T: Table, Key, Guard, DB> CompareAndSet<DB> for GuardedDelete<T, Key, Guard
     fn assigned_twice(&self) -> QueryResult<Option<String>> {
         Ok(None)
     }
+}
+
+/// The columns a changeset (or a guard's advance) assigns, by their SQL names, in order.
+pub fn assigned_columns<DB, F>(changes: &F) -> QueryResult<Vec<String>>
+where
+    DB: OccBackend,
+    F: QueryFragment<DB>,
+{
+    if changes.is_noop(&DB::default())? {
+        return Ok(Vec::new());
+    }
+    let sql = DB::render(changes)?;
+    Ok(assignment_targets(&sql)
+        .into_iter()
+        .map(crate::names::unquote)
+        .collect())
 }
 
 /// The assigned columns of a rendered `SET` list (`"a" = $1, "b" = $2 + 1`): the text
@@ -265,6 +296,24 @@ impl<T, DB: Backend> QueryFragment<DB> for NoChanges<T> {
     fn is_noop(&self, _: &DB) -> QueryResult<bool> {
         Ok(true)
     }
+}
+
+/// No assignment and no condition: the `advance` and `guard` of an unguarded write.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Unguarded;
+
+impl<DB: Backend> QueryFragment<DB> for Unguarded {
+    fn walk_ast<'b>(&'b self, _: AstPass<'_, 'b, DB>) -> QueryResult<()> {
+        Ok(())
+    }
+    fn is_noop(&self, _: &DB) -> QueryResult<bool> {
+        Ok(true)
+    }
+}
+
+impl QueryId for Unguarded {
+    type QueryId = Self;
+    const HAS_STATIC_QUERY_ID: bool = true;
 }
 
 /// A `SELECT` that sees the latest committed row, even inside a transaction whose

@@ -12,7 +12,9 @@ use crate::backend::OccBackend;
 use crate::error::{Conflict, Error};
 use crate::guard::{GuardKind, Guarded, TokenOf};
 use crate::names::table_name;
-use crate::statement::{CompareAndSet, GuardedDelete, GuardedUpdate, LatestRead, NoChanges};
+use crate::statement::{
+    assigned_columns, CompareAndSet, GuardedDelete, GuardedUpdate, LatestRead, NoChanges, Unguarded,
+};
 
 /// Runs one compare-and-set statement and classifies its outcome.
 ///
@@ -82,6 +84,15 @@ pub type UpdateOf<T, Ch> = GuardedUpdate<
     <<T as Guarded>::Guard as GuardKind>::Advance,
     <T as Guarded>::KeyPredicate,
     <<T as Guarded>::Guard as GuardKind>::Predicate,
+>;
+
+/// The unguarded `UPDATE` of entity `T`'s excluded fields with changeset `Ch`.
+pub type UnguardedUpdateOf<T, Ch> = GuardedUpdate<
+    <T as diesel::associations::HasTable>::Table,
+    Ch,
+    Unguarded,
+    <T as Guarded>::KeyPredicate,
+    Unguarded,
 >;
 
 /// The guarded `DELETE` of entity `T`.
@@ -255,6 +266,79 @@ pub trait GuardedWrite: Guarded {
             Self::Guard::predicate(expected),
         );
         run_guarded::<Self, C, _>(conn, key, expected, statement)
+    }
+
+    /// Writes `changes` to this row's excluded fields (`#[occ(exclude)]`: view counters,
+    /// last-seen times) without checking or advancing the token, so it never conflicts
+    /// and never makes another writer's copy stale. See
+    /// [`update_excluded_by_key`](Self::update_excluded_by_key).
+    fn update_excluded<C, Ch>(&self, conn: &mut C, changes: Ch) -> Result<(), Error>
+    where
+        C: LoadConnection,
+        C::Backend: OccBackend,
+        Ch: AsChangeset<Target = Self::Table>,
+        Ch::Changeset: QueryFragment<C::Backend>,
+        UnguardedUpdateOf<Self, Ch::Changeset>: ExecuteDsl<C> + CompareAndSet<C::Backend>,
+        Self: LoadByKey<C>,
+    {
+        Self::update_excluded_by_key(conn, &self.key(), changes)
+    }
+
+    /// Writes `changes` to the excluded fields of the row with `key`: one unguarded
+    /// statement, `UPDATE ... SET <changes> WHERE <key>`. A changeset that assigns any
+    /// other column is refused before anything is sent ([`Error::NotExcluded`]); an empty
+    /// one sends nothing. A missing row is [`Error::NotFound`].
+    fn update_excluded_by_key<C, Ch>(
+        conn: &mut C,
+        key: &Self::Key,
+        changes: Ch,
+    ) -> Result<(), Error>
+    where
+        C: LoadConnection,
+        C::Backend: OccBackend,
+        Ch: AsChangeset<Target = Self::Table>,
+        Ch::Changeset: QueryFragment<C::Backend>,
+        UnguardedUpdateOf<Self, Ch::Changeset>: ExecuteDsl<C> + CompareAndSet<C::Backend>,
+        Self: LoadByKey<C>,
+    {
+        let changes = changes.as_changeset();
+        let columns = assigned_columns::<C::Backend, _>(&changes)?;
+        if let Some(column) = columns
+            .iter()
+            .find(|c| !Self::EXCLUDED_COLUMNS.contains(&c.as_str()))
+        {
+            return Err(Error::NotExcluded {
+                table: Self::table_name(),
+                column: column.clone(),
+            });
+        }
+        if columns.is_empty() {
+            return Ok(());
+        }
+        let statement = UnguardedUpdateOf::<Self, Ch::Changeset>::new(
+            Self::table(),
+            changes,
+            Unguarded,
+            Self::key_predicate(key),
+            Unguarded,
+        );
+        execute_guarded(
+            conn,
+            statement,
+            || (Self::table_name(), format!("{key:?}")),
+            |conn| match Self::load_by_key(conn, key) {
+                Ok(None) => Error::NotFound {
+                    table: Self::table_name(),
+                    key: format!("{key:?}"),
+                },
+                Ok(Some(current)) => Error::Refused {
+                    table: Self::table_name(),
+                    key: format!("{key:?}"),
+                    token: Self::Guard::describe(&current.token()),
+                },
+                Err(e) => classify(conn, e),
+            },
+        )
     }
 }
 

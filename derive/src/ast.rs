@@ -4,7 +4,7 @@ use proc_macro2::Span;
 use syn::spanned::Spanned;
 use syn::{DeriveInput, Ident, Member, Path, Type};
 
-use crate::attr::{self, Errors, OccAttr};
+use crate::attr::{self, Errors, GuardAttr, OccAttr};
 
 pub struct Entity<'a> {
     pub ident: &'a Ident,
@@ -92,6 +92,22 @@ impl<'a> Entity<'a> {
             table,
             primary_key,
             fields,
+        })
+    }
+
+    /// The field's `#[occ(exclude)]`, if it has one.
+    pub fn excluded<'f>(field: &'f Field<'_>) -> Option<&'f Ident> {
+        field.occ.iter().find_map(|attr| match attr {
+            OccAttr::Exclude(ident) => Some(ident),
+            OccAttr::Guard(_) => None,
+        })
+    }
+
+    /// The field's guard attributes (one, unless the input is wrong).
+    pub fn guards<'f>(field: &'f Field<'_>) -> impl Iterator<Item = &'f GuardAttr> {
+        field.occ.iter().filter_map(|attr| match attr {
+            OccAttr::Guard(guard) => Some(guard),
+            OccAttr::Exclude(_) => None,
         })
     }
 

@@ -8,7 +8,7 @@ use syn::spanned::Spanned;
 use syn::{Attribute, Ident, Path, Token, Type};
 
 /// The field attributes of `#[occ(...)]`, for "expected one of" messages.
-const OCC_FIELD_ATTRIBUTES: &str = "`version`, `last_modified`";
+const OCC_FIELD_ATTRIBUTES: &str = "`version`, `last_modified`, `exclude`";
 
 /// The precisions `last_modified(precision = "...")` accepts, with the library's type.
 const PRECISIONS: [(&str, &str); 3] = [
@@ -19,6 +19,14 @@ const PRECISIONS: [(&str, &str); 3] = [
 
 /// One `#[occ(...)]` item on a field. Keeps its ident so errors point at it.
 pub enum OccAttr {
+    /// The field is the guard's token.
+    Guard(GuardAttr),
+    /// `#[occ(exclude)]`: writes to this field neither check nor advance the token.
+    Exclude(Ident),
+}
+
+/// The guard kinds a field can carry.
+pub enum GuardAttr {
     /// `#[occ(version)]`: the version column.
     Version(Ident),
     /// `#[occ(last_modified)]` or `#[occ(last_modified(precision = "..", clock = path))]`.
@@ -31,11 +39,11 @@ pub enum OccAttr {
     },
 }
 
-impl OccAttr {
+impl GuardAttr {
     /// The attribute's own word, where errors about it point.
     pub fn ident(&self) -> &Ident {
         match self {
-            OccAttr::Version(ident) | OccAttr::LastModified { ident, .. } => ident,
+            GuardAttr::Version(ident) | GuardAttr::LastModified { ident, .. } => ident,
         }
     }
 }
@@ -83,10 +91,16 @@ pub fn occ_field_attrs(attrs: &[Attribute], errors: &mut Errors) -> Vec<OccAttr>
                 if !meta.input.is_empty() && !meta.input.peek(Token![,]) {
                     return Err(malformed(meta.input.span(), "`version` takes no value"));
                 }
-                found.push(OccAttr::Version(ident));
+                found.push(OccAttr::Guard(GuardAttr::Version(ident)));
+                Ok(())
+            } else if ident == "exclude" {
+                if !meta.input.is_empty() && !meta.input.peek(Token![,]) {
+                    return Err(malformed(meta.input.span(), "`exclude` takes no value"));
+                }
+                found.push(OccAttr::Exclude(ident));
                 Ok(())
             } else if ident == "last_modified" {
-                found.push(last_modified(ident, &meta)?);
+                found.push(OccAttr::Guard(last_modified(ident, &meta)?));
                 Ok(())
             } else {
                 Err(syn::Error::new(
@@ -106,7 +120,7 @@ pub fn occ_field_attrs(attrs: &[Attribute], errors: &mut Errors) -> Vec<OccAttr>
 
 /// `last_modified`, bare or with `(precision = "micros" | "millis" | "seconds", clock =
 /// path)`.
-fn last_modified(ident: Ident, meta: &syn::meta::ParseNestedMeta<'_>) -> syn::Result<OccAttr> {
+fn last_modified(ident: Ident, meta: &syn::meta::ParseNestedMeta<'_>) -> syn::Result<GuardAttr> {
     let (mut precision, mut clock) = (None, None);
     if meta.input.peek(syn::token::Paren) {
         meta.parse_nested_meta(|option| {
@@ -141,7 +155,7 @@ fn last_modified(ident: Ident, meta: &syn::meta::ParseNestedMeta<'_>) -> syn::Re
             "`last_modified` takes its options in parentheses",
         ));
     }
-    Ok(OccAttr::LastModified {
+    Ok(GuardAttr::LastModified {
         ident,
         precision,
         clock,

@@ -9,7 +9,7 @@ use quote::{quote, quote_spanned};
 use syn::spanned::Spanned;
 
 use crate::ast::{Entity, Field};
-use crate::attr::OccAttr;
+use crate::attr::GuardAttr;
 use crate::valid::Guard;
 
 pub fn guarded(entity: &Entity<'_>, guard: &Guard<'_, '_>) -> TokenStream {
@@ -83,7 +83,21 @@ pub fn guarded(entity: &Entity<'_>, guard: &Guard<'_, '_>) -> TokenStream {
     let changed: Vec<&Field<'_>> = entity
         .fields
         .iter()
-        .filter(|f| !entity.is_key(f) && !f.skip_update && f.column != version.column)
+        .filter(|f| {
+            !entity.is_key(f)
+                && !f.skip_update
+                && f.column != version.column
+                && Entity::excluded(f).is_none()
+        })
+        .collect();
+    let excluded_columns: Vec<TokenStream> = entity
+        .fields
+        .iter()
+        .filter(|f| Entity::excluded(f).is_some())
+        .map(|f| {
+            let col = column(f);
+            quote!(<#col as ::diesel_occ::diesel::Column>::NAME)
+        })
         .collect();
     let (changes_type, changes) = if changed.is_empty() {
         (
@@ -113,8 +127,8 @@ pub fn guarded(entity: &Entity<'_>, guard: &Guard<'_, '_>) -> TokenStream {
     // (`String`, a `Nullable` column) is reported there, with the bound's own hint.
     let version_column = respan(version_column, version.ty.span());
     let guard_kind = match guard.attr {
-        OccAttr::Version(_) => quote!(::diesel_occ::VersionGuard<#version_column, #version_ty>),
-        OccAttr::LastModified {
+        GuardAttr::Version(_) => quote!(::diesel_occ::VersionGuard<#version_column, #version_ty>),
+        GuardAttr::LastModified {
             precision, clock, ..
         } => {
             let clock = clock
@@ -143,6 +157,7 @@ pub fn guarded(entity: &Entity<'_>, guard: &Guard<'_, '_>) -> TokenStream {
                 type KeyPredicate = #predicate_type;
                 #guard_type
                 type Changes = #changes_type;
+                const EXCLUDED_COLUMNS: &'static [&'static str] = &[#(#excluded_columns),*];
 
                 fn key(&self) -> Self::Key {
                     #key_value

@@ -3,12 +3,12 @@
 use syn::spanned::Spanned;
 
 use crate::ast::{Entity, Field};
-use crate::attr::{Errors, OccAttr};
+use crate::attr::{Errors, GuardAttr};
 
 /// The field that carries the token, and the attribute that says which kind.
 pub struct Guard<'e, 'a> {
     pub field: &'e Field<'a>,
-    pub attr: &'e OccAttr,
+    pub attr: &'e GuardAttr,
 }
 
 /// Checks the entity and returns its guard.
@@ -16,7 +16,8 @@ pub fn check<'e, 'a>(entity: &'e Entity<'a>) -> syn::Result<Guard<'e, 'a>> {
     let mut errors = Errors::default();
     let mut guard: Option<Guard<'e, 'a>> = None;
     for field in &entity.fields {
-        for attr in &field.occ {
+        check_exclude(entity, field, &mut errors);
+        for attr in Entity::guards(field) {
             if let Some(first) = &guard {
                 errors.push(syn::Error::new(
                     attr.ident().span(),
@@ -29,7 +30,7 @@ pub fn check<'e, 'a>(entity: &'e Entity<'a>) -> syn::Result<Guard<'e, 'a>> {
                 ));
                 continue;
             }
-            if let OccAttr::LastModified { ident, .. } = attr {
+            if let GuardAttr::LastModified { ident, .. } = attr {
                 if !cfg!(feature = "chrono") {
                     errors.push(syn::Error::new(
                         ident.span(),
@@ -76,7 +77,12 @@ pub fn check<'e, 'a>(entity: &'e Entity<'a>) -> syn::Result<Guard<'e, 'a>> {
 /// The guard field's type is checked by the compiler against the guard kind's bounds and
 /// the column's SQL type, so that aliases (`type Rev = i64`) work and mistakes are
 /// reported with the real types; here only what the types cannot say.
-fn check_guard_field(entity: &Entity<'_>, field: &Field<'_>, attr: &OccAttr, errors: &mut Errors) {
+fn check_guard_field(
+    entity: &Entity<'_>,
+    field: &Field<'_>,
+    attr: &GuardAttr,
+    errors: &mut Errors,
+) {
     let kind = attr.ident();
     if field.serialize_as.is_some() || field.deserialize_as.is_some() {
         errors.push(syn::Error::new(
@@ -92,6 +98,31 @@ fn check_guard_field(entity: &Entity<'_>, field: &Field<'_>, attr: &OccAttr, err
         errors.push(syn::Error::new(
             field.ty.span(),
             format!("the `#[occ({kind})]` field cannot be part of the primary key"),
+        ));
+    }
+}
+
+/// `#[occ(exclude)]` goes on an ordinary field: not the key (the row is found by it) and
+/// not the guard field (its writes are what the guard is).
+fn check_exclude(entity: &Entity<'_>, field: &Field<'_>, errors: &mut Errors) {
+    let Some(exclude) = Entity::excluded(field) else {
+        return;
+    };
+    if entity.is_key(field) {
+        errors.push(syn::Error::new(
+            exclude.span(),
+            "`#[occ(exclude)]` on a primary key field: the key is how a write finds its row, \
+             it is never written\n  help: remove `exclude` from this field",
+        ));
+    }
+    if let Some(guard) = Entity::guards(field).next() {
+        errors.push(syn::Error::new(
+            exclude.span(),
+            format!(
+                "`#[occ(exclude)]` on the `{}` field: the guard's own column cannot be \
+                 excluded from the guard\n  help: exclude other fields, such as view counters",
+                guard.ident()
+            ),
         ));
     }
 }

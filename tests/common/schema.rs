@@ -9,6 +9,7 @@ diesel::table! {
         quantity -> Integer,
         gift_message -> Nullable<Text>,
         version -> BigInt,
+        views -> BigInt,
     }
 }
 

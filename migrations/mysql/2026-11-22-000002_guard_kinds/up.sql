@@ -1,3 +1,4 @@
+-- What the guard kinds beyond the version column need.
 -- A table guarded by its last-modified timestamp instead of a version column.
 -- DATETIME(6): microseconds, like PostgreSQL; plain DATETIME keeps whole seconds.
 CREATE TABLE documents (
@@ -6,3 +7,6 @@ CREATE TABLE documents (
     hits BIGINT NOT NULL DEFAULT 0,
     last_modified DATETIME(6) NOT NULL
 );
+
+-- A view counter on orders: written without the guard (#[occ(exclude)]).
+ALTER TABLE orders ADD COLUMN views BIGINT NOT NULL DEFAULT 0;

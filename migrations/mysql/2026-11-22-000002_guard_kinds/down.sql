@@ -1,0 +1,2 @@
+DROP TABLE documents;
+ALTER TABLE orders DROP COLUMN views;
