@@ -20,6 +20,9 @@ pub trait OccBackend: Backend + Default {
     /// write that usually follows (see [`LatestRead`](crate::statement::LatestRead)).
     const LOCKING_READ: &'static str;
 
+    /// The NULL-safe equality operator, with spaces: `a <op> b` is true when both are NULL.
+    const NULL_SAFE_EQ: &'static str;
+
     /// Why `error`, just returned by a statement on `conn`, can be fixed by running the
     /// transaction again; `None` for every other error.
     ///
@@ -57,6 +60,7 @@ impl OccBackend for diesel::sqlite::Sqlite {
     // SQLite has no row locks: a transaction whose snapshot is stale cannot write at all
     // (busy), so a plain read inside it is already the latest one it can act on.
     const LOCKING_READ: &'static str = "";
+    const NULL_SAFE_EQ: &'static str = " IS ";
 
     fn render<F: QueryFragment<Self> + ?Sized>(fragment: &F) -> QueryResult<String> {
         render_with(fragment)
@@ -69,6 +73,7 @@ impl OccBackend for diesel::pg::Pg {
     // REPEATABLE READ and SERIALIZABLE a row changed after the snapshot fails at once with
     // a serialization failure (retryable) instead of showing the snapshot's stale row.
     const LOCKING_READ: &'static str = " FOR NO KEY UPDATE";
+    const NULL_SAFE_EQ: &'static str = " IS NOT DISTINCT FROM ";
 
     fn render<F: QueryFragment<Self> + ?Sized>(fragment: &F) -> QueryResult<String> {
         render_with(fragment)
@@ -80,6 +85,7 @@ impl OccBackend for diesel::mysql::Mysql {
     // A current read at every isolation level. `LOCK IN SHARE MODE` deadlocks at READ
     // COMMITTED when the caller then writes the row while another stale writer waits.
     const LOCKING_READ: &'static str = " FOR UPDATE";
+    const NULL_SAFE_EQ: &'static str = " <=> ";
 
     fn retry_reason<C>(conn: &mut C, error: &DieselError) -> Option<RetryReason>
     where

@@ -222,6 +222,8 @@ pub enum Token {
     Version(i128),
     /// A last-modified timestamp, as UTC with microseconds.
     Timestamp(String),
+    /// The compared columns' values of a pre-image guard, rendered with `Debug`.
+    PreImage(String),
 }
 
 impl fmt::Display for Token {
@@ -229,6 +231,7 @@ impl fmt::Display for Token {
         match self {
             Token::Version(v) => write!(f, "version {v}"),
             Token::Timestamp(t) => write!(f, "last modified {t}"),
+            Token::PreImage(values) => write!(f, "values {values}"),
         }
     }
 }

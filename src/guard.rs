@@ -91,3 +91,14 @@ pub trait GuardKind {
     /// The token as conflicts and messages show it.
     fn describe(token: &Self::Token) -> Token;
 }
+
+/// A guard kind whose token moves on with every write (a version, a timestamp), so a copy
+/// can record the new token and be saved again. A pre-image guard's token is the values a
+/// copy was read with; such a copy is saved with
+/// [`guarded_save_from`](crate::GuardedWrite::guarded_save_from) instead.
+#[diagnostic::on_unimplemented(
+    message = "a pre-image guard compares the values a copy was read with, so a modified copy cannot prove itself",
+    label = "save the modified copy with `guarded_save_from(conn, &original)`",
+    note = "`guarded_save` and `guarded_touch` need a guard whose token advances: `#[occ(version)]` or `#[occ(last_modified)]`"
+)]
+pub trait Advancing: GuardKind {}

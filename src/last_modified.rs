@@ -22,7 +22,7 @@ use diesel::sql_types::SqlType;
 use diesel::Column;
 
 use crate::error::Token;
-use crate::guard::GuardKind;
+use crate::guard::{Advancing, GuardKind};
 use crate::statement::ColumnEq;
 
 /// Where "now" comes from. [`SystemClock`] unless the field names another with
@@ -150,6 +150,8 @@ where
         )
     }
 }
+
+impl<Col, Ts, K, P> Advancing for LastModifiedGuard<Col, Ts, K, P> where Self: GuardKind {}
 
 #[cfg(test)]
 mod tests {

@@ -90,6 +90,7 @@ pub mod guard;
 pub mod last_modified;
 mod names;
 pub mod pool;
+pub mod pre_image;
 pub mod statement;
 pub mod update;
 pub mod version;

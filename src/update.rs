@@ -10,7 +10,7 @@ use diesel::{OptionalExtension, QueryResult, RunQueryDsl, Selectable, Selectable
 
 use crate::backend::OccBackend;
 use crate::error::{Conflict, Error};
-use crate::guard::{GuardKind, Guarded, TokenOf};
+use crate::guard::{Advancing, GuardKind, Guarded, TokenOf};
 use crate::names::table_name;
 use crate::statement::{
     assigned_columns, CompareAndSet, GuardedDelete, GuardedUpdate, LatestRead, NoChanges, Unguarded,
@@ -212,11 +212,35 @@ pub trait GuardedWrite: Guarded {
     where
         C: LoadConnection,
         C::Backend: OccBackend,
+        Self::Guard: Advancing,
         UpdateOf<Self, <Self::Changes as AsChangeset>::Changeset>:
             ExecuteDsl<C> + CompareAndSet<C::Backend>,
         Self: LoadByKey<C>,
     {
         let next = self.guarded_update(conn, self.changes())?;
+        self.set_token(next.clone());
+        Ok(next)
+    }
+
+    /// Writes every updatable field of this modified copy if the row still holds the
+    /// token `original` was read with, and records the new token in this copy. The way to
+    /// save with a pre-image guard, whose token is the values read (the modified copy no
+    /// longer has them); with any guard, the way to save a copy edited apart from the one
+    /// read (a form bound to a new struct).
+    fn guarded_save_from<C>(
+        &mut self,
+        conn: &mut C,
+        original: &Self,
+    ) -> Result<TokenOf<Self>, Error>
+    where
+        C: LoadConnection,
+        C::Backend: OccBackend,
+        UpdateOf<Self, <Self::Changes as AsChangeset>::Changeset>:
+            ExecuteDsl<C> + CompareAndSet<C::Backend>,
+        Self: LoadByKey<C>,
+    {
+        let next =
+            Self::guarded_update_by_key(conn, &original.key(), &original.token(), self.changes())?;
         self.set_token(next.clone());
         Ok(next)
     }
@@ -228,6 +252,7 @@ pub trait GuardedWrite: Guarded {
     where
         C: LoadConnection,
         C::Backend: OccBackend,
+        Self::Guard: Advancing,
         UpdateOf<Self, NoChanges<Self::Table>>: ExecuteDsl<C> + CompareAndSet<C::Backend>,
         Self: LoadByKey<C>,
     {

@@ -7,7 +7,7 @@ use diesel::sql_types::{BigInt, Integer, SmallInt};
 use diesel::{Column, Expression};
 
 use crate::error::Token;
-use crate::guard::GuardKind;
+use crate::guard::{Advancing, GuardKind};
 use crate::statement::ColumnEq;
 
 /// The version-column guard (`#[occ(version)]`): `version = ?` proves the row, `version =
@@ -35,6 +35,8 @@ where
         Token::Version(token.widen())
     }
 }
+
+impl<Col, V> Advancing for VersionGuard<Col, V> where Self: GuardKind {}
 
 /// The integer types a version column may have.
 ///

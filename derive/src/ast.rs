@@ -11,6 +11,9 @@ pub struct Entity<'a> {
     pub table: Path,
     /// Key column names, from `#[diesel(primary_key(...))]` or `id`.
     pub primary_key: Vec<Ident>,
+    /// `#[occ(pre_image)]` on the struct: every column but the key and excluded ones is
+    /// compared.
+    pub pre_image: Option<Ident>,
     pub fields: Vec<Field<'a>>,
 }
 
@@ -41,7 +44,7 @@ impl<'a> Entity<'a> {
             ));
         }
         let mut errors = Errors::default();
-        attr::occ_container_attrs(&input.attrs, &mut errors);
+        let pre_image = attr::occ_container_attrs(&input.attrs, &mut errors);
         let diesel = attr::diesel_container(&input.attrs)?;
         let table = diesel
             .table_name
@@ -91,6 +94,7 @@ impl<'a> Entity<'a> {
             ident: &input.ident,
             table,
             primary_key,
+            pre_image,
             fields,
         })
     }
@@ -99,7 +103,15 @@ impl<'a> Entity<'a> {
     pub fn excluded<'f>(field: &'f Field<'_>) -> Option<&'f Ident> {
         field.occ.iter().find_map(|attr| match attr {
             OccAttr::Exclude(ident) => Some(ident),
-            OccAttr::Guard(_) => None,
+            _ => None,
+        })
+    }
+
+    /// The field's `#[occ(compare)]`, if it has one.
+    pub fn compared<'f>(field: &'f Field<'_>) -> Option<&'f Ident> {
+        field.occ.iter().find_map(|attr| match attr {
+            OccAttr::Compare(ident) => Some(ident),
+            _ => None,
         })
     }
 
@@ -107,7 +119,7 @@ impl<'a> Entity<'a> {
     pub fn guards<'f>(field: &'f Field<'_>) -> impl Iterator<Item = &'f GuardAttr> {
         field.occ.iter().filter_map(|attr| match attr {
             OccAttr::Guard(guard) => Some(guard),
-            OccAttr::Exclude(_) => None,
+            _ => None,
         })
     }
 

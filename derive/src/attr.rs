@@ -8,7 +8,7 @@ use syn::spanned::Spanned;
 use syn::{Attribute, Ident, Path, Token, Type};
 
 /// The field attributes of `#[occ(...)]`, for "expected one of" messages.
-const OCC_FIELD_ATTRIBUTES: &str = "`version`, `last_modified`, `exclude`";
+const OCC_FIELD_ATTRIBUTES: &str = "`version`, `last_modified`, `compare`, `exclude`";
 
 /// The precisions `last_modified(precision = "...")` accepts, with the library's type.
 const PRECISIONS: [(&str, &str); 3] = [
@@ -23,6 +23,8 @@ pub enum OccAttr {
     Guard(GuardAttr),
     /// `#[occ(exclude)]`: writes to this field neither check nor advance the token.
     Exclude(Ident),
+    /// `#[occ(compare)]`: the field's old value is part of the pre-image guard.
+    Compare(Ident),
 }
 
 /// The guard kinds a field can carry.
@@ -93,11 +95,18 @@ pub fn occ_field_attrs(attrs: &[Attribute], errors: &mut Errors) -> Vec<OccAttr>
                 }
                 found.push(OccAttr::Guard(GuardAttr::Version(ident)));
                 Ok(())
-            } else if ident == "exclude" {
+            } else if ident == "exclude" || ident == "compare" {
                 if !meta.input.is_empty() && !meta.input.peek(Token![,]) {
-                    return Err(malformed(meta.input.span(), "`exclude` takes no value"));
+                    return Err(malformed(
+                        meta.input.span(),
+                        &format!("`{ident}` takes no value"),
+                    ));
                 }
-                found.push(OccAttr::Exclude(ident));
+                found.push(if ident == "exclude" {
+                    OccAttr::Exclude(ident)
+                } else {
+                    OccAttr::Compare(ident)
+                });
                 Ok(())
             } else if ident == "last_modified" {
                 found.push(OccAttr::Guard(last_modified(ident, &meta)?));
@@ -162,15 +171,28 @@ fn last_modified(ident: Ident, meta: &syn::meta::ParseNestedMeta<'_>) -> syn::Re
     })
 }
 
-/// Rejects `#[occ(...)]` on the struct itself: every occ attribute so far is a field's.
-pub fn occ_container_attrs(attrs: &[Attribute], errors: &mut Errors) {
+/// Reads the struct's own `#[occ(...)]`: `pre_image` is the one container attribute;
+/// everything else goes on a field.
+pub fn occ_container_attrs(attrs: &[Attribute], errors: &mut Errors) -> Option<Ident> {
+    let mut pre_image = None;
     for attr in attrs.iter().filter(|a| a.path().is_ident("occ")) {
-        errors.push(syn::Error::new_spanned(
-            attr,
-            "`#[occ(...)]` goes on a field, not on the struct\n  \
-             help: mark the guard field: `#[occ(version)] version: i64`",
-        ));
+        let parsed = attr.parse_nested_meta(|meta| {
+            if meta.path.is_ident("pre_image") && meta.input.is_empty() {
+                pre_image = meta.path.get_ident().cloned();
+                Ok(())
+            } else {
+                Err(syn::Error::new(
+                    meta.path.span(),
+                    "the struct takes only `#[occ(pre_image)]`; the other `occ` attributes \
+                     go on a field\n  help: mark the guard field: `#[occ(version)] version: i64`",
+                ))
+            }
+        });
+        if let Err(e) = parsed {
+            errors.push(e);
+        }
     }
+    pre_image
 }
 
 /// What the derive reads of diesel's container attributes.

@@ -13,7 +13,10 @@ use crate::attr::GuardAttr;
 use crate::valid::Guard;
 
 pub fn guarded(entity: &Entity<'_>, guard: &Guard<'_, '_>) -> TokenStream {
-    let version = guard.field;
+    let token_column = match guard {
+        Guard::Token { field, .. } => Some(&field.column),
+        Guard::PreImage { .. } => None,
+    };
     let ident = entity.ident;
     let table = &entity.table;
     let column = |f: &Field<'_>| {
@@ -86,7 +89,7 @@ pub fn guarded(entity: &Entity<'_>, guard: &Guard<'_, '_>) -> TokenStream {
         .filter(|f| {
             !entity.is_key(f)
                 && !f.skip_update
-                && f.column != version.column
+                && Some(&f.column) != token_column
                 && Entity::excluded(f).is_none()
         })
         .collect();
@@ -120,42 +123,19 @@ pub fn guarded(entity: &Entity<'_>, guard: &Guard<'_, '_>) -> TokenStream {
         (quote!((#(#types,)*)), quote!((#(#values,)*)))
     };
 
-    let version_ty = version.ty;
-    let version_member = &version.member;
-    let version_column = column(version);
-    // Spanned at the field, so that a version type or column the trait bounds refuse
-    // (`String`, a `Nullable` column) is reported there, with the bound's own hint.
-    let version_column = respan(version_column, version.ty.span());
-    let guard_kind = match guard.attr {
-        GuardAttr::Version(_) => quote!(::diesel_occ::VersionGuard<#version_column, #version_ty>),
-        GuardAttr::LastModified {
-            precision, clock, ..
-        } => {
-            let clock = clock
-                .as_ref()
-                .map_or_else(|| quote!(::diesel_occ::SystemClock), |path| quote!(#path));
-            let precision = precision
-                .as_ref()
-                .map_or_else(|| quote!(Micros), |p| quote!(#p));
-            quote!(::diesel_occ::LastModifiedGuard<
-                #version_column,
-                #version_ty,
-                #clock,
-                ::diesel_occ::last_modified::#precision,
-            >)
-        }
-    };
-    let guard_kind = respan(guard_kind, version.ty.span());
-    let guard_type = quote_spanned! {version.ty.span()=>
-        type Guard = #guard_kind;
+    let (guard_kind_items, guard_items) = match guard {
+        Guard::Token { field, attr } => (TokenStream::new(), token_guard(field, attr, &column)),
+        Guard::PreImage { fields } => pre_image_guard(fields, &column, &value),
     };
 
     quote! {
         const _: () = {
+            #guard_kind_items
+
             impl ::diesel_occ::Guarded for #ident {
                 type Key = #key_type;
                 type KeyPredicate = #predicate_type;
-                #guard_type
+                #guard_items
                 type Changes = #changes_type;
                 const EXCLUDED_COLUMNS: &'static [&'static str] = &[#(#excluded_columns),*];
 
@@ -167,20 +147,132 @@ pub fn guarded(entity: &Entity<'_>, guard: &Guard<'_, '_>) -> TokenStream {
                     #predicate
                 }
 
-                fn token(&self) -> #version_ty {
-                    ::std::clone::Clone::clone(&self.#version_member)
-                }
-
-                fn set_token(&mut self, token: #version_ty) {
-                    self.#version_member = token;
-                }
-
                 fn changes(&self) -> Self::Changes {
                     #changes
                 }
             }
         };
     }
+}
+
+/// `type Guard`, `token` and `set_token` for a guard whose token is one field.
+fn token_guard(
+    field: &Field<'_>,
+    attr: &GuardAttr,
+    column: &dyn Fn(&Field<'_>) -> TokenStream,
+) -> TokenStream {
+    let ty = field.ty;
+    let member = &field.member;
+    // Spanned at the field, so that a token type or column the trait bounds refuse
+    // (`String`, a `Nullable` column) is reported there, with the bound's own hint.
+    let col = column(field);
+    let guard_kind = match attr {
+        GuardAttr::Version(_) => quote!(::diesel_occ::VersionGuard<#col, #ty>),
+        GuardAttr::LastModified {
+            precision, clock, ..
+        } => {
+            let clock = clock
+                .as_ref()
+                .map_or_else(|| quote!(::diesel_occ::SystemClock), |path| quote!(#path));
+            let precision = precision
+                .as_ref()
+                .map_or_else(|| quote!(Micros), |p| quote!(#p));
+            quote!(::diesel_occ::LastModifiedGuard<
+                #col,
+                #ty,
+                #clock,
+                ::diesel_occ::last_modified::#precision,
+            >)
+        }
+    };
+    let guard_kind = respan(guard_kind, ty.span());
+    let guard_type = quote_spanned! {ty.span()=>
+        type Guard = #guard_kind;
+    };
+    quote! {
+        #guard_type
+
+        fn token(&self) -> #ty {
+            ::std::clone::Clone::clone(&self.#member)
+        }
+
+        fn set_token(&mut self, token: #ty) {
+            self.#member = token;
+        }
+    }
+}
+
+/// A guard kind of the entity's own whose token is the compared fields' values (as
+/// written, after `serialize_as`), and `type Guard`, `token`, `set_token` for it.
+/// `set_token` does nothing: after a write the copy's fields are the new pre-image.
+fn pre_image_guard(
+    fields: &[&Field<'_>],
+    column: &dyn Fn(&Field<'_>) -> TokenStream,
+    value: &dyn Fn(&Field<'_>, TokenStream) -> (TokenStream, TokenStream),
+) -> (TokenStream, TokenStream) {
+    let mut token_types = Vec::new();
+    let mut token_values = Vec::new();
+    let mut predicate: Option<(TokenStream, TokenStream)> = None;
+    for (i, field) in fields.iter().enumerate() {
+        let member = &field.member;
+        let (ty, v) = value(field, quote!(&self.#member));
+        let col = column(field);
+        let index = syn::Index::from(i);
+        // Spanned at the field: a column that cannot be compared exactly is refused here.
+        let eq_ty = respan(
+            quote!(::diesel_occ::pre_image::NullSafeEq<#col, #ty>),
+            field.ty.span(),
+        );
+        let eq = respan(
+            quote!(<#eq_ty>::new(::std::clone::Clone::clone(&token.#index))),
+            field.ty.span(),
+        );
+        predicate = Some(match predicate {
+            None => (eq_ty, eq),
+            Some((all_ty, all)) => (
+                quote!(::diesel_occ::pre_image::Both<#all_ty, #eq_ty>),
+                quote!(::diesel_occ::pre_image::Both(#all, #eq)),
+            ),
+        });
+        token_types.push(ty);
+        token_values.push(v);
+    }
+    let (predicate_type, predicate) = predicate.expect("validated: at least one field");
+    let kind = quote! {
+        /// The entity's pre-image guard.
+        pub struct PreImage;
+
+        impl ::diesel_occ::GuardKind for PreImage {
+            type Token = (#(#token_types,)*);
+            type Predicate = #predicate_type;
+            type Advance = ::diesel_occ::statement::Unguarded;
+
+            fn predicate(token: &Self::Token) -> Self::Predicate {
+                #predicate
+            }
+
+            fn advance(token: &Self::Token) -> ::std::option::Option<(Self::Advance, Self::Token)> {
+                ::std::option::Option::Some((
+                    ::diesel_occ::statement::Unguarded,
+                    ::std::clone::Clone::clone(token),
+                ))
+            }
+
+            fn describe(token: &Self::Token) -> ::diesel_occ::Token {
+                ::diesel_occ::Token::PreImage(::std::format!("{:?}", token))
+            }
+        }
+    };
+    let items = quote! {
+        type Guard = PreImage;
+
+        fn token(&self) -> (#(#token_types,)*) {
+            (#(#token_values,)*)
+        }
+
+        fn set_token(&mut self, _: (#(#token_types,)*)) {}
+    };
+    (kind, items)
 }
 
 /// `tokens` with every span set to `span`, so that errors about them point there.

@@ -5,27 +5,37 @@ use syn::spanned::Spanned;
 use crate::ast::{Entity, Field};
 use crate::attr::{Errors, GuardAttr};
 
-/// The field that carries the token, and the attribute that says which kind.
-pub struct Guard<'e, 'a> {
-    pub field: &'e Field<'a>,
-    pub attr: &'e GuardAttr,
+/// What guards the entity's writes.
+pub enum Guard<'e, 'a> {
+    /// One field carries the token, of the kind its attribute says.
+    Token {
+        field: &'e Field<'a>,
+        attr: &'e GuardAttr,
+    },
+    /// The old values of these fields are the token.
+    PreImage { fields: Vec<&'e Field<'a>> },
 }
 
 /// Checks the entity and returns its guard.
 pub fn check<'e, 'a>(entity: &'e Entity<'a>) -> syn::Result<Guard<'e, 'a>> {
     let mut errors = Errors::default();
-    let mut guard: Option<Guard<'e, 'a>> = None;
+    let mut token: Option<(&'e Field<'a>, &'e GuardAttr)> = None;
+    let mut compared = Vec::new();
     for field in &entity.fields {
         check_exclude(entity, field, &mut errors);
+        check_compare(entity, field, &mut errors);
+        if Entity::compared(field).is_some() {
+            compared.push(field);
+        }
         for attr in Entity::guards(field) {
-            if let Some(first) = &guard {
+            if let Some((_, first)) = &token {
                 errors.push(syn::Error::new(
                     attr.ident().span(),
                     format!(
                         "a second guard field (`{}` after `{}`): a row has one token, and \
                          guard kinds do not combine\n  help: keep one of them",
                         attr.ident(),
-                        first.attr.ident()
+                        first.ident()
                     ),
                 ));
                 continue;
@@ -39,7 +49,7 @@ pub fn check<'e, 'a>(entity: &'e Entity<'a>) -> syn::Result<Guard<'e, 'a>> {
                     ));
                 }
             }
-            guard = Some(Guard { field, attr });
+            token = Some((field, attr));
             check_guard_field(entity, field, attr, &mut errors);
         }
         check_deserialize_as(entity, field, &mut errors);
@@ -62,16 +72,97 @@ pub fn check<'e, 'a>(entity: &'e Entity<'a>) -> syn::Result<Guard<'e, 'a>> {
             ));
         }
     }
-    if guard.is_none() {
+    let guard = choose_guard(entity, token, compared, &mut errors);
+    errors.finish()?;
+    Ok(guard.expect("an error was reported when there is no guard"))
+}
+
+/// One guard from what the attributes ask for: a pre-image (of all columns, or of the
+/// compared ones) or one token field; kinds do not combine.
+fn choose_guard<'e, 'a>(
+    entity: &'e Entity<'a>,
+    token: Option<(&'e Field<'a>, &'e GuardAttr)>,
+    compared: Vec<&'e Field<'a>>,
+    errors: &mut Errors,
+) -> Option<Guard<'e, 'a>> {
+    let conflicting = |errors: &mut Errors, span: proc_macro2::Span, what: &str| {
+        errors.push(syn::Error::new(
+            span,
+            format!(
+                "{what}: a pre-image guard and a token guard do not combine\n  \
+                 help: keep one of them"
+            ),
+        ));
+    };
+    if let Some(pre_image) = &entity.pre_image {
+        if let Some((_, attr)) = token {
+            conflicting(
+                errors,
+                attr.ident().span(),
+                "`#[occ(pre_image)]` on the struct",
+            );
+        }
+        for field in &compared {
+            let compare = Entity::compared(field).expect("collected as compared");
+            errors.push(syn::Error::new(
+                compare.span(),
+                "`#[occ(compare)]` under `#[occ(pre_image)]`: the struct's pre-image already \
+                 compares every field\n  help: remove `compare`, or `#[occ(pre_image)]` to \
+                 compare named fields only",
+            ));
+        }
+        let fields: Vec<_> = entity
+            .fields
+            .iter()
+            .filter(|f| !entity.is_key(f) && Entity::excluded(f).is_none())
+            .collect();
+        if fields.is_empty() {
+            errors.push(syn::Error::new(
+                pre_image.span(),
+                "`#[occ(pre_image)]` has no field to compare: every field is the key or \
+                 excluded",
+            ));
+            return None;
+        }
+        return Some(Guard::PreImage { fields });
+    }
+    if !compared.is_empty() {
+        if let Some((_, attr)) = token {
+            conflicting(errors, attr.ident().span(), "`#[occ(compare)]` fields");
+            return None;
+        }
+        return Some(Guard::PreImage { fields: compared });
+    }
+    if token.is_none() {
         errors.push(syn::Error::new(
             entity.ident.span(),
-            "`#[derive(Guarded)]` needs a guard field\n  \
-             help: mark it: `#[occ(version)] version: i64` or \
-             `#[occ(last_modified)] updated_at: NaiveDateTime`",
+            "`#[derive(Guarded)]` needs a guard\n  \
+             help: mark a field: `#[occ(version)] version: i64` or \
+             `#[occ(last_modified)] updated_at: NaiveDateTime`, or compare old values: \
+             `#[occ(pre_image)]` on the struct, `#[occ(compare)]` on fields",
         ));
     }
-    errors.finish()?;
-    Ok(guard.expect("checked above"))
+    token.map(|(field, attr)| Guard::Token { field, attr })
+}
+
+/// `#[occ(compare)]` goes on an ordinary field, not the key nor an excluded one.
+fn check_compare(entity: &Entity<'_>, field: &Field<'_>, errors: &mut Errors) {
+    let Some(compare) = Entity::compared(field) else {
+        return;
+    };
+    if entity.is_key(field) {
+        errors.push(syn::Error::new(
+            compare.span(),
+            "`#[occ(compare)]` on a primary key field: the key already finds the row\n  \
+             help: compare other fields",
+        ));
+    }
+    if Entity::excluded(field).is_some() {
+        errors.push(syn::Error::new(
+            compare.span(),
+            "a field cannot be both compared and excluded\n  help: keep one of them",
+        ));
+    }
 }
 
 /// The guard field's type is checked by the compiler against the guard kind's bounds and

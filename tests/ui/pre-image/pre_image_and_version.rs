@@ -1,0 +1,21 @@
+use diesel_occ::Guarded;
+
+diesel::table! {
+    orders (id) {
+        id -> BigInt,
+        note -> Text,
+        version -> BigInt,
+    }
+}
+
+#[derive(Debug, diesel::Queryable, diesel::Selectable, diesel::Identifiable, Guarded)]
+#[diesel(table_name = orders)]
+#[occ(pre_image)]
+struct Order {
+    id: i64,
+    note: String,
+    #[occ(version)]
+    version: i64,
+}
+
+fn main() {}
