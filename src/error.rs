@@ -166,8 +166,8 @@ pub enum Error {
     InvalidData {
         /// The table read.
         table: &'static str,
-        /// The column read.
-        column: &'static str,
+        /// The column (or columns, comma-separated) read.
+        column: String,
         /// What is wrong with it.
         reason: String,
     },

@@ -32,6 +32,10 @@ pub trait Guarded: HasTable + Debug + Send + Sync + Sized + 'static {
     /// How this entity's writes prove and advance their token.
     type Guard: GuardKind;
 
+    /// The columns that hold the token, by SQL name (one for a version or timestamp, the
+    /// compared ones for a pre-image), for messages about unreadable tokens.
+    const GUARD_COLUMNS: &'static [&'static str];
+
     /// The columns of `#[occ(exclude)]` fields, by SQL name: their writes neither check
     /// nor advance the token, and [`guarded_save`](crate::GuardedWrite::guarded_save)
     /// leaves them alone.

@@ -406,7 +406,25 @@ where
                 T::Guard::describe(&current.token()),
                 current,
             ))),
-            Err(e) => classify(conn, e),
+            Err(e) => unreadable::<T, C>(key, e).unwrap_or_else(|e| classify(conn, e)),
         },
     )
+}
+
+/// A row the re-read cannot turn back into the entity: [`Error::InvalidData`] naming the
+/// guard's columns, the likely culprits (a NULL or malformed token makes the guarded
+/// write match nothing, then fails the read that explains it). Other errors are handed
+/// back.
+fn unreadable<T: LoadByKey<C>, C>(key: &T::Key, error: DieselError) -> Result<Error, DieselError> {
+    match error {
+        DieselError::DeserializationError(cause) => Ok(Error::InvalidData {
+            table: T::table_name(),
+            column: T::GUARD_COLUMNS.join(", "),
+            reason: format!(
+                "row {key:?} cannot be read back after the guarded write matched nothing \
+                 (a NULL or malformed token would do this): {cause}"
+            ),
+        }),
+        other => Err(other),
+    }
 }

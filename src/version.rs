@@ -45,7 +45,8 @@ impl<Col, V> Advancing for VersionGuard<Col, V> where Self: GuardKind {}
 /// (SQLite would silently turn `i64::MAX + 1` into a float).
 #[diagnostic::on_unimplemented(
     message = "`{Self}` cannot be a version: use `i16`, `i32` or `i64` (`u16`, `u32`, `u64` for MySQL UNSIGNED columns)",
-    label = "not a version type"
+    label = "not a version type",
+    note = "an `Option<_>` version is refused: a NULL version would let writes skip the check; make the column NOT NULL"
 )]
 pub trait VersionNumber: Copy + Debug + PartialEq + Send + Sync + 'static {
     /// The SQL type of a NOT NULL column holding this version.

@@ -123,6 +123,13 @@ pub fn guarded(entity: &Entity<'_>, guard: &Guard<'_, '_>) -> TokenStream {
         (quote!((#(#types,)*)), quote!((#(#values,)*)))
     };
 
+    let guard_columns: Vec<TokenStream> = match guard {
+        Guard::Token { field, .. } => vec![column(field)],
+        Guard::PreImage { fields } => fields.iter().map(|f| column(f)).collect(),
+    }
+    .into_iter()
+    .map(|col| quote!(<#col as ::diesel_occ::diesel::Column>::NAME))
+    .collect();
     let (guard_kind_items, guard_items) = match guard {
         Guard::Token { field, attr } => (TokenStream::new(), token_guard(field, attr, &column)),
         Guard::PreImage { fields } => pre_image_guard(fields, &column, &value),
@@ -137,6 +144,7 @@ pub fn guarded(entity: &Entity<'_>, guard: &Guard<'_, '_>) -> TokenStream {
                 type KeyPredicate = #predicate_type;
                 #guard_items
                 type Changes = #changes_type;
+                const GUARD_COLUMNS: &'static [&'static str] = &[#(#guard_columns),*];
                 const EXCLUDED_COLUMNS: &'static [&'static str] = &[#(#excluded_columns),*];
 
                 fn key(&self) -> Self::Key {
