@@ -83,6 +83,7 @@
 //! is accepted and left to diesel.
 
 pub mod backend;
+pub mod batch;
 pub mod connection;
 pub mod error;
 pub mod guard;
@@ -96,6 +97,7 @@ pub mod update;
 pub mod version;
 
 pub use backend::OccBackend;
+pub use batch::{BatchMode, BatchReport, GuardedBatch, RowOutcome};
 pub use connection::WriteTransaction;
 pub use error::{Conflict, CurrentRow, Error, RetryReason, Token};
 pub use guard::{GuardKind, Guarded, TokenOf};
