@@ -84,6 +84,7 @@
 
 pub mod backend;
 pub mod batch;
+pub mod bulk;
 pub mod connection;
 pub mod error;
 pub mod guard;
@@ -98,6 +99,7 @@ pub mod version;
 
 pub use backend::OccBackend;
 pub use batch::{BatchMode, BatchReport, GuardedBatch, RowOutcome};
+pub use bulk::{BulkReport, GuardedBulk};
 pub use connection::WriteTransaction;
 pub use error::{Conflict, CurrentRow, Error, RetryReason, Token};
 pub use guard::{GuardKind, Guarded, TokenOf};

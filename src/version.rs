@@ -52,6 +52,9 @@ pub trait VersionNumber: Copy + Debug + PartialEq + Send + Sync + 'static {
     /// The SQL type of a NOT NULL column holding this version.
     type SqlType;
 
+    /// The largest version; a row holding it cannot be written any more.
+    const MAX: Self;
+
     /// The version after this one, or `None` at the type's maximum. Versions never wrap:
     /// a wrapped version would repeat an old token and let a stale copy win.
     fn next(self) -> Option<Self>;
@@ -64,6 +67,7 @@ macro_rules! version_number {
     ($($t:ty => $sql:ty),*) => {$(
         impl VersionNumber for $t {
             type SqlType = $sql;
+            const MAX: Self = <$t>::MAX;
             fn next(self) -> Option<Self> {
                 self.checked_add(1)
             }
