@@ -64,15 +64,23 @@
 //! and reads the attributes they read. It needs `Identifiable` (for the table) and
 //! `Selectable` (to read the current row back after a miss).
 //!
-//! Container attributes (diesel's own):
+//! Container attributes:
 //! - `#[diesel(table_name = path)]`: the `table!` module (default: the struct's name in
 //!   snake case with an `s`, like diesel).
 //! - `#[diesel(primary_key(col, ...))]`: key columns (default `id`); composite keys work.
+//! - `#[occ(pre_image)]`: the guard is the old values of every field but the key and the
+//!   excluded ones ([`pre_image`]).
 //!
-//! Field attributes:
-//! - `#[occ(version)]`: the version column. Exactly one, of type `i16`, `i32` or `i64` (or
-//!   an alias of one), or `u16`, `u32`, `u64` for MySQL `UNSIGNED` columns; the column must
-//!   be NOT NULL and of the matching SQL type ([`VersionColumnFor`]).
+//! Field attributes (one guard per struct; kinds do not combine):
+//! - `#[occ(version)]`: the version column, of type `i16`, `i32` or `i64` (or an alias of
+//!   one), or `u16`, `u32`, `u64` for MySQL `UNSIGNED` columns; the column must be NOT
+//!   NULL and of the matching SQL type ([`VersionColumnFor`]).
+//! - `#[occ(last_modified)]` or `#[occ(last_modified(precision = "seconds", clock =
+//!   my::Clock))]`: a `chrono::NaiveDateTime` or `chrono::DateTime<Utc>` timestamp is the
+//!   token (feature `chrono`; see the `last_modified` module).
+//! - `#[occ(compare)]`: the field's old value is part of a pre-image guard.
+//! - `#[occ(exclude)]`: writes to the field neither check nor advance the token
+//!   ([`GuardedWrite::update_excluded`]), and saves leave it alone.
 //! - `#[diesel(column_name = name)]` or `column_name = "name"`: the field's column, when
 //!   named differently.
 //! - `#[diesel(skip_update)]`: left out of [`GuardedWrite::guarded_save`].
