@@ -106,3 +106,26 @@ pub trait GuardKind {
     note = "`guarded_save` and `guarded_touch` need a guard whose token advances: `#[occ(version)]` or `#[occ(last_modified)]`"
 )]
 pub trait Advancing: GuardKind {}
+
+/// The guard of the implementation the derive emits next to a compile error, so that the
+/// error is the only one; it is never run.
+#[doc(hidden)]
+pub struct Unusable;
+
+impl GuardKind for Unusable {
+    type Token = ();
+    type Predicate = crate::statement::Unguarded;
+    type Advance = crate::statement::Unguarded;
+
+    fn predicate(_: &()) -> Self::Predicate {
+        crate::statement::Unguarded
+    }
+
+    fn advance(_: &()) -> Option<(Self::Advance, ())> {
+        None
+    }
+
+    fn describe(_: &()) -> Token {
+        Token::PreImage("the derive failed".into())
+    }
+}

@@ -15,6 +15,8 @@ pub struct Entity<'a> {
     /// compared.
     pub pre_image: Option<Ident>,
     pub fields: Vec<Field<'a>>,
+    /// diesel's attributes on every field parsed.
+    diesel_ok: bool,
 }
 
 pub struct Field<'a> {
@@ -30,7 +32,10 @@ pub struct Field<'a> {
 }
 
 impl<'a> Entity<'a> {
-    pub fn from_input(input: &'a DeriveInput) -> syn::Result<Self> {
+    /// The entity, with the errors of its own attributes (reported, but the entity is
+    /// still described, so that the derive can emit a stand-in next to them). An `Err`
+    /// means the input cannot be described at all.
+    pub fn from_input(input: &'a DeriveInput) -> syn::Result<(Self, Errors)> {
         let syn::Data::Struct(data) = &input.data else {
             return Err(syn::Error::new(
                 input.ident.span(),
@@ -54,12 +59,14 @@ impl<'a> Entity<'a> {
             .unwrap_or_else(|| vec![Ident::new("id", input.ident.span())]);
 
         let mut fields = Vec::new();
+        let mut diesel_ok = true;
         for (index, field) in data.fields.iter().enumerate() {
             let occ = attr::occ_field_attrs(&field.attrs, &mut errors);
             let diesel = match attr::diesel_field(&field.attrs) {
                 Ok(d) => d,
                 Err(e) => {
                     errors.push(e);
+                    diesel_ok = false;
                     continue;
                 }
             };
@@ -75,6 +82,7 @@ impl<'a> Entity<'a> {
                         field.span(),
                         "a tuple struct field needs `#[diesel(column_name = ...)]`",
                     ));
+                    diesel_ok = false;
                     continue;
                 }
             };
@@ -89,14 +97,26 @@ impl<'a> Entity<'a> {
                 not_a_column: diesel.not_a_column,
             });
         }
-        errors.finish()?;
-        Ok(Entity {
+        let entity = Entity {
             ident: &input.ident,
             table,
             primary_key,
             pre_image,
             fields,
-        })
+            diesel_ok,
+        };
+        Ok((entity, errors))
+    }
+
+    /// Whether diesel's own derives can work on this struct: its attributes parsed and
+    /// its key columns are fields. Only then is a stand-in implementation emitted next to
+    /// an error (it needs diesel's `HasTable`); otherwise it would add errors of its own.
+    pub fn diesel_can_derive(&self) -> bool {
+        self.diesel_ok
+            && self
+                .primary_key
+                .iter()
+                .all(|key| self.fields.iter().any(|f| &f.column == key))
     }
 
     /// The field's `#[occ(exclude)]`, if it has one.

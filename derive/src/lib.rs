@@ -5,6 +5,7 @@
 mod ast;
 mod attr;
 mod expand;
+mod fallback;
 mod valid;
 
 use proc_macro::TokenStream;
@@ -13,8 +14,23 @@ use proc_macro::TokenStream;
 #[proc_macro_derive(Guarded, attributes(occ))]
 pub fn derive_guarded(input: TokenStream) -> TokenStream {
     let input = syn::parse_macro_input!(input as syn::DeriveInput);
-    ast::Entity::from_input(&input)
-        .and_then(|entity| valid::check(&entity).map(|guard| expand::guarded(&entity, &guard)))
-        .unwrap_or_else(syn::Error::into_compile_error)
-        .into()
+    let (entity, attr_errors) = match ast::Entity::from_input(&input) {
+        Ok(described) => described,
+        Err(error) => return error.into_compile_error().into(),
+    };
+    // Guard checks run on attributes that parsed; otherwise they would repeat the error.
+    let expanded = attr_errors
+        .finish()
+        .and_then(|()| valid::check(&entity))
+        .map(|guard| expand::guarded(&entity, &guard));
+    match expanded {
+        Ok(tokens) => tokens.into(),
+        Err(errors) => {
+            let mut out = errors.into_compile_error();
+            if entity.diesel_can_derive() {
+                out.extend(fallback::stub(&input));
+            }
+            out.into()
+        }
+    }
 }

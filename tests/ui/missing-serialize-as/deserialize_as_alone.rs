@@ -8,6 +8,7 @@ diesel::table! {
     }
 }
 
+#[derive(Debug)]
 pub struct Quantity(i32);
 
 impl From<i32> for Quantity {
@@ -16,7 +17,7 @@ impl From<i32> for Quantity {
     }
 }
 
-#[derive(diesel::Queryable, Guarded)]
+#[derive(Debug, diesel::Queryable, diesel::Selectable, diesel::Identifiable, Guarded)]
 #[diesel(table_name = orders)]
 struct Order {
     id: i64,

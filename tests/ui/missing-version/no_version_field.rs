@@ -8,7 +8,7 @@ diesel::table! {
     }
 }
 
-#[derive(diesel::Queryable, Guarded)]
+#[derive(Debug, diesel::Queryable, diesel::Selectable, diesel::Identifiable, Guarded)]
 #[diesel(table_name = orders)]
 struct Order {
     id: i64,

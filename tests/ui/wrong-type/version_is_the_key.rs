@@ -8,7 +8,7 @@ diesel::table! {
     }
 }
 
-#[derive(diesel::Identifiable, Guarded)]
+#[derive(Debug, diesel::Queryable, diesel::Selectable, diesel::Identifiable, Guarded)]
 #[diesel(table_name = orders, primary_key(version))]
 struct Order {
     id: i64,
