@@ -120,6 +120,7 @@ pub use pool::{postgres_pool, PgPool};
 #[cfg(feature = "sqlite")]
 pub use pool::{sqlite_pool, SqlitePool, SqliteSettings};
 pub use pool::{CheckedManager, PoolConfig, Pooled};
+pub use pre_image::{ChangedColumns, GuardedChanges};
 pub use update::{execute_guarded, GuardedWrite, LoadByKey};
 pub use version::{VersionColumnFor, VersionGuard, VersionNumber};
 

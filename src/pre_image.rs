@@ -20,12 +20,18 @@
 use std::marker::PhantomData;
 
 use diesel::backend::Backend;
-use diesel::query_builder::{AstPass, QueryFragment, QueryId};
+use diesel::connection::LoadConnection;
+use diesel::query_builder::{AsChangeset, AstPass, QueryFragment, QueryId};
+use diesel::query_dsl::methods::ExecuteDsl;
 use diesel::serialize::ToSql;
 use diesel::sql_types::HasSqlType;
 use diesel::{Column, QueryResult};
 
 use crate::backend::OccBackend;
+use crate::error::Error;
+use crate::guard::Guarded;
+use crate::statement::{CompareAndSet, GuardedUpdate, Unguarded};
+use crate::update::LoadByKey;
 
 /// SQL types whose values a pre-image guard can compare exactly.
 #[diagnostic::on_unimplemented(
@@ -145,3 +151,93 @@ impl<A: QueryId, B: QueryId> QueryId for Both<A, B> {
     type QueryId = Both<A::QueryId, B::QueryId>;
     const HAS_STATIC_QUERY_ID: bool = A::HAS_STATIC_QUERY_ID && B::HAS_STATIC_QUERY_ID;
 }
+
+/// `<a> AND <b>`, leaving out whichever part is empty (a `None` comparison of a field that
+/// did not change): the predicate of a changed-columns-only write.
+#[derive(Debug, Clone)]
+pub struct AllOf<A, B>(pub A, pub B);
+
+impl<A, B, DB> QueryFragment<DB> for AllOf<A, B>
+where
+    DB: Backend,
+    A: QueryFragment<DB>,
+    B: QueryFragment<DB>,
+{
+    fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, DB>) -> QueryResult<()> {
+        let backend = out.backend();
+        let (first, second) = (!self.0.is_noop(backend)?, !self.1.is_noop(backend)?);
+        if first {
+            self.0.walk_ast(out.reborrow())?;
+        }
+        if first && second {
+            out.push_sql(" AND ");
+        }
+        if second {
+            self.1.walk_ast(out.reborrow())?;
+        }
+        Ok(())
+    }
+}
+
+impl<A, B> QueryId for AllOf<A, B> {
+    type QueryId = ();
+    const HAS_STATIC_QUERY_ID: bool = false;
+}
+
+/// An entity with a `#[occ(pre_image)]` guard that can also be written column by column:
+/// only the fields a modified copy changed are written, and only their old values are
+/// compared (Hibernate's "dirty" optimistic lock). Implemented by the derive.
+pub trait ChangedColumns: Guarded {
+    /// The changed fields' new values (`None` for a field that did not change).
+    type ChangedValues: AsChangeset<Target = Self::Table>;
+
+    /// The changed fields' old values, compared NULL-safely.
+    type OldValues;
+
+    /// What `self` changed since `original`, or `None` when nothing did.
+    fn changed_since(&self, original: &Self) -> Option<(Self::ChangedValues, Self::OldValues)>;
+}
+
+/// The changed-columns `UPDATE` of entity `T`.
+pub type ChangedUpdateOf<T> = GuardedUpdate<
+    <T as diesel::associations::HasTable>::Table,
+    <<T as ChangedColumns>::ChangedValues as AsChangeset>::Changeset,
+    Unguarded,
+    <T as Guarded>::KeyPredicate,
+    <T as ChangedColumns>::OldValues,
+>;
+
+/// Changed-columns writes for every [`ChangedColumns`] entity.
+pub trait GuardedChanges: ChangedColumns {
+    /// Writes the fields this modified copy changed since `original`, if the row still
+    /// holds their old values; fields it did not change may have been changed by others
+    /// meanwhile and are neither compared nor overwritten. Nothing changed: nothing is
+    /// sent. A miss is reported as by [`GuardedWrite`](crate::GuardedWrite): `NotFound`,
+    /// `Conflict` with the current row, or `Refused`.
+    fn guarded_save_changes_from<C>(&self, conn: &mut C, original: &Self) -> Result<(), Error>
+    where
+        C: LoadConnection,
+        C::Backend: OccBackend,
+        ChangedUpdateOf<Self>: ExecuteDsl<C> + CompareAndSet<C::Backend>,
+        Self: LoadByKey<C>,
+    {
+        let Some((changes, predicate)) = self.changed_since(original) else {
+            return Ok(());
+        };
+        let statement = ChangedUpdateOf::<Self>::new(
+            Self::table(),
+            changes.as_changeset(),
+            Unguarded,
+            Self::key_predicate(&original.key()),
+            predicate,
+        );
+        crate::update::run_guarded::<Self, C, _>(
+            conn,
+            &original.key(),
+            &original.token(),
+            statement,
+        )
+    }
+}
+
+impl<T: ChangedColumns> GuardedChanges for T {}

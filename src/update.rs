@@ -373,7 +373,7 @@ impl<T: Guarded> GuardedWrite for T {}
 /// is explained by reading the row again: gone is [`Error::NotFound`]; holding another
 /// token, [`Error::Conflict`] with it; holding the very token expected,
 /// [`Error::Refused`] (nobody else won: the database ignored the write).
-fn run_guarded<T, C, S>(
+pub(crate) fn run_guarded<T, C, S>(
     conn: &mut C,
     key: &T::Key,
     expected: &TokenOf<T>,

@@ -10,7 +10,7 @@ use std::sync::Barrier;
 use common::models::Order;
 use common::schema::orders;
 use diesel::prelude::*;
-use diesel_occ::{Error, Guarded, GuardedWrite, Token};
+use diesel_occ::{Error, Guarded, GuardedChanges, GuardedWrite, Token};
 
 /// A legacy view of `orders` with no version: every column it maps is compared, but for
 /// the excluded view counter.
@@ -224,6 +224,54 @@ for_each_backend! {
 
         let end: QuantityOrder = orders::table.find(1).select(QuantityOrder::as_select()).first(&mut db.conn()).unwrap();
         assert_eq!(end.quantity, 1 + 8 * PER_THREAD as i32, "a lost update");
+    }
+
+    /// Hibernate's "dirty" mode: only the columns this copy changed are compared and
+    /// written, so someone else's change to another column survives.
+    #[test]
+    fn changed_columns_mode_writes_and_compares_only_what_changed() {
+        let Some(db) = db() else { return };
+        let conn = &mut db.conn();
+        insert(conn);
+        let original = legacy(conn);
+        let mut mine = original.clone();
+        mine.note = "mine".into();
+        mine.gift_message = Some("from a NULL".into());
+        diesel::update(orders::table.find(1)).set(orders::quantity.eq(4)).execute(conn).unwrap();
+
+        mine.guarded_save_changes_from(conn, &original).unwrap();
+
+        let stored = legacy(conn);
+        assert_eq!((stored.note.as_str(), stored.gift_message.as_deref()), ("mine", Some("from a NULL")));
+        assert_eq!(stored.quantity, 4, "their change to another column survives");
+    }
+
+    #[test]
+    fn changed_columns_mode_conflicts_on_a_column_both_changed() {
+        let Some(db) = db() else { return };
+        let conn = &mut db.conn();
+        insert(conn);
+        let original = legacy(conn);
+        let mut mine = original.clone();
+        mine.note = "mine".into();
+        diesel::update(orders::table.find(1)).set(orders::note.eq("theirs")).execute(conn).unwrap();
+
+        let err = mine.guarded_save_changes_from(conn, &original).unwrap_err();
+
+        assert_eq!(err.as_conflict().unwrap().current::<LegacyOrder>().unwrap().note, "theirs");
+        assert_eq!(legacy(conn).note, "theirs");
+    }
+
+    /// Nothing changed: nothing is sent (so not even a missing row is noticed).
+    #[test]
+    fn changed_columns_mode_sends_nothing_when_nothing_changed() {
+        let Some(db) = db() else { return };
+        let conn = &mut db.conn();
+        insert(conn);
+        let original = legacy(conn);
+        diesel::delete(orders::table.find(1)).execute(conn).unwrap();
+
+        original.clone().guarded_save_changes_from(conn, &original).unwrap();
     }
 
     #[test]

@@ -134,10 +134,17 @@ pub fn guarded(entity: &Entity<'_>, guard: &Guard<'_, '_>) -> TokenStream {
         Guard::Token { field, attr } => (TokenStream::new(), token_guard(field, attr, &column)),
         Guard::PreImage { fields } => pre_image_guard(fields, &column, &value),
     };
+    let changed_columns = match guard {
+        Guard::PreImage { fields } if entity.pre_image.is_some() => {
+            changed_columns(ident, fields, &column, &value)
+        }
+        _ => TokenStream::new(),
+    };
 
     quote! {
         const _: () = {
             #guard_kind_items
+            #changed_columns
 
             impl ::diesel_occ::Guarded for #ident {
                 type Key = #key_type;
@@ -281,6 +288,76 @@ fn pre_image_guard(
         fn set_token(&mut self, _: (#(#token_types,)*)) {}
     };
     (kind, items)
+}
+
+/// `impl ChangedColumns` for a `#[occ(pre_image)]` entity: per updatable compared field,
+/// its new value and its old value's comparison when the two copies differ.
+fn changed_columns(
+    ident: &syn::Ident,
+    fields: &[&Field<'_>],
+    column: &dyn Fn(&Field<'_>) -> TokenStream,
+    value: &dyn Fn(&Field<'_>, TokenStream) -> (TokenStream, TokenStream),
+) -> TokenStream {
+    let fields: Vec<_> = fields.iter().filter(|f| !f.skip_update).collect();
+    if fields.is_empty() {
+        return TokenStream::new();
+    }
+    let mut change_types = Vec::new();
+    let mut per_field = Vec::new();
+    let mut changes = Vec::new();
+    let mut old: Option<(TokenStream, TokenStream)> = None;
+    for (i, field) in fields.iter().enumerate() {
+        let member = &field.member;
+        let col = column(field);
+        let (ty, new_value) = value(field, quote!(&self.#member));
+        let (_, old_value) = value(field, quote!(&original.#member));
+        let var = quote::format_ident!("field_{}", i);
+        per_field.push(quote! {
+            let #var = {
+                let (new, old): (#ty, #ty) = (#new_value, #old_value);
+                if new == old {
+                    (::std::option::Option::None, ::std::option::Option::None)
+                } else {
+                    changed = true;
+                    (
+                        ::std::option::Option::Some(::diesel_occ::diesel::ExpressionMethods::eq(#col, new)),
+                        ::std::option::Option::Some(
+                            ::diesel_occ::pre_image::NullSafeEq::<#col, #ty>::new(old),
+                        ),
+                    )
+                }
+            };
+        });
+        change_types.push(quote!(::std::option::Option<::diesel_occ::diesel::dsl::Eq<#col, #ty>>));
+        changes.push(quote!(#var.0));
+        let old_ty = quote!(::std::option::Option<::diesel_occ::pre_image::NullSafeEq<#col, #ty>>);
+        old = Some(match old {
+            None => (old_ty, quote!(#var.1)),
+            Some((all_ty, all)) => (
+                quote!(::diesel_occ::pre_image::AllOf<#all_ty, #old_ty>),
+                quote!(::diesel_occ::pre_image::AllOf(#all, #var.1)),
+            ),
+        });
+    }
+    let (old_type, old_values) = old.expect("at least one field");
+    quote! {
+        impl ::diesel_occ::ChangedColumns for #ident {
+            type ChangedValues = (#(#change_types,)*);
+            type OldValues = #old_type;
+
+            fn changed_since(
+                &self,
+                original: &Self,
+            ) -> ::std::option::Option<(Self::ChangedValues, Self::OldValues)> {
+                let mut changed = false;
+                #(#per_field)*
+                if !changed {
+                    return ::std::option::Option::None;
+                }
+                ::std::option::Option::Some(((#(#changes,)*), #old_values))
+            }
+        }
+    }
 }
 
 /// `tokens` with every span set to `span`, so that errors about them point there.
