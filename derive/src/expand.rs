@@ -312,6 +312,10 @@ fn changed_columns(
         let (ty, new_value) = value(field, quote!(&self.#member));
         let (_, old_value) = value(field, quote!(&original.#member));
         let var = quote::format_ident!("field_{}", i);
+        let compare_old = respan(
+            quote!(::diesel_occ::pre_image::NullSafeEq::<#col, #ty>::new(old)),
+            field.ty.span(),
+        );
         per_field.push(quote! {
             let #var = {
                 let (new, old): (#ty, #ty) = (#new_value, #old_value);
@@ -321,16 +325,17 @@ fn changed_columns(
                     changed = true;
                     (
                         ::std::option::Option::Some(::diesel_occ::diesel::ExpressionMethods::eq(#col, new)),
-                        ::std::option::Option::Some(
-                            ::diesel_occ::pre_image::NullSafeEq::<#col, #ty>::new(old),
-                        ),
+                        ::std::option::Option::Some(#compare_old),
                     )
                 }
             };
         });
         change_types.push(quote!(::std::option::Option<::diesel_occ::diesel::dsl::Eq<#col, #ty>>));
         changes.push(quote!(#var.0));
-        let old_ty = quote!(::std::option::Option<::diesel_occ::pre_image::NullSafeEq<#col, #ty>>);
+        let old_ty = respan(
+            quote!(::std::option::Option<::diesel_occ::pre_image::NullSafeEq<#col, #ty>>),
+            field.ty.span(),
+        );
         old = Some(match old {
             None => (old_ty, quote!(#var.1)),
             Some((all_ty, all)) => (
