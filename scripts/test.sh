@@ -99,6 +99,7 @@ cargo clippy --lib --no-default-features --features postgres -- -D warnings
 cargo clippy --lib --no-default-features --features mysql -- -D warnings
 step "cargo doc"
 cargo doc --no-deps --all-features
-step "the demo"
+step "the demos"
 cargo run --example two_editors
+cargo run --example legacy_table
 step "all checks passed"
