@@ -351,28 +351,15 @@ pub trait GuardedWrite: Guarded {
             conn,
             statement,
             || (Self::table_name(), format!("{key:?}")),
-            |conn| match Self::load_by_key(conn, key) {
-                Ok(None) => Error::NotFound {
-                    table: Self::table_name(),
-                    key: format!("{key:?}"),
-                },
-                Ok(Some(current)) => Error::Refused {
-                    table: Self::table_name(),
-                    key: format!("{key:?}"),
-                    token: Self::Guard::describe(&current.token()),
-                },
-                Err(e) => classify(conn, e),
-            },
+            |conn| explain_miss::<Self, C>(conn, key, None),
         )
     }
 }
 
 impl<T: Guarded> GuardedWrite for T {}
 
-/// Runs a guarded `statement` on the row with `key`, expected to hold `expected`. A miss
-/// is explained by reading the row again: gone is [`Error::NotFound`]; holding another
-/// token, [`Error::Conflict`] with it; holding the very token expected,
-/// [`Error::Refused`] (nobody else won: the database ignored the write).
+/// Runs a guarded `statement` on the row with `key`, expected to hold `expected`; a miss
+/// is explained by [`explain_miss`].
 pub(crate) fn run_guarded<T, C, S>(
     conn: &mut C,
     key: &T::Key,
@@ -389,26 +376,44 @@ where
         conn,
         statement,
         || (T::table_name(), format!("{key:?}")),
-        |conn| match T::load_by_key(conn, key) {
-            Ok(None) => Error::NotFound {
-                table: T::table_name(),
-                key: format!("{key:?}"),
-            },
-            Ok(Some(current)) if current.token() == *expected => Error::Refused {
-                table: T::table_name(),
-                key: format!("{key:?}"),
-                token: T::Guard::describe(expected),
-            },
-            Ok(Some(current)) => Error::Conflict(Box::new(Conflict::new(
-                T::table_name(),
-                format!("{key:?}"),
-                T::Guard::describe(expected),
-                T::Guard::describe(&current.token()),
-                current,
-            ))),
-            Err(e) => unreadable::<T, C>(key, e).unwrap_or_else(|e| classify(conn, e)),
-        },
+        |conn| explain_miss::<T, C>(conn, key, Some(expected)),
     )
+}
+
+/// Why a write on the row with `key` matched nothing, from a read of the latest row:
+/// gone is [`Error::NotFound`]; holding another token than `expected`,
+/// [`Error::Conflict`] with it; holding the expected token (or, for an unguarded write
+/// with no `expected`, any), [`Error::Refused`]: nobody else won, the database ignored
+/// the write. A row that cannot be read is [`Error::InvalidData`].
+fn explain_miss<T, C>(conn: &mut C, key: &T::Key, expected: Option<&TokenOf<T>>) -> Error
+where
+    T: LoadByKey<C>,
+    C: LoadConnection,
+    C::Backend: OccBackend,
+{
+    match T::load_by_key(conn, key) {
+        Ok(None) => Error::NotFound {
+            table: T::table_name(),
+            key: format!("{key:?}"),
+        },
+        Ok(Some(current)) => match expected {
+            Some(expected) if current.token() != *expected => {
+                Error::Conflict(Box::new(Conflict::new(
+                    T::table_name(),
+                    format!("{key:?}"),
+                    T::Guard::describe(expected),
+                    T::Guard::describe(&current.token()),
+                    current,
+                )))
+            }
+            _ => Error::Refused {
+                table: T::table_name(),
+                key: format!("{key:?}"),
+                token: T::Guard::describe(&current.token()),
+            },
+        },
+        Err(e) => unreadable::<T, C>(key, e).unwrap_or_else(|e| classify(conn, e)),
+    }
 }
 
 /// A row the re-read cannot turn back into the entity: [`Error::InvalidData`] naming the
