@@ -130,30 +130,8 @@ where
     const HAS_STATIC_QUERY_ID: bool = true;
 }
 
-/// `<a> AND <b>`: two conditions that must both hold.
-#[derive(Debug, Clone)]
-pub struct Both<A, B>(pub A, pub B);
-
-impl<A, B, DB> QueryFragment<DB> for Both<A, B>
-where
-    DB: Backend,
-    A: QueryFragment<DB>,
-    B: QueryFragment<DB>,
-{
-    fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, DB>) -> QueryResult<()> {
-        self.0.walk_ast(out.reborrow())?;
-        out.push_sql(" AND ");
-        self.1.walk_ast(out.reborrow())
-    }
-}
-
-impl<A: QueryId, B: QueryId> QueryId for Both<A, B> {
-    type QueryId = Both<A::QueryId, B::QueryId>;
-    const HAS_STATIC_QUERY_ID: bool = A::HAS_STATIC_QUERY_ID && B::HAS_STATIC_QUERY_ID;
-}
-
-/// `<a> AND <b>`, leaving out whichever part is empty (a `None` comparison of a field that
-/// did not change): the predicate of a changed-columns-only write.
+/// `<a> AND <b>`: the compared columns of a pre-image, leaving out whichever part is empty
+/// (in a changed-columns write, the `None` comparison of a field that did not change).
 #[derive(Debug, Clone)]
 pub struct AllOf<A, B>(pub A, pub B);
 

@@ -245,8 +245,8 @@ fn pre_image_guard(
         predicate = Some(match predicate {
             None => (eq_ty, eq),
             Some((all_ty, all)) => (
-                quote!(::diesel_occ::pre_image::Both<#all_ty, #eq_ty>),
-                quote!(::diesel_occ::pre_image::Both(#all, #eq)),
+                quote!(::diesel_occ::pre_image::AllOf<#all_ty, #eq_ty>),
+                quote!(::diesel_occ::pre_image::AllOf(#all, #eq)),
             ),
         });
         token_types.push(ty);
