@@ -23,30 +23,17 @@ pub trait WriteTransaction: Connection {
     fn write_transaction<T, E, F>(&mut self, f: F) -> Result<T, E>
     where
         F: FnOnce(&mut Self) -> Result<T, E>,
-        E: From<DieselError>;
+        E: From<DieselError>,
+    {
+        self.transaction(f)
+    }
 }
 
 #[cfg(feature = "postgres")]
-impl WriteTransaction for diesel::PgConnection {
-    fn write_transaction<T, E, F>(&mut self, f: F) -> Result<T, E>
-    where
-        F: FnOnce(&mut Self) -> Result<T, E>,
-        E: From<DieselError>,
-    {
-        self.transaction(f)
-    }
-}
+impl WriteTransaction for diesel::PgConnection {}
 
 #[cfg(feature = "mysql")]
-impl WriteTransaction for diesel::MysqlConnection {
-    fn write_transaction<T, E, F>(&mut self, f: F) -> Result<T, E>
-    where
-        F: FnOnce(&mut Self) -> Result<T, E>,
-        E: From<DieselError>,
-    {
-        self.transaction(f)
-    }
-}
+impl WriteTransaction for diesel::MysqlConnection {}
 
 #[cfg(feature = "sqlite")]
 impl WriteTransaction for diesel::SqliteConnection {

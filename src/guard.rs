@@ -56,7 +56,8 @@ pub trait Guarded: HasTable + Debug + Send + Sync + Sized + 'static {
     /// The token this copy was read with.
     fn token(&self) -> TokenOf<Self>;
 
-    /// Records the token the row holds after a successful write.
+    /// Records the token the row holds after a successful write. A pre-image entity
+    /// records nothing: its fields are its token.
     fn set_token(&mut self, token: TokenOf<Self>);
 
     /// All updatable fields as a changeset, used by

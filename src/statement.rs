@@ -160,6 +160,10 @@ where
 {
     fn assigned_twice(&self) -> QueryResult<Option<String>> {
         let guarded = assigned_columns::<DB, _>(&self.advance)?;
+        if guarded.is_empty() {
+            // Nothing the guard sets (a pre-image, an unguarded write): nothing to clash.
+            return Ok(None);
+        }
         Ok(assigned_columns::<DB, _>(&self.changes)?
             .into_iter()
             .find(|column| guarded.contains(column)))
