@@ -14,12 +14,12 @@
 
 use diesel::connection::LoadConnection;
 use diesel::query_builder::AsChangeset;
-use diesel::query_dsl::methods::ExecuteDsl;
 
 use crate::backend::OccBackend;
+use crate::completion::Complete;
 use crate::connection::WriteTransaction;
 use crate::error::{Conflict, Error, Token};
-use crate::guard::TokenOf;
+use crate::guard::{CompletionOf, TokenOf};
 use crate::statement::CompareAndSet;
 use crate::update::{GuardedWrite, LoadByKey, UpdateOf};
 
@@ -88,7 +88,8 @@ pub trait GuardedBatch: GuardedWrite {
         C::Backend: OccBackend,
         Ch: AsChangeset<Target = Self::Table>,
         I: IntoIterator<Item = (Self::Key, TokenOf<Self>, Ch)>,
-        UpdateOf<Self, Ch::Changeset>: ExecuteDsl<C> + CompareAndSet<C::Backend>,
+        UpdateOf<Self, Ch::Changeset>: CompareAndSet<C::Backend>,
+        CompletionOf<Self>: Complete<C, UpdateOf<Self, Ch::Changeset>, TokenOf<Self>>,
         Self: LoadByKey<C>,
     {
         let run = |conn: &mut C| -> Result<Vec<RowOutcome<TokenOf<Self>>>, Error> {

@@ -68,6 +68,9 @@ pub trait Guarded: HasTable + Debug + Send + Sync + Sized + 'static {
 /// The token type of entity `T`'s guard (the version number, for a version guard).
 pub type TokenOf<T> = <<T as Guarded>::Guard as GuardKind>::Token;
 
+/// How entity `T`'s writes learn their new token (see [`GuardKind::Completion`]).
+pub type CompletionOf<T> = <<T as Guarded>::Guard as GuardKind>::Completion;
+
 /// One kind of guard: the predicate that proves a row still holds a token and the
 /// assignments that advance it. Both are diesel query fragments over the user's schema,
 /// so every kind runs through the same statement and executor.
@@ -84,6 +87,11 @@ pub trait GuardKind {
 
     /// `SET ..., <advance>`: the row moves to the next token.
     type Advance;
+
+    /// How the writer learns the next token: [`Counted`](crate::completion::Counted) when
+    /// [`advance`](Self::advance) computes it,
+    /// [`ReturnedBy`](crate::completion::ReturnedBy) when only the database knows it.
+    type Completion;
 
     /// The predicate for a copy that holds `token`.
     fn predicate(token: &Self::Token) -> Self::Predicate;
@@ -117,6 +125,7 @@ impl GuardKind for Unusable {
     type Token = ();
     type Predicate = crate::statement::Unguarded;
     type Advance = crate::statement::Unguarded;
+    type Completion = crate::completion::Counted;
 
     fn predicate(_: &()) -> Self::Predicate {
         crate::statement::Unguarded

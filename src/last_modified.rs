@@ -132,6 +132,7 @@ where
     type Token = Ts;
     type Predicate = ColumnEq<Col, Ts>;
     type Advance = ColumnEq<Col, Ts>;
+    type Completion = crate::completion::Counted;
 
     fn predicate(token: &Ts) -> Self::Predicate {
         ColumnEq::new(*token)

@@ -93,6 +93,7 @@
 pub mod backend;
 pub mod batch;
 pub mod bulk;
+pub mod completion;
 pub mod connection;
 pub mod error;
 pub mod guard;
@@ -110,7 +111,7 @@ pub use batch::{BatchMode, BatchReport, GuardedBatch, RowOutcome};
 pub use bulk::{BulkReport, GuardedBulk};
 pub use connection::WriteTransaction;
 pub use error::{Conflict, CurrentRow, Error, RetryReason, Token};
-pub use guard::{GuardKind, Guarded, TokenOf};
+pub use guard::{CompletionOf, GuardKind, Guarded, TokenOf};
 #[cfg(feature = "chrono")]
 pub use last_modified::{Clock, LastModifiedGuard, SystemClock};
 #[cfg(feature = "mysql")]

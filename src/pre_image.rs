@@ -209,12 +209,13 @@ pub trait GuardedChanges: ChangedColumns {
             Self::key_predicate(&original.key()),
             predicate,
         );
-        crate::update::run_guarded::<Self, C, _>(
+        crate::update::run_guarded::<Self, C, _, crate::completion::Counted>(
             conn,
             &original.key(),
             &original.token(),
             statement,
         )
+        .map(drop)
     }
 }
 

@@ -9,8 +9,9 @@ use diesel::result::Error as DieselError;
 use diesel::{OptionalExtension, QueryResult, RunQueryDsl, Selectable, SelectableHelper};
 
 use crate::backend::OccBackend;
+use crate::completion::{Complete, Counted};
 use crate::error::{Conflict, Error};
-use crate::guard::{Advancing, GuardKind, Guarded, TokenOf};
+use crate::guard::{Advancing, CompletionOf, GuardKind, Guarded, TokenOf};
 use crate::names::table_name;
 use crate::statement::{
     assigned_columns, CompareAndSet, GuardedDelete, GuardedUpdate, LatestRead, NoChanges, Unguarded,
@@ -20,7 +21,7 @@ use crate::statement::{
 ///
 /// - a changeset that assigns a column the guard sets: [`Error::ChangesetAssignsGuard`],
 ///   before anything is sent.
-/// - 1 row: `Ok(())`.
+/// - 1 row: `Ok` with the new token when the statement read it back (`K`), else `None`.
 /// - 0 rows: `on_miss` explains why (it usually reads the row again by key).
 /// - more rows: [`Error::KeyNotUnique`]; the key does not address one row.
 /// - a database error: [`Error::Ambiguous`] when the connection died outside a
@@ -29,25 +30,26 @@ use crate::statement::{
 ///
 /// Every guard kind runs through here, so they all report outcomes the same way.
 /// `describe` names the table and key for messages; it runs only on the error paths.
-pub fn execute_guarded<C, S>(
+pub fn execute_guarded<C, S, K, Tok>(
     conn: &mut C,
     statement: S,
     describe: impl FnOnce() -> (&'static str, String),
     on_miss: impl FnOnce(&mut C) -> Error,
-) -> Result<(), Error>
+) -> Result<Option<Tok>, Error>
 where
     C: LoadConnection,
     C::Backend: OccBackend,
-    S: ExecuteDsl<C> + CompareAndSet<C::Backend>,
+    S: CompareAndSet<C::Backend>,
+    K: Complete<C, S, Tok>,
 {
     if let Some(column) = statement.assigned_twice()? {
         let (table, _) = describe();
         return Err(Error::ChangesetAssignsGuard { table, column });
     }
-    match ExecuteDsl::execute(statement, conn) {
-        Ok(1) => Ok(()),
-        Ok(0) => Err(on_miss(conn)),
-        Ok(rows) => {
+    match K::run(conn, statement) {
+        Ok((1, token)) => Ok(token),
+        Ok((0, _)) => Err(on_miss(conn)),
+        Ok((rows, _)) => {
             let (table, key) = describe();
             Err(Error::KeyNotUnique { table, key, rows })
         }
@@ -167,7 +169,8 @@ pub trait GuardedWrite: Guarded {
         C: LoadConnection,
         C::Backend: OccBackend,
         Ch: AsChangeset<Target = Self::Table>,
-        UpdateOf<Self, Ch::Changeset>: ExecuteDsl<C> + CompareAndSet<C::Backend>,
+        UpdateOf<Self, Ch::Changeset>: CompareAndSet<C::Backend>,
+        CompletionOf<Self>: Complete<C, UpdateOf<Self, Ch::Changeset>, TokenOf<Self>>,
         Self: LoadByKey<C>,
     {
         Self::guarded_update_by_key(conn, &self.key(), &self.token(), changes)
@@ -185,7 +188,8 @@ pub trait GuardedWrite: Guarded {
         C: LoadConnection,
         C::Backend: OccBackend,
         Ch: AsChangeset<Target = Self::Table>,
-        UpdateOf<Self, Ch::Changeset>: ExecuteDsl<C> + CompareAndSet<C::Backend>,
+        UpdateOf<Self, Ch::Changeset>: CompareAndSet<C::Backend>,
+        CompletionOf<Self>: Complete<C, UpdateOf<Self, Ch::Changeset>, TokenOf<Self>>,
         Self: LoadByKey<C>,
     {
         let Some((advance, next)) = Self::Guard::advance(expected) else {
@@ -202,8 +206,9 @@ pub trait GuardedWrite: Guarded {
             Self::key_predicate(key),
             Self::Guard::predicate(expected),
         );
-        run_guarded::<Self, C, _>(conn, key, expected, statement)?;
-        Ok(next)
+        let returned =
+            run_guarded::<Self, C, _, CompletionOf<Self>>(conn, key, expected, statement)?;
+        Ok(returned.unwrap_or(next))
     }
 
     /// Writes every updatable field of this copy if the row still holds its token, and
@@ -213,8 +218,9 @@ pub trait GuardedWrite: Guarded {
         C: LoadConnection,
         C::Backend: OccBackend,
         Self::Guard: Advancing,
-        UpdateOf<Self, <Self::Changes as AsChangeset>::Changeset>:
-            ExecuteDsl<C> + CompareAndSet<C::Backend>,
+        UpdateOf<Self, <Self::Changes as AsChangeset>::Changeset>: CompareAndSet<C::Backend>,
+        CompletionOf<Self>:
+            Complete<C, UpdateOf<Self, <Self::Changes as AsChangeset>::Changeset>, TokenOf<Self>>,
         Self: LoadByKey<C>,
     {
         let next = self.guarded_update(conn, self.changes())?;
@@ -235,8 +241,9 @@ pub trait GuardedWrite: Guarded {
     where
         C: LoadConnection,
         C::Backend: OccBackend,
-        UpdateOf<Self, <Self::Changes as AsChangeset>::Changeset>:
-            ExecuteDsl<C> + CompareAndSet<C::Backend>,
+        UpdateOf<Self, <Self::Changes as AsChangeset>::Changeset>: CompareAndSet<C::Backend>,
+        CompletionOf<Self>:
+            Complete<C, UpdateOf<Self, <Self::Changes as AsChangeset>::Changeset>, TokenOf<Self>>,
         Self: LoadByKey<C>,
     {
         let next =
@@ -253,7 +260,8 @@ pub trait GuardedWrite: Guarded {
         C: LoadConnection,
         C::Backend: OccBackend,
         Self::Guard: Advancing,
-        UpdateOf<Self, NoChanges<Self::Table>>: ExecuteDsl<C> + CompareAndSet<C::Backend>,
+        UpdateOf<Self, NoChanges<Self::Table>>: CompareAndSet<C::Backend>,
+        CompletionOf<Self>: Complete<C, UpdateOf<Self, NoChanges<Self::Table>>, TokenOf<Self>>,
         Self: LoadByKey<C>,
     {
         let next = self.guarded_update(conn, NoChanges::default())?;
@@ -290,7 +298,7 @@ pub trait GuardedWrite: Guarded {
             Self::key_predicate(key),
             Self::Guard::predicate(expected),
         );
-        run_guarded::<Self, C, _>(conn, key, expected, statement)
+        run_guarded::<Self, C, _, Counted>(conn, key, expected, statement).map(drop)
     }
 
     /// Writes `changes` to this row's excluded fields (`#[occ(exclude)]`: view counters,
@@ -347,32 +355,35 @@ pub trait GuardedWrite: Guarded {
             Self::key_predicate(key),
             Unguarded,
         );
-        execute_guarded(
+        execute_guarded::<_, _, Counted, TokenOf<Self>>(
             conn,
             statement,
             || (Self::table_name(), format!("{key:?}")),
             |conn| explain_miss::<Self, C>(conn, key, None),
         )
+        .map(drop)
     }
 }
 
 impl<T: Guarded> GuardedWrite for T {}
 
-/// Runs a guarded `statement` on the row with `key`, expected to hold `expected`; a miss
-/// is explained by [`explain_miss`].
-pub(crate) fn run_guarded<T, C, S>(
+/// Runs a guarded `statement` on the row with `key`, expected to hold `expected`, the way
+/// `K` says; a miss is explained by [`explain_miss`]. The token the statement read back,
+/// if it reads one.
+pub(crate) fn run_guarded<T, C, S, K>(
     conn: &mut C,
     key: &T::Key,
     expected: &TokenOf<T>,
     statement: S,
-) -> Result<(), Error>
+) -> Result<Option<TokenOf<T>>, Error>
 where
     T: LoadByKey<C>,
     C: LoadConnection,
     C::Backend: OccBackend,
-    S: ExecuteDsl<C> + CompareAndSet<C::Backend>,
+    S: CompareAndSet<C::Backend>,
+    K: Complete<C, S, TokenOf<T>>,
 {
-    execute_guarded(
+    execute_guarded::<C, S, K, TokenOf<T>>(
         conn,
         statement,
         || (T::table_name(), format!("{key:?}")),

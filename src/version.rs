@@ -22,6 +22,7 @@ where
     type Token = V;
     type Predicate = ColumnEq<Col, V>;
     type Advance = ColumnEq<Col, V>;
+    type Completion = crate::completion::Counted;
 
     fn predicate(token: &V) -> Self::Predicate {
         ColumnEq::new(*token)

@@ -261,6 +261,7 @@ fn pre_image_guard(
             type Token = (#(#token_types,)*);
             type Predicate = #predicate_type;
             type Advance = ::diesel_occ::statement::Unguarded;
+            type Completion = ::diesel_occ::completion::Counted;
 
             fn predicate(token: &Self::Token) -> Self::Predicate {
                 #predicate
