@@ -224,6 +224,8 @@ pub enum Token {
     Timestamp(String),
     /// The compared columns' values of a pre-image guard, rendered with `Debug`.
     PreImage(String),
+    /// A PostgreSQL row version (`xmin`, the id of the transaction that wrote the row).
+    RowVersion(u32),
 }
 
 impl fmt::Display for Token {
@@ -232,6 +234,7 @@ impl fmt::Display for Token {
             Token::Version(v) => write!(f, "version {v}"),
             Token::Timestamp(t) => write!(f, "last modified {t}"),
             Token::PreImage(values) => write!(f, "values {values}"),
+            Token::RowVersion(xmin) => write!(f, "row version (xmin) {xmin}"),
         }
     }
 }

@@ -78,6 +78,8 @@
 //! - `#[occ(last_modified)]` or `#[occ(last_modified(precision = "seconds", clock =
 //!   my::Clock))]`: a `chrono::NaiveDateTime` or `chrono::DateTime<Utc>` timestamp is the
 //!   token (feature `chrono`; see the `last_modified` module).
+//! - `#[occ(xmin)]`: PostgreSQL's `xmin` system column is the token (a `u32` field; see the
+//!   `xmin` module, feature `postgres`).
 //! - `#[occ(compare)]`: the field's old value is part of a pre-image guard.
 //! - `#[occ(exclude)]`: writes to the field neither check nor advance the token
 //!   ([`GuardedWrite::update_excluded`]), and saves leave it alone.
@@ -105,6 +107,8 @@ pub mod pre_image;
 pub mod statement;
 pub mod update;
 pub mod version;
+#[cfg(feature = "postgres")]
+pub mod xmin;
 
 pub use backend::OccBackend;
 pub use batch::{BatchMode, BatchReport, GuardedBatch, RowOutcome};

@@ -104,7 +104,9 @@ where
         let guarded = !self.guard.is_noop(backend)?;
         if !changes && !advance {
             return Err(diesel::result::Error::QueryBuilderError(
-                "a guarded update with nothing to set".into(),
+                "a guarded update with nothing to set: the changeset is empty and the guard \
+                 sets nothing itself (an `xmin` or pre-image guard cannot be touched)"
+                    .into(),
             ));
         }
         out.push_sql("UPDATE ");

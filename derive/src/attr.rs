@@ -8,7 +8,7 @@ use syn::spanned::Spanned;
 use syn::{Attribute, Ident, Path, Token, Type};
 
 /// The field attributes of `#[occ(...)]`, for "expected one of" messages.
-const OCC_FIELD_ATTRIBUTES: &str = "`version`, `last_modified`, `compare`, `exclude`";
+const OCC_FIELD_ATTRIBUTES: &str = "`version`, `last_modified`, `xmin`, `compare`, `exclude`";
 
 /// The precisions `last_modified(precision = "...")` accepts, with the library's type.
 const PRECISIONS: [(&str, &str); 3] = [
@@ -31,6 +31,8 @@ pub enum OccAttr {
 pub enum GuardAttr {
     /// `#[occ(version)]`: the version column.
     Version(Ident),
+    /// `#[occ(xmin)]`: PostgreSQL's `xmin` system column.
+    Xmin(Ident),
     /// `#[occ(last_modified)]` or `#[occ(last_modified(precision = "..", clock = path))]`.
     LastModified {
         ident: Ident,
@@ -45,7 +47,9 @@ impl GuardAttr {
     /// The attribute's own word, where errors about it point.
     pub fn ident(&self) -> &Ident {
         match self {
-            GuardAttr::Version(ident) | GuardAttr::LastModified { ident, .. } => ident,
+            GuardAttr::Version(ident)
+            | GuardAttr::Xmin(ident)
+            | GuardAttr::LastModified { ident, .. } => ident,
         }
     }
 }
@@ -89,11 +93,18 @@ pub fn occ_field_attrs(attrs: &[Attribute], errors: &mut Errors) -> Vec<OccAttr>
             let Some(ident) = meta.path.get_ident().cloned() else {
                 return Err(malformed(meta.path.span(), "expected a single word"));
             };
-            if ident == "version" {
+            if ident == "version" || ident == "xmin" {
                 if !meta.input.is_empty() && !meta.input.peek(Token![,]) {
-                    return Err(malformed(meta.input.span(), "`version` takes no value"));
+                    return Err(malformed(
+                        meta.input.span(),
+                        &format!("`{ident}` takes no value"),
+                    ));
                 }
-                found.push(OccAttr::Guard(GuardAttr::Version(ident)));
+                found.push(OccAttr::Guard(if ident == "version" {
+                    GuardAttr::Version(ident)
+                } else {
+                    GuardAttr::Xmin(ident)
+                }));
                 Ok(())
             } else if ident == "exclude" || ident == "compare" {
                 if !meta.input.is_empty() && !meta.input.peek(Token![,]) {

@@ -183,6 +183,7 @@ fn token_guard(
     let col = column(field);
     let guard_kind = match attr {
         GuardAttr::Version(_) => quote!(::diesel_occ::VersionGuard<#col, #ty>),
+        GuardAttr::Xmin(_) => quote!(::diesel_occ::xmin::XminGuard<#col>),
         GuardAttr::LastModified {
             precision, clock, ..
         } => {

@@ -40,6 +40,15 @@ pub fn check<'e, 'a>(entity: &'e Entity<'a>) -> syn::Result<Guard<'e, 'a>> {
                 ));
                 continue;
             }
+            if let GuardAttr::Xmin(ident) = attr {
+                if !cfg!(feature = "postgres") {
+                    errors.push(syn::Error::new(
+                        ident.span(),
+                        "`#[occ(xmin)]` is PostgreSQL's system column and needs diesel-occ's \
+                         `postgres` feature\n  help: use `#[occ(version)]` on other backends",
+                    ));
+                }
+            }
             if let GuardAttr::LastModified { ident, .. } = attr {
                 if !cfg!(feature = "chrono") {
                     errors.push(syn::Error::new(
