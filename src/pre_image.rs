@@ -19,7 +19,6 @@
 
 use std::marker::PhantomData;
 
-use diesel::backend::Backend;
 use diesel::connection::LoadConnection;
 use diesel::query_builder::{AsChangeset, AstPass, QueryFragment, QueryId};
 use diesel::query_dsl::methods::ExecuteDsl;
@@ -132,34 +131,11 @@ where
 
 /// `<a> AND <b>`: the compared columns of a pre-image, leaving out whichever part is empty
 /// (in a changed-columns write, the `None` comparison of a field that did not change).
-#[derive(Debug, Clone)]
-pub struct AllOf<A, B>(pub A, pub B);
+pub type AllOf<A, B> = crate::statement::Joined<A, B, crate::statement::And>;
 
-impl<A, B, DB> QueryFragment<DB> for AllOf<A, B>
-where
-    DB: Backend,
-    A: QueryFragment<DB>,
-    B: QueryFragment<DB>,
-{
-    fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, DB>) -> QueryResult<()> {
-        let backend = out.backend();
-        let (first, second) = (!self.0.is_noop(backend)?, !self.1.is_noop(backend)?);
-        if first {
-            self.0.walk_ast(out.reborrow())?;
-        }
-        if first && second {
-            out.push_sql(" AND ");
-        }
-        if second {
-            self.1.walk_ast(out.reborrow())?;
-        }
-        Ok(())
-    }
-}
-
-impl<A, B> QueryId for AllOf<A, B> {
-    type QueryId = ();
-    const HAS_STATIC_QUERY_ID: bool = false;
+/// Both conditions: `a AND b`.
+pub fn all_of<A, B>(a: A, b: B) -> AllOf<A, B> {
+    crate::statement::Joined(a, b, crate::statement::And)
 }
 
 /// An entity with a `#[occ(pre_image)]` guard that can also be written column by column:

@@ -31,6 +31,11 @@ impl<Col, V> ColumnEq<Col, V> {
             column: PhantomData,
         }
     }
+
+    /// The value compared or assigned.
+    pub fn value(&self) -> &V {
+        &self.value
+    }
 }
 
 impl<Col, V, DB> QueryFragment<DB> for ColumnEq<Col, V>
@@ -302,6 +307,64 @@ impl<T, DB: Backend> QueryFragment<DB> for NoChanges<T> {
     fn is_noop(&self, _: &DB) -> QueryResult<bool> {
         Ok(true)
     }
+}
+
+/// `<a><separator><b>`, leaving out whichever part is empty: assignments joined by `, `
+/// ([`AlsoSet`]) or conditions joined by ` AND ` (a pre-image's `AllOf`).
+#[derive(Debug, Clone, Copy)]
+pub struct Joined<A, B, Sep>(pub A, pub B, pub Sep);
+
+/// What goes between the two parts of a [`Joined`].
+pub trait Separator {
+    /// The SQL between the parts, with spaces.
+    const SQL: &'static str;
+}
+
+/// `, `: between assignments.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Comma;
+
+/// ` AND `: between conditions.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct And;
+
+impl Separator for Comma {
+    const SQL: &'static str = ", ";
+}
+
+impl Separator for And {
+    const SQL: &'static str = " AND ";
+}
+
+/// The guard's assignments and the entity's stamp (`#[occ(updated_at)]`).
+pub type AlsoSet<A, B> = Joined<A, B, Comma>;
+
+impl<A, B, Sep, DB> QueryFragment<DB> for Joined<A, B, Sep>
+where
+    DB: Backend,
+    A: QueryFragment<DB>,
+    B: QueryFragment<DB>,
+    Sep: Separator,
+{
+    fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, DB>) -> QueryResult<()> {
+        let backend = out.backend();
+        let (first, second) = (!self.0.is_noop(backend)?, !self.1.is_noop(backend)?);
+        if first {
+            self.0.walk_ast(out.reborrow())?;
+        }
+        if first && second {
+            out.push_sql(Sep::SQL);
+        }
+        if second {
+            self.1.walk_ast(out.reborrow())?;
+        }
+        Ok(())
+    }
+}
+
+impl<A, B, Sep> QueryId for Joined<A, B, Sep> {
+    type QueryId = ();
+    const HAS_STATIC_QUERY_ID: bool = false;
 }
 
 /// No assignment and no condition: the `advance` and `guard` of an unguarded write.

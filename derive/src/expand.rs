@@ -247,7 +247,7 @@ fn pre_image_guard(
             None => (eq_ty, eq),
             Some((all_ty, all)) => (
                 quote!(::diesel_occ::pre_image::AllOf<#all_ty, #eq_ty>),
-                quote!(::diesel_occ::pre_image::AllOf(#all, #eq)),
+                quote!(::diesel_occ::pre_image::all_of(#all, #eq)),
             ),
         });
         token_types.push(ty);
@@ -342,7 +342,7 @@ fn changed_columns(
             None => (old_ty, quote!(#var.1)),
             Some((all_ty, all)) => (
                 quote!(::diesel_occ::pre_image::AllOf<#all_ty, #old_ty>),
-                quote!(::diesel_occ::pre_image::AllOf(#all, #var.1)),
+                quote!(::diesel_occ::pre_image::all_of(#all, #var.1)),
             ),
         });
     }
