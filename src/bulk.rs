@@ -26,7 +26,7 @@ use diesel::{Column, QueryResult, RunQueryDsl, Table};
 use crate::backend::OccBackend;
 use crate::error::Error;
 use crate::guard::Guarded;
-use crate::statement::{CompareAndSet, GuardedUpdate};
+use crate::statement::{AlsoSet, Comma, CompareAndSet, GuardedUpdate, Joined};
 use crate::update::{classify, LoadByKey};
 use crate::version::{VersionColumnFor, VersionGuard, VersionNumber};
 
@@ -116,7 +116,7 @@ impl<T: Table, F, Cond, Conn> RunQueryDsl<Conn> for CountWhere<T, F, Cond> {}
 pub type BulkUpdateOf<T, Ch, F, Col, V> = GuardedUpdate<
     <T as diesel::associations::HasTable>::Table,
     Ch,
-    Increment<Col>,
+    AlsoSet<Increment<Col>, <T as Guarded>::Stamp>,
     F,
     Maximum<Col, V>,
 >;
@@ -153,7 +153,7 @@ where
         let statement = BulkUpdateOf::<Self, Ch::Changeset, F, Col, V>::new(
             Self::table(),
             changes.as_changeset(),
-            Increment(PhantomData),
+            Joined(Increment(PhantomData), Self::stamp(), Comma),
             filter.clone(),
             Maximum {
                 below: true,

@@ -63,10 +63,24 @@ pub trait Guarded: HasTable + Debug + Send + Sync + Sized + 'static {
     /// All updatable fields as a changeset, used by
     /// [`guarded_save`](crate::GuardedWrite::guarded_save).
     fn changes(&self) -> Self::Changes;
+
+    /// What every guarded write sets besides the guard's own assignments: the
+    /// `#[occ(updated_at)]` column, or [`Unguarded`](crate::statement::Unguarded) (nothing).
+    type Stamp: Clone;
+
+    /// The stamp of a write made now.
+    fn stamp() -> Self::Stamp;
+
+    /// Records in this copy the stamp its write set.
+    fn set_stamp(&mut self, stamp: &Self::Stamp);
 }
 
 /// The token type of entity `T`'s guard (the version number, for a version guard).
 pub type TokenOf<T> = <<T as Guarded>::Guard as GuardKind>::Token;
+
+/// What entity `T`'s writes advance: the guard's assignments and the entity's stamp.
+pub type AdvanceOf<T> =
+    crate::statement::AlsoSet<<<T as Guarded>::Guard as GuardKind>::Advance, <T as Guarded>::Stamp>;
 
 /// How entity `T`'s writes learn their new token (see [`GuardKind::Completion`]).
 pub type CompletionOf<T> = <<T as Guarded>::Guard as GuardKind>::Completion;

@@ -111,6 +111,12 @@ pub fn next_timestamp<Ts: Timestamp, K: Clock, P: Precision>(old: Ts) -> Option<
     Some(Ts::from_utc(now.max(floor)))
 }
 
+/// Now (from `K`) cut to precision `P`: the value an `#[occ(updated_at)]` column gets.
+pub fn stamp_now<Ts: Timestamp, K: Clock, P: Precision>() -> Ts {
+    let now = K::now();
+    Ts::from_utc(truncate::<P>(now).unwrap_or(now))
+}
+
 /// `instant` cut down to a whole number of `P` ticks.
 fn truncate<P: Precision>(instant: DateTime<Utc>) -> Option<DateTime<Utc>> {
     let micros = instant.timestamp_micros();

@@ -156,7 +156,7 @@ pub trait ChangedColumns: Guarded {
 pub type ChangedUpdateOf<T> = GuardedUpdate<
     <T as diesel::associations::HasTable>::Table,
     <<T as ChangedColumns>::ChangedValues as AsChangeset>::Changeset,
-    Unguarded,
+    crate::statement::AlsoSet<Unguarded, <T as Guarded>::Stamp>,
     <T as Guarded>::KeyPredicate,
     <T as ChangedColumns>::OldValues,
 >;
@@ -168,7 +168,7 @@ pub trait GuardedChanges: ChangedColumns {
     /// meanwhile and are neither compared nor overwritten. Nothing changed: nothing is
     /// sent. A miss is reported as by [`GuardedWrite`](crate::GuardedWrite): `NotFound`,
     /// `Conflict` with the current row, or `Refused`.
-    fn guarded_save_changes_from<C>(&self, conn: &mut C, original: &Self) -> Result<(), Error>
+    fn guarded_save_changes_from<C>(&mut self, conn: &mut C, original: &Self) -> Result<(), Error>
     where
         C: LoadConnection,
         C::Backend: OccBackend,
@@ -178,10 +178,11 @@ pub trait GuardedChanges: ChangedColumns {
         let Some((changes, predicate)) = self.changed_since(original) else {
             return Ok(());
         };
+        let stamp = Self::stamp();
         let statement = ChangedUpdateOf::<Self>::new(
             Self::table(),
             changes.as_changeset(),
-            Unguarded,
+            crate::statement::Joined(Unguarded, stamp.clone(), crate::statement::Comma),
             Self::key_predicate(&original.key()),
             predicate,
         );
@@ -190,8 +191,9 @@ pub trait GuardedChanges: ChangedColumns {
             &original.key(),
             &original.token(),
             statement,
-        )
-        .map(drop)
+        )?;
+        self.set_stamp(&stamp);
+        Ok(())
     }
 }
 

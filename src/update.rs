@@ -11,10 +11,11 @@ use diesel::{OptionalExtension, QueryResult, RunQueryDsl, Selectable, Selectable
 use crate::backend::OccBackend;
 use crate::completion::{Complete, Counted};
 use crate::error::{Conflict, Error};
-use crate::guard::{Advancing, CompletionOf, GuardKind, Guarded, TokenOf};
+use crate::guard::{AdvanceOf, Advancing, CompletionOf, GuardKind, Guarded, TokenOf};
 use crate::names::table_name;
 use crate::statement::{
-    assigned_columns, CompareAndSet, GuardedDelete, GuardedUpdate, LatestRead, NoChanges, Unguarded,
+    assigned_columns, Comma, CompareAndSet, GuardedDelete, GuardedUpdate, Joined, LatestRead,
+    NoChanges, Unguarded,
 };
 
 /// Runs one compare-and-set statement and classifies its outcome.
@@ -83,7 +84,7 @@ pub(crate) fn in_transaction<C: Connection>(conn: &mut C) -> bool {
 pub type UpdateOf<T, Ch> = GuardedUpdate<
     <T as diesel::associations::HasTable>::Table,
     Ch,
-    <<T as Guarded>::Guard as GuardKind>::Advance,
+    AdvanceOf<T>,
     <T as Guarded>::KeyPredicate,
     <<T as Guarded>::Guard as GuardKind>::Predicate,
 >;
@@ -192,23 +193,7 @@ pub trait GuardedWrite: Guarded {
         CompletionOf<Self>: Complete<C, UpdateOf<Self, Ch::Changeset>, TokenOf<Self>>,
         Self: LoadByKey<C>,
     {
-        let Some((advance, next)) = Self::Guard::advance(expected) else {
-            return Err(Error::VersionOverflow {
-                table: Self::table_name(),
-                key: format!("{key:?}"),
-                current: Self::Guard::describe(expected),
-            });
-        };
-        let statement = UpdateOf::<Self, Ch::Changeset>::new(
-            Self::table(),
-            changes.as_changeset(),
-            advance,
-            Self::key_predicate(key),
-            Self::Guard::predicate(expected),
-        );
-        let returned =
-            run_guarded::<Self, C, _, CompletionOf<Self>>(conn, key, expected, statement)?;
-        Ok(returned.unwrap_or(next))
+        update_stamped::<Self, C, Ch>(conn, key, expected, changes, Self::stamp())
     }
 
     /// Writes every updatable field of this copy if the row still holds its token, and
@@ -223,8 +208,16 @@ pub trait GuardedWrite: Guarded {
             Complete<C, UpdateOf<Self, <Self::Changes as AsChangeset>::Changeset>, TokenOf<Self>>,
         Self: LoadByKey<C>,
     {
-        let next = self.guarded_update(conn, self.changes())?;
+        let stamp = Self::stamp();
+        let next = update_stamped::<Self, C, _>(
+            conn,
+            &self.key(),
+            &self.token(),
+            self.changes(),
+            stamp.clone(),
+        )?;
         self.set_token(next.clone());
+        self.set_stamp(&stamp);
         Ok(next)
     }
 
@@ -246,9 +239,16 @@ pub trait GuardedWrite: Guarded {
             Complete<C, UpdateOf<Self, <Self::Changes as AsChangeset>::Changeset>, TokenOf<Self>>,
         Self: LoadByKey<C>,
     {
-        let next =
-            Self::guarded_update_by_key(conn, &original.key(), &original.token(), self.changes())?;
+        let stamp = Self::stamp();
+        let next = update_stamped::<Self, C, _>(
+            conn,
+            &original.key(),
+            &original.token(),
+            self.changes(),
+            stamp.clone(),
+        )?;
         self.set_token(next.clone());
+        self.set_stamp(&stamp);
         Ok(next)
     }
 
@@ -264,8 +264,16 @@ pub trait GuardedWrite: Guarded {
         CompletionOf<Self>: Complete<C, UpdateOf<Self, NoChanges<Self::Table>>, TokenOf<Self>>,
         Self: LoadByKey<C>,
     {
-        let next = self.guarded_update(conn, NoChanges::default())?;
+        let stamp = Self::stamp();
+        let next = update_stamped::<Self, C, _>(
+            conn,
+            &self.key(),
+            &self.token(),
+            NoChanges::default(),
+            stamp.clone(),
+        )?;
         self.set_token(next.clone());
+        self.set_stamp(&stamp);
         Ok(next)
     }
 
@@ -366,6 +374,41 @@ pub trait GuardedWrite: Guarded {
 }
 
 impl<T: Guarded> GuardedWrite for T {}
+
+/// The guarded update of the row with `key` from `expected`, with the entity's `stamp`:
+/// what every updating method of [`GuardedWrite`] runs.
+fn update_stamped<T, C, Ch>(
+    conn: &mut C,
+    key: &T::Key,
+    expected: &TokenOf<T>,
+    changes: Ch,
+    stamp: T::Stamp,
+) -> Result<TokenOf<T>, Error>
+where
+    T: LoadByKey<C>,
+    C: LoadConnection,
+    C::Backend: OccBackend,
+    Ch: AsChangeset<Target = T::Table>,
+    UpdateOf<T, Ch::Changeset>: CompareAndSet<C::Backend>,
+    CompletionOf<T>: Complete<C, UpdateOf<T, Ch::Changeset>, TokenOf<T>>,
+{
+    let Some((advance, next)) = T::Guard::advance(expected) else {
+        return Err(Error::VersionOverflow {
+            table: T::table_name(),
+            key: format!("{key:?}"),
+            current: T::Guard::describe(expected),
+        });
+    };
+    let statement = UpdateOf::<T, Ch::Changeset>::new(
+        T::table(),
+        changes.as_changeset(),
+        Joined(advance, stamp, Comma),
+        T::key_predicate(key),
+        T::Guard::predicate(expected),
+    );
+    let returned = run_guarded::<T, C, _, CompletionOf<T>>(conn, key, expected, statement)?;
+    Ok(returned.unwrap_or(next))
+}
 
 /// Runs a guarded `statement` on the row with `key`, expected to hold `expected`, the way
 /// `K` says; a miss is explained by [`explain_miss`]. The token the statement read back,

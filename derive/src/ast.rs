@@ -4,7 +4,7 @@ use proc_macro2::Span;
 use syn::spanned::Spanned;
 use syn::{DeriveInput, Ident, Member, Path, Type};
 
-use crate::attr::{self, Errors, GuardAttr, OccAttr};
+use crate::attr::{self, Errors, GuardAttr, OccAttr, Stamping};
 
 pub struct Entity<'a> {
     pub ident: &'a Ident,
@@ -123,6 +123,14 @@ impl<'a> Entity<'a> {
     pub fn excluded<'f>(field: &'f Field<'_>) -> Option<&'f Ident> {
         field.occ.iter().find_map(|attr| match attr {
             OccAttr::Exclude(ident) => Some(ident),
+            _ => None,
+        })
+    }
+
+    /// The field's `#[occ(updated_at)]`, if it has one.
+    pub fn updated_at<'f>(field: &'f Field<'_>) -> Option<&'f Stamping> {
+        field.occ.iter().find_map(|attr| match attr {
+            OccAttr::UpdatedAt(stamping) => Some(stamping),
             _ => None,
         })
     }

@@ -8,7 +8,8 @@ use syn::spanned::Spanned;
 use syn::{Attribute, Ident, Path, Token, Type};
 
 /// The field attributes of `#[occ(...)]`, for "expected one of" messages.
-const OCC_FIELD_ATTRIBUTES: &str = "`version`, `last_modified`, `xmin`, `compare`, `exclude`";
+const OCC_FIELD_ATTRIBUTES: &str =
+    "`version`, `last_modified`, `xmin`, `compare`, `exclude`, `updated_at`";
 
 /// The precisions `last_modified(precision = "...")` accepts, with the library's type.
 const PRECISIONS: [(&str, &str); 3] = [
@@ -25,6 +26,18 @@ pub enum OccAttr {
     Exclude(Ident),
     /// `#[occ(compare)]`: the field's old value is part of the pre-image guard.
     Compare(Ident),
+    /// `#[occ(updated_at)]` or `#[occ(updated_at(precision = "..", clock = path))]`: set
+    /// to now by every guarded write, not compared.
+    UpdatedAt(Stamping),
+}
+
+/// The options of a timestamp the library sets: `precision` and `clock`.
+pub struct Stamping {
+    pub ident: Ident,
+    /// The library's precision type (`Micros`, `Millis`, `Seconds`), if given.
+    pub precision: Option<Ident>,
+    /// A `diesel_occ::Clock` other than the system clock.
+    pub clock: Option<Path>,
 }
 
 /// The guard kinds a field can carry.
@@ -34,22 +47,15 @@ pub enum GuardAttr {
     /// `#[occ(xmin)]`: PostgreSQL's `xmin` system column.
     Xmin(Ident),
     /// `#[occ(last_modified)]` or `#[occ(last_modified(precision = "..", clock = path))]`.
-    LastModified {
-        ident: Ident,
-        /// The library's precision type (`Micros`, `Millis`, `Seconds`), if given.
-        precision: Option<Ident>,
-        /// A `diesel_occ::Clock` other than the system clock.
-        clock: Option<Path>,
-    },
+    LastModified(Stamping),
 }
 
 impl GuardAttr {
     /// The attribute's own word, where errors about it point.
     pub fn ident(&self) -> &Ident {
         match self {
-            GuardAttr::Version(ident)
-            | GuardAttr::Xmin(ident)
-            | GuardAttr::LastModified { ident, .. } => ident,
+            GuardAttr::Version(ident) | GuardAttr::Xmin(ident) => ident,
+            GuardAttr::LastModified(stamping) => &stamping.ident,
         }
     }
 }
@@ -120,7 +126,12 @@ pub fn occ_field_attrs(attrs: &[Attribute], errors: &mut Errors) -> Vec<OccAttr>
                 });
                 Ok(())
             } else if ident == "last_modified" {
-                found.push(OccAttr::Guard(last_modified(ident, &meta)?));
+                found.push(OccAttr::Guard(GuardAttr::LastModified(stamping(
+                    ident, &meta,
+                )?)));
+                Ok(())
+            } else if ident == "updated_at" {
+                found.push(OccAttr::UpdatedAt(stamping(ident, &meta)?));
                 Ok(())
             } else {
                 Err(syn::Error::new(
@@ -138,9 +149,9 @@ pub fn occ_field_attrs(attrs: &[Attribute], errors: &mut Errors) -> Vec<OccAttr>
     found
 }
 
-/// `last_modified`, bare or with `(precision = "micros" | "millis" | "seconds", clock =
-/// path)`.
-fn last_modified(ident: Ident, meta: &syn::meta::ParseNestedMeta<'_>) -> syn::Result<GuardAttr> {
+/// `last_modified` or `updated_at`, bare or with `(precision = "micros" | "millis" |
+/// "seconds", clock = path)`.
+fn stamping(ident: Ident, meta: &syn::meta::ParseNestedMeta<'_>) -> syn::Result<Stamping> {
     let (mut precision, mut clock) = (None, None);
     if meta.input.peek(syn::token::Paren) {
         meta.parse_nested_meta(|option| {
@@ -163,19 +174,21 @@ fn last_modified(ident: Ident, meta: &syn::meta::ParseNestedMeta<'_>) -> syn::Re
             } else {
                 Err(syn::Error::new(
                     option.path.span(),
-                    "unknown `last_modified` option; expected one of: `precision`, `clock`\n  \
-                     help: the correct format looks like \
-                     `#[occ(last_modified(precision = \"seconds\", clock = my::Clock))]`",
+                    format!(
+                        "unknown `{ident}` option; expected one of: `precision`, `clock`\n  \
+                         help: the correct format looks like \
+                         `#[occ({ident}(precision = \"seconds\", clock = my::Clock))]`"
+                    ),
                 ))
             }
         })?;
     } else if !meta.input.is_empty() && !meta.input.peek(Token![,]) {
         return Err(malformed(
             meta.input.span(),
-            "`last_modified` takes its options in parentheses",
+            &format!("`{ident}` takes its options in parentheses"),
         ));
     }
-    Ok(GuardAttr::LastModified {
+    Ok(Stamping {
         ident,
         precision,
         clock,

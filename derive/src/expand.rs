@@ -9,7 +9,7 @@ use quote::{quote, quote_spanned};
 use syn::spanned::Spanned;
 
 use crate::ast::{Entity, Field};
-use crate::attr::GuardAttr;
+use crate::attr::{GuardAttr, Stamping};
 use crate::valid::Guard;
 
 pub fn guarded(entity: &Entity<'_>, guard: &Guard<'_, '_>) -> TokenStream {
@@ -91,6 +91,7 @@ pub fn guarded(entity: &Entity<'_>, guard: &Guard<'_, '_>) -> TokenStream {
                 && !f.skip_update
                 && Some(&f.column) != token_column
                 && Entity::excluded(f).is_none()
+                && Entity::updated_at(f).is_none()
         })
         .collect();
     let excluded_columns: Vec<TokenStream> = entity
@@ -134,6 +135,7 @@ pub fn guarded(entity: &Entity<'_>, guard: &Guard<'_, '_>) -> TokenStream {
         Guard::Token { field, attr } => (TokenStream::new(), token_guard(field, attr, &column)),
         Guard::PreImage { fields } => pre_image_guard(fields, &column, &value),
     };
+    let stamp = stamp_items(entity, &column);
     let changed_columns = match guard {
         Guard::PreImage { fields } if entity.pre_image.is_some() => {
             changed_columns(ident, fields, &column, &value)
@@ -165,6 +167,8 @@ pub fn guarded(entity: &Entity<'_>, guard: &Guard<'_, '_>) -> TokenStream {
                 fn changes(&self) -> Self::Changes {
                     #changes
                 }
+
+                #stamp
             }
         };
     }
@@ -184,21 +188,9 @@ fn token_guard(
     let guard_kind = match attr {
         GuardAttr::Version(_) => quote!(::diesel_occ::VersionGuard<#col, #ty>),
         GuardAttr::Xmin(_) => quote!(::diesel_occ::xmin::XminGuard<#col>),
-        GuardAttr::LastModified {
-            precision, clock, ..
-        } => {
-            let clock = clock
-                .as_ref()
-                .map_or_else(|| quote!(::diesel_occ::SystemClock), |path| quote!(#path));
-            let precision = precision
-                .as_ref()
-                .map_or_else(|| quote!(Micros), |p| quote!(#p));
-            quote!(::diesel_occ::LastModifiedGuard<
-                #col,
-                #ty,
-                #clock,
-                ::diesel_occ::last_modified::#precision,
-            >)
+        GuardAttr::LastModified(stamping) => {
+            let (clock, precision) = clock_and_precision(stamping);
+            quote!(::diesel_occ::LastModifiedGuard<#col, #ty, #clock, #precision>)
         }
     };
     let guard_kind = respan(guard_kind, ty.span());
@@ -290,6 +282,60 @@ fn pre_image_guard(
         fn set_token(&mut self, _: (#(#token_types,)*)) {}
     };
     (kind, items)
+}
+
+/// The clock and precision types a timestamp the library sets is computed with.
+fn clock_and_precision(stamping: &Stamping) -> (TokenStream, TokenStream) {
+    let clock = stamping
+        .clock
+        .as_ref()
+        .map_or_else(|| quote!(::diesel_occ::SystemClock), |path| quote!(#path));
+    let precision = stamping
+        .precision
+        .as_ref()
+        .map_or_else(|| quote!(Micros), |p| quote!(#p));
+    (clock, quote!(::diesel_occ::last_modified::#precision))
+}
+
+/// `type Stamp`, `stamp` and `set_stamp`: the `#[occ(updated_at)]` field set to now by
+/// every guarded write, or nothing.
+fn stamp_items(entity: &Entity<'_>, column: &dyn Fn(&Field<'_>) -> TokenStream) -> TokenStream {
+    let stamped = entity
+        .fields
+        .iter()
+        .find_map(|f| Entity::updated_at(f).map(|s| (f, s)));
+    let Some((field, stamping)) = stamped else {
+        return quote! {
+            type Stamp = ::diesel_occ::statement::Unguarded;
+
+            fn stamp() -> Self::Stamp {
+                ::diesel_occ::statement::Unguarded
+            }
+
+            fn set_stamp(&mut self, _: &Self::Stamp) {}
+        };
+    };
+    let (clock, precision) = clock_and_precision(stamping);
+    let (col, ty, member) = (column(field), field.ty, &field.member);
+    let stamp_type = respan(
+        quote!(::diesel_occ::statement::ColumnEq<#col, #ty>),
+        ty.span(),
+    );
+    let now = respan(
+        quote!(::diesel_occ::last_modified::stamp_now::<#ty, #clock, #precision>()),
+        ty.span(),
+    );
+    quote! {
+        type Stamp = #stamp_type;
+
+        fn stamp() -> Self::Stamp {
+            ::diesel_occ::statement::ColumnEq::new(#now)
+        }
+
+        fn set_stamp(&mut self, stamp: &Self::Stamp) {
+            self.#member = ::std::clone::Clone::clone(stamp.value());
+        }
+    }
 }
 
 /// `impl ChangedColumns` for a `#[occ(pre_image)]` entity: per updatable compared field,

@@ -39,6 +39,14 @@ pub fn stub(input: &DeriveInput) -> TokenStream {
                 fn changes(&self) -> Self::Changes {
                     ::std::default::Default::default()
                 }
+
+                type Stamp = ::diesel_occ::statement::Unguarded;
+
+                fn stamp() -> Self::Stamp {
+                    ::diesel_occ::statement::Unguarded
+                }
+
+                fn set_stamp(&mut self, _: &Self::Stamp) {}
             }
         };
     }

@@ -49,10 +49,10 @@ pub fn check<'e, 'a>(entity: &'e Entity<'a>) -> syn::Result<Guard<'e, 'a>> {
                     ));
                 }
             }
-            if let GuardAttr::LastModified { ident, .. } = attr {
+            if let GuardAttr::LastModified(stamping) = attr {
                 if !cfg!(feature = "chrono") {
                     errors.push(syn::Error::new(
-                        ident.span(),
+                        stamping.ident.span(),
                         "`#[occ(last_modified)]` needs diesel-occ's `chrono` feature\n  \
                          help: diesel-occ = { version = \"0.1\", features = [\"chrono\"] }",
                     ));
@@ -81,6 +81,7 @@ pub fn check<'e, 'a>(entity: &'e Entity<'a>) -> syn::Result<Guard<'e, 'a>> {
             ));
         }
     }
+    check_updated_at(entity, token.map(|(_, attr)| attr), &mut errors);
     let guard = choose_guard(entity, token, compared, &mut errors);
     errors.finish()?;
     Ok(guard.expect("an error was reported when there is no guard"))
@@ -123,7 +124,11 @@ fn choose_guard<'e, 'a>(
         let fields: Vec<_> = entity
             .fields
             .iter()
-            .filter(|f| !entity.is_key(f) && Entity::excluded(f).is_none())
+            .filter(|f| {
+                !entity.is_key(f)
+                    && Entity::excluded(f).is_none()
+                    && Entity::updated_at(f).is_none()
+            })
             .collect();
         if fields.is_empty() {
             errors.push(syn::Error::new(
@@ -152,6 +157,47 @@ fn choose_guard<'e, 'a>(
         ));
     }
     token.map(|(field, attr)| Guard::Token { field, attr })
+}
+
+/// `#[occ(updated_at)]`: one field, not the key, not a guard, compared or excluded field,
+/// and not next to a last-modified guard (which already is the time of the last write).
+fn check_updated_at(entity: &Entity<'_>, token: Option<&GuardAttr>, errors: &mut Errors) {
+    let stamped: Vec<_> = entity
+        .fields
+        .iter()
+        .filter_map(|f| Entity::updated_at(f).map(|s| (f, s)))
+        .collect();
+    for (i, (field, stamping)) in stamped.iter().enumerate() {
+        let span = stamping.ident.span();
+        let mut refuse = |message: &str| errors.push(syn::Error::new(span, message));
+        if i > 0 {
+            refuse("a second `#[occ(updated_at)]` field\n  help: keep it on one field");
+        }
+        if !cfg!(feature = "chrono") {
+            refuse(
+                "`#[occ(updated_at)]` needs diesel-occ's `chrono` feature\n  \
+                 help: diesel-occ = { version = \"0.1\", features = [\"chrono\"] }",
+            );
+        }
+        if entity.is_key(field) {
+            refuse("`#[occ(updated_at)]` on a primary key field\n  help: put it on the timestamp field");
+        }
+        if Entity::guards(field).next().is_some()
+            || Entity::excluded(field).is_some()
+            || Entity::compared(field).is_some()
+        {
+            refuse(
+                "`#[occ(updated_at)]` combines with no other `occ` attribute on its field\n  \
+                 help: keep `updated_at` alone on the timestamp field",
+            );
+        }
+        if let Some(GuardAttr::LastModified(_)) = token {
+            refuse(
+                "`#[occ(updated_at)]` next to a `last_modified` guard: that column already \
+                 records every write\n  help: remove `updated_at`",
+            );
+        }
+    }
 }
 
 /// `#[occ(compare)]` goes on an ordinary field, not the key nor an excluded one.

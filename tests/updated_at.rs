@@ -1,0 +1,111 @@
+//! `#[occ(updated_at)]`: a timestamp every guarded write sets, beside the guard, and that
+//! the saved copy records.
+
+#![cfg(feature = "chrono")]
+
+mod common;
+
+use chrono::{DateTime, NaiveDateTime, TimeDelta, Utc};
+use common::FrozenClock;
+use diesel::connection::SimpleConnection;
+use diesel::prelude::*;
+use diesel_occ::{Error, Guarded, GuardedBulk, GuardedWrite};
+
+diesel::table! {
+    stamped_orders (id) {
+        id -> BigInt,
+        note -> Text,
+        version -> BigInt,
+        updated_at -> Timestamp,
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Queryable, Selectable, Identifiable, Insertable, Guarded)]
+#[diesel(table_name = stamped_orders)]
+struct StampedOrder {
+    id: i64,
+    note: String,
+    #[occ(version)]
+    version: i64,
+    #[occ(updated_at(clock = common::FrozenClock))]
+    updated_at: NaiveDateTime,
+}
+
+fn at(text: &str) -> DateTime<Utc> {
+    DateTime::parse_from_rfc3339(text).unwrap().to_utc()
+}
+
+for_each_backend! {
+    fn setup(db: &common::TestDb<Conn>) -> StampedOrder {
+        let timestamp = if BACKEND == "mysql" { "DATETIME(6)" } else { "TIMESTAMP" };
+        let conn = &mut db.conn();
+        conn.batch_execute(&format!(
+            "CREATE TABLE stamped_orders (id BIGINT PRIMARY KEY NOT NULL, note TEXT NOT NULL, \
+             version BIGINT NOT NULL, updated_at {timestamp} NOT NULL)"
+        ))
+        .unwrap();
+        let order = StampedOrder { id: 1, note: "new".into(), version: 0, updated_at: at("2026-01-01T00:00:00Z").naive_utc() };
+        diesel::insert_into(stamped_orders::table).values(&order).execute(conn).unwrap();
+        order
+    }
+
+    fn load(conn: &mut diesel_occ::Pooled<Conn>) -> StampedOrder {
+        stamped_orders::table.find(1).select(StampedOrder::as_select()).first(conn).unwrap()
+    }
+
+    #[test]
+    fn every_write_stamps_the_row_and_a_save_stamps_the_copy() {
+        let Some(db) = db() else { return };
+        let mut order = setup(&db);
+        let conn = &mut db.conn();
+
+        FrozenClock::freeze(at("2026-03-01T10:00:00.123456Z"));
+        order.note = "saved".into();
+        order.guarded_save(conn).unwrap();
+        assert_eq!(load(conn), order, "the copy records the stamp it wrote");
+        assert_eq!(order.updated_at, at("2026-03-01T10:00:00.123456Z").naive_utc());
+
+        FrozenClock::freeze(at("2026-03-02T10:00:00Z"));
+        order.guarded_update(conn, stamped_orders::note.eq("updated")).unwrap();
+        assert_eq!(load(conn).updated_at, at("2026-03-02T10:00:00Z").naive_utc());
+
+        FrozenClock::freeze(at("2026-03-03T10:00:00Z"));
+        StampedOrder::guarded_bulk_update(conn, stamped_orders::id.eq(1), stamped_orders::note.eq("bulk")).unwrap();
+        let stored = load(conn);
+        assert_eq!((stored.version, stored.updated_at), (3, at("2026-03-03T10:00:00Z").naive_utc()));
+    }
+
+    /// The stamp is not the guard: a copy read before a write still conflicts by its
+    /// version, and a failed write stamps nothing, in the row or in the copy.
+    #[test]
+    fn a_refused_write_stamps_nothing() {
+        let Some(db) = db() else { return };
+        let mut stale = setup(&db);
+        let conn = &mut db.conn();
+        FrozenClock::freeze(at("2026-04-01T00:00:00Z"));
+        load(conn).guarded_update(conn, stamped_orders::note.eq("winner")).unwrap();
+        let row = load(conn);
+
+        FrozenClock::freeze(at("2026-05-01T00:00:00Z"));
+        stale.note = "loser".into();
+        let err = stale.guarded_save(conn).unwrap_err();
+
+        assert!(err.as_conflict().is_some(), "{err:?}");
+        assert_eq!(load(conn), row);
+        assert_eq!(stale.updated_at, at("2026-01-01T00:00:00Z").naive_utc());
+        assert!(row.updated_at < at("2026-05-01T00:00:00Z").naive_utc() - TimeDelta::days(1));
+    }
+
+    /// The library sets the column: a changeset that also does is refused before sending.
+    #[test]
+    fn a_changeset_that_sets_the_stamp_is_refused() {
+        let Some(db) = db() else { return };
+        let order = setup(&db);
+        let conn = &mut db.conn();
+        FrozenClock::freeze(at("2026-04-01T00:00:00Z"));
+
+        let err = order.guarded_update(conn, stamped_orders::updated_at.eq(at("2030-01-01T00:00:00Z").naive_utc())).unwrap_err();
+
+        assert!(matches!(&err, Error::ChangesetAssignsGuard { column, .. } if column == "updated_at"), "{err:?}");
+    }
+}
