@@ -83,6 +83,9 @@
 //! - `#[occ(compare)]`: the field's old value is part of a pre-image guard.
 //! - `#[occ(exclude)]`: writes to the field neither check nor advance the token
 //!   ([`GuardedWrite::update_excluded`]), and saves leave it alone.
+//! - `#[occ(updated_at)]` or `#[occ(updated_at(precision = "seconds", clock =
+//!   my::Clock))]`: a timestamp every guarded write sets to now, beside the guard
+//!   (feature `chrono`).
 //! - `#[diesel(column_name = name)]` or `column_name = "name"`: the field's column, when
 //!   named differently.
 //! - `#[diesel(skip_update)]`: left out of [`GuardedWrite::guarded_save`].

@@ -7,7 +7,9 @@
 //! with the rest of the row; never insert it.
 //!
 //! What it costs and protects: the same as a version column (ABA included, since every
-//! write makes a new row version), with no column to add. Transaction ids wrap after
+//! write makes a new row version), with no column to add. Within one transaction every
+//! write of the row carries that transaction's id, so the token moves between
+//! transactions, not between writes of the same one. Transaction ids wrap after
 //! about four billion transactions; a copy kept that long could match a much later row,
 //! which a version column cannot. `guarded_touch` has nothing to set and is refused.
 //! Other backends have no such column: an `#[occ(xmin)]` entity's writes do not compile
