@@ -165,15 +165,20 @@ where
     Changes: QueryFragment<DB>,
     Advance: QueryFragment<DB>,
 {
+    // On every write's path: the quoted names are compared as rendered (one backend
+    // quotes both alike), and only a clash is unquoted for its message.
     fn assigned_twice(&self) -> QueryResult<Option<String>> {
-        let guarded = assigned_columns::<DB, _>(&self.advance)?;
-        if guarded.is_empty() {
-            // Nothing the guard sets (a pre-image, an unguarded write): nothing to clash.
+        let backend = DB::default();
+        if self.advance.is_noop(&backend)? || self.changes.is_noop(&backend)? {
+            // Nothing the guard sets (a pre-image, an unguarded write), or nothing else.
             return Ok(None);
         }
-        Ok(assigned_columns::<DB, _>(&self.changes)?
+        let (advance, changes) = (DB::render(&self.advance)?, DB::render(&self.changes)?);
+        let guarded = assignment_targets(&advance);
+        Ok(assignment_targets(&changes)
             .into_iter()
-            .find(|column| guarded.contains(column)))
+            .find(|target| guarded.contains(target))
+            .map(crate::names::unquote))
     }
 }
 
