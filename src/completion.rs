@@ -17,7 +17,7 @@ use diesel::{Column, QueryResult, RunQueryDsl};
 /// next token only the database knows, that token.
 #[diagnostic::on_unimplemented(
     message = "this guard cannot run its statement on `{C}`",
-    note = "an `xmin` guard reads the new token back with `RETURNING`, which diesel-occ offers on PostgreSQL only"
+    note = "an `xmin` guard and a last-modified guard on the database's clock read the new token back with `RETURNING`, which diesel-occ offers on PostgreSQL only"
 )]
 pub trait Complete<C, S, Tok> {
     /// Runs `statement` on `conn`.

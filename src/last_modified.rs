@@ -46,6 +46,8 @@ impl Clock for SystemClock {
 pub trait Precision {
     /// One tick, in microseconds.
     const TICK_MICROS: i64;
+    /// The unit's name for PostgreSQL's `date_trunc` and `interval`.
+    const UNIT: &'static str;
 }
 
 /// Microseconds (PostgreSQL, MySQL `DATETIME(6)`, SQLite as diesel writes it): the default.
@@ -62,14 +64,17 @@ pub struct Seconds;
 
 impl Precision for Micros {
     const TICK_MICROS: i64 = 1;
+    const UNIT: &'static str = "microsecond";
 }
 
 impl Precision for Millis {
     const TICK_MICROS: i64 = 1_000;
+    const UNIT: &'static str = "millisecond";
 }
 
 impl Precision for Seconds {
     const TICK_MICROS: i64 = 1_000_000;
+    const UNIT: &'static str = "second";
 }
 
 /// The Rust types a last-modified column may be read into.
@@ -78,6 +83,9 @@ impl Precision for Seconds {
     label = "not a timestamp type"
 )]
 pub trait Timestamp: Copy + Debug + PartialEq + Send + Sync + 'static {
+    /// PostgreSQL's current instant as this type's column holds it (`timestamp` keeps UTC
+    /// without a zone, `timestamptz` an instant).
+    const POSTGRES_NOW: &'static str;
     /// This instant as UTC.
     fn to_utc(self) -> DateTime<Utc>;
     /// The instant as this type.
@@ -85,6 +93,7 @@ pub trait Timestamp: Copy + Debug + PartialEq + Send + Sync + 'static {
 }
 
 impl Timestamp for NaiveDateTime {
+    const POSTGRES_NOW: &'static str = "clock_timestamp() AT TIME ZONE 'UTC'";
     fn to_utc(self) -> DateTime<Utc> {
         self.and_utc()
     }
@@ -94,6 +103,7 @@ impl Timestamp for NaiveDateTime {
 }
 
 impl Timestamp for DateTime<Utc> {
+    const POSTGRES_NOW: &'static str = "clock_timestamp()";
     fn to_utc(self) -> DateTime<Utc> {
         self
     }

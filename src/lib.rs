@@ -100,6 +100,8 @@ pub mod batch;
 pub mod bulk;
 pub mod completion;
 pub mod connection;
+#[cfg(all(feature = "chrono", feature = "postgres"))]
+pub mod database_clock;
 pub mod error;
 pub mod guard;
 #[cfg(feature = "chrono")]

@@ -40,6 +40,15 @@ pub struct Stamping {
     pub clock: Option<Path>,
 }
 
+impl Stamping {
+    /// `clock = database`: the server's clock rather than a `Clock` type.
+    pub fn database_clock(&self) -> bool {
+        self.clock
+            .as_ref()
+            .is_some_and(|path| path.is_ident("database"))
+    }
+}
+
 /// The guard kinds a field can carry.
 pub enum GuardAttr {
     /// `#[occ(version)]`: the version column.

@@ -188,6 +188,10 @@ fn token_guard(
     let guard_kind = match attr {
         GuardAttr::Version(_) => quote!(::diesel_occ::VersionGuard<#col, #ty>),
         GuardAttr::Xmin(_) => quote!(::diesel_occ::xmin::XminGuard<#col>),
+        GuardAttr::LastModified(stamping) if stamping.database_clock() => {
+            let (_, precision) = clock_and_precision(stamping);
+            quote!(::diesel_occ::database_clock::DatabaseClockGuard<#col, #ty, #precision>)
+        }
         GuardAttr::LastModified(stamping) => {
             let (clock, precision) = clock_and_precision(stamping);
             quote!(::diesel_occ::LastModifiedGuard<#col, #ty, #clock, #precision>)

@@ -50,6 +50,14 @@ pub fn check<'e, 'a>(entity: &'e Entity<'a>) -> syn::Result<Guard<'e, 'a>> {
                 }
             }
             if let GuardAttr::LastModified(stamping) = attr {
+                if stamping.database_clock() && !cfg!(feature = "postgres") {
+                    errors.push(syn::Error::new(
+                        stamping.ident.span(),
+                        "`clock = database` reads the new timestamp back with `RETURNING`, \
+                         which diesel-occ offers on PostgreSQL (feature `postgres`) only\n  \
+                         help: use the application's clock: remove `clock = database`",
+                    ));
+                }
                 if !cfg!(feature = "chrono") {
                     errors.push(syn::Error::new(
                         stamping.ident.span(),
@@ -181,6 +189,12 @@ fn check_updated_at(entity: &Entity<'_>, token: Option<&GuardAttr>, errors: &mut
         }
         if entity.is_key(field) {
             refuse("`#[occ(updated_at)]` on a primary key field\n  help: put it on the timestamp field");
+        }
+        if stamping.database_clock() {
+            refuse(
+                "`#[occ(updated_at)]` takes the application's clock: the saved copy records \
+                 the value it wrote\n  help: remove `clock = database`",
+            );
         }
         if Entity::guards(field).next().is_some()
             || Entity::excluded(field).is_some()
