@@ -10,8 +10,9 @@
 //! diesel writes (one canonical form per instant), and a column that keeps less
 //! (MySQL `DATETIME`, whole seconds) declares it with `precision = "seconds"`.
 //!
-//! The clock is the application's. A database clock would need the new value read back
-//! (`RETURNING`, or a second query on MySQL); it is not offered yet.
+//! The clock is the application's ([`Clock`]). On PostgreSQL the database's clock can be
+//! chosen instead, `#[occ(last_modified(clock = database))]`; see the `database_clock`
+//! module.
 
 use std::fmt::Debug;
 use std::marker::PhantomData;
