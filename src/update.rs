@@ -208,17 +208,8 @@ pub trait GuardedWrite: Guarded {
             Complete<C, UpdateOf<Self, <Self::Changes as AsChangeset>::Changeset>, TokenOf<Self>>,
         Self: LoadByKey<C>,
     {
-        let stamp = Self::stamp();
-        let next = update_stamped::<Self, C, _>(
-            conn,
-            &self.key(),
-            &self.token(),
-            self.changes(),
-            stamp.clone(),
-        )?;
-        self.set_token(next.clone());
-        self.set_stamp(&stamp);
-        Ok(next)
+        let (key, token, changes) = (self.key(), self.token(), self.changes());
+        write_and_record(self, conn, &key, &token, changes)
     }
 
     /// Writes every updatable field of this modified copy if the row still holds the
@@ -239,17 +230,8 @@ pub trait GuardedWrite: Guarded {
             Complete<C, UpdateOf<Self, <Self::Changes as AsChangeset>::Changeset>, TokenOf<Self>>,
         Self: LoadByKey<C>,
     {
-        let stamp = Self::stamp();
-        let next = update_stamped::<Self, C, _>(
-            conn,
-            &original.key(),
-            &original.token(),
-            self.changes(),
-            stamp.clone(),
-        )?;
-        self.set_token(next.clone());
-        self.set_stamp(&stamp);
-        Ok(next)
+        let changes = self.changes();
+        write_and_record(self, conn, &original.key(), &original.token(), changes)
     }
 
     /// Advances the token without changing anything else ("force increment"), e.g. to
@@ -264,17 +246,8 @@ pub trait GuardedWrite: Guarded {
         CompletionOf<Self>: Complete<C, UpdateOf<Self, NoChanges<Self::Table>>, TokenOf<Self>>,
         Self: LoadByKey<C>,
     {
-        let stamp = Self::stamp();
-        let next = update_stamped::<Self, C, _>(
-            conn,
-            &self.key(),
-            &self.token(),
-            NoChanges::default(),
-            stamp.clone(),
-        )?;
-        self.set_token(next.clone());
-        self.set_stamp(&stamp);
-        Ok(next)
+        let (key, token) = (self.key(), self.token());
+        write_and_record(self, conn, &key, &token, NoChanges::default())
     }
 
     /// Deletes the row if it still holds this copy's token.
@@ -374,6 +347,30 @@ pub trait GuardedWrite: Guarded {
 }
 
 impl<T: Guarded> GuardedWrite for T {}
+
+/// The guarded update of `row`'s row with `key` from `expected`; on success `row` records
+/// the new token and the stamp it wrote.
+fn write_and_record<T, C, Ch>(
+    row: &mut T,
+    conn: &mut C,
+    key: &T::Key,
+    expected: &TokenOf<T>,
+    changes: Ch,
+) -> Result<TokenOf<T>, Error>
+where
+    T: LoadByKey<C>,
+    C: LoadConnection,
+    C::Backend: OccBackend,
+    Ch: AsChangeset<Target = T::Table>,
+    UpdateOf<T, Ch::Changeset>: CompareAndSet<C::Backend>,
+    CompletionOf<T>: Complete<C, UpdateOf<T, Ch::Changeset>, TokenOf<T>>,
+{
+    let stamp = T::stamp();
+    let next = update_stamped::<T, C, Ch>(conn, key, expected, changes, stamp.clone())?;
+    row.set_token(next.clone());
+    row.set_stamp(&stamp);
+    Ok(next)
+}
 
 /// The guarded update of the row with `key` from `expected`, with the entity's `stamp`:
 /// what every updating method of [`GuardedWrite`] runs.
