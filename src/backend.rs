@@ -23,6 +23,23 @@ pub trait OccBackend: Backend + Default {
     /// The NULL-safe equality operator, with spaces: `a <op> b` is true when both are NULL.
     const NULL_SAFE_EQ: &'static str;
 
+    /// Appended to a `SELECT` that locks its rows until the transaction ends (pessimistic
+    /// writes): `FOR UPDATE`; nothing on SQLite, whose write transaction is exclusive.
+    const FOR_UPDATE: &'static str = " FOR UPDATE";
+
+    /// Appended to a `SELECT` that takes rows for this transaction, passing over rows other
+    /// transactions hold (task claiming): `FOR UPDATE SKIP LOCKED` on PostgreSQL and MySQL
+    /// 8 / MariaDB 10.6+; nothing on SQLite, whose write transactions take turns.
+    const SKIP_LOCKED: &'static str = " FOR UPDATE SKIP LOCKED";
+
+    /// How an `INSERT` says "unless a row with this key exists".
+    const DUPLICATES: Duplicates = Duplicates::OnConflict;
+
+    /// Whether several updates can be sent as one statement
+    /// ([`Combined`](crate::combined::Combined), PostgreSQL's data-modifying `WITH`), so
+    /// that a batch costs a constant number of round trips.
+    const COMBINES_UPDATES: bool = false;
+
     /// Why `error`, just returned by a statement on `conn`, can be fixed by running the
     /// transaction again; `None` for every other error.
     ///
@@ -39,6 +56,16 @@ pub trait OccBackend: Backend + Default {
 
     /// The SQL text of `fragment` as this backend writes it, without bind values.
     fn render<F: QueryFragment<Self> + ?Sized>(fragment: &F) -> QueryResult<String>;
+}
+
+/// How a backend's `INSERT` leaves an existing row alone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Duplicates {
+    /// `ON CONFLICT DO NOTHING` (PostgreSQL, SQLite).
+    OnConflict,
+    /// `ON DUPLICATE KEY UPDATE <column> = <column>` (MySQL / MariaDB; it reports the row
+    /// as found, so the affected-row count cannot tell who inserted it).
+    OnDuplicateKey,
 }
 
 /// Renders with a backend whose query builder is `Default` (all three are).
@@ -61,6 +88,8 @@ impl OccBackend for diesel::sqlite::Sqlite {
     // (busy), so a plain read inside it is already the latest one it can act on.
     const LOCKING_READ: &'static str = "";
     const NULL_SAFE_EQ: &'static str = " IS ";
+    const SKIP_LOCKED: &'static str = "";
+    const FOR_UPDATE: &'static str = "";
 
     fn render<F: QueryFragment<Self> + ?Sized>(fragment: &F) -> QueryResult<String> {
         render_with(fragment)
@@ -74,6 +103,7 @@ impl OccBackend for diesel::pg::Pg {
     // a serialization failure (retryable) instead of showing the snapshot's stale row.
     const LOCKING_READ: &'static str = " FOR NO KEY UPDATE";
     const NULL_SAFE_EQ: &'static str = " IS NOT DISTINCT FROM ";
+    const COMBINES_UPDATES: bool = true;
 
     fn render<F: QueryFragment<Self> + ?Sized>(fragment: &F) -> QueryResult<String> {
         render_with(fragment)
@@ -86,6 +116,7 @@ impl OccBackend for diesel::mysql::Mysql {
     // COMMITTED when the caller then writes the row while another stale writer waits.
     const LOCKING_READ: &'static str = " FOR UPDATE";
     const NULL_SAFE_EQ: &'static str = " <=> ";
+    const DUPLICATES: Duplicates = Duplicates::OnDuplicateKey;
 
     fn retry_reason<C>(conn: &mut C, error: &DieselError) -> Option<RetryReason>
     where

@@ -7,21 +7,33 @@
 //! caller's) that is committed only when every row was written; in
 //! [`BatchMode::Partial`] each written row stays written.
 //!
-//! Cost: one statement per row, plus one read per row that missed, plus the
-//! transaction's `BEGIN` and `COMMIT` in all-or-nothing mode, on every backend. A batch
-//! in a constant number of round trips (PostgreSQL `UPDATE ... FROM (VALUES ...)`) is
-//! not offered yet.
+//! Cost, plus the transaction's `BEGIN` and `COMMIT` in all-or-nothing mode:
+//! - PostgreSQL: one statement for all the rows ([`Combined`](crate::combined::Combined): each row's guarded
+//!   `UPDATE` in one `WITH`), plus one read of all the rows that missed. A statement holds
+//!   at most [`ROWS_PER_STATEMENT`] rows and [`BINDS_PER_STATEMENT`] bound values, and a
+//!   key that comes again starts the next statement (two updates of one row in one
+//!   statement would race), so a batch of n distinct keys costs 2 * ceil(n / 1000) round
+//!   trips at most.
+//! - MySQL / MariaDB and SQLite: one statement per row, plus one read per row that
+//!   missed. Neither can put several updates in one statement; SQLite runs in-process, so
+//!   its round trips are function calls.
+//!
+//! A database error (a deadlock, a lost connection) ends the batch with that error. On
+//! PostgreSQL it undoes the whole statement it hit, so in a partial batch the rows of
+//! that statement are not written either.
 
 use diesel::connection::LoadConnection;
-use diesel::query_builder::AsChangeset;
+use diesel::query_builder::{AsChangeset, QueryFragment};
 
 use crate::backend::OccBackend;
-use crate::completion::Complete;
+use crate::completion::{Complete, CompleteEach};
 use crate::connection::WriteTransaction;
 use crate::error::{Conflict, Error, Token};
-use crate::guard::{CompletionOf, TokenOf};
+use crate::guard::{CompletionOf, Guarded, TokenOf};
 use crate::statement::CompareAndSet;
-use crate::update::{GuardedWrite, LoadByKey, UpdateOf};
+use crate::update::{
+    classify, explain, guarded_statement, unreadable, GuardedWrite, LoadByKey, UpdateOf,
+};
 
 /// Whether a batch keeps the rows it could write when others miss.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -88,11 +100,15 @@ pub trait GuardedBatch: GuardedWrite {
         C::Backend: OccBackend,
         Ch: AsChangeset<Target = Self::Table>,
         I: IntoIterator<Item = (Self::Key, TokenOf<Self>, Ch)>,
-        UpdateOf<Self, Ch::Changeset>: CompareAndSet<C::Backend>,
-        CompletionOf<Self>: Complete<C, UpdateOf<Self, Ch::Changeset>, TokenOf<Self>>,
+        UpdateOf<Self, Ch::Changeset>: CompareAndSet<C::Backend> + QueryFragment<C::Backend>,
+        CompletionOf<Self>: Complete<C, UpdateOf<Self, Ch::Changeset>, TokenOf<Self>>
+            + CompleteEach<C, UpdateOf<Self, Ch::Changeset>, TokenOf<Self>>,
         Self: LoadByKey<C>,
     {
         let run = |conn: &mut C| -> Result<Vec<RowOutcome<TokenOf<Self>>>, Error> {
+            if C::Backend::COMBINES_UPDATES {
+                return combined::<Self, C, Ch>(conn, rows);
+            }
             rows.into_iter()
                 .map(|(key, expected, changes)| {
                     outcome(Self::guarded_update_by_key(conn, &key, &expected, changes))
@@ -135,6 +151,128 @@ pub trait GuardedBatch: GuardedWrite {
 }
 
 impl<T: GuardedWrite> GuardedBatch for T {}
+
+/// The most rows one combined statement holds: PostgreSQL plans each `WITH` part, and
+/// beyond a thousand the plan costs more than the round trips it saves.
+pub const ROWS_PER_STATEMENT: usize = 1000;
+
+/// The most bound values one statement may carry: PostgreSQL's wire protocol counts them
+/// in 16 bits.
+pub const BINDS_PER_STATEMENT: usize = u16::MAX as usize;
+
+/// One row of a combined statement: its key, the token it expects, the token a written
+/// row holds when the guard computes it, and how many values it binds.
+struct Pending<T: Guarded> {
+    key: T::Key,
+    expected: TokenOf<T>,
+    next: TokenOf<T>,
+    binds: usize,
+}
+
+/// The batch as [`Combined`](crate::combined::Combined) statements: each row's guarded update, sent a statement
+/// at a time, then one read of the rows each statement missed.
+fn combined<T, C, Ch>(
+    conn: &mut C,
+    rows: impl IntoIterator<Item = (T::Key, TokenOf<T>, Ch)>,
+) -> Result<Vec<RowOutcome<TokenOf<T>>>, Error>
+where
+    T: LoadByKey<C>,
+    C: LoadConnection,
+    C::Backend: OccBackend,
+    Ch: AsChangeset<Target = T::Table>,
+    UpdateOf<T, Ch::Changeset>: CompareAndSet<C::Backend> + QueryFragment<C::Backend>,
+    CompletionOf<T>: CompleteEach<C, UpdateOf<T, Ch::Changeset>, TokenOf<T>>,
+{
+    let mut outcomes = Vec::new();
+    let (mut pending, mut updates) = (Vec::<Pending<T>>::new(), Vec::new());
+    for (key, expected, changes) in rows {
+        let (update, next) = guarded_statement::<T, C, Ch>(&key, &expected, changes, T::stamp())?;
+        if let Some(column) = update.assigned_twice()? {
+            return Err(Error::ChangesetAssignsGuard {
+                table: T::table_name(),
+                column,
+            });
+        }
+        // PostgreSQL numbers its parameters `$1`, `$2`, ...; a `$` in a quoted name only
+        // makes the count, and so the statement, smaller.
+        let binds = C::Backend::render(&update)?.matches('$').count();
+        let bound: usize = pending.iter().map(|row| row.binds).sum();
+        let full = pending.len() == ROWS_PER_STATEMENT || bound + binds > BINDS_PER_STATEMENT;
+        if full || pending.iter().any(|row| row.key == key) {
+            outcomes.extend(run_combined::<T, C, _>(
+                conn,
+                pending.drain(..),
+                updates.drain(..),
+            )?);
+        }
+        pending.push(Pending {
+            key,
+            expected,
+            next,
+            binds,
+        });
+        updates.push(update);
+    }
+    outcomes.extend(run_combined::<T, C, _>(
+        conn,
+        pending.drain(..),
+        updates.drain(..),
+    )?);
+    Ok(outcomes)
+}
+
+/// Sends `updates` (of the `pending` rows, in order) as one statement and reads back the
+/// rows it missed to explain each miss as [`explain_miss`] does for a single write.
+fn run_combined<T, C, S>(
+    conn: &mut C,
+    pending: impl Iterator<Item = Pending<T>>,
+    updates: impl Iterator<Item = S>,
+) -> Result<Vec<RowOutcome<TokenOf<T>>>, Error>
+where
+    T: LoadByKey<C>,
+    C: LoadConnection,
+    C::Backend: OccBackend,
+    CompletionOf<T>: CompleteEach<C, S, TokenOf<T>>,
+{
+    let (pending, updates): (Vec<_>, Vec<_>) = (pending.collect(), updates.collect());
+    if updates.is_empty() {
+        return Ok(Vec::new());
+    }
+    let written = CompletionOf::<T>::run_each(conn, updates).map_err(|e| classify(conn, e))?;
+    let mut returned: Vec<(usize, Option<TokenOf<T>>)> = vec![(0, None); pending.len()];
+    for (row, token) in written {
+        returned[row] = (returned[row].0 + 1, token);
+    }
+    if let Some((row, (rows, _))) = returned.iter().enumerate().find(|(_, (n, _))| *n > 1) {
+        return Err(Error::KeyNotUnique {
+            table: T::table_name(),
+            key: format!("{:?}", pending[row].key),
+            rows: *rows,
+        });
+    }
+    let missed: Vec<T::Key> = pending
+        .iter()
+        .zip(&returned)
+        .filter(|(_, (rows, _))| *rows == 0)
+        .map(|(row, _)| row.key.clone())
+        .collect();
+    let mut current = match T::load_by_keys(conn, &missed) {
+        Ok(current) => current,
+        Err(e) => return Err(unreadable::<T, C>(&missed, e).unwrap_or_else(|e| classify(conn, e))),
+    };
+    pending
+        .into_iter()
+        .zip(returned)
+        .map(|(row, (rows, token))| {
+            if rows == 1 {
+                return Ok(RowOutcome::Written(token.unwrap_or(row.next)));
+            }
+            let found = current.iter().position(|c| c.key() == row.key);
+            let current = found.map(|i| current.swap_remove(i));
+            outcome::<TokenOf<T>>(Err(explain::<T, C>(current, &row.key, Some(&row.expected))))
+        })
+        .collect()
+}
 
 /// A row's write result as an outcome; errors that are not about the row end the batch.
 fn outcome<T>(result: Result<T, Error>) -> Result<RowOutcome<T>, Error> {

@@ -41,8 +41,14 @@ pub struct BulkReport {
 }
 
 /// `"version" = "version" + 1`.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Copy)]
 pub struct Increment<Col>(PhantomData<Col>);
+
+impl<Col> Default for Increment<Col> {
+    fn default() -> Self {
+        Increment(PhantomData)
+    }
+}
 
 impl<Col: Column, DB: Backend> QueryFragment<DB> for Increment<Col> {
     fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, DB>) -> QueryResult<()> {
@@ -60,6 +66,17 @@ pub struct Maximum<Col, V> {
     below: bool,
     max: V,
     column: PhantomData<Col>,
+}
+
+impl<Col, V: VersionNumber> Maximum<Col, V> {
+    /// `"version" < ?max`: the rows whose version can still advance.
+    pub fn below() -> Self {
+        Maximum {
+            below: true,
+            max: V::MAX,
+            column: PhantomData,
+        }
+    }
 }
 
 impl<Col, V, DB> QueryFragment<DB> for Maximum<Col, V>
@@ -155,11 +172,7 @@ where
             changes.as_changeset(),
             Joined(Increment(PhantomData), Self::stamp(), Comma),
             filter.clone(),
-            Maximum {
-                below: true,
-                max: V::MAX,
-                column: PhantomData,
-            },
+            Maximum::below(),
         );
         if let Some(column) = statement.assigned_twice()? {
             return Err(Error::ChangesetAssignsGuard {

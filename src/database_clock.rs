@@ -2,55 +2,181 @@
 //! `#[occ(last_modified(clock = database))]`.
 //!
 //! The callers' clocks may disagree. With this clock, the next timestamp comes from the
-//! server, `GREATEST(now cut to the precision, old + one tick)`, so it still always moves
-//! on. The same statement hands it back with `RETURNING`: no second query. PostgreSQL only
-//! (`clock_timestamp()`, which, unlike `now()`, is not frozen at the transaction's start).
-//! MySQL has no `RETURNING`, and SQLite's clock keeps milliseconds in a text form other
-//! than diesel's, so on those backends such an entity's writes do not compile; use the
-//! application's clock there.
+//! server: `GREATEST(now cut to the precision, ?floor)`, where the floor is one tick past
+//! the token the caller expects (the guard proves the row holds it, so the floor is
+//! computed and bound by the caller). It still always moves on. How the caller learns it:
+//!
+//! - PostgreSQL: `clock_timestamp()` (unlike `now()`, not frozen at the transaction's
+//!   start), handed back by the same statement with `RETURNING`.
+//! - SQLite: `'now'` in the text form diesel writes (so that the next write's comparison
+//!   is exact), handed back with `RETURNING`. SQLite's clock keeps milliseconds; a column
+//!   of microseconds still advances by at least one tick.
+//! - MySQL / MariaDB: `UTC_TIMESTAMP(<digits>)`. There is no `RETURNING`, so the write and a
+//!   read of the column run in one transaction (a savepoint inside the caller's): four
+//!   statements instead of one.
 
 use std::marker::PhantomData;
 
-use diesel::pg::Pg;
+use diesel::backend::Backend;
 use diesel::query_builder::{AstPass, QueryFragment};
 use diesel::serialize::ToSql;
 use diesel::sql_types::is_nullable::NotNull;
-use diesel::sql_types::SqlType;
+use diesel::sql_types::{HasSqlType, SqlType};
 use diesel::{Column, QueryResult};
 
 use crate::completion::ReturnedBy;
 use crate::error::Token;
 use crate::guard::{Advancing, GuardKind};
-use crate::last_modified::{Precision, Timestamp};
+use crate::last_modified::{one_tick_past, Precision, Timestamp};
 use crate::statement::ColumnEq;
 
-/// `"col" = GREATEST(date_trunc(unit, now), date_trunc(unit, ?old) + interval '1 unit')`.
+/// An offset from the database's now, for expiry times: in microseconds, and as SQLite's
+/// date modifier (`'+1.500000 seconds'`).
+#[derive(Debug, Clone)]
+pub struct Shift {
+    // Each backend reads the form it writes.
+    #[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))]
+    micros: i64,
+    #[cfg_attr(not(feature = "sqlite"), allow(dead_code))]
+    sqlite: String,
+}
+
+impl Shift {
+    /// `duration` after now.
+    pub fn later(duration: std::time::Duration) -> Self {
+        Shift::new(duration, "+")
+    }
+
+    /// `duration` before now.
+    pub fn earlier(duration: std::time::Duration) -> Self {
+        Shift::new(duration, "-")
+    }
+
+    /// Now itself.
+    pub fn none() -> Self {
+        Shift::later(std::time::Duration::ZERO)
+    }
+
+    fn new(duration: std::time::Duration, sign: &str) -> Self {
+        let micros = i64::try_from(duration.as_micros()).unwrap_or(i64::MAX);
+        Shift {
+            micros: if sign == "-" { -micros } else { micros },
+            sqlite: format!(
+                "{sign}{}.{:06} seconds",
+                duration.as_secs(),
+                duration.subsec_micros()
+            ),
+        }
+    }
+}
+
+/// A backend's current instant, as SQL.
+pub trait ServerClock: Backend {
+    /// The function that picks the later of two timestamps.
+    const GREATEST: &'static str;
+
+    /// Pushes the server's current instant cut to precision `P`, in the form a column
+    /// read as `Ts` holds it.
+    fn push_now<Ts: Timestamp, P: Precision>(out: &mut AstPass<'_, '_, Self>);
+
+    /// Pushes the database's now moved by `shift`, as a UTC timestamp at the clock's own
+    /// precision. On SQLite it is text of fixed width (`%Y-%m-%d %H:%M:%f`), so values
+    /// written and compared this way order as text the way they order in time.
+    fn push_shifted<'b>(out: &mut AstPass<'_, 'b, Self>, shift: &'b Shift) -> QueryResult<()>;
+}
+
+#[cfg(feature = "postgres")]
+impl ServerClock for diesel::pg::Pg {
+    const GREATEST: &'static str = "GREATEST";
+
+    fn push_now<Ts: Timestamp, P: Precision>(out: &mut AstPass<'_, '_, Self>) {
+        // `timestamp` keeps UTC without a zone, `timestamptz` an instant.
+        let now = if Ts::ZONED {
+            "clock_timestamp()"
+        } else {
+            "clock_timestamp() AT TIME ZONE 'UTC'"
+        };
+        out.push_sql(&format!("date_trunc('{}', {now})", P::UNIT));
+    }
+
+    fn push_shifted<'b>(out: &mut AstPass<'_, 'b, Self>, shift: &'b Shift) -> QueryResult<()> {
+        out.push_sql("((clock_timestamp() AT TIME ZONE 'UTC') + ");
+        out.push_bind_param::<diesel::sql_types::BigInt, i64>(&shift.micros)?;
+        out.push_sql(" * interval '1 microsecond')");
+        Ok(())
+    }
+}
+
+#[cfg(feature = "mysql")]
+impl ServerClock for diesel::mysql::Mysql {
+    const GREATEST: &'static str = "GREATEST";
+
+    // diesel's MySQL connections run in UTC, and the application's clock writes UTC too.
+    fn push_now<Ts: Timestamp, P: Precision>(out: &mut AstPass<'_, '_, Self>) {
+        out.push_sql(&format!("UTC_TIMESTAMP({})", P::DIGITS));
+    }
+
+    fn push_shifted<'b>(out: &mut AstPass<'_, 'b, Self>, shift: &'b Shift) -> QueryResult<()> {
+        out.push_sql("(UTC_TIMESTAMP(6) + INTERVAL ");
+        out.push_bind_param::<diesel::sql_types::BigInt, i64>(&shift.micros)?;
+        out.push_sql(" MICROSECOND)");
+        Ok(())
+    }
+}
+
+#[cfg(feature = "sqlite")]
+impl ServerClock for diesel::sqlite::Sqlite {
+    const GREATEST: &'static str = "max";
+
+    // diesel writes `%F %T%.f`: no fraction when it is zero, else 3, 6 or 9 digits, and
+    // `+00:00` after a zoned one. SQLite's `%f` always has 3; one statement sees one
+    // `'now'`. In this form text order is time order, so `max` picks the later one.
+    fn push_now<Ts: Timestamp, P: Precision>(out: &mut AstPass<'_, '_, Self>) {
+        if P::DIGITS == 0 {
+            out.push_sql("strftime('%Y-%m-%d %H:%M:%S', 'now')");
+        } else {
+            out.push_sql(
+                "CASE WHEN strftime('%f', 'now') LIKE '%.000' \
+                 THEN strftime('%Y-%m-%d %H:%M:%S', 'now') \
+                 ELSE strftime('%Y-%m-%d %H:%M:%f', 'now') END",
+            );
+        }
+        if Ts::ZONED {
+            out.push_sql(" || '+00:00'");
+        }
+    }
+
+    fn push_shifted<'b>(out: &mut AstPass<'_, 'b, Self>, shift: &'b Shift) -> QueryResult<()> {
+        out.push_sql("strftime('%Y-%m-%d %H:%M:%f', 'now', ");
+        out.push_bind_param::<diesel::sql_types::Text, String>(&shift.sqlite)?;
+        out.push_sql(")");
+        Ok(())
+    }
+}
+
+/// `"col" = GREATEST(<the server's now cut to P>, ?floor)`.
 #[derive(Debug, Clone, Copy)]
 pub struct DatabaseNow<Col, Ts, P> {
-    old: Ts,
+    floor: Ts,
     column: PhantomData<(Col, P)>,
 }
 
-impl<Col, Ts, P> QueryFragment<Pg> for DatabaseNow<Col, Ts, P>
+impl<Col, Ts, P, DB> QueryFragment<DB> for DatabaseNow<Col, Ts, P>
 where
+    DB: ServerClock + HasSqlType<Col::SqlType>,
     Col: Column,
-    Ts: Timestamp + ToSql<Col::SqlType, Pg>,
+    Ts: Timestamp + ToSql<Col::SqlType, DB>,
     P: Precision,
-    Pg: diesel::sql_types::HasSqlType<Col::SqlType>,
 {
-    fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, Pg>) -> QueryResult<()> {
+    fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, DB>) -> QueryResult<()> {
         out.push_identifier(Col::NAME)?;
-        out.push_sql(" = GREATEST(date_trunc('");
-        out.push_sql(P::UNIT);
-        out.push_sql("', ");
-        out.push_sql(Ts::POSTGRES_NOW);
-        out.push_sql("), date_trunc('");
-        out.push_sql(P::UNIT);
-        out.push_sql("', ");
-        out.push_bind_param::<Col::SqlType, Ts>(&self.old)?;
-        out.push_sql(") + interval '1 ");
-        out.push_sql(P::UNIT);
-        out.push_sql("')");
+        out.push_sql(" = ");
+        out.push_sql(DB::GREATEST);
+        out.push_sql("(");
+        DB::push_now::<Ts, P>(&mut out);
+        out.push_sql(", ");
+        out.push_bind_param::<Col::SqlType, Ts>(&self.floor)?;
+        out.push_sql(")");
         Ok(())
     }
 }
@@ -75,13 +201,14 @@ where
         ColumnEq::new(*token)
     }
 
-    /// The server computes the next timestamp; the statement returns it.
+    /// The server computes the next timestamp, at least `floor`; the write reads it back.
     fn advance(token: &Ts) -> Option<(Self::Advance, Ts)> {
+        let floor = one_tick_past::<Ts, P>(*token)?;
         let advance = DatabaseNow {
-            old: *token,
+            floor,
             column: PhantomData,
         };
-        Some((advance, *token))
+        Some((advance, floor))
     }
 
     fn describe(token: &Ts) -> Token {

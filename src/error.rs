@@ -29,24 +29,20 @@ pub enum Error {
     #[error("{0}")]
     Conflict(Box<Conflict>),
 
-    /// The row is in a state from which the requested transition is not allowed.
-    #[error("`{table}` row {key} is `{from}`, so it cannot become `{to}`; nothing was written")]
-    InvalidTransition {
-        /// The table that was written.
-        table: &'static str,
-        /// The key of the row.
-        key: String,
-        /// The state the row is in now.
-        from: String,
-        /// The state that was asked for.
-        to: String,
-    },
+    /// The row is in a state from which the requested transition is not allowed (someone
+    /// else moved it first: cancel beat ship); nothing was written. Carries the current row.
+    #[error("{0}")]
+    InvalidTransition(Box<InvalidTransition>),
 
-    /// The lock is held by another owner.
-    #[error("lock `{lock}` is held by another owner; try again later or wait for it")]
+    /// The lock is held by another holder, whose lease has not ended.
+    #[error("lock `{lock}` is held by {} until {}; try again later or wait for it", .holder.as_deref().unwrap_or("another holder"), .until.as_deref().unwrap_or("its lease ends"))]
     LockHeld {
         /// The lock's name and resource.
         lock: String,
+        /// The holder's label, if it gave one.
+        holder: Option<String>,
+        /// When its lease ends (database clock, UTC).
+        until: Option<String>,
     },
 
     /// The caller no longer holds the lock or lease it thinks it holds (it expired or was
@@ -172,6 +168,48 @@ pub enum Error {
         reason: String,
     },
 
+    /// A JSON edit cannot be applied to the document (a patch of the wrong shape, a path
+    /// into a scalar, a failed JSON Patch `test`, a result over the size limit); nothing
+    /// was written.
+    #[error(
+        "cannot apply the edit to `{table}`.`{column}` of row {key}: {reason}; nothing was written"
+    )]
+    InvalidPatch {
+        /// The table of the document.
+        table: &'static str,
+        /// The key of the row.
+        key: String,
+        /// The JSON column.
+        column: &'static str,
+        /// What is wrong.
+        reason: String,
+    },
+
+    /// A name (a lock's, a resource's) cannot be stored as it is: too long, empty, or
+    /// holding a NUL. Refused before anything is sent, so two names never become one.
+    #[error("invalid {what} {name:?}: {reason}")]
+    InvalidName {
+        /// What the name is for ("lock name", "resource").
+        what: &'static str,
+        /// The name, cut to its first 64 characters.
+        name: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+
+    /// A setting is out of its range (a zero or day-long lease, ...); nothing was sent.
+    #[error("invalid {what}: {reason}")]
+    InvalidSetting {
+        /// What the setting is.
+        what: &'static str,
+        /// What is wrong with it.
+        reason: String,
+    },
+
+    /// The library's migrations could not be applied.
+    #[error("cannot apply diesel-occ's migrations: {0}")]
+    Migration(#[source] Box<dyn std::error::Error + Send + Sync>),
+
     /// Any other database error.
     #[error("database error: {0}")]
     Database(#[source] DieselError),
@@ -253,6 +291,46 @@ impl<T: Any + fmt::Debug + Send + Sync> CurrentRow for T {
     }
     fn into_any(self: Box<Self>) -> Box<dyn Any> {
         self
+    }
+}
+
+/// A transition the row's current state does not allow: `from` is the state it is in
+/// now, `to` the one asked for. Carries the current row, as a [`Conflict`] does.
+#[derive(Debug, thiserror::Error)]
+#[error("`{table}` row {key} is `{from}`, so it cannot become `{to}`; nothing was written")]
+pub struct InvalidTransition {
+    /// The table that was written.
+    pub table: &'static str,
+    /// The key of the row, rendered with `Debug`.
+    pub key: String,
+    /// The state the row is in now.
+    pub from: String,
+    /// The state that was asked for.
+    pub to: String,
+    current: Box<dyn CurrentRow>,
+}
+
+impl InvalidTransition {
+    /// The refusal of a move to `to` for `current`, which is in state `from`.
+    pub fn new<T: CurrentRow>(
+        table: &'static str,
+        key: String,
+        from: String,
+        to: String,
+        current: T,
+    ) -> Self {
+        InvalidTransition {
+            table,
+            key,
+            from,
+            to,
+            current: Box::new(current),
+        }
+    }
+
+    /// The current row, if it is a `T`.
+    pub fn current<T: 'static>(&self) -> Option<&T> {
+        (*self.current).as_any().downcast_ref()
     }
 }
 

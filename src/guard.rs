@@ -23,8 +23,9 @@ use crate::error::Token;
 /// The row must be `Debug + Send + Sync + 'static` so that a
 /// [`Conflict`](crate::Conflict) can carry the current row inside [`Error`](crate::Error).
 pub trait Guarded: HasTable + Debug + Send + Sync + Sized + 'static {
-    /// The primary key's value: the field's type, or a tuple for composite keys.
-    type Key: Clone + Debug + Send + Sync + 'static;
+    /// The primary key's value: the field's type, or a tuple for composite keys. Compared
+    /// to match rows read back to the keys a batch asked for.
+    type Key: Clone + Debug + PartialEq + Send + Sync + 'static;
 
     /// `key_column = key` (joined with `AND` for composite keys).
     type KeyPredicate;

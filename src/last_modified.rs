@@ -10,8 +10,8 @@
 //! diesel writes (one canonical form per instant), and a column that keeps less
 //! (MySQL `DATETIME`, whole seconds) declares it with `precision = "seconds"`.
 //!
-//! The clock is the application's ([`Clock`]). On PostgreSQL the database's clock can be
-//! chosen instead, `#[occ(last_modified(clock = database))]`; see the `database_clock`
+//! The clock is the application's ([`Clock`]). The database's clock can be chosen
+//! instead, `#[occ(last_modified(clock = database))]`; see the `database_clock`
 //! module.
 
 use std::fmt::Debug;
@@ -49,6 +49,8 @@ pub trait Precision {
     const TICK_MICROS: i64;
     /// The unit's name for PostgreSQL's `date_trunc` and `interval`.
     const UNIT: &'static str;
+    /// Digits after the seconds' point (MySQL's fractional seconds precision).
+    const DIGITS: u32;
 }
 
 /// Microseconds (PostgreSQL, MySQL `DATETIME(6)`, SQLite as diesel writes it): the default.
@@ -66,16 +68,19 @@ pub struct Seconds;
 impl Precision for Micros {
     const TICK_MICROS: i64 = 1;
     const UNIT: &'static str = "microsecond";
+    const DIGITS: u32 = 6;
 }
 
 impl Precision for Millis {
     const TICK_MICROS: i64 = 1_000;
     const UNIT: &'static str = "millisecond";
+    const DIGITS: u32 = 3;
 }
 
 impl Precision for Seconds {
     const TICK_MICROS: i64 = 1_000_000;
     const UNIT: &'static str = "second";
+    const DIGITS: u32 = 0;
 }
 
 /// The Rust types a last-modified column may be read into.
@@ -84,9 +89,9 @@ impl Precision for Seconds {
     label = "not a timestamp type"
 )]
 pub trait Timestamp: Copy + Debug + PartialEq + Send + Sync + 'static {
-    /// PostgreSQL's current instant as this type's column holds it (`timestamp` keeps UTC
-    /// without a zone, `timestamptz` an instant).
-    const POSTGRES_NOW: &'static str;
+    /// Whether the column holds an instant with its zone (`timestamptz`) rather than UTC
+    /// without one, for the database clock's SQL.
+    const ZONED: bool;
     /// This instant as UTC.
     fn to_utc(self) -> DateTime<Utc>;
     /// The instant as this type.
@@ -94,7 +99,7 @@ pub trait Timestamp: Copy + Debug + PartialEq + Send + Sync + 'static {
 }
 
 impl Timestamp for NaiveDateTime {
-    const POSTGRES_NOW: &'static str = "clock_timestamp() AT TIME ZONE 'UTC'";
+    const ZONED: bool = false;
     fn to_utc(self) -> DateTime<Utc> {
         self.and_utc()
     }
@@ -104,7 +109,7 @@ impl Timestamp for NaiveDateTime {
 }
 
 impl Timestamp for DateTime<Utc> {
-    const POSTGRES_NOW: &'static str = "clock_timestamp()";
+    const ZONED: bool = true;
     fn to_utc(self) -> DateTime<Utc> {
         self
     }
@@ -116,10 +121,22 @@ impl Timestamp for DateTime<Utc> {
 /// The timestamp after `old`: now (from `K`) cut to precision `P`, but at least one tick
 /// past `old` cut to `P`. `None` past the last representable instant.
 pub fn next_timestamp<Ts: Timestamp, K: Clock, P: Precision>(old: Ts) -> Option<Ts> {
-    let now = truncate::<P>(K::now())?;
-    let floor =
-        truncate::<P>(old.to_utc())?.checked_add_signed(TimeDelta::microseconds(P::TICK_MICROS))?;
-    Some(Ts::from_utc(now.max(floor)))
+    let now = Ts::from_utc(truncate::<P>(K::now())?);
+    let floor = one_tick_past::<Ts, P>(old)?;
+    Some(if now.to_utc() > floor.to_utc() {
+        now
+    } else {
+        floor
+    })
+}
+
+/// `old` cut to precision `P`, plus one tick: the earliest timestamp a write after `old`
+/// may set. `None` past the last representable instant.
+pub fn one_tick_past<Ts: Timestamp, P: Precision>(old: Ts) -> Option<Ts> {
+    let tick = TimeDelta::microseconds(P::TICK_MICROS);
+    truncate::<P>(old.to_utc())?
+        .checked_add_signed(tick)
+        .map(Ts::from_utc)
 }
 
 /// Now (from `K`) cut to precision `P`: the value an `#[occ(updated_at)]` column gets.

@@ -95,23 +95,47 @@
 //! Every other attribute diesel accepts (`check_for_backend(...)`, `belongs_to(...)`, ...)
 //! is accepted and left to diesel.
 
+// The derive's code names the crate `::diesel_occ`, also inside it (`VersionRow`).
+extern crate self as diesel_occ;
+
 pub mod backend;
 pub mod batch;
 pub mod bulk;
+#[cfg(feature = "chrono")]
+pub mod claim;
+pub mod combined;
 pub mod completion;
 pub mod connection;
-#[cfg(all(feature = "chrono", feature = "postgres"))]
+#[cfg(feature = "chrono")]
 pub mod database_clock;
 pub mod error;
+pub mod fence;
 pub mod guard;
+pub mod json;
+pub mod json_merge;
+
 #[cfg(feature = "chrono")]
 pub mod last_modified;
+#[cfg(feature = "chrono")]
+pub mod leader;
+#[cfg(feature = "chrono")]
+pub mod lease;
+#[cfg(feature = "chrono")]
+pub mod lock;
+#[cfg(feature = "migrations")]
+pub mod migrations;
+pub mod modify;
 mod names;
+pub mod pessimistic;
 pub mod pool;
 pub mod pre_image;
+pub mod retry;
 pub mod statement;
+pub mod status;
+pub mod transition;
 pub mod update;
 pub mod version;
+pub mod version_row;
 #[cfg(feature = "postgres")]
 pub mod xmin;
 
@@ -119,10 +143,11 @@ pub use backend::OccBackend;
 pub use batch::{BatchMode, BatchReport, GuardedBatch, RowOutcome};
 pub use bulk::{BulkReport, GuardedBulk};
 pub use connection::WriteTransaction;
-pub use error::{Conflict, CurrentRow, Error, RetryReason, Token};
+pub use error::{Conflict, CurrentRow, Error, InvalidTransition, RetryReason, Token};
 pub use guard::{CompletionOf, GuardKind, Guarded, TokenOf};
 #[cfg(feature = "chrono")]
 pub use last_modified::{Clock, LastModifiedGuard, SystemClock};
+pub use modify::{Connections, GuardedModify, Modified};
 #[cfg(feature = "mysql")]
 pub use pool::{mysql_pool, MysqlPool};
 #[cfg(feature = "postgres")]
@@ -131,15 +156,21 @@ pub use pool::{postgres_pool, PgPool};
 pub use pool::{sqlite_pool, SqlitePool, SqliteSettings};
 pub use pool::{CheckedManager, PoolConfig, Pooled};
 pub use pre_image::{ChangedColumns, GuardedChanges};
+pub use retry::{RetryEvent, RetryPolicy, Stop};
+pub use status::{HasStatus, Status};
 pub use update::{execute_guarded, GuardedWrite, LoadByKey};
 pub use version::{VersionColumnFor, VersionGuard, VersionNumber};
 
 /// Derives [`Guarded`] for an entity struct; see the crate docs for its attributes.
-pub use diesel_occ_derive::Guarded;
+pub use diesel_occ_derive::{Guarded, Status};
 
 /// The diesel this crate is built on; generated code names it through this path.
 #[doc(hidden)]
 pub use diesel;
+
+/// The serde_json whose `Value` JSON columns hold; generated code names it through this path.
+#[doc(hidden)]
+pub use serde_json;
 
 /// The README's examples, compiled as doc tests so that they stay true.
 #[cfg(doctest)]

@@ -11,9 +11,10 @@ use std::marker::PhantomData;
 use diesel::backend::Backend;
 
 use crate::backend::OccBackend;
+use diesel::expression::{AppearsOnTable, Expression, ValidGrouping};
 use diesel::query_builder::{AstPass, QueryFragment, QueryId};
 use diesel::query_dsl::RunQueryDsl;
-use diesel::sql_types::HasSqlType;
+use diesel::sql_types::{Bool, HasSqlType};
 use diesel::{Column, QueryResult, Table};
 
 /// `"column" = ?`: an assignment after `SET`, an equality test after `WHERE`.
@@ -148,6 +149,62 @@ impl<T: Table, Changes, Advance, Key, Guard, Conn> RunQueryDsl<Conn>
     for GuardedUpdate<T, Changes, Advance, Key, Guard>
 {
 }
+
+impl<T, Changes, Advance, Key, Guard> GuardedUpdate<T, Changes, Advance, Key, Guard>
+where
+    T: Table,
+    T::FromClause: Clone,
+    Key: Clone,
+{
+    /// `SELECT <Col> FROM <table> WHERE (<key>)`: column `Col` of the row this statement
+    /// writes, for a backend without `RETURNING` to read a token the server computed.
+    pub fn read_back<Col>(&self) -> ColumnOfRow<T, Key, Col> {
+        ColumnOfRow {
+            from: self.from.clone(),
+            key: self.key.clone(),
+            column: PhantomData,
+        }
+    }
+}
+
+/// `SELECT <Col> FROM <table> WHERE (<key>)`; see [`GuardedUpdate::read_back`].
+#[derive(Debug, Clone)]
+pub struct ColumnOfRow<T: Table, Key, Col> {
+    from: T::FromClause,
+    key: Key,
+    column: PhantomData<Col>,
+}
+
+impl<T: Table, Key, Col: Column> diesel::query_builder::Query for ColumnOfRow<T, Key, Col> {
+    type SqlType = Col::SqlType;
+}
+
+impl<T, Key, Col, DB> QueryFragment<DB> for ColumnOfRow<T, Key, Col>
+where
+    DB: Backend,
+    T: Table,
+    T::FromClause: QueryFragment<DB>,
+    Key: QueryFragment<DB>,
+    Col: Column,
+{
+    fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, DB>) -> QueryResult<()> {
+        out.push_sql("SELECT ");
+        out.push_identifier(Col::NAME)?;
+        out.push_sql(" FROM ");
+        self.from.walk_ast(out.reborrow())?;
+        out.push_sql(" WHERE (");
+        self.key.walk_ast(out.reborrow())?;
+        out.push_sql(")");
+        Ok(())
+    }
+}
+
+impl<T: Table, Key, Col> QueryId for ColumnOfRow<T, Key, Col> {
+    type QueryId = ();
+    const HAS_STATIC_QUERY_ID: bool = false;
+}
+
+impl<T: Table, Key, Col, Conn> RunQueryDsl<Conn> for ColumnOfRow<T, Key, Col> {}
 
 /// What the executor checks in a compare-and-set statement before sending it.
 pub trait CompareAndSet<DB> {
@@ -390,6 +447,45 @@ impl QueryId for Unguarded {
     const HAS_STATIC_QUERY_ID: bool = true;
 }
 
+/// `(<p0>) OR (<p1>) ...`: rows matching any of the predicates, such as several keys in
+/// one read. Never empty: an empty list would select nothing, so callers skip the read.
+#[derive(Debug, Clone)]
+pub struct AnyOf<P>(pub Vec<P>);
+
+impl<P: Expression<SqlType = Bool>> Expression for AnyOf<P> {
+    type SqlType = Bool;
+}
+
+impl<P, QS> AppearsOnTable<QS> for AnyOf<P> where P: AppearsOnTable<QS> + Expression<SqlType = Bool> {}
+
+impl<P: ValidGrouping<()>> ValidGrouping<()> for AnyOf<P> {
+    type IsAggregate = P::IsAggregate;
+}
+
+impl<P: QueryFragment<DB>, DB: Backend> QueryFragment<DB> for AnyOf<P> {
+    fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, DB>) -> QueryResult<()> {
+        // The text depends on the number of predicates: keep it out of the cache.
+        out.unsafe_to_cache_prepared();
+        if self.0.is_empty() {
+            out.push_sql("1 = 0");
+        }
+        for (i, predicate) in self.0.iter().enumerate() {
+            if i > 0 {
+                out.push_sql(" OR ");
+            }
+            out.push_sql("(");
+            predicate.walk_ast(out.reborrow())?;
+            out.push_sql(")");
+        }
+        Ok(())
+    }
+}
+
+impl<P> QueryId for AnyOf<P> {
+    type QueryId = ();
+    const HAS_STATIC_QUERY_ID: bool = false;
+}
+
 /// A `SELECT` that sees the latest committed row, even inside a transaction whose
 /// snapshot is older. Used to explain a write that matched no row.
 ///
@@ -405,13 +501,37 @@ impl QueryId for Unguarded {
 #[derive(Debug, Clone)]
 pub struct LatestRead<Q> {
     query: Q,
-    locking: bool,
+    lock: RowLock,
+}
+
+/// The lock a [`LatestRead`] takes on the rows it reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RowLock {
+    /// None: a plain read.
+    None,
+    /// The lock that makes the read see the latest row ([`OccBackend::LOCKING_READ`]).
+    Latest,
+    /// `FOR UPDATE`: held until the transaction ends ([`OccBackend::FOR_UPDATE`]).
+    ForUpdate,
+    /// `FOR UPDATE SKIP LOCKED`: rows other transactions hold are left out
+    /// ([`OccBackend::SKIP_LOCKED`]).
+    SkipLocked,
 }
 
 impl<Q> LatestRead<Q> {
     /// `query`, read as the latest committed row; `locking` inside a transaction.
     pub fn new(query: Q, locking: bool) -> Self {
-        LatestRead { query, locking }
+        let lock = if locking {
+            RowLock::Latest
+        } else {
+            RowLock::None
+        };
+        LatestRead { query, lock }
+    }
+
+    /// `query` with the row lock `lock`.
+    pub fn locked(query: Q, lock: RowLock) -> Self {
+        LatestRead { query, lock }
     }
 }
 
@@ -426,9 +546,12 @@ where
 {
     fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, DB>) -> QueryResult<()> {
         self.query.walk_ast(out.reborrow())?;
-        if self.locking {
-            out.push_sql(DB::LOCKING_READ);
-        }
+        out.push_sql(match self.lock {
+            RowLock::None => "",
+            RowLock::Latest => DB::LOCKING_READ,
+            RowLock::ForUpdate => DB::FOR_UPDATE,
+            RowLock::SkipLocked => DB::SKIP_LOCKED,
+        });
         Ok(())
     }
 }

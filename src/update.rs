@@ -14,8 +14,8 @@ use crate::error::{Conflict, Error};
 use crate::guard::{AdvanceOf, Advancing, CompletionOf, GuardKind, Guarded, TokenOf};
 use crate::names::table_name;
 use crate::statement::{
-    assigned_columns, Comma, CompareAndSet, GuardedDelete, GuardedUpdate, Joined, LatestRead,
-    NoChanges, Unguarded,
+    assigned_columns, AnyOf, Comma, CompareAndSet, GuardedDelete, GuardedUpdate, Joined,
+    LatestRead, NoChanges, RowLock, Unguarded,
 };
 
 /// Runs one compare-and-set statement and classifies its outcome.
@@ -114,6 +114,19 @@ pub trait LoadByKey<C>: Guarded {
     /// locks the row until the transaction ends.
     fn load_by_key(conn: &mut C, key: &Self::Key) -> QueryResult<Option<Self>>;
 
+    /// The row with `key`, if it exists, by a plain read (inside a transaction, as the
+    /// transaction's snapshot shows it, without a lock): the read of an optimistic
+    /// read-modify-write, whose guarded write finds out whether the row moved on since.
+    fn read_by_key(conn: &mut C, key: &Self::Key) -> QueryResult<Option<Self>>;
+
+    /// The row with `key` read with the row lock `lock` (`FOR UPDATE`, `SKIP LOCKED`), for
+    /// pessimistic writes inside a transaction.
+    fn lock_by_key(conn: &mut C, key: &Self::Key, lock: RowLock) -> QueryResult<Option<Self>>;
+
+    /// The rows with any of `keys` that exist, in no particular order, read as
+    /// [`load_by_key`](Self::load_by_key) reads one: one statement for all of them.
+    fn load_by_keys(conn: &mut C, keys: &[Self::Key]) -> QueryResult<Vec<Self>>;
+
     /// The table's SQL name, for messages.
     fn table_name() -> &'static str;
 }
@@ -130,6 +143,10 @@ where
     Filter<T::Table, T::KeyPredicate>: SelectDsl<AsSelect<T, C::Backend>>,
     LatestRead<Select<Filter<T::Table, T::KeyPredicate>, AsSelect<T, C::Backend>>>:
         LoadQuery<'static, C, T>,
+    T::Table: FilterDsl<AnyOf<T::KeyPredicate>>,
+    Filter<T::Table, AnyOf<T::KeyPredicate>>: SelectDsl<AsSelect<T, C::Backend>>,
+    LatestRead<Select<Filter<T::Table, AnyOf<T::KeyPredicate>>, AsSelect<T, C::Backend>>>:
+        LoadQuery<'static, C, T>,
 {
     fn load_by_key(conn: &mut C, key: &Self::Key) -> QueryResult<Option<Self>> {
         let locking = in_transaction(conn);
@@ -137,6 +154,30 @@ where
         LatestRead::new(SelectDsl::select(filtered, T::as_select()), locking)
             .get_result(conn)
             .optional()
+    }
+
+    fn read_by_key(conn: &mut C, key: &Self::Key) -> QueryResult<Option<Self>> {
+        let filtered = FilterDsl::filter(T::table(), T::key_predicate(key));
+        LatestRead::new(SelectDsl::select(filtered, T::as_select()), false)
+            .get_result(conn)
+            .optional()
+    }
+
+    fn lock_by_key(conn: &mut C, key: &Self::Key, lock: RowLock) -> QueryResult<Option<Self>> {
+        let filtered = FilterDsl::filter(T::table(), T::key_predicate(key));
+        LatestRead::locked(SelectDsl::select(filtered, T::as_select()), lock)
+            .get_result(conn)
+            .optional()
+    }
+
+    fn load_by_keys(conn: &mut C, keys: &[Self::Key]) -> QueryResult<Vec<Self>> {
+        if keys.is_empty() {
+            return Ok(Vec::new());
+        }
+        let locking = in_transaction(conn);
+        let any = AnyOf(keys.iter().map(T::key_predicate).collect());
+        let filtered = FilterDsl::filter(T::table(), any);
+        LatestRead::new(SelectDsl::select(filtered, T::as_select()), locking).load(conn)
     }
 
     fn table_name() -> &'static str {
@@ -389,13 +430,41 @@ where
     UpdateOf<T, Ch::Changeset>: CompareAndSet<C::Backend>,
     CompletionOf<T>: Complete<C, UpdateOf<T, Ch::Changeset>, TokenOf<T>>,
 {
-    let Some((advance, next)) = T::Guard::advance(expected) else {
-        return Err(Error::VersionOverflow {
-            table: T::table_name(),
-            key: format!("{key:?}"),
-            current: T::Guard::describe(expected),
-        });
-    };
+    let (statement, next) = guarded_statement::<T, C, Ch>(key, expected, changes, stamp)?;
+    let returned = run_guarded::<T, C, _, CompletionOf<T>>(conn, key, expected, statement)?;
+    Ok(returned.unwrap_or(next))
+}
+
+/// The guard's assignments that move the row with `key` past `expected`, and the token it
+/// then holds; [`Error::VersionOverflow`] when the token cannot advance.
+pub(crate) fn advance_from<T: LoadByKey<C>, C>(
+    key: &T::Key,
+    expected: &TokenOf<T>,
+) -> Result<(<T::Guard as GuardKind>::Advance, TokenOf<T>), Error> {
+    T::Guard::advance(expected).ok_or_else(|| Error::VersionOverflow {
+        table: T::table_name(),
+        key: format!("{key:?}"),
+        current: T::Guard::describe(expected),
+    })
+}
+
+/// A guarded update of entity `T` with changes `Ch`, and the token it moves the row to.
+pub(crate) type StatementAndNext<T, Ch> = (UpdateOf<T, <Ch as AsChangeset>::Changeset>, TokenOf<T>);
+
+/// The guarded update of the row with `key` from `expected`, and the token it moves the
+/// row to when the guard can compute it. [`Error::VersionOverflow`] when the token cannot
+/// advance: nothing is sent.
+pub(crate) fn guarded_statement<T, C, Ch>(
+    key: &T::Key,
+    expected: &TokenOf<T>,
+    changes: Ch,
+    stamp: T::Stamp,
+) -> Result<StatementAndNext<T, Ch>, Error>
+where
+    T: LoadByKey<C>,
+    Ch: AsChangeset<Target = T::Table>,
+{
+    let (advance, next) = advance_from::<T, C>(key, expected)?;
     let statement = UpdateOf::<T, Ch::Changeset>::new(
         T::table(),
         changes.as_changeset(),
@@ -403,8 +472,7 @@ where
         T::key_predicate(key),
         T::Guard::predicate(expected),
     );
-    let returned = run_guarded::<T, C, _, CompletionOf<T>>(conn, key, expected, statement)?;
-    Ok(returned.unwrap_or(next))
+    Ok((statement, next))
 }
 
 /// Runs a guarded `statement` on the row with `key`, expected to hold `expected`, the way
@@ -443,11 +511,24 @@ where
     C::Backend: OccBackend,
 {
     match T::load_by_key(conn, key) {
-        Ok(None) => Error::NotFound {
+        Ok(current) => explain::<T, C>(current, key, expected),
+        Err(e) => unreadable::<T, C>(key, e).unwrap_or_else(|e| classify(conn, e)),
+    }
+}
+
+/// Why a write on the row with `key` matched nothing, given the latest row (see
+/// [`explain_miss`]).
+pub(crate) fn explain<T: LoadByKey<C>, C>(
+    current: Option<T>,
+    key: &T::Key,
+    expected: Option<&TokenOf<T>>,
+) -> Error {
+    match current {
+        None => Error::NotFound {
             table: T::table_name(),
             key: format!("{key:?}"),
         },
-        Ok(Some(current)) => match expected {
+        Some(current) => match expected {
             Some(expected) if current.token() != *expected => {
                 Error::Conflict(Box::new(Conflict::new(
                     T::table_name(),
@@ -463,7 +544,6 @@ where
                 token: T::Guard::describe(&current.token()),
             },
         },
-        Err(e) => unreadable::<T, C>(key, e).unwrap_or_else(|e| classify(conn, e)),
     }
 }
 
@@ -471,16 +551,42 @@ where
 /// guard's columns, the likely culprits (a NULL or malformed token makes the guarded
 /// write match nothing, then fails the read that explains it). Other errors are handed
 /// back.
-fn unreadable<T: LoadByKey<C>, C>(key: &T::Key, error: DieselError) -> Result<Error, DieselError> {
+pub(crate) fn unreadable<T: LoadByKey<C>, C>(
+    key: &impl std::fmt::Debug,
+    error: DieselError,
+) -> Result<Error, DieselError> {
+    unreadable_in::<T, C>(key, error, T::GUARD_COLUMNS.join(", "))
+}
+
+/// [`unreadable`], blaming `columns`.
+pub(crate) fn unreadable_in<T: LoadByKey<C>, C>(
+    key: &impl std::fmt::Debug,
+    error: DieselError,
+    columns: String,
+) -> Result<Error, DieselError> {
     match error {
         DieselError::DeserializationError(cause) => Ok(Error::InvalidData {
             table: T::table_name(),
-            column: T::GUARD_COLUMNS.join(", "),
+            column: columns,
             reason: format!(
                 "row {key:?} cannot be read back after the guarded write matched nothing \
-                 (a NULL or malformed token would do this): {cause}"
+                 (a NULL or malformed value would do this): {}",
+                with_sources(&*cause)
             ),
         }),
         other => Err(other),
     }
+}
+
+/// `error` and each of its sources, joined by `: `: diesel's deserialization errors name
+/// the field in their own text and keep the value's problem in their source.
+pub(crate) fn with_sources(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
 }

@@ -10,7 +10,9 @@ use std::sync::Barrier;
 
 use diesel::connection::SimpleConnection;
 use diesel::prelude::*;
-use diesel_occ::{Error, Guarded, GuardedWrite, Pooled, Token};
+use diesel_occ::{
+    BatchMode, Error, Guarded, GuardedBatch, GuardedWrite, Pooled, RowOutcome, Token,
+};
 
 diesel::table! {
     use diesel::sql_types::*;
@@ -158,4 +160,37 @@ fn concurrent_increments_lose_no_update() {
         (THREADS * PER_THREAD) as i64,
         "a lost update"
     );
+}
+
+/// A batch on PostgreSQL is one statement; each written row's new `xmin` comes back
+/// from it, and a stale row reports the current one.
+#[test]
+fn a_batch_returns_each_written_rows_new_xmin() {
+    let Some(db) = setup() else { return };
+    let conn = &mut db.conn();
+    conn.batch_execute("INSERT INTO items (id, note, counter) VALUES (2, 'new', 0)")
+        .unwrap();
+    let (first, second) = (
+        load(conn),
+        items::table
+            .find(2)
+            .select(Item::as_select())
+            .first::<Item>(conn)
+            .unwrap(),
+    );
+    Item::guarded_update_by_key(conn, &2, &second.xmin, items::note.eq("theirs")).unwrap();
+
+    let rows = vec![
+        (1, first.xmin, items::counter.eq(5)),
+        (2, second.xmin, items::counter.eq(5)),
+    ];
+    let report = Item::guarded_update_batch(conn, rows, BatchMode::Partial).unwrap();
+
+    match (&report.rows[0], &report.rows[1]) {
+        (RowOutcome::Written(xmin), RowOutcome::Conflict(conflict)) => {
+            assert_eq!(*xmin, load(conn).xmin, "the returned xmin is the row's");
+            assert_eq!(conflict.current::<Item>().unwrap().note, "theirs");
+        }
+        other => panic!("{other:?}"),
+    }
 }

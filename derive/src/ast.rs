@@ -127,6 +127,22 @@ impl<'a> Entity<'a> {
         })
     }
 
+    /// The field's `#[occ(json)]`, if it has one.
+    pub fn json<'f>(field: &'f Field<'_>) -> Option<&'f Ident> {
+        field.occ.iter().find_map(|attr| match attr {
+            OccAttr::Json(ident) => Some(ident),
+            _ => None,
+        })
+    }
+
+    /// The field's `#[occ(status)]`, if it has one.
+    pub fn status<'f>(field: &'f Field<'_>) -> Option<&'f Ident> {
+        field.occ.iter().find_map(|attr| match attr {
+            OccAttr::Status(ident) => Some(ident),
+            _ => None,
+        })
+    }
+
     /// The field's `#[occ(updated_at)]`, if it has one.
     pub fn updated_at<'f>(field: &'f Field<'_>) -> Option<&'f Stamping> {
         field.occ.iter().find_map(|attr| match attr {

@@ -9,7 +9,7 @@ use syn::{Attribute, Ident, Path, Token, Type};
 
 /// The field attributes of `#[occ(...)]`, for "expected one of" messages.
 const OCC_FIELD_ATTRIBUTES: &str =
-    "`version`, `last_modified`, `xmin`, `compare`, `exclude`, `updated_at`";
+    "`version`, `last_modified`, `xmin`, `compare`, `exclude`, `updated_at`, `json`, `status`";
 
 /// The precisions `last_modified(precision = "...")` accepts, with the library's type.
 const PRECISIONS: [(&str, &str); 3] = [
@@ -26,6 +26,10 @@ pub enum OccAttr {
     Exclude(Ident),
     /// `#[occ(compare)]`: the field's old value is part of the pre-image guard.
     Compare(Ident),
+    /// `#[occ(json)]`: a JSON document column, edited by read-merge-write or merged in SQL.
+    Json(Ident),
+    /// `#[occ(status)]`: the status column, moved by guarded transitions.
+    Status(Ident),
     /// `#[occ(updated_at)]` or `#[occ(updated_at(precision = "..", clock = path))]`: set
     /// to now by every guarded write, not compared.
     UpdatedAt(Stamping),
@@ -121,7 +125,10 @@ pub fn occ_field_attrs(attrs: &[Attribute], errors: &mut Errors) -> Vec<OccAttr>
                     GuardAttr::Xmin(ident)
                 }));
                 Ok(())
-            } else if ident == "exclude" || ident == "compare" {
+            } else if ["exclude", "compare", "json", "status"]
+                .iter()
+                .any(|n| ident == n)
+            {
                 if !meta.input.is_empty() && !meta.input.peek(Token![,]) {
                     return Err(malformed(
                         meta.input.span(),
@@ -130,6 +137,10 @@ pub fn occ_field_attrs(attrs: &[Attribute], errors: &mut Errors) -> Vec<OccAttr>
                 }
                 found.push(if ident == "exclude" {
                     OccAttr::Exclude(ident)
+                } else if ident == "json" {
+                    OccAttr::Json(ident)
+                } else if ident == "status" {
+                    OccAttr::Status(ident)
                 } else {
                     OccAttr::Compare(ident)
                 });

@@ -5,7 +5,7 @@
 //! which it resolves where the struct is defined, like diesel's own derives.
 
 use proc_macro2::TokenStream;
-use quote::{quote, quote_spanned};
+use quote::{quote, quote_spanned, ToTokens};
 use syn::spanned::Spanned;
 
 use crate::ast::{Entity, Field};
@@ -143,10 +143,15 @@ pub fn guarded(entity: &Entity<'_>, guard: &Guard<'_, '_>) -> TokenStream {
         _ => TokenStream::new(),
     };
 
+    let json_documents = json_documents(ident, entity, &column);
+    let status = status_column(ident, entity, &column);
+
     quote! {
         const _: () = {
             #guard_kind_items
             #changed_columns
+            #json_documents
+            #status
 
             impl ::diesel_occ::Guarded for #ident {
                 type Key = #key_type;
@@ -171,6 +176,67 @@ pub fn guarded(entity: &Entity<'_>, guard: &Guard<'_, '_>) -> TokenStream {
                 #stamp
             }
         };
+    }
+}
+
+/// `JsonDocument<column>` for each `#[occ(json)]` field. The accessors are spanned at the
+/// field's type, so a field that is not a `serde_json::Value` is reported there.
+fn json_documents(
+    ident: &syn::Ident,
+    entity: &Entity<'_>,
+    column: &dyn Fn(&Field<'_>) -> TokenStream,
+) -> TokenStream {
+    entity
+        .fields
+        .iter()
+        .filter(|f| Entity::json(f).is_some())
+        .map(|f| {
+            let (col, member) = (column(f), &f.member);
+            // The field goes through a function taking a `Value`, spanned at the field's
+            // type, so that a field of another type is reported there.
+            let (read, edit) = (
+                quote_spanned!(f.ty.span()=> ::diesel_occ::json::field(&self.#member)),
+                quote_spanned!(f.ty.span()=> ::diesel_occ::json::field_mut(&mut self.#member)),
+            );
+            quote! {
+                impl ::diesel_occ::json::JsonDocument<#col> for #ident {
+                    fn document(&self) -> &::diesel_occ::serde_json::Value {
+                        #read
+                    }
+                    fn document_mut(&mut self) -> &mut ::diesel_occ::serde_json::Value {
+                        #edit
+                    }
+                }
+            }
+        })
+        .collect()
+}
+
+/// `HasStatus` for the `#[occ(status)]` field; its type must implement
+/// `diesel_occ::status::Status`, which the bound reports at the field's type.
+fn status_column(
+    ident: &syn::Ident,
+    entity: &Entity<'_>,
+    column: &dyn Fn(&Field<'_>) -> TokenStream,
+) -> TokenStream {
+    let Some(f) = entity.fields.iter().find(|f| Entity::status(f).is_some()) else {
+        return TokenStream::new();
+    };
+    let (col, member) = (column(f), &f.member);
+    let ty = respan(f.ty.to_token_stream(), f.ty.span());
+    quote! {
+        impl ::diesel_occ::status::HasStatus for #ident {
+            type Status = #ty;
+            type StatusColumn = #col;
+
+            fn status(&self) -> #ty {
+                self.#member
+            }
+
+            fn set_status(&mut self, status: #ty) {
+                self.#member = status;
+            }
+        }
     }
 }
 

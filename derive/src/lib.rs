@@ -6,6 +6,7 @@ mod ast;
 mod attr;
 mod expand;
 mod fallback;
+mod status;
 mod valid;
 
 use proc_macro::TokenStream;
@@ -33,4 +34,14 @@ pub fn derive_guarded(input: TokenStream) -> TokenStream {
             out.into()
         }
     }
+}
+
+/// Implements `diesel_occ::status::Status` and the diesel mapping of a status enum; see
+/// the diesel-occ crate docs (module `status`) for the attributes.
+#[proc_macro_derive(Status, attributes(occ))]
+pub fn derive_status(input: TokenStream) -> TokenStream {
+    let input = syn::parse_macro_input!(input as syn::DeriveInput);
+    status::derive(&input)
+        .unwrap_or_else(syn::Error::into_compile_error)
+        .into()
 }

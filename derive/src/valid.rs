@@ -23,6 +23,8 @@ pub fn check<'e, 'a>(entity: &'e Entity<'a>) -> syn::Result<Guard<'e, 'a>> {
     let mut compared = Vec::new();
     for field in &entity.fields {
         check_exclude(entity, field, &mut errors);
+        check_json(entity, field, &mut errors);
+        check_status(entity, field, &mut errors);
         check_compare(entity, field, &mut errors);
         if Entity::compared(field).is_some() {
             compared.push(field);
@@ -50,14 +52,6 @@ pub fn check<'e, 'a>(entity: &'e Entity<'a>) -> syn::Result<Guard<'e, 'a>> {
                 }
             }
             if let GuardAttr::LastModified(stamping) = attr {
-                if stamping.database_clock() && !cfg!(feature = "postgres") {
-                    errors.push(syn::Error::new(
-                        stamping.ident.span(),
-                        "`clock = database` reads the new timestamp back with `RETURNING`, \
-                         which diesel-occ offers on PostgreSQL (feature `postgres`) only\n  \
-                         help: use the application's clock: remove `clock = database`",
-                    ));
-                }
                 if !cfg!(feature = "chrono") {
                     errors.push(syn::Error::new(
                         stamping.ident.span(),
@@ -282,6 +276,70 @@ fn check_exclude(entity: &Entity<'_>, field: &Field<'_>, errors: &mut Errors) {
                 "`#[occ(exclude)]` on the `{}` field: the guard's own column cannot be \
                  excluded from the guard\n  help: exclude other fields, such as view counters",
                 guard.ident()
+            ),
+        ));
+    }
+}
+
+/// `#[occ(json)]` goes on an ordinary, guarded field: not the key, not the guard's token,
+/// not an excluded field (its writes would go unguarded).
+fn check_json(entity: &Entity<'_>, field: &Field<'_>, errors: &mut Errors) {
+    let Some(json) = Entity::json(field) else {
+        return;
+    };
+    let clash = if entity.is_key(field) {
+        Some("a primary key field: the key is never written")
+    } else if Entity::guards(field).next().is_some() {
+        Some("the guard's own field: the token cannot be a document")
+    } else if Entity::excluded(field).is_some() {
+        Some("an excluded field: its merges would skip the guard")
+    } else if Entity::updated_at(field).is_some() {
+        Some("the `updated_at` field")
+    } else {
+        None
+    };
+    if let Some(clash) = clash {
+        errors.push(syn::Error::new(
+            json.span(),
+            format!(
+                "`#[occ(json)]` on {clash}\n  help: put it on the `serde_json::Value` field of \
+                 the JSON column"
+            ),
+        ));
+    }
+}
+
+/// `#[occ(status)]` goes on one ordinary field: not the key, the guard's token, an
+/// excluded field (a transition must be guarded) or a JSON document.
+fn check_status(entity: &Entity<'_>, field: &Field<'_>, errors: &mut Errors) {
+    let Some(status) = Entity::status(field) else {
+        return;
+    };
+    let clash = if entity.is_key(field) {
+        Some("a primary key field: the key is never written")
+    } else if Entity::guards(field).next().is_some() {
+        Some("the guard's own field")
+    } else if Entity::excluded(field).is_some() {
+        Some("an excluded field: its transitions would skip the guard")
+    } else if Entity::json(field).is_some() {
+        Some("a JSON field")
+    } else if entity
+        .fields
+        .iter()
+        .filter(|f| Entity::status(f).is_some())
+        .count()
+        > 1
+    {
+        Some("more than one field: an entity has one status")
+    } else {
+        None
+    };
+    if let Some(clash) = clash {
+        errors.push(syn::Error::new(
+            status.span(),
+            format!(
+                "`#[occ(status)]` on {clash}\n  help: put it on the one field whose type \
+                 derives `diesel_occ::Status`"
             ),
         ));
     }

@@ -122,12 +122,15 @@ fn server_url(var: &str) -> Option<String> {
     }
 }
 
-fn migrate<C: MigrationHarness<C::Backend> + Connection>(
-    conn: &mut C,
-    migrations: EmbeddedMigrations,
-) {
+/// The example tables, then the library's own (`diesel_occ::migrations`).
+fn migrate<C>(conn: &mut C, migrations: EmbeddedMigrations)
+where
+    C: MigrationHarness<C::Backend> + Connection + diesel::migration::MigrationConnection,
+    C::Backend: diesel_occ::migrations::LibraryMigrations,
+{
     conn.run_pending_migrations(migrations)
         .expect("migrations run");
+    diesel_occ::migrations::run(conn).expect("the library's migrations run");
 }
 
 #[cfg(feature = "sqlite")]
@@ -227,6 +230,8 @@ macro_rules! for_each_backend {
             use super::*;
             pub type Conn = diesel::SqliteConnection;
             const BACKEND: &str = "sqlite";
+            /// The SQL type of the backend's JSON columns.
+            pub type JsonSql = diesel::sql_types::Json;
             fn db() -> Option<common::TestDb<Conn>> { common::sqlite() }
             $($item)*
         }
@@ -236,6 +241,8 @@ macro_rules! for_each_backend {
             use super::*;
             pub type Conn = diesel::PgConnection;
             const BACKEND: &str = "postgres";
+            /// The SQL type of the backend's JSON columns.
+            pub type JsonSql = diesel::sql_types::Jsonb;
             fn db() -> Option<common::TestDb<Conn>> { common::postgres() }
             $($item)*
         }
@@ -245,6 +252,8 @@ macro_rules! for_each_backend {
             use super::*;
             pub type Conn = diesel::MysqlConnection;
             const BACKEND: &str = "mysql";
+            /// The SQL type of the backend's JSON columns.
+            pub type JsonSql = diesel::sql_types::Json;
             fn db() -> Option<common::TestDb<Conn>> { common::mysql() }
             $($item)*
         }

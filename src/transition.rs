@@ -1,0 +1,389 @@
+//! Guarded status transitions (DESIGN P5, P12): one conditional `UPDATE` whose `WHERE`
+//! holds the states allowed to move to the target, so that of a cancel and a ship racing
+//! on one order exactly one wins, and the loser learns the state the winner left.
+//!
+//! ```sql
+//! UPDATE orders SET status = ?to [, extra assignments], <token advances>
+//! WHERE (<key>) AND status IN (<states allowed to move to `to`>) [AND <token> = ?expected]
+//! ```
+//!
+//! Two forms:
+//! - from a loaded copy ([`transition`](GuardedTransition::transition)): the status check
+//!   *and* the copy's token, which also closes the ABA gap (valid, taken, valid again
+//!   between the read and the write: the status alone cannot see it, the token can).
+//! - from a key alone ([`transition_by_key`](GuardedStatusTransition::transition_by_key),
+//!   version-guarded entities): the status check only, no read before it; the version
+//!   advances in SQL and comes back with the statement.
+//!
+//! Outcomes: the new token; [`Error::NotFound`]; [`Error::InvalidTransition`] with the
+//! current row when its state does not allow the move (never retried: the state is what
+//! it is); [`Error::Conflict`] when the state would allow it but the copy's token is stale
+//! (the loaded form; read again and decide). `transition_by_key` retries transient
+//! database errors (deadlock, lock timeout, SQLite busy) with its [`RetryPolicy`]: nothing
+//! else can change its answer.
+//!
+//! The `..._then` forms run a hook on the same transaction after the move (a history row
+//! with [`record`], an outbox event); if the hook fails, the transition is rolled back.
+
+use diesel::connection::LoadConnection;
+use diesel::query_builder::{AsChangeset, AstPass, QueryFragment, QueryId};
+use diesel::serialize::ToSql;
+use diesel::sql_types::{Nullable, Text};
+use diesel::{Column, QueryResult};
+
+use crate::backend::OccBackend;
+use crate::bulk::{Increment, Maximum};
+use crate::completion::{Complete, ReturnedBy};
+use crate::connection::WriteTransaction;
+use crate::error::{Error, InvalidTransition};
+use crate::guard::{AdvanceOf, CompletionOf, GuardKind, Guarded, TokenOf};
+use crate::modify::in_caller_transaction;
+use crate::retry::{RetryPolicy, Stop};
+use crate::statement::{
+    AlsoSet, And, ColumnEq, Comma, CompareAndSet, GuardedUpdate, Joined, NoChanges,
+};
+use crate::status::{HasStatus, Status, StatusIn};
+use crate::update::{advance_from, classify, execute_guarded, explain, unreadable_in, LoadByKey};
+use crate::version::{VersionColumnFor, VersionGuard, VersionNumber};
+
+/// No extra assignment: the transition sets the status (and advances the token) only.
+/// The table is inferred from the entity.
+pub fn no_extra<T>() -> NoChanges<T> {
+    NoChanges::default()
+}
+
+/// `status = ?to` and the caller's extra assignments.
+pub type SetStatus<T, Ch> =
+    Joined<ColumnEq<<T as HasStatus>::StatusColumn, <T as HasStatus>::Status>, Ch, Comma>;
+
+/// `status IN (...)` and condition `G`.
+pub type StatusAnd<T, G> =
+    Joined<StatusIn<<T as HasStatus>::StatusColumn, <T as HasStatus>::Status>, G, And>;
+
+/// The transition of a loaded copy of `T` with extra changeset `Ch`.
+pub type TransitionOf<T, Ch> = GuardedUpdate<
+    <T as diesel::associations::HasTable>::Table,
+    SetStatus<T, Ch>,
+    AdvanceOf<T>,
+    <T as Guarded>::KeyPredicate,
+    StatusAnd<T, <<T as Guarded>::Guard as GuardKind>::Predicate>,
+>;
+
+/// The key-only transition of `T` (version column `VCol` of type `V`).
+pub type KeyTransitionOf<T, Ch, VCol, V> = GuardedUpdate<
+    <T as diesel::associations::HasTable>::Table,
+    SetStatus<T, Ch>,
+    AlsoSet<Increment<VCol>, <T as Guarded>::Stamp>,
+    <T as Guarded>::KeyPredicate,
+    StatusAnd<T, Maximum<VCol, V>>,
+>;
+
+/// Transitions of loaded copies, for every entity with a `#[occ(status)]` field.
+pub trait GuardedTransition: HasStatus + Clone {
+    /// Moves this row to `to` (with the `extra` assignments, such as a ship date) if its
+    /// state allows it and it still holds this copy's token; records the new state, token
+    /// and stamp in the copy. A failed move leaves the copy as it was.
+    fn transition<C, Ch>(
+        &mut self,
+        conn: &mut C,
+        to: Self::Status,
+        extra: Ch,
+    ) -> Result<TokenOf<Self>, Error>
+    where
+        C: LoadConnection,
+        C::Backend: OccBackend,
+        Ch: AsChangeset<Target = Self::Table>,
+        TransitionOf<Self, Ch::Changeset>: CompareAndSet<C::Backend>,
+        CompletionOf<Self>: Complete<C, TransitionOf<Self, Ch::Changeset>, TokenOf<Self>>,
+        Self: LoadByKey<C>,
+    {
+        let (key, expected) = (self.key(), self.token());
+        let (advance, next) = advance_from::<Self, C>(&key, &expected)?;
+        let stamp = Self::stamp();
+        let statement = TransitionOf::<Self, Ch::Changeset>::new(
+            Self::table(),
+            Joined(ColumnEq::new(to), extra.as_changeset(), Comma),
+            Joined(advance, stamp.clone(), Comma),
+            Self::key_predicate(&key),
+            Joined(
+                StatusIn::new(Self::Status::sources(to)),
+                Self::Guard::predicate(&expected),
+                And,
+            ),
+        );
+        let token = execute_guarded::<C, _, CompletionOf<Self>, TokenOf<Self>>(
+            conn,
+            statement,
+            || (Self::table_name(), format!("{key:?}")),
+            |conn| explain_transition::<Self, C>(conn, &key, to, Some(&expected)),
+        )?
+        .unwrap_or(next);
+        self.set_token(token.clone());
+        self.set_status(to);
+        self.set_stamp(&stamp);
+        Ok(token)
+    }
+
+    /// [`transition`](Self::transition) and then `hook` (given the state the row left and
+    /// the row as moved) on the same write transaction; when the hook fails, the move is
+    /// rolled back, the copy left as it was, and the hook's error comes back unchanged.
+    fn transition_then<C, Ch, E>(
+        &mut self,
+        conn: &mut C,
+        to: Self::Status,
+        extra: Ch,
+        hook: impl FnOnce(&mut C, Self::Status, &Self) -> Result<(), E>,
+    ) -> Result<TokenOf<Self>, E>
+    where
+        C: LoadConnection + WriteTransaction,
+        C::Backend: OccBackend,
+        Ch: AsChangeset<Target = Self::Table>,
+        TransitionOf<Self, Ch::Changeset>: CompareAndSet<C::Backend>,
+        CompletionOf<Self>: Complete<C, TransitionOf<Self, Ch::Changeset>, TokenOf<Self>>,
+        Self: LoadByKey<C>,
+        E: From<Error>,
+    {
+        let before = self.clone();
+        let from = self.status();
+        let result = conn.write_transaction(|conn| -> Result<_, Stop<E>> {
+            let token = self.transition(conn, to, extra)?;
+            hook(conn, from, self).map_err(Stop::Caller)?;
+            Ok(token)
+        });
+        result.map_err(|stop| {
+            *self = before;
+            match stop {
+                Stop::Caller(e) => e,
+                Stop::Occ(e) => e.into(),
+            }
+        })
+    }
+}
+
+impl<T: HasStatus + Clone> GuardedTransition for T {}
+
+/// Key-only transitions for entities guarded by a version column.
+pub trait GuardedStatusTransition<VCol, V>:
+    HasStatus + Clone + Guarded<Guard = VersionGuard<VCol, V>>
+where
+    VCol: Column + VersionColumnFor<V>,
+    V: VersionNumber,
+{
+    /// Moves the row with `key` to `to` (with `extra`) if its state allows it, whatever
+    /// its token, in one statement with no read before it; advances the version and
+    /// returns the new one. Transient database errors are retried as `policy` allows
+    /// (one attempt inside a transaction you opened).
+    fn transition_by_key<C, Ch>(
+        conn: &mut C,
+        key: &Self::Key,
+        to: Self::Status,
+        extra: Ch,
+        policy: &RetryPolicy,
+    ) -> Result<V, Error>
+    where
+        C: LoadConnection,
+        C::Backend: OccBackend,
+        Ch: AsChangeset<Target = Self::Table> + Clone,
+        KeyTransitionOf<Self, Ch::Changeset, VCol, V>: CompareAndSet<C::Backend>,
+        ReturnedBy<VCol>: Complete<C, KeyTransitionOf<Self, Ch::Changeset, VCol, V>, V>,
+        Self: LoadByKey<C>,
+    {
+        let policy = if in_caller_transaction(conn) {
+            RetryPolicy::never()
+        } else {
+            policy.clone()
+        };
+        let (version, _) = policy.run(|_| -> Result<V, Stop<Error>> {
+            let statement = KeyTransitionOf::<Self, Ch::Changeset, VCol, V>::new(
+                Self::table(),
+                Joined(ColumnEq::new(to), extra.clone().as_changeset(), Comma),
+                Joined(Increment::default(), Self::stamp(), Comma),
+                Self::key_predicate(key),
+                Joined(
+                    StatusIn::new(Self::Status::sources(to)),
+                    Maximum::below(),
+                    And,
+                ),
+            );
+            let version = execute_guarded::<C, _, ReturnedBy<VCol>, V>(
+                conn,
+                statement,
+                || (Self::table_name(), format!("{key:?}")),
+                |conn| explain_transition::<Self, C>(conn, key, to, None),
+            )?;
+            version.ok_or_else(|| {
+                Stop::Occ(Error::Database(diesel::result::Error::QueryBuilderError(
+                    "the transition wrote its row but did not read its version back".into(),
+                )))
+            })
+        })?;
+        Ok(version)
+    }
+
+    /// Moves the row with `key` to `to` and runs `hook` (given the state the row left and
+    /// the row as moved) on the same write transaction. The row is read with a lock first,
+    /// so the hook knows the state it left; when the state does not allow the move the
+    /// answer is [`Error::InvalidTransition`]; when the hook fails, everything is rolled
+    /// back and its error comes back unchanged. Returns the row as moved.
+    fn transition_by_key_then<C, Ch, E>(
+        conn: &mut C,
+        key: &Self::Key,
+        to: Self::Status,
+        extra: Ch,
+        hook: impl FnOnce(&mut C, Self::Status, &Self) -> Result<(), E>,
+    ) -> Result<Self, E>
+    where
+        C: LoadConnection + WriteTransaction,
+        C::Backend: OccBackend,
+        Ch: AsChangeset<Target = Self::Table>,
+        TransitionOf<Self, Ch::Changeset>: CompareAndSet<C::Backend>,
+        CompletionOf<Self>: Complete<C, TransitionOf<Self, Ch::Changeset>, TokenOf<Self>>,
+        Self: LoadByKey<C>,
+        E: From<Error>,
+    {
+        let result = conn.write_transaction(|conn| -> Result<Self, Stop<E>> {
+            // Inside the transaction this read locks the row until it ends.
+            let mut row = match Self::load_by_key(conn, key) {
+                Ok(Some(row)) => row,
+                Ok(None) => return Err(Stop::Occ(explain::<Self, C>(None, key, None))),
+                Err(e) => {
+                    return Err(Stop::Occ(
+                        unreadable_in::<Self, C>(key, e, suspects::<Self>())
+                            .unwrap_or_else(|e| classify(conn, e)),
+                    ))
+                }
+            };
+            let from = row.status();
+            row.transition(conn, to, extra)?;
+            hook(conn, from, &row).map_err(Stop::Caller)?;
+            Ok(row)
+        });
+        result.map_err(|stop| match stop {
+            Stop::Caller(e) => e,
+            Stop::Occ(e) => e.into(),
+        })
+    }
+}
+
+impl<T, VCol, V> GuardedStatusTransition<VCol, V> for T
+where
+    T: HasStatus + Clone + Guarded<Guard = VersionGuard<VCol, V>>,
+    VCol: Column + VersionColumnFor<V>,
+    V: VersionNumber,
+{
+}
+
+/// Why a transition of the row with `key` to `to` matched nothing, from the latest row:
+/// gone, in a state that does not allow the move ([`Error::InvalidTransition`]), at its
+/// version's maximum, holding another token than `expected` ([`Error::Conflict`]), or
+/// refused by the database.
+fn explain_transition<T, C>(
+    conn: &mut C,
+    key: &T::Key,
+    to: T::Status,
+    expected: Option<&TokenOf<T>>,
+) -> Error
+where
+    T: HasStatus + LoadByKey<C>,
+    C: LoadConnection,
+    C::Backend: OccBackend,
+{
+    match T::load_by_key(conn, key) {
+        Ok(Some(current)) if !T::Status::allows(current.status(), to) => {
+            Error::InvalidTransition(Box::new(InvalidTransition::new(
+                T::table_name(),
+                format!("{key:?}"),
+                current.status().name().to_string(),
+                to.name().to_string(),
+                current,
+            )))
+        }
+        Ok(Some(current))
+            if expected.is_none() && T::Guard::advance(&current.token()).is_none() =>
+        {
+            Error::VersionOverflow {
+                table: T::table_name(),
+                key: format!("{key:?}"),
+                current: T::Guard::describe(&current.token()),
+            }
+        }
+        Ok(current) => explain::<T, C>(current, key, expected),
+        Err(e) => {
+            unreadable_in::<T, C>(key, e, suspects::<T>()).unwrap_or_else(|e| classify(conn, e))
+        }
+    }
+}
+
+/// The columns an unreadable row is blamed on: the status first, then the guard's.
+fn suspects<T: HasStatus>() -> String {
+    let status = <T::StatusColumn as Column>::NAME;
+    format!("{status} (or {})", T::GUARD_COLUMNS.join(", "))
+}
+
+/// One row of the library's transition history (`occ_transitions`); `at` is set by the
+/// database's clock.
+#[derive(Debug, Clone, Copy)]
+pub struct HistoryEntry<'a> {
+    /// The entity's table or type name.
+    pub entity: &'a str,
+    /// The row's key, as text.
+    pub key: &'a str,
+    /// The state it left.
+    pub from: &'a str,
+    /// The state it entered.
+    pub to: &'a str,
+    /// Who moved it, if known.
+    pub actor: Option<&'a str>,
+}
+
+impl<DB: OccBackend> QueryFragment<DB> for HistoryEntry<'_>
+where
+    str: ToSql<Text, DB>,
+{
+    fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, DB>) -> QueryResult<()> {
+        out.push_sql(
+            "INSERT INTO occ_transitions (entity, entity_key, from_status, to_status, actor) VALUES (",
+        );
+        for (i, value) in [self.entity, self.key, self.from, self.to]
+            .into_iter()
+            .enumerate()
+        {
+            if i > 0 {
+                out.push_sql(", ");
+            }
+            out.push_bind_param::<Text, str>(value)?;
+        }
+        out.push_sql(", ");
+        out.push_bind_param::<Nullable<Text>, Option<&str>>(&self.actor)?;
+        out.push_sql(")");
+        Ok(())
+    }
+}
+
+impl QueryId for HistoryEntry<'_> {
+    type QueryId = ();
+    const HAS_STATIC_QUERY_ID: bool = false;
+}
+
+/// Appends `entry` to the library's transition history (`occ_transitions`, from
+/// [`migrations`](crate::migrations)), stamped with the database's clock. Meant for a
+/// transition hook, so that the history row commits or rolls back with the move. Every
+/// text must pass [`check_name`](crate::version_row::check_name)'s rules.
+pub fn record<C>(conn: &mut C, entry: &HistoryEntry<'_>) -> Result<(), Error>
+where
+    C: LoadConnection,
+    C::Backend: OccBackend,
+    for<'a> HistoryEntry<'a>: QueryFragment<C::Backend>,
+{
+    use crate::version_row::check_name;
+    check_name("entity", entry.entity)?;
+    check_name("key", entry.key)?;
+    check_name("state", entry.from)?;
+    check_name("state", entry.to)?;
+    if let Some(actor) = entry.actor {
+        check_name("actor", actor)?;
+    }
+    conn.execute_returning_count(entry)
+        .map(drop)
+        .map_err(|e| classify(conn, e))
+}

@@ -1,0 +1,205 @@
+//! Keep-alive leases and leader election, in one process and across processes: a leader
+//! killed with SIGKILL is replaced within its lease and one retry period.
+
+#![cfg(feature = "chrono")]
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use diesel::prelude::*;
+use diesel::r2d2::{Pool, R2D2Connection};
+use diesel_occ::leader::{Candidate, ElectionTiming, LeaderEvent};
+use diesel_occ::lease::Lease;
+use diesel_occ::lock::{occ_locks, Locks};
+use diesel_occ::{CheckedManager, Error, PoolConfig};
+
+/// Fast timings for tests: a dead leader is replaced within about a second.
+fn timing() -> ElectionTiming {
+    ElectionTiming {
+        lease: Duration::from_millis(1000),
+        renew_deadline: Duration::from_millis(600),
+        retry_period: Duration::from_millis(100),
+    }
+}
+
+/// The next event within `wait`.
+fn next_event(candidate: &Candidate, wait: Duration) -> Option<LeaderEvent> {
+    candidate.events().recv_timeout(wait).ok()
+}
+
+/// A child process that is killed when the test ends, however it ends, so that a failed
+/// test never leaves a leader running.
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// A pool on a test database's URL, for a child process.
+trait PoolByUrl: R2D2Connection + Sized + 'static {
+    fn pool(url: &str) -> Pool<CheckedManager<Self>>;
+}
+
+#[cfg(feature = "sqlite")]
+impl PoolByUrl for diesel::SqliteConnection {
+    fn pool(url: &str) -> Pool<CheckedManager<Self>> {
+        diesel_occ::sqlite_pool(url, &PoolConfig::default()).unwrap()
+    }
+}
+
+#[cfg(feature = "postgres")]
+impl PoolByUrl for diesel::PgConnection {
+    fn pool(url: &str) -> Pool<CheckedManager<Self>> {
+        diesel_occ::postgres_pool(url, &PoolConfig::default()).unwrap()
+    }
+}
+
+#[cfg(feature = "mysql")]
+impl PoolByUrl for diesel::MysqlConnection {
+    fn pool(url: &str) -> Pool<CheckedManager<Self>> {
+        diesel_occ::mysql_pool(url, &PoolConfig::default()).unwrap()
+    }
+}
+
+#[test]
+fn election_timings_are_validated() {
+    let ms = Duration::from_millis;
+    for (lease, renew_deadline, retry_period) in [
+        (ms(100), ms(100), ms(10)),
+        (ms(1000), ms(600), ms(500)),
+        (ms(1000), ms(600), ms(0)),
+    ] {
+        let bad = ElectionTiming {
+            lease,
+            renew_deadline,
+            retry_period,
+        };
+        assert!(
+            matches!(bad.validate(), Err(Error::InvalidSetting { .. })),
+            "{bad:?}"
+        );
+    }
+    assert!(ElectionTiming::default().validate().is_ok());
+    assert!(timing().validate().is_ok());
+}
+
+for_each_backend! {
+    /// A lease kept alive outlives its TTL many times; when someone else takes the row
+    /// over, the holder learns it within about a third of the TTL.
+    #[test]
+    fn a_kept_alive_lease_outlives_its_ttl_and_learns_when_it_is_taken() {
+        let Some(db) = db() else { return };
+        let locks = Locks::new(db.pool.clone());
+        let lease = Lease::keep_alive(locks.try_lock("worker", "w1", Duration::from_millis(300), Some("me")).unwrap());
+
+        std::thread::sleep(Duration::from_millis(1000));
+        lease.check().unwrap();
+        assert!(matches!(locks.try_lock("worker", "w1", Duration::from_secs(5), None), Err(Error::LockHeld { .. })));
+
+        diesel::update(occ_locks::table).set(occ_locks::holder.eq("intruder")).execute(&mut db.conn()).unwrap();
+        let taken = Instant::now();
+        while lease.check().is_ok() {
+            assert!(taken.elapsed() < Duration::from_millis(1000), "the lost lease went unnoticed");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert!(matches!(lease.check(), Err(Error::LockLost { .. })));
+        assert!(matches!(lease.release(), Err(Error::LockLost { .. })));
+    }
+
+    /// Two candidates: one leads; when it steps down the other is elected, with a higher
+    /// fence.
+    #[test]
+    fn one_candidate_leads_and_the_other_takes_over_when_it_steps_down() {
+        let Some(db) = db() else { return };
+        let locks = Locks::new(db.pool.clone());
+        let first = Candidate::start(locks.clone(), "scheduler", "main", "first", timing()).unwrap();
+        let Some(LeaderEvent::Elected { fence }) = next_event(&first, Duration::from_secs(5)) else { panic!("the first was not elected") };
+        let second = Candidate::start(locks, "scheduler", "main", "second", timing()).unwrap();
+        assert_eq!(next_event(&second, Duration::from_millis(500)), None, "two leaders");
+        assert!(first.is_leader() && !second.is_leader());
+
+        first.stop();
+        match next_event(&second, Duration::from_secs(5)) {
+            Some(LeaderEvent::Elected { fence: next }) => assert!(next > fence),
+            other => panic!("{other:?}"),
+        }
+        assert!(second.is_leader());
+        second.stop();
+    }
+
+    /// The child side of the failover test: leads until killed.
+    #[test]
+    fn leader_child() {
+        let Ok(url) = std::env::var(format!("OCC_LEADER_CHILD_{BACKEND}")) else { return };
+        let locks = Locks::new(<Conn as PoolByUrl>::pool(&url));
+        if let Err(e) = locks.try_lock("failover-probe", "main", Duration::from_secs(1), None) {
+            println!("PROBE FAILED {e}");
+        }
+        let candidate = Candidate::start(locks, "failover", "main", "child", timing()).unwrap();
+        if let Some(LeaderEvent::Elected { fence }) = next_event(&candidate, Duration::from_secs(30)) {
+            println!("ELECTED {fence}");
+        }
+        loop {
+            std::thread::sleep(Duration::from_secs(1));
+        }
+    }
+
+    /// A child process leads and is killed with SIGKILL: this process is elected within
+    /// the lease and one retry period.
+    #[test]
+    fn a_killed_leader_is_replaced_within_its_lease() {
+        let Some(db) = db() else { return };
+        let mut child = KillOnDrop(Command::new(std::env::current_exe().unwrap())
+            .args([&format!("{BACKEND}::leader_child"), "--exact", "--nocapture", "--test-threads=1"])
+            .env(format!("OCC_LEADER_CHILD_{BACKEND}"), &db.url)
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap());
+        let child = &mut child.0;
+        let (lines_in, lines) = std::sync::mpsc::channel();
+        let stdout = child.stdout.take().unwrap();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                let _ = lines_in.send(line);
+            }
+        });
+        let mut seen = Vec::new();
+        let child_fence: i64 = loop {
+            match lines.recv_timeout(Duration::from_secs(30)) {
+                // The harness's "test ... " has no line break before the child's output.
+                Ok(line) => match line.split("ELECTED ").nth(1) {
+                    Some(fence) => break fence.trim().parse().unwrap(),
+                    None => seen.push(line),
+                },
+                Err(_) => {
+                    let _ = child.kill();
+                    panic!("the child did not lead; it said: {seen:#?}");
+                }
+            }
+        };
+        let locks = Locks::new(db.pool.clone());
+        let me = Candidate::start(locks, "failover", "main", "parent", timing()).unwrap();
+        assert_eq!(next_event(&me, Duration::from_millis(1500)), None, "elected while the child leads");
+
+        child.kill().unwrap(); // SIGKILL: no step-down, no release
+        let killed = Instant::now();
+        child.wait().unwrap();
+        let elected = next_event(&me, Duration::from_secs(10));
+        let failover = killed.elapsed();
+
+        match elected {
+            Some(LeaderEvent::Elected { fence }) => assert!(fence > child_fence),
+            other => panic!("not elected after the leader died: {other:?}"),
+        }
+        let bound = timing().lease + timing().retry_period + Duration::from_millis(500);
+        assert!(failover <= bound, "failover took {failover:?}, over {bound:?}");
+        println!("{BACKEND}: leader killed, new leader elected after {failover:?} (lease {:?}, retry {:?})", timing().lease, timing().retry_period);
+        me.stop();
+    }
+}

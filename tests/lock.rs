@@ -1,0 +1,193 @@
+//! Locks and leases: mutual exclusion checked with fences, expiry by the database clock,
+//! owner-checked renew and release, fenced writes that refuse a paused holder.
+
+#![cfg(feature = "chrono")]
+
+mod common;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Barrier, Mutex};
+use std::time::Duration;
+
+use diesel::connection::SimpleConnection;
+use diesel::prelude::*;
+use diesel_occ::fence::FencedWrite;
+use diesel_occ::lock::{occ_locks, Locks, MAX_TTL};
+use diesel_occ::{Error, Guarded, RetryPolicy};
+
+diesel::table! {
+    protected (id) {
+        id -> BigInt,
+        value -> BigInt,
+        last_fence -> BigInt,
+        version -> BigInt,
+    }
+}
+
+/// A row that only the lock's holder writes, with the newest fence it accepted.
+#[derive(Debug, Clone, PartialEq, Queryable, Selectable, Identifiable, Insertable, Guarded)]
+#[diesel(table_name = protected)]
+pub struct Protected {
+    id: i64,
+    value: i64,
+    last_fence: i64,
+    #[occ(version)]
+    version: i64,
+}
+
+fn quick() -> RetryPolicy {
+    RetryPolicy::default()
+        .first_delay(Duration::from_millis(1))
+        .max_delay(Duration::from_millis(10))
+}
+
+for_each_backend! {
+    type Pooled = diesel_occ::Pooled<Conn>;
+
+    fn setup() -> Option<common::TestDb<Conn>> {
+        let db = db()?;
+        db.conn()
+            .batch_execute(
+                "CREATE TABLE protected (id BIGINT PRIMARY KEY, value BIGINT NOT NULL, \
+                 last_fence BIGINT NOT NULL, version BIGINT NOT NULL); \
+                 INSERT INTO protected (id, value, last_fence, version) VALUES (1, 0, 0, 0)",
+            )
+            .unwrap();
+        Some(db)
+    }
+
+    fn value(conn: &mut Pooled) -> (i64, i64) {
+        protected::table.find(1).select((protected::value, protected::last_fence)).first(conn).unwrap()
+    }
+
+    /// 8 contenders x 20 rounds on one lock: never two inside at once, fences rise with
+    /// every acquisition, and an unguarded read-then-write under the lock loses nothing.
+    #[test]
+    fn contenders_never_hold_the_lock_together() {
+        const CONTENDERS: usize = 8;
+        const ROUNDS: usize = 20;
+        let Some(db) = setup() else { return };
+        let locks = Locks::new(db.pool.clone());
+        let start = Barrier::new(CONTENDERS);
+        let inside = AtomicBool::new(false);
+        let fences = Mutex::new(Vec::new());
+        let pool = &db.pool;
+
+        std::thread::scope(|s| {
+            for c in 0..CONTENDERS {
+                let (locks, start, inside, fences) = (&locks, &start, &inside, &fences);
+                s.spawn(move || {
+                    let label = format!("contender {c}");
+                    let mut conn = pool.get().unwrap();
+                    start.wait();
+                    for _ in 0..ROUNDS {
+                        let guard = locks
+                            .lock("report", "2026-11", Duration::from_secs(30), Some(&label), Duration::from_secs(120), &quick())
+                            .unwrap();
+                        assert!(!inside.swap(true, Ordering::SeqCst), "two holders at once");
+                        fences.lock().unwrap().push(guard.fence());
+                        let (current, _) = value(&mut conn);
+                        Protected::write_fenced(&mut conn, &1, protected::last_fence, guard.fence(), protected::value.eq(current + 1)).unwrap();
+                        inside.store(false, Ordering::SeqCst);
+                        guard.release().unwrap();
+                    }
+                });
+            }
+        });
+
+        let fences = fences.into_inner().unwrap();
+        assert!(fences.windows(2).all(|w| w[0] < w[1]), "fences rise with every acquisition: {fences:?}");
+        let holds = (CONTENDERS * ROUNDS) as i64;
+        assert_eq!(fences.len() as i64, holds);
+        assert_eq!(value(&mut db.conn()), (holds, *fences.last().unwrap()));
+        let (fence, changes): (i64, i64) = occ_locks::table
+            .select((occ_locks::fence, occ_locks::holder_changes))
+            .first(&mut db.conn())
+            .unwrap();
+        assert_eq!((fence, changes), (holds, holds));
+    }
+
+    /// A holder that stops renewing loses the lease by the database's clock; the next
+    /// holder's fence is higher, and the old holder's renew, release and fenced write are
+    /// all refused.
+    #[test]
+    fn a_lapsed_holder_is_locked_out_and_its_fenced_write_refused() {
+        let Some(db) = setup() else { return };
+        let conn = &mut db.conn();
+        let locks = Locks::new(db.pool.clone());
+        let mut paused = locks.try_lock("leader", "eu", Duration::from_millis(300), Some("host-a")).unwrap();
+
+        match locks.try_lock("leader", "eu", Duration::from_secs(30), Some("host-b")) {
+            Err(Error::LockHeld { holder, until, .. }) => {
+                assert_eq!(holder.as_deref(), Some("host-a"));
+                assert!(until.is_some());
+            }
+            other => panic!("expected LockHeld, got {other:?}"),
+        }
+        paused.renew().unwrap();
+        // Past the lease, by the database's clock.
+        std::thread::sleep(Duration::from_millis(800));
+        let successor = locks.try_lock("leader", "eu", Duration::from_secs(30), Some("host-b")).unwrap();
+        assert!(successor.fence() > paused.fence());
+        Protected::write_fenced(conn, &1, protected::last_fence, successor.fence(), protected::value.eq(7)).unwrap();
+
+        let renew = paused.renew().unwrap_err();
+        let write = Protected::write_fenced(conn, &1, protected::last_fence, paused.fence(), protected::value.eq(666)).unwrap_err();
+        let release = paused.release().unwrap_err();
+
+        assert!(matches!(renew, Error::LockLost { .. }), "{renew}");
+        assert!(matches!(release, Error::LockLost { .. }), "{release}");
+        match write {
+            Error::StaleFence { presented, current } => assert_eq!((presented, current), (successor.fence() - 1, successor.fence())),
+            other => panic!("{other}"),
+        }
+        assert_eq!(value(conn), (7, successor.fence()));
+        successor.release().unwrap();
+    }
+
+    /// Not re-entrant; a dropped guard frees the lock; the row stays so the fence rises.
+    #[test]
+    fn locks_are_not_reentrant_and_a_dropped_guard_frees_the_lock() {
+        let Some(db) = setup() else { return };
+        let locks = Locks::new(db.pool.clone());
+        let first = locks.try_lock("job", "1", Duration::from_secs(30), None).unwrap();
+        assert!(matches!(locks.try_lock("job", "1", Duration::from_secs(30), None), Err(Error::LockHeld { .. })));
+        let fence = first.fence();
+        drop(first);
+
+        let second = locks.try_lock("job", "1", Duration::from_secs(30), None).unwrap();
+        assert_eq!(second.fence(), fence + 1);
+        second.release().unwrap();
+        let rows: i64 = occ_locks::table.count().get_result(&mut db.conn()).unwrap();
+        assert_eq!(rows, 1, "the row is kept on release");
+    }
+
+    /// Bad names and leases are refused before anything is sent; odd but valid names are
+    /// bound, stored and read back exactly.
+    #[test]
+    fn bad_input_is_refused_and_odd_names_are_exact() {
+        let Some(db) = setup() else { return };
+        let locks = Locks::new(db.pool.clone());
+        let ttl = Duration::from_secs(30);
+        for (name, resource, ttl) in [
+            ("", "r", ttl),
+            ("n", "", ttl),
+            (&*"x".repeat(10_000), "r", ttl),
+            ("nul\0", "r", ttl),
+            ("n", "r", Duration::ZERO),
+            ("n", "r", MAX_TTL + Duration::from_secs(1)),
+        ] {
+            let err = locks.try_lock(name, resource, ttl, None).unwrap_err();
+            assert!(matches!(err, Error::InvalidName { .. } | Error::InvalidSetting { .. }), "{err}");
+        }
+        let odd = ["Report", "report", "report ", "rapporté", "'; DROP TABLE occ_locks; --", "ключ/🔒"];
+        for name in odd {
+            locks.try_lock(name, "r", ttl, Some("label ✓")).unwrap().release().unwrap();
+        }
+        let mut stored: Vec<String> = occ_locks::table.select(occ_locks::lock_name).load(&mut db.conn()).unwrap();
+        stored.sort();
+        let mut expected: Vec<String> = odd.iter().map(|s| s.to_string()).collect();
+        expected.sort();
+        assert_eq!(stored, expected);
+    }
+}

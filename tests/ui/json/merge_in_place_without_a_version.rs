@@ -1,0 +1,27 @@
+use diesel::prelude::*;
+use diesel_occ::json_merge::GuardedJsonMerge;
+use diesel_occ::Guarded;
+
+diesel::table! {
+    profiles (id) {
+        id -> BigInt,
+        ext -> Jsonb,
+        changed_at -> Timestamp,
+    }
+}
+
+#[derive(Debug, Clone, Queryable, Selectable, Identifiable, Guarded)]
+#[diesel(table_name = profiles)]
+struct Profile {
+    id: i64,
+    #[occ(json)]
+    ext: serde_json::Value,
+    #[occ(last_modified)]
+    changed_at: chrono::NaiveDateTime,
+}
+
+fn merge(conn: &mut PgConnection) {
+    let _ = Profile::merge_json_in_place(conn, &1, profiles::ext, &serde_json::json!({}));
+}
+
+fn main() {}
