@@ -111,6 +111,7 @@ pub mod database_clock;
 pub mod error;
 pub mod fence;
 pub mod guard;
+mod hot_rows;
 pub mod json;
 pub mod json_merge;
 
@@ -156,7 +157,7 @@ pub use pool::{postgres_pool, PgPool};
 pub use pool::{sqlite_pool, SqlitePool, SqliteSettings};
 pub use pool::{CheckedManager, PoolConfig, Pooled};
 pub use pre_image::{ChangedColumns, GuardedChanges};
-pub use retry::{RetryEvent, RetryPolicy, Stop};
+pub use retry::{Contention, RetryEvent, RetryPolicy, Stop};
 pub use status::{HasStatus, Status};
 pub use update::{execute_guarded, GuardedWrite, LoadByKey};
 pub use version::{VersionColumnFor, VersionGuard, VersionNumber};

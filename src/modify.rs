@@ -7,6 +7,12 @@
 //! transaction that failed: the transaction is rolled back first, and the next attempt
 //! reads again.
 //!
+//! The first attempt reads without a lock. Under the default
+//! [`Contention::LockWhenContended`], a retry reads the row with its lock (`FOR UPDATE`)
+//! so that it cannot lose again, and a row that conflicted in the last second is read that
+//! way from the first attempt: on a hot row the writers queue on the row lock instead of
+//! colliding over and over. [`Contention::Optimistic`] keeps every read lock-free.
+//!
 //! Inside a transaction the caller already opened, a retry could not undo the caller's
 //! earlier work, so exactly one attempt runs (in a savepoint) and a conflict comes back as
 //! [`Error::Conflict`]: the caller retries its own transaction as a whole, for example
@@ -21,8 +27,9 @@ use crate::completion::Complete;
 use crate::connection::WriteTransaction;
 use crate::error::{connection_lost, Error};
 use crate::guard::{CompletionOf, Guarded, TokenOf};
-use crate::retry::{RetryPolicy, Stop};
-use crate::statement::CompareAndSet;
+use crate::hot_rows::HotRow;
+use crate::retry::{Contention, RetryPolicy, Stop};
+use crate::statement::{CompareAndSet, RowLock};
 use crate::update::{classify, in_transaction, with_sources, GuardedWrite, LoadByKey, UpdateOf};
 
 /// Where the attempts of a retried operation get their connection.
@@ -159,13 +166,15 @@ where
 
 impl<T: GuardedWrite + Clone> GuardedModify for T {}
 
-/// The row with `key`, read for an attempt: a plain read, so that the attempt is
-/// optimistic (the guarded write finds out whether someone else wrote meanwhile). A row
-/// that does not read as `T` is [`Error::InvalidData`] naming `suspects`, the columns whose
-/// NULL or malformed value would do that.
+/// The row with `key`, read for an attempt: plainly, so that the attempt is optimistic
+/// (the guarded write finds out whether someone else wrote meanwhile), or with `lock`
+/// (`FOR UPDATE`) when the row is contended. A row that does not read as `T` is
+/// [`Error::InvalidData`] naming `suspects`, the columns whose NULL or malformed value
+/// would do that.
 pub(crate) fn read_for_attempt<T, C, E>(
     conn: &mut C,
     key: &T::Key,
+    lock: RowLock,
     suspects: &str,
 ) -> Result<T, Stop<E>>
 where
@@ -173,7 +182,11 @@ where
     C: LoadConnection,
     C::Backend: OccBackend,
 {
-    match T::read_by_key(conn, key) {
+    let read = match lock {
+        RowLock::None => T::read_by_key(conn, key),
+        lock => T::lock_by_key(conn, key, lock),
+    };
+    match read {
         Ok(Some(row)) => Ok(row),
         Ok(None) => Err(Stop::Occ(Error::NotFound {
             table: T::table_name(),
@@ -197,8 +210,9 @@ pub(crate) fn in_caller_transaction<C: Connection>(conn: &mut C) -> bool {
 }
 
 /// Runs `attempt` (given the connection and the row as read) in a write transaction per
-/// attempt, retried by `policy`; see the module documentation for transactions the caller
-/// opened. `attempt` returns the row as written, its new token and the caller's value.
+/// attempt, retried by `policy`, reading the row with its lock once it is contended as
+/// `policy`'s [`Contention`] says; see the module documentation for transactions the
+/// caller opened. `attempt` returns the row as written, its new token and the caller's value.
 /// `suspects` names the columns an unreadable row is blamed on.
 pub(crate) fn read_modify_write<T, S, R, E>(
     mut source: S,
@@ -216,19 +230,31 @@ where
 {
     let nested = source.with(in_caller_transaction)?;
     let policy = if nested {
-        RetryPolicy::never()
+        policy.clone().max_attempts(1)
     } else {
         policy.clone()
     };
-    let ((row, token, value), attempts) = policy.run(|_| {
+    let row_id = HotRow::of(T::table_name(), key);
+    let ((row, token, value), attempts) = policy.run(|number| {
+        let lock = match policy.contention_mode() {
+            Contention::LockWhenContended { hot_for } if number > 1 || row_id.is_hot(hot_for) => {
+                RowLock::ForUpdate
+            }
+            _ => RowLock::None,
+        };
         source.with(|conn| {
             let mut committing = false;
             let result = conn.write_transaction(|conn| {
-                let original = read_for_attempt::<T, _, E>(conn, key, suspects)?;
+                let original = read_for_attempt::<T, _, E>(conn, key, lock, suspects)?;
                 let written = attempt(conn, &original)?;
                 committing = true;
                 Ok(written)
             });
+            if let (Err(Stop::Occ(Error::Conflict(_))), Contention::LockWhenContended { hot_for }) =
+                (&result, policy.contention_mode())
+            {
+                row_id.mark(hot_for);
+            }
             match result {
                 // The write was sent and the COMMIT failed with the connection: it may
                 // have landed, so it must not be retried.

@@ -1,0 +1,200 @@
+//! Which database a run talks to, and the per-backend modules each workload is compiled
+//! into.
+//!
+//! diesel types a connection by its backend, and so do the library's entity traits, so
+//! each workload is written once inside [`per_backend!`] and compiled three times, with
+//! `Conn`, `JsonSql` and the backend's SQL spellings in scope: what a user of one backend
+//! writes, with no generic bounds in the way.
+
+use std::error::Error;
+
+use crate::report::Report;
+use crate::Settings;
+
+/// Compiles `items` into modules `sqlite`, `postgres` and `mysql`, each with:
+/// `Conn`, `Pool`, `JsonSql` (the JSON column's SQL type), `BACKEND`, `JSON_DDL` (the
+/// JSON column's type in `CREATE TABLE`), `HAND_MERGE` (the hand-written one-statement
+/// merge of `bench_docs.ext`, binding the patch then the id) and `pool(url, size)`.
+macro_rules! per_backend {
+    ($($item:item)*) => {
+        pub mod sqlite {
+            #![allow(dead_code, unused_imports)]
+            use super::*;
+            pub type Conn = diesel::SqliteConnection;
+            pub type Pool = diesel_occ::SqlitePool;
+            pub type JsonSql = diesel::sql_types::Json;
+            pub const BACKEND: &str = "sqlite";
+            pub const JSON_DDL: &str = "TEXT";
+            pub const HAND_MERGE: &str =
+                "UPDATE bench_docs SET ext = json_patch(ext, ?), version = version + 1 WHERE id = ?";
+            pub fn pool(url: &str, size: u32) -> Result<Pool, diesel_occ::Error> {
+                diesel_occ::sqlite_pool(url, &$crate::backend::pool_config(size))
+            }
+            $($item)*
+        }
+        pub mod postgres {
+            #![allow(dead_code, unused_imports)]
+            use super::*;
+            pub type Conn = diesel::PgConnection;
+            pub type Pool = diesel_occ::PgPool;
+            pub type JsonSql = diesel::sql_types::Jsonb;
+            pub const BACKEND: &str = "postgres";
+            pub const JSON_DDL: &str = "JSONB";
+            pub const HAND_MERGE: &str =
+                "UPDATE bench_docs SET ext = ext || $1, version = version + 1 WHERE id = $2";
+            pub fn pool(url: &str, size: u32) -> Result<Pool, diesel_occ::Error> {
+                diesel_occ::postgres_pool(url, &$crate::backend::pool_config(size))
+            }
+            $($item)*
+        }
+        pub mod mysql {
+            #![allow(dead_code, unused_imports)]
+            use super::*;
+            pub type Conn = diesel::MysqlConnection;
+            pub type Pool = diesel_occ::MysqlPool;
+            pub type JsonSql = diesel::sql_types::Json;
+            pub const BACKEND: &str = "mysql";
+            pub const JSON_DDL: &str = "JSON";
+            pub const HAND_MERGE: &str =
+                "UPDATE bench_docs SET ext = JSON_MERGE_PATCH(ext, ?), version = version + 1 WHERE id = ?";
+            pub fn pool(url: &str, size: u32) -> Result<Pool, diesel_occ::Error> {
+                diesel_occ::mysql_pool(url, &$crate::backend::pool_config(size))
+            }
+            $($item)*
+        }
+    };
+}
+pub(crate) use per_backend;
+
+/// A pool of `size` connections, all opened up front so that no measurement pays for a
+/// connect.
+pub fn pool_config(size: u32) -> diesel_occ::PoolConfig {
+    diesel_occ::PoolConfig {
+        max_size: size,
+        min_idle: size,
+        // SQLite: 16 writers queue for the one write lock; give them time.
+        busy_timeout: std::time::Duration::from_secs(30),
+        ..diesel_occ::PoolConfig::default()
+    }
+}
+
+/// `DROP TABLE IF EXISTS name; CREATE TABLE name (columns)`, in SQL all three backends read.
+pub fn recreate<C: diesel::Connection>(
+    conn: &mut C,
+    name: &str,
+    columns: &str,
+) -> diesel::QueryResult<()> {
+    conn.batch_execute(&format!("DROP TABLE IF EXISTS {name}"))?;
+    conn.batch_execute(&format!("CREATE TABLE {name} ({columns})"))
+}
+
+/// The database of a run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    Sqlite { temporary: bool },
+    Postgres,
+    Mysql,
+}
+
+macro_rules! dispatch {
+    ($self:expr, $workload:ident, $settings:expr, $report:expr) => {
+        match $self {
+            Backend::Sqlite { .. } => crate::$workload::sqlite::run($settings, $report),
+            Backend::Postgres => crate::$workload::postgres::run($settings, $report),
+            Backend::Mysql => crate::$workload::mysql::run($settings, $report),
+        }
+    };
+}
+
+type Outcome = Result<(), Box<dyn Error>>;
+
+impl Backend {
+    /// The backend a URL names, and the URL to connect with (a fresh temporary SQLite
+    /// file when none is given).
+    pub fn from_url(url: Option<&str>) -> Result<(Backend, String), Box<dyn Error>> {
+        Ok(match url {
+            Some(url) if url.starts_with("postgres://") || url.starts_with("postgresql://") => {
+                (Backend::Postgres, url.to_string())
+            }
+            Some(url) if url.starts_with("mysql://") => (Backend::Mysql, url.to_string()),
+            Some(path) => (Backend::Sqlite { temporary: false }, path.to_string()),
+            None => {
+                let path = std::env::temp_dir()
+                    .join(format!("diesel-occ-bench-{}.sqlite3", std::process::id()));
+                let path = path
+                    .to_str()
+                    .ok_or("the temporary directory is not UTF-8")?;
+                (Backend::Sqlite { temporary: true }, path.to_string())
+            }
+        })
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Backend::Sqlite { .. } => "sqlite",
+            Backend::Postgres => "postgres",
+            Backend::Mysql => "mysql",
+        }
+    }
+
+    /// The server's version, or what went wrong asking for it.
+    pub fn describe(self, url: &str) -> String {
+        use diesel::prelude::*;
+        diesel::define_sql_function!(fn version() -> Text);
+        diesel::define_sql_function!(fn sqlite_version() -> Text);
+        let version = match self {
+            Backend::Sqlite { .. } => SqliteConnection::establish(url)
+                .map_err(|e| e.to_string())
+                .and_then(|mut c| {
+                    diesel::select(sqlite_version())
+                        .get_result::<String>(&mut c)
+                        .map_err(|e| e.to_string())
+                })
+                .map(|v| format!("SQLite {v}")),
+            Backend::Postgres => PgConnection::establish(url)
+                .map_err(|e| e.to_string())
+                .and_then(|mut c| {
+                    diesel::select(version())
+                        .get_result::<String>(&mut c)
+                        .map_err(|e| e.to_string())
+                }),
+            Backend::Mysql => MysqlConnection::establish(url)
+                .map_err(|e| e.to_string())
+                .and_then(|mut c| {
+                    diesel::select(version())
+                        .get_result::<String>(&mut c)
+                        .map_err(|e| e.to_string())
+                }),
+        };
+        version.unwrap_or_else(|e| format!("version unknown: {e}"))
+    }
+
+    pub fn run_w1(self, settings: &Settings, report: &mut Report) -> Outcome {
+        dispatch!(self, w1_uncontended, settings, report)
+    }
+
+    pub fn run_w2(self, settings: &Settings, report: &mut Report) -> Outcome {
+        dispatch!(self, w2_hot_row, settings, report)
+    }
+
+    pub fn run_w3(self, settings: &Settings, report: &mut Report) -> Outcome {
+        dispatch!(self, w3_cancel_vs_ship, settings, report)
+    }
+
+    pub fn run_w4(self, settings: &Settings, report: &mut Report) -> Outcome {
+        dispatch!(self, w4_locks, settings, report)
+    }
+
+    pub fn run_w5(self, settings: &Settings, report: &mut Report) -> Outcome {
+        dispatch!(self, w5_batch, settings, report)
+    }
+
+    /// Removes the temporary SQLite file (and its WAL files) a run created.
+    pub fn clean_up(self, url: &str) {
+        if self == (Backend::Sqlite { temporary: true }) {
+            for suffix in ["", "-wal", "-shm"] {
+                let _ = std::fs::remove_file(format!("{url}{suffix}"));
+            }
+        }
+    }
+}

@@ -1,0 +1,149 @@
+//! `occ-bench`: diesel-occ against hand-written diesel and the other concurrency
+//! strategies, side by side in one run, on SQLite, PostgreSQL or MySQL/MariaDB.
+//!
+//! Workloads (BENCHMARKS.md has the figures and what each one shows):
+//! - W1 uncontended guarded update: the price of the library over the same SQL by hand;
+//! - W2 hot-row JSON merge: goodput of each strategy as writers pile onto one row;
+//! - W3 cancel vs ship: guarded status transitions racing on the same orders;
+//! - W4 locks: acquire + release, alone and with contenders; leader failover time;
+//! - W5 batch: guarded updates of many rows as one batch, one by one, and by hand.
+//!
+//! Output: one JSON line per measurement on stdout and in `results.jsonl`, a Markdown
+//! summary with the ratios (`summary.md`), and a chart of W2 (`w2-<backend>.svg`), all in
+//! `--out`. Nothing here asserts a speed: the figures are for people to read.
+//!
+//! Run: `cargo run --release -p diesel-occ-bench -- [--url postgres://...] [--smoke]`
+
+mod backend;
+mod chart;
+mod measure;
+mod report;
+mod w1_uncontended;
+mod w2_hot_row;
+mod w3_cancel_vs_ship;
+mod w4_locks;
+mod w5_batch;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::Parser;
+
+use backend::Backend;
+use report::Report;
+
+/// Command-line options.
+#[derive(Debug, Parser)]
+#[command(
+    name = "occ-bench",
+    about = "diesel-occ against hand-written diesel, side by side"
+)]
+struct Options {
+    /// Database URL: `postgres://...`, `mysql://...`, or a SQLite file path. Default: a
+    /// fresh SQLite file in the temporary directory. Tables named `bench_*` are dropped
+    /// and created.
+    #[arg(long)]
+    url: Option<String>,
+
+    /// Workloads to run, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "w1,w2,w3,w4,w5")]
+    workloads: Vec<Workload>,
+
+    /// Seconds per W2 point (strategy x workers) and per W4 contention run.
+    #[arg(long, default_value_t = 3.0)]
+    seconds: f64,
+
+    /// Worker counts of W2.
+    #[arg(long, value_delimiter = ',', default_value = "1,2,4,8,16")]
+    workers: Vec<usize>,
+
+    /// A quick pass with tiny sizes (seconds in all), to check that everything runs.
+    #[arg(long)]
+    smoke: bool,
+
+    /// Where the JSON lines, the summary and the chart go.
+    #[arg(long, default_value = "target/bench")]
+    out: PathBuf,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Workload {
+    W1,
+    W2,
+    W3,
+    W4,
+    W5,
+}
+
+/// The sizes of one run.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub url: String,
+    /// W2 and W4: how long each point runs.
+    pub point: Duration,
+    pub workers: Vec<usize>,
+    /// W1: rows in the table and operations per strategy per round.
+    pub rows: usize,
+    pub ops_per_round: usize,
+    pub rounds: usize,
+    /// W3: orders raced.
+    pub races: usize,
+    /// W4: leader failovers measured.
+    pub failovers: usize,
+    /// W5: batch sizes and how many batches of each strategy.
+    pub batch_sizes: Vec<usize>,
+    pub batch_rounds: usize,
+}
+
+impl Settings {
+    fn new(options: &Options, url: String) -> Self {
+        let seconds = if options.smoke { 0.3 } else { options.seconds };
+        Settings {
+            url,
+            point: Duration::from_secs_f64(seconds.max(0.05)),
+            workers: if options.smoke {
+                vec![1, 4]
+            } else {
+                options.workers.clone()
+            },
+            rows: if options.smoke { 200 } else { 10_000 },
+            ops_per_round: if options.smoke { 50 } else { 1_000 },
+            rounds: if options.smoke { 2 } else { 7 },
+            races: if options.smoke { 40 } else { 500 },
+            failovers: if options.smoke { 1 } else { 3 },
+            batch_sizes: if options.smoke {
+                vec![10]
+            } else {
+                vec![100, 1_000]
+            },
+            batch_rounds: if options.smoke { 2 } else { 7 },
+        }
+    }
+}
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let options = Options::parse();
+    let (backend, url) = Backend::from_url(options.url.as_deref())?;
+    let settings = Settings::new(&options, url);
+    std::fs::create_dir_all(&options.out)?;
+    let mut report = Report::create(&options.out, backend.name())?;
+    eprintln!(
+        "occ-bench on {} ({}), {} core(s){}",
+        backend.name(),
+        backend.describe(&settings.url),
+        std::thread::available_parallelism().map_or(1, |n| n.get()),
+        if options.smoke { ", smoke sizes" } else { "" }
+    );
+    for workload in &options.workloads {
+        match workload {
+            Workload::W1 => backend.run_w1(&settings, &mut report)?,
+            Workload::W2 => backend.run_w2(&settings, &mut report)?,
+            Workload::W3 => backend.run_w3(&settings, &mut report)?,
+            Workload::W4 => backend.run_w4(&settings, &mut report)?,
+            Workload::W5 => backend.run_w5(&settings, &mut report)?,
+        }
+    }
+    report.finish()?;
+    backend.clean_up(&settings.url);
+    Ok(())
+}
