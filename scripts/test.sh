@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The whole check of diesel-occ: formatting, clippy, unit, integration (SQLite,
-# PostgreSQL, MySQL/MariaDB), doc and compile-fail tests, docs, and the demo.
+# PostgreSQL, MySQL/MariaDB), doc and compile-fail tests, docs, the demos, and a smoke run
+# of the benchmark program on each backend.
 #
 # Run it as root on a Debian machine (or with sudo available). It installs what is missing
 # (postgresql, mariadb-server, libpq-dev, default-libmysqlclient-dev, pkg-config), starts
@@ -102,4 +103,18 @@ cargo doc --no-deps --all-features
 step "the demos"
 cargo run --example two_editors
 cargo run --example legacy_table
+step "the benchmark program: clippy, unit tests, and a smoke run on each backend"
+# Tiny sizes, seconds per backend: it checks that every workload runs and that every
+# exactness check holds (no lost or doubled update, one winner per race, no two lock
+# holders); it asserts no speed.
+cargo clippy -p diesel-occ-bench --all-targets -- -D warnings
+cargo test -p diesel-occ-bench
+for url in "" "$PG_DATABASE_URL" "$MYSQL_DATABASE_URL"; do
+    name=${url%%:*}
+    name=${name:-sqlite}
+    cargo run -q -p diesel-occ-bench -- --smoke ${url:+--url "$url"} \
+        --out "target/bench-smoke/$name" >"target/bench-smoke-$name.log" ||
+        { tail -n 20 "target/bench-smoke-$name.log"; exit 1; }
+    echo "$name: smoke run passed its exactness checks"
+done
 step "all checks passed"

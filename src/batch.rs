@@ -12,8 +12,8 @@
 //!   `UPDATE` in one `WITH`), plus one read of all the rows that missed. A statement holds
 //!   at most [`ROWS_PER_STATEMENT`] rows and [`BINDS_PER_STATEMENT`] bound values, and a
 //!   key that comes again starts the next statement (two updates of one row in one
-//!   statement would race), so a batch of n distinct keys costs 2 * ceil(n / 1000) round
-//!   trips at most.
+//!   statement would race), so a batch of n distinct keys costs 2 * ceil(n / 20) round
+//!   trips at most: about 2.5x faster than one statement per row (BENCHMARKS.md, W5).
 //! - MySQL / MariaDB and SQLite: one statement per row, plus one read per row that
 //!   missed. Neither can put several updates in one statement; SQLite runs in-process, so
 //!   its round trips are function calls.
@@ -152,9 +152,11 @@ pub trait GuardedBatch: GuardedWrite {
 
 impl<T: GuardedWrite> GuardedBatch for T {}
 
-/// The most rows one combined statement holds: PostgreSQL plans each `WITH` part, and
-/// beyond a thousand the plan costs more than the round trips it saves.
-pub const ROWS_PER_STATEMENT: usize = 1000;
+/// The most rows one combined statement holds. PostgreSQL's planning of a `WITH` grows
+/// faster than its parts: measured on PostgreSQL 15 (1,000 guarded updates in one
+/// transaction), one part per statement took 180-230 ms, 10 or 25 parts 60-80 ms, 100
+/// parts 95-110 ms, and all 1,000 in one statement 470-590 ms.
+pub const ROWS_PER_STATEMENT: usize = 20;
 
 /// The most bound values one statement may carry: PostgreSQL's wire protocol counts them
 /// in 16 bits.

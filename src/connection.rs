@@ -4,7 +4,9 @@
 //! and writes later must upgrade its lock, and when another connection writes meanwhile
 //! SQLite fails it with "database is locked" at once, without waiting for the busy
 //! timeout. Starting with `BEGIN IMMEDIATE` takes the write lock up front, so concurrent
-//! writers queue behind the busy timeout instead. PostgreSQL and MySQL need nothing
+//! writers queue behind the busy timeout instead; and the writers of this process take
+//! turns in arrival order before that ([`write_gate`](crate::write_gate)), since SQLite's
+//! busy handler would let a few of them win nearly every time. PostgreSQL and MySQL need nothing
 //! special: their write transactions are ordinary ones.
 
 use diesel::connection::{AnsiTransactionManager, Connection, TransactionManager};
@@ -90,6 +92,9 @@ where
     if open {
         return conn.transaction(f);
     }
+    // Held until the transaction has ended (see `write_gate`); `None` after a long wait:
+    // then SQLite's own busy timeout decides.
+    let _turn = crate::write_gate::wait_for_turn(crate::write_gate::MAX_WAIT);
     AnsiTransactionManager::begin_transaction_sql(inner(conn), begin)?;
     match f(conn) {
         Ok(value) => match AnsiTransactionManager::commit_transaction(inner(conn)) {

@@ -9,8 +9,11 @@
 //!
 //! - SQLite: `json_patch(ext, ?)`, SQLite's own RFC 7396 merge.
 //! - MySQL / MariaDB: `JSON_MERGE_PATCH(ext, ?)`.
-//! - PostgreSQL has no RFC 7396 merge (`||` is shallow), so the statement carries the
-//!   merge spelled out for this patch, built from its keys: `- key` for each `null`,
+//! - PostgreSQL has no RFC 7396 merge (`||` is shallow). A flat patch (no member is an
+//!   object, the common case) is applied by one statement whose text is the same for
+//!   every flat patch, so it is prepared once per connection: remove the keys of the
+//!   `null` members, then `||` the others. Any other patch is spelled out for its shape,
+//!   built from its keys (and prepared each time): `- key` for each `null`,
 //!   `|| jsonb_build_object(key, <merge of the value into ext -> key>)` for each other
 //!   value, a non-object target read as `{}`. Keys and values are bound parameters. This
 //!   needs nothing installed in the database (no function from a migration), and works on
@@ -122,15 +125,51 @@ where
     Col::SqlType: PgJson,
 {
     fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, diesel::pg::Pg>) -> QueryResult<()> {
-        // The SQL follows the patch's shape: never cache it by its text.
-        out.unsafe_to_cache_prepared();
         out.push_identifier(Col::NAME)?;
         out.push_sql(" = (");
-        pg_merge::<Col>(&mut out, &mut Vec::new(), &self.patch)?;
+        if is_flat(&self.patch) {
+            pg_flat_merge::<Col>(&mut out, &self.patch)?;
+        } else {
+            // The SQL follows the patch's shape: never cache it by its text, or every
+            // new shape would leave one more prepared statement on the connection.
+            out.unsafe_to_cache_prepared();
+            pg_merge::<Col>(&mut out, &mut Vec::new(), &self.patch)?;
+        }
         out.push_sql(")");
         out.push_sql(<Col::SqlType as PgJson>::CAST_BACK);
         Ok(())
     }
+}
+
+/// Whether `patch` is an object none of whose values is an object: then merging it is
+/// removing its `null` members' keys and setting the others, whatever its keys.
+#[cfg(feature = "postgres")]
+fn is_flat(patch: &Value) -> bool {
+    patch
+        .as_object()
+        .is_some_and(|members| members.values().all(|v| !v.is_object()))
+}
+
+/// The merge of a flat `patch` (see [`is_flat`]) as SQL whose text is the same for every
+/// such patch, so that diesel prepares it once per connection and each merge is one round
+/// trip: the patch is one bound `jsonb`, its `null` members name the keys to remove, the
+/// others are set. A non-object document is read as `{}`, as RFC 7396 says.
+#[cfg(feature = "postgres")]
+fn pg_flat_merge<'b, Col: Column>(
+    out: &mut AstPass<'_, 'b, diesel::pg::Pg>,
+    patch: &'b Value,
+) -> QueryResult<()> {
+    use diesel::sql_types::Jsonb;
+    out.push_sql("(CASE WHEN jsonb_typeof(");
+    pg_target::<Col>(out, &[])?;
+    out.push_sql(") = 'object' THEN ");
+    pg_target::<Col>(out, &[])?;
+    out.push_sql(" ELSE '{}'::jsonb END - ARRAY(SELECT key FROM jsonb_each(");
+    out.push_bind_param::<Jsonb, Value>(patch)?;
+    out.push_sql(") WHERE jsonb_typeof(value) = 'null')) || COALESCE((SELECT jsonb_object_agg(key, value) FROM jsonb_each(");
+    out.push_bind_param::<Jsonb, Value>(patch)?;
+    out.push_sql(") WHERE jsonb_typeof(value) <> 'null'), '{}'::jsonb)");
+    Ok(())
 }
 
 /// The merge of `patch` into the document at `path` below column `Col` (RFC 7396).

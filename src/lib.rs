@@ -137,6 +137,7 @@ pub mod transition;
 pub mod update;
 pub mod version;
 pub mod version_row;
+pub mod write_gate;
 #[cfg(feature = "postgres")]
 pub mod xmin;
 

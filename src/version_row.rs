@@ -24,7 +24,7 @@ use crate::connection::WriteTransaction;
 use crate::error::Error;
 use crate::guard::CompletionOf;
 use crate::modify::{read_modify_write, Modified};
-use crate::retry::{RetryPolicy, Stop};
+use crate::retry::{Contention, RetryPolicy, Stop};
 use crate::statement::{CompareAndSet, NoChanges};
 use crate::update::{GuardedWrite, UpdateOf};
 
@@ -121,7 +121,10 @@ impl QueryId for CreateIfMissing<'_> {
 /// error comes back unchanged.
 ///
 /// Inside a transaction the caller opened, one attempt runs (see
-/// [`modify`](crate::modify)). Returns the operation's value, the new version and the
+/// [`modify`](crate::modify)). Attempts always read the version row without a lock
+/// ([`Contention::Optimistic`]): the operation's own writes lock their rows first, and a
+/// locked read of the version row would take locks in the opposite order. For a resource
+/// so hot that retries pile up, take a lock (`lock::Locks`) instead. Returns the operation's value, the new version and the
 /// number of attempts.
 pub fn guarded_operation<C, R, E>(
     conn: &mut C,
@@ -149,7 +152,11 @@ where
     conn.execute_returning_count(&create)
         .map_err(|e| crate::update::classify(conn, e))?;
     let key = (lock_name.to_string(), resource.to_string());
-    read_modify_write(conn, &key, policy, "version", |conn, read: &VersionRow| {
+    // Optimistic whatever the policy says: `operation` locks the rows it writes before the
+    // version row is updated, so an attempt that read the version row with its lock first
+    // would take the two in the opposite order and deadlock with the others.
+    let policy = policy.clone().contention(Contention::Optimistic);
+    read_modify_write(conn, &key, &policy, "version", |conn, read: &VersionRow| {
         let value = operation(conn).map_err(Stop::Caller)?;
         let mut row = read.clone();
         let version = row.guarded_touch(conn)?;

@@ -34,6 +34,14 @@ struct Shipping {
 fn merge_cases() -> Vec<(Value, Value, Value)> {
     vec![
         (json!({"a": 1}), json!({"b": 2}), json!({"a": 1, "b": 2})),
+        // Flat patches (no member is an object; PostgreSQL's cached statement): a null
+        // inside an array value is data, not a deletion; a deletion of a missing key.
+        (
+            json!({"a": 1, "b": 2}),
+            json!({"a": [{"x": null}, null], "b": null, "c": null, "ключ 🔑": "ä"}),
+            json!({"a": [{"x": null}, null], "ключ 🔑": "ä"}),
+        ),
+        (json!({"a": 1}), json!({}), json!({"a": 1})),
         (
             json!({"a": {"b": 1, "c": 2}}),
             json!({"a": {"c": 3, "d": 4}}),

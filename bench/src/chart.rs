@@ -9,6 +9,34 @@ use plotters::prelude::*;
 
 use crate::report::Record;
 
+/// Draws `w2-<backend>.svg` in `dir` from the W2 lines of a `results.jsonl`.
+pub fn redraw(results: &Path, dir: &Path) -> Result<(), Box<dyn Error>> {
+    let text = std::fs::read_to_string(results)?;
+    let mut backend = String::new();
+    let mut records = Vec::new();
+    for line in text.lines() {
+        let value: serde_json::Value = serde_json::from_str(line)?;
+        if value["workload"] != "W2" {
+            continue;
+        }
+        backend = value["backend"].as_str().unwrap_or("unknown").to_string();
+        let mut record = Record::new(
+            "W2",
+            value["case"].as_str().unwrap_or_default(),
+            value["strategy"].as_str().unwrap_or_default(),
+        )
+        .with("workers", value["workers"].clone());
+        record.ops = value["ops"].as_u64().unwrap_or(0);
+        record.seconds = value["seconds"].as_f64().unwrap_or(0.0);
+        records.push(record);
+    }
+    let path = dir.join(format!("w2-{backend}.svg"));
+    draw_w2(&path, &backend, records.iter())?;
+    eprintln!("chart: {}", path.display());
+    Ok(())
+}
+
+/// Draws the W2 chart of `records` into `path`.
 pub fn draw_w2<'a>(
     path: &Path,
     backend: &str,
@@ -27,10 +55,23 @@ pub fn draw_w2<'a>(
         });
         lines[index].1.push((workers, record.ops_per_second()));
     }
-    let max_workers = lines
+    // Workers on the x axis at even steps (1, 2, 4, 8, 16 are doublings).
+    let mut workers: Vec<f64> = lines
         .iter()
         .flat_map(|(_, points)| points.iter().map(|p| p.0))
-        .fold(2.0, f64::max);
+        .collect();
+    workers.sort_by(f64::total_cmp);
+    workers.dedup();
+    let step = |w: f64| workers.iter().position(|&x| x == w).unwrap_or(0) as f64;
+    let lines: Vec<(String, Vec<(f64, f64)>)> = lines
+        .into_iter()
+        .map(|(name, points)| {
+            (
+                name,
+                points.into_iter().map(|(w, g)| (step(w), g)).collect(),
+            )
+        })
+        .collect();
     let max_goodput = lines
         .iter()
         .flat_map(|(_, points)| points.iter().map(|p| p.1))
@@ -47,14 +88,21 @@ pub fn draw_w2<'a>(
         .x_label_area_size(44)
         .y_label_area_size(72)
         .build_cartesian_2d(
-            (0.9..max_workers * 1.1).log_scale(),
-            (1.0..max_goodput * 2.0).log_scale(),
+            -0.2..(workers.len().max(2) - 1) as f64 + 0.2,
+            0.0..max_goodput * 1.15,
         )?;
     chart
         .configure_mesh()
         .x_desc("workers on one row")
-        .y_desc("merges / s (log)")
-        .x_label_formatter(&|x| format!("{x:.0}"))
+        .y_desc("merges / s")
+        .x_labels(workers.len().max(2))
+        .x_label_formatter(&|x| {
+            let i = x.round();
+            match workers.get(i as usize) {
+                Some(w) if (x - i).abs() < 0.01 && i >= 0.0 => format!("{w:.0}"),
+                _ => String::new(),
+            }
+        })
         .y_label_formatter(&|y| format!("{y:.0}"))
         .draw()?;
     for (i, (strategy, points)) in lines.iter().enumerate() {
@@ -69,7 +117,7 @@ pub fn draw_w2<'a>(
     }
     chart
         .configure_series_labels()
-        .position(SeriesLabelPosition::LowerLeft)
+        .position(SeriesLabelPosition::LowerRight)
         .background_style(WHITE.mix(0.85))
         .border_style(BLACK)
         .draw()?;

@@ -64,6 +64,11 @@ struct Options {
     /// Where the JSON lines, the summary and the chart go.
     #[arg(long, default_value = "target/bench")]
     out: PathBuf,
+
+    /// Measure nothing: draw the W2 chart again from a `results.jsonl` of an earlier run
+    /// (into `--out`).
+    #[arg(long, value_name = "RESULTS_JSONL")]
+    chart_from: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -123,6 +128,10 @@ impl Settings {
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let options = Options::parse();
+    if let Some(results) = &options.chart_from {
+        std::fs::create_dir_all(&options.out)?;
+        return chart::redraw(results, &options.out);
+    }
     let (backend, url) = Backend::from_url(options.url.as_deref())?;
     let settings = Settings::new(&options, url);
     std::fs::create_dir_all(&options.out)?;

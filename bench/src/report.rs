@@ -12,6 +12,20 @@ use serde_json::{json, Map, Value};
 
 use crate::measure::Latencies;
 
+/// Counts that must be zero in every measurement that reports them.
+const EXACTNESS_CHECKS: [&str; 7] = [
+    "lost",
+    "wrong_counters",
+    "version_drift",
+    "violations",
+    "overlaps",
+    "repeated_fences",
+    "rows_with_wrong_version",
+];
+
+/// Details the JSON lines carry but the summary leaves out (the case already says them).
+const HIDDEN_IN_SUMMARY: [&str; 3] = ["workers", "rows", "attempts"];
+
 /// One measurement: a strategy at one point of a workload.
 #[derive(Debug, Clone)]
 pub struct Record {
@@ -156,8 +170,10 @@ impl Report {
             .filter(move |r| r.workload == workload)
     }
 
-    /// Writes `summary.md` and the chart, and prints the summary.
-    pub fn finish(self) -> std::io::Result<()> {
+    /// Writes `summary.md` and the chart, and prints the summary. Fails when any
+    /// measurement broke an exactness check (a lost or doubled update, two lock holders at
+    /// once, a race without exactly one winner): those are bugs, whatever the speed.
+    pub fn finish(self) -> Result<(), Box<dyn std::error::Error>> {
         let summary = self.markdown();
         std::fs::write(self.dir.join("summary.md"), &summary)?;
         println!("\n{summary}");
@@ -169,7 +185,26 @@ impl Report {
             }
         }
         eprintln!("results: {}", self.dir.display());
-        Ok(())
+        let broken: Vec<String> = self
+            .records
+            .iter()
+            .flat_map(|(record, _)| {
+                EXACTNESS_CHECKS.iter().filter_map(move |&check| {
+                    let value = record.extra.get(check)?.as_i64()?;
+                    (value != 0).then(|| {
+                        format!(
+                            "{} {} {}: {check} {value}",
+                            record.workload, record.case, record.strategy
+                        )
+                    })
+                })
+            })
+            .collect();
+        if broken.is_empty() {
+            Ok(())
+        } else {
+            Err(format!("exactness checks failed:\n  {}", broken.join("\n  ")).into())
+        }
     }
 
     fn markdown(&self) -> String {
@@ -182,11 +217,29 @@ impl Report {
             out.push_str("| case | strategy | ops/s | p50 µs | p99 µs | ratio | details |\n");
             out.push_str("|---|---|---:|---:|---:|---:|---|\n");
             for record in self.records(section.workload) {
-                let details: Vec<String> = record
+                let mut details: Vec<String> = record
                     .extra
                     .iter()
+                    .filter(|(k, _)| !HIDDEN_IN_SUMMARY.contains(&k.as_str()))
+                    .filter(|(k, v)| {
+                        !EXACTNESS_CHECKS.contains(&k.as_str()) || v.as_i64() != Some(0)
+                    })
                     .map(|(k, v)| format!("{k} {}", plain(v)))
                     .collect();
+                let checked = EXACTNESS_CHECKS
+                    .iter()
+                    .any(|k| record.extra.contains_key(*k));
+                if checked
+                    && !EXACTNESS_CHECKS.iter().any(|k| {
+                        record
+                            .extra
+                            .get(*k)
+                            .and_then(Value::as_i64)
+                            .is_some_and(|v| v != 0)
+                    })
+                {
+                    details.push("exact ✓".to_string());
+                }
                 out.push_str(&format!(
                     "| {} | {} | {:.0} | {} | {} | {} | {} |\n",
                     record.case,
@@ -213,9 +266,13 @@ fn cell(value: Option<f64>, digits: usize) -> String {
     value.map_or_else(|| "-".to_string(), |v| format!("{v:.digits$}"))
 }
 
-/// A JSON value as a table cell: strings without quotes.
+/// A JSON value as a table cell: strings without quotes, cut at 60 characters (the JSON
+/// line has them whole).
 fn plain(value: &Value) -> String {
     match value {
+        Value::String(s) if s.chars().count() > 60 => {
+            format!("{}…", s.chars().take(60).collect::<String>())
+        }
         Value::String(s) => s.clone(),
         other => other.to_string(),
     }
