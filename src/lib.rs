@@ -100,6 +100,8 @@ extern crate self as diesel_occ;
 
 pub mod backend;
 pub mod batch;
+#[cfg(feature = "tokio")]
+pub mod blocking;
 pub mod bulk;
 #[cfg(feature = "chrono")]
 pub mod claim;
@@ -112,6 +114,8 @@ pub mod error;
 pub mod fence;
 pub mod guard;
 mod hot_rows;
+#[cfg(feature = "http")]
+pub mod http;
 pub mod json;
 pub mod json_merge;
 

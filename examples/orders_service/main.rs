@@ -1,0 +1,117 @@
+//! An orders API on axum over diesel-occ: ETags and `If-Match` on every write, JSON
+//! extension patches that never lose a key, ship and cancel as guarded transitions, and a
+//! background job that runs on one instance only (leader election on the lock table).
+//! See `app.rs` for the routes.
+//!
+//! Run (SQLite file by default; PostgreSQL or MySQL by URL):
+//!
+//! ```sh
+//! cargo run --example orders_service --all-features
+//! DATABASE_URL=postgres://postgres@127.0.0.1:5432/diesel_occ_test \
+//!     cargo run --example orders_service --all-features
+//! curl -i -X POST localhost:3000/orders/1
+//! curl -i -X PATCH localhost:3000/orders/1 -H 'content-type: application/merge-patch+json' -d '{"gift": true}'
+//! ```
+//!
+//! `RUST_LOG=info` shows conflicts, retries and leadership changes.
+
+mod app;
+
+use std::time::Duration;
+
+use diesel_occ::leader::{Candidate, ElectionTiming, LeaderEvent};
+use diesel_occ::lock::Locks;
+use diesel_occ::PoolConfig;
+
+type Outcome = Result<(), Box<dyn std::error::Error + Send + Sync>>;
+
+#[tokio::main]
+async fn main() -> Outcome {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
+        .init();
+    let url = std::env::var("DATABASE_URL").unwrap_or_else(|_| "orders-service.sqlite3".into());
+    let address = std::env::var("LISTEN").unwrap_or_else(|_| "127.0.0.1:3000".into());
+    let config = PoolConfig::default();
+    let (router, locks) = if url.starts_with("postgres") {
+        let pool = diesel_occ::postgres_pool(&url, &config)?;
+        app::postgres::setup(&pool)?;
+        (
+            app::postgres::router(pool.clone()),
+            Job::Postgres(Locks::new(pool)),
+        )
+    } else if url.starts_with("mysql") {
+        let pool = diesel_occ::mysql_pool(&url, &config)?;
+        app::mysql::setup(&pool)?;
+        (
+            app::mysql::router(pool.clone()),
+            Job::Mysql(Locks::new(pool)),
+        )
+    } else {
+        let pool = diesel_occ::sqlite_pool(&url, &config)?;
+        app::sqlite::setup(&pool)?;
+        (
+            app::sqlite::router(pool.clone()),
+            Job::Sqlite(Locks::new(pool)),
+        )
+    };
+    let candidate = locks.campaign()?;
+    let job = std::thread::spawn(move || nightly_job(candidate));
+
+    let listener = tokio::net::TcpListener::bind(&address).await?;
+    tracing::info!(%address, database = %url, "serving");
+    axum::serve(listener, router)
+        .with_graceful_shutdown(async {
+            let _ = tokio::signal::ctrl_c().await;
+        })
+        .await?;
+    let _ = job.join();
+    Ok(())
+}
+
+/// The lock table of the chosen backend.
+enum Job {
+    Sqlite(Locks<diesel_occ::pool::CheckedManager<diesel::SqliteConnection>>),
+    Postgres(Locks<diesel_occ::pool::CheckedManager<diesel::PgConnection>>),
+    Mysql(Locks<diesel_occ::pool::CheckedManager<diesel::MysqlConnection>>),
+}
+
+impl Job {
+    /// Runs for leadership of the nightly job under this process's id.
+    fn campaign(self) -> Result<Candidate, diesel_occ::Error> {
+        let label = format!("orders-service pid {}", std::process::id());
+        let timing = ElectionTiming::default();
+        match self {
+            Job::Sqlite(locks) => {
+                Candidate::start(locks, "orders-service", "nightly", &label, timing)
+            }
+            Job::Postgres(locks) => {
+                Candidate::start(locks, "orders-service", "nightly", &label, timing)
+            }
+            Job::Mysql(locks) => {
+                Candidate::start(locks, "orders-service", "nightly", &label, timing)
+            }
+        }
+    }
+}
+
+/// The background job: works while this instance leads, idles otherwise, and ends when
+/// the candidate's runner does.
+fn nightly_job(candidate: Candidate) {
+    loop {
+        match candidate.events().recv_timeout(Duration::from_secs(5)) {
+            Ok(LeaderEvent::Elected { fence }) => {
+                tracing::info!(fence, "leading: the nightly job runs here")
+            }
+            Ok(LeaderEvent::Lost { reason }) => tracing::warn!(%reason, "lost the lead"),
+            Ok(LeaderEvent::SteppedDown) => return,
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) if candidate.is_leader() => {
+                tracing::info!(fence = candidate.fence(), "nightly job: tick")
+            }
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => return,
+        }
+    }
+}
