@@ -1,4 +1,4 @@
-#![warn(missing_docs)]
+#![deny(missing_docs)]
 //! Optimistic concurrency control for [diesel]: writes to shared rows that never lose
 //! another writer's update.
 //!
@@ -58,6 +58,13 @@
 //! - `postgres`: PostgreSQL through libpq.
 //! - `mysql`: MySQL / MariaDB through libmysqlclient.
 //! - `all-backends`: all three.
+//! - `chrono`: last-modified and `updated_at` timestamps, locks, leases and leader
+//!   election (their times come from the database clock as `chrono` date-times).
+//! - `migrations` (default): [`migrations::run`] creates the library's own tables.
+//! - `http`: `ETag`, `If-Match` / `If-None-Match` and RFC 9457 problems for web back
+//!   ends (the `http` module).
+//! - `tokio`: the blocking calls from async code on tokio's blocking pool (the
+//!   `blocking` module).
 //!
 //! # The derive
 //! `#[derive(Guarded)]` goes next to diesel's `Queryable`, `Selectable` and `Identifiable`
