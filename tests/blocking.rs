@@ -11,32 +11,11 @@ use diesel::prelude::*;
 use diesel_occ::blocking::with_connection;
 use diesel_occ::connection::WriteTransaction;
 use diesel_occ::json::GuardedJson;
-use diesel_occ::{Error, Guarded, RetryPolicy};
-use serde_json::{json, Value};
+use diesel_occ::{Error, RetryPolicy};
+use serde_json::json;
 
 for_each_backend! {
-    diesel::table! {
-        use diesel::sql_types::*;
-        use super::JsonSql;
-
-        profiles (id) {
-            id -> BigInt,
-            name -> Text,
-            ext -> JsonSql,
-            version -> BigInt,
-        }
-    }
-
-    #[derive(Debug, Clone, PartialEq, Queryable, Selectable, Identifiable, Insertable, Guarded)]
-    #[diesel(table_name = profiles)]
-    pub struct Profile {
-        id: i64,
-        name: String,
-        #[occ(json)]
-        ext: Value,
-        #[occ(version)]
-        version: i64,
-    }
+    json_profiles!();
 
     fn load(db: &common::TestDb<Conn>) -> Profile {
         profiles::table.find(1).select(Profile::as_select()).first(&mut db.conn()).unwrap()

@@ -10,7 +10,7 @@ use std::time::Duration;
 use diesel::prelude::*;
 use diesel_occ::json::GuardedJson;
 use diesel_occ::json_merge::GuardedJsonMerge;
-use diesel_occ::{Error, Guarded, RetryPolicy};
+use diesel_occ::{Error, RetryPolicy};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
@@ -109,28 +109,7 @@ fn merge_cases() -> Vec<(Value, Value, Value)> {
 }
 
 for_each_backend! {
-    diesel::table! {
-        use diesel::sql_types::*;
-        use super::JsonSql;
-
-        profiles (id) {
-            id -> BigInt,
-            name -> Text,
-            ext -> JsonSql,
-            version -> BigInt,
-        }
-    }
-
-    #[derive(Debug, Clone, PartialEq, Queryable, Selectable, Identifiable, Insertable, Guarded)]
-    #[diesel(table_name = profiles)]
-    pub struct Profile {
-        id: i64,
-        name: String,
-        #[occ(json)]
-        ext: Value,
-        #[occ(version)]
-        version: i64,
-    }
+    json_profiles!();
 
     type Pooled = diesel_occ::Pooled<Conn>;
 
@@ -490,7 +469,7 @@ fn a_postgres_json_column_merges_in_one_statement() {
         }
     }
 
-    #[derive(Debug, Clone, PartialEq, Queryable, Selectable, Identifiable, Guarded)]
+    #[derive(Debug, Clone, PartialEq, Queryable, Selectable, Identifiable, diesel_occ::Guarded)]
     #[diesel(table_name = plain_json)]
     struct PlainJson {
         id: i64,

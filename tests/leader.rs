@@ -5,16 +5,17 @@
 
 mod common;
 
+use common::{KillOnDrop, PoolByUrl};
+
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use diesel::prelude::*;
-use diesel::r2d2::{Pool, R2D2Connection};
 use diesel_occ::leader::{Candidate, ElectionTiming, LeaderEvent};
 use diesel_occ::lease::Lease;
 use diesel_occ::lock::{occ_locks, Locks};
-use diesel_occ::{CheckedManager, Error, PoolConfig};
+use diesel_occ::Error;
 
 /// Fast timings for tests: a dead leader is replaced within about a second.
 fn timing() -> ElectionTiming {
@@ -28,43 +29,6 @@ fn timing() -> ElectionTiming {
 /// The next event within `wait`.
 fn next_event(candidate: &Candidate, wait: Duration) -> Option<LeaderEvent> {
     candidate.events().recv_timeout(wait).ok()
-}
-
-/// A child process that is killed when the test ends, however it ends, so that a failed
-/// test never leaves a leader running.
-struct KillOnDrop(std::process::Child);
-
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// A pool on a test database's URL, for a child process.
-trait PoolByUrl: R2D2Connection + Sized + 'static {
-    fn pool(url: &str) -> Pool<CheckedManager<Self>>;
-}
-
-#[cfg(feature = "sqlite")]
-impl PoolByUrl for diesel::SqliteConnection {
-    fn pool(url: &str) -> Pool<CheckedManager<Self>> {
-        diesel_occ::sqlite_pool(url, &PoolConfig::default()).unwrap()
-    }
-}
-
-#[cfg(feature = "postgres")]
-impl PoolByUrl for diesel::PgConnection {
-    fn pool(url: &str) -> Pool<CheckedManager<Self>> {
-        diesel_occ::postgres_pool(url, &PoolConfig::default()).unwrap()
-    }
-}
-
-#[cfg(feature = "mysql")]
-impl PoolByUrl for diesel::MysqlConnection {
-    fn pool(url: &str) -> Pool<CheckedManager<Self>> {
-        diesel_occ::mysql_pool(url, &PoolConfig::default()).unwrap()
-    }
 }
 
 #[test]

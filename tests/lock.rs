@@ -5,6 +5,8 @@
 
 mod common;
 
+use common::fenced::{protected, Protected};
+
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Barrier, Mutex};
 use std::time::Duration;
@@ -13,27 +15,7 @@ use diesel::connection::SimpleConnection;
 use diesel::prelude::*;
 use diesel_occ::fence::FencedWrite;
 use diesel_occ::lock::{occ_locks, Locks, MAX_TTL};
-use diesel_occ::{Error, Guarded, RetryPolicy};
-
-diesel::table! {
-    protected (id) {
-        id -> BigInt,
-        value -> BigInt,
-        last_fence -> BigInt,
-        version -> BigInt,
-    }
-}
-
-/// A row that only the lock's holder writes, with the newest fence it accepted.
-#[derive(Debug, Clone, PartialEq, Queryable, Selectable, Identifiable, Insertable, Guarded)]
-#[diesel(table_name = protected)]
-pub struct Protected {
-    id: i64,
-    value: i64,
-    last_fence: i64,
-    #[occ(version)]
-    version: i64,
-}
+use diesel_occ::{Error, RetryPolicy};
 
 fn quick() -> RetryPolicy {
     RetryPolicy::default()
@@ -47,11 +29,7 @@ for_each_backend! {
     fn setup() -> Option<common::TestDb<Conn>> {
         let db = db()?;
         db.conn()
-            .batch_execute(
-                "CREATE TABLE protected (id BIGINT PRIMARY KEY, value BIGINT NOT NULL, \
-                 last_fence BIGINT NOT NULL, version BIGINT NOT NULL); \
-                 INSERT INTO protected (id, value, last_fence, version) VALUES (1, 0, 0, 0)",
-            )
+            .batch_execute(common::fenced::CREATE)
             .unwrap();
         Some(db)
     }

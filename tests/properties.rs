@@ -144,28 +144,7 @@ for_each_backend! {
     use diesel_occ::json_merge::GuardedJsonMerge;
     use diesel_occ::Guarded;
 
-    diesel::table! {
-        use diesel::sql_types::*;
-        use super::JsonSql;
-
-        profiles (id) {
-            id -> BigInt,
-            name -> Text,
-            ext -> JsonSql,
-            version -> BigInt,
-        }
-    }
-
-    #[derive(Debug, Clone, PartialEq, Queryable, Selectable, Identifiable, Insertable, Guarded)]
-    #[diesel(table_name = profiles)]
-    pub struct Profile {
-        id: i64,
-        name: String,
-        #[occ(json)]
-        ext: Value,
-        #[occ(version)]
-        version: i64,
-    }
+    json_profiles!();
 
     /// The backend's one-statement merge gives the in-memory merge's document for random
     /// documents and patches: nested, unicode, arrays, deletions.

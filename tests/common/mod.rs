@@ -8,6 +8,7 @@
 
 #![allow(dead_code)]
 
+pub mod fenced;
 pub mod models;
 pub mod schema;
 
@@ -81,6 +82,44 @@ impl<C: R2D2Connection + 'static> Drop for TestDb<C> {
 }
 
 /// The pool settings of the tests: room for the 8-thread tests plus a spare.
+/// A pool on a test database's URL, for a child process the test started (which must
+/// reach the parent's database, not make its own).
+pub trait PoolByUrl: R2D2Connection + Sized + 'static {
+    fn pool(url: &str) -> Pool<CheckedManager<Self>>;
+}
+
+#[cfg(feature = "sqlite")]
+impl PoolByUrl for diesel::SqliteConnection {
+    fn pool(url: &str) -> Pool<CheckedManager<Self>> {
+        diesel_occ::sqlite_pool(url, &PoolConfig::default()).unwrap()
+    }
+}
+
+#[cfg(feature = "postgres")]
+impl PoolByUrl for diesel::PgConnection {
+    fn pool(url: &str) -> Pool<CheckedManager<Self>> {
+        diesel_occ::postgres_pool(url, &PoolConfig::default()).unwrap()
+    }
+}
+
+#[cfg(feature = "mysql")]
+impl PoolByUrl for diesel::MysqlConnection {
+    fn pool(url: &str) -> Pool<CheckedManager<Self>> {
+        diesel_occ::mysql_pool(url, &PoolConfig::default()).unwrap()
+    }
+}
+
+/// A child process that is killed when the test ends, however it ends, so that a failed
+/// test never leaves one running.
+pub struct KillOnDrop(pub std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 pub fn pool_config() -> PoolConfig {
     PoolConfig {
         max_size: 10,
@@ -256,6 +295,45 @@ macro_rules! for_each_backend {
             pub type JsonSql = diesel::sql_types::Json;
             fn db() -> Option<common::TestDb<Conn>> { common::mysql() }
             $($item)*
+        }
+    };
+}
+
+/// The `profiles` table (its `ext` column of the backend's JSON type) and its entity
+/// `Profile`, inside a `for_each_backend!` module.
+#[macro_export]
+macro_rules! json_profiles {
+    () => {
+        diesel::table! {
+            use diesel::sql_types::*;
+            use super::JsonSql;
+
+            profiles (id) {
+                id -> BigInt,
+                name -> Text,
+                ext -> JsonSql,
+                version -> BigInt,
+            }
+        }
+
+        #[derive(
+            Debug,
+            Clone,
+            PartialEq,
+            Queryable,
+            Selectable,
+            Identifiable,
+            Insertable,
+            diesel_occ::Guarded,
+        )]
+        #[diesel(table_name = profiles)]
+        pub struct Profile {
+            id: i64,
+            name: String,
+            #[occ(json)]
+            ext: serde_json::Value,
+            #[occ(version)]
+            version: i64,
         }
     };
 }
