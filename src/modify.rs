@@ -234,12 +234,17 @@ where
     } else {
         policy.clone()
     };
-    let row_id = HotRow::of(T::table_name(), key);
+    // The row as the hot-row memory knows it, and for how long a conflict marks it; only
+    // under `LockWhenContended` (the key is formatted once per call, not per attempt).
+    let hot = match policy.contention_mode() {
+        Contention::LockWhenContended { hot_for } => {
+            Some((HotRow::of(T::table_name(), key), hot_for))
+        }
+        Contention::Optimistic => None,
+    };
     let ((row, token, value), attempts) = policy.run(|number| {
-        let lock = match policy.contention_mode() {
-            Contention::LockWhenContended { hot_for } if number > 1 || row_id.is_hot(hot_for) => {
-                RowLock::ForUpdate
-            }
+        let lock = match hot {
+            Some((row, hot_for)) if number > 1 || row.is_hot(hot_for) => RowLock::ForUpdate,
             _ => RowLock::None,
         };
         source.with(|conn| {
@@ -250,10 +255,8 @@ where
                 committing = true;
                 Ok(written)
             });
-            if let (Err(Stop::Occ(Error::Conflict(_))), Contention::LockWhenContended { hot_for }) =
-                (&result, policy.contention_mode())
-            {
-                row_id.mark(hot_for);
+            if let (Err(Stop::Occ(Error::Conflict(_))), Some((row, hot_for))) = (&result, hot) {
+                row.mark(hot_for);
             }
             match result {
                 // The write was sent and the COMMIT failed with the connection: it may

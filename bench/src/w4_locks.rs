@@ -128,7 +128,8 @@ per_backend! {
             .with("failed", refused)
             .with("overlaps", *overlaps.lock().unwrap())
             .with("repeated_fences", repeated_fences(fences));
-        let contended = contended.clone().ratio(contended.ops_per_second() / base);
+        let ratio = contended.ops_per_second() / base;
+        let contended = contended.ratio(ratio);
         bar.inc(1);
         bar.suspend(|| report.record(contended))?;
 
