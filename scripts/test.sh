@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The whole check of diesel-occ: formatting, clippy, unit, integration (SQLite,
-# PostgreSQL, MySQL/MariaDB), doc and compile-fail tests, docs, the demos, and a smoke run
-# of the benchmark program on each backend.
+# PostgreSQL, MySQL/MariaDB), doc and compile-fail tests, docs, the demos, a smoke run
+# of the benchmark program on each backend, and an advisory check of the dependencies.
 #
 # Run it as root on a Debian machine (or with sudo available). It installs what is missing
 # (postgresql, mariadb-server, libpq-dev, default-libmysqlclient-dev, pkg-config), starts
@@ -90,6 +90,8 @@ export RUSTDOCFLAGS="-D warnings"
 
 step "cargo fmt --check"
 cargo fmt --all -- --check
+step "supply chain: cargo audit against the shipped advisory database (accepted: .cargo/audit.toml)"
+bash scripts/audit.sh
 step "cargo clippy (all targets, all backends, -D warnings)"
 cargo clippy --all-targets --all-features -- -D warnings
 step "cargo test on SQLite, PostgreSQL and MySQL (unit, integration, doc, compile-fail)"

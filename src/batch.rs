@@ -27,7 +27,7 @@ use diesel::query_builder::{AsChangeset, QueryFragment};
 
 use crate::backend::OccBackend;
 use crate::completion::{Complete, CompleteEach};
-use crate::connection::WriteTransaction;
+use crate::connection::{commit_operation, WriteTransaction};
 use crate::error::{Conflict, Error, Token};
 use crate::guard::{CompletionOf, Guarded, TokenOf};
 use crate::statement::CompareAndSet;
@@ -122,7 +122,7 @@ pub trait GuardedBatch: GuardedWrite {
             }),
             BatchMode::AllOrNothing => {
                 let mut report = Vec::new();
-                let committed = conn.write_transaction(|conn| {
+                let committed = commit_operation(conn, |conn| {
                     report = run(conn)?;
                     if report.iter().all(RowOutcome::is_written) {
                         Ok(())

@@ -31,7 +31,7 @@ use diesel::{Column, QueryResult, RunQueryDsl, Selectable, SelectableHelper};
 
 use crate::backend::OccBackend;
 use crate::bulk::Increment;
-use crate::connection::WriteTransaction;
+use crate::connection::{commit_operation, WriteTransaction};
 use crate::database_clock::{ServerClock, Shift};
 use crate::error::Error;
 use crate::guard::Guarded;
@@ -246,7 +246,7 @@ where
             columns: std::marker::PhantomData,
         };
         let limit = i64::try_from(request.limit).unwrap_or(i64::MAX);
-        conn.write_transaction(|conn| {
+        commit_operation(conn, |conn| {
             let query = SkipLocked(LimitDsl::limit(
                 SelectDsl::select(FilterDsl::filter(Self::table(), filter), Self::as_select()),
                 limit,

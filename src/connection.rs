@@ -13,6 +13,10 @@ use diesel::connection::{AnsiTransactionManager, Connection, TransactionManager}
 use diesel::r2d2::{ManageConnection, PooledConnection, R2D2Connection};
 use diesel::result::Error as DieselError;
 
+use crate::error::{connection_lost, Error};
+use crate::retry::Stop;
+use crate::update::in_transaction;
+
 /// A connection that can run a transaction meant to write.
 pub trait WriteTransaction: Connection {
     /// The statement that begins a write transaction where the backend needs a special
@@ -68,6 +72,59 @@ where
             // The pool's transaction manager keeps its state in the inner connection, so
             // the transaction is begun and ended there while `f` gets the pooled one.
             Some(begin) => begin_with(self, |pooled| &mut **pooled, begin, f),
+        }
+    }
+}
+
+/// Runs `f` on a write transaction that the library opens for one operation (a
+/// read-modify-write attempt, a transition with its hook, a claim, ...) and commits it.
+///
+/// When `f` succeeded and the `COMMIT` then failed with the connection, the client cannot
+/// know whether the server committed: that is [`Error::Ambiguous`], which no retry policy
+/// retries, and never a plain database error that reads as "nothing was written". Every
+/// other failure passes unchanged: a connection lost before the `COMMIT` was sent rolls
+/// the transaction back on the server. Nested in a transaction of the caller's, nothing
+/// commits here, so nothing is ambiguous here either.
+pub(crate) fn commit_operation<C, T, E, F>(conn: &mut C, f: F) -> Result<T, E>
+where
+    C: WriteTransaction,
+    F: FnOnce(&mut C) -> Result<T, E>,
+    E: From<DieselError> + LostCommit,
+{
+    let nested = in_transaction(conn);
+    let mut committing = false;
+    let result: Result<T, E> = conn.write_transaction(|conn| {
+        let value = f(conn)?;
+        committing = true;
+        Ok(value)
+    });
+    match result {
+        Err(e) if committing && !nested => Err(e.lost_commit()),
+        other => other,
+    }
+}
+
+/// An error of an operation's transaction, which [`commit_operation`] turns into
+/// [`Error::Ambiguous`] when it says the connection died during the `COMMIT`.
+pub(crate) trait LostCommit {
+    /// `self`, or [`Error::Ambiguous`] if it is a lost connection.
+    fn lost_commit(self) -> Self;
+}
+
+impl LostCommit for Error {
+    fn lost_commit(self) -> Self {
+        match self {
+            Error::Database(source) if connection_lost(&source) => Error::Ambiguous { source },
+            other => other,
+        }
+    }
+}
+
+impl<E> LostCommit for Stop<E> {
+    fn lost_commit(self) -> Self {
+        match self {
+            Stop::Occ(error) => Stop::Occ(error.lost_commit()),
+            caller => caller,
         }
     }
 }

@@ -24,8 +24,8 @@ use diesel::r2d2::{ManageConnection, Pool, PooledConnection, R2D2Connection};
 
 use crate::backend::OccBackend;
 use crate::completion::Complete;
-use crate::connection::WriteTransaction;
-use crate::error::{connection_lost, Error};
+use crate::connection::{commit_operation, WriteTransaction};
+use crate::error::Error;
 use crate::guard::{CompletionOf, Guarded, TokenOf};
 use crate::hot_rows::HotRow;
 use crate::retry::{Contention, RetryPolicy, Stop};
@@ -248,26 +248,14 @@ where
             _ => RowLock::None,
         };
         source.with(|conn| {
-            let mut committing = false;
-            let result = conn.write_transaction(|conn| {
+            let result = commit_operation(conn, |conn| {
                 let original = read_for_attempt::<T, _, E>(conn, key, lock, suspects)?;
-                let written = attempt(conn, &original)?;
-                committing = true;
-                Ok(written)
+                attempt(conn, &original)
             });
             if let (Err(Stop::Occ(Error::Conflict(_))), Some((row, hot_for))) = (&result, hot) {
                 row.mark(hot_for);
             }
-            match result {
-                // The write was sent and the COMMIT failed with the connection: it may
-                // have landed, so it must not be retried.
-                Err(Stop::Occ(Error::Database(source)))
-                    if committing && !nested && connection_lost(&source) =>
-                {
-                    Err(Stop::Occ(Error::Ambiguous { source }))
-                }
-                other => other,
-            }
+            result
         })?
     })?;
     Ok(Modified {

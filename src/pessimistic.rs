@@ -13,7 +13,7 @@
 use diesel::connection::LoadConnection;
 
 use crate::backend::OccBackend;
-use crate::connection::WriteTransaction;
+use crate::connection::{commit_operation, WriteTransaction};
 use crate::error::Error;
 use crate::retry::Stop;
 use crate::statement::RowLock;
@@ -50,7 +50,7 @@ pub trait Pessimistic: crate::guard::Guarded {
             LockWait::Wait => RowLock::ForUpdate,
             LockWait::NoWait => RowLock::SkipLocked,
         };
-        let result = conn.write_transaction(|conn| -> Result<R, Stop<E>> {
+        let result = commit_operation(conn, |conn| -> Result<R, Stop<E>> {
             let unreadable = |conn: &mut C, e| {
                 let columns = Self::GUARD_COLUMNS.join(", ");
                 unreadable_in::<Self, C>(key, e, columns).unwrap_or_else(|e| classify(conn, e))

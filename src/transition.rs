@@ -34,7 +34,7 @@ use diesel::{Column, QueryResult};
 use crate::backend::OccBackend;
 use crate::bulk::{Increment, Maximum};
 use crate::completion::{Complete, ReturnedBy};
-use crate::connection::WriteTransaction;
+use crate::connection::{commit_operation, WriteTransaction};
 use crate::error::{Error, InvalidTransition};
 use crate::guard::{AdvanceOf, CompletionOf, GuardKind, Guarded, TokenOf};
 use crate::modify::in_caller_transaction;
@@ -145,7 +145,7 @@ pub trait GuardedTransition: HasStatus + Clone {
     {
         let before = self.clone();
         let from = self.status();
-        let result = conn.write_transaction(|conn| -> Result<_, Stop<E>> {
+        let result = commit_operation(conn, |conn| -> Result<_, Stop<E>> {
             let token = self.transition(conn, to, extra)?;
             hook(conn, from, self).map_err(Stop::Caller)?;
             Ok(token)
@@ -241,7 +241,7 @@ where
         Self: LoadByKey<C>,
         E: From<Error>,
     {
-        let result = conn.write_transaction(|conn| -> Result<Self, Stop<E>> {
+        let result = commit_operation(conn, |conn| -> Result<Self, Stop<E>> {
             // Inside the transaction this read locks the row until it ends.
             let mut row = match Self::load_by_key(conn, key) {
                 Ok(Some(row)) => row,
