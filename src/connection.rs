@@ -99,31 +99,49 @@ where
         Ok(value)
     });
     match result {
-        Err(e) if committing && !nested => Err(e.lost_commit()),
+        Err(e) if !nested && committing => Err(e.lost_commit()),
+        // Failed before the COMMIT was sent: the server rolls back whatever the
+        // transaction wrote, even if the connection died with it (a statement's executor
+        // cannot tell it is inside a transaction once diesel has given the connection up,
+        // so it may have said `Ambiguous`).
+        Err(e) if !nested => Err(e.rolled_back()),
         other => other,
     }
 }
 
-/// An error of an operation's transaction, which [`commit_operation`] turns into
-/// [`Error::Ambiguous`] when it says the connection died during the `COMMIT`.
-pub(crate) trait LostCommit {
+/// An error of an operation's transaction, which [`commit_operation`] judges by whether
+/// the `COMMIT` was sent.
+pub(crate) trait LostCommit: Sized {
     /// `self`, or [`Error::Ambiguous`] if it is a lost connection.
-    fn lost_commit(self) -> Self;
+    fn lost_commit(self) -> Self {
+        self.map_occ(|error| match error {
+            Error::Database(source) if connection_lost(&source) => Error::Ambiguous { source },
+            other => other,
+        })
+    }
+
+    /// `self`, with an [`Error::Ambiguous`] turned into the plain database error it is.
+    fn rolled_back(self) -> Self {
+        self.map_occ(|error| match error {
+            Error::Ambiguous { source } => Error::Database(source),
+            other => other,
+        })
+    }
+
+    /// `self` with its diesel-occ error, if any, mapped by `f`.
+    fn map_occ(self, f: impl FnOnce(Error) -> Error) -> Self;
 }
 
 impl LostCommit for Error {
-    fn lost_commit(self) -> Self {
-        match self {
-            Error::Database(source) if connection_lost(&source) => Error::Ambiguous { source },
-            other => other,
-        }
+    fn map_occ(self, f: impl FnOnce(Error) -> Error) -> Self {
+        f(self)
     }
 }
 
 impl<E> LostCommit for Stop<E> {
-    fn lost_commit(self) -> Self {
+    fn map_occ(self, f: impl FnOnce(Error) -> Error) -> Self {
         match self {
-            Stop::Occ(error) => Stop::Occ(error.lost_commit()),
+            Stop::Occ(error) => Stop::Occ(f(error)),
             caller => caller,
         }
     }

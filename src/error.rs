@@ -449,10 +449,13 @@ impl From<DieselError> for Error {
 
 /// Whether the connection died. PostgreSQL reports `ClosedConnection`; MySQL's client
 /// errors 2006 / 2013 reach diesel as `Unknown` with the client library's own fixed
-/// texts (never the server's, never translated), which are compared as prefixes.
+/// texts (never the server's, never translated), which are compared as prefixes. A
+/// `COMMIT` that failed that way is followed by a rollback that fails too, which diesel
+/// reports as `RollbackErrorOnCommit`: judged by the commit's error.
 pub(crate) fn connection_lost(error: &DieselError) -> bool {
     match error {
         DieselError::DatabaseError(DatabaseErrorKind::ClosedConnection, _) => true,
+        DieselError::RollbackErrorOnCommit { commit_error, .. } => connection_lost(commit_error),
         DieselError::DatabaseError(DatabaseErrorKind::Unknown, info) => {
             let message = info.message();
             [
@@ -520,5 +523,22 @@ mod tests {
             Error::Database(_)
         ));
         assert!(!Error::from_write(closed(), false).is_retryable());
+    }
+
+    #[test]
+    fn a_commit_lost_with_its_rollback_is_a_lost_connection() {
+        let lost = |message: &str| {
+            DieselError::DatabaseError(DatabaseErrorKind::Unknown, Box::new(message.to_string()))
+        };
+        let commit_lost = DieselError::RollbackErrorOnCommit {
+            rollback_error: Box::new(lost("MySQL server has gone away")),
+            commit_error: Box::new(lost("Lost connection to server during query")),
+        };
+        assert!(connection_lost(&commit_lost));
+        let commit_refused = DieselError::RollbackErrorOnCommit {
+            rollback_error: Box::new(lost("MySQL server has gone away")),
+            commit_error: Box::new(lost("Deadlock found when trying to get lock")),
+        };
+        assert!(!connection_lost(&commit_refused));
     }
 }

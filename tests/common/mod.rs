@@ -8,6 +8,7 @@
 
 #![allow(dead_code)]
 
+pub mod faults;
 pub mod fenced;
 pub mod models;
 pub mod schema;

@@ -1,0 +1,365 @@
+//! Server sessions killed at random (PostgreSQL `pg_terminate_backend`, MariaDB `KILL`)
+//! while workers run read-merge-writes, one-statement merges, transitions with history
+//! hooks and lock acquisitions, renewals and releases. Every operation logs what it
+//! reported; the end state is checked against the log: every operation that said it was
+//! done is applied exactly once, every one that failed is not applied at all, and every
+//! `Ambiguous` one is found applied once or not at all (never twice: nothing retried it
+//! blindly). The pool replaces the killed connections by itself.
+//!
+//! SQLite has no server sessions to kill; a process that dies mid-write is covered by
+//! `tests/killed_writer.rs`. `scripts/faults.sh` runs the same workload from several
+//! processes for longer, with server restarts (`fault_worker` and `fault_check` below).
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, Instant};
+
+use common::faults::{self, Kind, Op, Outcome, Tally};
+use diesel::connection::SimpleConnection;
+use diesel::prelude::*;
+use diesel::r2d2::Pool;
+use diesel_occ::json::GuardedJson;
+use diesel_occ::json_merge::GuardedJsonMerge;
+use diesel_occ::lock::Locks;
+use diesel_occ::transition::{no_extra, record, GuardedTransition, HistoryEntry};
+use diesel_occ::{CheckedManager, Error, RetryPolicy, Status};
+use serde_json::json;
+
+/// A task's two states, each reachable from the other: every transition can run forever.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Status)]
+#[occ(storage = "text")]
+pub enum Shift {
+    #[occ(from(Busy))]
+    Idle,
+    #[occ(from(Idle))]
+    Busy,
+}
+
+/// Rows per table the workers share: few, so that they also conflict with each other.
+const ROWS: i64 = 3;
+/// The lease of the shared lock: short, so that a holder lost to a fault frees it soon.
+const LEASE: Duration = Duration::from_secs(2);
+
+#[derive(QueryableByName)]
+struct SessionId {
+    #[diesel(sql_type = diesel::sql_types::BigInt)]
+    value: i64,
+}
+
+#[derive(QueryableByName)]
+struct Ended {
+    #[diesel(sql_type = diesel::sql_types::Bool)]
+    ended: bool,
+}
+
+#[derive(QueryableByName)]
+struct LockRow {
+    #[diesel(sql_type = diesel::sql_types::Nullable<diesel::sql_types::Text>)]
+    label: Option<String>,
+    #[diesel(sql_type = diesel::sql_types::BigInt)]
+    fence: i64,
+}
+
+#[derive(QueryableByName)]
+struct HistoryRow {
+    #[diesel(sql_type = diesel::sql_types::Text)]
+    entity_key: String,
+    #[diesel(sql_type = diesel::sql_types::Text)]
+    from_status: String,
+    #[diesel(sql_type = diesel::sql_types::Text)]
+    to_status: String,
+    #[diesel(sql_type = diesel::sql_types::Nullable<diesel::sql_types::Text>)]
+    actor: Option<String>,
+}
+
+/// What the workers found wrong, to be printed all at once.
+#[derive(Debug, Default)]
+struct Anomalies(Vec<String>);
+
+impl Anomalies {
+    fn check(&mut self, ok: bool, what: impl FnOnce() -> String) {
+        if !ok {
+            self.0.push(what());
+        }
+    }
+}
+
+/// The `landed` of an ambiguous operation found (`true`) or not found in the end state;
+/// a done operation must be found, a failed one must not.
+fn judge(op: &mut Op, found: bool, anomalies: &mut Anomalies) {
+    match op.outcome {
+        Outcome::Done => {
+            anomalies.check(found, || format!("lost: {} said done, not applied", op.id))
+        }
+        Outcome::Failed(ref class) => anomalies.check(!found, || {
+            format!("applied although failed ({class}): {}", op.id)
+        }),
+        Outcome::Ambiguous => op.landed = Some(found),
+    }
+}
+
+for_each_backend! {
+    json_profiles!();
+
+    diesel::table! {
+        fault_tasks (id) {
+            id -> BigInt,
+            state -> Text,
+            version -> BigInt,
+        }
+    }
+
+    #[derive(Debug, Clone, PartialEq, Queryable, Selectable, Identifiable, Insertable, diesel_occ::Guarded)]
+    #[diesel(table_name = fault_tasks)]
+    pub struct Task {
+        id: i64,
+        #[occ(status)]
+        state: Shift,
+        #[occ(version)]
+        version: i64,
+    }
+
+    type Manager = CheckedManager<Conn>;
+
+    /// This server's id of the session `conn` is.
+    fn session_id(conn: &mut Conn) -> QueryResult<i64> {
+        let sql = match BACKEND {
+            "postgres" => "SELECT CAST(pg_backend_pid() AS BIGINT) AS value",
+            _ => "SELECT CAST(CONNECTION_ID() AS SIGNED) AS value",
+        };
+        diesel::sql_query(sql).get_result::<SessionId>(conn).map(|row| row.value)
+    }
+
+    /// Ends session `id` from `admin`; whether it was still there to end.
+    fn kill_session(admin: &mut diesel_occ::Pooled<Conn>, id: i64) -> bool {
+        match BACKEND {
+            "postgres" => diesel::sql_query(format!("SELECT pg_terminate_backend({id}) AS ended"))
+                .get_result::<Ended>(admin)
+                .is_ok_and(|row| row.ended),
+            _ => admin.batch_execute(&format!("KILL {id}")).is_ok(),
+        }
+    }
+
+    /// The shared rows at their start: empty documents, idle tasks.
+    fn set_up(conn: &mut Conn) {
+        conn.batch_execute(
+            "CREATE TABLE fault_tasks (id BIGINT PRIMARY KEY, state VARCHAR(16) NOT NULL, version BIGINT NOT NULL)",
+        )
+        .unwrap();
+        for id in 1..=ROWS {
+            let profile = Profile { id, name: format!("p{id}"), ext: json!({}), version: 0 };
+            diesel::insert_into(profiles::table).values(&profile).execute(conn).unwrap();
+            let task = Task { id, state: Shift::Idle, version: 0 };
+            diesel::insert_into(fault_tasks::table).values(&task).execute(conn).unwrap();
+        }
+    }
+
+    /// Runs `count` operations (or until `until`), cycling through the kinds, on random
+    /// rows; `name` makes the operation ids unique.
+    fn work(pool: &Pool<Manager>, name: &str, count: usize, until: Option<Instant>) -> Vec<Op> {
+        let locks = Locks::new(pool.clone());
+        let policy = RetryPolicy::default();
+        let mut log = Vec::new();
+        for i in 0..count {
+            if until.is_some_and(|end| Instant::now() >= end) {
+                break;
+            }
+            let id = format!("{name}-{i}");
+            let target = fastrand::i64(1..=ROWS);
+            let kind = [Kind::Merge, Kind::MergeInPlace, Kind::Transition, Kind::Acquire][i % 4];
+            let op = |kind, outcome| Op { id: id.clone(), kind, target, outcome, fence: None, landed: None };
+            let patch = json!({ &id: i });
+            match kind {
+                Kind::Merge => {
+                    let result = pool.get().map_err(Error::from).and_then(|mut conn| {
+                        Profile::merge_json(&mut conn, &target, profiles::ext, &patch, &policy)
+                    });
+                    log.push(op(kind, Outcome::of(&result)));
+                }
+                Kind::MergeInPlace => {
+                    let result = pool.get().map_err(Error::from).and_then(|mut conn| {
+                        Profile::merge_json_in_place(&mut conn, &target, profiles::ext, &patch)
+                    });
+                    log.push(op(kind, Outcome::of(&result)));
+                }
+                Kind::Transition => {
+                    let result = pool.get().map_err(Error::from).and_then(|mut conn| {
+                        let mut task: Task =
+                            fault_tasks::table.find(target).select(Task::as_select()).first(&mut conn)?;
+                        let to = if task.state == Shift::Idle { Shift::Busy } else { Shift::Idle };
+                        let key = target.to_string();
+                        task.transition_then(&mut conn, to, no_extra(), |conn, from, row| {
+                            let entry = HistoryEntry {
+                                entity: "fault_tasks",
+                                key: &key,
+                                from: from.name(),
+                                to: row.state.name(),
+                                actor: Some(&id),
+                            };
+                            record(conn, &entry)
+                        })
+                    });
+                    log.push(op(kind, Outcome::of(&result)));
+                }
+                _ => {
+                    let acquired = locks.try_lock("faults", "shared", LEASE, Some(&id));
+                    let mut acquisition = op(Kind::Acquire, Outcome::of(&acquired));
+                    match acquired {
+                        Ok(mut guard) => {
+                            acquisition.fence = Some(guard.fence());
+                            log.push(acquisition);
+                            for _ in 0..2 {
+                                log.push(op(Kind::Renew, Outcome::of(&guard.renew())));
+                            }
+                            log.push(op(Kind::Release, Outcome::of(&guard.release())));
+                        }
+                        Err(Error::Ambiguous { .. }) => {
+                            // Read before deciding, as the error says: the label is this
+                            // acquisition's own, and the lease outlives this read.
+                            acquisition.landed = lock_row(pool).map(|row| row.label.as_deref() == Some(id.as_str()));
+                            log.push(acquisition);
+                        }
+                        Err(_) => log.push(acquisition),
+                    }
+                }
+            }
+        }
+        log
+    }
+
+    /// The shared lock's row, read with a few fresh connections in case one is killed.
+    fn lock_row(pool: &Pool<Manager>) -> Option<LockRow> {
+        (0..20).find_map(|_| {
+            let mut conn = pool.get().ok()?;
+            diesel::sql_query("SELECT label, fence FROM occ_locks WHERE lock_name = 'faults' AND resource = 'shared'")
+                .get_result::<LockRow>(&mut conn)
+                .ok()
+        })
+    }
+
+    /// Checks the end state against every worker's log (updated: the ambiguous
+    /// operations learn whether they landed); the anomalies found.
+    fn check(conn: &mut Conn, ops: &mut [Op]) -> Anomalies {
+        let mut anomalies = Anomalies::default();
+
+        // Documents: each landed merge added its own key and moved the version by one.
+        for id in 1..=ROWS {
+            let profile: Profile = profiles::table.find(id).select(Profile::as_select()).first(conn).unwrap();
+            let keys: BTreeSet<String> = profile.ext.as_object().unwrap().keys().cloned().collect();
+            let mut mine = BTreeSet::new();
+            for op in ops.iter_mut().filter(|op| op.target == id && matches!(op.kind, Kind::Merge | Kind::MergeInPlace)) {
+                judge(op, keys.contains(&op.id), &mut anomalies);
+                mine.insert(op.id.clone());
+            }
+            anomalies.check(keys.is_subset(&mine), || format!("profile {id} holds keys no operation wrote: {:?}", keys.difference(&mine).collect::<Vec<_>>()));
+            anomalies.check(profile.version == keys.len() as i64, || {
+                format!("profile {id}: version {} after {} merges (doubled or lost)", profile.version, keys.len())
+            });
+        }
+
+        // Transitions: one history row per landed move, in a chain, at the row's version.
+        let history: Vec<HistoryRow> = diesel::sql_query(
+            "SELECT entity_key, from_status, to_status, actor FROM occ_transitions WHERE entity = 'fault_tasks' ORDER BY id",
+        )
+        .load(conn)
+        .unwrap();
+        let mut actors: BTreeMap<&str, usize> = BTreeMap::new();
+        for row in &history {
+            *actors.entry(row.actor.as_deref().unwrap_or_default()).or_default() += 1;
+        }
+        for (actor, times) in &actors {
+            anomalies.check(*times == 1, || format!("transition {actor} recorded {times} times"));
+        }
+        for op in ops.iter_mut().filter(|op| op.kind == Kind::Transition) {
+            judge(op, actors.contains_key(op.id.as_str()), &mut anomalies);
+        }
+        for id in 1..=ROWS {
+            let task: Task = fault_tasks::table.find(id).select(Task::as_select()).first(conn).unwrap();
+            let moves: Vec<&HistoryRow> = history.iter().filter(|row| row.entity_key == id.to_string()).collect();
+            let mut state = Shift::Idle.name();
+            for row in &moves {
+                anomalies.check(row.from_status == state, || format!("task {id}: history jumps from {state} to a move from {}", row.from_status));
+                state = &row.to_status;
+            }
+            anomalies.check(task.state.name() == state, || format!("task {id} is {:?}, its history ends at {state}", task.state));
+            anomalies.check(task.version == moves.len() as i64, || {
+                format!("task {id}: version {} after {} recorded moves", task.version, moves.len())
+            });
+        }
+
+        // The lock: each landed acquisition moved the fence by one; no fence twice.
+        let fence: i64 = diesel::sql_query("SELECT label, fence FROM occ_locks WHERE lock_name = 'faults' AND resource = 'shared'")
+            .get_result::<LockRow>(conn)
+            .map(|row| row.fence)
+            .unwrap_or(0);
+        let acquisitions: Vec<&Op> = ops.iter().filter(|op| op.kind == Kind::Acquire).collect();
+        let fences: BTreeSet<i64> = acquisitions.iter().filter_map(|op| op.fence).collect();
+        let done = acquisitions.iter().filter(|op| op.outcome == Outcome::Done).count();
+        let landed = acquisitions.iter().filter(|op| op.landed == Some(true)).count();
+        anomalies.check(fences.len() == done, || format!("{done} acquisitions got only {} distinct fences", fences.len()));
+        anomalies.check(fences.last().is_none_or(|last| *last <= fence), || format!("a fence above the lock's {fence}"));
+        anomalies.check(fence == (done + landed) as i64, || {
+            format!("the fence is {fence} after {done} acquisitions done and {landed} ambiguous ones that landed")
+        });
+        for op in acquisitions.iter().filter(|op| op.outcome == Outcome::Ambiguous && op.landed.is_none()) {
+            anomalies.0.push(format!("acquisition {} stayed ambiguous: the lock row could not be read", op.id));
+        }
+        anomalies
+    }
+
+    /// Prints the figures of a run and fails on any anomaly.
+    fn report(ops: &[Op], kills: u64, took: Duration, anomalies: &Anomalies) {
+        let mut tally = Tally::default();
+        tally.add(ops);
+        println!(
+            "{BACKEND}: {} operations in {:.1} s ({:.0}/s), {kills} sessions killed, {} anomalies\n{}",
+            ops.len(),
+            took.as_secs_f64(),
+            ops.len() as f64 / took.as_secs_f64(),
+            anomalies.0.len(),
+            tally.report()
+        );
+        assert!(anomalies.0.is_empty(), "{BACKEND}: {:#?}", anomalies.0);
+    }
+
+    #[test]
+    fn sessions_killed_at_random_lose_nothing_and_apply_nothing_twice() {
+        if BACKEND == "sqlite" {
+            return; // no server sessions; see the module documentation
+        }
+        let Some(db) = db() else { return };
+        set_up(&mut db.conn());
+        let (pool, sessions) = faults::pool_with_sessions::<Conn>(&db.url, 4, session_id);
+        let mut admin = db.conn();
+        let killer = faults::Killer::start(sessions, 5..30, move |id| kill_session(&mut admin, id));
+
+        let started = Instant::now();
+        let (done, finished) = std::sync::mpsc::channel();
+        for worker in 0..3 {
+            let (pool, done) = (pool.clone(), done.clone());
+            std::thread::spawn(move || done.send(work(&pool, &format!("w{worker}"), 480, None)));
+        }
+        let mut ops = Vec::new();
+        for _ in 0..3 {
+            // No worker may hang on a dead connection.
+            ops.extend(finished.recv_timeout(Duration::from_secs(120)).expect("a worker is stuck"));
+        }
+        let took = started.elapsed();
+        let kills = killer.stop();
+
+        let anomalies = check(&mut db.conn(), &mut ops);
+        report(&ops, kills, took, &anomalies);
+        assert!(kills >= 10, "too few faults to mean anything: {kills}");
+        for kind in [Kind::Merge, Kind::MergeInPlace, Kind::Transition, Kind::Acquire] {
+            assert!(ops.iter().any(|op| op.kind == kind && op.outcome == Outcome::Done), "no {kind:?} succeeded");
+        }
+        // The pool recovered: once its connections have been idle for longer than the
+        // window after which a checkout checks them, it hands out only live ones, all at once.
+        std::thread::sleep(diesel_occ::PoolConfig::default().check_after_idle * 2);
+        let all: Vec<_> = (0..4).map(|_| pool.get().expect("a working connection")).collect();
+        for mut conn in all {
+            session_id(&mut conn).expect("a live session");
+        }
+    }
+}
