@@ -1,5 +1,6 @@
-//! A writer process killed with SIGKILL in the middle of its work: the database rolls its
-//! open transaction back, nothing is half-applied, and the others carry on at once.
+//! A writer process killed with SIGKILL in the middle of its work (a merge, a transition
+//! with its history hook): the database rolls its open transaction back, nothing is
+//! half-applied, and the others carry on at once.
 
 #![cfg(unix)]
 
@@ -12,8 +13,58 @@ use std::time::Duration;
 use common::{KillOnDrop, PoolByUrl};
 use diesel::prelude::*;
 use diesel_occ::json::GuardedJson;
-use diesel_occ::{Error, RetryPolicy};
+use diesel_occ::transition::{no_extra, record, GuardedTransition, HistoryEntry};
+use diesel_occ::{Error, RetryPolicy, Status};
 use serde_json::json;
+
+/// A switch that flips back and forth: every transition can run forever.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Status)]
+#[occ(storage = "text")]
+pub enum Switch {
+    #[occ(from(On))]
+    Off,
+    #[occ(from(Off))]
+    On,
+}
+
+/// Starts this test binary's `test` in a child process with `var` set to `url`; the last
+/// number it printed after `marker` comes back when it is killed.
+fn start_child(
+    test: &str,
+    var: &str,
+    url: &str,
+    marker: &'static str,
+) -> (KillOnDrop, std::thread::JoinHandle<Option<i64>>) {
+    let mut child = KillOnDrop(
+        Command::new(std::env::current_exe().unwrap())
+            .args([test, "--exact", "--nocapture", "--test-threads=1"])
+            .env(var, url)
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let stdout = child.0.stdout.take().unwrap();
+    let reader = std::thread::spawn(move || {
+        BufReader::new(stdout)
+            .lines()
+            .map_while(Result::ok)
+            .filter_map(|line| {
+                line.split(marker)
+                    .nth(1)
+                    .and_then(|n| n.trim().parse::<i64>().ok())
+            })
+            .last()
+    });
+    (child, reader)
+}
+
+#[derive(QueryableByName)]
+struct Move {
+    #[diesel(sql_type = diesel::sql_types::Text)]
+    from_status: String,
+    #[diesel(sql_type = diesel::sql_types::Text)]
+    to_status: String,
+}
 
 for_each_backend! {
     json_profiles!();
@@ -41,22 +92,12 @@ for_each_backend! {
         // The version before the child starts: each of its merges moves it by exactly one.
         let mut start_version = 0;
         for round in 0..3 {
-            let mut child = KillOnDrop(
-                Command::new(std::env::current_exe().unwrap())
-                    .args([&format!("{BACKEND}::merging_child"), "--exact", "--nocapture", "--test-threads=1"])
-                    .env(format!("OCC_MERGING_CHILD_{BACKEND}"), &db.url)
-                    .stdout(Stdio::piped())
-                    .spawn()
-                    .unwrap(),
+            let (mut child, reader) = start_child(
+                &format!("{BACKEND}::merging_child"),
+                &format!("OCC_MERGING_CHILD_{BACKEND}"),
+                &db.url,
+                "MERGED ",
             );
-            let stdout = child.0.stdout.take().unwrap();
-            let reader = std::thread::spawn(move || {
-                BufReader::new(stdout)
-                    .lines()
-                    .map_while(Result::ok)
-                    .filter_map(|line| line.split("MERGED ").nth(1).and_then(|n| n.trim().parse::<i64>().ok()))
-                    .last()
-            });
             // Let it run a while, a different while each round.
             std::thread::sleep(Duration::from_millis(300 + 170 * round));
             child.0.kill().unwrap(); // SIGKILL
@@ -73,6 +114,92 @@ for_each_backend! {
                 .map_err(|e: Error| e.to_string())
                 .unwrap();
             start_version = done.row.version;
+        }
+    }
+
+    diesel::table! {
+        switches (id) {
+            id -> BigInt,
+            state -> Text,
+            version -> BigInt,
+        }
+    }
+
+    #[derive(Debug, Clone, PartialEq, Queryable, Selectable, Identifiable, Insertable, diesel_occ::Guarded)]
+    #[diesel(table_name = switches)]
+    pub struct Light {
+        id: i64,
+        #[occ(status)]
+        state: Switch,
+        #[occ(version)]
+        version: i64,
+    }
+
+    /// The child: flips switch 1 as fast as it can, each move with its history row on the
+    /// same transaction, printing the new version once it is committed.
+    #[test]
+    fn switching_child() {
+        let Ok(url) = std::env::var(format!("OCC_SWITCHING_CHILD_{BACKEND}")) else { return };
+        let mut conn = <Conn as PoolByUrl>::pool(&url).get().unwrap();
+        loop {
+            let mut light: Light = switches::table.find(1).select(Light::as_select()).first(&mut conn).unwrap();
+            let to = if light.state == Switch::Off { Switch::On } else { Switch::Off };
+            light
+                .transition_then(&mut conn, to, no_extra(), |conn, from, row| {
+                    record(conn, &HistoryEntry { entity: "switches", key: "1", from: from.name(), to: row.state.name(), actor: None })
+                })
+                .unwrap();
+            println!("MOVED {}", light.version);
+        }
+    }
+
+    /// Killed at a random point of its loop, the child leaves the switch at its last
+    /// reported move or one further, with exactly one history row per move, in a chain;
+    /// the parent's next move needs no retry and waits for no lock.
+    #[test]
+    fn a_writer_killed_mid_transition_leaves_no_half_move() {
+        let Some(db) = db() else { return };
+        let conn = &mut db.conn();
+        diesel::sql_query("CREATE TABLE switches (id BIGINT PRIMARY KEY, state VARCHAR(8) NOT NULL, version BIGINT NOT NULL)")
+            .execute(conn)
+            .unwrap();
+        diesel::insert_into(switches::table).values(&Light { id: 1, state: Switch::Off, version: 0 }).execute(conn).unwrap();
+        for round in 0..3 {
+            let (mut child, reader) = start_child(
+                &format!("{BACKEND}::switching_child"),
+                &format!("OCC_SWITCHING_CHILD_{BACKEND}"),
+                &db.url,
+                "MOVED ",
+            );
+            std::thread::sleep(Duration::from_millis(300 + 170 * round));
+            child.0.kill().unwrap(); // SIGKILL
+            child.0.wait().unwrap();
+            let reported = reader.join().unwrap().expect("the child moved the switch before it was killed");
+
+            let stored: Light = switches::table.find(1).select(Light::as_select()).first(conn).unwrap();
+            assert!(
+                stored.version == reported || stored.version == reported + 1,
+                "round {round}: reported version {reported}, stored {}", stored.version
+            );
+            let moves: Vec<Move> = diesel::sql_query("SELECT from_status, to_status FROM occ_transitions WHERE entity = 'switches' ORDER BY id")
+                .load(conn)
+                .unwrap();
+            assert_eq!(moves.len() as i64, stored.version, "round {round}: one history row per move");
+            let mut state = Switch::Off.name();
+            for (n, row) in moves.iter().enumerate() {
+                assert_eq!(row.from_status, state, "round {round}: move {n} does not start where the last ended");
+                state = &row.to_status;
+            }
+            assert_eq!(stored.state.name(), state, "round {round}: the row and its history agree");
+            // The parent goes on at once.
+            let mut light = stored;
+            let to = if light.state == Switch::Off { Switch::On } else { Switch::Off };
+            light
+                .transition_then(conn, to, no_extra(), |conn, from, row| {
+                    record(conn, &HistoryEntry { entity: "switches", key: "1", from: from.name(), to: row.state.name(), actor: Some("parent") })
+                })
+                .map_err(|e: Error| e.to_string())
+                .unwrap();
         }
     }
 }
