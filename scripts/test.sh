@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole check of diesel-occ: formatting, clippy, unit, integration (SQLite,
 # PostgreSQL, MySQL/MariaDB), doc and compile-fail tests, docs, the demos, a smoke run
-# of the benchmark program on each backend, and an advisory check of the dependencies.
+# of the benchmark program on each backend, an advisory check of the dependencies, and a
+# short run of scripts/faults.sh (session kills and a restart of each local server).
 #
 # Run it as root on a Debian machine (or with sudo available). It installs what is missing
 # (postgresql, mariadb-server, libpq-dev, default-libmysqlclient-dev, pkg-config), starts
@@ -13,77 +14,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-step() { printf '\n==> %s\n' "$*"; }
-as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
-
-install_missing_packages() {
-    local missing=()
-    for pkg in postgresql mariadb-server libpq-dev default-libmysqlclient-dev pkg-config; do
-        dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
-    done
-    if [ ${#missing[@]} -gt 0 ]; then
-        step "installing ${missing[*]}"
-        as_root apt-get update -qq
-        as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
-    fi
-}
-
-wait_for() { # description, command...
-    local what=$1; shift
-    for _ in $(seq 1 60); do "$@" >/dev/null 2>&1 && return 0; sleep 0.5; done
-    echo "error: $what did not come up within 30 s" >&2
-    return 1
-}
-
-start_postgres() {
-    if ! pg_isready -q -h 127.0.0.1 -p 5432; then
-        step "starting PostgreSQL"
-        local version
-        version=$(ls /etc/postgresql | sort -V | tail -n 1)
-        as_root pg_ctlcluster --skip-systemctl-redirect "$version" main start
-        wait_for "PostgreSQL" pg_isready -q -h 127.0.0.1 -p 5432
-    fi
-    if ! psql -h 127.0.0.1 -U postgres -d postgres -Atc 'SELECT 1' >/dev/null 2>&1; then
-        step "allowing user postgres over 127.0.0.1 without a password (test machine)"
-        local hba
-        hba=$(as_root runuser -u postgres -- psql -Atc 'SHOW hba_file')
-        as_root sed -i '1i host all postgres 127.0.0.1/32 trust' "$hba"
-        as_root runuser -u postgres -- psql -qc 'SELECT pg_reload_conf()'
-        wait_for "PostgreSQL trust login" psql -h 127.0.0.1 -U postgres -d postgres -Atc 'SELECT 1'
-    fi
-    psql -h 127.0.0.1 -U postgres -d postgres -Atc \
-        "SELECT 1 FROM pg_database WHERE datname = 'diesel_occ_test'" | grep -q 1 ||
-        psql -h 127.0.0.1 -U postgres -d postgres -qc 'CREATE DATABASE diesel_occ_test'
-}
-
-start_mariadb() {
-    if ! mariadb-admin ping >/dev/null 2>&1; then
-        step "starting MariaDB"
-        as_root mkdir -p /run/mysqld
-        as_root chown mysql:mysql /run/mysqld
-        as_root start-stop-daemon --start --oknodo --background --exec /usr/sbin/mariadbd -- --user=mysql
-        wait_for "MariaDB" mariadb-admin ping
-    fi
-    if ! mariadb -h 127.0.0.1 -u root -e 'SELECT 1' >/dev/null 2>&1; then
-        step "allowing root over 127.0.0.1 with an empty password (test machine)"
-        as_root mariadb -u root -e "
-            ALTER USER 'root'@'localhost' IDENTIFIED VIA unix_socket OR mysql_native_password USING PASSWORD('');
-            CREATE USER IF NOT EXISTS 'root'@'127.0.0.1' IDENTIFIED BY '';
-            GRANT ALL PRIVILEGES ON *.* TO 'root'@'127.0.0.1' WITH GRANT OPTION;
-            FLUSH PRIVILEGES;"
-    fi
-    mariadb -h 127.0.0.1 -u root -e 'CREATE DATABASE IF NOT EXISTS diesel_occ_test'
-}
-
-install_missing_packages
-if [ -z "${PG_DATABASE_URL:-}" ]; then
-    start_postgres
-    export PG_DATABASE_URL=postgres://postgres@127.0.0.1:5432/diesel_occ_test
-fi
-if [ -z "${MYSQL_DATABASE_URL:-}" ]; then
-    start_mariadb
-    export MYSQL_DATABASE_URL=mysql://root@127.0.0.1:3306/diesel_occ_test
-fi
+# shellcheck source=scripts/servers.sh
+source scripts/servers.sh
+preset="${PG_DATABASE_URL:-}${MYSQL_DATABASE_URL:-}"
+prepare_servers
 # Server tests fail instead of skipping when a server is missing or unreachable.
 export OCC_REQUIRE_SERVERS=1
 export RUSTDOCFLAGS="-D warnings"
@@ -119,4 +53,10 @@ for url in "" "$PG_DATABASE_URL" "$MYSQL_DATABASE_URL"; do
         { tail -n 20 "target/bench-smoke-$name.log"; exit 1; }
     echo "$name: smoke run passed its exactness checks"
 done
+step "faults from outside: session kills in worker processes, a restart of each server (20 s per backend)"
+if [ -z "$preset" ]; then
+    env -u PG_DATABASE_URL -u MYSQL_DATABASE_URL bash scripts/faults.sh 20 2
+else
+    bash scripts/faults.sh 20 2
+fi
 step "all checks passed"

@@ -8,7 +8,8 @@
 //!
 //! SQLite has no server sessions to kill; a process that dies mid-write is covered by
 //! `tests/killed_writer.rs`. `scripts/faults.sh` runs the same workload from several
-//! processes for longer, with server restarts (`fault_worker` and `fault_check` below).
+//! processes, with a restart of the server halfway through (`fault_soak` below, which
+//! does nothing unless `OCC_SOAK_SECONDS` is set).
 
 mod common;
 
@@ -16,6 +17,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
 use common::faults::{self, Kind, Op, Outcome, Tally};
+use common::{KillOnDrop, PoolByUrl};
 use diesel::connection::SimpleConnection;
 use diesel::prelude::*;
 use diesel::r2d2::Pool;
@@ -25,6 +27,8 @@ use diesel_occ::lock::Locks;
 use diesel_occ::transition::{no_extra, record, GuardedTransition, HistoryEntry};
 use diesel_occ::{CheckedManager, Error, RetryPolicy, Status};
 use serde_json::json;
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Command, Stdio};
 
 /// A task's two states, each reachable from the other: every transition can run forever.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Status)]
@@ -168,7 +172,7 @@ for_each_backend! {
             let id = format!("{name}-{i}");
             let target = fastrand::i64(1..=ROWS);
             let kind = [Kind::Merge, Kind::MergeInPlace, Kind::Transition, Kind::Acquire][i % 4];
-            let op = |kind, outcome| Op { id: id.clone(), kind, target, outcome, fence: None, landed: None };
+            let op = |kind, outcome| Op { id: id.clone(), kind, target, outcome, fence: None, landed: None, at_ms: faults::now_ms() };
             let patch = json!({ &id: i });
             match kind {
                 Kind::Merge => {
@@ -361,5 +365,113 @@ for_each_backend! {
         for mut conn in all {
             session_id(&mut conn).expect("a live session");
         }
+    }
+
+    /// A process of the soak: runs the workload on two threads on the shared database
+    /// until `OCC_FAULT_SECONDS` are over, killing its own sessions at random, then prints
+    /// its operation log (`OP <json>` lines) and how many sessions it killed.
+    #[test]
+    fn fault_worker() {
+        let Ok(url) = std::env::var(format!("OCC_FAULT_WORKER_{BACKEND}")) else { return };
+        let seconds: u64 = std::env::var("OCC_FAULT_SECONDS").unwrap().parse().unwrap();
+        let name = std::env::var("OCC_FAULT_NAME").unwrap();
+        let (pool, sessions) = faults::pool_with_sessions::<Conn>(&url, 3, session_id);
+        // The killer's own connections, not registered: it never kills itself.
+        let admin = <Conn as PoolByUrl>::pool(&url);
+        let killer = faults::Killer::start(sessions, 20..80, move |id| {
+            admin.get().is_ok_and(|mut conn| kill_session(&mut conn, id))
+        });
+        let until = Instant::now() + Duration::from_secs(seconds);
+        let threads: Vec<_> = (0..2)
+            .map(|t| {
+                let (pool, name) = (pool.clone(), format!("{name}t{t}"));
+                std::thread::spawn(move || work(&pool, &name, usize::MAX, Some(until)))
+            })
+            .collect();
+        let ops: Vec<Op> = threads.into_iter().flat_map(|t| t.join().unwrap()).collect();
+        let kills = killer.stop();
+        let mut out = std::io::stdout().lock();
+        for op in &ops {
+            writeln!(out, "OP {}", serde_json::to_string(op).unwrap()).unwrap();
+        }
+        writeln!(out, "KILLS {kills}").unwrap();
+    }
+
+    /// The soak (`scripts/faults.sh`): `OCC_SOAK_PROCESSES` worker processes for
+    /// `OCC_SOAK_SECONDS` on one database, the server restarted halfway through by the
+    /// shell command in `OCC_SOAK_RESTART_<BACKEND>`. Every process must finish (none
+    /// stuck), succeed again after the restart, and the end state must match every log.
+    #[test]
+    fn fault_soak() {
+        let Ok(seconds) = std::env::var("OCC_SOAK_SECONDS") else { return };
+        if BACKEND == "sqlite" {
+            return;
+        }
+        let seconds: u64 = seconds.parse().expect("OCC_SOAK_SECONDS: whole seconds");
+        let processes: usize = std::env::var("OCC_SOAK_PROCESSES").map_or(3, |n| n.parse().expect("OCC_SOAK_PROCESSES: a count"));
+        let restart = std::env::var(format!("OCC_SOAK_RESTART_{}", BACKEND.to_uppercase())).ok();
+        let Some(db) = db() else { return };
+        set_up(&mut db.conn());
+
+        let started = Instant::now();
+        let children: Vec<_> = (0..processes)
+            .map(|p| {
+                let mut child = KillOnDrop(
+                    Command::new(std::env::current_exe().unwrap())
+                        .args([&format!("{BACKEND}::fault_worker"), "--exact", "--nocapture", "--test-threads=1"])
+                        .env(format!("OCC_FAULT_WORKER_{BACKEND}"), &db.url)
+                        .env("OCC_FAULT_SECONDS", seconds.to_string())
+                        .env("OCC_FAULT_NAME", format!("p{p}"))
+                        .stdout(Stdio::piped())
+                        .spawn()
+                        .unwrap(),
+                );
+                let stdout = child.0.stdout.take().unwrap();
+                let log = std::thread::spawn(move || {
+                    let (mut ops, mut kills) = (Vec::new(), 0);
+                    for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                        // The harness's "test ... " may precede the first line.
+                        if let Some(at) = line.find("OP {") {
+                            ops.push(serde_json::from_str::<Op>(&line[at + 3..]).unwrap());
+                        } else if let Some(n) = line.strip_prefix("KILLS ") {
+                            kills = n.trim().parse::<u64>().unwrap();
+                        }
+                    }
+                    (ops, kills)
+                });
+                (child, log)
+            })
+            .collect();
+
+        let mut back_at = None;
+        if let Some(command) = &restart {
+            std::thread::sleep(Duration::from_secs(seconds / 2));
+            let status = Command::new("sh").args(["-c", command]).status().unwrap();
+            assert!(status.success(), "the restart command failed: {command}");
+            back_at = Some(faults::now_ms());
+        }
+
+        let deadline = started + Duration::from_secs(seconds + 90);
+        let (mut ops, mut kills) = (Vec::new(), 0);
+        for (p, (mut child, log)) in children.into_iter().enumerate() {
+            while child.0.try_wait().unwrap().is_none() {
+                assert!(Instant::now() < deadline, "worker process p{p} is stuck");
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            assert!(child.0.wait().unwrap().success(), "worker process p{p} failed");
+            let (process_ops, process_kills) = log.join().unwrap();
+            if let Some(back_at) = back_at {
+                assert!(
+                    process_ops.iter().any(|op| op.at_ms > back_at && op.outcome == Outcome::Done),
+                    "p{p} did not succeed again after the restart"
+                );
+            }
+            ops.extend(process_ops);
+            kills += process_kills;
+        }
+        let took = started.elapsed();
+        let anomalies = check(&mut db.conn(), &mut ops);
+        println!("{BACKEND}: {processes} processes, {} server restart(s)", u8::from(back_at.is_some()));
+        report(&ops, kills, took, &anomalies);
     }
 }

@@ -176,6 +176,16 @@ pub struct Op {
     /// row showed this acquisition right after.
     pub fence: Option<i64>,
     pub landed: Option<bool>,
+    /// When it returned, in milliseconds since the Unix epoch.
+    pub at_ms: u64,
+}
+
+/// Now, in milliseconds since the Unix epoch (comparable across processes).
+pub fn now_ms() -> u64 {
+    let since = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock after 1970");
+    since.as_millis() as u64
 }
 
 /// The kinds of operations the fault workers run.

@@ -214,7 +214,13 @@ pub fn postgres() -> Option<TestDb<diesel::PgConnection>> {
         url,
         make_pool: diesel_occ::postgres_pool,
         drop_namespace: Some(Box::new(move || {
-            let _ = admin.batch_execute(&format!("DROP SCHEMA {schema} CASCADE"));
+            // The admin connection is gone if the server restarted meanwhile.
+            let drop = format!("DROP SCHEMA {schema} CASCADE");
+            if admin.batch_execute(&drop).is_err() {
+                if let Ok(mut admin) = diesel::PgConnection::establish(&base) {
+                    let _ = admin.batch_execute(&drop);
+                }
+            }
         })),
     })
 }
@@ -238,7 +244,13 @@ pub fn mysql() -> Option<TestDb<diesel::MysqlConnection>> {
         url,
         make_pool: diesel_occ::mysql_pool,
         drop_namespace: Some(Box::new(move || {
-            let _ = admin.batch_execute(&format!("DROP DATABASE {database}"));
+            // The admin connection is gone if the server restarted meanwhile.
+            let drop = format!("DROP DATABASE {database}");
+            if admin.batch_execute(&drop).is_err() {
+                if let Ok(mut admin) = diesel::MysqlConnection::establish(&base) {
+                    let _ = admin.batch_execute(&drop);
+                }
+            }
         })),
     })
 }

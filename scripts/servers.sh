@@ -1,0 +1,99 @@
+# The servers the tests need, sourced by scripts/test.sh and scripts/faults.sh.
+#
+# Run as root on a Debian machine (or with sudo available). `prepare_servers` installs what
+# is missing (postgresql, mariadb-server, libpq-dev, default-libmysqlclient-dev,
+# pkg-config), starts the servers if they are down, creates the test databases and exports
+# PG_DATABASE_URL / MYSQL_DATABASE_URL. It is idempotent. Preset URLs are used as given and
+# the local servers are left alone.
+
+step() { printf '\n==> %s\n' "$*"; }
+as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
+
+install_missing_packages() {
+    local missing=()
+    for pkg in postgresql mariadb-server libpq-dev default-libmysqlclient-dev pkg-config; do
+        dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
+    done
+    if [ ${#missing[@]} -gt 0 ]; then
+        step "installing ${missing[*]}"
+        as_root apt-get update -qq
+        as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+    fi
+}
+
+wait_for() { # description, command...
+    local what=$1; shift
+    for _ in $(seq 1 60); do "$@" >/dev/null 2>&1 && return 0; sleep 0.5; done
+    echo "error: $what did not come up within 30 s" >&2
+    return 1
+}
+
+start_postgres() {
+    if ! pg_isready -q -h 127.0.0.1 -p 5432; then
+        step "starting PostgreSQL"
+        local version
+        version=$(ls /etc/postgresql | sort -V | tail -n 1)
+        as_root pg_ctlcluster --skip-systemctl-redirect "$version" main start
+        wait_for "PostgreSQL" pg_isready -q -h 127.0.0.1 -p 5432
+    fi
+    if ! psql -h 127.0.0.1 -U postgres -d postgres -Atc 'SELECT 1' >/dev/null 2>&1; then
+        step "allowing user postgres over 127.0.0.1 without a password (test machine)"
+        local hba
+        hba=$(as_root runuser -u postgres -- psql -Atc 'SHOW hba_file')
+        as_root sed -i '1i host all postgres 127.0.0.1/32 trust' "$hba"
+        as_root runuser -u postgres -- psql -qc 'SELECT pg_reload_conf()'
+        wait_for "PostgreSQL trust login" psql -h 127.0.0.1 -U postgres -d postgres -Atc 'SELECT 1'
+    fi
+    psql -h 127.0.0.1 -U postgres -d postgres -Atc \
+        "SELECT 1 FROM pg_database WHERE datname = 'diesel_occ_test'" | grep -q 1 ||
+        psql -h 127.0.0.1 -U postgres -d postgres -qc 'CREATE DATABASE diesel_occ_test'
+}
+
+start_mariadb() {
+    if ! mariadb-admin ping >/dev/null 2>&1; then
+        step "starting MariaDB"
+        as_root mkdir -p /run/mysqld
+        as_root chown mysql:mysql /run/mysqld
+        as_root start-stop-daemon --start --oknodo --background --exec /usr/sbin/mariadbd -- --user=mysql
+        wait_for "MariaDB" mariadb-admin ping
+    fi
+    if ! mariadb -h 127.0.0.1 -u root -e 'SELECT 1' >/dev/null 2>&1; then
+        step "allowing root over 127.0.0.1 with an empty password (test machine)"
+        as_root mariadb -u root -e "
+            ALTER USER 'root'@'localhost' IDENTIFIED VIA unix_socket OR mysql_native_password USING PASSWORD('');
+            CREATE USER IF NOT EXISTS 'root'@'127.0.0.1' IDENTIFIED BY '';
+            GRANT ALL PRIVILEGES ON *.* TO 'root'@'127.0.0.1' WITH GRANT OPTION;
+            FLUSH PRIVILEGES;"
+    fi
+    mariadb -h 127.0.0.1 -u root -e 'CREATE DATABASE IF NOT EXISTS diesel_occ_test'
+}
+
+prepare_servers() {
+    install_missing_packages
+    if [ -z "${PG_DATABASE_URL:-}" ]; then
+        start_postgres
+        export PG_DATABASE_URL=postgres://postgres@127.0.0.1:5432/diesel_occ_test
+    fi
+    if [ -z "${MYSQL_DATABASE_URL:-}" ]; then
+        start_mariadb
+        export MYSQL_DATABASE_URL=mysql://root@127.0.0.1:3306/diesel_occ_test
+    fi
+}
+
+# A fast restart of the local PostgreSQL (open sessions are ended), back when it answers.
+restart_postgres() {
+    local version
+    version=$(ls /etc/postgresql | sort -V | tail -n 1)
+    as_root pg_ctlcluster --skip-systemctl-redirect "$version" main restart -m fast
+    wait_for "PostgreSQL" pg_isready -q -h 127.0.0.1 -p 5432
+}
+
+# A shutdown and start of the local MariaDB, back when it answers.
+restart_mariadb() {
+    as_root mariadb-admin shutdown
+    for _ in $(seq 1 60); do pgrep -x mariadbd >/dev/null || break; sleep 0.5; done
+    as_root mkdir -p /run/mysqld
+    as_root chown mysql:mysql /run/mysqld
+    as_root start-stop-daemon --start --oknodo --background --exec /usr/sbin/mariadbd -- --user=mysql
+    wait_for "MariaDB" mariadb-admin ping
+}
