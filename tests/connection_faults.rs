@@ -17,6 +17,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
 use common::faults::{self, Kind, Op, Outcome, Tally};
+use common::HistoryRow;
 use common::{KillOnDrop, PoolByUrl};
 use diesel::connection::SimpleConnection;
 use diesel::prelude::*;
@@ -63,18 +64,6 @@ struct LockRow {
     label: Option<String>,
     #[diesel(sql_type = diesel::sql_types::BigInt)]
     fence: i64,
-}
-
-#[derive(QueryableByName)]
-struct HistoryRow {
-    #[diesel(sql_type = diesel::sql_types::Text)]
-    entity_key: String,
-    #[diesel(sql_type = diesel::sql_types::Text)]
-    from_status: String,
-    #[diesel(sql_type = diesel::sql_types::Text)]
-    to_status: String,
-    #[diesel(sql_type = diesel::sql_types::Nullable<diesel::sql_types::Text>)]
-    actor: Option<String>,
 }
 
 /// What the workers found wrong, to be printed all at once.

@@ -10,7 +10,7 @@ use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use common::{KillOnDrop, PoolByUrl};
+use common::{HistoryRow, KillOnDrop, PoolByUrl};
 use diesel::prelude::*;
 use diesel_occ::json::GuardedJson;
 use diesel_occ::transition::{no_extra, record, GuardedTransition, HistoryEntry};
@@ -56,14 +56,6 @@ fn start_child(
             .last()
     });
     (child, reader)
-}
-
-#[derive(QueryableByName)]
-struct Move {
-    #[diesel(sql_type = diesel::sql_types::Text)]
-    from_status: String,
-    #[diesel(sql_type = diesel::sql_types::Text)]
-    to_status: String,
 }
 
 for_each_backend! {
@@ -181,7 +173,7 @@ for_each_backend! {
                 stored.version == reported || stored.version == reported + 1,
                 "round {round}: reported version {reported}, stored {}", stored.version
             );
-            let moves: Vec<Move> = diesel::sql_query("SELECT from_status, to_status FROM occ_transitions WHERE entity = 'switches' ORDER BY id")
+            let moves: Vec<HistoryRow> = diesel::sql_query("SELECT entity_key, from_status, to_status, actor FROM occ_transitions WHERE entity = 'switches' ORDER BY id")
                 .load(conn)
                 .unwrap();
             assert_eq!(moves.len() as i64, stored.version, "round {round}: one history row per move");

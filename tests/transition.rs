@@ -7,6 +7,7 @@ use std::sync::Barrier;
 
 use common::models::Order;
 use common::schema::orders;
+use common::HistoryRow;
 use diesel::prelude::*;
 use diesel_occ::transition::{
     no_extra, record, GuardedStatusTransition, GuardedTransition, HistoryEntry,
@@ -308,16 +309,4 @@ for_each_backend! {
         let cause = std::error::Error::source(&err).map(|e| e.to_string()).unwrap_or_default();
         assert!(cause.contains("7 is not a `TaskState`"), "{err}: {cause}");
     }
-}
-
-#[derive(QueryableByName)]
-struct HistoryRow {
-    #[diesel(sql_type = diesel::sql_types::Text)]
-    entity_key: String,
-    #[diesel(sql_type = diesel::sql_types::Text)]
-    from_status: String,
-    #[diesel(sql_type = diesel::sql_types::Text)]
-    to_status: String,
-    #[diesel(sql_type = diesel::sql_types::Nullable<diesel::sql_types::Text>)]
-    actor: Option<String>,
 }

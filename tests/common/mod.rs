@@ -110,6 +110,19 @@ impl PoolByUrl for diesel::MysqlConnection {
     }
 }
 
+/// A row of the library's transition history (`occ_transitions`).
+#[derive(diesel::QueryableByName)]
+pub struct HistoryRow {
+    #[diesel(sql_type = diesel::sql_types::Text)]
+    pub entity_key: String,
+    #[diesel(sql_type = diesel::sql_types::Text)]
+    pub from_status: String,
+    #[diesel(sql_type = diesel::sql_types::Text)]
+    pub to_status: String,
+    #[diesel(sql_type = diesel::sql_types::Nullable<diesel::sql_types::Text>)]
+    pub actor: Option<String>,
+}
+
 /// A child process that is killed when the test ends, however it ends, so that a failed
 /// test never leaves one running.
 pub struct KillOnDrop(pub std::process::Child);
