@@ -11,6 +11,9 @@
 //! processes, with a restart of the server halfway through (`fault_soak` below, which
 //! does nothing unless `OCC_SOAK_SECONDS` is set).
 
+// Locks and leases need the `chrono` feature.
+#![cfg(feature = "chrono")]
+
 mod common;
 
 use std::collections::{BTreeMap, BTreeSet};
