@@ -492,9 +492,16 @@ where
 
     /// Frees the lock, keeping its row (so the fence keeps rising). [`Error::LockLost`]
     /// when another holder took it over meanwhile.
+    ///
+    /// When the release fails otherwise (its connection died: [`Error::Ambiguous`], no
+    /// pooled connection, ...), the guard's drop tries once more on another connection,
+    /// as it does for a guard that was never released, so a lost connection does not keep
+    /// the lock held until its lease ends. Releasing twice is harmless: the owner check
+    /// makes the second one match nothing.
     pub fn release(mut self) -> Result<(), Error> {
-        self.released = true;
-        self.free()
+        let result = self.free();
+        self.released = !matches!(&result, Err(e) if !matches!(e, Error::LockLost { .. }));
+        result
     }
 
     fn free(&self) -> Result<(), Error> {

@@ -47,7 +47,7 @@ pub enum Shift {
 /// Rows per table the workers share: few, so that they also conflict with each other.
 const ROWS: i64 = 3;
 /// The lease of the shared lock: short, so that a holder lost to a fault frees it soon.
-const LEASE: Duration = Duration::from_secs(2);
+const LEASE: Duration = Duration::from_secs(1);
 
 #[derive(QueryableByName)]
 struct SessionId {
@@ -199,6 +199,7 @@ for_each_backend! {
                     log.push(op(kind, Outcome::of(&result)));
                 }
                 _ => {
+                    let asked = Instant::now();
                     let acquired = locks.try_lock("faults", "shared", LEASE, Some(&id));
                     let mut acquisition = op(Kind::Acquire, Outcome::of(&acquired));
                     match acquired {
@@ -212,8 +213,15 @@ for_each_backend! {
                         }
                         Err(Error::Ambiguous { .. }) => {
                             // Read before deciding, as the error says: the label is this
-                            // acquisition's own, and the lease outlives this read.
-                            acquisition.landed = lock_row(pool).map(|row| row.label.as_deref() == Some(id.as_str()));
+                            // acquisition's own. Its lease, if it landed, keeps the label in
+                            // place for LEASE from `asked`; a read after that (a slow server,
+                            // a restart) cannot tell, and the op stays unresolved.
+                            let label = lock_row(pool).map(|row| row.label.as_deref() == Some(id.as_str()));
+                            acquisition.landed = match label {
+                                Some(true) => Some(true),
+                                Some(false) if asked.elapsed() < LEASE / 2 => Some(false),
+                                _ => None,
+                            };
                             log.push(acquisition);
                         }
                         Err(_) => log.push(acquisition),
@@ -293,14 +301,17 @@ for_each_backend! {
         let fences: BTreeSet<i64> = acquisitions.iter().filter_map(|op| op.fence).collect();
         let done = acquisitions.iter().filter(|op| op.outcome == Outcome::Done).count();
         let landed = acquisitions.iter().filter(|op| op.landed == Some(true)).count();
+        let unresolved = acquisitions.iter().filter(|op| op.outcome == Outcome::Ambiguous && op.landed.is_none()).count();
         anomalies.check(fences.len() == done, || format!("{done} acquisitions got only {} distinct fences", fences.len()));
         anomalies.check(fences.last().is_none_or(|last| *last <= fence), || format!("a fence above the lock's {fence}"));
-        anomalies.check(fence == (done + landed) as i64, || {
-            format!("the fence is {fence} after {done} acquisitions done and {landed} ambiguous ones that landed")
+        // Exact when every ambiguous acquisition was resolved (the usual case).
+        let found = (fence - done as i64) as usize;
+        anomalies.check(landed <= found && found <= landed + unresolved, || {
+            format!(
+                "the fence is {fence} after {done} acquisitions done and {landed} ambiguous ones that landed \
+                 ({unresolved} unresolved)"
+            )
         });
-        for op in acquisitions.iter().filter(|op| op.outcome == Outcome::Ambiguous && op.landed.is_none()) {
-            anomalies.0.push(format!("acquisition {} stayed ambiguous: the lock row could not be read", op.id));
-        }
         anomalies
     }
 
@@ -357,6 +368,28 @@ for_each_backend! {
         for mut conn in all {
             session_id(&mut conn).expect("a live session");
         }
+    }
+
+    /// A release whose connection was killed fails (the client cannot know whether it
+    /// landed), and the guard's drop releases again on a new connection: the lock is free
+    /// at once, not when its lease ends.
+    #[test]
+    fn a_release_that_loses_its_connection_is_retried_by_the_drop() {
+        if BACKEND == "sqlite" {
+            return;
+        }
+        let Some(db) = db() else { return };
+        let (pool, sessions) = faults::pool_with_sessions::<Conn>(&db.url, 1, session_id);
+        let locks = Locks::new(pool.clone());
+        let guard = locks.try_lock("faults", "release", Duration::from_secs(3600), None).unwrap();
+        // The pool's one connection, which the release will get, is killed while idle.
+        let victim = *sessions.0.lock().unwrap().last().unwrap();
+        assert!(kill_session(&mut db.conn(), victim));
+
+        let err = guard.release().unwrap_err();
+        assert!(matches!(err, Error::Ambiguous { .. } | Error::Database(_)), "{err:?}");
+        let successor = locks.try_lock("faults", "release", Duration::from_secs(60), None);
+        assert!(successor.is_ok(), "the lock is still held: {successor:?}");
     }
 
     /// A process of the soak: runs the workload on two threads on the shared database

@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 
 /// The server sessions (PostgreSQL backend pids, MySQL connection ids) a pool opened.
 #[derive(Debug, Clone, Default)]
-pub struct Sessions(Arc<Mutex<Vec<i64>>>);
+pub struct Sessions(pub Arc<Mutex<Vec<i64>>>);
 
 impl Sessions {
     /// A random session still believed alive, taken out of the list.
@@ -218,7 +218,11 @@ impl Tally {
                     Some(true) => "ambiguous, then found applied".to_string(),
                     Some(false) => "ambiguous, then found not applied".to_string(),
                     // Renewals and releases: repeating one is harmless, nothing to find.
-                    None => "ambiguous".to_string(),
+                    None if matches!(op.kind, Kind::Renew | Kind::Release) => {
+                        "ambiguous".to_string()
+                    }
+                    // An acquisition whose lock row was read too late to tell.
+                    None => "ambiguous, unresolved".to_string(),
                 },
                 Outcome::Failed(class) => format!("failed: {class}"),
             };
