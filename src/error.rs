@@ -239,6 +239,11 @@ pub enum RetryReason {
     LockTimeout,
     /// SQLite `SQLITE_BUSY` / `SQLITE_LOCKED` after the busy timeout.
     Busy,
+    /// The connection died before the `COMMIT` of a transaction the library opened, so
+    /// the server rolled it back. Only for operations that take a new connection from a
+    /// pool for each attempt ([`modify_pooled`](crate::GuardedModify::modify_pooled));
+    /// on a single connection the next attempt would find it dead too.
+    ConnectionLost,
 }
 
 impl fmt::Display for RetryReason {
@@ -248,6 +253,7 @@ impl fmt::Display for RetryReason {
             RetryReason::Deadlock => "deadlock",
             RetryReason::LockTimeout => "lock wait timeout",
             RetryReason::Busy => "database busy",
+            RetryReason::ConnectionLost => "connection lost before the commit",
         })
     }
 }
@@ -447,15 +453,21 @@ impl From<DieselError> for Error {
     }
 }
 
-/// Whether the connection died. PostgreSQL reports `ClosedConnection`; MySQL's client
-/// errors 2006 / 2013 reach diesel as `Unknown` with the client library's own fixed
-/// texts (never the server's, never translated), which are compared as prefixes. A
+/// Whether the connection died. PostgreSQL reports `ClosedConnection`, and a statement
+/// sent on a connection libpq already knows is dead fails to be sent with libpq's own
+/// "no connection to the server" (English: a Rust process never selects a locale for
+/// libpq's messages). MySQL's client errors 2006 / 2013 reach diesel as `Unknown` with the
+/// client library's own fixed texts (never the server's, never translated). Texts are
+/// compared as prefixes. A
 /// `COMMIT` that failed that way is followed by a rollback that fails too, which diesel
 /// reports as `RollbackErrorOnCommit`: judged by the commit's error.
 pub(crate) fn connection_lost(error: &DieselError) -> bool {
     match error {
         DieselError::DatabaseError(DatabaseErrorKind::ClosedConnection, _) => true,
         DieselError::RollbackErrorOnCommit { commit_error, .. } => connection_lost(commit_error),
+        DieselError::DatabaseError(DatabaseErrorKind::UnableToSendCommand, info) => {
+            info.message().starts_with("no connection to the server")
+        }
         DieselError::DatabaseError(DatabaseErrorKind::Unknown, info) => {
             let message = info.message();
             [
@@ -540,5 +552,19 @@ mod tests {
             commit_error: Box::new(lost("Deadlock found when trying to get lock")),
         };
         assert!(!connection_lost(&commit_refused));
+    }
+
+    #[test]
+    fn a_statement_libpq_could_not_send_on_a_dead_connection_is_a_lost_connection() {
+        let unsent = |message: &str| {
+            DieselError::DatabaseError(
+                DatabaseErrorKind::UnableToSendCommand,
+                Box::new(message.to_string()),
+            )
+        };
+        assert!(connection_lost(&unsent("no connection to the server\n")));
+        assert!(!connection_lost(&unsent(
+            "another command is already in progress\n"
+        )));
     }
 }

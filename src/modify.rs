@@ -25,7 +25,7 @@ use diesel::r2d2::{ManageConnection, Pool, PooledConnection, R2D2Connection};
 use crate::backend::OccBackend;
 use crate::completion::Complete;
 use crate::connection::{commit_operation, WriteTransaction};
-use crate::error::Error;
+use crate::error::{connection_lost, Error, RetryReason};
 use crate::guard::{CompletionOf, Guarded, TokenOf};
 use crate::hot_rows::HotRow;
 use crate::retry::{Contention, RetryPolicy, Stop};
@@ -36,6 +36,10 @@ use crate::update::{classify, in_transaction, with_sources, GuardedWrite, LoadBy
 pub trait Connections {
     /// The connection an attempt runs on.
     type Connection: Connection;
+
+    /// Whether each attempt gets a connection of its own, so that an attempt whose
+    /// connection died before its `COMMIT` (nothing written) can run again on another.
+    const FRESH_PER_ATTEMPT: bool = false;
 
     /// Runs `f` on a connection for one attempt.
     fn with<T>(&mut self, f: impl FnOnce(&mut Self::Connection) -> T) -> Result<T, Error>;
@@ -58,6 +62,8 @@ where
     M::Connection: R2D2Connection + Send + 'static,
 {
     type Connection = PooledConnection<M>;
+
+    const FRESH_PER_ATTEMPT: bool = true;
 
     fn with<T>(&mut self, f: impl FnOnce(&mut PooledConnection<M>) -> T) -> Result<T, Error> {
         let mut conn = self.get()?;
@@ -111,7 +117,10 @@ pub trait GuardedModify: GuardedWrite + Clone {
     }
 
     /// [`modify`](Self::modify) with a connection from `pool` for each attempt, so that a
-    /// connection that died is replaced and the waits between attempts hold none.
+    /// connection that died is replaced and the waits between attempts hold none. An
+    /// attempt whose connection died before its `COMMIT` wrote nothing and runs again
+    /// ([`RetryReason::ConnectionLost`], as `policy` allows); one whose `COMMIT` lost the
+    /// connection may have landed and stops with [`Error::Ambiguous`].
     fn modify_pooled<M, R, E>(
         pool: &Pool<M>,
         key: &Self::Key,
@@ -255,7 +264,19 @@ where
             if let (Err(Stop::Occ(Error::Conflict(_))), Some((row, hot_for))) = (&result, hot) {
                 row.mark(hot_for);
             }
-            result
+            match result {
+                // Lost before the COMMIT (a lost COMMIT is `Ambiguous` by now): nothing was
+                // written, and the next attempt gets another connection from the pool.
+                Err(Stop::Occ(Error::Database(source)))
+                    if S::FRESH_PER_ATTEMPT && connection_lost(&source) =>
+                {
+                    Err(Stop::Occ(Error::Retryable {
+                        reason: RetryReason::ConnectionLost,
+                        source,
+                    }))
+                }
+                other => other,
+            }
         })?
     })?;
     Ok(Modified {

@@ -193,6 +193,8 @@ pub fn now_ms() -> u64 {
 pub enum Kind {
     /// Read-merge-write of a JSON document (`merge_json`), retried on conflicts.
     Merge,
+    /// `modify_pooled` setting a key of the document: each attempt on a new connection.
+    ModifyPooled,
     /// One-statement merge (`merge_json_in_place`).
     MergeInPlace,
     /// A status transition whose hook records it in the history, on one transaction.
