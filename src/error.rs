@@ -453,14 +453,15 @@ impl From<DieselError> for Error {
     }
 }
 
-/// Whether the connection died. PostgreSQL reports `ClosedConnection`, and a statement
-/// sent on a connection libpq already knows is dead fails to be sent with libpq's own
-/// "no connection to the server" (English: a Rust process never selects a locale for
-/// libpq's messages). MySQL's client errors 2006 / 2013 reach diesel as `Unknown` with the
-/// client library's own fixed texts (never the server's, never translated). Texts are
-/// compared as prefixes. A
-/// `COMMIT` that failed that way is followed by a rollback that fails too, which diesel
-/// reports as `RollbackErrorOnCommit`: judged by the commit's error.
+/// Whether the connection died.
+///
+/// PostgreSQL reports `ClosedConnection`, and a statement on a connection libpq already
+/// knows is dead is not sent, with libpq's own "no connection to the server" (English: a
+/// Rust process never selects a locale for libpq's messages). MySQL's client errors
+/// 2006 / 2013 reach diesel as `Unknown` with the client library's own fixed texts (never
+/// the server's, never translated). Texts are compared as prefixes. A `COMMIT` that failed
+/// that way is followed by a rollback that fails too, which diesel reports as
+/// `RollbackErrorOnCommit`: judged by the commit's error.
 pub(crate) fn connection_lost(error: &DieselError) -> bool {
     match error {
         DieselError::DatabaseError(DatabaseErrorKind::ClosedConnection, _) => true,
