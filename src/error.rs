@@ -455,33 +455,48 @@ impl From<DieselError> for Error {
 
 /// Whether the connection died.
 ///
-/// PostgreSQL reports `ClosedConnection`, and a statement on a connection libpq already
-/// knows is dead is not sent, with libpq's own "no connection to the server" (English: a
-/// Rust process never selects a locale for libpq's messages). MySQL's client errors
-/// 2006 / 2013 reach diesel as `Unknown` with the client library's own fixed texts (never
-/// the server's, never translated). Texts are compared as prefixes. A `COMMIT` that failed
-/// that way is followed by a rollback that fails too, which diesel reports as
-/// `RollbackErrorOnCommit`: judged by the commit's error.
+/// diesel reports `ClosedConnection` when libpq has marked the connection dead. When the
+/// failure is seen before libpq has (a read that finds the socket closed, a statement on a
+/// connection libpq already knows is dead, which is not sent), diesel says `Unknown` or
+/// `UnableToSendCommand` with libpq's own texts, English in a Rust process (which never
+/// selects a locale for libpq's messages). MySQL's client errors 2006 / 2013 reach diesel
+/// as `Unknown` with the client library's own fixed texts (never translated). Texts are
+/// compared as prefixes. The one server text is PostgreSQL's for a session ended by
+/// `pg_terminate_backend` or a fast shutdown (57P01), in English as for deadlocks
+/// ([`retry_reason_of`]). A `COMMIT` that failed that way is followed by a rollback that
+/// fails too, which diesel reports as `RollbackErrorOnCommit`: judged by the commit's
+/// error.
 pub(crate) fn connection_lost(error: &DieselError) -> bool {
     match error {
         DieselError::DatabaseError(DatabaseErrorKind::ClosedConnection, _) => true,
         DieselError::RollbackErrorOnCommit { commit_error, .. } => connection_lost(commit_error),
-        DieselError::DatabaseError(DatabaseErrorKind::UnableToSendCommand, info) => {
-            info.message().starts_with("no connection to the server")
-        }
-        DieselError::DatabaseError(DatabaseErrorKind::Unknown, info) => {
-            let message = info.message();
-            [
-                "Lost connection to",
-                "MySQL server has gone away",
-                "Server has gone away",
-            ]
+        DieselError::DatabaseError(
+            DatabaseErrorKind::Unknown | DatabaseErrorKind::UnableToSendCommand,
+            info,
+        ) => LOST_CONNECTION_TEXTS
             .iter()
-            .any(|prefix| message.starts_with(prefix))
-        }
+            .any(|prefix| info.message().starts_with(prefix)),
         _ => false,
     }
 }
+
+/// How the client libraries (and PostgreSQL for a terminated session) word a connection
+/// that died; see [`connection_lost`].
+const LOST_CONNECTION_TEXTS: [&str; 10] = [
+    // libmysqlclient / libmariadb: CR_SERVER_LOST (2013), CR_SERVER_GONE_ERROR (2006).
+    "Lost connection to",
+    "MySQL server has gone away",
+    "Server has gone away",
+    // libpq.
+    "server closed the connection unexpectedly",
+    "SSL connection has been closed unexpectedly",
+    "SSL SYSCALL error: EOF detected",
+    "could not receive data from server",
+    "could not send data to server",
+    "no connection to the server",
+    // PostgreSQL 57P01.
+    "terminating connection due to administrator command",
+];
 
 #[cfg(test)]
 mod tests {
@@ -566,6 +581,24 @@ mod tests {
         assert!(connection_lost(&unsent("no connection to the server\n")));
         assert!(!connection_lost(&unsent(
             "another command is already in progress\n"
+        )));
+    }
+
+    #[test]
+    fn libpq_reports_of_a_dead_socket_are_lost_connections() {
+        let unknown = |message: &str| {
+            DieselError::DatabaseError(DatabaseErrorKind::Unknown, Box::new(message.to_string()))
+        };
+        for seen in [
+            "SSL connection has been closed unexpectedly\n",
+            "server closed the connection unexpectedly\n\tThis probably means the server terminated abnormally\n",
+            "terminating connection due to administrator command\n",
+            "could not receive data from server: Connection reset by peer\n",
+        ] {
+            assert!(connection_lost(&unknown(seen)), "{seen}");
+        }
+        assert!(!connection_lost(&unknown(
+            "duplicate key value violates unique constraint \"orders_pkey\""
         )));
     }
 }

@@ -270,6 +270,15 @@ for_each_backend! {
             });
         }
 
+        // A pooled read-modify-write runs an attempt whose connection died before its
+        // COMMIT again on another connection: a lost connection never reaches its caller
+        // as a plain database error.
+        for op in ops.iter().filter(|op| op.kind == Kind::ModifyPooled) {
+            if let Outcome::Failed(class) = &op.outcome {
+                anomalies.check(!class.starts_with("database"), || format!("modify_pooled {} gave up on: {class}", op.id));
+            }
+        }
+
         // Transitions: one history row per landed move, in a chain, at the row's version.
         let history: Vec<HistoryRow> = diesel::sql_query(
             "SELECT entity_key, from_status, to_status, actor FROM occ_transitions WHERE entity = 'fault_tasks' ORDER BY id",
@@ -366,14 +375,6 @@ for_each_backend! {
         let anomalies = check(&mut db.conn(), &mut ops);
         report(&ops, kills, took, &anomalies);
         assert!(kills >= 10, "too few faults to mean anything: {kills}");
-        // A pooled read-modify-write runs an attempt whose connection died before its
-        // COMMIT again on another connection: a lost connection never reaches its caller
-        // as a plain database error.
-        let unretried: Vec<&Op> = ops
-            .iter()
-            .filter(|op| op.kind == Kind::ModifyPooled && matches!(&op.outcome, Outcome::Failed(class) if class.starts_with("database")))
-            .collect();
-        assert!(unretried.is_empty(), "{unretried:#?}");
         for kind in [Kind::Merge, Kind::ModifyPooled, Kind::MergeInPlace, Kind::Transition, Kind::Acquire] {
             assert!(ops.iter().any(|op| op.kind == kind && op.outcome == Outcome::Done), "no {kind:?} succeeded");
         }
