@@ -49,6 +49,9 @@ pub enum Shift {
 const ROWS: i64 = 3;
 /// The lease of the shared lock: short, so that a holder lost to a fault frees it soon.
 const LEASE: Duration = Duration::from_secs(1);
+/// The shared lock's row, as [`LockRow`].
+const SHARED_LOCK_ROW: &str =
+    "SELECT label, fence FROM occ_locks WHERE lock_name = 'faults' AND resource = 'shared'";
 
 #[derive(QueryableByName)]
 struct SessionId {
@@ -244,7 +247,7 @@ for_each_backend! {
     fn lock_row(pool: &Pool<Manager>) -> Option<LockRow> {
         (0..20).find_map(|_| {
             let mut conn = pool.get().ok()?;
-            diesel::sql_query("SELECT label, fence FROM occ_locks WHERE lock_name = 'faults' AND resource = 'shared'")
+            diesel::sql_query(SHARED_LOCK_ROW)
                 .get_result::<LockRow>(&mut conn)
                 .ok()
         })
@@ -310,7 +313,7 @@ for_each_backend! {
         }
 
         // The lock: each landed acquisition moved the fence by one; no fence twice.
-        let fence: i64 = diesel::sql_query("SELECT label, fence FROM occ_locks WHERE lock_name = 'faults' AND resource = 'shared'")
+        let fence: i64 = diesel::sql_query(SHARED_LOCK_ROW)
             .get_result::<LockRow>(conn)
             .map(|row| row.fence)
             .unwrap_or(0);
