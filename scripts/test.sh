@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The whole check of diesel-occ: formatting, clippy, unit, integration (SQLite,
-# PostgreSQL, MySQL/MariaDB), doc and compile-fail tests, docs, the demos, a smoke run
-# of the benchmark program on each backend, an advisory check of the dependencies, and a
-# short run of scripts/faults.sh (session kills and a restart of each local server).
+# PostgreSQL, MySQL/MariaDB), doc and compile-fail tests, docs as docs.rs builds them, a
+# publishing dry run, the demos, a smoke run of the benchmark program on each backend, an
+# advisory check of the dependencies, and a short run of scripts/faults.sh (session kills
+# and a restart of each local server).
 #
 # Run it as root on a Debian machine (or with sudo available). It installs what is missing
 # (postgresql, mariadb-server, libpq-dev, default-libmysqlclient-dev, pkg-config), starts
@@ -33,9 +34,19 @@ cargo test --all-features
 step "cargo clippy of each backend alone (feature gates)"
 cargo clippy --all-targets -- -D warnings
 cargo clippy --lib --no-default-features --features postgres -- -D warnings
-cargo clippy --lib --no-default-features --features mysql -- -D warnings
-step "cargo doc"
-cargo doc --no-deps --all-features
+cargo clippy --lib --no-default-features --features mysql,locks -- -D warnings
+step "no backend feature: one error that names the choices, and no warning"
+out=$(cargo check --lib --no-default-features --message-format short 2>&1 || true)
+grep -q "needs at least one database backend feature" <<<"$out" &&
+    [[ $(grep -c "error" <<<"$out") -le 2 ]] && ! grep -q "warning" <<<"$out" ||
+    { echo "$out"; exit 1; }
+step "cargo doc as docs.rs builds it (every feature, each gated item marked with its feature)"
+# docs.rs uses a nightly rustdoc for `doc(cfg)`; RUSTC_BOOTSTRAP lets this machine's one
+# stable toolchain do the same. Its own target folder keeps the main build's cache.
+RUSTC_BOOTSTRAP=1 RUSTDOCFLAGS="-D warnings --cfg docsrs" CARGO_TARGET_DIR=target/docsrs \
+    cargo doc --no-deps --all-features
+step "publishing: package contents and cargo publish --dry-run of both crates, in order"
+bash scripts/publish-check.sh
 step "the demos"
 cargo run --example two_editors
 cargo run --example legacy_table

@@ -1,4 +1,11 @@
 #![deny(missing_docs)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
+// Without a backend the one error below is all a user needs to see: the backend-specific
+// code it leaves unused would only add warnings.
+#![cfg_attr(
+    not(any(feature = "sqlite", feature = "postgres", feature = "mysql")),
+    allow(unused)
+)]
 //! Optimistic concurrency control for [diesel]: writes to shared rows that never lose
 //! another writer's update.
 //!
@@ -58,8 +65,14 @@
 //! - `postgres`: PostgreSQL through libpq.
 //! - `mysql`: MySQL / MariaDB through libmysqlclient.
 //! - `all-backends`: all three.
-//! - `chrono`: last-modified and `updated_at` timestamps, locks, leases and leader
-//!   election (their times come from the database clock as `chrono` date-times).
+//! - `chrono`: last-modified and `updated_at` timestamp guards on `chrono` date-times,
+//!   on the caller's clock or the database's.
+//! - `locks`: locks, leases, leader election, fencing tokens and task claims (the
+//!   `lock`, `lease`, `leader`, `fence` and `claim` modules; turns on `chrono`, since
+//!   their times come from the database clock as `chrono` date-times).
+//! - `backoff`: [`RetryPolicy::backoff_schedule`] takes the waits from a
+//!   `backoff::ExponentialBackoff`, for code that already builds them (that crate is
+//!   unmaintained; the default schedule does not use it).
 //! - `migrations` (default): [`migrations::run`] creates the library's own tables.
 //! - `http`: `ETag`, `If-Match` / `If-None-Match` and RFC 9457 problems for web back
 //!   ends (the `http` module).
@@ -102,6 +115,12 @@
 //! Every other attribute diesel accepts (`check_for_backend(...)`, `belongs_to(...)`, ...)
 //! is accepted and left to diesel.
 
+#[cfg(not(any(feature = "sqlite", feature = "postgres", feature = "mysql")))]
+compile_error!(
+    "diesel-occ needs at least one database backend feature: `sqlite`, `postgres` or `mysql`\n  \
+     help: diesel-occ = { version = \"0.1\", features = [\"postgres\"] }"
+);
+
 // The derive's code names the crate `::diesel_occ`, also inside it (`VersionRow`).
 extern crate self as diesel_occ;
 
@@ -110,7 +129,7 @@ pub mod batch;
 #[cfg(feature = "tokio")]
 pub mod blocking;
 pub mod bulk;
-#[cfg(feature = "chrono")]
+#[cfg(feature = "locks")]
 pub mod claim;
 pub mod combined;
 pub mod completion;
@@ -118,6 +137,7 @@ pub mod connection;
 #[cfg(feature = "chrono")]
 pub mod database_clock;
 pub mod error;
+#[cfg(feature = "locks")]
 pub mod fence;
 pub mod guard;
 mod hot_rows;
@@ -128,11 +148,11 @@ pub mod json_merge;
 
 #[cfg(feature = "chrono")]
 pub mod last_modified;
-#[cfg(feature = "chrono")]
+#[cfg(feature = "locks")]
 pub mod leader;
-#[cfg(feature = "chrono")]
+#[cfg(feature = "locks")]
 pub mod lease;
-#[cfg(feature = "chrono")]
+#[cfg(feature = "locks")]
 pub mod lock;
 #[cfg(feature = "migrations")]
 pub mod migrations;

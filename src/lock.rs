@@ -21,7 +21,7 @@
 //! Dropping a [`LockGuard`] releases it, best effort (a connection from the pool, errors
 //! ignored); call [`LockGuard::release`] to learn the outcome.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use diesel::connection::LoadConnection;
 use diesel::query_builder::{AsChangeset, AstPass, QueryFragment, QueryId};
@@ -430,17 +430,11 @@ where
         wait: Duration,
         policy: &RetryPolicy,
     ) -> Result<LockGuard<M>, Error> {
-        let deadline = Instant::now() + wait;
-        let mut delays = policy.delays();
-        loop {
-            match self.try_lock(name, resource, ttl, label) {
-                Err(Error::LockHeld { .. }) if Instant::now() < deadline => {
-                    let left = deadline.saturating_duration_since(Instant::now());
-                    std::thread::sleep(delays.next().unwrap_or(left).min(left));
-                }
-                other => return other,
-            }
-        }
+        policy.poll(
+            wait,
+            |error| matches!(error, Error::LockHeld { .. }),
+            || self.try_lock(name, resource, ttl, label),
+        )
     }
 }
 

@@ -7,15 +7,16 @@
 //! cap, each drawn uniformly from zero to that bound ("full jitter"), so writers that
 //! collided once spread out instead of colliding again in step.
 //!
-//! The schedule comes from the `backoff` crate. It is kept inside this file, behind
-//! diesel-occ's own type: `backoff` 0.4 is unmaintained (RUSTSEC-2025-0012), and swapping
-//! the engine must not change anyone's code.
+//! The growing bounds come from `backon`'s exponential schedule; the draw below each
+//! bound is this file's own (full jitter, see `Delays`). Users who already build `backoff`'s
+//! `ExponentialBackoff` can hand one over with [`RetryPolicy::backoff_schedule`]
+//! (feature `backoff`; that crate is unmaintained, so it is never on by default).
 
 use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use backoff::backoff::Backoff;
+use backon::BackoffBuilder;
 
 use crate::error::Error;
 
@@ -96,6 +97,8 @@ pub struct RetryPolicy {
     multiplier: f64,
     contention: Contention,
     hook: Option<Hook>,
+    #[cfg(feature = "backoff")]
+    backoff: Option<backoff::ExponentialBackoff>,
 }
 
 impl Default for RetryPolicy {
@@ -108,6 +111,8 @@ impl Default for RetryPolicy {
             multiplier: 2.0,
             contention: Contention::default(),
             hook: None,
+            #[cfg(feature = "backoff")]
+            backoff: None,
         }
     }
 }
@@ -122,7 +127,7 @@ impl fmt::Debug for RetryPolicy {
             .field("multiplier", &self.multiplier)
             .field("contention", &self.contention)
             .field("hook", &self.hook.is_some())
-            .finish()
+            .finish_non_exhaustive()
     }
 }
 
@@ -177,6 +182,17 @@ impl RetryPolicy {
         self.contention
     }
 
+    /// Draws the waits from `schedule` instead of this policy's own exponential schedule,
+    /// for code that already tunes a `backoff::ExponentialBackoff`. The schedule is reset
+    /// at the start of every run; its `max_elapsed_time`, when set, ends the run like
+    /// [`max_elapsed`](Self::max_elapsed) does. The attempt and time bounds of this
+    /// policy still apply.
+    #[cfg(feature = "backoff")]
+    pub fn backoff_schedule(mut self, schedule: backoff::ExponentialBackoff) -> Self {
+        self.backoff = Some(schedule);
+        self
+    }
+
     /// Calls `hook` before each retry's wait, for logs or metrics.
     pub fn on_retry(mut self, hook: impl Fn(&RetryEvent<'_>) + Send + Sync + 'static) -> Self {
         self.hook = Some(Arc::new(hook));
@@ -201,7 +217,7 @@ impl RetryPolicy {
         mut attempt: impl FnMut(u32) -> Result<T, Stop<E>>,
     ) -> Result<(T, u32), E> {
         let started = Instant::now();
-        let mut schedule = self.schedule();
+        let mut delays = self.delays();
         let mut number = 1;
         loop {
             let error = match attempt(number) {
@@ -212,7 +228,7 @@ impl RetryPolicy {
                 }
                 Err(Stop::Occ(error)) => error,
             };
-            let delay = match schedule.next_backoff() {
+            let delay = match delays.next() {
                 Some(delay) if number < self.max_attempts => delay,
                 _ => return Err(exhausted(number, error).into()),
             };
@@ -231,27 +247,81 @@ impl RetryPolicy {
         }
     }
 
-    /// The waits this policy draws, one per retry, without its bounds on attempts and
-    /// time: for loops that wait on something other than a conflict (a held lock).
-    pub fn delays(&self) -> impl Iterator<Item = Duration> {
-        let mut schedule = self.schedule();
-        std::iter::from_fn(move || schedule.next_backoff())
+    /// Runs `attempt` until it gives something other than an error `busy` accepts, or
+    /// until `wait` has passed; waits between tries as [`run`](Self::run) does, cut short
+    /// so that none ends past `wait`. The last outcome comes back as it is.
+    ///
+    /// For loops that wait on something other than a conflict (a held lock), so every
+    /// wait in the crate follows one schedule.
+    #[cfg(feature = "locks")]
+    pub(crate) fn poll<T>(
+        &self,
+        wait: Duration,
+        busy: impl Fn(&Error) -> bool,
+        mut attempt: impl FnMut() -> Result<T, Error>,
+    ) -> Result<T, Error> {
+        let deadline = Instant::now() + wait;
+        let mut delays = self.delays();
+        loop {
+            match attempt() {
+                Err(error) if busy(&error) && Instant::now() < deadline => {
+                    let left = deadline.saturating_duration_since(Instant::now());
+                    std::thread::sleep(delays.next().unwrap_or(left).min(left));
+                }
+                other => return other,
+            }
+        }
     }
 
-    /// The waits, from `backoff`: its randomization factor 1 draws from `[0, 2 * interval]`,
-    /// so halving every interval gives full jitter over `[0, bound]`.
-    fn schedule(&self) -> backoff::ExponentialBackoff {
-        let mut schedule = backoff::ExponentialBackoff {
-            current_interval: self.first_delay / 2,
-            initial_interval: self.first_delay / 2,
-            randomization_factor: 1.0,
-            multiplier: self.multiplier,
-            max_interval: self.max_delay / 2,
-            max_elapsed_time: None,
-            ..backoff::ExponentialBackoff::default()
-        };
-        schedule.reset();
-        schedule
+    /// The waits this policy draws, one per retry, without its bounds on attempts and
+    /// time.
+    fn delays(&self) -> Delays {
+        #[cfg(feature = "backoff")]
+        if let Some(schedule) = &self.backoff {
+            let mut schedule = schedule.clone();
+            backoff::backoff::Backoff::reset(&mut schedule);
+            return Delays::Backoff(schedule);
+        }
+        let bounds = backon::ExponentialBuilder::new()
+            .with_min_delay(self.first_delay)
+            .with_max_delay(self.max_delay)
+            .with_factor(self.multiplier as f32)
+            .without_max_times()
+            .build();
+        Delays::FullJitter {
+            bounds,
+            rng: fastrand::Rng::new(),
+        }
+    }
+}
+
+/// The waits of one run of a policy.
+enum Delays {
+    /// Each wait drawn uniformly from `[0, bound]`, the bounds growing exponentially up to
+    /// a cap ("full jitter"). `backon`'s own jitter adds up to one bound on top of the
+    /// bound (`[bound, 2 * bound)`), which keeps every waiter at least a full bound apart
+    /// from the row and lets the waits pass the cap; drawing from zero spreads colliding
+    /// writers best and keeps every wait under `max_delay`.
+    FullJitter {
+        bounds: <backon::ExponentialBuilder as BackoffBuilder>::Backoff,
+        rng: fastrand::Rng,
+    },
+    /// The waits of a caller's `backoff::ExponentialBackoff`, as it draws them.
+    #[cfg(feature = "backoff")]
+    Backoff(backoff::ExponentialBackoff),
+}
+
+impl Iterator for Delays {
+    type Item = Duration;
+
+    fn next(&mut self) -> Option<Duration> {
+        match self {
+            Delays::FullJitter { bounds, rng } => {
+                bounds.next().map(|bound| bound.mul_f64(rng.f64()))
+            }
+            #[cfg(feature = "backoff")]
+            Delays::Backoff(schedule) => backoff::backoff::Backoff::next_backoff(schedule),
+        }
     }
 }
 
@@ -389,5 +459,28 @@ mod tests {
                 "retry {n}: {delay:?} > {bound:?}"
             );
         }
+    }
+
+    #[cfg(feature = "backoff")]
+    #[test]
+    fn a_backoff_schedule_draws_the_waits_and_is_reset_for_every_run() {
+        let schedule = backoff::ExponentialBackoff {
+            initial_interval: Duration::from_millis(1),
+            randomization_factor: 0.0,
+            multiplier: 2.0,
+            max_interval: Duration::from_millis(4),
+            max_elapsed_time: None,
+            ..backoff::ExponentialBackoff::default()
+        };
+        let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let log = Arc::clone(&seen);
+        let policy = RetryPolicy::default()
+            .backoff_schedule(schedule)
+            .max_attempts(5)
+            .on_retry(move |e| log.lock().unwrap().push(e.delay.as_millis()));
+        for _ in 0..2 {
+            let _: Result<((), u32), Error> = policy.run(|_| Err(conflict().into()));
+        }
+        assert_eq!(*seen.lock().unwrap(), [1, 2, 4, 4, 1, 2, 4, 4]);
     }
 }

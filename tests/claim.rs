@@ -1,7 +1,7 @@
 //! Task claiming: each task goes to exactly one worker, none is left behind, an abandoned
 //! claim is taken again, and only the holder can finish its claim.
 
-#![cfg(feature = "chrono")]
+#![cfg(feature = "locks")]
 
 mod common;
 

@@ -13,7 +13,7 @@
 //! does nothing unless `OCC_SOAK_SECONDS` is set).
 
 // Locks and leases need the `chrono` feature.
-#![cfg(feature = "chrono")]
+#![cfg(feature = "locks")]
 
 mod common;
 

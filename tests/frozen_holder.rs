@@ -2,7 +2,7 @@
 //! and when the first is resumed with SIGCONT its fenced write is refused and it learns
 //! that it lost the lease. Real processes, real signals, every backend.
 
-#![cfg(all(feature = "chrono", unix))]
+#![cfg(all(feature = "locks", unix))]
 
 mod common;
 

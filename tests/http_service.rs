@@ -4,7 +4,7 @@
 #![cfg(all(
     feature = "http",
     feature = "tokio",
-    feature = "chrono",
+    feature = "locks",
     feature = "sqlite",
     feature = "postgres",
     feature = "mysql"

@@ -1,7 +1,7 @@
 //! Keep-alive leases and leader election, in one process and across processes: a leader
 //! killed with SIGKILL is replaced within its lease and one retry period.
 
-#![cfg(feature = "chrono")]
+#![cfg(feature = "locks")]
 
 mod common;
 

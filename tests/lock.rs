@@ -1,7 +1,7 @@
 //! Locks and leases: mutual exclusion checked with fences, expiry by the database clock,
 //! owner-checked renew and release, fenced writes that refuse a paused holder.
 
-#![cfg(feature = "chrono")]
+#![cfg(feature = "locks")]
 
 mod common;
 
