@@ -42,7 +42,7 @@ diesel-occ = { path = "$PWD", $2 }
 TOML
     cp Cargo.lock "$tmp/$1/Cargo.lock"
     # Resolves the scratch crate: keeps our pinned versions, drops what it does not use.
-    (cd "$tmp/$1" && cargo metadata --format-version 1 >/dev/null 2>&1)
+    (cd "$tmp/$1" && cargo metadata --format-version 1 >/dev/null)
     echo "== $1: $(grep -c '^name = ' "$tmp/$1/Cargo.lock") crates, no waiver"
     # An empty configuration: .cargo/audit.toml's waivers are for this workspace only.
     (cd "$tmp/$1" && audit)

@@ -1,4 +1,4 @@
-//! Task claiming (DESIGN P13): workers take up to N rows in one state and move them to
+//! Task claiming: workers take up to N rows in one state and move them to
 //! another with their owner id and a claim time; each row goes to exactly one worker.
 //!
 //! One write transaction per claim:

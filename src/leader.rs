@@ -1,4 +1,4 @@
-//! Leader election (DESIGN P9): one runner per candidate campaigns for a lock, renews it
+//! Leader election: one runner per candidate campaigns for a lock, renews it
 //! while it leads, steps down on shutdown or a lost renewal, and tells the application
 //! when it gains or loses leadership.
 //!

@@ -18,7 +18,7 @@
 //! ```
 //! # include!("doctest_setup.rs");
 //! use diesel::prelude::*;
-//! use diesel_occ::{Error, Guarded, GuardedWrite};
+//! use diesel_occ::prelude::*;
 //!
 //! diesel::table! {
 //!     orders (id) {
@@ -60,6 +60,12 @@
 //! # }
 //! ```
 //!
+//! [`prelude`] brings the derives, every trait whose methods you call, [`Error`] and
+//! [`RetryPolicy`] in one import. The [`guide`] has a chapter for each capability:
+//! guarded writes, retries, JSON columns, transitions and claims, locks and leases, web
+//! back ends, pools, the derive's attributes, choosing a guard, failures, and how the
+//! crate compares with other tools.
+//!
 //! # Feature flags
 //! - `sqlite` (default): SQLite, bundled, nothing to install.
 //! - `postgres`: PostgreSQL through libpq.
@@ -70,7 +76,7 @@
 //! - `locks`: locks, leases, leader election, fencing tokens and task claims (the
 //!   `lock`, `lease`, `leader`, `fence` and `claim` modules; turns on `chrono`, since
 //!   their times come from the database clock as `chrono` date-times).
-//! - `backoff`: [`RetryPolicy::backoff_schedule`] takes the waits from a
+//! - `backoff`: `RetryPolicy::backoff_schedule` takes the waits from a
 //!   `backoff::ExponentialBackoff`, for code that already builds them (that crate is
 //!   unmaintained; the default schedule does not use it).
 //! - `migrations` (default): [`migrations::run`] creates the library's own tables.
@@ -118,7 +124,7 @@
 #[cfg(not(any(feature = "sqlite", feature = "postgres", feature = "mysql")))]
 compile_error!(
     "diesel-occ needs at least one database backend feature: `sqlite`, `postgres` or `mysql`\n  \
-     help: diesel-occ = { version = \"0.1\", features = [\"postgres\"] }"
+     help: diesel-occ = { version = \"0.1\", default-features = false, features = [\"postgres\"] }"
 );
 
 // The derive's code names the crate `::diesel_occ`, also inside it (`VersionRow`).
@@ -140,6 +146,7 @@ pub mod error;
 #[cfg(feature = "locks")]
 pub mod fence;
 pub mod guard;
+pub mod guide;
 mod hot_rows;
 #[cfg(feature = "http")]
 pub mod http;
@@ -161,6 +168,7 @@ mod names;
 pub mod pessimistic;
 pub mod pool;
 pub mod pre_image;
+pub mod prelude;
 pub mod retry;
 pub mod statement;
 pub mod status;

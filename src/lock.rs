@@ -1,4 +1,4 @@
-//! Locks and leases in the library's `occ_locks` table (DESIGN P8-P10), on the same
+//! Locks and leases in the library's `occ_locks` table, on the same
 //! compare-and-set executor as every other write.
 //!
 //! A lock is a row per (name, resource) that is never deleted. Taking it is one guarded

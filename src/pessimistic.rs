@@ -1,4 +1,4 @@
-//! Pessimistic helpers (DESIGN P11): for rows so contended that optimistic writes would
+//! Pessimistic helpers: for rows so contended that optimistic writes would
 //! mostly retry, lock the row first and work on it without conflicts.
 //!
 //! [`with_row_locked`](Pessimistic::with_row_locked) opens a write transaction, reads the

@@ -9,7 +9,7 @@
 //!
 //! The growing bounds come from `backon`'s exponential schedule; the draw below each
 //! bound is this file's own (full jitter, see `Delays`). Users who already build `backoff`'s
-//! `ExponentialBackoff` can hand one over with [`RetryPolicy::backoff_schedule`]
+//! `ExponentialBackoff` can hand one over with `RetryPolicy::backoff_schedule`
 //! (feature `backoff`; that crate is unmaintained, so it is never on by default).
 
 use std::fmt;

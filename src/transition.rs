@@ -1,4 +1,4 @@
-//! Guarded status transitions (DESIGN P5, P12): one conditional `UPDATE` whose `WHERE`
+//! Guarded status transitions: one conditional `UPDATE` whose `WHERE`
 //! holds the states allowed to move to the target, so that of a cancel and a ship racing
 //! on one order exactly one wins, and the loser learns the state the winner left.
 //!

@@ -1,4 +1,4 @@
-//! A version row guarding a business operation (DESIGN P7): a row
+//! A version row guarding a business operation: a row
 //! `(lock_name, resource, version)` in the library's `occ_versions` table stands for
 //! something larger than one row (an invoice run, a customer's whole cart). Each run of
 //! the operation reads the version, does its reads and writes, and ends by advancing the

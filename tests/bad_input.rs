@@ -1,4 +1,4 @@
-//! Bad input the other test files do not already cover (README, "Bad input"): NUL bytes,
+//! Bad input the other test files do not already cover (the guide's failures chapter, "Bad input"): NUL bytes,
 //! unicode and SQL metacharacters in JSON keys and values, on every backend.
 
 mod common;
