@@ -29,11 +29,10 @@ use crate::backend::OccBackend;
 use crate::completion::{Complete, CompleteEach};
 use crate::connection::{commit_operation, WriteTransaction};
 use crate::error::{Conflict, Error, Token};
+use crate::executor::{classify, refuse_double_assignment, run_each};
 use crate::guard::{CompletionOf, Guarded, TokenOf};
-use crate::statement::CompareAndSet;
-use crate::update::{
-    classify, explain, guarded_statement, unreadable, GuardedWrite, LoadByKey, UpdateOf,
-};
+use crate::statement::Assignments;
+use crate::update::{guarded_statement, unreadable, GuardedWrite, LoadByKey, RowMoved, UpdateOf};
 
 /// Whether a batch keeps the rows it could write when others miss.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -100,7 +99,7 @@ pub trait GuardedBatch: GuardedWrite {
         C::Backend: OccBackend,
         Ch: AsChangeset<Target = Self::Table>,
         I: IntoIterator<Item = (Self::Key, TokenOf<Self>, Ch)>,
-        UpdateOf<Self, Ch::Changeset>: CompareAndSet<C::Backend> + QueryFragment<C::Backend>,
+        UpdateOf<Self, Ch::Changeset>: Assignments<C::Backend> + QueryFragment<C::Backend>,
         CompletionOf<Self>: Complete<C, UpdateOf<Self, Ch::Changeset>, TokenOf<Self>>
             + CompleteEach<C, UpdateOf<Self, Ch::Changeset>, TokenOf<Self>>,
         Self: LoadByKey<C>,
@@ -182,19 +181,15 @@ where
     C: LoadConnection,
     C::Backend: OccBackend,
     Ch: AsChangeset<Target = T::Table>,
-    UpdateOf<T, Ch::Changeset>: CompareAndSet<C::Backend> + QueryFragment<C::Backend>,
+    UpdateOf<T, Ch::Changeset>: Assignments<C::Backend> + QueryFragment<C::Backend>,
     CompletionOf<T>: CompleteEach<C, UpdateOf<T, Ch::Changeset>, TokenOf<T>>,
 {
     let mut outcomes = Vec::new();
     let (mut pending, mut updates) = (Vec::<Pending<T>>::new(), Vec::new());
     for (key, expected, changes) in rows {
         let (update, next) = guarded_statement::<T, C, Ch>(&key, &expected, changes, T::stamp())?;
-        if let Some(column) = update.assigned_twice()? {
-            return Err(Error::ChangesetAssignsGuard {
-                table: T::table_name(),
-                column,
-            });
-        }
+        // Refused before any statement of the batch is sent, as a single write is.
+        refuse_double_assignment(T::table_name(), &update)?;
         // PostgreSQL numbers its parameters `$1`, `$2`, ...; a `$` in a quoted name only
         // makes the count, and so the statement, smaller.
         let binds = C::Backend::render(&update)?.matches('$').count();
@@ -224,7 +219,7 @@ where
 }
 
 /// Sends `updates` (of the `pending` rows, in order) as one statement and reads back the
-/// rows it missed to explain each miss as [`explain_miss`] does for a single write.
+/// rows it missed, all at once, to explain each miss as a single write does ([`RowMoved`]).
 fn run_combined<T, C, S>(
     conn: &mut C,
     pending: impl Iterator<Item = Pending<T>>,
@@ -234,28 +229,19 @@ where
     T: LoadByKey<C>,
     C: LoadConnection,
     C::Backend: OccBackend,
+    S: Assignments<C::Backend>,
     CompletionOf<T>: CompleteEach<C, S, TokenOf<T>>,
 {
-    let (pending, updates): (Vec<_>, Vec<_>) = (pending.collect(), updates.collect());
-    if updates.is_empty() {
-        return Ok(Vec::new());
-    }
-    let written = CompletionOf::<T>::run_each(conn, updates).map_err(|e| classify(conn, e))?;
-    let mut returned: Vec<(usize, Option<TokenOf<T>>)> = vec![(0, None); pending.len()];
-    for (row, token) in written {
-        returned[row] = (returned[row].0 + 1, token);
-    }
-    if let Some((row, (rows, _))) = returned.iter().enumerate().find(|(_, (n, _))| *n > 1) {
-        return Err(Error::KeyNotUnique {
-            table: T::table_name(),
-            key: format!("{:?}", pending[row].key),
-            rows: *rows,
-        });
-    }
+    let pending: Vec<_> = pending.collect();
+    let writes = updates
+        .zip(&pending)
+        .map(|(update, row)| (update, &row.key as &dyn std::fmt::Debug))
+        .collect();
+    let written = run_each::<C, S, CompletionOf<T>, TokenOf<T>>(conn, T::table_name(), writes)?;
     let missed: Vec<T::Key> = pending
         .iter()
-        .zip(&returned)
-        .filter(|(_, (rows, _))| *rows == 0)
+        .zip(&written)
+        .filter(|(_, written)| written.is_none())
         .map(|(row, _)| row.key.clone())
         .collect();
     let mut current = match T::load_by_keys(conn, &missed) {
@@ -263,15 +249,18 @@ where
         Err(e) => return Err(unreadable::<T, C>(&missed, e).unwrap_or_else(|e| classify(conn, e))),
     };
     pending
-        .into_iter()
-        .zip(returned)
-        .map(|(row, (rows, token))| {
-            if rows == 1 {
-                return Ok(RowOutcome::Written(token.unwrap_or(row.next)));
+        .iter()
+        .zip(written)
+        .map(|(row, written)| {
+            if let Some(written) = written {
+                return Ok(RowOutcome::Written(
+                    written.token.unwrap_or_else(|| row.next.clone()),
+                ));
             }
             let found = current.iter().position(|c| c.key() == row.key);
             let current = found.map(|i| current.swap_remove(i));
-            outcome::<TokenOf<T>>(Err(explain::<T, C>(current, &row.key, Some(&row.expected))))
+            let miss = RowMoved::<T>::expecting(&row.key, &row.expected);
+            outcome::<TokenOf<T>>(Err(miss.given::<C>(current)))
         })
         .collect()
 }

@@ -11,23 +11,22 @@
 //! Only version guards can advance in SQL: a timestamp needs the database clock, which
 //! is not offered yet, and a pre-image has no token to advance.
 
-use std::marker::PhantomData;
-
 use diesel::backend::Backend;
 use diesel::connection::LoadConnection;
 use diesel::expression::{AppearsOnTable, Expression};
 use diesel::query_builder::{AsChangeset, AstPass, Query, QueryFragment, QueryId};
 use diesel::query_dsl::methods::{ExecuteDsl, LoadQuery};
 use diesel::query_source::QuerySource;
-use diesel::serialize::ToSql;
-use diesel::sql_types::{BigInt, Bool, HasSqlType};
+use diesel::sql_types::{BigInt, Bool};
 use diesel::{Column, QueryResult, RunQueryDsl, Table};
 
 use crate::backend::OccBackend;
+use crate::completion::Counted;
 use crate::error::Error;
+use crate::executor::{classify, CannotMiss, CompareAndSet, Matches};
 use crate::guard::Guarded;
-use crate::statement::{AlsoSet, Comma, CompareAndSet, GuardedUpdate, Joined};
-use crate::update::{classify, LoadByKey};
+use crate::statement::{AlsoSet, Assignments, Comma, GuardedUpdate, Increment, Joined, Maximum};
+use crate::update::LoadByKey;
 use crate::version::{VersionColumnFor, VersionGuard, VersionNumber};
 
 /// What a bulk update did.
@@ -38,58 +37,6 @@ pub struct BulkReport {
     /// Rows the filter matched that were left unchanged because their version is at its
     /// type's maximum and cannot advance.
     pub at_maximum: usize,
-}
-
-/// `"version" = "version" + 1`.
-#[derive(Debug, Clone, Copy)]
-pub struct Increment<Col>(PhantomData<Col>);
-
-impl<Col> Default for Increment<Col> {
-    fn default() -> Self {
-        Increment(PhantomData)
-    }
-}
-
-impl<Col: Column, DB: Backend> QueryFragment<DB> for Increment<Col> {
-    fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, DB>) -> QueryResult<()> {
-        out.push_identifier(Col::NAME)?;
-        out.push_sql(" = ");
-        out.push_identifier(Col::NAME)?;
-        out.push_sql(" + 1");
-        Ok(())
-    }
-}
-
-/// `"version" < ?` (`below`) or `"version" = ?` (not `below`), with the type's maximum.
-#[derive(Debug, Clone, Copy)]
-pub struct Maximum<Col, V> {
-    below: bool,
-    max: V,
-    column: PhantomData<Col>,
-}
-
-impl<Col, V: VersionNumber> Maximum<Col, V> {
-    /// `"version" < ?max`: the rows whose version can still advance.
-    pub fn below() -> Self {
-        Maximum {
-            below: true,
-            max: V::MAX,
-            column: PhantomData,
-        }
-    }
-}
-
-impl<Col, V, DB> QueryFragment<DB> for Maximum<Col, V>
-where
-    DB: Backend + HasSqlType<Col::SqlType>,
-    Col: Column,
-    V: VersionNumber + ToSql<Col::SqlType, DB>,
-{
-    fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, DB>) -> QueryResult<()> {
-        out.push_identifier(Col::NAME)?;
-        out.push_sql(if self.below { " < " } else { " = " });
-        out.push_bind_param::<Col::SqlType, V>(&self.max)
-    }
 }
 
 /// `SELECT COUNT(*) FROM <table> WHERE (<filter>) AND <condition>`.
@@ -162,7 +109,7 @@ where
             + QueryFragment<C::Backend>
             + Clone,
         Ch: AsChangeset<Target = Self::Table>,
-        BulkUpdateOf<Self, Ch::Changeset, F, Col, V>: ExecuteDsl<C> + CompareAndSet<C::Backend>,
+        BulkUpdateOf<Self, Ch::Changeset, F, Col, V>: ExecuteDsl<C> + Assignments<C::Backend>,
         CountWhere<Self::Table, F, Maximum<Col, V>>: LoadQuery<'static, C, i64>,
         <Self::Table as QuerySource>::FromClause: QueryFragment<C::Backend>,
         Self: LoadByKey<C>,
@@ -170,25 +117,24 @@ where
         let statement = BulkUpdateOf::<Self, Ch::Changeset, F, Col, V>::new(
             Self::table(),
             changes.as_changeset(),
-            Joined(Increment(PhantomData), Self::stamp(), Comma),
+            Joined(Increment::default(), Self::stamp(), Comma),
             filter.clone(),
             Maximum::below(),
         );
-        if let Some(column) = statement.assigned_twice()? {
-            return Err(Error::ChangesetAssignsGuard {
-                table: Self::table_name(),
-                column,
-            });
-        }
-        let updated = ExecuteDsl::execute(statement, conn).map_err(|e| classify(conn, e))?;
+        let table = Self::table_name();
+        let updated = CompareAndSet::one(
+            statement,
+            table,
+            &"(every row the filter matches)",
+            CannotMiss,
+        )
+        .matching(Matches::Any)
+        .run::<C, Counted, ()>(conn)?
+        .rows;
         let at_maximum = CountWhere::<Self::Table, F, Maximum<Col, V>> {
             from: Self::table().from_clause(),
             filter,
-            condition: Maximum {
-                below: false,
-                max: V::MAX,
-                column: PhantomData,
-            },
+            condition: Maximum::at(),
         }
         .get_result::<i64>(conn)
         .map_err(|e| classify(conn, e))?;

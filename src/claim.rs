@@ -24,20 +24,24 @@ use diesel::connection::LoadConnection;
 use diesel::dsl::{AsSelect, Filter, Limit, Select};
 use diesel::expression::{AppearsOnTable, Expression, ValidGrouping};
 use diesel::query_builder::{AstPass, QueryFragment, QueryId};
-use diesel::query_dsl::methods::{ExecuteDsl, FilterDsl, LimitDsl, LoadQuery, SelectDsl};
+use diesel::query_dsl::methods::{FilterDsl, LimitDsl, LoadQuery, SelectDsl};
 use diesel::serialize::ToSql;
 use diesel::sql_types::{Bool, HasSqlType, Nullable, Text};
 use diesel::{Column, QueryResult, RunQueryDsl, Selectable, SelectableHelper};
 
 use crate::backend::OccBackend;
-use crate::bulk::Increment;
+use crate::completion::{Complete, Counted};
 use crate::connection::{commit_operation, WriteTransaction};
-use crate::database_clock::{ServerClock, Shift};
+use crate::database_clock::{ClockColumn, ServerClock, Shift};
 use crate::error::Error;
+use crate::executor::{classify, CompareAndSet, Matches, Miss};
 use crate::guard::Guarded;
-use crate::statement::{AnyOf, ColumnEq, Comma, CompareAndSet, GuardedUpdate, Joined, Unguarded};
+use crate::statement::{
+    AnyOf, Assignments, ColumnEq, Comma, GuardedUpdate, Increment, Joined, LatestRead, RowLock,
+    Unguarded,
+};
 use crate::status::{HasStatus, Status};
-use crate::update::{classify, LoadByKey};
+use crate::update::{LoadByKey, RowMoved};
 use crate::version::{VersionColumnFor, VersionGuard, VersionNumber};
 
 /// What a worker asks for.
@@ -109,50 +113,8 @@ where
     }
 }
 
-/// `"claimed_at" = <the database's now>`, in the form the reclaim check compares.
-#[derive(Debug, Clone)]
-pub struct StampNow<AtCol>(Shift, std::marker::PhantomData<AtCol>);
-
-impl<AtCol> Default for StampNow<AtCol> {
-    fn default() -> Self {
-        StampNow(Shift::none(), std::marker::PhantomData)
-    }
-}
-
-impl<AtCol: Column, DB: ServerClock> QueryFragment<DB> for StampNow<AtCol> {
-    fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, DB>) -> QueryResult<()> {
-        out.push_identifier(AtCol::NAME)?;
-        out.push_sql(" = ");
-        DB::push_shifted(&mut out, &self.0)
-    }
-}
-
-/// A query read as the rows no other transaction holds, locking them
-/// ([`OccBackend::SKIP_LOCKED`]).
-#[derive(Debug, Clone)]
-pub struct SkipLocked<Q>(Q);
-
-impl<Q: diesel::query_builder::Query> diesel::query_builder::Query for SkipLocked<Q> {
-    type SqlType = Q::SqlType;
-}
-
-impl<Q: QueryFragment<DB>, DB: OccBackend> QueryFragment<DB> for SkipLocked<Q> {
-    fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, DB>) -> QueryResult<()> {
-        self.0.walk_ast(out.reborrow())?;
-        out.push_sql(DB::SKIP_LOCKED);
-        Ok(())
-    }
-}
-
-impl<Q> QueryId for SkipLocked<Q> {
-    type QueryId = ();
-    const HAS_STATIC_QUERY_ID: bool = false;
-}
-
-impl<Q, Conn> RunQueryDsl<Conn> for SkipLocked<Q> {}
-
 /// The claimable rows of entity `T`, at most a limit, locked and skipping locked ones.
-pub type ClaimQueryOf<T, AtCol, DB> = SkipLocked<
+pub type ClaimQueryOf<T, AtCol, DB> = LatestRead<
     Limit<
         Select<
             Filter<
@@ -173,7 +135,7 @@ pub type ClaimUpdateOf<T, OwnerCol, AtCol, VCol> = GuardedUpdate<
             ColumnEq<OwnerCol, Option<String>>,
             Comma,
         >,
-        StampNow<AtCol>,
+        ClockColumn<AtCol>,
         Comma,
     >,
     Increment<VCol>,
@@ -232,10 +194,11 @@ where
             AsSelect<Self, C::Backend>,
         >: LimitDsl,
         ClaimQueryOf<Self, AtCol, C::Backend>: LoadQuery<'static, C, Self>,
-        ClaimUpdateOf<Self, OwnerCol, AtCol, VCol>: ExecuteDsl<C> + CompareAndSet<C::Backend>,
+        ClaimUpdateOf<Self, OwnerCol, AtCol, VCol>: Assignments<C::Backend>,
+        Counted: Complete<C, ClaimUpdateOf<Self, OwnerCol, AtCol, VCol>, V>,
     {
         let _ = (owner, claimed_at);
-        crate::version_row::check_name("owner", request.owner)?;
+        crate::names::check_name("owner", request.owner)?;
         if request.limit == 0 {
             return Ok(Vec::new());
         }
@@ -247,10 +210,13 @@ where
         };
         let limit = i64::try_from(request.limit).unwrap_or(i64::MAX);
         commit_operation(conn, |conn| {
-            let query = SkipLocked(LimitDsl::limit(
-                SelectDsl::select(FilterDsl::filter(Self::table(), filter), Self::as_select()),
-                limit,
-            ));
+            let query = LatestRead::locked(
+                LimitDsl::limit(
+                    SelectDsl::select(FilterDsl::filter(Self::table(), filter), Self::as_select()),
+                    limit,
+                ),
+                RowLock::SkipLocked,
+            );
             let waiting: Vec<Self> = query.load(conn).map_err(|e| classify(conn, e))?;
             if waiting.is_empty() {
                 return Ok(Vec::new());
@@ -264,21 +230,17 @@ where
                         ColumnEq::new(Some(request.owner.to_string())),
                         Comma,
                     ),
-                    StampNow::default(),
+                    ClockColumn::set(Shift::none()),
                     Comma,
                 ),
                 Increment::default(),
                 AnyOf(keys.iter().map(Self::key_predicate).collect()),
                 Unguarded,
             );
-            let written = ExecuteDsl::execute(update, conn).map_err(|e| classify(conn, e))?;
-            if written != keys.len() {
-                return Err(Error::KeyNotUnique {
-                    table: Self::table_name(),
-                    key: format!("{keys:?}"),
-                    rows: written,
-                });
-            }
+            let miss = ClaimIgnored { locked: &waiting };
+            CompareAndSet::one(update, Self::table_name(), &keys, miss)
+                .matching(Matches::All(keys.len()))
+                .run::<C, Counted, V>(conn)?;
             Self::load_by_keys(conn, &keys).map_err(|e| classify(conn, e))
         })
     }
@@ -301,9 +263,8 @@ where
         C::Backend: OccBackend,
         OwnerCol: Column<Table = Self::Table, SqlType = Nullable<Text>>,
         Self: LoadByKey<C>,
-        FinishOf<Self, OwnerCol, VCol>: CompareAndSet<C::Backend>,
-        crate::completion::Counted:
-            crate::completion::Complete<C, FinishOf<Self, OwnerCol, VCol>, V>,
+        FinishOf<Self, OwnerCol, VCol>: Assignments<C::Backend>,
+        Counted: Complete<C, FinishOf<Self, OwnerCol, VCol>, V>,
     {
         let _ = owner_column;
         let statement = FinishOf::<Self, OwnerCol, VCol>::new(
@@ -321,26 +282,69 @@ where
                 crate::statement::And,
             ),
         );
-        crate::update::execute_guarded::<C, _, crate::completion::Counted, V>(
-            conn,
-            statement,
-            || (Self::table_name(), format!("{key:?}")),
-            |conn| match Self::load_by_key(conn, key) {
-                Ok(None) => Error::NotFound {
-                    table: Self::table_name(),
-                    key: format!("{key:?}"),
-                },
-                Ok(Some(_)) => Error::LockLost {
-                    lock: format!(
-                        "claim of `{}` row {key:?} by {owner:?} (in state `{}`)",
-                        Self::table_name(),
-                        held.name()
-                    ),
-                },
-                Err(e) => classify(conn, e),
+        let miss = ClaimLost::<Self> { key, owner, held };
+        CompareAndSet::one(statement, Self::table_name(), key, miss)
+            .run::<C, Counted, V>(conn)
+            .map(drop)
+    }
+}
+
+/// A claim's update matched fewer rows than its read had locked: nobody else can have
+/// moved them, so the database ignored the write for the first row still holding the
+/// token it was locked with ([`Error::Refused`]).
+struct ClaimIgnored<'a, T> {
+    locked: &'a [T],
+}
+
+impl<T, C> Miss<C> for ClaimIgnored<'_, T>
+where
+    T: LoadByKey<C>,
+    C: LoadConnection,
+    C::Backend: OccBackend,
+{
+    fn explain(self, conn: &mut C) -> Error {
+        let keys: Vec<T::Key> = self.locked.iter().map(Guarded::key).collect();
+        let mut current = match T::load_by_keys(conn, &keys) {
+            Ok(current) => current,
+            Err(e) => return classify(conn, e),
+        };
+        let ignored = self.locked.iter().position(|locked| {
+            let now = current.iter().find(|c| c.key() == locked.key());
+            now.is_none_or(|now| now.token() == locked.token())
+        });
+        let key = &keys[ignored.unwrap_or(0)];
+        let found = current.iter().position(|c| c.key() == *key);
+        RowMoved::<T>::any(key).given::<C>(found.map(|i| current.swap_remove(i)))
+    }
+}
+
+/// The end of a claim matched nothing: the row is gone ([`Error::NotFound`]), or another
+/// worker holds it or it left the held state ([`Error::LockLost`]).
+struct ClaimLost<'k, T: HasStatus> {
+    key: &'k T::Key,
+    owner: &'k str,
+    held: T::Status,
+}
+
+impl<T, C> Miss<C> for ClaimLost<'_, T>
+where
+    T: HasStatus + LoadByKey<C>,
+    C: LoadConnection,
+    C::Backend: OccBackend,
+{
+    fn explain(self, conn: &mut C) -> Error {
+        let (key, owner) = (self.key, self.owner);
+        match T::load_by_key(conn, key) {
+            Ok(None) => RowMoved::<T>::any(key).given::<C>(None),
+            Ok(Some(_)) => Error::LockLost {
+                lock: format!(
+                    "claim of `{}` row {key:?} by {owner:?} (in state `{}`)",
+                    T::table_name(),
+                    self.held.name()
+                ),
             },
-        )
-        .map(drop)
+            Err(e) => classify(conn, e),
+        }
     }
 }
 

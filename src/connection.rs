@@ -14,8 +14,8 @@ use diesel::r2d2::{ManageConnection, PooledConnection, R2D2Connection};
 use diesel::result::Error as DieselError;
 
 use crate::error::{connection_lost, Error};
+use crate::executor::in_transaction;
 use crate::retry::Stop;
-use crate::update::in_transaction;
 
 /// A connection that can run a transaction meant to write.
 pub trait WriteTransaction: Connection {

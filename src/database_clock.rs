@@ -222,3 +222,46 @@ where
 }
 
 impl<Col, Ts, P> Advancing for DatabaseClockGuard<Col, Ts, P> where Self: GuardKind {}
+
+/// Column `Col` against the database's now moved by a shift: `"col" = <now>` after `SET`,
+/// `"col" < <now>` or `"col" >= <now>` after `WHERE`. Expiry and claim times are written
+/// and compared in this one form, so that they order the same way on every backend.
+#[derive(Debug, Clone)]
+pub struct ClockColumn<Col> {
+    operator: &'static str,
+    shift: Shift,
+    column: PhantomData<Col>,
+}
+
+impl<Col> ClockColumn<Col> {
+    fn new(operator: &'static str, shift: Shift) -> Self {
+        ClockColumn {
+            operator,
+            shift,
+            column: PhantomData,
+        }
+    }
+
+    /// `"col" = <now + shift>`.
+    pub fn set(shift: Shift) -> Self {
+        ClockColumn::new(" = ", shift)
+    }
+
+    /// `"col" < <now + shift>`.
+    pub fn before(shift: Shift) -> Self {
+        ClockColumn::new(" < ", shift)
+    }
+
+    /// `"col" >= <now + shift>`.
+    pub fn not_before(shift: Shift) -> Self {
+        ClockColumn::new(" >= ", shift)
+    }
+}
+
+impl<Col: Column, DB: ServerClock> QueryFragment<DB> for ClockColumn<Col> {
+    fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, DB>) -> QueryResult<()> {
+        out.push_identifier(Col::NAME)?;
+        out.push_sql(self.operator);
+        DB::push_shifted(&mut out, &self.shift)
+    }
+}

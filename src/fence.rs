@@ -14,14 +14,15 @@ use diesel::query_builder::{AsChangeset, AstPass, QueryFragment, QueryId};
 use diesel::query_dsl::methods::LoadQuery;
 use diesel::serialize::ToSql;
 use diesel::sql_types::{BigInt, HasSqlType};
-use diesel::{Column, OptionalExtension, QueryResult, RunQueryDsl};
+use diesel::{Column, OptionalExtension, QueryResult};
 
 use crate::backend::OccBackend;
 use crate::completion::{Complete, Counted};
 use crate::error::Error;
+use crate::executor::{classify, CompareAndSet, Miss};
 use crate::guard::Guarded;
-use crate::statement::{ColumnEq, ColumnOfRow, CompareAndSet, GuardedUpdate};
-use crate::update::{classify, execute_guarded, LoadByKey};
+use crate::statement::{Assignments, ColumnEq, ColumnOfRow, GuardedUpdate};
+use crate::update::LoadByKey;
 
 /// `"last_fence" <= ?`: the write's fence is not older than the newest seen.
 #[derive(Debug, Clone, Copy)]
@@ -78,7 +79,7 @@ pub trait FencedWrite: Guarded {
         Self: LoadByKey<C>,
         <Self::Table as diesel::QuerySource>::FromClause: Clone,
         Self::KeyPredicate: Clone,
-        FencedUpdateOf<Self, Ch::Changeset, F>: CompareAndSet<C::Backend>,
+        FencedUpdateOf<Self, Ch::Changeset, F>: Assignments<C::Backend>,
         Counted: Complete<C, FencedUpdateOf<Self, Ch::Changeset, F>, ()>,
         ColumnOfRow<Self::Table, Self::KeyPredicate, F>: LoadQuery<'static, C, i64>,
     {
@@ -93,24 +94,45 @@ pub trait FencedWrite: Guarded {
                 column: PhantomData,
             },
         );
-        let newest = statement.read_back::<F>();
-        execute_guarded::<C, _, Counted, ()>(
-            conn,
-            statement,
-            || (Self::table_name(), format!("{key:?}")),
-            |conn| match newest.get_result::<i64>(conn).optional() {
-                Ok(Some(current)) => Error::StaleFence {
-                    presented: fence,
-                    current,
-                },
-                Ok(None) => Error::NotFound {
-                    table: Self::table_name(),
-                    key: format!("{key:?}"),
-                },
-                Err(e) => classify(conn, e),
+        let miss = FenceMoved {
+            newest: statement.read_back::<F>(),
+            presented: fence,
+            table: Self::table_name(),
+            key,
+        };
+        CompareAndSet::one(statement, Self::table_name(), key, miss)
+            .run::<C, Counted, ()>(conn)
+            .map(drop)
+    }
+}
+
+/// A fenced write matched nothing: the row's newest fence, read back, is newer than the
+/// one presented ([`Error::StaleFence`]), or the row is gone.
+struct FenceMoved<'k, Q> {
+    newest: Q,
+    presented: i64,
+    table: &'static str,
+    key: &'k dyn std::fmt::Debug,
+}
+
+impl<C, Q> Miss<C> for FenceMoved<'_, Q>
+where
+    C: LoadConnection,
+    C::Backend: OccBackend,
+    Q: LoadQuery<'static, C, i64>,
+{
+    fn explain(self, conn: &mut C) -> Error {
+        match self.newest.get_result::<i64>(conn).optional() {
+            Ok(Some(current)) => Error::StaleFence {
+                presented: self.presented,
+                current,
             },
-        )
-        .map(drop)
+            Ok(None) => Error::NotFound {
+                table: self.table,
+                key: format!("{:?}", self.key),
+            },
+            Err(e) => classify(conn, e),
+        }
     }
 }
 

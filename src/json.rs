@@ -35,7 +35,7 @@ use crate::error::Error;
 use crate::guard::{CompletionOf, Guarded, TokenOf};
 use crate::modify::{read_modify_write, Modified};
 use crate::retry::{RetryPolicy, Stop};
-use crate::statement::{ColumnEq, CompareAndSet};
+use crate::statement::{Assignments, ColumnEq};
 use crate::update::{GuardedWrite, LoadByKey, UpdateOf};
 
 /// The largest document an edit may write, serialized: 1 MiB. Every retry reads and
@@ -96,7 +96,7 @@ where
     C: LoadConnection,
     C::Backend: OccBackend,
     Col: Column<Table = T::Table>,
-    UpdateOf<T, ColumnEq<Col, Value>>: CompareAndSet<C::Backend>,
+    UpdateOf<T, ColumnEq<Col, Value>>: Assignments<C::Backend>,
     CompletionOf<T>: Complete<C, UpdateOf<T, ColumnEq<Col, Value>>, TokenOf<T>>,
 {
     fn write_document(

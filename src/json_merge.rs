@@ -34,13 +34,14 @@ use diesel::{Column, QueryResult};
 use serde_json::Value;
 
 use crate::backend::OccBackend;
-use crate::bulk::{BulkUpdateOf, Increment, Maximum};
+use crate::bulk::BulkUpdateOf;
 use crate::completion::{Complete, ReturnedBy};
 use crate::error::Error;
-use crate::guard::{GuardKind, Guarded};
+use crate::executor::CompareAndSet;
+use crate::guard::Guarded;
 use crate::json::{JsonDocument, Place};
-use crate::statement::{Comma, CompareAndSet, Joined};
-use crate::update::{execute_guarded, explain, LoadByKey};
+use crate::statement::{Assignments, Comma, Increment, Joined, Maximum};
+use crate::update::{LoadByKey, RowMoved};
 use crate::version::{VersionColumnFor, VersionGuard, VersionNumber};
 
 /// `"col" = <the document of "col" merged with ?patch>`, in the backend's SQL.
@@ -255,7 +256,7 @@ where
         C::Backend: OccBackend,
         Col: Column,
         Self: JsonDocument<Col> + LoadByKey<C>,
-        MergeInPlaceOf<Self, Col, VCol, V>: CompareAndSet<C::Backend>,
+        MergeInPlaceOf<Self, Col, VCol, V>: Assignments<C::Backend>,
         ReturnedBy<VCol>: Complete<C, MergeInPlaceOf<Self, Col, VCol, V>, V>,
     {
         let _ = column;
@@ -267,20 +268,10 @@ where
             Self::key_predicate(key),
             Maximum::below(),
         );
-        let version = execute_guarded::<C, _, ReturnedBy<VCol>, V>(
-            conn,
-            statement,
-            || (Self::table_name(), format!("{key:?}")),
-            |conn| match Self::load_by_key(conn, key) {
-                Ok(Some(row)) if row.token() == V::MAX => Error::VersionOverflow {
-                    table: Self::table_name(),
-                    key: format!("{key:?}"),
-                    current: <Self::Guard as GuardKind>::describe(&row.token()),
-                },
-                Ok(row) => explain::<Self, C>(row, key, None),
-                Err(e) => crate::update::classify(conn, e),
-            },
-        )?;
+        let miss = RowMoved::<Self>::advancing_any(key, |version| *version == V::MAX);
+        let version = CompareAndSet::one(statement, Self::table_name(), key, miss)
+            .run::<C, ReturnedBy<VCol>, V>(conn)?
+            .token;
         version.ok_or_else(|| {
             Error::Database(diesel::result::Error::QueryBuilderError(
                 "the merge wrote its row but did not read its version back".into(),

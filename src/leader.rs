@@ -115,9 +115,9 @@ impl Candidate {
         PooledConnection<M>: LockConnection,
     {
         timing.validate()?;
-        crate::version_row::check_name("lock name", name)?;
-        crate::version_row::check_name("resource", resource)?;
-        crate::version_row::check_name("label", label)?;
+        crate::names::check_name("lock name", name)?;
+        crate::names::check_name("resource", resource)?;
+        crate::names::check_name("label", label)?;
         let (leading, fence) = (
             Arc::new(AtomicBool::new(false)),
             Arc::new(AtomicI64::new(0)),

@@ -143,6 +143,7 @@ pub mod connection;
 #[cfg(feature = "chrono")]
 pub mod database_clock;
 pub mod error;
+mod executor;
 #[cfg(feature = "locks")]
 pub mod fence;
 pub mod guard;
@@ -199,7 +200,7 @@ pub use pool::{CheckedManager, PoolConfig, Pooled};
 pub use pre_image::{ChangedColumns, GuardedChanges};
 pub use retry::{Contention, RetryEvent, RetryPolicy, Stop};
 pub use status::{HasStatus, Status};
-pub use update::{execute_guarded, GuardedWrite, LoadByKey};
+pub use update::{GuardedWrite, LoadByKey};
 pub use version::{VersionColumnFor, VersionGuard, VersionNumber};
 
 /// Derives [`Guarded`] for an entity struct; see the crate docs for its attributes.

@@ -24,21 +24,23 @@
 use std::time::Duration;
 
 use diesel::connection::LoadConnection;
-use diesel::query_builder::{AsChangeset, AstPass, QueryFragment, QueryId};
-use diesel::query_dsl::methods::LoadQuery;
+use diesel::dsl::{Find, Select};
+use diesel::query_builder::InsertStatement;
+use diesel::query_dsl::methods::{ExecuteDsl, LoadQuery};
 use diesel::r2d2::{ManageConnection, Pool, PooledConnection, R2D2Connection};
-use diesel::serialize::ToSql;
-use diesel::sql_types::{Nullable, Text};
-use diesel::{OptionalExtension, QueryResult, RunQueryDsl};
+use diesel::{Insertable, OptionalExtension, QueryDsl, RunQueryDsl};
 
 use crate::backend::OccBackend;
 use crate::completion::{Complete, Counted, ReturnedBy};
-use crate::database_clock::{ServerClock, Shift};
+use crate::database_clock::{ClockColumn, ServerClock, Shift};
 use crate::error::Error;
+use crate::executor::{classify, CannotMiss, CompareAndSet, Matches, Miss};
+use crate::names::check_name;
 use crate::retry::RetryPolicy;
-use crate::statement::{CompareAndSet, GuardedUpdate, Unguarded};
-use crate::update::{classify, execute_guarded};
-use crate::version_row::check_name;
+use crate::statement::{
+    And, Assignments, ColumnEq, Comma, Either, GuardedUpdate, Increment, InsertIfMissing, Joined,
+    Null, Unguarded,
+};
 
 diesel::table! {
     /// The library's locks and leases.
@@ -68,164 +70,96 @@ diesel::table! {
 /// for that long after its holder died.
 pub const MAX_TTL: Duration = Duration::from_secs(24 * 60 * 60);
 
-/// `lock_name = ? AND resource = ?`.
+/// Which lock: its name and resource.
 #[derive(Debug, Clone)]
 pub struct LockKey {
     name: String,
     resource: String,
 }
 
-impl<DB: OccBackend> QueryFragment<DB> for LockKey
-where
-    str: ToSql<Text, DB>,
-{
-    fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, DB>) -> QueryResult<()> {
-        out.push_sql("lock_name = ");
-        out.push_bind_param::<Text, str>(&self.name)?;
-        out.push_sql(" AND resource = ");
-        out.push_bind_param::<Text, str>(&self.resource)
+impl LockKey {
+    /// `lock_name = ? AND resource = ?`.
+    fn predicate(&self) -> KeyOf {
+        Joined(
+            ColumnEq::new(self.name.clone()),
+            ColumnEq::new(self.resource.clone()),
+            And,
+        )
     }
 }
 
-/// What a lock statement sets or checks, as SQL over `occ_locks`.
-#[derive(Debug, Clone)]
-pub enum LockSql {
-    /// `SET holder = ?, label = ?, fence = fence + 1, ... expires_at = now + ttl`.
-    Acquire {
-        /// The new holder's token.
-        holder: String,
-        /// Its label.
-        label: Option<String>,
-        /// Now.
-        now: Shift,
-        /// Now plus the lease.
-        expires: Shift,
-    },
-    /// `SET renewed_at = now, expires_at = now + ttl`.
-    Renew {
-        /// Now.
-        now: Shift,
-        /// Now plus the lease.
-        expires: Shift,
-    },
-    /// `SET holder = NULL, label = NULL, expires_at = NULL`.
-    Release,
-    /// `(holder IS NULL OR expires_at < now)`.
-    FreeOrExpired {
-        /// Now.
-        now: Shift,
-    },
-    /// `holder = ? AND fence = ?`, and `expires_at >= now` when `now` is given.
-    HeldBy {
-        /// The holder's token.
-        holder: String,
-        /// Its fence.
-        fence: i64,
-        /// Now, when the lease must not have ended.
-        now: Option<Shift>,
-    },
-}
+/// `lock_name = ? AND resource = ?`.
+type KeyOf =
+    Joined<ColumnEq<occ_locks::lock_name, String>, ColumnEq<occ_locks::resource, String>, And>;
 
-impl<DB> QueryFragment<DB> for LockSql
-where
-    DB: OccBackend + ServerClock,
-    str: ToSql<Text, DB>,
-    i64: ToSql<diesel::sql_types::BigInt, DB>,
-    Option<String>: ToSql<Nullable<Text>, DB>,
-{
-    fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, DB>) -> QueryResult<()> {
-        match self {
-            LockSql::Acquire {
-                holder,
-                label,
-                now,
-                expires,
-            } => {
-                out.push_sql("holder = ");
-                out.push_bind_param::<Text, str>(holder)?;
-                out.push_sql(", label = ");
-                out.push_bind_param::<Nullable<Text>, Option<String>>(label)?;
-                out.push_sql(", fence = fence + 1, holder_changes = holder_changes + 1");
-                for column in ["acquired_at", "renewed_at"] {
-                    out.push_sql(&format!(", {column} = "));
-                    DB::push_shifted(&mut out, now)?;
-                }
-                out.push_sql(", expires_at = ");
-                DB::push_shifted(&mut out, expires)
-            }
-            LockSql::Renew { now, expires } => {
-                out.push_sql("renewed_at = ");
-                DB::push_shifted(&mut out, now)?;
-                out.push_sql(", expires_at = ");
-                DB::push_shifted(&mut out, expires)
-            }
-            LockSql::Release => {
-                out.push_sql("holder = NULL, label = NULL, expires_at = NULL");
-                Ok(())
-            }
-            LockSql::FreeOrExpired { now } => {
-                out.push_sql("(holder IS NULL OR expires_at < ");
-                DB::push_shifted(&mut out, now)?;
-                out.push_sql(")");
-                Ok(())
-            }
-            LockSql::HeldBy { holder, fence, now } => {
-                out.push_sql("holder = ");
-                out.push_bind_param::<Text, str>(holder)?;
-                out.push_sql(" AND fence = ");
-                out.push_bind_param::<diesel::sql_types::BigInt, i64>(fence)?;
-                if let Some(now) = now {
-                    out.push_sql(" AND expires_at >= ");
-                    DB::push_shifted(&mut out, now)?;
-                }
-                Ok(())
-            }
-        }
-    }
-}
+/// `holder = ? AND fence = ?`: the lock is still this holder's.
+type HeldBy = Joined<ColumnEq<occ_locks::holder, String>, ColumnEq<occ_locks::fence, i64>, And>;
 
-impl QueryId for LockSql {
-    type QueryId = ();
-    const HAS_STATIC_QUERY_ID: bool = false;
-}
+/// A statement on one lock row: `UPDATE occ_locks SET <Set> WHERE <key> AND <Guard>`.
+type LockUpdate<Set, Guard> = GuardedUpdate<occ_locks::table, Set, Unguarded, KeyOf, Guard>;
 
-impl AsChangeset for LockSql {
-    type Target = occ_locks::table;
-    type Changeset = Self;
-    fn as_changeset(self) -> Self {
-        self
-    }
-}
+/// Taking the lock: `SET holder = ?, label = ?, fence = fence + 1, holder_changes =
+/// holder_changes + 1, acquired_at = now, renewed_at = now, expires_at = now + ttl WHERE
+/// <key> AND (holder IS NULL OR expires_at < now)`.
+pub type AcquireLock = LockUpdate<
+    Joined<
+        Joined<
+            Joined<
+                ColumnEq<occ_locks::holder, String>,
+                ColumnEq<occ_locks::label, Option<String>>,
+                Comma,
+            >,
+            Joined<Increment<occ_locks::fence>, Increment<occ_locks::holder_changes>, Comma>,
+            Comma,
+        >,
+        Joined<
+            Joined<ClockColumn<occ_locks::acquired_at>, ClockColumn<occ_locks::renewed_at>, Comma>,
+            ClockColumn<occ_locks::expires_at>,
+            Comma,
+        >,
+        Comma,
+    >,
+    Either<Null<occ_locks::holder>, ClockColumn<occ_locks::expires_at>>,
+>;
 
-/// A statement on one lock row.
-pub type LockUpdate = GuardedUpdate<occ_locks::table, LockSql, Unguarded, LockKey, LockSql>;
+/// Renewing the lease: `SET renewed_at = now, expires_at = now + ttl WHERE <key> AND
+/// holder = ? AND fence = ? AND expires_at >= now`.
+pub type RenewLock = LockUpdate<
+    Joined<ClockColumn<occ_locks::renewed_at>, ClockColumn<occ_locks::expires_at>, Comma>,
+    Joined<HeldBy, ClockColumn<occ_locks::expires_at>, And>,
+>;
+
+/// Releasing the lock: `SET holder = NULL, label = NULL, expires_at = NULL WHERE <key>
+/// AND holder = ? AND fence = ?`.
+pub type ReleaseLock = LockUpdate<
+    Joined<
+        Joined<Null<occ_locks::holder>, Null<occ_locks::label>, Comma>,
+        Null<occ_locks::expires_at>,
+        Comma,
+    >,
+    HeldBy,
+>;
+
+/// A free lock row, inserted on first use.
+#[doc(hidden)]
+#[derive(Debug, Insertable)]
+#[diesel(table_name = occ_locks)]
+pub struct NewLock {
+    lock_name: String,
+    resource: String,
+    fence: i64,
+    holder_changes: i64,
+}
 
 /// `INSERT` of a free lock row unless it exists.
-#[derive(Debug)]
-pub struct CreateLock<'a>(&'a LockKey);
+pub type CreateLock = InsertIfMissing<
+    InsertStatement<occ_locks::table, <NewLock as Insertable<occ_locks::table>>::Values>,
+    occ_locks::fence,
+>;
 
-impl<DB: OccBackend> QueryFragment<DB> for CreateLock<'_>
-where
-    str: ToSql<Text, DB>,
-{
-    fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, DB>) -> QueryResult<()> {
-        out.push_sql("INSERT INTO occ_locks (lock_name, resource, fence, holder_changes) VALUES (");
-        out.push_bind_param::<Text, str>(&self.0.name)?;
-        out.push_sql(", ");
-        out.push_bind_param::<Text, str>(&self.0.resource)?;
-        out.push_sql(", 0, 0)");
-        out.push_sql(match DB::DUPLICATES {
-            crate::backend::Duplicates::OnConflict => " ON CONFLICT DO NOTHING",
-            crate::backend::Duplicates::OnDuplicateKey => " ON DUPLICATE KEY UPDATE fence = fence",
-        });
-        Ok(())
-    }
-}
-
-impl QueryId for CreateLock<'_> {
-    type QueryId = ();
-    const HAS_STATIC_QUERY_ID: bool = false;
-}
+/// `SELECT label, expires_at FROM occ_locks WHERE <key>`: who holds a lock, until when.
+pub type LockHolder =
+    Select<Find<occ_locks::table, (String, String)>, (occ_locks::label, occ_locks::expires_at)>;
 
 /// A connection locks can run on: the three statements of a lock, written once for every
 /// connection whose backend they fit.
@@ -256,10 +190,12 @@ impl<C> LockConnection for C
 where
     C: LoadConnection,
     C::Backend: OccBackend + ServerClock,
-    LockUpdate: CompareAndSet<C::Backend>,
-    for<'a> CreateLock<'a>: QueryFragment<C::Backend>,
-    ReturnedBy<occ_locks::fence>: Complete<C, LockUpdate, i64>,
-    Counted: Complete<C, LockUpdate, i64>,
+    AcquireLock: Assignments<C::Backend>,
+    RenewLock: Assignments<C::Backend>,
+    ReleaseLock: Assignments<C::Backend>,
+    CreateLock: Assignments<C::Backend> + ExecuteDsl<C>,
+    ReturnedBy<occ_locks::fence>: Complete<C, AcquireLock, i64>,
+    Counted: Complete<C, RenewLock, i64> + Complete<C, ReleaseLock, i64>,
     LockHolder: LoadQuery<'static, C, (Option<String>, Option<chrono::NaiveDateTime>)>,
 {
     fn acquire_lock(
@@ -269,31 +205,50 @@ where
         label: Option<&str>,
         ttl: Duration,
     ) -> Result<i64, Error> {
-        self.execute_returning_count(&CreateLock(key))
-            .map_err(|e| classify(self, e))?;
-        let statement = LockUpdate::new(
+        let create = InsertIfMissing::new(diesel::insert_into(occ_locks::table).values(NewLock {
+            lock_name: key.name.clone(),
+            resource: key.resource.clone(),
+            fence: 0,
+            holder_changes: 0,
+        }));
+        CompareAndSet::one(create, "occ_locks", key, CannotMiss)
+            .matching(Matches::Any)
+            .run::<C, Counted, i64>(self)?;
+        let statement = AcquireLock::new(
             occ_locks::table,
-            LockSql::Acquire {
-                holder: holder.to_string(),
-                label: label.map(str::to_string),
-                now: Shift::none(),
-                expires: Shift::later(ttl),
-            },
+            Joined(
+                Joined(
+                    Joined(
+                        ColumnEq::new(holder.to_string()),
+                        ColumnEq::new(label.map(str::to_string)),
+                        Comma,
+                    ),
+                    Joined(Increment::default(), Increment::default(), Comma),
+                    Comma,
+                ),
+                Joined(
+                    Joined(
+                        ClockColumn::set(Shift::none()),
+                        ClockColumn::set(Shift::none()),
+                        Comma,
+                    ),
+                    ClockColumn::set(Shift::later(ttl)),
+                    Comma,
+                ),
+                Comma,
+            ),
             Unguarded,
-            key.clone(),
-            LockSql::FreeOrExpired { now: Shift::none() },
+            key.predicate(),
+            Either(Null::test(), ClockColumn::before(Shift::none())),
         );
-        execute_guarded::<_, _, ReturnedBy<occ_locks::fence>, i64>(
-            self,
-            statement,
-            || ("occ_locks", describe(key)),
-            |conn| held(conn, key),
-        )?
-        .ok_or_else(|| {
-            Error::Database(diesel::result::Error::QueryBuilderError(
-                "the lock was taken but its fence was not read back".into(),
-            ))
-        })
+        CompareAndSet::one(statement, "occ_locks", key, LockTaken { key })
+            .run::<C, ReturnedBy<occ_locks::fence>, i64>(self)?
+            .token
+            .ok_or_else(|| {
+                Error::Database(diesel::result::Error::QueryBuilderError(
+                    "the lock was taken but its fence was not read back".into(),
+                ))
+            })
     }
 
     fn renew_lock(
@@ -303,49 +258,43 @@ where
         fence: i64,
         ttl: Duration,
     ) -> Result<(), Error> {
-        let statement = LockUpdate::new(
+        let statement = RenewLock::new(
             occ_locks::table,
-            LockSql::Renew {
-                now: Shift::none(),
-                expires: Shift::later(ttl),
-            },
+            Joined(
+                ClockColumn::set(Shift::none()),
+                ClockColumn::set(Shift::later(ttl)),
+                Comma,
+            ),
             Unguarded,
-            key.clone(),
-            LockSql::HeldBy {
-                holder: holder.to_string(),
-                fence,
-                now: Some(Shift::none()),
-            },
+            key.predicate(),
+            Joined(
+                held_by(holder, fence),
+                ClockColumn::not_before(Shift::none()),
+                And,
+            ),
         );
-        execute_guarded::<_, _, Counted, i64>(
-            self,
-            statement,
-            || ("occ_locks", describe(key)),
-            |_| lost(key),
-        )
-        .map(drop)
+        CompareAndSet::one(statement, "occ_locks", key, LeaseLost { key })
+            .run::<C, Counted, i64>(self)
+            .map(drop)
     }
 
     fn release_lock(&mut self, key: &LockKey, holder: &str, fence: i64) -> Result<(), Error> {
-        let statement = LockUpdate::new(
+        let statement = ReleaseLock::new(
             occ_locks::table,
-            LockSql::Release,
+            Joined(Joined(Null::set(), Null::set(), Comma), Null::set(), Comma),
             Unguarded,
-            key.clone(),
-            LockSql::HeldBy {
-                holder: holder.to_string(),
-                fence,
-                now: None,
-            },
+            key.predicate(),
+            held_by(holder, fence),
         );
-        execute_guarded::<_, _, Counted, i64>(
-            self,
-            statement,
-            || ("occ_locks", describe(key)),
-            |_| lost(key),
-        )
-        .map(drop)
+        CompareAndSet::one(statement, "occ_locks", key, LeaseLost { key })
+            .run::<C, Counted, i64>(self)
+            .map(drop)
     }
+}
+
+/// `holder = ? AND fence = ?`.
+fn held_by(holder: &str, fence: i64) -> HeldBy {
+    Joined(ColumnEq::new(holder.to_string()), ColumnEq::new(fence), And)
 }
 
 /// Locks taken with connections from a pool.
@@ -539,59 +488,49 @@ where
     }
 }
 
-/// `SELECT label, expires_at FROM occ_locks WHERE <key>`: who holds a lock, until when.
-#[derive(Debug, Clone)]
-pub struct LockHolder(LockKey);
-
-impl diesel::query_builder::Query for LockHolder {
-    type SqlType = (Nullable<Text>, Nullable<diesel::sql_types::Timestamp>);
+/// The lock could not be taken: someone holds it. Who, and until when, is read back for
+/// the message ([`Error::LockHeld`]).
+struct LockTaken<'k> {
+    key: &'k LockKey,
 }
 
-impl<DB: OccBackend> QueryFragment<DB> for LockHolder
-where
-    LockKey: QueryFragment<DB>,
-{
-    fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, DB>) -> QueryResult<()> {
-        out.push_sql("SELECT label, expires_at FROM occ_locks WHERE ");
-        self.0.walk_ast(out.reborrow())
-    }
-}
-
-impl QueryId for LockHolder {
-    type QueryId = ();
-    const HAS_STATIC_QUERY_ID: bool = false;
-}
-
-impl<Conn> RunQueryDsl<Conn> for LockHolder {}
-
-/// Why the lock could not be taken: who holds it and until when.
-fn held<C>(conn: &mut C, key: &LockKey) -> Error
+impl<C> Miss<C> for LockTaken<'_>
 where
     C: LoadConnection,
     C::Backend: OccBackend,
     LockHolder: LoadQuery<'static, C, (Option<String>, Option<chrono::NaiveDateTime>)>,
 {
-    let row = LockHolder(key.clone())
-        .get_result::<(Option<String>, Option<chrono::NaiveDateTime>)>(conn)
-        .optional();
-    match row {
-        Ok(Some((label, until))) => Error::LockHeld {
+    fn explain(self, conn: &mut C) -> Error {
+        let key = self.key;
+        let row = occ_locks::table
+            .find((key.name.clone(), key.resource.clone()))
+            .select((occ_locks::label, occ_locks::expires_at))
+            .get_result::<(Option<String>, Option<chrono::NaiveDateTime>)>(conn)
+            .optional();
+        let (holder, until) = match row {
+            Ok(Some((label, until))) => (label, until),
+            Ok(None) => (None, None),
+            Err(e) => return classify(conn, e),
+        };
+        Error::LockHeld {
             lock: describe(key),
-            holder: label,
+            holder,
             until: until.map(|t| t.format("%Y-%m-%d %H:%M:%S%.6f UTC").to_string()),
-        },
-        Ok(None) => Error::LockHeld {
-            lock: describe(key),
-            holder: None,
-            until: None,
-        },
-        Err(e) => classify(conn, e),
+        }
     }
 }
 
-fn lost(key: &LockKey) -> Error {
-    Error::LockLost {
-        lock: describe(key),
+/// A renewal or release matched nothing: the lease ended or another holder took the
+/// lock ([`Error::LockLost`]). Nothing to read: either way this holder must stop.
+struct LeaseLost<'k> {
+    key: &'k LockKey,
+}
+
+impl<C> Miss<C> for LeaseLost<'_> {
+    fn explain(self, _: &mut C) -> Error {
+        Error::LockLost {
+            lock: describe(self.key),
+        }
     }
 }
 

@@ -26,11 +26,12 @@ use crate::backend::OccBackend;
 use crate::completion::Complete;
 use crate::connection::{commit_operation, WriteTransaction};
 use crate::error::{connection_lost, Error, RetryReason};
+use crate::executor::{classify, in_transaction};
 use crate::guard::{CompletionOf, Guarded, TokenOf};
 use crate::hot_rows::HotRow;
 use crate::retry::{Contention, RetryPolicy, Stop};
-use crate::statement::{CompareAndSet, RowLock};
-use crate::update::{classify, in_transaction, with_sources, GuardedWrite, LoadByKey, UpdateOf};
+use crate::statement::{Assignments, RowLock};
+use crate::update::{with_sources, GuardedWrite, LoadByKey, UpdateOf};
 
 /// Where the attempts of a retried operation get their connection.
 pub trait Connections {
@@ -108,7 +109,7 @@ pub trait GuardedModify: GuardedWrite + Clone {
         C: LoadConnection + WriteTransaction,
         C::Backend: OccBackend,
         Self: LoadByKey<C>,
-        UpdateOf<Self, <Self::Changes as AsChangeset>::Changeset>: CompareAndSet<C::Backend>,
+        UpdateOf<Self, <Self::Changes as AsChangeset>::Changeset>: Assignments<C::Backend>,
         CompletionOf<Self>:
             Complete<C, UpdateOf<Self, <Self::Changes as AsChangeset>::Changeset>, TokenOf<Self>>,
         E: From<Error>,
@@ -134,7 +135,7 @@ pub trait GuardedModify: GuardedWrite + Clone {
         <PooledConnection<M> as Connection>::Backend: OccBackend,
         Self: LoadByKey<PooledConnection<M>>,
         UpdateOf<Self, <Self::Changes as AsChangeset>::Changeset>:
-            CompareAndSet<<PooledConnection<M> as Connection>::Backend>,
+            Assignments<<PooledConnection<M> as Connection>::Backend>,
         CompletionOf<Self>: Complete<
             PooledConnection<M>,
             UpdateOf<Self, <Self::Changes as AsChangeset>::Changeset>,
@@ -159,7 +160,7 @@ where
     S::Connection: LoadConnection + WriteTransaction,
     <S::Connection as Connection>::Backend: OccBackend,
     UpdateOf<T, <T::Changes as AsChangeset>::Changeset>:
-        CompareAndSet<<S::Connection as Connection>::Backend>,
+        Assignments<<S::Connection as Connection>::Backend>,
     CompletionOf<T>:
         Complete<S::Connection, UpdateOf<T, <T::Changes as AsChangeset>::Changeset>, TokenOf<T>>,
     E: From<Error>,

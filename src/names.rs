@@ -1,4 +1,6 @@
-//! How tables are named in messages: by their SQL name, as the `table!` schema gives it.
+//! Names: how tables are named in messages (by their SQL name, as the `table!` schema
+//! gives it), and the rules for the names the library stores (lock names, resources,
+//! owners, history entries).
 //!
 //! diesel keeps a table's SQL name (`#[sql_name = "legacy_items"]`, a schema prefix)
 //! only inside the table's `FROM` clause, so the name is rendered from it once per table
@@ -12,6 +14,7 @@ use diesel::query_builder::QueryFragment;
 use diesel::query_source::QuerySource;
 
 use crate::backend::OccBackend;
+use crate::error::Error;
 
 /// The SQL name of `table` (`schema.name` when the schema names one), without quotes.
 pub fn table_name<T, DB>(table: &T) -> &'static str
@@ -57,6 +60,32 @@ pub(crate) fn unquote(sql: &str) -> String {
         }
     }
     out
+}
+
+/// The longest name or resource, in characters: what MySQL indexes in a two-column key of
+/// `VARCHAR(191)` utf8mb4 columns. A longer name is refused rather than cut, since a cut
+/// could make two names one.
+pub const NAME_LIMIT: usize = 191;
+
+/// Checks a name before it is sent: not empty, no NUL, at most [`NAME_LIMIT`] characters.
+pub(crate) fn check_name(what: &'static str, name: &str) -> Result<(), Error> {
+    let reason = if name.is_empty() {
+        "it is empty".to_string()
+    } else if name.contains('\0') {
+        "it holds a NUL character, which PostgreSQL cannot store".to_string()
+    } else if name.chars().count() > NAME_LIMIT {
+        format!(
+            "it has {} characters, over the limit of {NAME_LIMIT}",
+            name.chars().count()
+        )
+    } else {
+        return Ok(());
+    };
+    Err(Error::InvalidName {
+        what,
+        name: name.chars().take(64).collect(),
+        reason,
+    })
 }
 
 #[cfg(test)]

@@ -15,9 +15,10 @@ use diesel::connection::LoadConnection;
 use crate::backend::OccBackend;
 use crate::connection::{commit_operation, WriteTransaction};
 use crate::error::Error;
+use crate::executor::classify;
 use crate::retry::Stop;
 use crate::statement::RowLock;
-use crate::update::{classify, unreadable_in, LoadByKey};
+use crate::update::{unreadable_in, LoadByKey};
 
 /// Whether a locked read waits for a row another transaction holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -29,7 +29,7 @@ use diesel::{Column, QueryResult};
 use crate::backend::OccBackend;
 use crate::error::Error;
 use crate::guard::Guarded;
-use crate::statement::{CompareAndSet, GuardedUpdate, Unguarded};
+use crate::statement::{Assignments, GuardedUpdate, Unguarded};
 use crate::update::LoadByKey;
 
 /// SQL types whose values a pre-image guard can compare exactly.
@@ -172,7 +172,7 @@ pub trait GuardedChanges: ChangedColumns {
     where
         C: LoadConnection,
         C::Backend: OccBackend,
-        ChangedUpdateOf<Self>: ExecuteDsl<C> + CompareAndSet<C::Backend>,
+        ChangedUpdateOf<Self>: ExecuteDsl<C> + Assignments<C::Backend>,
         Self: LoadByKey<C>,
     {
         let Some((changes, predicate)) = self.changed_since(original) else {

@@ -11,9 +11,11 @@ use std::marker::PhantomData;
 use diesel::backend::Backend;
 
 use crate::backend::OccBackend;
+use crate::version::VersionNumber;
 use diesel::expression::{AppearsOnTable, Expression, ValidGrouping};
 use diesel::query_builder::{AstPass, QueryFragment, QueryId};
 use diesel::query_dsl::RunQueryDsl;
+use diesel::serialize::ToSql;
 use diesel::sql_types::{Bool, HasSqlType};
 use diesel::{Column, QueryResult, Table};
 
@@ -207,14 +209,14 @@ impl<T: Table, Key, Col> QueryId for ColumnOfRow<T, Key, Col> {
 impl<T: Table, Key, Col, Conn> RunQueryDsl<Conn> for ColumnOfRow<T, Key, Col> {}
 
 /// What the executor checks in a compare-and-set statement before sending it.
-pub trait CompareAndSet<DB> {
+pub trait Assignments<DB> {
     /// A column that both the caller's changes and the guard's advance assign, by its SQL
     /// name. PostgreSQL rejects such a statement; MySQL and SQLite would keep one of
     /// the two values silently, so the executor refuses it on every backend.
     fn assigned_twice(&self) -> QueryResult<Option<String>>;
 }
 
-impl<T, Changes, Advance, Key, Guard, DB> CompareAndSet<DB>
+impl<T, Changes, Advance, Key, Guard, DB> Assignments<DB>
     for GuardedUpdate<T, Changes, Advance, Key, Guard>
 where
     DB: OccBackend,
@@ -239,7 +241,7 @@ where
     }
 }
 
-impl<T: Table, Key, Guard, DB> CompareAndSet<DB> for GuardedDelete<T, Key, Guard> {
+impl<T: Table, Key, Guard, DB> Assignments<DB> for GuardedDelete<T, Key, Guard> {
     fn assigned_twice(&self) -> QueryResult<Option<String>> {
         Ok(None)
     }
@@ -563,6 +565,181 @@ impl<Q> QueryId for LatestRead<Q> {
 }
 
 impl<Q, Conn> RunQueryDsl<Conn> for LatestRead<Q> {}
+
+/// `"version" = "version" + 1`.
+#[derive(Debug, Clone, Copy)]
+pub struct Increment<Col>(PhantomData<Col>);
+
+impl<Col> Default for Increment<Col> {
+    fn default() -> Self {
+        Increment(PhantomData)
+    }
+}
+
+impl<Col: Column, DB: Backend> QueryFragment<DB> for Increment<Col> {
+    fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, DB>) -> QueryResult<()> {
+        out.push_identifier(Col::NAME)?;
+        out.push_sql(" = ");
+        out.push_identifier(Col::NAME)?;
+        out.push_sql(" + 1");
+        Ok(())
+    }
+}
+
+/// `"version" < ?` (`below`) or `"version" = ?` (not `below`), with the type's maximum.
+#[derive(Debug, Clone, Copy)]
+pub struct Maximum<Col, V> {
+    below: bool,
+    max: V,
+    column: PhantomData<Col>,
+}
+
+impl<Col, V: VersionNumber> Maximum<Col, V> {
+    /// `"version" < ?max`: the rows whose version can still advance.
+    pub fn below() -> Self {
+        Maximum {
+            below: true,
+            max: V::MAX,
+            column: PhantomData,
+        }
+    }
+
+    /// `"version" = ?max`: the rows whose version cannot advance any more.
+    pub fn at() -> Self {
+        Maximum {
+            below: false,
+            max: V::MAX,
+            column: PhantomData,
+        }
+    }
+}
+
+impl<Col, V, DB> QueryFragment<DB> for Maximum<Col, V>
+where
+    DB: Backend + HasSqlType<Col::SqlType>,
+    Col: Column,
+    V: VersionNumber + ToSql<Col::SqlType, DB>,
+{
+    fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, DB>) -> QueryResult<()> {
+        out.push_identifier(Col::NAME)?;
+        out.push_sql(if self.below { " < " } else { " = " });
+        out.push_bind_param::<Col::SqlType, V>(&self.max)
+    }
+}
+
+/// `(<a> OR <b>)`.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Either<A, B>(pub A, pub B);
+
+impl<A, B, DB> QueryFragment<DB> for Either<A, B>
+where
+    DB: Backend,
+    A: QueryFragment<DB>,
+    B: QueryFragment<DB>,
+{
+    fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, DB>) -> QueryResult<()> {
+        out.push_sql("(");
+        self.0.walk_ast(out.reborrow())?;
+        out.push_sql(" OR ");
+        self.1.walk_ast(out.reborrow())?;
+        out.push_sql(")");
+        Ok(())
+    }
+}
+
+/// `"column" IS NULL` after `WHERE`, `"column" = NULL` after `SET`.
+#[derive(Debug, Clone, Copy)]
+pub struct Null<Col> {
+    operator: &'static str,
+    column: PhantomData<Col>,
+}
+
+impl<Col> Null<Col> {
+    /// `"column" IS NULL`.
+    pub fn test() -> Self {
+        Null {
+            operator: " IS NULL",
+            column: PhantomData,
+        }
+    }
+
+    /// `"column" = NULL`.
+    pub fn set() -> Self {
+        Null {
+            operator: " = NULL",
+            column: PhantomData,
+        }
+    }
+}
+
+impl<Col: Column, DB: Backend> QueryFragment<DB> for Null<Col> {
+    fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, DB>) -> QueryResult<()> {
+        out.push_identifier(Col::NAME)?;
+        out.push_sql(self.operator);
+        Ok(())
+    }
+}
+
+/// `<insert>` unless a row with its key exists: `ON CONFLICT DO NOTHING`, or on MySQL
+/// `ON DUPLICATE KEY UPDATE <Col> = <Col>` (a no-op assignment of a column `Col` of the
+/// table). One statement, so that two first users at once find one row.
+#[derive(Debug, Clone)]
+pub struct InsertIfMissing<I, Col> {
+    insert: I,
+    column: PhantomData<Col>,
+}
+
+impl<I, Col> InsertIfMissing<I, Col> {
+    /// `insert`, leaving an existing row alone.
+    pub fn new(insert: I) -> Self {
+        InsertIfMissing {
+            insert,
+            column: PhantomData,
+        }
+    }
+}
+
+impl<I, Col, DB> QueryFragment<DB> for InsertIfMissing<I, Col>
+where
+    DB: OccBackend,
+    I: QueryFragment<DB>,
+    Col: Column,
+{
+    fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, DB>) -> QueryResult<()> {
+        self.insert.walk_ast(out.reborrow())?;
+        match DB::DUPLICATES {
+            crate::backend::Duplicates::OnConflict => out.push_sql(" ON CONFLICT DO NOTHING"),
+            crate::backend::Duplicates::OnDuplicateKey => {
+                out.push_sql(" ON DUPLICATE KEY UPDATE ");
+                out.push_identifier(Col::NAME)?;
+                out.push_sql(" = ");
+                out.push_identifier(Col::NAME)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl<I, Col> QueryId for InsertIfMissing<I, Col> {
+    type QueryId = ();
+    const HAS_STATIC_QUERY_ID: bool = false;
+}
+
+// An insert sets each column it names once: diesel's `Insertable` lists each field once.
+impl<T, U, Op, Ret, DB> Assignments<DB> for diesel::query_builder::InsertStatement<T, U, Op, Ret>
+where
+    T: Table,
+{
+    fn assigned_twice(&self) -> QueryResult<Option<String>> {
+        Ok(None)
+    }
+}
+
+impl<I, Col, DB> Assignments<DB> for InsertIfMissing<I, Col> {
+    fn assigned_twice(&self) -> QueryResult<Option<String>> {
+        Ok(None)
+    }
+}
 
 #[cfg(test)]
 mod tests {

@@ -26,24 +26,24 @@
 //! with [`record`], an outbox event); if the hook fails, the transition is rolled back.
 
 use diesel::connection::LoadConnection;
-use diesel::query_builder::{AsChangeset, AstPass, QueryFragment, QueryId};
-use diesel::serialize::ToSql;
-use diesel::sql_types::{Nullable, Text};
-use diesel::{Column, QueryResult};
+use diesel::query_builder::{AsChangeset, InsertStatement};
+use diesel::query_dsl::methods::ExecuteDsl;
+use diesel::{Column, Insertable};
 
 use crate::backend::OccBackend;
-use crate::bulk::{Increment, Maximum};
-use crate::completion::{Complete, ReturnedBy};
+use crate::completion::{Complete, Counted, ReturnedBy};
 use crate::connection::{commit_operation, WriteTransaction};
 use crate::error::{Error, InvalidTransition};
+use crate::executor::{classify, CannotMiss, CompareAndSet, Matches, Miss};
 use crate::guard::{AdvanceOf, CompletionOf, GuardKind, Guarded, TokenOf};
 use crate::modify::in_caller_transaction;
 use crate::retry::{RetryPolicy, Stop};
 use crate::statement::{
-    AlsoSet, And, ColumnEq, Comma, CompareAndSet, GuardedUpdate, Joined, NoChanges,
+    AlsoSet, And, Assignments, ColumnEq, Comma, GuardedUpdate, Increment, Joined, Maximum,
+    NoChanges,
 };
 use crate::status::{HasStatus, Status, StatusIn};
-use crate::update::{advance_from, classify, execute_guarded, explain, unreadable_in, LoadByKey};
+use crate::update::{advance_from, unreadable_in, LoadByKey, RowMoved};
 use crate::version::{VersionColumnFor, VersionGuard, VersionNumber};
 
 /// No extra assignment: the transition sets the status (and advances the token) only.
@@ -93,7 +93,7 @@ pub trait GuardedTransition: HasStatus + Clone {
         C: LoadConnection,
         C::Backend: OccBackend,
         Ch: AsChangeset<Target = Self::Table>,
-        TransitionOf<Self, Ch::Changeset>: CompareAndSet<C::Backend>,
+        TransitionOf<Self, Ch::Changeset>: Assignments<C::Backend>,
         CompletionOf<Self>: Complete<C, TransitionOf<Self, Ch::Changeset>, TokenOf<Self>>,
         Self: LoadByKey<C>,
     {
@@ -111,13 +111,14 @@ pub trait GuardedTransition: HasStatus + Clone {
                 And,
             ),
         );
-        let token = execute_guarded::<C, _, CompletionOf<Self>, TokenOf<Self>>(
-            conn,
-            statement,
-            || (Self::table_name(), format!("{key:?}")),
-            |conn| explain_transition::<Self, C>(conn, &key, to, Some(&expected)),
-        )?
-        .unwrap_or(next);
+        let miss = TransitionMiss {
+            row: RowMoved::<Self>::expecting(&key, &expected),
+            to,
+        };
+        let token = CompareAndSet::one(statement, Self::table_name(), &key, miss)
+            .run::<C, CompletionOf<Self>, TokenOf<Self>>(conn)?
+            .token
+            .unwrap_or(next);
         self.set_token(token.clone());
         self.set_status(to);
         self.set_stamp(&stamp);
@@ -138,7 +139,7 @@ pub trait GuardedTransition: HasStatus + Clone {
         C: LoadConnection + WriteTransaction,
         C::Backend: OccBackend,
         Ch: AsChangeset<Target = Self::Table>,
-        TransitionOf<Self, Ch::Changeset>: CompareAndSet<C::Backend>,
+        TransitionOf<Self, Ch::Changeset>: Assignments<C::Backend>,
         CompletionOf<Self>: Complete<C, TransitionOf<Self, Ch::Changeset>, TokenOf<Self>>,
         Self: LoadByKey<C>,
         E: From<Error>,
@@ -184,7 +185,7 @@ where
         C: LoadConnection,
         C::Backend: OccBackend,
         Ch: AsChangeset<Target = Self::Table> + Clone,
-        KeyTransitionOf<Self, Ch::Changeset, VCol, V>: CompareAndSet<C::Backend>,
+        KeyTransitionOf<Self, Ch::Changeset, VCol, V>: Assignments<C::Backend>,
         ReturnedBy<VCol>: Complete<C, KeyTransitionOf<Self, Ch::Changeset, VCol, V>, V>,
         Self: LoadByKey<C>,
     {
@@ -205,13 +206,13 @@ where
                     And,
                 ),
             );
-            let version = execute_guarded::<C, _, ReturnedBy<VCol>, V>(
-                conn,
-                statement,
-                || (Self::table_name(), format!("{key:?}")),
-                |conn| explain_transition::<Self, C>(conn, key, to, None),
-            )?;
-            version.ok_or_else(|| {
+            let miss = TransitionMiss {
+                row: RowMoved::<Self>::advancing_any(key, |version| *version == V::MAX),
+                to,
+            };
+            let written = CompareAndSet::one(statement, Self::table_name(), key, miss)
+                .run::<C, ReturnedBy<VCol>, V>(conn)?;
+            written.token.ok_or_else(|| {
                 Stop::Occ(Error::Database(diesel::result::Error::QueryBuilderError(
                     "the transition wrote its row but did not read its version back".into(),
                 )))
@@ -236,7 +237,7 @@ where
         C: LoadConnection + WriteTransaction,
         C::Backend: OccBackend,
         Ch: AsChangeset<Target = Self::Table>,
-        TransitionOf<Self, Ch::Changeset>: CompareAndSet<C::Backend>,
+        TransitionOf<Self, Ch::Changeset>: Assignments<C::Backend>,
         CompletionOf<Self>: Complete<C, TransitionOf<Self, Ch::Changeset>, TokenOf<Self>>,
         Self: LoadByKey<C>,
         E: From<Error>,
@@ -245,7 +246,7 @@ where
             // Inside the transaction this read locks the row until it ends.
             let mut row = match Self::load_by_key(conn, key) {
                 Ok(Some(row)) => row,
-                Ok(None) => return Err(Stop::Occ(explain::<Self, C>(None, key, None))),
+                Ok(None) => return Err(Stop::Occ(RowMoved::<Self>::any(key).given::<C>(None))),
                 Err(e) => {
                     return Err(Stop::Occ(
                         unreadable_in::<Self, C>(key, e, suspects::<Self>())
@@ -273,43 +274,36 @@ where
 {
 }
 
-/// Why a transition of the row with `key` to `to` matched nothing, from the latest row:
-/// gone, in a state that does not allow the move ([`Error::InvalidTransition`]), at its
-/// version's maximum, holding another token than `expected` ([`Error::Conflict`]), or
-/// refused by the database.
-fn explain_transition<T, C>(
-    conn: &mut C,
-    key: &T::Key,
+/// A transition matched nothing: the latest row is gone, in a state that does not allow
+/// the move ([`Error::InvalidTransition`]), or else whatever [`RowMoved`] finds (a stale
+/// token, a version at its maximum, a refused write).
+struct TransitionMiss<'k, T: HasStatus> {
+    row: RowMoved<'k, T>,
     to: T::Status,
-    expected: Option<&TokenOf<T>>,
-) -> Error
+}
+
+impl<T, C> Miss<C> for TransitionMiss<'_, T>
 where
     T: HasStatus + LoadByKey<C>,
     C: LoadConnection,
     C::Backend: OccBackend,
 {
-    match T::load_by_key(conn, key) {
-        Ok(Some(current)) if !T::Status::allows(current.status(), to) => {
-            Error::InvalidTransition(Box::new(InvalidTransition::new(
-                T::table_name(),
-                format!("{key:?}"),
-                current.status().name().to_string(),
-                to.name().to_string(),
-                current,
-            )))
-        }
-        Ok(Some(current))
-            if expected.is_none() && T::Guard::advance(&current.token()).is_none() =>
-        {
-            Error::VersionOverflow {
-                table: T::table_name(),
-                key: format!("{key:?}"),
-                current: T::Guard::describe(&current.token()),
+    fn explain(self, conn: &mut C) -> Error {
+        let (key, to) = (self.row.key(), self.to);
+        match T::load_by_key(conn, key) {
+            Ok(Some(current)) if !T::Status::allows(current.status(), to) => {
+                Error::InvalidTransition(Box::new(InvalidTransition::new(
+                    T::table_name(),
+                    format!("{key:?}"),
+                    current.status().name().to_string(),
+                    to.name().to_string(),
+                    current,
+                )))
             }
-        }
-        Ok(current) => explain::<T, C>(current, key, expected),
-        Err(e) => {
-            unreadable_in::<T, C>(key, e, suspects::<T>()).unwrap_or_else(|e| classify(conn, e))
+            Ok(current) => self.row.given::<C>(current),
+            Err(e) => {
+                unreadable_in::<T, C>(key, e, suspects::<T>()).unwrap_or_else(|e| classify(conn, e))
+            }
         }
     }
 }
@@ -336,46 +330,56 @@ pub struct HistoryEntry<'a> {
     pub actor: Option<&'a str>,
 }
 
-impl<DB: OccBackend> QueryFragment<DB> for HistoryEntry<'_>
-where
-    str: ToSql<Text, DB>,
-{
-    fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, DB>) -> QueryResult<()> {
-        out.push_sql(
-            "INSERT INTO occ_transitions (entity, entity_key, from_status, to_status, actor) VALUES (",
-        );
-        for (i, value) in [self.entity, self.key, self.from, self.to]
-            .into_iter()
-            .enumerate()
-        {
-            if i > 0 {
-                out.push_sql(", ");
-            }
-            out.push_bind_param::<Text, str>(value)?;
-        }
-        out.push_sql(", ");
-        out.push_bind_param::<Nullable<Text>, Option<&str>>(&self.actor)?;
-        out.push_sql(")");
-        Ok(())
+diesel::table! {
+    /// The library's transition history.
+    occ_transitions (id) {
+        /// The order rows were written in.
+        id -> BigInt,
+        /// The entity's table or type name.
+        entity -> Text,
+        /// The row's key, as text.
+        entity_key -> Text,
+        /// The state it left.
+        from_status -> Text,
+        /// The state it entered.
+        to_status -> Text,
+        /// When, by the database's clock (UTC).
+        at -> Timestamp,
+        /// Who moved it, if known.
+        actor -> Nullable<Text>,
     }
 }
 
-impl QueryId for HistoryEntry<'_> {
-    type QueryId = ();
-    const HAS_STATIC_QUERY_ID: bool = false;
+/// A history row as inserted (`id` and `at` are the database's).
+#[doc(hidden)]
+#[derive(Debug, Insertable)]
+#[diesel(table_name = occ_transitions)]
+pub struct NewHistoryRow {
+    entity: String,
+    entity_key: String,
+    from_status: String,
+    to_status: String,
+    actor: Option<String>,
 }
+
+/// `INSERT INTO occ_transitions ...` of one history row.
+pub type RecordHistory = InsertStatement<
+    occ_transitions::table,
+    <NewHistoryRow as Insertable<occ_transitions::table>>::Values,
+>;
 
 /// Appends `entry` to the library's transition history (`occ_transitions`, from
 /// [`migrations`](crate::migrations)), stamped with the database's clock. Meant for a
 /// transition hook, so that the history row commits or rolls back with the move. Every
-/// text must pass [`check_name`](crate::version_row::check_name)'s rules.
+/// text must be non-empty, free of NUL and at most
+/// [`NAME_LIMIT`](crate::version_row::NAME_LIMIT) characters.
 pub fn record<C>(conn: &mut C, entry: &HistoryEntry<'_>) -> Result<(), Error>
 where
     C: LoadConnection,
     C::Backend: OccBackend,
-    for<'a> HistoryEntry<'a>: QueryFragment<C::Backend>,
+    RecordHistory: Assignments<C::Backend> + ExecuteDsl<C>,
 {
-    use crate::version_row::check_name;
+    use crate::names::check_name;
     check_name("entity", entry.entity)?;
     check_name("key", entry.key)?;
     check_name("state", entry.from)?;
@@ -383,7 +387,16 @@ where
     if let Some(actor) = entry.actor {
         check_name("actor", actor)?;
     }
-    conn.execute_returning_count(entry)
+    let row = NewHistoryRow {
+        entity: entry.entity.to_string(),
+        entity_key: entry.key.to_string(),
+        from_status: entry.from.to_string(),
+        to_status: entry.to.to_string(),
+        actor: entry.actor.map(str::to_string),
+    };
+    let insert = diesel::insert_into(occ_transitions::table).values(row);
+    CompareAndSet::one(insert, "occ_transitions", &entry.key, CannotMiss)
+        .matching(Matches::Any)
+        .run::<C, Counted, ()>(conn)
         .map(drop)
-        .map_err(|e| classify(conn, e))
 }

@@ -1,6 +1,6 @@
 //! The executor of guarded writes and the entity writes built on it.
 
-use diesel::connection::{Connection, LoadConnection, TransactionManager};
+use diesel::connection::LoadConnection;
 use diesel::dsl::{AsSelect, Filter, Select};
 use diesel::query_builder::{AsChangeset, QueryFragment, QueryId};
 use diesel::query_dsl::methods::{ExecuteDsl, FilterDsl, LoadQuery, SelectDsl};
@@ -11,74 +11,13 @@ use diesel::{OptionalExtension, QueryResult, RunQueryDsl, Selectable, Selectable
 use crate::backend::OccBackend;
 use crate::completion::{Complete, Counted};
 use crate::error::{Conflict, Error};
+use crate::executor::{classify, in_transaction, CompareAndSet, Miss};
 use crate::guard::{AdvanceOf, Advancing, CompletionOf, GuardKind, Guarded, TokenOf};
 use crate::names::table_name;
 use crate::statement::{
-    assigned_columns, AnyOf, Comma, CompareAndSet, GuardedDelete, GuardedUpdate, Joined,
-    LatestRead, NoChanges, RowLock, Unguarded,
+    assigned_columns, AnyOf, Assignments, Comma, GuardedDelete, GuardedUpdate, Joined, LatestRead,
+    NoChanges, RowLock, Unguarded,
 };
-
-/// Runs one compare-and-set statement and classifies its outcome.
-///
-/// - a changeset that assigns a column the guard sets: [`Error::ChangesetAssignsGuard`],
-///   before anything is sent.
-/// - 1 row: `Ok` with the new token when the statement read it back (`K`), else `None`.
-/// - 0 rows: `on_miss` explains why (it usually reads the row again by key).
-/// - more rows: [`Error::KeyNotUnique`]; the key does not address one row.
-/// - a database error: [`Error::Ambiguous`] when the connection died outside a
-///   transaction, [`Error::Retryable`] when the backend says a fresh attempt can succeed
-///   ([`OccBackend::retry_reason`]), else [`Error::Database`].
-///
-/// Every guard kind runs through here, so they all report outcomes the same way.
-/// `describe` names the table and key for messages; it runs only on the error paths.
-pub fn execute_guarded<C, S, K, Tok>(
-    conn: &mut C,
-    statement: S,
-    describe: impl FnOnce() -> (&'static str, String),
-    on_miss: impl FnOnce(&mut C) -> Error,
-) -> Result<Option<Tok>, Error>
-where
-    C: LoadConnection,
-    C::Backend: OccBackend,
-    S: CompareAndSet<C::Backend>,
-    K: Complete<C, S, Tok>,
-{
-    if let Some(column) = statement.assigned_twice()? {
-        let (table, _) = describe();
-        return Err(Error::ChangesetAssignsGuard { table, column });
-    }
-    match K::run(conn, statement) {
-        Ok((1, token)) => Ok(token),
-        Ok((0, _)) => Err(on_miss(conn)),
-        Ok((rows, _)) => {
-            let (table, key) = describe();
-            Err(Error::KeyNotUnique { table, key, rows })
-        }
-        Err(e) => Err(classify(conn, e)),
-    }
-}
-
-/// Classifies an error that a statement just returned on `conn` (see [`execute_guarded`]).
-pub fn classify<C>(conn: &mut C, error: DieselError) -> Error
-where
-    C: LoadConnection,
-    C::Backend: OccBackend,
-{
-    if !in_transaction(conn) && crate::error::connection_lost(&error) {
-        return Error::Ambiguous { source: error };
-    }
-    Error::classified(error, |e| C::Backend::retry_reason(conn, e))
-}
-
-/// Whether `conn` has an open transaction (so a dropped connection rolls the write back).
-pub(crate) fn in_transaction<C: Connection>(conn: &mut C) -> bool {
-    C::TransactionManager::transaction_manager_status_mut(conn)
-        .transaction_depth()
-        .map(|depth| depth.is_some())
-        // A broken transaction manager means the connection is in an unknown state:
-        // treat the write as possibly applied.
-        .unwrap_or(false)
-}
 
 /// The guarded `UPDATE` of entity `T` with changeset `Ch`.
 pub type UpdateOf<T, Ch> = GuardedUpdate<
@@ -211,7 +150,7 @@ pub trait GuardedWrite: Guarded {
         C: LoadConnection,
         C::Backend: OccBackend,
         Ch: AsChangeset<Target = Self::Table>,
-        UpdateOf<Self, Ch::Changeset>: CompareAndSet<C::Backend>,
+        UpdateOf<Self, Ch::Changeset>: Assignments<C::Backend>,
         CompletionOf<Self>: Complete<C, UpdateOf<Self, Ch::Changeset>, TokenOf<Self>>,
         Self: LoadByKey<C>,
     {
@@ -230,7 +169,7 @@ pub trait GuardedWrite: Guarded {
         C: LoadConnection,
         C::Backend: OccBackend,
         Ch: AsChangeset<Target = Self::Table>,
-        UpdateOf<Self, Ch::Changeset>: CompareAndSet<C::Backend>,
+        UpdateOf<Self, Ch::Changeset>: Assignments<C::Backend>,
         CompletionOf<Self>: Complete<C, UpdateOf<Self, Ch::Changeset>, TokenOf<Self>>,
         Self: LoadByKey<C>,
     {
@@ -244,7 +183,7 @@ pub trait GuardedWrite: Guarded {
         C: LoadConnection,
         C::Backend: OccBackend,
         Self::Guard: Advancing,
-        UpdateOf<Self, <Self::Changes as AsChangeset>::Changeset>: CompareAndSet<C::Backend>,
+        UpdateOf<Self, <Self::Changes as AsChangeset>::Changeset>: Assignments<C::Backend>,
         CompletionOf<Self>:
             Complete<C, UpdateOf<Self, <Self::Changes as AsChangeset>::Changeset>, TokenOf<Self>>,
         Self: LoadByKey<C>,
@@ -266,7 +205,7 @@ pub trait GuardedWrite: Guarded {
     where
         C: LoadConnection,
         C::Backend: OccBackend,
-        UpdateOf<Self, <Self::Changes as AsChangeset>::Changeset>: CompareAndSet<C::Backend>,
+        UpdateOf<Self, <Self::Changes as AsChangeset>::Changeset>: Assignments<C::Backend>,
         CompletionOf<Self>:
             Complete<C, UpdateOf<Self, <Self::Changes as AsChangeset>::Changeset>, TokenOf<Self>>,
         Self: LoadByKey<C>,
@@ -283,7 +222,7 @@ pub trait GuardedWrite: Guarded {
         C: LoadConnection,
         C::Backend: OccBackend,
         Self::Guard: Advancing,
-        UpdateOf<Self, NoChanges<Self::Table>>: CompareAndSet<C::Backend>,
+        UpdateOf<Self, NoChanges<Self::Table>>: Assignments<C::Backend>,
         CompletionOf<Self>: Complete<C, UpdateOf<Self, NoChanges<Self::Table>>, TokenOf<Self>>,
         Self: LoadByKey<C>,
     {
@@ -296,7 +235,7 @@ pub trait GuardedWrite: Guarded {
     where
         C: LoadConnection,
         C::Backend: OccBackend,
-        DeleteOf<Self>: ExecuteDsl<C> + CompareAndSet<C::Backend>,
+        DeleteOf<Self>: ExecuteDsl<C> + Assignments<C::Backend>,
         Self: LoadByKey<C>,
     {
         Self::guarded_delete_by_key(conn, &self.key(), &self.token())
@@ -312,7 +251,7 @@ pub trait GuardedWrite: Guarded {
     where
         C: LoadConnection,
         C::Backend: OccBackend,
-        DeleteOf<Self>: ExecuteDsl<C> + CompareAndSet<C::Backend>,
+        DeleteOf<Self>: ExecuteDsl<C> + Assignments<C::Backend>,
         Self: LoadByKey<C>,
     {
         let statement = DeleteOf::<Self>::new(
@@ -333,7 +272,7 @@ pub trait GuardedWrite: Guarded {
         C::Backend: OccBackend,
         Ch: AsChangeset<Target = Self::Table>,
         Ch::Changeset: QueryFragment<C::Backend>,
-        UnguardedUpdateOf<Self, Ch::Changeset>: ExecuteDsl<C> + CompareAndSet<C::Backend>,
+        UnguardedUpdateOf<Self, Ch::Changeset>: ExecuteDsl<C> + Assignments<C::Backend>,
         Self: LoadByKey<C>,
     {
         Self::update_excluded_by_key(conn, &self.key(), changes)
@@ -353,7 +292,7 @@ pub trait GuardedWrite: Guarded {
         C::Backend: OccBackend,
         Ch: AsChangeset<Target = Self::Table>,
         Ch::Changeset: QueryFragment<C::Backend>,
-        UnguardedUpdateOf<Self, Ch::Changeset>: ExecuteDsl<C> + CompareAndSet<C::Backend>,
+        UnguardedUpdateOf<Self, Ch::Changeset>: ExecuteDsl<C> + Assignments<C::Backend>,
         Self: LoadByKey<C>,
     {
         let changes = changes.as_changeset();
@@ -377,12 +316,13 @@ pub trait GuardedWrite: Guarded {
             Self::key_predicate(key),
             Unguarded,
         );
-        execute_guarded::<_, _, Counted, TokenOf<Self>>(
-            conn,
+        CompareAndSet::one(
             statement,
-            || (Self::table_name(), format!("{key:?}")),
-            |conn| explain_miss::<Self, C>(conn, key, None),
+            Self::table_name(),
+            key,
+            RowMoved::<Self>::any(key),
         )
+        .run::<C, Counted, TokenOf<Self>>(conn)
         .map(drop)
     }
 }
@@ -403,7 +343,7 @@ where
     C: LoadConnection,
     C::Backend: OccBackend,
     Ch: AsChangeset<Target = T::Table>,
-    UpdateOf<T, Ch::Changeset>: CompareAndSet<C::Backend>,
+    UpdateOf<T, Ch::Changeset>: Assignments<C::Backend>,
     CompletionOf<T>: Complete<C, UpdateOf<T, Ch::Changeset>, TokenOf<T>>,
 {
     let stamp = T::stamp();
@@ -427,7 +367,7 @@ where
     C: LoadConnection,
     C::Backend: OccBackend,
     Ch: AsChangeset<Target = T::Table>,
-    UpdateOf<T, Ch::Changeset>: CompareAndSet<C::Backend>,
+    UpdateOf<T, Ch::Changeset>: Assignments<C::Backend>,
     CompletionOf<T>: Complete<C, UpdateOf<T, Ch::Changeset>, TokenOf<T>>,
 {
     let (statement, next) = guarded_statement::<T, C, Ch>(key, expected, changes, stamp)?;
@@ -476,8 +416,8 @@ where
 }
 
 /// Runs a guarded `statement` on the row with `key`, expected to hold `expected`, the way
-/// `K` says; a miss is explained by [`explain_miss`]. The token the statement read back,
-/// if it reads one.
+/// `K` says; a miss is explained by [`RowMoved`]. The token the statement read back, if
+/// it reads one.
 pub(crate) fn run_guarded<T, C, S, K>(
     conn: &mut C,
     key: &T::Key,
@@ -488,62 +428,106 @@ where
     T: LoadByKey<C>,
     C: LoadConnection,
     C::Backend: OccBackend,
-    S: CompareAndSet<C::Backend>,
+    S: Assignments<C::Backend>,
     K: Complete<C, S, TokenOf<T>>,
 {
-    execute_guarded::<C, S, K, TokenOf<T>>(
-        conn,
-        statement,
-        || (T::table_name(), format!("{key:?}")),
-        |conn| explain_miss::<T, C>(conn, key, Some(expected)),
-    )
+    let miss = RowMoved::<T>::expecting(key, expected);
+    let written = CompareAndSet::one(statement, T::table_name(), key, miss).run::<C, K, _>(conn)?;
+    Ok(written.token)
 }
 
-/// Why a write on the row with `key` matched nothing, from a read of the latest row:
-/// gone is [`Error::NotFound`]; holding another token than `expected`,
-/// [`Error::Conflict`] with it; holding the expected token (or, for an unguarded write
-/// with no `expected`, any), [`Error::Refused`]: nobody else won, the database ignored
-/// the write. A row that cannot be read is [`Error::InvalidData`].
-fn explain_miss<T, C>(conn: &mut C, key: &T::Key, expected: Option<&TokenOf<T>>) -> Error
+/// A write on an entity's row matched nothing: the latest row, read by key, says why.
+/// Gone is [`Error::NotFound`]; holding another token than the one expected,
+/// [`Error::Conflict`] with it; for a write that advances whatever token the row holds, a
+/// token at its end ([`Error::VersionOverflow`]); else [`Error::Refused`]: nobody else
+/// won, the database ignored the write. A row that cannot be read is
+/// [`Error::InvalidData`].
+pub(crate) struct RowMoved<'k, T: Guarded> {
+    key: &'k T::Key,
+    expected: Option<&'k TokenOf<T>>,
+    at_end: fn(&TokenOf<T>) -> bool,
+}
+
+impl<'k, T: Guarded> RowMoved<'k, T> {
+    /// A write that expected the row to hold `expected`.
+    pub(crate) fn expecting(key: &'k T::Key, expected: &'k TokenOf<T>) -> Self {
+        RowMoved {
+            key,
+            expected: Some(expected),
+            at_end: |_| false,
+        }
+    }
+
+    /// A write that took the row with any token and left the token alone.
+    pub(crate) fn any(key: &'k T::Key) -> Self {
+        RowMoved {
+            key,
+            expected: None,
+            at_end: |_| false,
+        }
+    }
+
+    /// A write that takes the row with any token and advances it in SQL, leaving out a
+    /// row whose token `at_end` says cannot advance.
+    pub(crate) fn advancing_any(key: &'k T::Key, at_end: fn(&TokenOf<T>) -> bool) -> Self {
+        RowMoved {
+            key,
+            expected: None,
+            at_end,
+        }
+    }
+
+    /// The key, for explanations built on this one.
+    pub(crate) fn key(&self) -> &'k T::Key {
+        self.key
+    }
+
+    /// Why the write missed, given the latest row.
+    pub(crate) fn given<C>(self, current: Option<T>) -> Error
+    where
+        T: LoadByKey<C>,
+    {
+        let key = self.key;
+        let Some(current) = current else {
+            return Error::NotFound {
+                table: T::table_name(),
+                key: format!("{key:?}"),
+            };
+        };
+        let token = current.token();
+        match self.expected {
+            Some(expected) if token != *expected => Error::Conflict(Box::new(Conflict::new(
+                T::table_name(),
+                format!("{key:?}"),
+                T::Guard::describe(expected),
+                T::Guard::describe(&token),
+                current,
+            ))),
+            None if (self.at_end)(&token) => Error::VersionOverflow {
+                table: T::table_name(),
+                key: format!("{key:?}"),
+                current: T::Guard::describe(&token),
+            },
+            _ => Error::Refused {
+                table: T::table_name(),
+                key: format!("{key:?}"),
+                token: T::Guard::describe(&token),
+            },
+        }
+    }
+}
+
+impl<T, C> Miss<C> for RowMoved<'_, T>
 where
     T: LoadByKey<C>,
     C: LoadConnection,
     C::Backend: OccBackend,
 {
-    match T::load_by_key(conn, key) {
-        Ok(current) => explain::<T, C>(current, key, expected),
-        Err(e) => unreadable::<T, C>(key, e).unwrap_or_else(|e| classify(conn, e)),
-    }
-}
-
-/// Why a write on the row with `key` matched nothing, given the latest row (see
-/// [`explain_miss`]).
-pub(crate) fn explain<T: LoadByKey<C>, C>(
-    current: Option<T>,
-    key: &T::Key,
-    expected: Option<&TokenOf<T>>,
-) -> Error {
-    match current {
-        None => Error::NotFound {
-            table: T::table_name(),
-            key: format!("{key:?}"),
-        },
-        Some(current) => match expected {
-            Some(expected) if current.token() != *expected => {
-                Error::Conflict(Box::new(Conflict::new(
-                    T::table_name(),
-                    format!("{key:?}"),
-                    T::Guard::describe(expected),
-                    T::Guard::describe(&current.token()),
-                    current,
-                )))
-            }
-            _ => Error::Refused {
-                table: T::table_name(),
-                key: format!("{key:?}"),
-                token: T::Guard::describe(&current.token()),
-            },
-        },
+    fn explain(self, conn: &mut C) -> Error {
+        match T::load_by_key(conn, self.key) {
+            Ok(current) => self.given::<C>(current),
+            Err(e) => unreadable::<T, C>(self.key, e).unwrap_or_else(|e| classify(conn, e)),
+        }
     }
 }
 

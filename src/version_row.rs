@@ -14,18 +14,18 @@
 use diesel::connection::LoadConnection;
 use diesel::prelude::*;
 
-use diesel::query_builder::{AstPass, QueryFragment, QueryId};
-use diesel::serialize::ToSql;
-use diesel::sql_types::Text;
+use diesel::query_builder::InsertStatement;
+use diesel::query_dsl::methods::ExecuteDsl;
 
-use crate::backend::{Duplicates, OccBackend};
-use crate::completion::Complete;
+use crate::backend::OccBackend;
+use crate::completion::{Complete, Counted};
 use crate::connection::WriteTransaction;
 use crate::error::Error;
+use crate::executor::{CannotMiss, CompareAndSet, Matches};
 use crate::guard::CompletionOf;
 use crate::modify::{read_modify_write, Modified};
 use crate::retry::{Contention, RetryPolicy, Stop};
-use crate::statement::{CompareAndSet, NoChanges};
+use crate::statement::{Assignments, InsertIfMissing, NoChanges};
 use crate::update::{GuardedWrite, UpdateOf};
 
 diesel::table! {
@@ -40,10 +40,7 @@ diesel::table! {
     }
 }
 
-/// The longest name or resource, in characters: what MySQL indexes in a two-column key of
-/// `VARCHAR(191)` utf8mb4 columns. A longer name is refused rather than cut, since a cut
-/// could make two names one.
-pub const NAME_LIMIT: usize = 191;
+pub use crate::names::NAME_LIMIT;
 
 /// One version row.
 #[derive(
@@ -60,57 +57,11 @@ pub struct VersionRow {
     pub version: i64,
 }
 
-/// Checks a name before it is sent: not empty, no NUL, at most [`NAME_LIMIT`] characters.
-pub fn check_name(what: &'static str, name: &str) -> Result<(), Error> {
-    let reason = if name.is_empty() {
-        "it is empty".to_string()
-    } else if name.contains('\0') {
-        "it holds a NUL character, which PostgreSQL cannot store".to_string()
-    } else if name.chars().count() > NAME_LIMIT {
-        format!(
-            "it has {} characters, over the limit of {NAME_LIMIT}",
-            name.chars().count()
-        )
-    } else {
-        return Ok(());
-    };
-    Err(Error::InvalidName {
-        what,
-        name: name.chars().take(64).collect(),
-        reason,
-    })
-}
-
-/// `INSERT` of the row at version 0 unless it exists: one statement, so that two first
-/// users at once find one row.
-#[derive(Debug)]
-pub struct CreateIfMissing<'a> {
-    lock_name: &'a str,
-    resource: &'a str,
-}
-
-impl<DB: OccBackend> QueryFragment<DB> for CreateIfMissing<'_>
-where
-    str: ToSql<Text, DB>,
-{
-    fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, DB>) -> QueryResult<()> {
-        out.push_sql("INSERT INTO occ_versions (lock_name, resource, version) VALUES (");
-        out.push_bind_param::<Text, str>(self.lock_name)?;
-        out.push_sql(", ");
-        out.push_bind_param::<Text, str>(self.resource)?;
-        out.push_sql(", 0)");
-        out.push_sql(match DB::DUPLICATES {
-            Duplicates::OnConflict => " ON CONFLICT DO NOTHING",
-            Duplicates::OnDuplicateKey => " ON DUPLICATE KEY UPDATE version = version",
-        });
-        Ok(())
-    }
-}
-
-impl QueryId for CreateIfMissing<'_> {
-    type QueryId = ();
-    const HAS_STATIC_QUERY_ID: bool = false;
-}
+/// `INSERT` of the row at version 0 unless it exists.
+pub type CreateIfMissing = InsertIfMissing<
+    InsertStatement<occ_versions::table, <VersionRow as Insertable<occ_versions::table>>::Values>,
+    occ_versions::version,
+>;
 
 /// Runs `operation` guarded by the version row `(lock_name, resource)`: each attempt in a
 /// fresh write transaction reads the row's version, runs `operation` on the transaction,
@@ -137,21 +88,24 @@ where
     C: LoadConnection + WriteTransaction,
     C::Backend: OccBackend,
     VersionRow: GuardedWrite + crate::update::LoadByKey<C>,
-    for<'a> CreateIfMissing<'a>: QueryFragment<C::Backend>,
-    UpdateOf<VersionRow, NoChanges<occ_versions::table>>: CompareAndSet<C::Backend>,
+    CreateIfMissing: Assignments<C::Backend> + ExecuteDsl<C>,
+    UpdateOf<VersionRow, NoChanges<occ_versions::table>>: Assignments<C::Backend>,
     CompletionOf<VersionRow>:
         Complete<C, UpdateOf<VersionRow, NoChanges<occ_versions::table>>, i64>,
     E: From<Error>,
 {
-    check_name("lock name", lock_name)?;
-    check_name("resource", resource)?;
-    let create = CreateIfMissing {
-        lock_name,
-        resource,
-    };
-    conn.execute_returning_count(&create)
-        .map_err(|e| crate::update::classify(conn, e))?;
+    crate::names::check_name("lock name", lock_name)?;
+    crate::names::check_name("resource", resource)?;
     let key = (lock_name.to_string(), resource.to_string());
+    let create =
+        CreateIfMissing::new(diesel::insert_into(occ_versions::table).values(VersionRow {
+            lock_name: key.0.clone(),
+            resource: key.1.clone(),
+            version: 0,
+        }));
+    CompareAndSet::one(create, "occ_versions", &key, CannotMiss)
+        .matching(Matches::Any)
+        .run::<C, Counted, i64>(conn)?;
     // Optimistic whatever the policy says: `operation` locks the rows it writes before the
     // version row is updated, so an attempt that read the version row with its lock first
     // would take the two in the opposite order and deadlock with the others.
