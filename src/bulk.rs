@@ -5,11 +5,11 @@
 //! leave the version alone, so copies read before the bulk update still save over it;
 //! here every changed row's version moves on, so those copies conflict as they should.
 //!
-//! The next version is computed in SQL (each row has its own), so the overflow rule is
-//! kept in SQL too: a row already at its type's maximum is not changed (SQLite would turn
-//! `i64::MAX + 1` into a float), and the report counts such rows with one more query.
-//! Only version guards can advance in SQL: a timestamp needs the database clock, which
-//! is not offered yet, and a pre-image has no token to advance.
+//! The next token is computed in SQL (each row has its own), so the overflow rule is
+//! kept in SQL too: a row whose version is already at its type's maximum is not changed
+//! (SQLite would turn `i64::MAX + 1` into a float), and the report counts such rows with
+//! one more query. Offered for every guard that advances in SQL: a version, PostgreSQL's
+//! `xmin`; a pre-image has no token to advance.
 
 use diesel::backend::Backend;
 use diesel::connection::LoadConnection;
@@ -18,16 +18,15 @@ use diesel::query_builder::{AsChangeset, AstPass, Query, QueryFragment, QueryId}
 use diesel::query_dsl::methods::{ExecuteDsl, LoadQuery};
 use diesel::query_source::QuerySource;
 use diesel::sql_types::{BigInt, Bool};
-use diesel::{Column, QueryResult, RunQueryDsl, Table};
+use diesel::{QueryResult, RunQueryDsl, Table};
 
 use crate::backend::OccBackend;
 use crate::completion::Counted;
 use crate::error::Error;
 use crate::executor::{classify, CannotMiss, CompareAndSet, Matches};
-use crate::guard::Guarded;
-use crate::statement::{AlsoSet, Assignments, Comma, GuardedUpdate, Increment, Joined, Maximum};
+use crate::guard::{AdvanceAnyOf, AdvanceInSql, CanAdvanceOf, Guarded};
+use crate::statement::{Assignments, Comma, GuardedUpdate, Joined, Not};
 use crate::update::LoadByKey;
-use crate::version::{VersionColumnFor, VersionGuard, VersionNumber};
 
 /// What a bulk update did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -76,26 +75,25 @@ impl<T: Table, F, Cond> QueryId for CountWhere<T, F, Cond> {
 
 impl<T: Table, F, Cond, Conn> RunQueryDsl<Conn> for CountWhere<T, F, Cond> {}
 
-/// The bulk `UPDATE` of entity `T` (version column `Col` of type `V`).
-pub type BulkUpdateOf<T, Ch, F, Col, V> = GuardedUpdate<
+/// The bulk `UPDATE` of entity `T` with changes `Ch` and filter `F`; also the shape of
+/// every write that advances a row's token in SQL.
+pub type BulkUpdateOf<T, Ch, F> = GuardedUpdate<
     <T as diesel::associations::HasTable>::Table,
     Ch,
-    AlsoSet<Increment<Col>, <T as Guarded>::Stamp>,
+    AdvanceAnyOf<T>,
     F,
-    Maximum<Col, V>,
+    CanAdvanceOf<T>,
 >;
 
-/// Bulk updates for entities guarded by a version column.
-pub trait GuardedBulk<Col, V>: Guarded<Guard = VersionGuard<Col, V>>
+/// Bulk updates for entities whose guard advances in SQL (a version, a timestamp, `xmin`).
+pub trait GuardedBulk: Guarded
 where
-    Col: Column + VersionColumnFor<V>,
-    V: VersionNumber,
+    Self::Guard: AdvanceInSql,
 {
-    /// Applies `changes` to every row `filter` matches and advances each one's version,
-    /// in one statement; returns how many rows changed, and how many matched but were
-    /// left alone at the version's maximum. Nothing opens a transaction: inside yours,
-    /// the update rolls back with it.
-    #[allow(clippy::type_complexity)]
+    /// Applies `changes` to every row `filter` matches and advances each one's token, in
+    /// one statement; returns how many rows changed, and how many matched but were left
+    /// alone because their token cannot advance (a version at its type's maximum).
+    /// Nothing opens a transaction: inside yours, the update rolls back with it.
     fn guarded_bulk_update<C, F, Ch>(
         conn: &mut C,
         filter: F,
@@ -109,32 +107,36 @@ where
             + QueryFragment<C::Backend>
             + Clone,
         Ch: AsChangeset<Target = Self::Table>,
-        BulkUpdateOf<Self, Ch::Changeset, F, Col, V>: ExecuteDsl<C> + Assignments<C::Backend>,
-        CountWhere<Self::Table, F, Maximum<Col, V>>: LoadQuery<'static, C, i64>,
-        <Self::Table as QuerySource>::FromClause: QueryFragment<C::Backend>,
+        BulkUpdateOf<Self, Ch::Changeset, F>: ExecuteDsl<C> + Assignments<C::Backend>,
+        CountWhere<Self::Table, F, Not<CanAdvanceOf<Self>>>: LoadQuery<'static, C, i64>,
+        CanAdvanceOf<Self>: QueryFragment<C::Backend>,
         Self: LoadByKey<C>,
     {
-        let statement = BulkUpdateOf::<Self, Ch::Changeset, F, Col, V>::new(
+        let statement = BulkUpdateOf::<Self, Ch::Changeset, F>::new(
             Self::table(),
             changes.as_changeset(),
-            Joined(Increment::default(), Self::stamp(), Comma),
+            Joined(Self::Guard::advance_any(), Self::stamp(), Comma),
             filter.clone(),
-            Maximum::below(),
+            Self::Guard::can_advance(),
         );
         let table = Self::table_name();
-        let updated = CompareAndSet::one(
-            statement,
-            table,
-            &"(every row the filter matches)",
-            CannotMiss,
-        )
-        .matching(Matches::Any)
-        .run::<C, Counted, ()>(conn)?
-        .rows;
-        let at_maximum = CountWhere::<Self::Table, F, Maximum<Col, V>> {
+        let every_row = "(every row the filter matches)";
+        let updated = CompareAndSet::one(statement, table, &every_row, CannotMiss)
+            .matching(Matches::Any)
+            .run::<C, Counted, ()>(conn)?
+            .rows;
+        let can_advance = Self::Guard::can_advance();
+        if can_advance.is_noop(&C::Backend::default())? {
+            // Every row can advance: none was left alone.
+            return Ok(BulkReport {
+                updated,
+                at_maximum: 0,
+            });
+        }
+        let at_maximum = CountWhere::<Self::Table, F, Not<CanAdvanceOf<Self>>> {
             from: Self::table().from_clause(),
             filter,
-            condition: Maximum::at(),
+            condition: Not(can_advance),
         }
         .get_result::<i64>(conn)
         .map_err(|e| classify(conn, e))?;
@@ -145,10 +147,9 @@ where
     }
 }
 
-impl<T, Col, V> GuardedBulk<Col, V> for T
+impl<T> GuardedBulk for T
 where
-    T: Guarded<Guard = VersionGuard<Col, V>>,
-    Col: Column + VersionColumnFor<V>,
-    V: VersionNumber,
+    T: Guarded,
+    T::Guard: AdvanceInSql,
 {
 }

@@ -30,19 +30,16 @@ use diesel::sql_types::{Bool, HasSqlType, Nullable, Text};
 use diesel::{Column, QueryResult, RunQueryDsl, Selectable, SelectableHelper};
 
 use crate::backend::OccBackend;
+use crate::bulk::BulkUpdateOf;
 use crate::completion::{Complete, Counted};
 use crate::connection::{commit_operation, WriteTransaction};
 use crate::database_clock::{ClockColumn, ServerClock, Shift};
 use crate::error::Error;
 use crate::executor::{classify, CompareAndSet, Matches, Miss};
-use crate::guard::Guarded;
-use crate::statement::{
-    AnyOf, Assignments, ColumnEq, Comma, GuardedUpdate, Increment, Joined, LatestRead, RowLock,
-    Unguarded,
-};
+use crate::guard::{AdvanceInSql, Guarded};
+use crate::statement::{And, AnyOf, Assignments, ColumnEq, Comma, Joined, LatestRead, RowLock};
 use crate::status::{HasStatus, Status};
-use crate::update::{LoadByKey, RowMoved};
-use crate::version::{VersionColumnFor, VersionGuard, VersionNumber};
+use crate::update::{KeyWriteOf, LoadByKey, RowMoved};
 
 /// What a worker asks for.
 #[derive(Debug, Clone, Copy)]
@@ -126,48 +123,47 @@ pub type ClaimQueryOf<T, AtCol, DB> = LatestRead<
     >,
 >;
 
-/// The `UPDATE` that hands the selected rows of `T` to their new owner.
-pub type ClaimUpdateOf<T, OwnerCol, AtCol, VCol> = GuardedUpdate<
-    <T as diesel::associations::HasTable>::Table,
-    Joined<
-        Joined<
-            ColumnEq<<T as HasStatus>::StatusColumn, <T as HasStatus>::Status>,
-            ColumnEq<OwnerCol, Option<String>>,
-            Comma,
-        >,
-        ClockColumn<AtCol>,
-        Comma,
-    >,
-    Increment<VCol>,
-    AnyOf<<T as Guarded>::KeyPredicate>,
-    Unguarded,
->;
-
-/// `UPDATE ... SET status = ?to, owner = ?, version = version + 1 WHERE key AND status =
-/// ?held AND owner = ?me`: the owner-checked end of a claim.
-pub type FinishOf<T, OwnerCol, VCol> = GuardedUpdate<
-    <T as diesel::associations::HasTable>::Table,
+/// `status = ?to, owner = ?, claimed_at = <database now>`: a row handed to its owner.
+pub type ClaimChanges<T, OwnerCol, AtCol> = Joined<
     Joined<
         ColumnEq<<T as HasStatus>::StatusColumn, <T as HasStatus>::Status>,
         ColumnEq<OwnerCol, Option<String>>,
         Comma,
     >,
-    Increment<VCol>,
-    <T as Guarded>::KeyPredicate,
-    Joined<
-        ColumnEq<<T as HasStatus>::StatusColumn, <T as HasStatus>::Status>,
-        ColumnEq<OwnerCol, String>,
-        crate::statement::And,
-    >,
+    ClockColumn<AtCol>,
+    Comma,
 >;
 
-/// Task claiming for version-guarded entities with a status column, an owner column
-/// (`Nullable<Text>`) and a claim-time column (`Nullable<Timestamp>`).
-pub trait GuardedClaim<VCol, V>:
-    HasStatus + Clone + Guarded<Guard = VersionGuard<VCol, V>>
+/// The `UPDATE` that hands the selected rows of `T` to their new owner, advancing each
+/// one's token.
+pub type ClaimUpdateOf<T, OwnerCol, AtCol> =
+    BulkUpdateOf<T, ClaimChanges<T, OwnerCol, AtCol>, AnyOf<<T as Guarded>::KeyPredicate>>;
+
+/// `status = ?held AND owner = ?me`: the claim is still this owner's.
+pub type HeldBy<T, OwnerCol> = Joined<
+    ColumnEq<<T as HasStatus>::StatusColumn, <T as HasStatus>::Status>,
+    ColumnEq<OwnerCol, String>,
+    And,
+>;
+
+/// `UPDATE ... SET status = ?to, owner = ?, <token advanced> WHERE key AND status = ?held
+/// AND owner = ?me`: the owner-checked end of a claim.
+pub type FinishOf<T, OwnerCol> = KeyWriteOf<
+    T,
+    Joined<
+        ColumnEq<<T as HasStatus>::StatusColumn, <T as HasStatus>::Status>,
+        ColumnEq<OwnerCol, Option<String>>,
+        Comma,
+    >,
+    HeldBy<T, OwnerCol>,
+>;
+
+/// Task claiming for entities with a status column, an owner column (`Nullable<Text>`)
+/// and a claim-time column (`Nullable<Timestamp>`), whose guard advances in SQL (a
+/// version, a timestamp, `xmin`).
+pub trait GuardedClaim: HasStatus + Clone
 where
-    VCol: Column + VersionColumnFor<V>,
-    V: VersionNumber,
+    Self::Guard: AdvanceInSql,
 {
     /// Claims up to `request.limit` rows in state `from` (and abandoned claims, with
     /// `reclaim_after`), moving them to `to` with `request.owner` in `owner` and the
@@ -194,8 +190,8 @@ where
             AsSelect<Self, C::Backend>,
         >: LimitDsl,
         ClaimQueryOf<Self, AtCol, C::Backend>: LoadQuery<'static, C, Self>,
-        ClaimUpdateOf<Self, OwnerCol, AtCol, VCol>: Assignments<C::Backend>,
-        Counted: Complete<C, ClaimUpdateOf<Self, OwnerCol, AtCol, VCol>, V>,
+        ClaimUpdateOf<Self, OwnerCol, AtCol>: Assignments<C::Backend>,
+        Counted: Complete<C, ClaimUpdateOf<Self, OwnerCol, AtCol>, ()>,
     {
         let _ = (owner, claimed_at);
         crate::names::check_name("owner", request.owner)?;
@@ -222,7 +218,7 @@ where
                 return Ok(Vec::new());
             }
             let keys: Vec<Self::Key> = waiting.iter().map(Guarded::key).collect();
-            let update = ClaimUpdateOf::<Self, OwnerCol, AtCol, VCol>::new(
+            let update = ClaimUpdateOf::<Self, OwnerCol, AtCol>::new(
                 Self::table(),
                 Joined(
                     Joined(
@@ -233,14 +229,14 @@ where
                     ClockColumn::set(Shift::none()),
                     Comma,
                 ),
-                Increment::default(),
+                Joined(Self::Guard::advance_any(), Self::stamp(), Comma),
                 AnyOf(keys.iter().map(Self::key_predicate).collect()),
-                Unguarded,
+                Self::Guard::can_advance(),
             );
             let miss = ClaimIgnored { locked: &waiting };
             CompareAndSet::one(update, Self::table_name(), &keys, miss)
                 .matching(Matches::All(keys.len()))
-                .run::<C, Counted, V>(conn)?;
+                .run::<C, Counted, ()>(conn)?;
             Self::load_by_keys(conn, &keys).map_err(|e| classify(conn, e))
         })
     }
@@ -263,35 +259,36 @@ where
         C::Backend: OccBackend,
         OwnerCol: Column<Table = Self::Table, SqlType = Nullable<Text>>,
         Self: LoadByKey<C>,
-        FinishOf<Self, OwnerCol, VCol>: Assignments<C::Backend>,
-        Counted: Complete<C, FinishOf<Self, OwnerCol, VCol>, V>,
+        FinishOf<Self, OwnerCol>: Assignments<C::Backend>,
+        Counted: Complete<C, FinishOf<Self, OwnerCol>, ()>,
     {
         let _ = owner_column;
-        let statement = FinishOf::<Self, OwnerCol, VCol>::new(
+        let statement = FinishOf::<Self, OwnerCol>::new(
             Self::table(),
             Joined(
                 ColumnEq::new(to),
                 ColumnEq::new(next_owner.map(str::to_string)),
                 Comma,
             ),
-            Increment::default(),
+            Joined(Self::Guard::advance_any(), Self::stamp(), Comma),
             Self::key_predicate(key),
             Joined(
-                ColumnEq::new(held),
-                ColumnEq::new(owner.to_string()),
-                crate::statement::And,
+                Joined(ColumnEq::new(held), ColumnEq::new(owner.to_string()), And),
+                Self::Guard::can_advance(),
+                And,
             ),
         );
         let miss = ClaimLost::<Self> { key, owner, held };
         CompareAndSet::one(statement, Self::table_name(), key, miss)
-            .run::<C, Counted, V>(conn)
+            .run::<C, Counted, ()>(conn)
             .map(drop)
     }
 }
 
 /// A claim's update matched fewer rows than its read had locked: nobody else can have
-/// moved them, so the database ignored the write for the first row still holding the
-/// token it was locked with ([`Error::Refused`]).
+/// moved them, so the first row still holding the token it was locked with was left
+/// alone, at the end of its tokens ([`Error::VersionOverflow`]) or by the database
+/// ([`Error::Refused`]).
 struct ClaimIgnored<'a, T> {
     locked: &'a [T],
 }
@@ -299,6 +296,7 @@ struct ClaimIgnored<'a, T> {
 impl<T, C> Miss<C> for ClaimIgnored<'_, T>
 where
     T: LoadByKey<C>,
+    T::Guard: AdvanceInSql,
     C: LoadConnection,
     C::Backend: OccBackend,
 {
@@ -314,12 +312,14 @@ where
         });
         let key = &keys[ignored.unwrap_or(0)];
         let found = current.iter().position(|c| c.key() == *key);
-        RowMoved::<T>::any(key).given::<C>(found.map(|i| current.swap_remove(i)))
+        let current = found.map(|i| current.swap_remove(i));
+        RowMoved::<T>::advancing_any(key, T::Guard::at_end).given::<C>(current)
     }
 }
 
-/// The end of a claim matched nothing: the row is gone ([`Error::NotFound`]), or another
-/// worker holds it or it left the held state ([`Error::LockLost`]).
+/// The end of a claim matched nothing: the row is gone ([`Error::NotFound`]), its token
+/// cannot advance ([`Error::VersionOverflow`]), or another worker holds it or it left the
+/// held state ([`Error::LockLost`]).
 struct ClaimLost<'k, T: HasStatus> {
     key: &'k T::Key,
     owner: &'k str,
@@ -329,6 +329,7 @@ struct ClaimLost<'k, T: HasStatus> {
 impl<T, C> Miss<C> for ClaimLost<'_, T>
 where
     T: HasStatus + LoadByKey<C>,
+    T::Guard: AdvanceInSql,
     C: LoadConnection,
     C::Backend: OccBackend,
 {
@@ -336,6 +337,9 @@ where
         let (key, owner) = (self.key, self.owner);
         match T::load_by_key(conn, key) {
             Ok(None) => RowMoved::<T>::any(key).given::<C>(None),
+            Ok(Some(row)) if T::Guard::at_end(&row.token()) => {
+                RowMoved::<T>::advancing_any(key, T::Guard::at_end).given::<C>(Some(row))
+            }
             Ok(Some(_)) => Error::LockLost {
                 lock: format!(
                     "claim of `{}` row {key:?} by {owner:?} (in state `{}`)",
@@ -348,10 +352,9 @@ where
     }
 }
 
-impl<T, VCol, V> GuardedClaim<VCol, V> for T
+impl<T> GuardedClaim for T
 where
-    T: HasStatus + Clone + Guarded<Guard = VersionGuard<VCol, V>>,
-    VCol: Column + VersionColumnFor<V>,
-    V: VersionNumber,
+    T: HasStatus + Clone,
+    T::Guard: AdvanceInSql,
 {
 }

@@ -26,9 +26,9 @@ use diesel::{Column, QueryResult};
 
 use crate::completion::ReturnedBy;
 use crate::error::Token;
-use crate::guard::{Advancing, GuardKind};
+use crate::guard::{AdvanceInSql, Advancing, GuardKind};
 use crate::last_modified::{one_tick_past, Precision, Timestamp};
-use crate::statement::ColumnEq;
+use crate::statement::{ColumnEq, Unguarded};
 
 /// An offset from the database's now, for expiry times: in microseconds, and as SQLite's
 /// date modifier (`'+1.500000 seconds'`).
@@ -79,6 +79,13 @@ pub trait ServerClock: Backend {
     /// read as `Ts` holds it.
     fn push_now<Ts: Timestamp, P: Precision>(out: &mut AstPass<'_, '_, Self>);
 
+    /// Pushes the timestamp one tick of precision `P` after the value of column `Col`, in
+    /// the form a column read as `Ts` holds it: the earliest token a write may move that
+    /// row to when it does not know the row's token.
+    fn push_tick_past<Col: Column, Ts: Timestamp, P: Precision>(
+        out: &mut AstPass<'_, '_, Self>,
+    ) -> QueryResult<()>;
+
     /// Pushes the database's now moved by `shift`, as a UTC timestamp at the clock's own
     /// precision. On SQLite it is text of fixed width (`%Y-%m-%d %H:%M:%f`), so values
     /// written and compared this way order as text the way they order in time.
@@ -99,6 +106,15 @@ impl ServerClock for diesel::pg::Pg {
         out.push_sql(&format!("date_trunc('{}', {now})", P::UNIT));
     }
 
+    fn push_tick_past<Col: Column, Ts: Timestamp, P: Precision>(
+        out: &mut AstPass<'_, '_, Self>,
+    ) -> QueryResult<()> {
+        out.push_sql(&format!("(date_trunc('{}', ", P::UNIT));
+        out.push_identifier(Col::NAME)?;
+        out.push_sql(&format!(") + interval '1 {}')", P::UNIT));
+        Ok(())
+    }
+
     fn push_shifted<'b>(out: &mut AstPass<'_, 'b, Self>, shift: &'b Shift) -> QueryResult<()> {
         out.push_sql("((clock_timestamp() AT TIME ZONE 'UTC') + ");
         out.push_bind_param::<diesel::sql_types::BigInt, i64>(&shift.micros)?;
@@ -114,6 +130,17 @@ impl ServerClock for diesel::mysql::Mysql {
     // diesel's MySQL connections run in UTC, and the application's clock writes UTC too.
     fn push_now<Ts: Timestamp, P: Precision>(out: &mut AstPass<'_, '_, Self>) {
         out.push_sql(&format!("UTC_TIMESTAMP({})", P::DIGITS));
+    }
+
+    // A value written at precision `P` plus one tick; a finer one (written by hand) still
+    // moves on by at least a tick, and the column rounds it to its own digits.
+    fn push_tick_past<Col: Column, Ts: Timestamp, P: Precision>(
+        out: &mut AstPass<'_, '_, Self>,
+    ) -> QueryResult<()> {
+        out.push_sql("(");
+        out.push_identifier(Col::NAME)?;
+        out.push_sql(&format!(" + INTERVAL {} MICROSECOND)", P::TICK_MICROS));
+        Ok(())
     }
 
     fn push_shifted<'b>(out: &mut AstPass<'_, 'b, Self>, shift: &'b Shift) -> QueryResult<()> {
@@ -132,18 +159,26 @@ impl ServerClock for diesel::sqlite::Sqlite {
     // `+00:00` after a zoned one. SQLite's `%f` always has 3; one statement sees one
     // `'now'`. In this form text order is time order, so `max` picks the later one.
     fn push_now<Ts: Timestamp, P: Precision>(out: &mut AstPass<'_, '_, Self>) {
-        if P::DIGITS == 0 {
-            out.push_sql("strftime('%Y-%m-%d %H:%M:%S', 'now')");
-        } else {
-            out.push_sql(
-                "CASE WHEN strftime('%f', 'now') LIKE '%.000' \
-                 THEN strftime('%Y-%m-%d %H:%M:%S', 'now') \
-                 ELSE strftime('%Y-%m-%d %H:%M:%f', 'now') END",
-            );
-        }
-        if Ts::ZONED {
-            out.push_sql(" || '+00:00'");
-        }
+        // `'now'` names no column: nothing here can fail.
+        let _ = sqlite_stamp::<Ts, P>(out, |out| {
+            out.push_sql("'now'");
+            Ok(())
+        });
+    }
+
+    // SQLite's date functions keep milliseconds, so the step is at least one: the value
+    // cut to milliseconds plus one is still later than a value with microseconds.
+    fn push_tick_past<Col: Column, Ts: Timestamp, P: Precision>(
+        out: &mut AstPass<'_, '_, Self>,
+    ) -> QueryResult<()> {
+        let step = P::TICK_MICROS.max(1_000);
+        let modifier = format!("'+{}.{:06} seconds'", step / 1_000_000, step % 1_000_000);
+        sqlite_stamp::<Ts, P>(out, |out| {
+            out.push_identifier(Col::NAME)?;
+            out.push_sql(", ");
+            out.push_sql(&modifier);
+            Ok(())
+        })
     }
 
     fn push_shifted<'b>(out: &mut AstPass<'_, 'b, Self>, shift: &'b Shift) -> QueryResult<()> {
@@ -152,6 +187,36 @@ impl ServerClock for diesel::sqlite::Sqlite {
         out.push_sql(")");
         Ok(())
     }
+}
+
+/// `strftime(<the text diesel writes for a timestamp of precision P>, <time>)`, where
+/// `time` pushes strftime's time value and modifiers.
+#[cfg(feature = "sqlite")]
+fn sqlite_stamp<Ts: Timestamp, P: Precision>(
+    out: &mut AstPass<'_, '_, diesel::sqlite::Sqlite>,
+    time: impl Fn(&mut AstPass<'_, '_, diesel::sqlite::Sqlite>) -> QueryResult<()>,
+) -> QueryResult<()> {
+    let strftime = |out: &mut AstPass<'_, '_, diesel::sqlite::Sqlite>, format: &str| {
+        out.push_sql(&format!("strftime('{format}', "));
+        time(out)?;
+        out.push_sql(")");
+        Ok::<(), diesel::result::Error>(())
+    };
+    if P::DIGITS == 0 {
+        strftime(out, "%Y-%m-%d %H:%M:%S")?;
+    } else {
+        out.push_sql("CASE WHEN ");
+        strftime(out, "%f")?;
+        out.push_sql(" LIKE '%.000' THEN ");
+        strftime(out, "%Y-%m-%d %H:%M:%S")?;
+        out.push_sql(" ELSE ");
+        strftime(out, "%Y-%m-%d %H:%M:%f")?;
+        out.push_sql(" END");
+    }
+    if Ts::ZONED {
+        out.push_sql(" || '+00:00'");
+    }
+    Ok(())
 }
 
 /// `"col" = GREATEST(<the server's now cut to P>, ?floor)`.
@@ -263,5 +328,78 @@ impl<Col: Column, DB: ServerClock> QueryFragment<DB> for ClockColumn<Col> {
         out.push_identifier(Col::NAME)?;
         out.push_sql(self.operator);
         DB::push_shifted(&mut out, &self.shift)
+    }
+}
+
+/// `"col" = GREATEST(<now>, <one tick past "col">)`: a timestamp token moved on in SQL by
+/// a write that does not know it. `now` is the caller's clock's, bound, or with `None`
+/// the database's.
+#[derive(Debug, Clone, Copy)]
+pub struct TimestampPast<Col, Ts, P> {
+    now: Option<Ts>,
+    column: PhantomData<(Col, P)>,
+}
+
+impl<Col, Ts, P> TimestampPast<Col, Ts, P> {
+    /// At least `now`, by the caller's clock.
+    pub fn caller(now: Ts) -> Self {
+        TimestampPast {
+            now: Some(now),
+            column: PhantomData,
+        }
+    }
+
+    /// At least the database's now.
+    pub fn database() -> Self {
+        TimestampPast {
+            now: None,
+            column: PhantomData,
+        }
+    }
+}
+
+impl<Col, Ts, P, DB> QueryFragment<DB> for TimestampPast<Col, Ts, P>
+where
+    DB: ServerClock + HasSqlType<Col::SqlType>,
+    Col: Column,
+    Ts: Timestamp + ToSql<Col::SqlType, DB>,
+    P: Precision,
+{
+    fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, DB>) -> QueryResult<()> {
+        out.push_identifier(Col::NAME)?;
+        out.push_sql(" = ");
+        out.push_sql(DB::GREATEST);
+        out.push_sql("(");
+        match &self.now {
+            Some(now) => out.push_bind_param::<Col::SqlType, Ts>(now)?,
+            None => DB::push_now::<Ts, P>(&mut out),
+        }
+        out.push_sql(", ");
+        DB::push_tick_past::<Col, Ts, P>(&mut out)?;
+        out.push_sql(")");
+        Ok(())
+    }
+}
+
+/// The database computes the next timestamp from the row's own: no row is left out.
+impl<Col, Ts, P> AdvanceInSql for DatabaseClockGuard<Col, Ts, P>
+where
+    Self: GuardKind<Token = Ts>,
+    Col: Column,
+{
+    type AdvanceAny = TimestampPast<Col, Ts, P>;
+    type CanAdvance = Unguarded;
+    type TokenColumn = Col;
+
+    fn advance_any() -> Self::AdvanceAny {
+        TimestampPast::database()
+    }
+
+    fn can_advance() -> Unguarded {
+        Unguarded
+    }
+
+    fn at_end(_: &Ts) -> bool {
+        false
     }
 }

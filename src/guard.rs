@@ -131,6 +131,49 @@ pub trait GuardKind {
 )]
 pub trait Advancing: GuardKind {}
 
+/// A guard kind that can move a row past whatever token it holds, in SQL, without the
+/// writer knowing that token: what writes by filter or by key alone need (bulk updates,
+/// task claims, one-statement JSON merges, key-only transitions). A version becomes
+/// `version + 1`; a timestamp the later of now and one tick past the row's own;
+/// PostgreSQL moves `xmin` itself. A pre-image has no token to advance.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot advance a row's token in SQL without knowing it",
+    note = "writes by filter or by key alone (bulk updates, claims, `merge_json_in_place`, `transition_by_key`) need a guard whose token the database can advance: `#[occ(version)]`, `#[occ(last_modified)]` or `#[occ(xmin)]`; a pre-image guard has no token to advance"
+)]
+pub trait AdvanceInSql: GuardKind {
+    /// `SET ..., <advance>`: the row moves past the token it holds.
+    type AdvanceAny;
+
+    /// `WHERE ... AND <condition>`: the row's token can still advance (a version below
+    /// its type's maximum). A row it leaves out is not written.
+    type CanAdvance;
+
+    /// The column that holds the token, read back after the write (`RETURNING`).
+    type TokenColumn;
+
+    /// The assignments that advance any row.
+    fn advance_any() -> Self::AdvanceAny;
+
+    /// The condition for rows that can advance.
+    fn can_advance() -> Self::CanAdvance;
+
+    /// Whether a row holding `token` is one [`can_advance`](Self::can_advance) leaves out.
+    fn at_end(token: &Self::Token) -> bool;
+}
+
+/// The assignments that advance any row of entity `T` in SQL, and its stamp.
+pub type AdvanceAnyOf<T> = crate::statement::AlsoSet<
+    <<T as Guarded>::Guard as AdvanceInSql>::AdvanceAny,
+    <T as Guarded>::Stamp,
+>;
+
+/// The condition for rows of entity `T` whose token can advance.
+pub type CanAdvanceOf<T> = <<T as Guarded>::Guard as AdvanceInSql>::CanAdvance;
+
+/// How a write that advances entity `T`'s token in SQL learns the new token.
+pub type ReturnedTokenOf<T> =
+    crate::completion::ReturnedBy<<<T as Guarded>::Guard as AdvanceInSql>::TokenColumn>;
+
 /// The guard of the implementation the derive emits next to a compile error, so that the
 /// error is the only one; it is never run.
 #[doc(hidden)]

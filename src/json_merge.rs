@@ -20,11 +20,10 @@
 //!   `jsonb` and `json` columns. The patch's keys are bound once per level below them,
 //!   so a patch should stay well under PostgreSQL's 65,535 parameters.
 //!
-//! The statement also advances the row's version, so optimistic readers of the row see
-//! that it changed, and hands the new version back: with `RETURNING` on PostgreSQL and
-//! SQLite, by a read in the same transaction on MySQL. Offered for entities guarded by a
-//! version column: a timestamp would need the clock in SQL, and a pre-image has no token
-//! to advance.
+//! The statement also advances the row's token, so optimistic readers of the row see
+//! that it changed, and hands the new token back: with `RETURNING` on PostgreSQL and
+//! SQLite, by a read in the same transaction on MySQL. Offered for every guard whose token
+//! advances in SQL (a version, a timestamp, `xmin`); a pre-image has no token to advance.
 
 use std::marker::PhantomData;
 
@@ -34,15 +33,12 @@ use diesel::{Column, QueryResult};
 use serde_json::Value;
 
 use crate::backend::OccBackend;
-use crate::bulk::BulkUpdateOf;
-use crate::completion::{Complete, ReturnedBy};
+use crate::completion::Complete;
 use crate::error::Error;
-use crate::executor::CompareAndSet;
-use crate::guard::Guarded;
+use crate::guard::{AdvanceInSql, Guarded, ReturnedTokenOf, TokenOf};
 use crate::json::{JsonDocument, Place};
-use crate::statement::{Assignments, Comma, Increment, Joined, Maximum};
-use crate::update::{LoadByKey, RowMoved};
-use crate::version::{VersionColumnFor, VersionGuard, VersionNumber};
+use crate::statement::{Assignments, Unguarded};
+use crate::update::{write_by_key, KeyWriteOf, LoadByKey, RowMoved};
 
 /// `"col" = <the document of "col" merged with ?patch>`, in the backend's SQL.
 #[derive(Debug, Clone)]
@@ -227,19 +223,17 @@ fn pg_target<'b, Col: Column>(
     Ok(())
 }
 
-/// The one-statement merge of entity `T` into JSON column `Col`, advancing version `VCol`.
-pub type MergeInPlaceOf<T, Col, VCol, V> =
-    BulkUpdateOf<T, MergePatch<Col>, <T as Guarded>::KeyPredicate, VCol, V>;
+/// The one-statement merge of entity `T` into JSON column `Col`.
+pub type MergeInPlaceOf<T, Col> = KeyWriteOf<T, MergePatch<Col>, Unguarded>;
 
-/// One-statement merges for entities guarded by a version column.
-pub trait GuardedJsonMerge<VCol, V>: Guarded<Guard = VersionGuard<VCol, V>>
+/// One-statement merges for entities whose guard advances in SQL (a version, a timestamp, `xmin`).
+pub trait GuardedJsonMerge: Guarded
 where
-    VCol: Column + VersionColumnFor<V>,
-    V: VersionNumber,
+    Self::Guard: AdvanceInSql,
 {
     /// Merges the RFC 7396 `patch` (an object) into the document of column `Col` of the
-    /// row with `key` and advances the row's version, in one statement: no read, no
-    /// conflict, no retry. Returns the new version. The result equals
+    /// row with `key` and advances the row's token, in one statement: no read, no
+    /// conflict, no retry. Returns the new token. The result equals
     /// [`merge_json`](crate::json::GuardedJson::merge_json)'s for the same document and
     /// patch. A patch that is not an object, or over
     /// [`DOCUMENT_LIMIT_BYTES`](crate::json::DOCUMENT_LIMIT_BYTES), is
@@ -250,40 +244,25 @@ where
         key: &Self::Key,
         column: Col,
         patch: &Value,
-    ) -> Result<V, Error>
+    ) -> Result<TokenOf<Self>, Error>
     where
         C: LoadConnection,
         C::Backend: OccBackend,
         Col: Column,
         Self: JsonDocument<Col> + LoadByKey<C>,
-        MergeInPlaceOf<Self, Col, VCol, V>: Assignments<C::Backend>,
-        ReturnedBy<VCol>: Complete<C, MergeInPlaceOf<Self, Col, VCol, V>, V>,
+        MergeInPlaceOf<Self, Col>: Assignments<C::Backend>,
+        ReturnedTokenOf<Self>: Complete<C, MergeInPlaceOf<Self, Col>, TokenOf<Self>>,
     {
         let _ = column;
         Place::<Self, Col>::new(Self::table_name(), key).check_merge_patch(patch)?;
-        let statement = MergeInPlaceOf::<Self, Col, VCol, V>::new(
-            Self::table(),
-            MergePatch::new(patch.clone()),
-            Joined(Increment::default(), Self::stamp(), Comma),
-            Self::key_predicate(key),
-            Maximum::below(),
-        );
-        let miss = RowMoved::<Self>::advancing_any(key, |version| *version == V::MAX);
-        let version = CompareAndSet::one(statement, Self::table_name(), key, miss)
-            .run::<C, ReturnedBy<VCol>, V>(conn)?
-            .token;
-        version.ok_or_else(|| {
-            Error::Database(diesel::result::Error::QueryBuilderError(
-                "the merge wrote its row but did not read its version back".into(),
-            ))
-        })
+        let miss = RowMoved::<Self>::advancing_any(key, Self::Guard::at_end);
+        write_by_key::<Self, C, _, _, _>(conn, key, MergePatch::new(patch.clone()), Unguarded, miss)
     }
 }
 
-impl<T, VCol, V> GuardedJsonMerge<VCol, V> for T
+impl<T> GuardedJsonMerge for T
 where
-    T: Guarded<Guard = VersionGuard<VCol, V>>,
-    VCol: Column + VersionColumnFor<V>,
-    V: VersionNumber,
+    T: Guarded,
+    T::Guard: AdvanceInSql,
 {
 }

@@ -22,9 +22,10 @@ use diesel::sql_types::is_nullable::NotNull;
 use diesel::sql_types::SqlType;
 use diesel::Column;
 
+use crate::database_clock::TimestampPast;
 use crate::error::Token;
-use crate::guard::{Advancing, GuardKind};
-use crate::statement::ColumnEq;
+use crate::guard::{AdvanceInSql, Advancing, GuardKind};
+use crate::statement::{ColumnEq, Unguarded};
 
 /// Where "now" comes from. [`SystemClock`] unless the field names another with
 /// `#[occ(last_modified(clock = path::To::Clock))]` (a test's frozen clock, say).
@@ -187,6 +188,33 @@ where
 }
 
 impl<Col, Ts, K, P> Advancing for LastModifiedGuard<Col, Ts, K, P> where Self: GuardKind {}
+
+/// The later of now (by clock `K`) and one tick past the row's own timestamp, computed by
+/// the database; no row is left out.
+impl<Col, Ts, K, P> AdvanceInSql for LastModifiedGuard<Col, Ts, K, P>
+where
+    Self: GuardKind<Token = Ts>,
+    Col: Column,
+    Ts: Timestamp,
+    K: Clock,
+    P: Precision,
+{
+    type AdvanceAny = TimestampPast<Col, Ts, P>;
+    type CanAdvance = Unguarded;
+    type TokenColumn = Col;
+
+    fn advance_any() -> Self::AdvanceAny {
+        TimestampPast::caller(stamp_now::<Ts, K, P>())
+    }
+
+    fn can_advance() -> Unguarded {
+        Unguarded
+    }
+
+    fn at_end(_: &Ts) -> bool {
+        false
+    }
+}
 
 #[cfg(test)]
 mod tests {

@@ -11,11 +11,9 @@ use std::marker::PhantomData;
 use diesel::backend::Backend;
 
 use crate::backend::OccBackend;
-use crate::version::VersionNumber;
 use diesel::expression::{AppearsOnTable, Expression, ValidGrouping};
 use diesel::query_builder::{AstPass, QueryFragment, QueryId};
 use diesel::query_dsl::RunQueryDsl;
-use diesel::serialize::ToSql;
 use diesel::sql_types::{Bool, HasSqlType};
 use diesel::{Column, QueryResult, Table};
 
@@ -586,47 +584,6 @@ impl<Col: Column, DB: Backend> QueryFragment<DB> for Increment<Col> {
     }
 }
 
-/// `"version" < ?` (`below`) or `"version" = ?` (not `below`), with the type's maximum.
-#[derive(Debug, Clone, Copy)]
-pub struct Maximum<Col, V> {
-    below: bool,
-    max: V,
-    column: PhantomData<Col>,
-}
-
-impl<Col, V: VersionNumber> Maximum<Col, V> {
-    /// `"version" < ?max`: the rows whose version can still advance.
-    pub fn below() -> Self {
-        Maximum {
-            below: true,
-            max: V::MAX,
-            column: PhantomData,
-        }
-    }
-
-    /// `"version" = ?max`: the rows whose version cannot advance any more.
-    pub fn at() -> Self {
-        Maximum {
-            below: false,
-            max: V::MAX,
-            column: PhantomData,
-        }
-    }
-}
-
-impl<Col, V, DB> QueryFragment<DB> for Maximum<Col, V>
-where
-    DB: Backend + HasSqlType<Col::SqlType>,
-    Col: Column,
-    V: VersionNumber + ToSql<Col::SqlType, DB>,
-{
-    fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, DB>) -> QueryResult<()> {
-        out.push_identifier(Col::NAME)?;
-        out.push_sql(if self.below { " < " } else { " = " });
-        out.push_bind_param::<Col::SqlType, V>(&self.max)
-    }
-}
-
 /// `(<a> OR <b>)`.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Either<A, B>(pub A, pub B);
@@ -642,6 +599,19 @@ where
         self.0.walk_ast(out.reborrow())?;
         out.push_sql(" OR ");
         self.1.walk_ast(out.reborrow())?;
+        out.push_sql(")");
+        Ok(())
+    }
+}
+
+/// `NOT (<p>)`.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Not<P>(pub P);
+
+impl<P: QueryFragment<DB>, DB: Backend> QueryFragment<DB> for Not<P> {
+    fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, DB>) -> QueryResult<()> {
+        out.push_sql("NOT (");
+        self.0.walk_ast(out.reborrow())?;
         out.push_sql(")");
         Ok(())
     }

@@ -12,8 +12,8 @@
 //!   *and* the copy's token, which also closes the ABA gap (valid, taken, valid again
 //!   between the read and the write: the status alone cannot see it, the token can).
 //! - from a key alone ([`transition_by_key`](GuardedStatusTransition::transition_by_key),
-//!   version-guarded entities): the status check only, no read before it; the version
-//!   advances in SQL and comes back with the statement.
+//!   entities whose guard advances in SQL: a version, a timestamp, `xmin`): the status check only, no
+//!   read before it; the token advances in SQL and comes back with the statement.
 //!
 //! Outcomes: the new token; [`Error::NotFound`]; [`Error::InvalidTransition`] with the
 //! current row when its state does not allow the move (never retried: the state is what
@@ -31,20 +31,18 @@ use diesel::query_dsl::methods::ExecuteDsl;
 use diesel::{Column, Insertable};
 
 use crate::backend::OccBackend;
-use crate::completion::{Complete, Counted, ReturnedBy};
+use crate::completion::{Complete, Counted};
 use crate::connection::{commit_operation, WriteTransaction};
 use crate::error::{Error, InvalidTransition};
 use crate::executor::{classify, CannotMiss, CompareAndSet, Matches, Miss};
-use crate::guard::{AdvanceOf, CompletionOf, GuardKind, Guarded, TokenOf};
+use crate::guard::{
+    AdvanceInSql, AdvanceOf, CompletionOf, GuardKind, Guarded, ReturnedTokenOf, TokenOf,
+};
 use crate::modify::in_caller_transaction;
 use crate::retry::{RetryPolicy, Stop};
-use crate::statement::{
-    AlsoSet, And, Assignments, ColumnEq, Comma, GuardedUpdate, Increment, Joined, Maximum,
-    NoChanges,
-};
+use crate::statement::{And, Assignments, ColumnEq, Comma, GuardedUpdate, Joined, NoChanges};
 use crate::status::{HasStatus, Status, StatusIn};
-use crate::update::{advance_from, unreadable_in, LoadByKey, RowMoved};
-use crate::version::{VersionColumnFor, VersionGuard, VersionNumber};
+use crate::update::{advance_from, unreadable_in, write_by_key, KeyWriteOf, LoadByKey, RowMoved};
 
 /// No extra assignment: the transition sets the status (and advances the token) only.
 /// The table is inferred from the entity.
@@ -69,13 +67,11 @@ pub type TransitionOf<T, Ch> = GuardedUpdate<
     StatusAnd<T, <<T as Guarded>::Guard as GuardKind>::Predicate>,
 >;
 
-/// The key-only transition of `T` (version column `VCol` of type `V`).
-pub type KeyTransitionOf<T, Ch, VCol, V> = GuardedUpdate<
-    <T as diesel::associations::HasTable>::Table,
+/// The key-only transition of `T` with extra changeset `Ch`.
+pub type KeyTransitionOf<T, Ch> = KeyWriteOf<
+    T,
     SetStatus<T, Ch>,
-    AlsoSet<Increment<VCol>, <T as Guarded>::Stamp>,
-    <T as Guarded>::KeyPredicate,
-    StatusAnd<T, Maximum<VCol, V>>,
+    StatusIn<<T as HasStatus>::StatusColumn, <T as HasStatus>::Status>,
 >;
 
 /// Transitions of loaded copies, for every entity with a `#[occ(status)]` field.
@@ -163,15 +159,13 @@ pub trait GuardedTransition: HasStatus + Clone {
 
 impl<T: HasStatus + Clone> GuardedTransition for T {}
 
-/// Key-only transitions for entities guarded by a version column.
-pub trait GuardedStatusTransition<VCol, V>:
-    HasStatus + Clone + Guarded<Guard = VersionGuard<VCol, V>>
+/// Key-only transitions for entities whose guard advances in SQL (a version, a timestamp, `xmin`).
+pub trait GuardedStatusTransition: HasStatus + Clone
 where
-    VCol: Column + VersionColumnFor<V>,
-    V: VersionNumber,
+    Self::Guard: AdvanceInSql,
 {
     /// Moves the row with `key` to `to` (with `extra`) if its state allows it, whatever
-    /// its token, in one statement with no read before it; advances the version and
+    /// its token, in one statement with no read before it; advances the token and
     /// returns the new one. Transient database errors are retried as `policy` allows
     /// (one attempt inside a transaction you opened).
     fn transition_by_key<C, Ch>(
@@ -180,13 +174,13 @@ where
         to: Self::Status,
         extra: Ch,
         policy: &RetryPolicy,
-    ) -> Result<V, Error>
+    ) -> Result<TokenOf<Self>, Error>
     where
         C: LoadConnection,
         C::Backend: OccBackend,
         Ch: AsChangeset<Target = Self::Table> + Clone,
-        KeyTransitionOf<Self, Ch::Changeset, VCol, V>: Assignments<C::Backend>,
-        ReturnedBy<VCol>: Complete<C, KeyTransitionOf<Self, Ch::Changeset, VCol, V>, V>,
+        KeyTransitionOf<Self, Ch::Changeset>: Assignments<C::Backend>,
+        ReturnedTokenOf<Self>: Complete<C, KeyTransitionOf<Self, Ch::Changeset>, TokenOf<Self>>,
         Self: LoadByKey<C>,
     {
         let policy = if in_caller_transaction(conn) {
@@ -194,31 +188,18 @@ where
         } else {
             policy.clone()
         };
-        let (version, _) = policy.run(|_| -> Result<V, Stop<Error>> {
-            let statement = KeyTransitionOf::<Self, Ch::Changeset, VCol, V>::new(
-                Self::table(),
-                Joined(ColumnEq::new(to), extra.clone().as_changeset(), Comma),
-                Joined(Increment::default(), Self::stamp(), Comma),
-                Self::key_predicate(key),
-                Joined(
-                    StatusIn::new(Self::Status::sources(to)),
-                    Maximum::below(),
-                    And,
-                ),
-            );
+        let (token, _) = policy.run(|_| -> Result<TokenOf<Self>, Stop<Error>> {
             let miss = TransitionMiss {
-                row: RowMoved::<Self>::advancing_any(key, |version| *version == V::MAX),
+                row: RowMoved::<Self>::advancing_any(key, Self::Guard::at_end),
                 to,
             };
-            let written = CompareAndSet::one(statement, Self::table_name(), key, miss)
-                .run::<C, ReturnedBy<VCol>, V>(conn)?;
-            written.token.ok_or_else(|| {
-                Stop::Occ(Error::Database(diesel::result::Error::QueryBuilderError(
-                    "the transition wrote its row but did not read its version back".into(),
-                )))
-            })
+            let changes = Joined(ColumnEq::new(to), extra.clone().as_changeset(), Comma);
+            let condition = StatusIn::new(Self::Status::sources(to));
+            Ok(write_by_key::<Self, C, _, _, _>(
+                conn, key, changes, condition, miss,
+            )?)
         })?;
-        Ok(version)
+        Ok(token)
     }
 
     /// Moves the row with `key` to `to` and runs `hook` (given the state the row left and
@@ -266,11 +247,10 @@ where
     }
 }
 
-impl<T, VCol, V> GuardedStatusTransition<VCol, V> for T
+impl<T> GuardedStatusTransition for T
 where
-    T: HasStatus + Clone + Guarded<Guard = VersionGuard<VCol, V>>,
-    VCol: Column + VersionColumnFor<V>,
-    V: VersionNumber,
+    T: HasStatus + Clone,
+    T::Guard: AdvanceInSql,
 {
 }
 

@@ -12,11 +12,14 @@ use crate::backend::OccBackend;
 use crate::completion::{Complete, Counted};
 use crate::error::{Conflict, Error};
 use crate::executor::{classify, in_transaction, CompareAndSet, Miss};
-use crate::guard::{AdvanceOf, Advancing, CompletionOf, GuardKind, Guarded, TokenOf};
+use crate::guard::{
+    AdvanceAnyOf, AdvanceInSql, AdvanceOf, Advancing, CanAdvanceOf, CompletionOf, GuardKind,
+    Guarded, ReturnedTokenOf, TokenOf,
+};
 use crate::names::table_name;
 use crate::statement::{
-    assigned_columns, AnyOf, Assignments, Comma, GuardedDelete, GuardedUpdate, Joined, LatestRead,
-    NoChanges, RowLock, Unguarded,
+    assigned_columns, And, AnyOf, Assignments, Comma, GuardedDelete, GuardedUpdate, Joined,
+    LatestRead, NoChanges, RowLock, Unguarded,
 };
 
 /// The guarded `UPDATE` of entity `T` with changeset `Ch`.
@@ -434,6 +437,51 @@ where
     let miss = RowMoved::<T>::expecting(key, expected);
     let written = CompareAndSet::one(statement, T::table_name(), key, miss).run::<C, K, _>(conn)?;
     Ok(written.token)
+}
+
+/// A write of entity `T`'s row by key alone: changes `Ch`, the token advanced in SQL,
+/// under condition `G` and as long as the token can advance.
+pub type KeyWriteOf<T, Ch, G> = GuardedUpdate<
+    <T as diesel::associations::HasTable>::Table,
+    Ch,
+    AdvanceAnyOf<T>,
+    <T as Guarded>::KeyPredicate,
+    Joined<G, CanAdvanceOf<T>, And>,
+>;
+
+/// Writes `changes` to the row with `key` if `condition` holds, whatever token the row
+/// holds, advancing the token in SQL: one statement, no read before it. Returns the new
+/// token, read back by the statement; `miss` explains a row it did not write.
+pub(crate) fn write_by_key<T, C, Ch, G, M>(
+    conn: &mut C,
+    key: &T::Key,
+    changes: Ch,
+    condition: G,
+    miss: M,
+) -> Result<TokenOf<T>, Error>
+where
+    T: LoadByKey<C>,
+    T::Guard: AdvanceInSql,
+    C: LoadConnection,
+    C::Backend: OccBackend,
+    KeyWriteOf<T, Ch, G>: Assignments<C::Backend>,
+    ReturnedTokenOf<T>: Complete<C, KeyWriteOf<T, Ch, G>, TokenOf<T>>,
+    M: Miss<C>,
+{
+    let statement = KeyWriteOf::<T, Ch, G>::new(
+        T::table(),
+        changes,
+        Joined(T::Guard::advance_any(), T::stamp(), Comma),
+        T::key_predicate(key),
+        Joined(condition, T::Guard::can_advance(), And),
+    );
+    let written = CompareAndSet::one(statement, T::table_name(), key, miss)
+        .run::<C, ReturnedTokenOf<T>, TokenOf<T>>(conn)?;
+    written.token.ok_or_else(|| {
+        Error::Database(DieselError::QueryBuilderError(
+            "the write matched its row but did not read its new token back".into(),
+        ))
+    })
 }
 
 /// A write on an entity's row matched nothing: the latest row, read by key, says why.

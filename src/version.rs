@@ -3,12 +3,15 @@
 use std::fmt::Debug;
 use std::marker::PhantomData;
 
-use diesel::sql_types::{BigInt, Integer, SmallInt};
-use diesel::{Column, Expression};
+use diesel::backend::Backend;
+use diesel::query_builder::{AstPass, QueryFragment};
+use diesel::serialize::ToSql;
+use diesel::sql_types::{BigInt, HasSqlType, Integer, SmallInt};
+use diesel::{Column, Expression, QueryResult};
 
 use crate::error::Token;
-use crate::guard::{Advancing, GuardKind};
-use crate::statement::ColumnEq;
+use crate::guard::{AdvanceInSql, Advancing, GuardKind};
+use crate::statement::{ColumnEq, Increment};
 
 /// The version-column guard (`#[occ(version)]`): `version = ?` proves the row, `version =
 /// ?next` advances it, with the next version computed in Rust.
@@ -38,6 +41,31 @@ where
 }
 
 impl<Col, V> Advancing for VersionGuard<Col, V> where Self: GuardKind {}
+
+/// `version = version + 1 ... AND version < ?max`: a row at its type's maximum is left
+/// alone (SQLite would turn `i64::MAX + 1` into a float), and the new version comes back
+/// with the statement.
+impl<Col, V> AdvanceInSql for VersionGuard<Col, V>
+where
+    Col: Column + VersionColumnFor<V>,
+    V: VersionNumber,
+{
+    type AdvanceAny = Increment<Col>;
+    type CanAdvance = BelowMaximum<Col, V>;
+    type TokenColumn = Col;
+
+    fn advance_any() -> Increment<Col> {
+        Increment::default()
+    }
+
+    fn can_advance() -> BelowMaximum<Col, V> {
+        BelowMaximum::default()
+    }
+
+    fn at_end(token: &V) -> bool {
+        *token == V::MAX
+    }
+}
 
 /// The integer types a version column may have.
 ///
@@ -101,6 +129,35 @@ where
     V: VersionNumber,
     C: Column + Expression<SqlType = V::SqlType>,
 {
+}
+
+/// `"version" < ?max`: the rows whose version can still advance.
+#[derive(Debug, Clone, Copy)]
+pub struct BelowMaximum<Col, V> {
+    max: V,
+    column: PhantomData<Col>,
+}
+
+impl<Col, V: VersionNumber> Default for BelowMaximum<Col, V> {
+    fn default() -> Self {
+        BelowMaximum {
+            max: V::MAX,
+            column: PhantomData,
+        }
+    }
+}
+
+impl<Col, V, DB> QueryFragment<DB> for BelowMaximum<Col, V>
+where
+    DB: Backend + HasSqlType<Col::SqlType>,
+    Col: Column,
+    V: VersionNumber + ToSql<Col::SqlType, DB>,
+{
+    fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, DB>) -> QueryResult<()> {
+        out.push_identifier(Col::NAME)?;
+        out.push_sql(" < ");
+        out.push_bind_param::<Col::SqlType, V>(&self.max)
+    }
 }
 
 #[cfg(test)]

@@ -25,7 +25,7 @@ use diesel::Column;
 
 use crate::completion::ReturnedBy;
 use crate::error::Token;
-use crate::guard::{Advancing, GuardKind};
+use crate::guard::{AdvanceInSql, Advancing, GuardKind};
 use crate::statement::{ColumnEq, Unguarded};
 
 /// PostgreSQL's `xid`, the type of `xmin`: a 32-bit transaction id, read as `u32`.
@@ -79,3 +79,25 @@ where
 }
 
 impl<Col> Advancing for XminGuard<Col> where Self: GuardKind {}
+
+/// PostgreSQL gives every written row a new `xmin`: nothing to assign, no row left out.
+impl<Col> AdvanceInSql for XminGuard<Col>
+where
+    Col: Column<SqlType = Xid>,
+{
+    type AdvanceAny = Unguarded;
+    type CanAdvance = Unguarded;
+    type TokenColumn = Col;
+
+    fn advance_any() -> Unguarded {
+        Unguarded
+    }
+
+    fn can_advance() -> Unguarded {
+        Unguarded
+    }
+
+    fn at_end(_: &u32) -> bool {
+        false
+    }
+}

@@ -168,4 +168,21 @@ for_each_backend! {
         let err = Task::claim(conn, tasks::owner, tasks::claimed_at, &request(&"w".repeat(10_000), 10)).unwrap_err();
         assert!(matches!(err, Error::InvalidName { what: "owner", .. }), "{err}");
     }
+
+    /// A row whose version cannot advance is not handed out: the claim fails with the
+    /// overflow and rolls back, so no row of it is claimed (before, the version wrapped
+    /// past its type: an error on PostgreSQL and MySQL, a float on SQLite).
+    #[test]
+    fn a_row_at_the_last_version_is_not_claimed_and_nothing_else_is_either() {
+        let Some(db) = setup(3) else { return };
+        let conn = &mut db.conn();
+        diesel::update(tasks::table.filter(tasks::id.eq(2))).set(tasks::version.eq(i64::MAX)).execute(conn).unwrap();
+
+        let err = Task::claim(conn, tasks::owner, tasks::claimed_at, &request("w", 10)).unwrap_err();
+
+        assert!(matches!(&err, Error::VersionOverflow { key, .. } if key == "2"), "{err}");
+        let rows: Vec<(i64, TaskState, Option<String>, i64)> =
+            all(conn).into_iter().map(|t| (t.id, t.state, t.owner, t.version)).collect();
+        assert_eq!(rows, [(1, TaskState::Open, None, 0), (2, TaskState::Open, None, i64::MAX), (3, TaskState::Open, None, 0)]);
+    }
 }

@@ -11,7 +11,7 @@ use std::sync::Barrier;
 use diesel::connection::SimpleConnection;
 use diesel::prelude::*;
 use diesel_occ::{
-    BatchMode, Error, Guarded, GuardedBatch, GuardedWrite, Pooled, RowOutcome, Token,
+    BatchMode, Error, Guarded, GuardedBatch, GuardedBulk, GuardedWrite, Pooled, RowOutcome, Token,
 };
 
 diesel::table! {
@@ -193,4 +193,33 @@ fn a_batch_returns_each_written_rows_new_xmin() {
         }
         other => panic!("{other:?}"),
     }
+}
+
+/// A bulk update needs nothing of its own to advance `xmin`: PostgreSQL gives every
+/// written row a new one, so every copy read before it conflicts.
+#[test]
+fn bulk_update_gives_every_row_a_new_xmin() {
+    let Some(db) = setup() else { return };
+    let conn = &mut db.conn();
+    conn.batch_execute("INSERT INTO items (id, note, counter) VALUES (2, 'new', 0)")
+        .unwrap();
+    let before: Vec<Item> = items::table
+        .order(items::id)
+        .select(Item::as_select())
+        .load(conn)
+        .unwrap();
+
+    let report = Item::guarded_bulk_update(conn, items::id.gt(0), items::counter.eq(5)).unwrap();
+
+    assert_eq!((report.updated, report.at_maximum), (2, 0));
+    for old in before {
+        let stale = old.guarded_update(conn, items::note.eq("stale"));
+        assert!(matches!(stale, Err(Error::Conflict(_))), "{stale:?}");
+    }
+    let notes: Vec<(String, i64)> = items::table
+        .order(items::id)
+        .select((items::note, items::counter))
+        .load(conn)
+        .unwrap();
+    assert_eq!(notes, [("new".to_string(), 5), ("new".to_string(), 5)]);
 }

@@ -6,18 +6,18 @@ diesel::table! {
     profiles (id) {
         id -> BigInt,
         ext -> Jsonb,
-        changed_at -> Timestamp,
+        name -> Text,
     }
 }
 
 #[derive(Debug, Clone, Queryable, Selectable, Identifiable, Guarded)]
 #[diesel(table_name = profiles)]
+#[occ(pre_image)]
 struct Profile {
     id: i64,
     #[occ(json)]
     ext: serde_json::Value,
-    #[occ(last_modified)]
-    changed_at: chrono::NaiveDateTime,
+    name: String,
 }
 
 fn merge(conn: &mut PgConnection) {
