@@ -23,7 +23,8 @@ pub(crate) enum Matches {
     /// The one row its key addresses: 0 is a miss, more is [`Error::KeyNotUnique`].
     One,
     /// Every one of `n` rows (locked beforehand): fewer is a miss, more is
-    /// [`Error::KeyNotUnique`].
+    /// [`Error::KeyNotUnique`]. Task claims are its one user.
+    #[cfg_attr(not(feature = "locks"), allow(dead_code))]
     All(usize),
     /// Any number: a write by filter, or an insert that may find its row there.
     Any,
