@@ -13,7 +13,7 @@
 
 use diesel::prelude::*;
 use diesel_migrations::{embed_migrations, EmbeddedMigrations, MigrationHarness};
-use diesel_occ::transition::{no_extra, GuardedStatusTransition};
+use diesel_occ::{no_extra, GuardedStatusTransition};
 use diesel_occ::{Error, Guarded, GuardedWrite, PoolConfig, RetryPolicy, Status};
 
 const MIGRATIONS: EmbeddedMigrations = embed_migrations!("migrations/sqlite");

@@ -1,4 +1,5 @@
 #![deny(missing_docs)]
+#![warn(unreachable_pub)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 // Without a backend the one error below is all a user needs to see: the backend-specific
 // code it leaves unused would only add warnings.
@@ -73,17 +74,17 @@
 //! - `all-backends`: all three.
 //! - `chrono`: last-modified and `updated_at` timestamp guards on `chrono` date-times,
 //!   on the caller's clock or the database's.
-//! - `locks`: locks, leases, leader election, fencing tokens and task claims (the
-//!   `lock`, `lease`, `leader`, `fence` and `claim` modules; turns on `chrono`, since
-//!   their times come from the database clock as `chrono` date-times).
+//! - `locks`: locks, leases, leader election, fencing tokens and task claims (`Locks`,
+//!   `Lease`, `Candidate`, `FencedWrite`, `GuardedClaim`; turns on `chrono`, since their
+//!   times come from the database clock as `chrono` date-times).
 //! - `backoff`: `RetryPolicy::backoff_schedule` takes the waits from a
 //!   `backoff::ExponentialBackoff`, for code that already builds them (that crate is
 //!   unmaintained; the default schedule does not use it).
 //! - `migrations` (default): [`migrations::run`] creates the library's own tables.
 //! - `http`: `ETag`, `If-Match` / `If-None-Match` and RFC 9457 problems for web back
 //!   ends (the `http` module).
-//! - `tokio`: the blocking calls from async code on tokio's blocking pool (the
-//!   `blocking` module).
+//! - `tokio`: the blocking calls from async code on tokio's blocking pool
+//!   (`with_connection`).
 //!
 //! # The derive
 //! `#[derive(Guarded)]` goes next to diesel's `Queryable`, `Selectable` and `Identifiable`
@@ -95,7 +96,7 @@
 //!   snake case with an `s`, like diesel).
 //! - `#[diesel(primary_key(col, ...))]`: key columns (default `id`); composite keys work.
 //! - `#[occ(pre_image)]`: the guard is the old values of every field but the key and the
-//!   excluded ones ([`pre_image`]).
+//!   excluded ones ([`ChangedColumns`] narrows it to the changed ones).
 //!
 //! Field attributes (one guard per struct; kinds do not combine):
 //! - `#[occ(version)]`: the version column, of type `i16`, `i32` or `i64` (or an alias of
@@ -103,9 +104,9 @@
 //!   NULL and of the matching SQL type ([`VersionColumnFor`]).
 //! - `#[occ(last_modified)]` or `#[occ(last_modified(precision = "seconds", clock =
 //!   my::Clock))]`: a `chrono::NaiveDateTime` or `chrono::DateTime<Utc>` timestamp is the
-//!   token (feature `chrono`; see the `last_modified` module).
-//! - `#[occ(xmin)]`: PostgreSQL's `xmin` system column is the token (a `u32` field; see the
-//!   `xmin` module, feature `postgres`).
+//!   token (feature `chrono`; see `LastModifiedGuard` and `DatabaseClockGuard`).
+//! - `#[occ(xmin)]`: PostgreSQL's `xmin` system column is the token (a `u32` field; see
+//!   `XminGuard`, feature `postgres`).
 //! - `#[occ(compare)]`: the field's old value is part of a pre-image guard.
 //! - `#[occ(exclude)]`: writes to the field neither check nor advance the token
 //!   ([`GuardedWrite::update_excluded`]), and saves leave it alone.
@@ -130,78 +131,94 @@ compile_error!(
 // The derive's code names the crate `::diesel_occ`, also inside it (`VersionRow`).
 extern crate self as diesel_occ;
 
-pub mod backend;
-pub mod batch;
-#[cfg(feature = "tokio")]
-pub mod blocking;
-pub mod bulk;
+mod connect;
+mod error;
+mod guard;
+mod json;
 #[cfg(feature = "locks")]
-pub mod claim;
-pub mod combined;
-pub mod completion;
-pub mod connection;
-#[cfg(feature = "chrono")]
-pub mod database_clock;
-pub mod error;
-mod executor;
-#[cfg(feature = "locks")]
-pub mod fence;
-pub mod guard;
+mod locks;
+mod retry;
+mod sql;
+mod status;
+mod write;
+
 pub mod guide;
-mod hot_rows;
 #[cfg(feature = "http")]
 pub mod http;
-pub mod json;
-pub mod json_merge;
-
-#[cfg(feature = "chrono")]
-pub mod last_modified;
-#[cfg(feature = "locks")]
-pub mod leader;
-#[cfg(feature = "locks")]
-pub mod lease;
-#[cfg(feature = "locks")]
-pub mod lock;
 #[cfg(feature = "migrations")]
 pub mod migrations;
-pub mod modify;
-mod names;
-pub mod pessimistic;
-pub mod pool;
-pub mod pre_image;
 pub mod prelude;
-pub mod retry;
-pub mod statement;
-pub mod status;
-pub mod transition;
-pub mod update;
-pub mod version;
-pub mod version_row;
-pub mod write_gate;
-#[cfg(feature = "postgres")]
-pub mod xmin;
 
-pub use backend::OccBackend;
-pub use batch::{BatchMode, BatchReport, GuardedBatch, RowOutcome};
-pub use bulk::{BulkReport, GuardedBulk};
-pub use connection::WriteTransaction;
-pub use error::{Conflict, CurrentRow, Error, InvalidTransition, RetryReason, Token};
-pub use guard::{CompletionOf, GuardKind, Guarded, TokenOf};
+// Entities and their guards.
 #[cfg(feature = "chrono")]
-pub use last_modified::{Clock, LastModifiedGuard, SystemClock};
-pub use modify::{Connections, GuardedModify, Modified};
-#[cfg(feature = "mysql")]
-pub use pool::{mysql_pool, MysqlPool};
+pub use guard::server_clock::DatabaseClockGuard;
+#[cfg(feature = "chrono")]
+pub use guard::timestamp::{
+    Clock, LastModifiedGuard, Micros, Millis, Precision, Seconds, SystemClock, Timestamp,
+};
+pub use guard::version::{VersionColumnFor, VersionGuard, VersionNumber};
 #[cfg(feature = "postgres")]
-pub use pool::{postgres_pool, PgPool};
-#[cfg(feature = "sqlite")]
-pub use pool::{sqlite_pool, SqlitePool, SqliteSettings};
-pub use pool::{CheckedManager, PoolConfig, Pooled};
-pub use pre_image::{ChangedColumns, GuardedChanges};
-pub use retry::{Contention, RetryEvent, RetryPolicy, Stop};
+pub use guard::xmin::{Xid, XminGuard};
+pub use guard::{AdvanceInSql, Advancing, GuardKind, Guarded, TokenOf};
+
+// Writes.
+pub use guard::pre_image::{ChangedColumns, ExactlyComparable, GuardedChanges};
+pub use write::batch::{BatchMode, BatchReport, GuardedBatch, RowOutcome, ROWS_PER_STATEMENT};
+pub use write::bulk::{BulkReport, GuardedBulk};
+pub use write::entity::{GuardedWrite, LoadByKey};
+pub use write::modify::{Connections, GuardedModify, Modified};
+pub use write::operation::{guarded_operation, occ_versions, VersionRow};
+pub use write::pessimistic::{LockWait, Pessimistic};
+
+// JSON columns.
+pub use json::document::{merge_diff, GuardedJson, JsonDocument, DOCUMENT_LIMIT_BYTES};
+pub use json::merge_in_place::GuardedJsonMerge;
+
+// Status transitions and claims.
+#[cfg(feature = "locks")]
+pub use status::claim::{ClaimRequest, GuardedClaim};
+pub use status::transition::{
+    no_extra, occ_transitions, record, GuardedStatusTransition, GuardedTransition, HistoryEntry,
+};
 pub use status::{HasStatus, Status};
-pub use update::{GuardedWrite, LoadByKey};
-pub use version::{VersionColumnFor, VersionGuard, VersionNumber};
+
+// Locks, leases, leader election and fencing.
+#[cfg(feature = "locks")]
+pub use locks::fence::FencedWrite;
+#[cfg(feature = "locks")]
+pub use locks::leader::{Candidate, ElectionTiming, LeaderEvent};
+#[cfg(feature = "locks")]
+pub use locks::lease::Lease;
+#[cfg(feature = "locks")]
+pub use locks::lock::{occ_locks, LockConnection, LockGuard, Locks, MAX_TTL};
+
+// Outcomes, retries, connections.
+pub use connect::backend::OccBackend;
+#[cfg(feature = "tokio")]
+pub use connect::blocking::with_connection;
+#[cfg(feature = "mysql")]
+pub use connect::pool::{mysql_pool, MysqlPool};
+#[cfg(feature = "postgres")]
+pub use connect::pool::{postgres_pool, PgPool};
+#[cfg(feature = "sqlite")]
+pub use connect::pool::{sqlite_pool, SqlitePool, SqliteSettings};
+pub use connect::pool::{CheckedManager, PoolConfig, Pooled};
+pub use connect::transaction::WriteTransaction;
+pub use error::{Conflict, CurrentRow, Error, InvalidTransition, RetryReason, Token};
+pub use retry::{Contention, RetryEvent, RetryPolicy, Stop};
+pub use sql::names::NAME_LIMIT;
+
+/// What the derives' generated code names; not part of the API.
+#[doc(hidden)]
+pub mod __private {
+    pub use crate::guard::pre_image::{all_of, AllOf, NullSafeEq};
+    #[cfg(feature = "chrono")]
+    pub use crate::guard::timestamp::stamp_now;
+    pub use crate::guard::Unusable;
+    pub use crate::json::document::{field, field_mut};
+    pub use crate::sql::new_token::Counted;
+    pub use crate::sql::statement::{ColumnEq, NoChanges, Unguarded};
+}
 
 /// Derives [`Guarded`] for an entity struct; see the crate docs for its attributes.
 pub use diesel_occ_derive::{Guarded, Status};

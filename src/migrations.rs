@@ -1,5 +1,5 @@
 //! The tables diesel-occ itself needs: `occ_versions` (version rows guarding business
-//! operations, [`version_row`](crate::version_row)), and those of later features.
+//! operations, [`guarded_operation`](crate::guarded_operation)), and those of later features.
 //!
 //! Run them with [`run`] (diesel's migration harness: each is applied once and recorded in
 //! `__diesel_schema_migrations`, beside your own migrations), or embed them yourself from

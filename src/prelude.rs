@@ -9,23 +9,23 @@
 //! [`RetryPolicy`], which nearly every call names. Nothing here clashes with
 //! `diesel::prelude::*`.
 
-pub use crate::batch::GuardedBatch;
-pub use crate::bulk::GuardedBulk;
-#[cfg(feature = "locks")]
-pub use crate::claim::GuardedClaim;
-pub use crate::connection::WriteTransaction;
+pub use crate::connect::transaction::WriteTransaction;
 pub use crate::error::Error;
-#[cfg(feature = "locks")]
-pub use crate::fence::FencedWrite;
+pub use crate::guard::pre_image::{ChangedColumns, GuardedChanges};
 pub use crate::guard::Guarded;
-pub use crate::json::{GuardedJson, JsonDocument};
-pub use crate::json_merge::GuardedJsonMerge;
-pub use crate::modify::GuardedModify;
-pub use crate::pessimistic::Pessimistic;
-pub use crate::pre_image::{ChangedColumns, GuardedChanges};
+pub use crate::json::document::{GuardedJson, JsonDocument};
+pub use crate::json::merge_in_place::GuardedJsonMerge;
+#[cfg(feature = "locks")]
+pub use crate::locks::fence::FencedWrite;
 pub use crate::retry::RetryPolicy;
+#[cfg(feature = "locks")]
+pub use crate::status::claim::GuardedClaim;
+pub use crate::status::transition::{GuardedStatusTransition, GuardedTransition};
 pub use crate::status::{HasStatus, Status};
-pub use crate::transition::{GuardedStatusTransition, GuardedTransition};
-pub use crate::update::{GuardedWrite, LoadByKey};
+pub use crate::write::batch::GuardedBatch;
+pub use crate::write::bulk::GuardedBulk;
+pub use crate::write::entity::{GuardedWrite, LoadByKey};
+pub use crate::write::modify::GuardedModify;
+pub use crate::write::pessimistic::Pessimistic;
 /// `#[derive(Guarded)]` and `#[derive(Status)]`, beside the traits of the same names.
 pub use diesel_occ_derive::{Guarded, Status};

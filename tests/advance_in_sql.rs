@@ -17,9 +17,9 @@ use common::schema::documents;
 use common::FrozenClock;
 use diesel::connection::SimpleConnection;
 use diesel::prelude::*;
-use diesel_occ::claim::{ClaimRequest, GuardedClaim};
-use diesel_occ::json_merge::GuardedJsonMerge;
-use diesel_occ::transition::{no_extra, GuardedStatusTransition};
+use diesel_occ::GuardedJsonMerge;
+use diesel_occ::{no_extra, GuardedStatusTransition};
+use diesel_occ::{ClaimRequest, GuardedClaim};
 use diesel_occ::{Error, Guarded, GuardedBulk, GuardedWrite, RetryPolicy, Status};
 use serde_json::json;
 

@@ -4,8 +4,8 @@
 mod common;
 
 use diesel::prelude::*;
-use diesel_occ::json::GuardedJson;
-use diesel_occ::json_merge::GuardedJsonMerge;
+use diesel_occ::GuardedJson;
+use diesel_occ::GuardedJsonMerge;
 use diesel_occ::{Error, RetryPolicy};
 use serde_json::json;
 

@@ -130,7 +130,7 @@ for_each_backend! {
             let statements = statements.lock().unwrap();
             let count = |verb: &str| statements.iter().filter(|sql| sql.starts_with(verb)).count();
             // One read per statement that had a miss: rows 851..=2500 missed.
-            let rows = diesel_occ::batch::ROWS_PER_STATEMENT;
+            let rows = diesel_occ::ROWS_PER_STATEMENT;
             let with_misses: std::collections::BTreeSet<usize> = (851..=2500).map(|id| (id - 1) / rows).collect();
             assert_eq!((count("WITH"), count("SELECT")), (2500usize.div_ceil(rows), with_misses.len()));
         }

@@ -8,9 +8,9 @@ mod common;
 use std::time::Duration;
 
 use diesel::prelude::*;
-use diesel_occ::blocking::with_connection;
-use diesel_occ::connection::WriteTransaction;
-use diesel_occ::json::GuardedJson;
+use diesel_occ::with_connection;
+use diesel_occ::GuardedJson;
+use diesel_occ::WriteTransaction;
 use diesel_occ::{Error, RetryPolicy};
 use serde_json::json;
 

@@ -12,7 +12,7 @@ use std::time::Duration;
 use chrono::NaiveDateTime;
 use diesel::connection::SimpleConnection;
 use diesel::prelude::*;
-use diesel_occ::claim::{ClaimRequest, GuardedClaim};
+use diesel_occ::{ClaimRequest, GuardedClaim};
 use diesel_occ::{Error, Guarded, Status};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Status)]

@@ -16,9 +16,9 @@ use std::time::Duration;
 use common::{KillOnDrop, PoolByUrl};
 use diesel::connection::SimpleConnection;
 use diesel::prelude::*;
-use diesel_occ::fence::FencedWrite;
-use diesel_occ::lease::Lease;
-use diesel_occ::lock::Locks;
+use diesel_occ::FencedWrite;
+use diesel_occ::Lease;
+use diesel_occ::Locks;
 
 const TTL: Duration = Duration::from_millis(1000);
 

@@ -8,8 +8,8 @@ use std::sync::Barrier;
 use std::time::Duration;
 
 use diesel::prelude::*;
-use diesel_occ::json::GuardedJson;
-use diesel_occ::json_merge::GuardedJsonMerge;
+use diesel_occ::GuardedJson;
+use diesel_occ::GuardedJsonMerge;
 use diesel_occ::{Error, RetryPolicy};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
@@ -329,7 +329,7 @@ for_each_backend! {
         insert(conn, 1, json!({"name": "ada"}));
         let before = load(conn, 1);
         let policy = RetryPolicy::default();
-        let huge = json!({"blob": "x".repeat(diesel_occ::json::DOCUMENT_LIMIT_BYTES)});
+        let huge = json!({"blob": "x".repeat(diesel_occ::DOCUMENT_LIMIT_BYTES)});
 
         let errors = [
             Profile::merge_json(conn, &1, profiles::ext, &json!([1, 2]), &policy).unwrap_err(),

@@ -12,8 +12,8 @@ use std::time::Duration;
 
 use common::{HistoryRow, KillOnDrop, PoolByUrl};
 use diesel::prelude::*;
-use diesel_occ::json::GuardedJson;
-use diesel_occ::transition::{no_extra, record, GuardedTransition, HistoryEntry};
+use diesel_occ::GuardedJson;
+use diesel_occ::{no_extra, record, GuardedTransition, HistoryEntry};
 use diesel_occ::{Error, RetryPolicy, Status};
 use serde_json::json;
 

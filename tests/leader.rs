@@ -12,10 +12,10 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use diesel::prelude::*;
-use diesel_occ::leader::{Candidate, ElectionTiming, LeaderEvent};
-use diesel_occ::lease::Lease;
-use diesel_occ::lock::{occ_locks, Locks};
 use diesel_occ::Error;
+use diesel_occ::Lease;
+use diesel_occ::{occ_locks, Locks};
+use diesel_occ::{Candidate, ElectionTiming, LeaderEvent};
 
 /// Fast timings for tests: a dead leader is replaced within about a second.
 fn timing() -> ElectionTiming {

@@ -13,8 +13,8 @@ use std::time::Duration;
 
 use diesel::connection::SimpleConnection;
 use diesel::prelude::*;
-use diesel_occ::fence::FencedWrite;
-use diesel_occ::lock::{occ_locks, Locks, MAX_TTL};
+use diesel_occ::FencedWrite;
+use diesel_occ::{occ_locks, Locks, MAX_TTL};
 use diesel_occ::{Error, RetryPolicy};
 
 fn quick() -> RetryPolicy {

@@ -8,8 +8,8 @@ use std::sync::{Barrier, Mutex};
 use common::models::Counter;
 use common::schema::counters;
 use diesel::prelude::*;
-use diesel_occ::pessimistic::{LockWait, Pessimistic};
 use diesel_occ::Error;
+use diesel_occ::{LockWait, Pessimistic};
 
 for_each_backend! {
     fn insert(db: &common::TestDb<Conn>) {

@@ -6,7 +6,7 @@
 mod common;
 
 use diesel::prelude::*;
-use diesel_occ::json::merge_diff;
+use diesel_occ::merge_diff;
 use proptest::prelude::*;
 use serde_json::{Map, Value};
 
@@ -141,7 +141,7 @@ mod http_properties {
 }
 
 for_each_backend! {
-    use diesel_occ::json_merge::GuardedJsonMerge;
+    use diesel_occ::GuardedJsonMerge;
     use diesel_occ::Guarded;
 
     json_profiles!();

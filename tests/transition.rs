@@ -9,9 +9,7 @@ use common::models::Order;
 use common::schema::orders;
 use common::HistoryRow;
 use diesel::prelude::*;
-use diesel_occ::transition::{
-    no_extra, record, GuardedStatusTransition, GuardedTransition, HistoryEntry,
-};
+use diesel_occ::{no_extra, record, GuardedStatusTransition, GuardedTransition, HistoryEntry};
 use diesel_occ::{Error, Guarded, RetryPolicy, Status};
 
 /// An order's life: held orders can be released again, which is the ABA case.

@@ -10,7 +10,7 @@ use std::time::Duration;
 use common::models::Counter;
 use common::schema::counters;
 use diesel::prelude::*;
-use diesel_occ::version_row::{guarded_operation, occ_versions, VersionRow, NAME_LIMIT};
+use diesel_occ::{guarded_operation, occ_versions, VersionRow, NAME_LIMIT};
 use diesel_occ::{Error, RetryPolicy};
 
 #[derive(Debug)]

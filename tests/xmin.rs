@@ -16,7 +16,7 @@ use diesel_occ::{
 
 diesel::table! {
     use diesel::sql_types::*;
-    use diesel_occ::xmin::Xid;
+    use diesel_occ::Xid;
 
     items (id) {
         id -> BigInt,

@@ -14,10 +14,10 @@ use std::sync::Barrier;
 use std::time::{Duration, Instant};
 
 use diesel::prelude::*;
-use diesel_occ::json::GuardedJson;
-use diesel_occ::json_merge::GuardedJsonMerge;
-use diesel_occ::pessimistic::{LockWait, Pessimistic};
+use diesel_occ::GuardedJson;
+use diesel_occ::GuardedJsonMerge;
 use diesel_occ::{Contention, Error, Guarded, RetryPolicy};
+use diesel_occ::{LockWait, Pessimistic};
 use serde_json::{json, Value};
 
 use crate::backend::{per_backend, recreate};

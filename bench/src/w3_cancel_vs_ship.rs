@@ -10,7 +10,7 @@ use std::sync::Barrier;
 use std::time::Instant;
 
 use diesel::prelude::*;
-use diesel_occ::transition::{no_extra, GuardedStatusTransition};
+use diesel_occ::{no_extra, GuardedStatusTransition};
 use diesel_occ::{Error, Guarded, RetryPolicy, Status};
 
 use crate::backend::{per_backend, recreate};

@@ -10,9 +10,9 @@ use std::sync::{Barrier, Mutex};
 use std::time::{Duration, Instant};
 
 use diesel::prelude::*;
-use diesel_occ::leader::{Candidate, ElectionTiming, LeaderEvent};
-use diesel_occ::lock::Locks;
+use diesel_occ::Locks;
 use diesel_occ::RetryPolicy;
+use diesel_occ::{Candidate, ElectionTiming, LeaderEvent};
 
 use crate::backend::per_backend;
 use crate::measure::Latencies;

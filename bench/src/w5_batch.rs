@@ -10,8 +10,8 @@ use std::time::Instant;
 
 use diesel::connection::{Instrumentation, InstrumentationEvent};
 use diesel::prelude::*;
-use diesel_occ::batch::{BatchMode, GuardedBatch};
-use diesel_occ::connection::WriteTransaction;
+use diesel_occ::WriteTransaction;
+use diesel_occ::{BatchMode, GuardedBatch};
 use diesel_occ::{Guarded, GuardedWrite};
 
 use crate::backend::{per_backend, recreate};
@@ -88,7 +88,7 @@ per_backend! {
                 }
                 for (row, outcome) in rows.iter_mut().zip(report.rows) {
                     match outcome {
-                        diesel_occ::batch::RowOutcome::Written(version) => row.version = version,
+                        diesel_occ::RowOutcome::Written(version) => row.version = version,
                         other => return Err(format!("row {} not written: {other:?}", row.id).into()),
                     }
                 }

@@ -105,7 +105,7 @@ pub fn guarded(entity: &Entity<'_>, guard: &Guard<'_, '_>) -> TokenStream {
         .collect();
     let (changes_type, changes) = if changed.is_empty() {
         (
-            quote!(::diesel_occ::statement::NoChanges<#table::table>),
+            quote!(::diesel_occ::__private::NoChanges<#table::table>),
             quote!(::std::default::Default::default()),
         )
     } else {
@@ -195,11 +195,11 @@ fn json_documents(
             // The field goes through a function taking a `Value`, spanned at the field's
             // type, so that a field of another type is reported there.
             let (read, edit) = (
-                quote_spanned!(f.ty.span()=> ::diesel_occ::json::field(&self.#member)),
-                quote_spanned!(f.ty.span()=> ::diesel_occ::json::field_mut(&mut self.#member)),
+                quote_spanned!(f.ty.span()=> ::diesel_occ::__private::field(&self.#member)),
+                quote_spanned!(f.ty.span()=> ::diesel_occ::__private::field_mut(&mut self.#member)),
             );
             quote! {
-                impl ::diesel_occ::json::JsonDocument<#col> for #ident {
+                impl ::diesel_occ::JsonDocument<#col> for #ident {
                     fn document(&self) -> &::diesel_occ::serde_json::Value {
                         #read
                     }
@@ -225,7 +225,7 @@ fn status_column(
     let (col, member) = (column(f), &f.member);
     let ty = respan(f.ty.to_token_stream(), f.ty.span());
     quote! {
-        impl ::diesel_occ::status::HasStatus for #ident {
+        impl ::diesel_occ::HasStatus for #ident {
             type Status = #ty;
             type StatusColumn = #col;
 
@@ -253,10 +253,10 @@ fn token_guard(
     let col = column(field);
     let guard_kind = match attr {
         GuardAttr::Version(_) => quote!(::diesel_occ::VersionGuard<#col, #ty>),
-        GuardAttr::Xmin(_) => quote!(::diesel_occ::xmin::XminGuard<#col>),
+        GuardAttr::Xmin(_) => quote!(::diesel_occ::XminGuard<#col>),
         GuardAttr::LastModified(stamping) if stamping.database_clock() => {
             let (_, precision) = clock_and_precision(stamping);
-            quote!(::diesel_occ::database_clock::DatabaseClockGuard<#col, #ty, #precision>)
+            quote!(::diesel_occ::DatabaseClockGuard<#col, #ty, #precision>)
         }
         GuardAttr::LastModified(stamping) => {
             let (clock, precision) = clock_and_precision(stamping);
@@ -298,7 +298,7 @@ fn pre_image_guard(
         let index = syn::Index::from(i);
         // Spanned at the field: a column that cannot be compared exactly is refused here.
         let eq_ty = respan(
-            quote!(::diesel_occ::pre_image::NullSafeEq<#col, #ty>),
+            quote!(::diesel_occ::__private::NullSafeEq<#col, #ty>),
             field.ty.span(),
         );
         let eq = respan(
@@ -308,8 +308,8 @@ fn pre_image_guard(
         predicate = Some(match predicate {
             None => (eq_ty, eq),
             Some((all_ty, all)) => (
-                quote!(::diesel_occ::pre_image::AllOf<#all_ty, #eq_ty>),
-                quote!(::diesel_occ::pre_image::all_of(#all, #eq)),
+                quote!(::diesel_occ::__private::AllOf<#all_ty, #eq_ty>),
+                quote!(::diesel_occ::__private::all_of(#all, #eq)),
             ),
         });
         token_types.push(ty);
@@ -323,8 +323,8 @@ fn pre_image_guard(
         impl ::diesel_occ::GuardKind for PreImage {
             type Token = (#(#token_types,)*);
             type Predicate = #predicate_type;
-            type Advance = ::diesel_occ::statement::Unguarded;
-            type Completion = ::diesel_occ::completion::Counted;
+            type Advance = ::diesel_occ::__private::Unguarded;
+            type Completion = ::diesel_occ::__private::Counted;
 
             fn predicate(token: &Self::Token) -> Self::Predicate {
                 #predicate
@@ -332,7 +332,7 @@ fn pre_image_guard(
 
             fn advance(token: &Self::Token) -> ::std::option::Option<(Self::Advance, Self::Token)> {
                 ::std::option::Option::Some((
-                    ::diesel_occ::statement::Unguarded,
+                    ::diesel_occ::__private::Unguarded,
                     ::std::clone::Clone::clone(token),
                 ))
             }
@@ -364,7 +364,7 @@ fn clock_and_precision(stamping: &Stamping) -> (TokenStream, TokenStream) {
         .precision
         .as_ref()
         .map_or_else(|| quote!(Micros), |p| quote!(#p));
-    (clock, quote!(::diesel_occ::last_modified::#precision))
+    (clock, quote!(::diesel_occ::#precision))
 }
 
 /// `type Stamp`, `stamp` and `set_stamp`: the `#[occ(updated_at)]` field set to now by
@@ -376,10 +376,10 @@ fn stamp_items(entity: &Entity<'_>, column: &dyn Fn(&Field<'_>) -> TokenStream) 
         .find_map(|f| Entity::updated_at(f).map(|s| (f, s)));
     let Some((field, stamping)) = stamped else {
         return quote! {
-            type Stamp = ::diesel_occ::statement::Unguarded;
+            type Stamp = ::diesel_occ::__private::Unguarded;
 
             fn stamp() -> Self::Stamp {
-                ::diesel_occ::statement::Unguarded
+                ::diesel_occ::__private::Unguarded
             }
 
             fn set_stamp(&mut self, _: &Self::Stamp) {}
@@ -388,18 +388,18 @@ fn stamp_items(entity: &Entity<'_>, column: &dyn Fn(&Field<'_>) -> TokenStream) 
     let (clock, precision) = clock_and_precision(stamping);
     let (col, ty, member) = (column(field), field.ty, &field.member);
     let stamp_type = respan(
-        quote!(::diesel_occ::statement::ColumnEq<#col, #ty>),
+        quote!(::diesel_occ::__private::ColumnEq<#col, #ty>),
         ty.span(),
     );
     let now = respan(
-        quote!(::diesel_occ::last_modified::stamp_now::<#ty, #clock, #precision>()),
+        quote!(::diesel_occ::__private::stamp_now::<#ty, #clock, #precision>()),
         ty.span(),
     );
     quote! {
         type Stamp = #stamp_type;
 
         fn stamp() -> Self::Stamp {
-            ::diesel_occ::statement::ColumnEq::new(#now)
+            ::diesel_occ::__private::ColumnEq::new(#now)
         }
 
         fn set_stamp(&mut self, stamp: &Self::Stamp) {
@@ -431,7 +431,7 @@ fn changed_columns(
         let (_, old_value) = value(field, quote!(&original.#member));
         let var = quote::format_ident!("field_{}", i);
         let compare_old = respan(
-            quote!(::diesel_occ::pre_image::NullSafeEq::<#col, #ty>::new(old)),
+            quote!(::diesel_occ::__private::NullSafeEq::<#col, #ty>::new(old)),
             field.ty.span(),
         );
         per_field.push(quote! {
@@ -451,14 +451,14 @@ fn changed_columns(
         change_types.push(quote!(::std::option::Option<::diesel_occ::diesel::dsl::Eq<#col, #ty>>));
         changes.push(quote!(#var.0));
         let old_ty = respan(
-            quote!(::std::option::Option<::diesel_occ::pre_image::NullSafeEq<#col, #ty>>),
+            quote!(::std::option::Option<::diesel_occ::__private::NullSafeEq<#col, #ty>>),
             field.ty.span(),
         );
         old = Some(match old {
             None => (old_ty, quote!(#var.1)),
             Some((all_ty, all)) => (
-                quote!(::diesel_occ::pre_image::AllOf<#all_ty, #old_ty>),
-                quote!(::diesel_occ::pre_image::all_of(#all, #var.1)),
+                quote!(::diesel_occ::__private::AllOf<#all_ty, #old_ty>),
+                quote!(::diesel_occ::__private::all_of(#all, #var.1)),
             ),
         });
     }

@@ -20,8 +20,8 @@ pub fn stub(input: &DeriveInput) -> TokenStream {
                 type KeyPredicate = ::diesel_occ::diesel::expression::SqlLiteral<
                     ::diesel_occ::diesel::sql_types::Bool,
                 >;
-                type Guard = ::diesel_occ::guard::Unusable;
-                type Changes = ::diesel_occ::statement::NoChanges<
+                type Guard = ::diesel_occ::__private::Unusable;
+                type Changes = ::diesel_occ::__private::NoChanges<
                     <Self as ::diesel_occ::diesel::associations::HasTable>::Table,
                 >;
                 const GUARD_COLUMNS: &'static [&'static str] = &[];
@@ -40,10 +40,10 @@ pub fn stub(input: &DeriveInput) -> TokenStream {
                     ::std::default::Default::default()
                 }
 
-                type Stamp = ::diesel_occ::statement::Unguarded;
+                type Stamp = ::diesel_occ::__private::Unguarded;
 
                 fn stamp() -> Self::Stamp {
-                    ::diesel_occ::statement::Unguarded
+                    ::diesel_occ::__private::Unguarded
                 }
 
                 fn set_stamp(&mut self, _: &Self::Stamp) {}

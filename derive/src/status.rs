@@ -318,7 +318,7 @@ fn expand(ident: &Ident, storage: &Storage, variants: &[Variant]) -> TokenStream
     let bound = quote!(#d::internal::derives::as_expression::Bound);
     quote! {
         const _: () = {
-            impl ::diesel_occ::status::Status for #ident {
+            impl ::diesel_occ::Status for #ident {
                 const ALL: &'static [Self] = &[#(#ident::#all),*];
 
                 fn sources(to: Self) -> &'static [Self] {

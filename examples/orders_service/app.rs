@@ -22,10 +22,10 @@ use axum::routing::post;
 use axum::{Json, Router};
 use diesel::connection::SimpleConnection;
 use diesel::prelude::*;
-use diesel_occ::blocking::with_connection;
 use diesel_occ::http::{check_if_match, EntityTag, Precondition, Problem};
-use diesel_occ::json::GuardedJson;
-use diesel_occ::transition::{no_extra, GuardedStatusTransition};
+use diesel_occ::with_connection;
+use diesel_occ::GuardedJson;
+use diesel_occ::{no_extra, GuardedStatusTransition};
 use diesel_occ::{Error, Guarded, GuardedWrite, LoadByKey, RetryPolicy, Status, Token};
 use serde_json::{json, Value};
 

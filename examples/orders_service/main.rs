@@ -19,9 +19,9 @@ mod app;
 
 use std::time::Duration;
 
-use diesel_occ::leader::{Candidate, ElectionTiming, LeaderEvent};
-use diesel_occ::lock::Locks;
+use diesel_occ::Locks;
 use diesel_occ::PoolConfig;
+use diesel_occ::{Candidate, ElectionTiming, LeaderEvent};
 
 type Outcome = Result<(), Box<dyn std::error::Error + Send + Sync>>;
 
@@ -73,9 +73,9 @@ async fn main() -> Outcome {
 
 /// The lock table of the chosen backend.
 enum Job {
-    Sqlite(Locks<diesel_occ::pool::CheckedManager<diesel::SqliteConnection>>),
-    Postgres(Locks<diesel_occ::pool::CheckedManager<diesel::PgConnection>>),
-    Mysql(Locks<diesel_occ::pool::CheckedManager<diesel::MysqlConnection>>),
+    Sqlite(Locks<diesel_occ::CheckedManager<diesel::SqliteConnection>>),
+    Postgres(Locks<diesel_occ::CheckedManager<diesel::PgConnection>>),
+    Mysql(Locks<diesel_occ::CheckedManager<diesel::MysqlConnection>>),
 }
 
 impl Job {

@@ -1,5 +1,5 @@
 use diesel::prelude::*;
-use diesel_occ::json_merge::GuardedJsonMerge;
+use diesel_occ::GuardedJsonMerge;
 use diesel_occ::Guarded;
 
 diesel::table! {

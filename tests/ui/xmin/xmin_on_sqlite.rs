@@ -3,7 +3,7 @@ use diesel_occ::{Guarded, LoadByKey};
 
 diesel::table! {
     use diesel::sql_types::*;
-    use diesel_occ::xmin::Xid;
+    use diesel_occ::Xid;
 
     items (id) {
         id -> BigInt,

@@ -1,0 +1,186 @@
+//! What diesel-occ needs to know about each database backend.
+//!
+//! Three things differ per backend and nothing else does: how to read the latest
+//! committed row inside a transaction (the lock clause), how to tell a transient refusal
+//! from any other database error, and how to render a SQL fragment for messages and
+//! checks. Everything else is written once, generically.
+
+use diesel::backend::Backend;
+use diesel::connection::LoadConnection;
+use diesel::query_builder::{QueryBuilder, QueryFragment};
+#[cfg(feature = "mysql")]
+use diesel::result::DatabaseErrorKind;
+use diesel::result::Error as DieselError;
+use diesel::QueryResult;
+
+use crate::error::{retry_reason_of, RetryReason};
+
+/// A backend diesel-occ supports: SQLite, PostgreSQL and MySQL / MariaDB.
+pub trait OccBackend: Backend + Default {
+    /// Appended to the `SELECT` that explains a miss inside a transaction, so that it reads
+    /// the latest committed row (not the transaction's snapshot) and keeps it locked for the
+    /// write that usually follows (the read that explains a miss).
+    const LOCKING_READ: &'static str;
+
+    /// The NULL-safe equality operator, with spaces: `a <op> b` is true when both are NULL.
+    const NULL_SAFE_EQ: &'static str;
+
+    /// Appended to a `SELECT` that locks its rows until the transaction ends (pessimistic
+    /// writes): `FOR UPDATE`; nothing on SQLite, whose write transaction is exclusive.
+    const FOR_UPDATE: &'static str = " FOR UPDATE";
+
+    /// Appended to a `SELECT` that takes rows for this transaction, passing over rows other
+    /// transactions hold (task claiming): `FOR UPDATE SKIP LOCKED` on PostgreSQL and MySQL
+    /// 8 / MariaDB 10.6+; nothing on SQLite, whose write transactions take turns.
+    const SKIP_LOCKED: &'static str = " FOR UPDATE SKIP LOCKED";
+
+    /// How an `INSERT` says "unless a row with this key exists".
+    const DUPLICATES: Duplicates = Duplicates::OnConflict;
+
+    /// Whether several updates can be sent as one statement
+    /// (PostgreSQL's data-modifying `WITH`), so
+    /// that a batch costs a constant number of round trips.
+    const COMBINES_UPDATES: bool = false;
+
+    /// Why `error`, just returned by a statement on `conn`, can be fixed by running the
+    /// transaction again; `None` for every other error.
+    ///
+    /// The default looks at diesel's error kind and at the server's own fixed message
+    /// texts only. MySQL overrides it to ask the server for the error
+    /// number, which does not depend on the message language.
+    fn retry_reason<C>(conn: &mut C, error: &DieselError) -> Option<RetryReason>
+    where
+        C: LoadConnection<Backend = Self>,
+    {
+        let _ = conn;
+        retry_reason_of(error)
+    }
+
+    /// The SQL text of `fragment` as this backend writes it, without bind values.
+    fn render<F: QueryFragment<Self> + ?Sized>(fragment: &F) -> QueryResult<String>;
+}
+
+/// How a backend's `INSERT` leaves an existing row alone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Duplicates {
+    /// `ON CONFLICT DO NOTHING` (PostgreSQL, SQLite).
+    OnConflict,
+    /// `ON DUPLICATE KEY UPDATE <column> = <column>` (MySQL / MariaDB; it reports the row
+    /// as found, so the affected-row count cannot tell who inserted it).
+    OnDuplicateKey,
+}
+
+/// Renders with a backend whose query builder is `Default` (all three are).
+fn render_with<DB, F>(fragment: &F) -> QueryResult<String>
+where
+    DB: Backend + Default,
+    DB::QueryBuilder: Default,
+    F: QueryFragment<DB> + ?Sized,
+{
+    let mut builder = DB::QueryBuilder::default();
+    // `to_sql` is doc-hidden in diesel ("for connections"), but it is the one way to get
+    // a fragment's SQL without formatting its bind values, which may be large documents.
+    fragment.to_sql(&mut builder, &DB::default())?;
+    Ok(builder.finish())
+}
+
+#[cfg(feature = "sqlite")]
+impl OccBackend for diesel::sqlite::Sqlite {
+    // SQLite has no row locks: a transaction whose snapshot is stale cannot write at all
+    // (busy), so a plain read inside it is already the latest one it can act on.
+    const LOCKING_READ: &'static str = "";
+    const NULL_SAFE_EQ: &'static str = " IS ";
+    const SKIP_LOCKED: &'static str = "";
+    const FOR_UPDATE: &'static str = "";
+
+    fn render<F: QueryFragment<Self> + ?Sized>(fragment: &F) -> QueryResult<String> {
+        render_with(fragment)
+    }
+}
+
+#[cfg(feature = "postgres")]
+impl OccBackend for diesel::pg::Pg {
+    // The lock a non-key UPDATE takes. At READ COMMITTED it reads the latest row; at
+    // REPEATABLE READ and SERIALIZABLE a row changed after the snapshot fails at once with
+    // a serialization failure (retryable) instead of showing the snapshot's stale row.
+    const LOCKING_READ: &'static str = " FOR NO KEY UPDATE";
+    const NULL_SAFE_EQ: &'static str = " IS NOT DISTINCT FROM ";
+    const COMBINES_UPDATES: bool = true;
+
+    fn render<F: QueryFragment<Self> + ?Sized>(fragment: &F) -> QueryResult<String> {
+        render_with(fragment)
+    }
+}
+
+#[cfg(feature = "mysql")]
+impl OccBackend for diesel::mysql::Mysql {
+    // A current read at every isolation level. `LOCK IN SHARE MODE` deadlocks at READ
+    // COMMITTED when the caller then writes the row while another stale writer waits.
+    const LOCKING_READ: &'static str = " FOR UPDATE";
+    const NULL_SAFE_EQ: &'static str = " <=> ";
+    const DUPLICATES: Duplicates = Duplicates::OnDuplicateKey;
+
+    fn retry_reason<C>(conn: &mut C, error: &DieselError) -> Option<RetryReason>
+    where
+        C: LoadConnection<Backend = Self>,
+    {
+        match error {
+            // diesel maps exactly 1213 to this kind on MySQL.
+            DieselError::DatabaseError(DatabaseErrorKind::SerializationFailure, _) => {
+                Some(RetryReason::Deadlock)
+            }
+            DieselError::DatabaseError(DatabaseErrorKind::Unknown, _) => {
+                match mysql_error_number(conn) {
+                    Some(number) => mysql_retry_reason(number),
+                    // The connection could not tell (it is gone, say): fall back to text.
+                    None => retry_reason_of(error),
+                }
+            }
+            _ => None,
+        }
+    }
+
+    fn render<F: QueryFragment<Self> + ?Sized>(fragment: &F) -> QueryResult<String> {
+        render_with(fragment)
+    }
+}
+
+/// The MySQL / MariaDB error numbers that a fresh attempt can fix.
+#[cfg(feature = "mysql")]
+fn mysql_retry_reason(number: u32) -> Option<RetryReason> {
+    match number {
+        // ER_LOCK_DEADLOCK
+        1213 => Some(RetryReason::Deadlock),
+        // ER_LOCK_WAIT_TIMEOUT (MariaDB also reports NOWAIT / SKIP LOCKED failures so),
+        // ER_LOCK_NOWAIT (MySQL 8)
+        1205 | 3572 => Some(RetryReason::LockTimeout),
+        // ER_CHECKREAD: MariaDB's snapshot isolation found the row changed since the read
+        1020 => Some(RetryReason::SerializationFailure),
+        _ => None,
+    }
+}
+
+/// Asks the server for the number of the error the last statement raised. It costs two
+/// round trips and runs only after a statement has already failed. `GET DIAGNOSTICS`
+/// does not clear the diagnostics area, so the count is read before the condition.
+#[cfg(feature = "mysql")]
+fn mysql_error_number<C>(conn: &mut C) -> Option<u32>
+where
+    C: LoadConnection<Backend = diesel::mysql::Mysql>,
+{
+    use diesel::sql_types::{Nullable, Unsigned};
+    use diesel::RunQueryDsl;
+    conn.batch_execute(
+        "GET DIAGNOSTICS @diesel_occ_conditions = NUMBER; \
+         GET DIAGNOSTICS CONDITION 1 @diesel_occ_errno = MYSQL_ERRNO",
+    )
+    .ok()?;
+    diesel::select(diesel::dsl::sql::<
+        Nullable<Unsigned<diesel::sql_types::Integer>>,
+    >(
+        "IF(@diesel_occ_conditions > 0, @diesel_occ_errno, NULL)"
+    ))
+    .get_result::<Option<u32>>(conn)
+    .ok()
+    .flatten()
+}

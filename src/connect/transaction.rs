@@ -1,0 +1,188 @@
+//! Write transactions that behave the same on every backend.
+//!
+//! SQLite allows one writer at a time. A plain (deferred) transaction that reads first
+//! and writes later must upgrade its lock, and when another connection writes meanwhile
+//! SQLite fails it with "database is locked" at once, without waiting for the busy
+//! timeout. Starting with `BEGIN IMMEDIATE` takes the write lock up front, so concurrent
+//! writers queue behind the busy timeout instead; and the writers of this process take
+//! turns in arrival order before that ([`write_gate`](crate::connect::write_gate)), since SQLite's
+//! busy handler would let a few of them win nearly every time. PostgreSQL and MySQL need nothing
+//! special: their write transactions are ordinary ones.
+
+use diesel::connection::{AnsiTransactionManager, Connection, TransactionManager};
+use diesel::r2d2::{ManageConnection, PooledConnection, R2D2Connection};
+use diesel::result::Error as DieselError;
+
+use crate::error::{connection_lost, Error};
+use crate::retry::Stop;
+use crate::write::executor::in_transaction;
+
+/// A connection that can run a transaction meant to write.
+pub trait WriteTransaction: Connection {
+    /// The statement that begins a write transaction where the backend needs a special
+    /// one (SQLite: `BEGIN IMMEDIATE`); `None` for an ordinary `BEGIN`.
+    const BEGIN_WRITE: Option<&'static str> = None;
+
+    /// Runs `f` in a transaction that takes the write lock up front where the backend
+    /// needs it (SQLite: `BEGIN IMMEDIATE`). Commits on `Ok`, rolls back on `Err`. Inside
+    /// an open transaction it nests as a savepoint, like [`Connection::transaction`].
+    fn write_transaction<T, E, F>(&mut self, f: F) -> Result<T, E>
+    where
+        F: FnOnce(&mut Self) -> Result<T, E>,
+        E: From<DieselError>,
+    {
+        self.transaction(f)
+    }
+}
+
+#[cfg(feature = "postgres")]
+impl WriteTransaction for diesel::PgConnection {}
+
+#[cfg(feature = "mysql")]
+impl WriteTransaction for diesel::MysqlConnection {}
+
+#[cfg(feature = "sqlite")]
+impl WriteTransaction for diesel::SqliteConnection {
+    const BEGIN_WRITE: Option<&'static str> = Some("BEGIN IMMEDIATE");
+
+    fn write_transaction<T, E, F>(&mut self, f: F) -> Result<T, E>
+    where
+        F: FnOnce(&mut Self) -> Result<T, E>,
+        E: From<DieselError>,
+    {
+        begin_with(self, |conn| conn, "BEGIN IMMEDIATE", f)
+    }
+}
+
+impl<M> WriteTransaction for PooledConnection<M>
+where
+    M: ManageConnection,
+    M::Connection: WriteTransaction<TransactionManager = AnsiTransactionManager>
+        + R2D2Connection
+        + Send
+        + 'static,
+{
+    fn write_transaction<T, E, F>(&mut self, f: F) -> Result<T, E>
+    where
+        F: FnOnce(&mut Self) -> Result<T, E>,
+        E: From<DieselError>,
+    {
+        match M::Connection::BEGIN_WRITE {
+            None => self.transaction(f),
+            // The pool's transaction manager keeps its state in the inner connection, so
+            // the transaction is begun and ended there while `f` gets the pooled one.
+            Some(begin) => begin_with(self, |pooled| &mut **pooled, begin, f),
+        }
+    }
+}
+
+/// Runs `f` on a write transaction that the library opens for one operation (a
+/// read-modify-write attempt, a transition with its hook, a claim, ...) and commits it.
+///
+/// When `f` succeeded and the `COMMIT` then failed with the connection, the client cannot
+/// know whether the server committed: that is [`Error::Ambiguous`], which no retry policy
+/// retries, and never a plain database error that reads as "nothing was written". Every
+/// other failure passes unchanged: a connection lost before the `COMMIT` was sent rolls
+/// the transaction back on the server. Nested in a transaction of the caller's, nothing
+/// commits here, so nothing is ambiguous here either.
+pub(crate) fn commit_operation<C, T, E, F>(conn: &mut C, f: F) -> Result<T, E>
+where
+    C: WriteTransaction,
+    F: FnOnce(&mut C) -> Result<T, E>,
+    E: From<DieselError> + LostCommit,
+{
+    let nested = in_transaction(conn);
+    let mut committing = false;
+    let result: Result<T, E> = conn.write_transaction(|conn| {
+        let value = f(conn)?;
+        committing = true;
+        Ok(value)
+    });
+    match result {
+        Err(e) if !nested && committing => Err(e.lost_commit()),
+        // Failed before the COMMIT was sent: the server rolls back whatever the
+        // transaction wrote, even if the connection died with it (a statement's executor
+        // cannot tell it is inside a transaction once diesel has given the connection up,
+        // so it may have said `Ambiguous`).
+        Err(e) if !nested => Err(e.rolled_back()),
+        other => other,
+    }
+}
+
+/// An error of an operation's transaction, which [`commit_operation`] judges by whether
+/// the `COMMIT` was sent.
+pub(crate) trait LostCommit: Sized {
+    /// `self`, or [`Error::Ambiguous`] if it is a lost connection.
+    fn lost_commit(self) -> Self {
+        self.map_occ(|error| match error {
+            Error::Database(source) if connection_lost(&source) => Error::Ambiguous { source },
+            other => other,
+        })
+    }
+
+    /// `self`, with an [`Error::Ambiguous`] turned into the plain database error it is.
+    fn rolled_back(self) -> Self {
+        self.map_occ(|error| match error {
+            Error::Ambiguous { source } => Error::Database(source),
+            other => other,
+        })
+    }
+
+    /// `self` with its diesel-occ error, if any, mapped by `f`.
+    fn map_occ(self, f: impl FnOnce(Error) -> Error) -> Self;
+}
+
+impl LostCommit for Error {
+    fn map_occ(self, f: impl FnOnce(Error) -> Error) -> Self {
+        f(self)
+    }
+}
+
+impl<E> LostCommit for Stop<E> {
+    fn map_occ(self, f: impl FnOnce(Error) -> Error) -> Self {
+        match self {
+            Stop::Occ(error) => Stop::Occ(f(error)),
+            caller => caller,
+        }
+    }
+}
+
+/// `begin` on the connection inside `conn` (or a savepoint when a transaction is already
+/// open), `f`, then commit or roll back.
+fn begin_with<C, Inner, T, E, F>(
+    conn: &mut C,
+    inner: impl Fn(&mut C) -> &mut Inner,
+    begin: &str,
+    f: F,
+) -> Result<T, E>
+where
+    C: Connection,
+    Inner: Connection<TransactionManager = AnsiTransactionManager>,
+    F: FnOnce(&mut C) -> Result<T, E>,
+    E: From<DieselError>,
+{
+    let open = AnsiTransactionManager::transaction_manager_status_mut(inner(conn))
+        .transaction_depth()?
+        .is_some();
+    if open {
+        return conn.transaction(f);
+    }
+    // Held until the transaction has ended (see `write_gate`); `None` after a long wait:
+    // then SQLite's own busy timeout decides.
+    let _turn = crate::connect::write_gate::wait_for_turn(crate::connect::write_gate::MAX_WAIT);
+    AnsiTransactionManager::begin_transaction_sql(inner(conn), begin)?;
+    match f(conn) {
+        Ok(value) => match AnsiTransactionManager::commit_transaction(inner(conn)) {
+            Ok(()) => Ok(value),
+            Err(commit_error) => {
+                // A failed COMMIT can leave the transaction open; end it, report the cause.
+                let _ = AnsiTransactionManager::rollback_transaction(inner(conn));
+                Err(commit_error.into())
+            }
+        },
+        Err(e) => {
+            AnsiTransactionManager::rollback_transaction(inner(conn))?;
+            Err(e)
+        }
+    }
+}

@@ -1,0 +1,493 @@
+//! JSON extension columns edited by read-merge-write under the entity's guard, with retry.
+//!
+//! Mark the `serde_json::Value` field of the column with `#[occ(json)]`. Every edit reads
+//! the row, applies the edit to the document as read, and writes the document back
+//! guarded by the row's token; when another writer got in between, the guard misses and
+//! the edit starts again from a fresh read ([`RetryPolicy`]). So a concurrent writer's
+//! keys are never dropped: the edit is always applied to the latest document.
+//!
+//! The edits: an RFC 7396 merge patch ([`merge_json`](GuardedJson::merge_json), `null`
+//! deletes a key), an RFC 6902 JSON Patch with `test` ([`patch_json`](GuardedJson::patch_json),
+//! for HTTP PATCH bodies), set or remove at an RFC 6901 pointer, a closure on the
+//! document, or a closure on a typed view of it
+//! ([`update_json_as`](GuardedJson::update_json_as)).
+//!
+//! Rules every edit keeps:
+//! - the stored document must be a JSON object, and so must the result; anything else is
+//!   [`Error::InvalidData`] (stored) or [`Error::InvalidPatch`] (result), nothing written.
+//! - a result larger than [`DOCUMENT_LIMIT_BYTES`] is refused, nothing written.
+//! - an edit that leaves the document as it was writes nothing: the row keeps its token.
+//!
+//! For pure merges there is a faster path that never conflicts: one statement that merges
+//! in SQL ([`json_merge`](crate::json::merge_in_place)).
+
+use diesel::connection::LoadConnection;
+use diesel::query_builder::AsChangeset;
+use diesel::Column;
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use serde_json::{Map, Value};
+
+use crate::connect::backend::OccBackend;
+use crate::connect::transaction::WriteTransaction;
+use crate::error::Error;
+use crate::guard::{CompletionOf, Guarded, TokenOf};
+use crate::retry::{RetryPolicy, Stop};
+use crate::sql::new_token::Complete;
+use crate::sql::statement::{Assignments, ColumnEq};
+use crate::write::entity::{GuardedWrite, LoadByKey, UpdateOf};
+use crate::write::modify::{read_modify_write, Modified};
+
+/// The largest document an edit may write, serialized: 1 MiB. Every retry reads and
+/// writes the whole document, so a larger one makes each conflict expensive and belongs
+/// in its own table; MySQL's default `max_allowed_packet` (64 MiB, MariaDB 16 MiB) and
+/// PostgreSQL's jsonb limit (255 MiB) are far above it.
+pub const DOCUMENT_LIMIT_BYTES: usize = 1 << 20;
+
+/// An entity with the JSON document column `Col` (`#[occ(json)]` on its field).
+pub trait JsonDocument<Col>: Guarded {
+    /// The document as read.
+    fn document(&self) -> &Value;
+    /// The document, to edit.
+    fn document_mut(&mut self) -> &mut Value;
+}
+
+/// The `#[occ(json)]` field as a document: a field of another type is a compile error
+/// here, at the field.
+#[doc(hidden)]
+pub fn field(document: &Value) -> &Value {
+    document
+}
+
+/// [`field`], to edit.
+#[doc(hidden)]
+pub fn field_mut(document: &mut Value) -> &mut Value {
+    document
+}
+
+/// `SET "col" = ?`: the changeset that writes a document back.
+#[derive(Debug, Clone)]
+pub(crate) struct SetDocument<Col>(ColumnEq<Col, Value>);
+
+impl<Col: Column> AsChangeset for SetDocument<Col> {
+    type Target = Col::Table;
+    type Changeset = ColumnEq<Col, Value>;
+
+    fn as_changeset(self) -> Self::Changeset {
+        self.0
+    }
+}
+
+/// The guarded write of a whole document to column `Col` on connection `C`. Implemented
+/// for every entity whose statement fits `C`; it keeps the bounds in one place.
+pub trait WriteDocument<C, Col>: Guarded {
+    /// Writes `document` to the row with `key` if it still holds `expected`.
+    fn write_document(
+        conn: &mut C,
+        key: &Self::Key,
+        expected: &TokenOf<Self>,
+        document: Value,
+    ) -> Result<TokenOf<Self>, Error>;
+}
+
+impl<T, C, Col> WriteDocument<C, Col> for T
+where
+    T: GuardedWrite + LoadByKey<C>,
+    C: LoadConnection,
+    C::Backend: OccBackend,
+    Col: Column<Table = T::Table>,
+    UpdateOf<T, ColumnEq<Col, Value>>: Assignments<C::Backend>,
+    CompletionOf<T>: Complete<C, UpdateOf<T, ColumnEq<Col, Value>>, TokenOf<T>>,
+{
+    fn write_document(
+        conn: &mut C,
+        key: &T::Key,
+        expected: &TokenOf<T>,
+        document: Value,
+    ) -> Result<TokenOf<T>, Error> {
+        T::guarded_update_by_key(conn, key, expected, SetDocument(ColumnEq::new(document)))
+    }
+}
+
+/// Read-merge-write edits of JSON columns for every entity with one (see the module
+/// documentation). Each takes the column (`orders::ext`) so that an entity may have
+/// several, and returns the row as written with its token and the number of attempts.
+pub trait GuardedJson: Guarded + Clone {
+    /// Runs `edit` on the document of column `Col` of the row with `key`, read fresh on
+    /// every attempt, and writes the result under the row's guard. `edit` may stop with
+    /// the caller's own error, which comes back unchanged; it runs once per attempt.
+    fn edit_json<C, Col, R, E>(
+        conn: &mut C,
+        key: &Self::Key,
+        column: Col,
+        policy: &RetryPolicy,
+        mut edit: impl FnMut(&mut Value) -> Result<R, E>,
+    ) -> Result<Modified<Self, R>, E>
+    where
+        C: LoadConnection + WriteTransaction,
+        C::Backend: OccBackend,
+        Col: Column,
+        Self: JsonDocument<Col> + WriteDocument<C, Col> + LoadByKey<C>,
+        E: From<Error>,
+    {
+        let _ = column;
+        let place = Place::<Self, Col>::new(Self::table_name(), key);
+        let suspects = format!("{} (or {})", Col::NAME, Self::GUARD_COLUMNS.join(", "));
+        read_modify_write(conn, key, policy, &suspects, |conn, original: &Self| {
+            if !original.document().is_object() {
+                return Err(Stop::Occ(place.stored(original.document())));
+            }
+            let mut row = original.clone();
+            let value = edit(row.document_mut()).map_err(Stop::Caller)?;
+            place.check_result(row.document())?;
+            if row.document() == original.document() {
+                return Ok((row, original.token(), value));
+            }
+            let expected = original.token();
+            let token = Self::write_document(conn, key, &expected, row.document().clone())?;
+            row.set_token(token.clone());
+            Ok((row, token, value))
+        })
+    }
+
+    /// Applies the RFC 7396 merge `patch` (an object; `null` deletes a key, other values
+    /// replace, objects merge recursively) to the document of column `Col`.
+    fn merge_json<C, Col>(
+        conn: &mut C,
+        key: &Self::Key,
+        column: Col,
+        patch: &Value,
+        policy: &RetryPolicy,
+    ) -> Result<Modified<Self, ()>, Error>
+    where
+        C: LoadConnection + WriteTransaction,
+        C::Backend: OccBackend,
+        Col: Column,
+        Self: JsonDocument<Col> + WriteDocument<C, Col> + LoadByKey<C>,
+    {
+        Place::<Self, Col>::new(Self::table_name(), key).check_merge_patch(patch)?;
+        Self::edit_json(conn, key, column, policy, |document| {
+            json_patch::merge(document, patch);
+            Ok(())
+        })
+    }
+
+    /// Applies the RFC 6902 JSON Patch `patch` (add, remove, replace, move, copy, test) to
+    /// the document of column `Col`, all operations or none. A failed `test` (the document
+    /// is not what the client saw) or an operation that does not fit the document is
+    /// [`Error::InvalidPatch`] and writes nothing; it is not retried, since the document
+    /// it was checked against was the latest.
+    fn patch_json<C, Col>(
+        conn: &mut C,
+        key: &Self::Key,
+        column: Col,
+        patch: &json_patch::Patch,
+        policy: &RetryPolicy,
+    ) -> Result<Modified<Self, ()>, Error>
+    where
+        C: LoadConnection + WriteTransaction,
+        C::Backend: OccBackend,
+        Col: Column,
+        Self: JsonDocument<Col> + WriteDocument<C, Col> + LoadByKey<C>,
+    {
+        let place = Place::<Self, Col>::new(Self::table_name(), key);
+        Self::edit_json(conn, key, column, policy, |document| {
+            json_patch::patch(document, patch).map_err(|e| place.invalid(e.to_string()))
+        })
+    }
+
+    /// Sets the value at the RFC 6901 `pointer` (`/address/city`) of the document of
+    /// column `Col`, creating the objects on the way. A pointer through a scalar or past
+    /// the end of an array is [`Error::InvalidPatch`]; the root cannot be set.
+    fn set_json<C, Col>(
+        conn: &mut C,
+        key: &Self::Key,
+        column: Col,
+        pointer: &str,
+        value: Value,
+        policy: &RetryPolicy,
+    ) -> Result<Modified<Self, ()>, Error>
+    where
+        C: LoadConnection + WriteTransaction,
+        C::Backend: OccBackend,
+        Col: Column,
+        Self: JsonDocument<Col> + WriteDocument<C, Col> + LoadByKey<C>,
+    {
+        let place = Place::<Self, Col>::new(Self::table_name(), key);
+        let pointer = place.pointer(pointer)?;
+        Self::edit_json(conn, key, column, policy, |document| {
+            place.check_path(document, pointer)?;
+            pointer
+                .assign(document, value.clone())
+                .map(drop)
+                .map_err(|e| place.invalid(format!("cannot set {pointer}: {e}")))
+        })
+    }
+
+    /// Removes the value at the RFC 6901 `pointer` of the document of column `Col`; a value
+    /// that is not there leaves the document (and the row) as it is. A pointer through a
+    /// scalar is [`Error::InvalidPatch`]; the root cannot be removed.
+    fn remove_json<C, Col>(
+        conn: &mut C,
+        key: &Self::Key,
+        column: Col,
+        pointer: &str,
+        policy: &RetryPolicy,
+    ) -> Result<Modified<Self, ()>, Error>
+    where
+        C: LoadConnection + WriteTransaction,
+        C::Backend: OccBackend,
+        Col: Column,
+        Self: JsonDocument<Col> + WriteDocument<C, Col> + LoadByKey<C>,
+    {
+        let place = Place::<Self, Col>::new(Self::table_name(), key);
+        let pointer = place.pointer(pointer)?;
+        Self::edit_json(conn, key, column, policy, |document| {
+            place.check_path(document, pointer)?;
+            pointer.delete(document);
+            Ok(())
+        })
+    }
+
+    /// Runs `edit` on the document of column `Col` read as the typed struct `D`, and
+    /// writes back only what `edit` changed, as a merge patch of `D`'s fields applied to
+    /// the document as read. Keys `D` does not know (another service's) are never
+    /// touched, so `D` needs no catch-all field; a field `edit` sets to `None` (serialized
+    /// as `null` or left out) is removed from the document. A document that does not read
+    /// as `D` is [`Error::InvalidData`].
+    fn update_json_as<D, C, Col, R, E>(
+        conn: &mut C,
+        key: &Self::Key,
+        column: Col,
+        policy: &RetryPolicy,
+        mut edit: impl FnMut(&mut D) -> Result<R, E>,
+    ) -> Result<Modified<Self, R>, E>
+    where
+        D: Serialize + DeserializeOwned,
+        C: LoadConnection + WriteTransaction,
+        C::Backend: OccBackend,
+        Col: Column,
+        Self: JsonDocument<Col> + WriteDocument<C, Col> + LoadByKey<C>,
+        E: From<Error>,
+    {
+        let place = Place::<Self, Col>::new(Self::table_name(), key);
+        Self::edit_json(conn, key, column, policy, |document| {
+            let mut typed: D = serde_json::from_value(document.clone()).map_err(|e| {
+                place.unreadable(format!(
+                    "the document does not read as the typed struct: {e}"
+                ))
+            })?;
+            let before = serde_json::to_value(&typed).map_err(|e| place.invalid(e.to_string()))?;
+            let value = edit(&mut typed)?;
+            let after = serde_json::to_value(&typed).map_err(|e| place.invalid(e.to_string()))?;
+            if let Some(patch) = merge_diff(&before, &after) {
+                json_patch::merge(document, &patch);
+            }
+            Ok(value)
+        })
+    }
+}
+
+impl<T: Guarded + Clone> GuardedJson for T {}
+
+/// The merge patch that turns `before` into `after` (RFC 7396): changed and new keys
+/// with their values, removed keys as `null`, nested objects diffed key by key. `None`
+/// when they are equal.
+pub fn merge_diff(before: &Value, after: &Value) -> Option<Value> {
+    match (before, after) {
+        (Value::Object(before), Value::Object(after)) => {
+            let mut patch = Map::new();
+            for (key, old) in before {
+                match after.get(key) {
+                    None | Some(Value::Null) if !old.is_null() => {
+                        patch.insert(key.clone(), Value::Null);
+                    }
+                    None | Some(Value::Null) => {}
+                    Some(new) => {
+                        if let Some(change) = merge_diff(old, new) {
+                            patch.insert(key.clone(), change);
+                        }
+                    }
+                }
+            }
+            for (key, new) in after {
+                if !before.contains_key(key) && !new.is_null() {
+                    patch.insert(key.clone(), new.clone());
+                }
+            }
+            (!patch.is_empty()).then_some(Value::Object(patch))
+        }
+        _ if before == after => None,
+        _ => Some(after.clone()),
+    }
+}
+
+/// Where an edit applies, for its error messages: table, key and column.
+pub(crate) struct Place<'k, T: Guarded, Col> {
+    table: &'static str,
+    key: &'k T::Key,
+    column: std::marker::PhantomData<Col>,
+}
+
+impl<'k, T: Guarded, Col: Column> Place<'k, T, Col> {
+    pub(crate) fn new(table: &'static str, key: &'k T::Key) -> Self {
+        Place {
+            table,
+            key,
+            column: std::marker::PhantomData,
+        }
+    }
+
+    /// [`Error::InvalidPatch`] with `reason`.
+    pub(crate) fn invalid(&self, reason: impl Into<String>) -> Error {
+        Error::InvalidPatch {
+            table: self.table,
+            key: format!("{:?}", self.key),
+            column: Col::NAME,
+            reason: reason.into(),
+        }
+    }
+
+    /// [`Error::InvalidData`] about the stored document.
+    fn unreadable(&self, reason: impl std::fmt::Display) -> Error {
+        Error::InvalidData {
+            table: self.table,
+            column: Col::NAME.to_string(),
+            reason: format!("row {:?}: {reason}", self.key),
+        }
+    }
+
+    /// The stored document is not an object.
+    fn stored(&self, document: &Value) -> Error {
+        self.unreadable(format!(
+            "the document is {}, not a JSON object",
+            kind(document)
+        ))
+    }
+
+    /// A merge patch must be an object: another value would replace the whole document.
+    pub(crate) fn check_merge_patch(&self, patch: &Value) -> Result<(), Error> {
+        self.check_object(
+            patch,
+            "the patch",
+            "a merge patch must be a JSON object (another value would replace the document)",
+        )
+    }
+
+    /// The result must be an object within the size limit.
+    fn check_result(&self, document: &Value) -> Result<(), Error> {
+        self.check_object(document, "the result", "the edit must leave a JSON object")
+    }
+
+    /// `value` (`what`) is an object of at most [`DOCUMENT_LIMIT_BYTES`] serialized.
+    fn check_object(&self, value: &Value, what: &str, rule: &str) -> Result<(), Error> {
+        if !value.is_object() {
+            return Err(self.invalid(format!("{rule}; {what} is {}", kind(value))));
+        }
+        let size = serde_json::to_vec(value)
+            .map(|bytes| bytes.len())
+            .unwrap_or(0);
+        if size > DOCUMENT_LIMIT_BYTES {
+            return Err(self.invalid(format!(
+                "{what} has {size} bytes, over the limit of {DOCUMENT_LIMIT_BYTES}"
+            )));
+        }
+        Ok(())
+    }
+
+    /// `text` as a JSON pointer below the root.
+    fn pointer<'p>(&self, text: &'p str) -> Result<&'p json_patch::jsonptr::Pointer, Error> {
+        let pointer = json_patch::jsonptr::Pointer::parse(text)
+            .map_err(|e| self.invalid(format!("{text:?} is not a JSON pointer: {e}")))?;
+        if pointer.is_root() {
+            return Err(self.invalid("the pointer is the root; edit keys below it"));
+        }
+        Ok(pointer)
+    }
+
+    /// Every existing value on the way to `pointer`'s parent is an object or an array.
+    fn check_path(
+        &self,
+        document: &Value,
+        pointer: &json_patch::jsonptr::Pointer,
+    ) -> Result<(), Error> {
+        let mut at = document;
+        let mut walked = String::new();
+        let tokens: Vec<_> = pointer.tokens().collect();
+        for token in &tokens[..tokens.len().saturating_sub(1)] {
+            let name = token.decoded();
+            walked.push('/');
+            walked.push_str(token.encoded());
+            let next = match at {
+                Value::Object(map) => map.get(name.as_ref()),
+                Value::Array(items) => name.parse::<usize>().ok().and_then(|i| items.get(i)),
+                other => {
+                    return Err(self.invalid(format!(
+                        "{pointer} goes through {}, which is {}",
+                        walked,
+                        kind(other)
+                    )))
+                }
+            };
+            match next {
+                Some(value) => at = value,
+                None => return Ok(()),
+            }
+        }
+        match at {
+            Value::Object(_) | Value::Array(_) => Ok(()),
+            other => Err(self.invalid(format!(
+                "{pointer} goes into {}, which is {}",
+                if walked.is_empty() {
+                    "the root"
+                } else {
+                    &walked
+                },
+                kind(other)
+            ))),
+        }
+    }
+}
+
+/// "an array", "a string", ... for messages.
+fn kind(value: &Value) -> &'static str {
+    match value {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::merge_diff;
+    use serde_json::json;
+
+    #[test]
+    fn the_diff_of_two_documents_merges_one_into_the_other() {
+        let cases = [
+            (
+                json!({"a": 1, "b": {"c": 2, "d": 3}}),
+                json!({"a": 1, "b": {"c": 5}, "e": [1]}),
+            ),
+            (json!({"a": {"b": 1}}), json!({"a": 2})),
+            (json!({"a": 2}), json!({"a": {"b": 1}})),
+            (json!({}), json!({})),
+        ];
+        for (before, after) in cases {
+            let mut merged = before.clone();
+            if let Some(patch) = merge_diff(&before, &after) {
+                json_patch::merge(&mut merged, &patch);
+            }
+            assert_eq!(merged, after, "{before} -> {after}");
+        }
+        assert_eq!(merge_diff(&json!({"a": 1}), &json!({"a": 1})), None);
+        assert_eq!(
+            merge_diff(&json!({"a": 1}), &json!({"a": null})),
+            Some(json!({"a": null}))
+        );
+    }
+}

@@ -1,0 +1,139 @@
+//! Fenced writes: storage that refuses a write carrying a fencing token older than the
+//! newest it has seen (Kleppmann's fencing), so that a lock holder paused past its lease
+//! cannot write after another holder took over.
+//!
+//! The protected row keeps the newest fence it accepted in a column of its own:
+//! `UPDATE t SET <changes>, last_fence = ?fence WHERE <key> AND last_fence <= ?fence`.
+//! A miss reads that column back: a newer fence there is [`Error::StaleFence`].
+
+use std::marker::PhantomData;
+
+use diesel::backend::Backend;
+use diesel::connection::LoadConnection;
+use diesel::query_builder::{AsChangeset, AstPass, QueryFragment, QueryId};
+use diesel::query_dsl::methods::LoadQuery;
+use diesel::serialize::ToSql;
+use diesel::sql_types::{BigInt, HasSqlType};
+use diesel::{Column, OptionalExtension, QueryResult};
+
+use crate::connect::backend::OccBackend;
+use crate::error::Error;
+use crate::guard::Guarded;
+use crate::sql::new_token::{Complete, Counted};
+use crate::sql::statement::{Assignments, ColumnEq, ColumnOfRow, GuardedUpdate};
+use crate::write::entity::LoadByKey;
+use crate::write::executor::{classify, CompareAndSet, Miss};
+
+/// `"last_fence" <= ?`: the write's fence is not older than the newest seen.
+#[derive(Debug, Clone, Copy)]
+pub struct FenceAtMost<Col> {
+    fence: i64,
+    column: PhantomData<Col>,
+}
+
+impl<Col, DB> QueryFragment<DB> for FenceAtMost<Col>
+where
+    DB: Backend + HasSqlType<BigInt>,
+    Col: Column<SqlType = BigInt>,
+    i64: ToSql<BigInt, DB>,
+{
+    fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, DB>) -> QueryResult<()> {
+        out.push_identifier(Col::NAME)?;
+        out.push_sql(" <= ");
+        out.push_bind_param::<BigInt, i64>(&self.fence)
+    }
+}
+
+impl<Col> QueryId for FenceAtMost<Col> {
+    type QueryId = ();
+    const HAS_STATIC_QUERY_ID: bool = false;
+}
+
+/// The fenced `UPDATE` of entity `T` with changes `Ch` and fence column `F`.
+pub(crate) type FencedUpdateOf<T, Ch, F> = GuardedUpdate<
+    <T as diesel::associations::HasTable>::Table,
+    Ch,
+    ColumnEq<F, i64>,
+    <T as Guarded>::KeyPredicate,
+    FenceAtMost<F>,
+>;
+
+/// Fenced writes for every [`Guarded`] entity whose table has a `BIGINT` fence column.
+pub trait FencedWrite: Guarded {
+    /// Applies `changes` to the row with `key` and records `fence` in `fence_column`,
+    /// unless the row has already seen a newer fence: then [`Error::StaleFence`] with the
+    /// newest one, and nothing is written. The row's own guard is not checked: the fence
+    /// is the guard here.
+    fn write_fenced<C, F, Ch>(
+        conn: &mut C,
+        key: &Self::Key,
+        fence_column: F,
+        fence: i64,
+        changes: Ch,
+    ) -> Result<(), Error>
+    where
+        C: LoadConnection,
+        C::Backend: OccBackend,
+        F: Column<Table = Self::Table, SqlType = BigInt>,
+        Ch: AsChangeset<Target = Self::Table>,
+        Self: LoadByKey<C>,
+        <Self::Table as diesel::QuerySource>::FromClause: Clone,
+        Self::KeyPredicate: Clone,
+        FencedUpdateOf<Self, Ch::Changeset, F>: Assignments<C::Backend>,
+        Counted: Complete<C, FencedUpdateOf<Self, Ch::Changeset, F>, ()>,
+        ColumnOfRow<Self::Table, Self::KeyPredicate, F>: LoadQuery<'static, C, i64>,
+    {
+        let _ = fence_column;
+        let statement = FencedUpdateOf::<Self, Ch::Changeset, F>::new(
+            Self::table(),
+            changes.as_changeset(),
+            ColumnEq::new(fence),
+            Self::key_predicate(key),
+            FenceAtMost {
+                fence,
+                column: PhantomData,
+            },
+        );
+        let miss = FenceMoved {
+            newest: statement.read_back::<F>(),
+            presented: fence,
+            table: Self::table_name(),
+            key,
+        };
+        CompareAndSet::one(statement, Self::table_name(), key, miss)
+            .run::<C, Counted, ()>(conn)
+            .map(drop)
+    }
+}
+
+/// A fenced write matched nothing: the row's newest fence, read back, is newer than the
+/// one presented ([`Error::StaleFence`]), or the row is gone.
+struct FenceMoved<'k, Q> {
+    newest: Q,
+    presented: i64,
+    table: &'static str,
+    key: &'k dyn std::fmt::Debug,
+}
+
+impl<C, Q> Miss<C> for FenceMoved<'_, Q>
+where
+    C: LoadConnection,
+    C::Backend: OccBackend,
+    Q: LoadQuery<'static, C, i64>,
+{
+    fn explain(self, conn: &mut C) -> Error {
+        match self.newest.get_result::<i64>(conn).optional() {
+            Ok(Some(current)) => Error::StaleFence {
+                presented: self.presented,
+                current,
+            },
+            Ok(None) => Error::NotFound {
+                table: self.table,
+                key: format!("{:?}", self.key),
+            },
+            Err(e) => classify(conn, e),
+        }
+    }
+}
+
+impl<T: Guarded> FencedWrite for T {}

@@ -1,0 +1,7 @@
+//! Locks and leases in a database table, leader election on them, and fenced writes that
+//! refuse a paused holder's late writes.
+
+pub(crate) mod fence;
+pub(crate) mod leader;
+pub(crate) mod lease;
+pub(crate) mod lock;

@@ -1,0 +1,205 @@
+//! How a guarded statement runs, and how the writer learns the row's new token.
+//!
+//! Most guard kinds compute the next token before sending (a version, a timestamp), so
+//! the statement is executed and its rows counted ([`Counted`]). A token only the
+//! database knows (PostgreSQL's `xmin`, a database-clock stamp) is read back by the
+//! statement itself (`... RETURNING <column>`, [`ReturnedBy`]): one round trip either
+//! way, except on MySQL, which has no `RETURNING` and reads the column in the same
+//! transaction.
+
+use std::marker::PhantomData;
+
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
+use diesel::backend::Backend;
+use diesel::connection::Connection;
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
+use diesel::query_builder::{AstPass, Query, QueryFragment, QueryId};
+use diesel::query_dsl::methods::ExecuteDsl;
+use diesel::{Column, QueryResult, RunQueryDsl};
+
+use crate::sql::combined_updates::{Combined, RowAndToken, RowOnly};
+
+/// Runs a guarded statement on connection `C`: the rows it matched and, for kinds whose
+/// next token only the database knows, that token.
+#[diagnostic::on_unimplemented(
+    message = "this guard cannot run its statement on `{C}`",
+    note = "the statement, its guard's assignments or the token's column type do not fit this connection's backend"
+)]
+pub trait Complete<C, S, Tok> {
+    /// Runs `statement` on `conn`.
+    fn run(conn: &mut C, statement: S) -> QueryResult<(usize, Option<Tok>)>;
+}
+
+/// The next token was computed before sending: execute and count.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Counted;
+
+impl<C, S, Tok> Complete<C, S, Tok> for Counted
+where
+    C: Connection,
+    S: ExecuteDsl<C>,
+{
+    fn run(conn: &mut C, statement: S) -> QueryResult<(usize, Option<Tok>)> {
+        ExecuteDsl::execute(statement, conn).map(|rows| (rows, None))
+    }
+}
+
+/// The next token is column `Col` as the statement left it: `... RETURNING <Col>` on
+/// PostgreSQL and SQLite; on MySQL, which has no `RETURNING`, the statement and a read of
+/// the column in one transaction ([`ReadsBack`]).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ReturnedBy<Col>(PhantomData<Col>);
+
+impl<C, S, Col, Tok> Complete<C, S, Tok> for ReturnedBy<Col>
+where
+    C: Connection,
+    C::Backend: ReadsBack<C, S, Col, Tok>,
+{
+    fn run(conn: &mut C, statement: S) -> QueryResult<(usize, Option<Tok>)> {
+        <C::Backend as ReadsBack<C, S, Col, Tok>>::run(conn, statement)
+    }
+}
+
+/// How backend `Self` runs `statement` and reads back the column `Col` it set.
+#[diagnostic::on_unimplemented(
+    message = "this guard cannot read its new token back on `{Self}`",
+    note = "an `xmin` guard is PostgreSQL's; a last-modified guard on the database's clock reads its stamp back on every backend"
+)]
+pub trait ReadsBack<C, S, Col, Tok> {
+    /// Runs `statement` on `conn`: the rows it matched and the token it left.
+    fn run(conn: &mut C, statement: S) -> QueryResult<(usize, Option<Tok>)>;
+}
+
+/// `<statement> RETURNING <Col>`: one round trip.
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
+fn load_returning<C, S, Col, Tok>(conn: &mut C, statement: S) -> QueryResult<(usize, Option<Tok>)>
+where
+    Returning<S, Col>: diesel::query_dsl::LoadQuery<'static, C, Tok>,
+{
+    let tokens: Vec<Tok> = Returning {
+        statement,
+        column: PhantomData::<Col>,
+    }
+    .load(conn)?;
+    Ok((tokens.len(), tokens.into_iter().next()))
+}
+
+#[cfg(feature = "postgres")]
+impl<C, S, Col, Tok> ReadsBack<C, S, Col, Tok> for diesel::pg::Pg
+where
+    C: Connection<Backend = Self>,
+    Returning<S, Col>: diesel::query_dsl::LoadQuery<'static, C, Tok>,
+{
+    fn run(conn: &mut C, statement: S) -> QueryResult<(usize, Option<Tok>)> {
+        load_returning::<C, S, Col, Tok>(conn, statement)
+    }
+}
+
+#[cfg(feature = "sqlite")]
+impl<C, S, Col, Tok> ReadsBack<C, S, Col, Tok> for diesel::sqlite::Sqlite
+where
+    C: Connection<Backend = Self>,
+    Returning<S, Col>: diesel::query_dsl::LoadQuery<'static, C, Tok>,
+{
+    fn run(conn: &mut C, statement: S) -> QueryResult<(usize, Option<Tok>)> {
+        load_returning::<C, S, Col, Tok>(conn, statement)
+    }
+}
+
+/// No `RETURNING`: the statement, then `SELECT <Col>` of its row, in one transaction so
+/// that no other writer's value can come between. The row stays locked by the write.
+#[cfg(feature = "mysql")]
+impl<C, T, Changes, Advance, Key, Guard, Col, Tok>
+    ReadsBack<C, crate::sql::statement::GuardedUpdate<T, Changes, Advance, Key, Guard>, Col, Tok>
+    for diesel::mysql::Mysql
+where
+    C: Connection<Backend = Self>,
+    T: diesel::Table,
+    T::FromClause: Clone,
+    Key: Clone,
+    crate::sql::statement::GuardedUpdate<T, Changes, Advance, Key, Guard>: ExecuteDsl<C>,
+    crate::sql::statement::ColumnOfRow<T, Key, Col>: diesel::query_dsl::LoadQuery<'static, C, Tok>,
+{
+    fn run(
+        conn: &mut C,
+        statement: crate::sql::statement::GuardedUpdate<T, Changes, Advance, Key, Guard>,
+    ) -> QueryResult<(usize, Option<Tok>)> {
+        conn.transaction(|conn| {
+            let read = statement.read_back::<Col>();
+            match ExecuteDsl::execute(statement, conn)? {
+                1 => Ok((1, Some(read.get_result(conn)?))),
+                rows => Ok((rows, None)),
+            }
+        })
+    }
+}
+
+/// Runs guarded statements as one on connection `C` ([`Combined`]): the index of each
+/// statement that wrote its row and, for kinds whose next token only the database knows,
+/// that token.
+pub trait CompleteEach<C, S, Tok> {
+    /// Runs `updates` on `conn` as one statement; they must not share a key.
+    fn run_each(conn: &mut C, updates: Vec<S>) -> QueryResult<Vec<(usize, Option<Tok>)>>;
+}
+
+impl<C, S, Tok> CompleteEach<C, S, Tok> for Counted
+where
+    C: Connection,
+    Combined<S, RowOnly>: diesel::query_dsl::LoadQuery<'static, C, i32>,
+{
+    fn run_each(conn: &mut C, updates: Vec<S>) -> QueryResult<Vec<(usize, Option<Tok>)>> {
+        let rows: Vec<i32> = Combined::<S, RowOnly>::new(updates).load(conn)?;
+        Ok(rows.into_iter().map(|row| (row as usize, None)).collect())
+    }
+}
+
+impl<C, S, Col, Tok> CompleteEach<C, S, Tok> for ReturnedBy<Col>
+where
+    C: Connection,
+    Col: Column,
+    Combined<S, RowAndToken<Col>>: diesel::query_dsl::LoadQuery<'static, C, (i32, Tok)>,
+{
+    fn run_each(conn: &mut C, updates: Vec<S>) -> QueryResult<Vec<(usize, Option<Tok>)>> {
+        let rows: Vec<(i32, Tok)> = Combined::<S, RowAndToken<Col>>::new(updates).load(conn)?;
+        Ok(rows
+            .into_iter()
+            .map(|(row, token)| (row as usize, Some(token)))
+            .collect())
+    }
+}
+
+/// `<statement> RETURNING <Col>`.
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
+#[derive(Debug, Clone)]
+pub struct Returning<S, Col> {
+    statement: S,
+    column: PhantomData<Col>,
+}
+
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
+impl<S, Col: Column> Query for Returning<S, Col> {
+    type SqlType = Col::SqlType;
+}
+
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
+impl<S, Col, DB> QueryFragment<DB> for Returning<S, Col>
+where
+    DB: Backend,
+    S: QueryFragment<DB>,
+    Col: Column,
+{
+    fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, DB>) -> QueryResult<()> {
+        self.statement.walk_ast(out.reborrow())?;
+        out.push_sql(" RETURNING ");
+        out.push_identifier(Col::NAME)
+    }
+}
+
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
+impl<S, Col> QueryId for Returning<S, Col> {
+    type QueryId = ();
+    const HAS_STATIC_QUERY_ID: bool = false;
+}
+
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
+impl<S, Col, Conn> RunQueryDsl<Conn> for Returning<S, Col> {}

@@ -1,0 +1,362 @@
+//! Task claiming: workers take up to N rows in one state and move them to
+//! another with their owner id and a claim time; each row goes to exactly one worker.
+//!
+//! One write transaction per claim:
+//!
+//! ```sql
+//! SELECT ... FROM tasks
+//! WHERE state = ?open OR (state = ?running AND claimed_at < <database now> - ?reclaim_after)
+//! LIMIT ? FOR UPDATE SKIP LOCKED          -- PostgreSQL, MySQL 8, MariaDB 10.6+
+//! UPDATE tasks SET state = ?running, owner = ?me, claimed_at = <database now>,
+//!                  version = version + 1
+//! WHERE (<key 1>) OR (<key 2>) ...
+//! ```
+//!
+//! `SKIP LOCKED` lets concurrent workers pass over each other's rows instead of waiting:
+//! no sleeps, no busy loops. SQLite has no row locks; its immediate write transaction
+//! makes claims take turns. A claim whose owner vanished is taken again once its claim time
+//! is older than `reclaim_after`, judged by the database's clock, never a worker's.
+//! Finishing or releasing a claim is owner-checked: only the worker that holds it can.
+
+use std::time::Duration;
+
+use diesel::connection::LoadConnection;
+use diesel::dsl::{AsSelect, Filter, Limit, Select};
+use diesel::expression::{AppearsOnTable, Expression, ValidGrouping};
+use diesel::query_builder::{AstPass, QueryFragment, QueryId};
+use diesel::query_dsl::methods::{FilterDsl, LimitDsl, LoadQuery, SelectDsl};
+use diesel::serialize::ToSql;
+use diesel::sql_types::{Bool, HasSqlType, Nullable, Text};
+use diesel::{Column, QueryResult, RunQueryDsl, Selectable, SelectableHelper};
+
+use crate::connect::backend::OccBackend;
+use crate::connect::transaction::{commit_operation, WriteTransaction};
+use crate::error::Error;
+use crate::guard::server_clock::{ClockColumn, ServerClock, Shift};
+use crate::guard::{AdvanceInSql, Guarded};
+use crate::sql::new_token::{Complete, Counted};
+use crate::sql::statement::{
+    And, AnyOf, Assignments, ColumnEq, Comma, Joined, LatestRead, RowLock,
+};
+use crate::status::{HasStatus, Status};
+use crate::write::bulk::BulkUpdateOf;
+use crate::write::entity::{KeyWriteOf, LoadByKey, RowMoved};
+use crate::write::executor::{classify, CompareAndSet, Matches, Miss};
+
+/// What a worker asks for.
+#[derive(Debug, Clone, Copy)]
+pub struct ClaimRequest<'a, S> {
+    /// The state of rows waiting for a worker.
+    pub from: S,
+    /// The state of a claimed row.
+    pub to: S,
+    /// Who claims: a worker id, stored in the owner column.
+    pub owner: &'a str,
+    /// At most this many rows.
+    pub limit: usize,
+    /// A claimed row whose claim is older than this (by the database's clock) is taken
+    /// again, as abandoned; `None` never takes a claimed row.
+    pub reclaim_after: Option<Duration>,
+}
+
+/// `status = ?from OR (status = ?to AND claimed_at < <database now> - ?age)`.
+#[derive(Debug, Clone)]
+pub struct Claimable<StatusCol, S, AtCol> {
+    from: S,
+    to: S,
+    /// The database's now minus the age after which a claim is abandoned.
+    abandoned_before: Option<Shift>,
+    columns: std::marker::PhantomData<(StatusCol, AtCol)>,
+}
+
+impl<StatusCol, S, AtCol> Expression for Claimable<StatusCol, S, AtCol> {
+    type SqlType = Bool;
+}
+
+impl<StatusCol, S, AtCol, QS> AppearsOnTable<QS> for Claimable<StatusCol, S, AtCol> {}
+
+impl<StatusCol, S, AtCol> ValidGrouping<()> for Claimable<StatusCol, S, AtCol> {
+    type IsAggregate = diesel::expression::is_aggregate::Never;
+}
+
+impl<StatusCol, S, AtCol> QueryId for Claimable<StatusCol, S, AtCol> {
+    type QueryId = ();
+    const HAS_STATIC_QUERY_ID: bool = false;
+}
+
+impl<StatusCol, S, AtCol, DB> QueryFragment<DB> for Claimable<StatusCol, S, AtCol>
+where
+    DB: ServerClock + HasSqlType<StatusCol::SqlType>,
+    StatusCol: Column,
+    AtCol: Column,
+    S: ToSql<StatusCol::SqlType, DB>,
+{
+    fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, DB>) -> QueryResult<()> {
+        out.push_sql("(");
+        out.push_identifier(StatusCol::NAME)?;
+        out.push_sql(" = ");
+        out.push_bind_param::<StatusCol::SqlType, S>(&self.from)?;
+        if let Some(before) = &self.abandoned_before {
+            out.push_sql(" OR (");
+            out.push_identifier(StatusCol::NAME)?;
+            out.push_sql(" = ");
+            out.push_bind_param::<StatusCol::SqlType, S>(&self.to)?;
+            out.push_sql(" AND ");
+            out.push_identifier(AtCol::NAME)?;
+            out.push_sql(" < ");
+            DB::push_shifted(&mut out, before)?;
+            out.push_sql(")");
+        }
+        out.push_sql(")");
+        Ok(())
+    }
+}
+
+/// The claimable rows of entity `T`, at most a limit, locked and skipping locked ones.
+pub(crate) type ClaimQueryOf<T, AtCol, DB> = LatestRead<
+    Limit<
+        Select<
+            Filter<
+                <T as diesel::associations::HasTable>::Table,
+                Claimable<<T as HasStatus>::StatusColumn, <T as HasStatus>::Status, AtCol>,
+            >,
+            AsSelect<T, DB>,
+        >,
+    >,
+>;
+
+/// `status = ?to, owner = ?, claimed_at = <database now>`: a row handed to its owner.
+pub(crate) type ClaimChanges<T, OwnerCol, AtCol> = Joined<
+    Joined<
+        ColumnEq<<T as HasStatus>::StatusColumn, <T as HasStatus>::Status>,
+        ColumnEq<OwnerCol, Option<String>>,
+        Comma,
+    >,
+    ClockColumn<AtCol>,
+    Comma,
+>;
+
+/// The `UPDATE` that hands the selected rows of `T` to their new owner, advancing each
+/// one's token.
+pub(crate) type ClaimUpdateOf<T, OwnerCol, AtCol> =
+    BulkUpdateOf<T, ClaimChanges<T, OwnerCol, AtCol>, AnyOf<<T as Guarded>::KeyPredicate>>;
+
+/// `status = ?held AND owner = ?me`: the claim is still this owner's.
+pub(crate) type HeldBy<T, OwnerCol> = Joined<
+    ColumnEq<<T as HasStatus>::StatusColumn, <T as HasStatus>::Status>,
+    ColumnEq<OwnerCol, String>,
+    And,
+>;
+
+/// `UPDATE ... SET status = ?to, owner = ?, <token advanced> WHERE key AND status = ?held
+/// AND owner = ?me`: the owner-checked end of a claim.
+pub(crate) type FinishOf<T, OwnerCol> = KeyWriteOf<
+    T,
+    Joined<
+        ColumnEq<<T as HasStatus>::StatusColumn, <T as HasStatus>::Status>,
+        ColumnEq<OwnerCol, Option<String>>,
+        Comma,
+    >,
+    HeldBy<T, OwnerCol>,
+>;
+
+/// Task claiming for entities with a status column, an owner column (`Nullable<Text>`)
+/// and a claim-time column (`Nullable<Timestamp>`), whose guard advances in SQL (a
+/// version, a timestamp, `xmin`).
+pub trait GuardedClaim: HasStatus + Clone
+where
+    Self::Guard: AdvanceInSql,
+{
+    /// Claims up to `request.limit` rows in state `from` (and abandoned claims, with
+    /// `reclaim_after`), moving them to `to` with `request.owner` in `owner` and the
+    /// database's now in `claimed_at`, in one write transaction. Returns the claimed rows
+    /// as written; none when nothing is waiting. Each row goes to one worker.
+    fn claim<C, OwnerCol, AtCol>(
+        conn: &mut C,
+        owner: OwnerCol,
+        claimed_at: AtCol,
+        request: &ClaimRequest<'_, Self::Status>,
+    ) -> Result<Vec<Self>, Error>
+    where
+        C: LoadConnection + WriteTransaction,
+        C::Backend: OccBackend,
+        OwnerCol: Column<Table = Self::Table, SqlType = Nullable<Text>>,
+        AtCol: Column<Table = Self::Table>,
+        Self: LoadByKey<C> + Selectable<C::Backend>,
+        Self::SelectExpression: QueryId,
+        Self::Table: FilterDsl<Claimable<Self::StatusColumn, Self::Status, AtCol>>,
+        Filter<Self::Table, Claimable<Self::StatusColumn, Self::Status, AtCol>>:
+            SelectDsl<AsSelect<Self, C::Backend>>,
+        Select<
+            Filter<Self::Table, Claimable<Self::StatusColumn, Self::Status, AtCol>>,
+            AsSelect<Self, C::Backend>,
+        >: LimitDsl,
+        ClaimQueryOf<Self, AtCol, C::Backend>: LoadQuery<'static, C, Self>,
+        ClaimUpdateOf<Self, OwnerCol, AtCol>: Assignments<C::Backend>,
+        Counted: Complete<C, ClaimUpdateOf<Self, OwnerCol, AtCol>, ()>,
+    {
+        let _ = (owner, claimed_at);
+        crate::sql::names::check_name("owner", request.owner)?;
+        if request.limit == 0 {
+            return Ok(Vec::new());
+        }
+        let filter = Claimable {
+            from: request.from,
+            to: request.to,
+            abandoned_before: request.reclaim_after.map(Shift::earlier),
+            columns: std::marker::PhantomData,
+        };
+        let limit = i64::try_from(request.limit).unwrap_or(i64::MAX);
+        commit_operation(conn, |conn| {
+            let query = LatestRead::locked(
+                LimitDsl::limit(
+                    SelectDsl::select(FilterDsl::filter(Self::table(), filter), Self::as_select()),
+                    limit,
+                ),
+                RowLock::SkipLocked,
+            );
+            let waiting: Vec<Self> = query.load(conn).map_err(|e| classify(conn, e))?;
+            if waiting.is_empty() {
+                return Ok(Vec::new());
+            }
+            let keys: Vec<Self::Key> = waiting.iter().map(Guarded::key).collect();
+            let update = ClaimUpdateOf::<Self, OwnerCol, AtCol>::new(
+                Self::table(),
+                Joined(
+                    Joined(
+                        ColumnEq::new(request.to),
+                        ColumnEq::new(Some(request.owner.to_string())),
+                        Comma,
+                    ),
+                    ClockColumn::set(Shift::none()),
+                    Comma,
+                ),
+                Joined(Self::Guard::advance_any(), Self::stamp(), Comma),
+                AnyOf(keys.iter().map(Self::key_predicate).collect()),
+                Self::Guard::can_advance(),
+            );
+            let miss = ClaimIgnored { locked: &waiting };
+            CompareAndSet::one(update, Self::table_name(), &keys, miss)
+                .matching(Matches::All(keys.len()))
+                .run::<C, Counted, ()>(conn)?;
+            Self::load_by_keys(conn, &keys).map_err(|e| classify(conn, e))
+        })
+    }
+
+    /// Ends the claim `owner` holds on the row with `key`: from state `held` to `to`, the
+    /// owner column set to `next_owner` (`None` to clear it), the version advanced. Only
+    /// the holder can: a row another worker took over (or already finished) is
+    /// [`Error::LockLost`]; a missing row [`Error::NotFound`].
+    fn finish_claim<C, OwnerCol>(
+        conn: &mut C,
+        key: &Self::Key,
+        owner_column: OwnerCol,
+        owner: &str,
+        held: Self::Status,
+        to: Self::Status,
+        next_owner: Option<&str>,
+    ) -> Result<(), Error>
+    where
+        C: LoadConnection,
+        C::Backend: OccBackend,
+        OwnerCol: Column<Table = Self::Table, SqlType = Nullable<Text>>,
+        Self: LoadByKey<C>,
+        FinishOf<Self, OwnerCol>: Assignments<C::Backend>,
+        Counted: Complete<C, FinishOf<Self, OwnerCol>, ()>,
+    {
+        let _ = owner_column;
+        let statement = FinishOf::<Self, OwnerCol>::new(
+            Self::table(),
+            Joined(
+                ColumnEq::new(to),
+                ColumnEq::new(next_owner.map(str::to_string)),
+                Comma,
+            ),
+            Joined(Self::Guard::advance_any(), Self::stamp(), Comma),
+            Self::key_predicate(key),
+            Joined(
+                Joined(ColumnEq::new(held), ColumnEq::new(owner.to_string()), And),
+                Self::Guard::can_advance(),
+                And,
+            ),
+        );
+        let miss = ClaimLost::<Self> { key, owner, held };
+        CompareAndSet::one(statement, Self::table_name(), key, miss)
+            .run::<C, Counted, ()>(conn)
+            .map(drop)
+    }
+}
+
+/// A claim's update matched fewer rows than its read had locked: nobody else can have
+/// moved them, so the first row still holding the token it was locked with was left
+/// alone, at the end of its tokens ([`Error::VersionOverflow`]) or by the database
+/// ([`Error::Refused`]).
+struct ClaimIgnored<'a, T> {
+    locked: &'a [T],
+}
+
+impl<T, C> Miss<C> for ClaimIgnored<'_, T>
+where
+    T: LoadByKey<C>,
+    T::Guard: AdvanceInSql,
+    C: LoadConnection,
+    C::Backend: OccBackend,
+{
+    fn explain(self, conn: &mut C) -> Error {
+        let keys: Vec<T::Key> = self.locked.iter().map(Guarded::key).collect();
+        let mut current = match T::load_by_keys(conn, &keys) {
+            Ok(current) => current,
+            Err(e) => return classify(conn, e),
+        };
+        let ignored = self.locked.iter().position(|locked| {
+            let now = current.iter().find(|c| c.key() == locked.key());
+            now.is_none_or(|now| now.token() == locked.token())
+        });
+        let key = &keys[ignored.unwrap_or(0)];
+        let found = current.iter().position(|c| c.key() == *key);
+        let current = found.map(|i| current.swap_remove(i));
+        RowMoved::<T>::advancing_any(key, T::Guard::at_end).given::<C>(current)
+    }
+}
+
+/// The end of a claim matched nothing: the row is gone ([`Error::NotFound`]), its token
+/// cannot advance ([`Error::VersionOverflow`]), or another worker holds it or it left the
+/// held state ([`Error::LockLost`]).
+struct ClaimLost<'k, T: HasStatus> {
+    key: &'k T::Key,
+    owner: &'k str,
+    held: T::Status,
+}
+
+impl<T, C> Miss<C> for ClaimLost<'_, T>
+where
+    T: HasStatus + LoadByKey<C>,
+    T::Guard: AdvanceInSql,
+    C: LoadConnection,
+    C::Backend: OccBackend,
+{
+    fn explain(self, conn: &mut C) -> Error {
+        let (key, owner) = (self.key, self.owner);
+        match T::load_by_key(conn, key) {
+            Ok(None) => RowMoved::<T>::any(key).given::<C>(None),
+            Ok(Some(row)) if T::Guard::at_end(&row.token()) => {
+                RowMoved::<T>::advancing_any(key, T::Guard::at_end).given::<C>(Some(row))
+            }
+            Ok(Some(_)) => Error::LockLost {
+                lock: format!(
+                    "claim of `{}` row {key:?} by {owner:?} (in state `{}`)",
+                    T::table_name(),
+                    self.held.name()
+                ),
+            },
+            Err(e) => classify(conn, e),
+        }
+    }
+}
+
+impl<T> GuardedClaim for T
+where
+    T: HasStatus + Clone,
+    T::Guard: AdvanceInSql,
+{
+}

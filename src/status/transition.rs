@@ -1,0 +1,384 @@
+//! Guarded status transitions: one conditional `UPDATE` whose `WHERE`
+//! holds the states allowed to move to the target, so that of a cancel and a ship racing
+//! on one order exactly one wins, and the loser learns the state the winner left.
+//!
+//! ```sql
+//! UPDATE orders SET status = ?to [, extra assignments], <token advances>
+//! WHERE (<key>) AND status IN (<states allowed to move to `to`>) [AND <token> = ?expected]
+//! ```
+//!
+//! Two forms:
+//! - from a loaded copy ([`transition`](GuardedTransition::transition)): the status check
+//!   *and* the copy's token, which also closes the ABA gap (valid, taken, valid again
+//!   between the read and the write: the status alone cannot see it, the token can).
+//! - from a key alone ([`transition_by_key`](GuardedStatusTransition::transition_by_key),
+//!   entities whose guard advances in SQL: a version, a timestamp, `xmin`): the status check only, no
+//!   read before it; the token advances in SQL and comes back with the statement.
+//!
+//! Outcomes: the new token; [`Error::NotFound`]; [`Error::InvalidTransition`] with the
+//! current row when its state does not allow the move (never retried: the state is what
+//! it is); [`Error::Conflict`] when the state would allow it but the copy's token is stale
+//! (the loaded form; read again and decide). `transition_by_key` retries transient
+//! database errors (deadlock, lock timeout, SQLite busy) with its [`RetryPolicy`]: nothing
+//! else can change its answer.
+//!
+//! The `..._then` forms run a hook on the same transaction after the move (a history row
+//! with [`record`], an outbox event); if the hook fails, the transition is rolled back.
+
+use diesel::connection::LoadConnection;
+use diesel::query_builder::{AsChangeset, InsertStatement};
+use diesel::query_dsl::methods::ExecuteDsl;
+use diesel::{Column, Insertable};
+
+use crate::connect::backend::OccBackend;
+use crate::connect::transaction::{commit_operation, WriteTransaction};
+use crate::error::{Error, InvalidTransition};
+use crate::guard::{
+    AdvanceInSql, AdvanceOf, CompletionOf, GuardKind, Guarded, ReturnedTokenOf, TokenOf,
+};
+use crate::retry::{RetryPolicy, Stop};
+use crate::sql::new_token::{Complete, Counted};
+use crate::sql::statement::{And, Assignments, ColumnEq, Comma, GuardedUpdate, Joined, NoChanges};
+use crate::status::{HasStatus, Status, StatusIn};
+use crate::write::entity::{
+    advance_from, unreadable_in, write_by_key, KeyWriteOf, LoadByKey, RowMoved,
+};
+use crate::write::executor::{classify, CannotMiss, CompareAndSet, Matches, Miss};
+use crate::write::modify::in_caller_transaction;
+
+/// No extra assignment: the transition sets the status (and advances the token) only.
+/// The table is inferred from the entity.
+pub fn no_extra<T>() -> NoChanges<T> {
+    NoChanges::default()
+}
+
+/// `status = ?to` and the caller's extra assignments.
+pub(crate) type SetStatus<T, Ch> =
+    Joined<ColumnEq<<T as HasStatus>::StatusColumn, <T as HasStatus>::Status>, Ch, Comma>;
+
+/// `status IN (...)` and condition `G`.
+pub(crate) type StatusAnd<T, G> =
+    Joined<StatusIn<<T as HasStatus>::StatusColumn, <T as HasStatus>::Status>, G, And>;
+
+/// The transition of a loaded copy of `T` with extra changeset `Ch`.
+pub(crate) type TransitionOf<T, Ch> = GuardedUpdate<
+    <T as diesel::associations::HasTable>::Table,
+    SetStatus<T, Ch>,
+    AdvanceOf<T>,
+    <T as Guarded>::KeyPredicate,
+    StatusAnd<T, <<T as Guarded>::Guard as GuardKind>::Predicate>,
+>;
+
+/// The key-only transition of `T` with extra changeset `Ch`.
+pub(crate) type KeyTransitionOf<T, Ch> = KeyWriteOf<
+    T,
+    SetStatus<T, Ch>,
+    StatusIn<<T as HasStatus>::StatusColumn, <T as HasStatus>::Status>,
+>;
+
+/// Transitions of loaded copies, for every entity with a `#[occ(status)]` field.
+pub trait GuardedTransition: HasStatus + Clone {
+    /// Moves this row to `to` (with the `extra` assignments, such as a ship date) if its
+    /// state allows it and it still holds this copy's token; records the new state, token
+    /// and stamp in the copy. A failed move leaves the copy as it was.
+    fn transition<C, Ch>(
+        &mut self,
+        conn: &mut C,
+        to: Self::Status,
+        extra: Ch,
+    ) -> Result<TokenOf<Self>, Error>
+    where
+        C: LoadConnection,
+        C::Backend: OccBackend,
+        Ch: AsChangeset<Target = Self::Table>,
+        TransitionOf<Self, Ch::Changeset>: Assignments<C::Backend>,
+        CompletionOf<Self>: Complete<C, TransitionOf<Self, Ch::Changeset>, TokenOf<Self>>,
+        Self: LoadByKey<C>,
+    {
+        let (key, expected) = (self.key(), self.token());
+        let (advance, next) = advance_from::<Self, C>(&key, &expected)?;
+        let stamp = Self::stamp();
+        let statement = TransitionOf::<Self, Ch::Changeset>::new(
+            Self::table(),
+            Joined(ColumnEq::new(to), extra.as_changeset(), Comma),
+            Joined(advance, stamp.clone(), Comma),
+            Self::key_predicate(&key),
+            Joined(
+                StatusIn::new(Self::Status::sources(to)),
+                Self::Guard::predicate(&expected),
+                And,
+            ),
+        );
+        let miss = TransitionMiss {
+            row: RowMoved::<Self>::expecting(&key, &expected),
+            to,
+        };
+        let token = CompareAndSet::one(statement, Self::table_name(), &key, miss)
+            .run::<C, CompletionOf<Self>, TokenOf<Self>>(conn)?
+            .token
+            .unwrap_or(next);
+        self.set_token(token.clone());
+        self.set_status(to);
+        self.set_stamp(&stamp);
+        Ok(token)
+    }
+
+    /// [`transition`](Self::transition) and then `hook` (given the state the row left and
+    /// the row as moved) on the same write transaction; when the hook fails, the move is
+    /// rolled back, the copy left as it was, and the hook's error comes back unchanged.
+    fn transition_then<C, Ch, E>(
+        &mut self,
+        conn: &mut C,
+        to: Self::Status,
+        extra: Ch,
+        hook: impl FnOnce(&mut C, Self::Status, &Self) -> Result<(), E>,
+    ) -> Result<TokenOf<Self>, E>
+    where
+        C: LoadConnection + WriteTransaction,
+        C::Backend: OccBackend,
+        Ch: AsChangeset<Target = Self::Table>,
+        TransitionOf<Self, Ch::Changeset>: Assignments<C::Backend>,
+        CompletionOf<Self>: Complete<C, TransitionOf<Self, Ch::Changeset>, TokenOf<Self>>,
+        Self: LoadByKey<C>,
+        E: From<Error>,
+    {
+        let before = self.clone();
+        let from = self.status();
+        let result = commit_operation(conn, |conn| -> Result<_, Stop<E>> {
+            let token = self.transition(conn, to, extra)?;
+            hook(conn, from, self).map_err(Stop::Caller)?;
+            Ok(token)
+        });
+        result.map_err(|stop| {
+            *self = before;
+            match stop {
+                Stop::Caller(e) => e,
+                Stop::Occ(e) => e.into(),
+            }
+        })
+    }
+}
+
+impl<T: HasStatus + Clone> GuardedTransition for T {}
+
+/// Key-only transitions for entities whose guard advances in SQL (a version, a timestamp, `xmin`).
+pub trait GuardedStatusTransition: HasStatus + Clone
+where
+    Self::Guard: AdvanceInSql,
+{
+    /// Moves the row with `key` to `to` (with `extra`) if its state allows it, whatever
+    /// its token, in one statement with no read before it; advances the token and
+    /// returns the new one. Transient database errors are retried as `policy` allows
+    /// (one attempt inside a transaction you opened).
+    fn transition_by_key<C, Ch>(
+        conn: &mut C,
+        key: &Self::Key,
+        to: Self::Status,
+        extra: Ch,
+        policy: &RetryPolicy,
+    ) -> Result<TokenOf<Self>, Error>
+    where
+        C: LoadConnection,
+        C::Backend: OccBackend,
+        Ch: AsChangeset<Target = Self::Table> + Clone,
+        KeyTransitionOf<Self, Ch::Changeset>: Assignments<C::Backend>,
+        ReturnedTokenOf<Self>: Complete<C, KeyTransitionOf<Self, Ch::Changeset>, TokenOf<Self>>,
+        Self: LoadByKey<C>,
+    {
+        let policy = if in_caller_transaction(conn) {
+            RetryPolicy::never()
+        } else {
+            policy.clone()
+        };
+        let (token, _) = policy.run(|_| -> Result<TokenOf<Self>, Stop<Error>> {
+            let miss = TransitionMiss {
+                row: RowMoved::<Self>::advancing_any(key, Self::Guard::at_end),
+                to,
+            };
+            let changes = Joined(ColumnEq::new(to), extra.clone().as_changeset(), Comma);
+            let condition = StatusIn::new(Self::Status::sources(to));
+            Ok(write_by_key::<Self, C, _, _, _>(
+                conn, key, changes, condition, miss,
+            )?)
+        })?;
+        Ok(token)
+    }
+
+    /// Moves the row with `key` to `to` and runs `hook` (given the state the row left and
+    /// the row as moved) on the same write transaction. The row is read with a lock first,
+    /// so the hook knows the state it left; when the state does not allow the move the
+    /// answer is [`Error::InvalidTransition`]; when the hook fails, everything is rolled
+    /// back and its error comes back unchanged. Returns the row as moved.
+    fn transition_by_key_then<C, Ch, E>(
+        conn: &mut C,
+        key: &Self::Key,
+        to: Self::Status,
+        extra: Ch,
+        hook: impl FnOnce(&mut C, Self::Status, &Self) -> Result<(), E>,
+    ) -> Result<Self, E>
+    where
+        C: LoadConnection + WriteTransaction,
+        C::Backend: OccBackend,
+        Ch: AsChangeset<Target = Self::Table>,
+        TransitionOf<Self, Ch::Changeset>: Assignments<C::Backend>,
+        CompletionOf<Self>: Complete<C, TransitionOf<Self, Ch::Changeset>, TokenOf<Self>>,
+        Self: LoadByKey<C>,
+        E: From<Error>,
+    {
+        let result = commit_operation(conn, |conn| -> Result<Self, Stop<E>> {
+            // Inside the transaction this read locks the row until it ends.
+            let mut row = match Self::load_by_key(conn, key) {
+                Ok(Some(row)) => row,
+                Ok(None) => return Err(Stop::Occ(RowMoved::<Self>::any(key).given::<C>(None))),
+                Err(e) => {
+                    return Err(Stop::Occ(
+                        unreadable_in::<Self, C>(key, e, suspects::<Self>())
+                            .unwrap_or_else(|e| classify(conn, e)),
+                    ))
+                }
+            };
+            let from = row.status();
+            row.transition(conn, to, extra)?;
+            hook(conn, from, &row).map_err(Stop::Caller)?;
+            Ok(row)
+        });
+        result.map_err(|stop| match stop {
+            Stop::Caller(e) => e,
+            Stop::Occ(e) => e.into(),
+        })
+    }
+}
+
+impl<T> GuardedStatusTransition for T
+where
+    T: HasStatus + Clone,
+    T::Guard: AdvanceInSql,
+{
+}
+
+/// A transition matched nothing: the latest row is gone, in a state that does not allow
+/// the move ([`Error::InvalidTransition`]), or else whatever [`RowMoved`] finds (a stale
+/// token, a version at its maximum, a refused write).
+struct TransitionMiss<'k, T: HasStatus> {
+    row: RowMoved<'k, T>,
+    to: T::Status,
+}
+
+impl<T, C> Miss<C> for TransitionMiss<'_, T>
+where
+    T: HasStatus + LoadByKey<C>,
+    C: LoadConnection,
+    C::Backend: OccBackend,
+{
+    fn explain(self, conn: &mut C) -> Error {
+        let (key, to) = (self.row.key(), self.to);
+        match T::load_by_key(conn, key) {
+            Ok(Some(current)) if !T::Status::allows(current.status(), to) => {
+                Error::InvalidTransition(Box::new(InvalidTransition::new(
+                    T::table_name(),
+                    format!("{key:?}"),
+                    current.status().name().to_string(),
+                    to.name().to_string(),
+                    current,
+                )))
+            }
+            Ok(current) => self.row.given::<C>(current),
+            Err(e) => {
+                unreadable_in::<T, C>(key, e, suspects::<T>()).unwrap_or_else(|e| classify(conn, e))
+            }
+        }
+    }
+}
+
+/// The columns an unreadable row is blamed on: the status first, then the guard's.
+fn suspects<T: HasStatus>() -> String {
+    let status = <T::StatusColumn as Column>::NAME;
+    format!("{status} (or {})", T::GUARD_COLUMNS.join(", "))
+}
+
+/// One row of the library's transition history (`occ_transitions`); `at` is set by the
+/// database's clock.
+#[derive(Debug, Clone, Copy)]
+pub struct HistoryEntry<'a> {
+    /// The entity's table or type name.
+    pub entity: &'a str,
+    /// The row's key, as text.
+    pub key: &'a str,
+    /// The state it left.
+    pub from: &'a str,
+    /// The state it entered.
+    pub to: &'a str,
+    /// Who moved it, if known.
+    pub actor: Option<&'a str>,
+}
+
+diesel::table! {
+    /// The library's transition history.
+    occ_transitions (id) {
+        /// The order rows were written in.
+        id -> BigInt,
+        /// The entity's table or type name.
+        entity -> Text,
+        /// The row's key, as text.
+        entity_key -> Text,
+        /// The state it left.
+        from_status -> Text,
+        /// The state it entered.
+        to_status -> Text,
+        /// When, by the database's clock (UTC).
+        at -> Timestamp,
+        /// Who moved it, if known.
+        actor -> Nullable<Text>,
+    }
+}
+
+/// A history row as inserted (`id` and `at` are the database's).
+#[doc(hidden)]
+#[derive(Debug, Insertable)]
+#[diesel(table_name = occ_transitions)]
+pub struct NewHistoryRow {
+    entity: String,
+    entity_key: String,
+    from_status: String,
+    to_status: String,
+    actor: Option<String>,
+}
+
+/// `INSERT INTO occ_transitions ...` of one history row.
+pub(crate) type RecordHistory = InsertStatement<
+    occ_transitions::table,
+    <NewHistoryRow as Insertable<occ_transitions::table>>::Values,
+>;
+
+/// Appends `entry` to the library's transition history (`occ_transitions`, from
+/// [`migrations`](crate::migrations)), stamped with the database's clock. Meant for a
+/// transition hook, so that the history row commits or rolls back with the move. Every
+/// text must be non-empty, free of NUL and at most
+/// [`NAME_LIMIT`](crate::NAME_LIMIT) characters.
+pub fn record<C>(conn: &mut C, entry: &HistoryEntry<'_>) -> Result<(), Error>
+where
+    C: LoadConnection,
+    C::Backend: OccBackend,
+    RecordHistory: Assignments<C::Backend> + ExecuteDsl<C>,
+{
+    use crate::sql::names::check_name;
+    check_name("entity", entry.entity)?;
+    check_name("key", entry.key)?;
+    check_name("state", entry.from)?;
+    check_name("state", entry.to)?;
+    if let Some(actor) = entry.actor {
+        check_name("actor", actor)?;
+    }
+    let row = NewHistoryRow {
+        entity: entry.entity.to_string(),
+        entity_key: entry.key.to_string(),
+        from_status: entry.from.to_string(),
+        to_status: entry.to.to_string(),
+        actor: entry.actor.map(str::to_string),
+    };
+    let insert = diesel::insert_into(occ_transitions::table).values(row);
+    CompareAndSet::one(insert, "occ_transitions", &entry.key, CannotMiss)
+        .matching(Matches::Any)
+        .run::<C, Counted, ()>(conn)
+        .map(drop)
+}

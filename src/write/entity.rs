@@ -1,0 +1,624 @@
+//! The executor of guarded writes and the entity writes built on it.
+
+use diesel::connection::LoadConnection;
+use diesel::dsl::{AsSelect, Filter, Select};
+use diesel::query_builder::{AsChangeset, QueryFragment, QueryId};
+use diesel::query_dsl::methods::{ExecuteDsl, FilterDsl, LoadQuery, SelectDsl};
+use diesel::query_source::QuerySource;
+use diesel::result::Error as DieselError;
+use diesel::{OptionalExtension, QueryResult, RunQueryDsl, Selectable, SelectableHelper};
+
+use crate::connect::backend::OccBackend;
+use crate::error::{Conflict, Error};
+use crate::guard::{
+    AdvanceAnyOf, AdvanceInSql, AdvanceOf, Advancing, CanAdvanceOf, CompletionOf, GuardKind,
+    Guarded, ReturnedTokenOf, TokenOf,
+};
+use crate::sql::names::table_name;
+use crate::sql::new_token::{Complete, Counted};
+use crate::sql::statement::{
+    assigned_columns, And, AnyOf, Assignments, Comma, GuardedDelete, GuardedUpdate, Joined,
+    LatestRead, NoChanges, RowLock, Unguarded,
+};
+use crate::write::executor::{classify, in_transaction, CompareAndSet, Miss};
+
+/// The guarded `UPDATE` of entity `T` with changeset `Ch`.
+pub(crate) type UpdateOf<T, Ch> = GuardedUpdate<
+    <T as diesel::associations::HasTable>::Table,
+    Ch,
+    AdvanceOf<T>,
+    <T as Guarded>::KeyPredicate,
+    <<T as Guarded>::Guard as GuardKind>::Predicate,
+>;
+
+/// The unguarded `UPDATE` of entity `T`'s excluded fields with changeset `Ch`.
+pub(crate) type UnguardedUpdateOf<T, Ch> = GuardedUpdate<
+    <T as diesel::associations::HasTable>::Table,
+    Ch,
+    Unguarded,
+    <T as Guarded>::KeyPredicate,
+    Unguarded,
+>;
+
+/// The guarded `DELETE` of entity `T`.
+pub(crate) type DeleteOf<T> = GuardedDelete<
+    <T as diesel::associations::HasTable>::Table,
+    <T as Guarded>::KeyPredicate,
+    <<T as Guarded>::Guard as GuardKind>::Predicate,
+>;
+
+/// What the executor needs of an entity on connection `C`: its table's name and a read
+/// of the latest committed row by key (a locking read inside a transaction), to explain a write that
+/// matched no row. Implemented for every [`Guarded`] + [`Selectable`] entity whose query
+/// fits `C`.
+pub trait LoadByKey<C>: Guarded {
+    /// The row with `key`, if it exists, as last committed. Inside a transaction the read
+    /// locks the row until the transaction ends.
+    fn load_by_key(conn: &mut C, key: &Self::Key) -> QueryResult<Option<Self>>;
+
+    /// The row with `key`, if it exists, by a plain read (inside a transaction, as the
+    /// transaction's snapshot shows it, without a lock): the read of an optimistic
+    /// read-modify-write, whose guarded write finds out whether the row moved on since.
+    fn read_by_key(conn: &mut C, key: &Self::Key) -> QueryResult<Option<Self>>;
+
+    /// The row with `key` read with the row lock `lock` (`FOR UPDATE`, `SKIP LOCKED`), for
+    /// pessimistic writes inside a transaction.
+    fn lock_by_key(conn: &mut C, key: &Self::Key, lock: RowLock) -> QueryResult<Option<Self>>;
+
+    /// The rows with any of `keys` that exist, in no particular order, read as
+    /// [`load_by_key`](Self::load_by_key) reads one: one statement for all of them.
+    fn load_by_keys(conn: &mut C, keys: &[Self::Key]) -> QueryResult<Vec<Self>>;
+
+    /// The table's SQL name, for messages.
+    fn table_name() -> &'static str;
+}
+
+impl<T, C> LoadByKey<C> for T
+where
+    T: Guarded + Selectable<C::Backend>,
+    C: LoadConnection,
+    C::Backend: OccBackend,
+    T::Table: 'static,
+    <T::Table as QuerySource>::FromClause: QueryFragment<C::Backend>,
+    T::SelectExpression: QueryId,
+    T::Table: FilterDsl<T::KeyPredicate>,
+    Filter<T::Table, T::KeyPredicate>: SelectDsl<AsSelect<T, C::Backend>>,
+    LatestRead<Select<Filter<T::Table, T::KeyPredicate>, AsSelect<T, C::Backend>>>:
+        LoadQuery<'static, C, T>,
+    T::Table: FilterDsl<AnyOf<T::KeyPredicate>>,
+    Filter<T::Table, AnyOf<T::KeyPredicate>>: SelectDsl<AsSelect<T, C::Backend>>,
+    LatestRead<Select<Filter<T::Table, AnyOf<T::KeyPredicate>>, AsSelect<T, C::Backend>>>:
+        LoadQuery<'static, C, T>,
+{
+    fn load_by_key(conn: &mut C, key: &Self::Key) -> QueryResult<Option<Self>> {
+        let locking = in_transaction(conn);
+        let filtered = FilterDsl::filter(T::table(), T::key_predicate(key));
+        LatestRead::new(SelectDsl::select(filtered, T::as_select()), locking)
+            .get_result(conn)
+            .optional()
+    }
+
+    fn read_by_key(conn: &mut C, key: &Self::Key) -> QueryResult<Option<Self>> {
+        let filtered = FilterDsl::filter(T::table(), T::key_predicate(key));
+        LatestRead::new(SelectDsl::select(filtered, T::as_select()), false)
+            .get_result(conn)
+            .optional()
+    }
+
+    fn lock_by_key(conn: &mut C, key: &Self::Key, lock: RowLock) -> QueryResult<Option<Self>> {
+        let filtered = FilterDsl::filter(T::table(), T::key_predicate(key));
+        LatestRead::locked(SelectDsl::select(filtered, T::as_select()), lock)
+            .get_result(conn)
+            .optional()
+    }
+
+    fn load_by_keys(conn: &mut C, keys: &[Self::Key]) -> QueryResult<Vec<Self>> {
+        if keys.is_empty() {
+            return Ok(Vec::new());
+        }
+        let locking = in_transaction(conn);
+        let any = AnyOf(keys.iter().map(T::key_predicate).collect());
+        let filtered = FilterDsl::filter(T::table(), any);
+        LatestRead::new(SelectDsl::select(filtered, T::as_select()), locking).load(conn)
+    }
+
+    fn table_name() -> &'static str {
+        table_name::<T::Table, C::Backend>(&T::table())
+    }
+}
+
+/// Guarded writes for every [`Guarded`] entity.
+///
+/// Each write is one statement, `... WHERE <key> AND <the row still holds the token this
+/// copy was read with>`, that also moves the row to the next token (for a version guard:
+/// `version = ?read` and `version = ?next`). It returns the new token without reading the
+/// row back. When it matches no row the row is read once by key to report
+/// [`Error::NotFound`], [`Error::Conflict`] with the current row, or [`Error::Refused`].
+/// Nothing opens a transaction: inside the caller's transaction the write is part of it.
+///
+/// Every write has a stateless form (`..._by_key`) for callers that hold a key and the
+/// token a client sent back (a web form, an `If-Match` header) rather than a loaded copy;
+/// the outcomes are the same.
+///
+/// When the token cannot advance (a version at its type's maximum) every write fails with
+/// [`Error::VersionOverflow`] before anything is sent: versions never wrap, since a
+/// wrapped version could repeat a token a stale copy still holds.
+pub trait GuardedWrite: Guarded {
+    /// Applies `changes` to this row if it still holds this copy's token, and advances the
+    /// token. An empty changeset (all fields `None`) just advances the token.
+    ///
+    /// The copy itself is not modified: its other fields do not reflect `changes`.
+    fn guarded_update<C, Ch>(&self, conn: &mut C, changes: Ch) -> Result<TokenOf<Self>, Error>
+    where
+        C: LoadConnection,
+        C::Backend: OccBackend,
+        Ch: AsChangeset<Target = Self::Table>,
+        UpdateOf<Self, Ch::Changeset>: Assignments<C::Backend>,
+        CompletionOf<Self>: Complete<C, UpdateOf<Self, Ch::Changeset>, TokenOf<Self>>,
+        Self: LoadByKey<C>,
+    {
+        Self::guarded_update_by_key(conn, &self.key(), &self.token(), changes)
+    }
+
+    /// Applies `changes` to the row with `key` if it still holds `expected`, and advances
+    /// the token; the stateless form of [`guarded_update`](Self::guarded_update).
+    fn guarded_update_by_key<C, Ch>(
+        conn: &mut C,
+        key: &Self::Key,
+        expected: &TokenOf<Self>,
+        changes: Ch,
+    ) -> Result<TokenOf<Self>, Error>
+    where
+        C: LoadConnection,
+        C::Backend: OccBackend,
+        Ch: AsChangeset<Target = Self::Table>,
+        UpdateOf<Self, Ch::Changeset>: Assignments<C::Backend>,
+        CompletionOf<Self>: Complete<C, UpdateOf<Self, Ch::Changeset>, TokenOf<Self>>,
+        Self: LoadByKey<C>,
+    {
+        update_stamped::<Self, C, Ch>(conn, key, expected, changes, Self::stamp())
+    }
+
+    /// Writes every updatable field of this copy if the row still holds its token, and
+    /// records the new token in the copy.
+    fn guarded_save<C>(&mut self, conn: &mut C) -> Result<TokenOf<Self>, Error>
+    where
+        C: LoadConnection,
+        C::Backend: OccBackend,
+        Self::Guard: Advancing,
+        UpdateOf<Self, <Self::Changes as AsChangeset>::Changeset>: Assignments<C::Backend>,
+        CompletionOf<Self>:
+            Complete<C, UpdateOf<Self, <Self::Changes as AsChangeset>::Changeset>, TokenOf<Self>>,
+        Self: LoadByKey<C>,
+    {
+        let (key, token, changes) = (self.key(), self.token(), self.changes());
+        write_and_record(self, conn, &key, &token, changes)
+    }
+
+    /// Writes every updatable field of this modified copy if the row still holds the
+    /// token `original` was read with, and records the new token in this copy. The way to
+    /// save with a pre-image guard, whose token is the values read (the modified copy no
+    /// longer has them); with any guard, the way to save a copy edited apart from the one
+    /// read (a form bound to a new struct).
+    fn guarded_save_from<C>(
+        &mut self,
+        conn: &mut C,
+        original: &Self,
+    ) -> Result<TokenOf<Self>, Error>
+    where
+        C: LoadConnection,
+        C::Backend: OccBackend,
+        UpdateOf<Self, <Self::Changes as AsChangeset>::Changeset>: Assignments<C::Backend>,
+        CompletionOf<Self>:
+            Complete<C, UpdateOf<Self, <Self::Changes as AsChangeset>::Changeset>, TokenOf<Self>>,
+        Self: LoadByKey<C>,
+    {
+        let changes = self.changes();
+        write_and_record(self, conn, &original.key(), &original.token(), changes)
+    }
+
+    /// Advances the token without changing anything else ("force increment"), e.g. to
+    /// mark an aggregate root changed when only its children were. Records the new token
+    /// in the copy.
+    fn guarded_touch<C>(&mut self, conn: &mut C) -> Result<TokenOf<Self>, Error>
+    where
+        C: LoadConnection,
+        C::Backend: OccBackend,
+        Self::Guard: Advancing,
+        UpdateOf<Self, NoChanges<Self::Table>>: Assignments<C::Backend>,
+        CompletionOf<Self>: Complete<C, UpdateOf<Self, NoChanges<Self::Table>>, TokenOf<Self>>,
+        Self: LoadByKey<C>,
+    {
+        let (key, token) = (self.key(), self.token());
+        write_and_record(self, conn, &key, &token, NoChanges::default())
+    }
+
+    /// Deletes the row if it still holds this copy's token.
+    fn guarded_delete<C>(&self, conn: &mut C) -> Result<(), Error>
+    where
+        C: LoadConnection,
+        C::Backend: OccBackend,
+        DeleteOf<Self>: ExecuteDsl<C> + Assignments<C::Backend>,
+        Self: LoadByKey<C>,
+    {
+        Self::guarded_delete_by_key(conn, &self.key(), &self.token())
+    }
+
+    /// Deletes the row with `key` if it still holds `expected`; the stateless form of
+    /// [`guarded_delete`](Self::guarded_delete).
+    fn guarded_delete_by_key<C>(
+        conn: &mut C,
+        key: &Self::Key,
+        expected: &TokenOf<Self>,
+    ) -> Result<(), Error>
+    where
+        C: LoadConnection,
+        C::Backend: OccBackend,
+        DeleteOf<Self>: ExecuteDsl<C> + Assignments<C::Backend>,
+        Self: LoadByKey<C>,
+    {
+        let statement = DeleteOf::<Self>::new(
+            Self::table(),
+            Self::key_predicate(key),
+            Self::Guard::predicate(expected),
+        );
+        run_guarded::<Self, C, _, Counted>(conn, key, expected, statement).map(drop)
+    }
+
+    /// Writes `changes` to this row's excluded fields (`#[occ(exclude)]`: view counters,
+    /// last-seen times) without checking or advancing the token, so it never conflicts
+    /// and never makes another writer's copy stale. See
+    /// [`update_excluded_by_key`](Self::update_excluded_by_key).
+    fn update_excluded<C, Ch>(&self, conn: &mut C, changes: Ch) -> Result<(), Error>
+    where
+        C: LoadConnection,
+        C::Backend: OccBackend,
+        Ch: AsChangeset<Target = Self::Table>,
+        Ch::Changeset: QueryFragment<C::Backend>,
+        UnguardedUpdateOf<Self, Ch::Changeset>: ExecuteDsl<C> + Assignments<C::Backend>,
+        Self: LoadByKey<C>,
+    {
+        Self::update_excluded_by_key(conn, &self.key(), changes)
+    }
+
+    /// Writes `changes` to the excluded fields of the row with `key`: one unguarded
+    /// statement, `UPDATE ... SET <changes> WHERE <key>`. A changeset that assigns any
+    /// other column is refused before anything is sent ([`Error::NotExcluded`]); an empty
+    /// one sends nothing. A missing row is [`Error::NotFound`].
+    fn update_excluded_by_key<C, Ch>(
+        conn: &mut C,
+        key: &Self::Key,
+        changes: Ch,
+    ) -> Result<(), Error>
+    where
+        C: LoadConnection,
+        C::Backend: OccBackend,
+        Ch: AsChangeset<Target = Self::Table>,
+        Ch::Changeset: QueryFragment<C::Backend>,
+        UnguardedUpdateOf<Self, Ch::Changeset>: ExecuteDsl<C> + Assignments<C::Backend>,
+        Self: LoadByKey<C>,
+    {
+        let changes = changes.as_changeset();
+        let columns = assigned_columns::<C::Backend, _>(&changes)?;
+        if let Some(column) = columns
+            .iter()
+            .find(|c| !Self::EXCLUDED_COLUMNS.contains(&c.as_str()))
+        {
+            return Err(Error::NotExcluded {
+                table: Self::table_name(),
+                column: column.clone(),
+            });
+        }
+        if columns.is_empty() {
+            return Ok(());
+        }
+        let statement = UnguardedUpdateOf::<Self, Ch::Changeset>::new(
+            Self::table(),
+            changes,
+            Unguarded,
+            Self::key_predicate(key),
+            Unguarded,
+        );
+        CompareAndSet::one(
+            statement,
+            Self::table_name(),
+            key,
+            RowMoved::<Self>::any(key),
+        )
+        .run::<C, Counted, TokenOf<Self>>(conn)
+        .map(drop)
+    }
+}
+
+impl<T: Guarded> GuardedWrite for T {}
+
+/// The guarded update of `row`'s row with `key` from `expected`; on success `row` records
+/// the new token and the stamp it wrote.
+fn write_and_record<T, C, Ch>(
+    row: &mut T,
+    conn: &mut C,
+    key: &T::Key,
+    expected: &TokenOf<T>,
+    changes: Ch,
+) -> Result<TokenOf<T>, Error>
+where
+    T: LoadByKey<C>,
+    C: LoadConnection,
+    C::Backend: OccBackend,
+    Ch: AsChangeset<Target = T::Table>,
+    UpdateOf<T, Ch::Changeset>: Assignments<C::Backend>,
+    CompletionOf<T>: Complete<C, UpdateOf<T, Ch::Changeset>, TokenOf<T>>,
+{
+    let stamp = T::stamp();
+    let next = update_stamped::<T, C, Ch>(conn, key, expected, changes, stamp.clone())?;
+    row.set_token(next.clone());
+    row.set_stamp(&stamp);
+    Ok(next)
+}
+
+/// The guarded update of the row with `key` from `expected`, with the entity's `stamp`:
+/// what every updating method of [`GuardedWrite`] runs.
+fn update_stamped<T, C, Ch>(
+    conn: &mut C,
+    key: &T::Key,
+    expected: &TokenOf<T>,
+    changes: Ch,
+    stamp: T::Stamp,
+) -> Result<TokenOf<T>, Error>
+where
+    T: LoadByKey<C>,
+    C: LoadConnection,
+    C::Backend: OccBackend,
+    Ch: AsChangeset<Target = T::Table>,
+    UpdateOf<T, Ch::Changeset>: Assignments<C::Backend>,
+    CompletionOf<T>: Complete<C, UpdateOf<T, Ch::Changeset>, TokenOf<T>>,
+{
+    let (statement, next) = guarded_statement::<T, C, Ch>(key, expected, changes, stamp)?;
+    let returned = run_guarded::<T, C, _, CompletionOf<T>>(conn, key, expected, statement)?;
+    Ok(returned.unwrap_or(next))
+}
+
+/// The guard's assignments that move the row with `key` past `expected`, and the token it
+/// then holds; [`Error::VersionOverflow`] when the token cannot advance.
+pub(crate) fn advance_from<T: LoadByKey<C>, C>(
+    key: &T::Key,
+    expected: &TokenOf<T>,
+) -> Result<(<T::Guard as GuardKind>::Advance, TokenOf<T>), Error> {
+    T::Guard::advance(expected).ok_or_else(|| Error::VersionOverflow {
+        table: T::table_name(),
+        key: format!("{key:?}"),
+        current: T::Guard::describe(expected),
+    })
+}
+
+/// A guarded update of entity `T` with changes `Ch`, and the token it moves the row to.
+pub(crate) type StatementAndNext<T, Ch> = (UpdateOf<T, <Ch as AsChangeset>::Changeset>, TokenOf<T>);
+
+/// The guarded update of the row with `key` from `expected`, and the token it moves the
+/// row to when the guard can compute it. [`Error::VersionOverflow`] when the token cannot
+/// advance: nothing is sent.
+pub(crate) fn guarded_statement<T, C, Ch>(
+    key: &T::Key,
+    expected: &TokenOf<T>,
+    changes: Ch,
+    stamp: T::Stamp,
+) -> Result<StatementAndNext<T, Ch>, Error>
+where
+    T: LoadByKey<C>,
+    Ch: AsChangeset<Target = T::Table>,
+{
+    let (advance, next) = advance_from::<T, C>(key, expected)?;
+    let statement = UpdateOf::<T, Ch::Changeset>::new(
+        T::table(),
+        changes.as_changeset(),
+        Joined(advance, stamp, Comma),
+        T::key_predicate(key),
+        T::Guard::predicate(expected),
+    );
+    Ok((statement, next))
+}
+
+/// Runs a guarded `statement` on the row with `key`, expected to hold `expected`, the way
+/// `K` says; a miss is explained by [`RowMoved`]. The token the statement read back, if
+/// it reads one.
+pub(crate) fn run_guarded<T, C, S, K>(
+    conn: &mut C,
+    key: &T::Key,
+    expected: &TokenOf<T>,
+    statement: S,
+) -> Result<Option<TokenOf<T>>, Error>
+where
+    T: LoadByKey<C>,
+    C: LoadConnection,
+    C::Backend: OccBackend,
+    S: Assignments<C::Backend>,
+    K: Complete<C, S, TokenOf<T>>,
+{
+    let miss = RowMoved::<T>::expecting(key, expected);
+    let written = CompareAndSet::one(statement, T::table_name(), key, miss).run::<C, K, _>(conn)?;
+    Ok(written.token)
+}
+
+/// A write of entity `T`'s row by key alone: changes `Ch`, the token advanced in SQL,
+/// under condition `G` and as long as the token can advance.
+pub(crate) type KeyWriteOf<T, Ch, G> = GuardedUpdate<
+    <T as diesel::associations::HasTable>::Table,
+    Ch,
+    AdvanceAnyOf<T>,
+    <T as Guarded>::KeyPredicate,
+    Joined<G, CanAdvanceOf<T>, And>,
+>;
+
+/// Writes `changes` to the row with `key` if `condition` holds, whatever token the row
+/// holds, advancing the token in SQL: one statement, no read before it. Returns the new
+/// token, read back by the statement; `miss` explains a row it did not write.
+pub(crate) fn write_by_key<T, C, Ch, G, M>(
+    conn: &mut C,
+    key: &T::Key,
+    changes: Ch,
+    condition: G,
+    miss: M,
+) -> Result<TokenOf<T>, Error>
+where
+    T: LoadByKey<C>,
+    T::Guard: AdvanceInSql,
+    C: LoadConnection,
+    C::Backend: OccBackend,
+    KeyWriteOf<T, Ch, G>: Assignments<C::Backend>,
+    ReturnedTokenOf<T>: Complete<C, KeyWriteOf<T, Ch, G>, TokenOf<T>>,
+    M: Miss<C>,
+{
+    let statement = KeyWriteOf::<T, Ch, G>::new(
+        T::table(),
+        changes,
+        Joined(T::Guard::advance_any(), T::stamp(), Comma),
+        T::key_predicate(key),
+        Joined(condition, T::Guard::can_advance(), And),
+    );
+    let written = CompareAndSet::one(statement, T::table_name(), key, miss)
+        .run::<C, ReturnedTokenOf<T>, TokenOf<T>>(conn)?;
+    written.token.ok_or_else(|| {
+        Error::Database(DieselError::QueryBuilderError(
+            "the write matched its row but did not read its new token back".into(),
+        ))
+    })
+}
+
+/// A write on an entity's row matched nothing: the latest row, read by key, says why.
+/// Gone is [`Error::NotFound`]; holding another token than the one expected,
+/// [`Error::Conflict`] with it; for a write that advances whatever token the row holds, a
+/// token at its end ([`Error::VersionOverflow`]); else [`Error::Refused`]: nobody else
+/// won, the database ignored the write. A row that cannot be read is
+/// [`Error::InvalidData`].
+pub(crate) struct RowMoved<'k, T: Guarded> {
+    key: &'k T::Key,
+    expected: Option<&'k TokenOf<T>>,
+    at_end: fn(&TokenOf<T>) -> bool,
+}
+
+impl<'k, T: Guarded> RowMoved<'k, T> {
+    /// A write that expected the row to hold `expected`.
+    pub(crate) fn expecting(key: &'k T::Key, expected: &'k TokenOf<T>) -> Self {
+        RowMoved {
+            key,
+            expected: Some(expected),
+            at_end: |_| false,
+        }
+    }
+
+    /// A write that took the row with any token and left the token alone.
+    pub(crate) fn any(key: &'k T::Key) -> Self {
+        RowMoved {
+            key,
+            expected: None,
+            at_end: |_| false,
+        }
+    }
+
+    /// A write that takes the row with any token and advances it in SQL, leaving out a
+    /// row whose token `at_end` says cannot advance.
+    pub(crate) fn advancing_any(key: &'k T::Key, at_end: fn(&TokenOf<T>) -> bool) -> Self {
+        RowMoved {
+            key,
+            expected: None,
+            at_end,
+        }
+    }
+
+    /// The key, for explanations built on this one.
+    pub(crate) fn key(&self) -> &'k T::Key {
+        self.key
+    }
+
+    /// Why the write missed, given the latest row.
+    pub(crate) fn given<C>(self, current: Option<T>) -> Error
+    where
+        T: LoadByKey<C>,
+    {
+        let key = self.key;
+        let Some(current) = current else {
+            return Error::NotFound {
+                table: T::table_name(),
+                key: format!("{key:?}"),
+            };
+        };
+        let token = current.token();
+        match self.expected {
+            Some(expected) if token != *expected => Error::Conflict(Box::new(Conflict::new(
+                T::table_name(),
+                format!("{key:?}"),
+                T::Guard::describe(expected),
+                T::Guard::describe(&token),
+                current,
+            ))),
+            None if (self.at_end)(&token) => Error::VersionOverflow {
+                table: T::table_name(),
+                key: format!("{key:?}"),
+                current: T::Guard::describe(&token),
+            },
+            _ => Error::Refused {
+                table: T::table_name(),
+                key: format!("{key:?}"),
+                token: T::Guard::describe(&token),
+            },
+        }
+    }
+}
+
+impl<T, C> Miss<C> for RowMoved<'_, T>
+where
+    T: LoadByKey<C>,
+    C: LoadConnection,
+    C::Backend: OccBackend,
+{
+    fn explain(self, conn: &mut C) -> Error {
+        match T::load_by_key(conn, self.key) {
+            Ok(current) => self.given::<C>(current),
+            Err(e) => unreadable::<T, C>(self.key, e).unwrap_or_else(|e| classify(conn, e)),
+        }
+    }
+}
+
+/// A row the re-read cannot turn back into the entity: [`Error::InvalidData`] naming the
+/// guard's columns, the likely culprits (a NULL or malformed token makes the guarded
+/// write match nothing, then fails the read that explains it). Other errors are handed
+/// back.
+pub(crate) fn unreadable<T: LoadByKey<C>, C>(
+    key: &impl std::fmt::Debug,
+    error: DieselError,
+) -> Result<Error, DieselError> {
+    unreadable_in::<T, C>(key, error, T::GUARD_COLUMNS.join(", "))
+}
+
+/// [`unreadable`], blaming `columns`.
+pub(crate) fn unreadable_in<T: LoadByKey<C>, C>(
+    key: &impl std::fmt::Debug,
+    error: DieselError,
+    columns: String,
+) -> Result<Error, DieselError> {
+    match error {
+        DieselError::DeserializationError(cause) => Ok(Error::InvalidData {
+            table: T::table_name(),
+            column: columns,
+            reason: format!(
+                "row {key:?} cannot be read back after the guarded write matched nothing \
+                 (a NULL or malformed value would do this): {}",
+                with_sources(&*cause)
+            ),
+        }),
+        other => Err(other),
+    }
+}
+
+/// `error` and each of its sources, joined by `: `: diesel's deserialization errors name
+/// the field in their own text and keep the value's problem in their source.
+pub(crate) fn with_sources(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}

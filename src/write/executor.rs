@@ -1,0 +1,201 @@
+//! The one executor of compare-and-set statements.
+//!
+//! Every write the library makes is a [`CompareAndSet`]: a statement, the number of rows
+//! it must match, and a named [`Miss`] that explains, from the database, why it matched
+//! fewer. Entity updates and deletes, batches, bulk updates, transitions, merges, claims,
+//! fenced writes, locks and version rows all build one and hand it here, so the checks
+//! before sending, the row counting and the classification of database errors are
+//! written once.
+
+use std::fmt::Debug;
+
+use diesel::connection::{Connection, LoadConnection, TransactionManager};
+use diesel::result::Error as DieselError;
+
+use crate::connect::backend::OccBackend;
+use crate::error::Error;
+use crate::sql::new_token::{Complete, CompleteEach};
+use crate::sql::statement::Assignments;
+
+/// How many rows a statement must match to have done its job.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Matches {
+    /// The one row its key addresses: 0 is a miss, more is [`Error::KeyNotUnique`].
+    One,
+    /// Every one of `n` rows (locked beforehand): fewer is a miss, more is
+    /// [`Error::KeyNotUnique`]. Task claims are its one user.
+    #[cfg_attr(not(feature = "locks"), allow(dead_code))]
+    All(usize),
+    /// Any number: a write by filter, or an insert that may find its row there.
+    Any,
+}
+
+/// Why a statement matched fewer rows than it must, read from the database after the
+/// miss (a re-read of the row, who holds a lock, ...).
+pub(crate) trait Miss<C> {
+    /// The error that explains the miss. Runs on the connection the statement ran on,
+    /// inside the caller's transaction if there is one.
+    fn explain(self, conn: &mut C) -> Error;
+}
+
+/// A write that cannot miss: [`Matches::Any`] never asks for an explanation.
+pub(crate) struct CannotMiss;
+
+impl<C> Miss<C> for CannotMiss {
+    fn explain(self, _: &mut C) -> Error {
+        Error::Database(DieselError::QueryBuilderError(
+            "a write by filter has no rows it must match".into(),
+        ))
+    }
+}
+
+/// One compare-and-set write: the statement, what it writes (for messages), how many rows
+/// it must match, and the explanation of a miss.
+pub(crate) struct CompareAndSet<'k, S, M> {
+    statement: S,
+    table: &'static str,
+    key: &'k dyn Debug,
+    matches: Matches,
+    miss: M,
+}
+
+/// What a statement that did its job reports: the rows it matched and, for a guard whose
+/// next token only the database knows, that token.
+#[derive(Debug)]
+pub(crate) struct Written<Tok> {
+    pub(crate) rows: usize,
+    pub(crate) token: Option<Tok>,
+}
+
+impl<'k, S, M> CompareAndSet<'k, S, M> {
+    /// `statement` on the row of `table` with `key`, which must match it; `miss` explains
+    /// a miss.
+    pub(crate) fn one(statement: S, table: &'static str, key: &'k dyn Debug, miss: M) -> Self {
+        CompareAndSet {
+            statement,
+            table,
+            key,
+            matches: Matches::One,
+            miss,
+        }
+    }
+
+    /// The same write, needing `matches` rows.
+    pub(crate) fn matching(self, matches: Matches) -> Self {
+        CompareAndSet { matches, ..self }
+    }
+
+    /// Runs the write on `conn` the way `K` says, and classifies its outcome:
+    ///
+    /// - a changeset that assigns a column the guard sets: [`Error::ChangesetAssignsGuard`],
+    ///   before anything is sent;
+    /// - as many rows as it must match: `Ok`;
+    /// - fewer: the [`Miss`] explains why;
+    /// - more: [`Error::KeyNotUnique`], the key does not address one row;
+    /// - a database error: see [`classify`].
+    pub(crate) fn run<C, K, Tok>(self, conn: &mut C) -> Result<Written<Tok>, Error>
+    where
+        C: LoadConnection,
+        C::Backend: OccBackend,
+        S: Assignments<C::Backend>,
+        K: Complete<C, S, Tok>,
+        M: Miss<C>,
+    {
+        refuse_double_assignment(self.table, &self.statement)?;
+        let (rows, token) = K::run(conn, self.statement).map_err(|e| classify(conn, e))?;
+        let wanted = match self.matches {
+            Matches::One => 1,
+            Matches::All(n) => n,
+            Matches::Any => rows,
+        };
+        if rows < wanted {
+            return Err(self.miss.explain(conn));
+        }
+        if rows > wanted {
+            return Err(Error::KeyNotUnique {
+                table: self.table,
+                key: format!("{:?}", self.key),
+                rows,
+            });
+        }
+        Ok(Written { rows, token })
+    }
+}
+
+/// Runs `writes` as one statement where the backend can ([`CompleteEach`]), each of which
+/// must match one row: per write, `Some` with its token when it wrote its row, `None`
+/// when it missed. The caller explains the misses, with one read for all of them. The
+/// writes must not share a key.
+pub(crate) fn run_each<C, S, K, Tok>(
+    conn: &mut C,
+    table: &'static str,
+    writes: Vec<(S, &dyn Debug)>,
+) -> Result<Vec<Option<Written<Tok>>>, Error>
+where
+    C: LoadConnection,
+    C::Backend: OccBackend,
+    S: Assignments<C::Backend>,
+    K: CompleteEach<C, S, Tok>,
+{
+    let mut statements = Vec::with_capacity(writes.len());
+    let mut keys = Vec::with_capacity(writes.len());
+    for (statement, key) in writes {
+        refuse_double_assignment(table, &statement)?;
+        statements.push(statement);
+        keys.push(key);
+    }
+    if statements.is_empty() {
+        return Ok(Vec::new());
+    }
+    let returned = K::run_each(conn, statements).map_err(|e| classify(conn, e))?;
+    let mut outcomes: Vec<Option<Written<Tok>>> = keys.iter().map(|_| None).collect();
+    for (index, token) in returned {
+        let rows = outcomes[index].as_ref().map_or(0, |w| w.rows) + 1;
+        if rows > 1 {
+            return Err(Error::KeyNotUnique {
+                table,
+                key: format!("{:?}", keys[index]),
+                rows,
+            });
+        }
+        outcomes[index] = Some(Written { rows, token });
+    }
+    Ok(outcomes)
+}
+
+/// [`Error::ChangesetAssignsGuard`] when `statement` assigns a column twice (the caller's
+/// changes and the guard's advance): checked before anything is sent.
+pub(crate) fn refuse_double_assignment<DB, S: Assignments<DB>>(
+    table: &'static str,
+    statement: &S,
+) -> Result<(), Error> {
+    match statement.assigned_twice()? {
+        Some(column) => Err(Error::ChangesetAssignsGuard { table, column }),
+        None => Ok(()),
+    }
+}
+
+/// Classifies an error a statement just returned on `conn`: [`Error::Ambiguous`] when the
+/// connection died outside a transaction (the write may or may not have been applied),
+/// [`Error::Retryable`] when the backend says a fresh attempt can succeed
+/// ([`OccBackend::retry_reason`]), else [`Error::Database`].
+pub(crate) fn classify<C>(conn: &mut C, error: DieselError) -> Error
+where
+    C: LoadConnection,
+    C::Backend: OccBackend,
+{
+    if !in_transaction(conn) && crate::error::connection_lost(&error) {
+        return Error::Ambiguous { source: error };
+    }
+    Error::classified(error, |e| C::Backend::retry_reason(conn, e))
+}
+
+/// Whether `conn` has an open transaction (so a dropped connection rolls the write back).
+pub(crate) fn in_transaction<C: Connection>(conn: &mut C) -> bool {
+    C::TransactionManager::transaction_manager_status_mut(conn)
+        .transaction_depth()
+        .map(|depth| depth.is_some())
+        // A broken transaction manager means the connection is in an unknown state:
+        // treat the write as possibly applied.
+        .unwrap_or(false)
+}

@@ -1,0 +1,12 @@
+//! The writes and their one executor: an entity's guarded updates and deletes, batches,
+//! bulk updates, read-modify-write with retries, pessimistic writes, and operations
+//! guarded by a version row.
+
+pub(crate) mod batch;
+pub(crate) mod bulk;
+pub(crate) mod entity;
+pub(crate) mod executor;
+pub(crate) mod hot_rows;
+pub(crate) mod modify;
+pub(crate) mod operation;
+pub(crate) mod pessimistic;

@@ -1,0 +1,117 @@
+//! A version row guarding a business operation: a row
+//! `(lock_name, resource, version)` in the library's `occ_versions` table stands for
+//! something larger than one row (an invoice run, a customer's whole cart). Each run of
+//! the operation reads the version, does its reads and writes, and ends by advancing the
+//! version under the guard; when another run advanced it meanwhile, the guard misses, the
+//! whole transaction rolls back (every write the operation made) and it starts again.
+//!
+//! The row is created on first use (`INSERT ... ON CONFLICT DO NOTHING`, MySQL's
+//! `ON DUPLICATE KEY UPDATE`), so two first users at once both find one row. Names are
+//! data: bound, compared exactly (bytes, `VARBINARY`, on MySQL), and refused before
+//! anything is sent when longer than [`NAME_LIMIT`] characters, empty, or holding a NUL.
+//! Needs the library's tables ([`migrations`](crate::migrations)).
+
+use diesel::connection::LoadConnection;
+use diesel::prelude::*;
+
+use diesel::query_builder::InsertStatement;
+use diesel::query_dsl::methods::ExecuteDsl;
+
+use crate::connect::backend::OccBackend;
+use crate::connect::transaction::WriteTransaction;
+use crate::error::Error;
+use crate::guard::CompletionOf;
+use crate::retry::{Contention, RetryPolicy, Stop};
+use crate::sql::new_token::{Complete, Counted};
+use crate::sql::statement::{Assignments, InsertIfMissing, NoChanges};
+use crate::write::entity::{GuardedWrite, UpdateOf};
+use crate::write::executor::{CannotMiss, CompareAndSet, Matches};
+use crate::write::modify::{read_modify_write, Modified};
+
+diesel::table! {
+    /// The library's version rows.
+    occ_versions (lock_name, resource) {
+        /// What kind of operation the row guards ("invoice-run").
+        lock_name -> Text,
+        /// Which instance of it ("customer-42").
+        resource -> Text,
+        /// Advanced by every completed run.
+        version -> BigInt,
+    }
+}
+
+/// One version row.
+#[derive(
+    Debug, Clone, PartialEq, Queryable, Selectable, Identifiable, Insertable, crate::Guarded,
+)]
+#[diesel(table_name = occ_versions, primary_key(lock_name, resource))]
+pub struct VersionRow {
+    /// What kind of operation the row guards.
+    pub lock_name: String,
+    /// Which instance of it.
+    pub resource: String,
+    /// How many runs completed.
+    #[occ(version)]
+    pub version: i64,
+}
+
+/// `INSERT` of the row at version 0 unless it exists.
+pub(crate) type CreateIfMissing = InsertIfMissing<
+    InsertStatement<occ_versions::table, <VersionRow as Insertable<occ_versions::table>>::Values>,
+    occ_versions::version,
+>;
+
+/// Runs `operation` guarded by the version row `(lock_name, resource)`: each attempt in a
+/// fresh write transaction reads the row's version, runs `operation` on the transaction,
+/// and advances the version if it is still the one read. When another run advanced it
+/// meanwhile, everything `operation` wrote is rolled back and, as `policy` allows, the
+/// attempt starts again; so `operation` must keep its effects inside the transaction.
+/// `operation` may stop with the caller's own error: its writes are rolled back and the
+/// error comes back unchanged.
+///
+/// Inside a transaction the caller opened, one attempt runs (see
+/// [`GuardedModify`](crate::GuardedModify)). Attempts always read the version row without a lock
+/// ([`Contention::Optimistic`]): the operation's own writes lock their rows first, and a
+/// locked read of the version row would take locks in the opposite order. For a resource
+/// so hot that retries pile up, take a lock (`Locks`) instead. Returns the operation's value, the new version and the
+/// number of attempts.
+pub fn guarded_operation<C, R, E>(
+    conn: &mut C,
+    lock_name: &str,
+    resource: &str,
+    policy: &RetryPolicy,
+    mut operation: impl FnMut(&mut C) -> Result<R, E>,
+) -> Result<Modified<VersionRow, R>, E>
+where
+    C: LoadConnection + WriteTransaction,
+    C::Backend: OccBackend,
+    VersionRow: GuardedWrite + crate::write::entity::LoadByKey<C>,
+    CreateIfMissing: Assignments<C::Backend> + ExecuteDsl<C>,
+    UpdateOf<VersionRow, NoChanges<occ_versions::table>>: Assignments<C::Backend>,
+    CompletionOf<VersionRow>:
+        Complete<C, UpdateOf<VersionRow, NoChanges<occ_versions::table>>, i64>,
+    E: From<Error>,
+{
+    crate::sql::names::check_name("lock name", lock_name)?;
+    crate::sql::names::check_name("resource", resource)?;
+    let key = (lock_name.to_string(), resource.to_string());
+    let create =
+        CreateIfMissing::new(diesel::insert_into(occ_versions::table).values(VersionRow {
+            lock_name: key.0.clone(),
+            resource: key.1.clone(),
+            version: 0,
+        }));
+    CompareAndSet::one(create, "occ_versions", &key, CannotMiss)
+        .matching(Matches::Any)
+        .run::<C, Counted, i64>(conn)?;
+    // Optimistic whatever the policy says: `operation` locks the rows it writes before the
+    // version row is updated, so an attempt that read the version row with its lock first
+    // would take the two in the opposite order and deadlock with the others.
+    let policy = policy.clone().contention(Contention::Optimistic);
+    read_modify_write(conn, &key, &policy, "version", |conn, read: &VersionRow| {
+        let value = operation(conn).map_err(Stop::Caller)?;
+        let mut row = read.clone();
+        let version = row.guarded_touch(conn)?;
+        Ok((row, version, value))
+    })
+}

@@ -1,0 +1,86 @@
+//! Pessimistic helpers: for rows so contended that optimistic writes would
+//! mostly retry, lock the row first and work on it without conflicts.
+//!
+//! [`with_row_locked`](Pessimistic::with_row_locked) opens a write transaction, reads the
+//! row with `SELECT ... FOR UPDATE` (PostgreSQL, MySQL / MariaDB), runs the closure on the
+//! transaction with the row, and commits. On SQLite the write transaction is immediate and
+//! exclusive, which serves the same purpose. With [`LockWait::NoWait`] a row another
+//! transaction holds is [`Error::LockHeld`] at once instead of a wait: the read uses
+//! `SKIP LOCKED`, and a row it skipped but that exists is reported as held (no reliance
+//! on each server's error code for `NOWAIT`). SQLite cannot refuse without waiting: a busy
+//! database waits for the busy timeout, then fails as retryable.
+
+use diesel::connection::LoadConnection;
+
+use crate::connect::backend::OccBackend;
+use crate::connect::transaction::{commit_operation, WriteTransaction};
+use crate::error::Error;
+use crate::retry::Stop;
+use crate::sql::statement::RowLock;
+use crate::write::entity::{unreadable_in, LoadByKey};
+use crate::write::executor::classify;
+
+/// Whether a locked read waits for a row another transaction holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LockWait {
+    /// Wait (up to the server's lock wait timeout, which is then retryable).
+    Wait,
+    /// Do not wait: [`Error::LockHeld`] at once.
+    NoWait,
+}
+
+/// Pessimistic work on one row, for every entity the executor can read.
+pub trait Pessimistic: crate::guard::Guarded {
+    /// Runs `work` on a write transaction with the row with `key` locked until it ends,
+    /// and commits; `work` may write the row and others freely (no guard needed: nobody
+    /// else can write the row meanwhile). When `work` fails, everything rolls back and its
+    /// error comes back unchanged. A missing row is [`Error::NotFound`].
+    fn with_row_locked<C, R, E>(
+        conn: &mut C,
+        key: &Self::Key,
+        wait: LockWait,
+        work: impl FnOnce(&mut C, Self) -> Result<R, E>,
+    ) -> Result<R, E>
+    where
+        C: LoadConnection + WriteTransaction,
+        C::Backend: OccBackend,
+        Self: LoadByKey<C>,
+        E: From<Error>,
+    {
+        let lock = match wait {
+            LockWait::Wait => RowLock::ForUpdate,
+            LockWait::NoWait => RowLock::SkipLocked,
+        };
+        let result = commit_operation(conn, |conn| -> Result<R, Stop<E>> {
+            let unreadable = |conn: &mut C, e| {
+                let columns = Self::GUARD_COLUMNS.join(", ");
+                unreadable_in::<Self, C>(key, e, columns).unwrap_or_else(|e| classify(conn, e))
+            };
+            let row = match Self::lock_by_key(conn, key, lock) {
+                Ok(Some(row)) => row,
+                Ok(None) => {
+                    let exists = Self::read_by_key(conn, key).map_err(|e| unreadable(conn, e))?;
+                    return Err(Stop::Occ(match exists {
+                        Some(_) => Error::LockHeld {
+                            lock: format!("`{}` row {key:?}", Self::table_name()),
+                            holder: None,
+                            until: None,
+                        },
+                        None => Error::NotFound {
+                            table: Self::table_name(),
+                            key: format!("{key:?}"),
+                        },
+                    }));
+                }
+                Err(e) => return Err(Stop::Occ(unreadable(conn, e))),
+            };
+            work(conn, row).map_err(Stop::Caller)
+        });
+        result.map_err(|stop| match stop {
+            Stop::Caller(e) => e,
+            Stop::Occ(e) => e.into(),
+        })
+    }
+}
+
+impl<T: crate::guard::Guarded> Pessimistic for T {}
