@@ -162,29 +162,32 @@ pub use guard::xmin::{Xid, XminGuard};
 pub use guard::{AdvanceInSql, Advancing, GuardKind, Guarded, TokenOf};
 
 // Writes.
-pub use guard::pre_image::{ChangedColumns, ExactlyComparable, GuardedChanges};
-pub use write::batch::{BatchMode, BatchReport, GuardedBatch, RowOutcome, ROWS_PER_STATEMENT};
-pub use write::bulk::{BulkReport, GuardedBulk};
-pub use write::entity::{GuardedWrite, LoadByKey};
+pub use guard::pre_image::{ChangedColumns, ExactlyComparable, GuardedChanges, SaveChanges};
+pub use write::batch::{
+    BatchMode, BatchReport, GuardedBatch, RowOutcome, UpdateBatch, ROWS_PER_STATEMENT,
+};
+pub use write::bulk::{BulkReport, GuardedBulk, UpdateBulk};
+pub use write::entity::{DeleteRow, GuardedWrite, LoadByKey, UpdateExcluded, UpdateRow};
 pub use write::modify::{Connections, GuardedModify, Modified};
 pub use write::operation::{guarded_operation, occ_versions, VersionRow};
 pub use write::pessimistic::{LockWait, Pessimistic};
 
 // JSON columns.
 pub use json::document::{merge_diff, GuardedJson, JsonDocument, DOCUMENT_LIMIT_BYTES};
-pub use json::merge_in_place::GuardedJsonMerge;
+pub use json::merge_in_place::{GuardedJsonMerge, MergeInPlace};
 
 // Status transitions and claims.
 #[cfg(feature = "locks")]
-pub use status::claim::{ClaimRequest, GuardedClaim};
+pub use status::claim::{ClaimRequest, ClaimRows, FinishClaim, GuardedClaim};
 pub use status::transition::{
     no_extra, occ_transitions, record, GuardedStatusTransition, GuardedTransition, HistoryEntry,
+    TransitionByKey, TransitionRow,
 };
 pub use status::{HasStatus, Status};
 
 // Locks, leases, leader election and fencing.
 #[cfg(feature = "locks")]
-pub use locks::fence::FencedWrite;
+pub use locks::fence::{FencedWrite, WriteFenced};
 #[cfg(feature = "locks")]
 pub use locks::leader::{Candidate, ElectionTiming, LeaderEvent};
 #[cfg(feature = "locks")]

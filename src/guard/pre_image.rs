@@ -170,23 +170,46 @@ pub trait GuardedChanges: ChangedColumns {
     /// `Conflict` with the current row, or `Refused`.
     fn guarded_save_changes_from<C>(&mut self, conn: &mut C, original: &Self) -> Result<(), Error>
     where
-        C: LoadConnection,
-        C::Backend: OccBackend,
-        ChangedUpdateOf<Self>: ExecuteDsl<C> + Assignments<C::Backend>,
-        Self: LoadByKey<C>,
+        Self: SaveChanges<C>,
     {
+        self.save_changes_from(conn, original)
+    }
+}
+
+impl<T: ChangedColumns> GuardedChanges for T {}
+
+/// A changed-columns write of entity `Self` on connection `C`, as one bound; like
+/// [`UpdateRow`](crate::UpdateRow), not a trait to implement.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot save its changed columns on `{C}`",
+    note = "the connection must be a diesel connection of a backend diesel-occ supports"
+)]
+pub trait SaveChanges<C>: ChangedColumns + LoadByKey<C> {
+    /// Runs the write; [`GuardedChanges`] calls it.
+    #[doc(hidden)]
+    fn save_changes_from(&mut self, conn: &mut C, original: &Self) -> Result<(), Error>;
+}
+
+impl<T, C> SaveChanges<C> for T
+where
+    T: ChangedColumns + LoadByKey<C>,
+    C: LoadConnection,
+    C::Backend: OccBackend,
+    ChangedUpdateOf<T>: ExecuteDsl<C> + Assignments<C::Backend>,
+{
+    fn save_changes_from(&mut self, conn: &mut C, original: &T) -> Result<(), Error> {
         let Some((changes, predicate)) = self.changed_since(original) else {
             return Ok(());
         };
-        let stamp = Self::stamp();
-        let statement = ChangedUpdateOf::<Self>::new(
-            Self::table(),
+        let stamp = T::stamp();
+        let statement = ChangedUpdateOf::<T>::new(
+            T::table(),
             changes.as_changeset(),
             crate::sql::statement::Joined(Unguarded, stamp.clone(), crate::sql::statement::Comma),
-            Self::key_predicate(&original.key()),
+            T::key_predicate(&original.key()),
             predicate,
         );
-        crate::write::entity::run_guarded::<Self, C, _, crate::sql::new_token::Counted>(
+        crate::write::entity::run_guarded::<T, C, _, crate::sql::new_token::Counted>(
             conn,
             &original.key(),
             &original.token(),
@@ -196,5 +219,3 @@ pub trait GuardedChanges: ChangedColumns {
         Ok(())
     }
 }
-
-impl<T: ChangedColumns> GuardedChanges for T {}

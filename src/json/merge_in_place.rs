@@ -246,17 +246,10 @@ where
         patch: &Value,
     ) -> Result<TokenOf<Self>, Error>
     where
-        C: LoadConnection,
-        C::Backend: OccBackend,
-        Col: Column,
-        Self: JsonDocument<Col> + LoadByKey<C>,
-        MergeInPlaceOf<Self, Col>: Assignments<C::Backend>,
-        ReturnedTokenOf<Self>: Complete<C, MergeInPlaceOf<Self, Col>, TokenOf<Self>>,
+        Self: MergeInPlace<C, Col>,
     {
         let _ = column;
-        Place::<Self, Col>::new(Self::table_name(), key).check_merge_patch(patch)?;
-        let miss = RowMoved::<Self>::advancing_any(key, Self::Guard::at_end);
-        write_by_key::<Self, C, _, _, _>(conn, key, MergePatch::new(patch.clone()), Unguarded, miss)
+        Self::merge_in_place(conn, key, patch)
     }
 }
 
@@ -265,4 +258,34 @@ where
     T: Guarded,
     T::Guard: AdvanceInSql,
 {
+}
+
+/// The one-statement merge into column `Col` of entity `Self` on connection `C`, as one
+/// bound; like [`UpdateRow`](crate::UpdateRow), not a trait to implement.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot merge into `{Col}` in one statement on `{C}`",
+    note = "the column must be the entity's `#[occ(json)]` field, the connection a diesel connection of a backend diesel-occ supports, and the guard must advance in SQL (not a pre-image)"
+)]
+pub trait MergeInPlace<C, Col>: JsonDocument<Col> + LoadByKey<C> {
+    /// Runs the merge; [`GuardedJsonMerge`] calls it.
+    #[doc(hidden)]
+    fn merge_in_place(conn: &mut C, key: &Self::Key, patch: &Value)
+        -> Result<TokenOf<Self>, Error>;
+}
+
+impl<T, C, Col> MergeInPlace<C, Col> for T
+where
+    T: JsonDocument<Col> + LoadByKey<C>,
+    T::Guard: AdvanceInSql,
+    C: LoadConnection,
+    C::Backend: OccBackend,
+    Col: Column,
+    MergeInPlaceOf<T, Col>: Assignments<C::Backend>,
+    ReturnedTokenOf<T>: Complete<C, MergeInPlaceOf<T, Col>, TokenOf<T>>,
+{
+    fn merge_in_place(conn: &mut C, key: &T::Key, patch: &Value) -> Result<TokenOf<T>, Error> {
+        Place::<T, Col>::new(T::table_name(), key).check_merge_patch(patch)?;
+        let miss = RowMoved::<T>::advancing_any(key, T::Guard::at_end);
+        write_by_key::<T, C, _, _, _>(conn, key, MergePatch::new(patch.clone()), Unguarded, miss)
+    }
 }

@@ -72,23 +72,49 @@ pub trait FencedWrite: Guarded {
         changes: Ch,
     ) -> Result<(), Error>
     where
-        C: LoadConnection,
-        C::Backend: OccBackend,
-        F: Column<Table = Self::Table, SqlType = BigInt>,
-        Ch: AsChangeset<Target = Self::Table>,
-        Self: LoadByKey<C>,
-        <Self::Table as diesel::QuerySource>::FromClause: Clone,
-        Self::KeyPredicate: Clone,
-        FencedUpdateOf<Self, Ch::Changeset, F>: Assignments<C::Backend>,
-        Counted: Complete<C, FencedUpdateOf<Self, Ch::Changeset, F>, ()>,
-        ColumnOfRow<Self::Table, Self::KeyPredicate, F>: LoadQuery<'static, C, i64>,
+        Self: WriteFenced<C, F, Ch>,
     {
         let _ = fence_column;
-        let statement = FencedUpdateOf::<Self, Ch::Changeset, F>::new(
-            Self::table(),
+        Self::write_fenced_row(conn, key, fence, changes)
+    }
+}
+
+/// A fenced write of entity `Self` with fence column `F` and changes `Ch` on connection
+/// `C`, as one bound; like [`UpdateRow`](crate::UpdateRow), not a trait to implement.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot run a fenced write on `{F}` with `{Ch}` on `{C}`",
+    note = "the fence column must be a `BigInt` column of the entity's table, the changes for that table, and the connection a diesel connection of a backend diesel-occ supports"
+)]
+pub trait WriteFenced<C, F, Ch>: LoadByKey<C> {
+    /// Runs the write; [`FencedWrite`] calls it.
+    #[doc(hidden)]
+    fn write_fenced_row(
+        conn: &mut C,
+        key: &Self::Key,
+        fence: i64,
+        changes: Ch,
+    ) -> Result<(), Error>;
+}
+
+impl<T, C, F, Ch> WriteFenced<C, F, Ch> for T
+where
+    T: LoadByKey<C>,
+    C: LoadConnection,
+    C::Backend: OccBackend,
+    F: Column<Table = T::Table, SqlType = BigInt>,
+    Ch: AsChangeset<Target = T::Table>,
+    <T::Table as diesel::QuerySource>::FromClause: Clone,
+    T::KeyPredicate: Clone,
+    FencedUpdateOf<T, Ch::Changeset, F>: Assignments<C::Backend>,
+    Counted: Complete<C, FencedUpdateOf<T, Ch::Changeset, F>, ()>,
+    ColumnOfRow<T::Table, T::KeyPredicate, F>: LoadQuery<'static, C, i64>,
+{
+    fn write_fenced_row(conn: &mut C, key: &T::Key, fence: i64, changes: Ch) -> Result<(), Error> {
+        let statement = FencedUpdateOf::<T, Ch::Changeset, F>::new(
+            T::table(),
             changes.as_changeset(),
             ColumnEq::new(fence),
-            Self::key_predicate(key),
+            T::key_predicate(key),
             FenceAtMost {
                 fence,
                 column: PhantomData,
@@ -97,10 +123,10 @@ pub trait FencedWrite: Guarded {
         let miss = FenceMoved {
             newest: statement.read_back::<F>(),
             presented: fence,
-            table: Self::table_name(),
+            table: T::table_name(),
             key,
         };
-        CompareAndSet::one(statement, Self::table_name(), key, miss)
+        CompareAndSet::one(statement, T::table_name(), key, miss)
             .run::<C, Counted, ()>(conn)
             .map(drop)
     }

@@ -178,69 +178,10 @@ where
         request: &ClaimRequest<'_, Self::Status>,
     ) -> Result<Vec<Self>, Error>
     where
-        C: LoadConnection + WriteTransaction,
-        C::Backend: OccBackend,
-        OwnerCol: Column<Table = Self::Table, SqlType = Nullable<Text>>,
-        AtCol: Column<Table = Self::Table>,
-        Self: LoadByKey<C> + Selectable<C::Backend>,
-        Self::SelectExpression: QueryId,
-        Self::Table: FilterDsl<Claimable<Self::StatusColumn, Self::Status, AtCol>>,
-        Filter<Self::Table, Claimable<Self::StatusColumn, Self::Status, AtCol>>:
-            SelectDsl<AsSelect<Self, C::Backend>>,
-        Select<
-            Filter<Self::Table, Claimable<Self::StatusColumn, Self::Status, AtCol>>,
-            AsSelect<Self, C::Backend>,
-        >: LimitDsl,
-        ClaimQueryOf<Self, AtCol, C::Backend>: LoadQuery<'static, C, Self>,
-        ClaimUpdateOf<Self, OwnerCol, AtCol>: Assignments<C::Backend>,
-        Counted: Complete<C, ClaimUpdateOf<Self, OwnerCol, AtCol>, ()>,
+        Self: ClaimRows<C, OwnerCol, AtCol>,
     {
         let _ = (owner, claimed_at);
-        crate::sql::names::check_name("owner", request.owner)?;
-        if request.limit == 0 {
-            return Ok(Vec::new());
-        }
-        let filter = Claimable {
-            from: request.from,
-            to: request.to,
-            abandoned_before: request.reclaim_after.map(Shift::earlier),
-            columns: std::marker::PhantomData,
-        };
-        let limit = i64::try_from(request.limit).unwrap_or(i64::MAX);
-        commit_operation(conn, |conn| {
-            let query = LatestRead::locked(
-                LimitDsl::limit(
-                    SelectDsl::select(FilterDsl::filter(Self::table(), filter), Self::as_select()),
-                    limit,
-                ),
-                RowLock::SkipLocked,
-            );
-            let waiting: Vec<Self> = query.load(conn).map_err(|e| classify(conn, e))?;
-            if waiting.is_empty() {
-                return Ok(Vec::new());
-            }
-            let keys: Vec<Self::Key> = waiting.iter().map(Guarded::key).collect();
-            let update = ClaimUpdateOf::<Self, OwnerCol, AtCol>::new(
-                Self::table(),
-                Joined(
-                    Joined(
-                        ColumnEq::new(request.to),
-                        ColumnEq::new(Some(request.owner.to_string())),
-                        Comma,
-                    ),
-                    ClockColumn::set(Shift::none()),
-                    Comma,
-                ),
-                Joined(Self::Guard::advance_any(), Self::stamp(), Comma),
-                AnyOf(keys.iter().map(Self::key_predicate).collect()),
-                Self::Guard::can_advance(),
-            );
-            let miss = ClaimIgnored { locked: &waiting };
-            CompareAndSet::one(update, Self::table_name(), &keys, miss)
-                .matching(Matches::All(keys.len()))
-                .run::<C, Counted, ()>(conn)?;
-            Self::load_by_keys(conn, &keys).map_err(|e| classify(conn, e))
-        })
+        Self::claim_rows(conn, request)
     }
 
     /// Ends the claim `owner` holds on the row with `key`: from state `held` to `to`, the
@@ -257,33 +198,10 @@ where
         next_owner: Option<&str>,
     ) -> Result<(), Error>
     where
-        C: LoadConnection,
-        C::Backend: OccBackend,
-        OwnerCol: Column<Table = Self::Table, SqlType = Nullable<Text>>,
-        Self: LoadByKey<C>,
-        FinishOf<Self, OwnerCol>: Assignments<C::Backend>,
-        Counted: Complete<C, FinishOf<Self, OwnerCol>, ()>,
+        Self: FinishClaim<C, OwnerCol>,
     {
         let _ = owner_column;
-        let statement = FinishOf::<Self, OwnerCol>::new(
-            Self::table(),
-            Joined(
-                ColumnEq::new(to),
-                ColumnEq::new(next_owner.map(str::to_string)),
-                Comma,
-            ),
-            Joined(Self::Guard::advance_any(), Self::stamp(), Comma),
-            Self::key_predicate(key),
-            Joined(
-                Joined(ColumnEq::new(held), ColumnEq::new(owner.to_string()), And),
-                Self::Guard::can_advance(),
-                And,
-            ),
-        );
-        let miss = ClaimLost::<Self> { key, owner, held };
-        CompareAndSet::one(statement, Self::table_name(), key, miss)
-            .run::<C, Counted, ()>(conn)
-            .map(drop)
+        Self::finish_claim_row(conn, key, owner, held, to, next_owner)
     }
 }
 
@@ -359,4 +277,149 @@ where
     T: HasStatus + Clone,
     T::Guard: AdvanceInSql,
 {
+}
+
+/// A claim of rows of entity `Self` with owner column `OwnerCol` and claim-time column
+/// `AtCol` on connection `C`, as one bound; like [`UpdateRow`](crate::UpdateRow), not a
+/// trait to implement.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot claim rows with `{OwnerCol}` and `{AtCol}` on `{C}`",
+    note = "the owner column must be `Nullable<Text>` and the claim time a timestamp column of the entity's table, the entity `Selectable`, the connection a diesel connection of a backend diesel-occ supports, and the guard must advance in SQL"
+)]
+pub trait ClaimRows<C, OwnerCol, AtCol>: HasStatus + Clone + LoadByKey<C> {
+    /// Runs the claim; [`GuardedClaim`] calls it.
+    #[doc(hidden)]
+    fn claim_rows(
+        conn: &mut C,
+        request: &ClaimRequest<'_, Self::Status>,
+    ) -> Result<Vec<Self>, Error>;
+}
+
+impl<T, C, OwnerCol, AtCol> ClaimRows<C, OwnerCol, AtCol> for T
+where
+    T: HasStatus + Clone,
+    T::Guard: AdvanceInSql,
+    C: LoadConnection + WriteTransaction,
+    C::Backend: OccBackend,
+    OwnerCol: Column<Table = T::Table, SqlType = Nullable<Text>>,
+    AtCol: Column<Table = T::Table>,
+    T: LoadByKey<C> + Selectable<C::Backend>,
+    T::SelectExpression: QueryId,
+    T::Table: FilterDsl<Claimable<T::StatusColumn, T::Status, AtCol>>,
+    Filter<T::Table, Claimable<T::StatusColumn, T::Status, AtCol>>:
+        SelectDsl<AsSelect<T, C::Backend>>,
+    Select<Filter<T::Table, Claimable<T::StatusColumn, T::Status, AtCol>>, AsSelect<T, C::Backend>>:
+        LimitDsl,
+    ClaimQueryOf<T, AtCol, C::Backend>: LoadQuery<'static, C, Self>,
+    ClaimUpdateOf<T, OwnerCol, AtCol>: Assignments<C::Backend>,
+    Counted: Complete<C, ClaimUpdateOf<T, OwnerCol, AtCol>, ()>,
+{
+    fn claim_rows(conn: &mut C, request: &ClaimRequest<'_, T::Status>) -> Result<Vec<T>, Error> {
+        crate::sql::names::check_name("owner", request.owner)?;
+        if request.limit == 0 {
+            return Ok(Vec::new());
+        }
+        let filter = Claimable {
+            from: request.from,
+            to: request.to,
+            abandoned_before: request.reclaim_after.map(Shift::earlier),
+            columns: std::marker::PhantomData,
+        };
+        let limit = i64::try_from(request.limit).unwrap_or(i64::MAX);
+        commit_operation(conn, |conn| {
+            let query = LatestRead::locked(
+                LimitDsl::limit(
+                    SelectDsl::select(FilterDsl::filter(T::table(), filter), T::as_select()),
+                    limit,
+                ),
+                RowLock::SkipLocked,
+            );
+            let waiting: Vec<T> = query.load(conn).map_err(|e| classify(conn, e))?;
+            if waiting.is_empty() {
+                return Ok(Vec::new());
+            }
+            let keys: Vec<T::Key> = waiting.iter().map(Guarded::key).collect();
+            let update = ClaimUpdateOf::<T, OwnerCol, AtCol>::new(
+                T::table(),
+                Joined(
+                    Joined(
+                        ColumnEq::new(request.to),
+                        ColumnEq::new(Some(request.owner.to_string())),
+                        Comma,
+                    ),
+                    ClockColumn::set(Shift::none()),
+                    Comma,
+                ),
+                Joined(T::Guard::advance_any(), T::stamp(), Comma),
+                AnyOf(keys.iter().map(T::key_predicate).collect()),
+                T::Guard::can_advance(),
+            );
+            let miss = ClaimIgnored { locked: &waiting };
+            CompareAndSet::one(update, T::table_name(), &keys, miss)
+                .matching(Matches::All(keys.len()))
+                .run::<C, Counted, ()>(conn)?;
+            T::load_by_keys(conn, &keys).map_err(|e| classify(conn, e))
+        })
+    }
+}
+
+/// The end of a claim of a row of entity `Self` with owner column `OwnerCol` on
+/// connection `C`, as one bound; like [`UpdateRow`](crate::UpdateRow), not a trait to
+/// implement.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot finish a claim with `{OwnerCol}` on `{C}`",
+    note = "the owner column must be a `Nullable<Text>` column of the entity's table, the connection a diesel connection of a backend diesel-occ supports, and the guard must advance in SQL"
+)]
+pub trait FinishClaim<C, OwnerCol>: HasStatus + LoadByKey<C> {
+    /// Runs the end of the claim; [`GuardedClaim`] calls it.
+    #[doc(hidden)]
+    fn finish_claim_row(
+        conn: &mut C,
+        key: &Self::Key,
+        owner: &str,
+        held: Self::Status,
+        to: Self::Status,
+        next_owner: Option<&str>,
+    ) -> Result<(), Error>;
+}
+
+impl<T, C, OwnerCol> FinishClaim<C, OwnerCol> for T
+where
+    T: HasStatus,
+    T::Guard: AdvanceInSql,
+    C: LoadConnection,
+    C::Backend: OccBackend,
+    OwnerCol: Column<Table = T::Table, SqlType = Nullable<Text>>,
+    T: LoadByKey<C>,
+    FinishOf<T, OwnerCol>: Assignments<C::Backend>,
+    Counted: Complete<C, FinishOf<T, OwnerCol>, ()>,
+{
+    fn finish_claim_row(
+        conn: &mut C,
+        key: &T::Key,
+        owner: &str,
+        held: T::Status,
+        to: T::Status,
+        next_owner: Option<&str>,
+    ) -> Result<(), Error> {
+        let statement = FinishOf::<T, OwnerCol>::new(
+            T::table(),
+            Joined(
+                ColumnEq::new(to),
+                ColumnEq::new(next_owner.map(str::to_string)),
+                Comma,
+            ),
+            Joined(T::Guard::advance_any(), T::stamp(), Comma),
+            T::key_predicate(key),
+            Joined(
+                Joined(ColumnEq::new(held), ColumnEq::new(owner.to_string()), And),
+                T::Guard::can_advance(),
+                And,
+            ),
+        );
+        let miss = ClaimLost::<T> { key, owner, held };
+        CompareAndSet::one(statement, T::table_name(), key, miss)
+            .run::<C, Counted, ()>(conn)
+            .map(drop)
+    }
 }

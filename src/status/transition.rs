@@ -88,39 +88,9 @@ pub trait GuardedTransition: HasStatus + Clone {
         extra: Ch,
     ) -> Result<TokenOf<Self>, Error>
     where
-        C: LoadConnection,
-        C::Backend: OccBackend,
-        Ch: AsChangeset<Target = Self::Table>,
-        TransitionOf<Self, Ch::Changeset>: Assignments<C::Backend>,
-        CompletionOf<Self>: Complete<C, TransitionOf<Self, Ch::Changeset>, TokenOf<Self>>,
-        Self: LoadByKey<C>,
+        Self: TransitionRow<C, Ch>,
     {
-        let (key, expected) = (self.key(), self.token());
-        let (advance, next) = advance_from::<Self, C>(&key, &expected)?;
-        let stamp = Self::stamp();
-        let statement = TransitionOf::<Self, Ch::Changeset>::new(
-            Self::table(),
-            Joined(ColumnEq::new(to), extra.as_changeset(), Comma),
-            Joined(advance, stamp.clone(), Comma),
-            Self::key_predicate(&key),
-            Joined(
-                StatusIn::new(Self::Status::sources(to)),
-                Self::Guard::predicate(&expected),
-                And,
-            ),
-        );
-        let miss = TransitionMiss {
-            row: RowMoved::<Self>::expecting(&key, &expected),
-            to,
-        };
-        let token = CompareAndSet::one(statement, Self::table_name(), &key, miss)
-            .run::<C, CompletionOf<Self>, TokenOf<Self>>(conn)?
-            .token
-            .unwrap_or(next);
-        self.set_token(token.clone());
-        self.set_status(to);
-        self.set_stamp(&stamp);
-        Ok(token)
+        self.transition_row(conn, to, extra)
     }
 
     /// [`transition`](Self::transition) and then `hook` (given the state the row left and
@@ -136,10 +106,7 @@ pub trait GuardedTransition: HasStatus + Clone {
     where
         C: LoadConnection + WriteTransaction,
         C::Backend: OccBackend,
-        Ch: AsChangeset<Target = Self::Table>,
-        TransitionOf<Self, Ch::Changeset>: Assignments<C::Backend>,
-        CompletionOf<Self>: Complete<C, TransitionOf<Self, Ch::Changeset>, TokenOf<Self>>,
-        Self: LoadByKey<C>,
+        Self: TransitionRow<C, Ch>,
         E: From<Error>,
     {
         let before = self.clone();
@@ -161,6 +128,68 @@ pub trait GuardedTransition: HasStatus + Clone {
 
 impl<T: HasStatus + Clone> GuardedTransition for T {}
 
+/// The transition of a loaded copy of entity `Self` with extra changes `Ch` on
+/// connection `C`, as one bound; like [`UpdateRow`](crate::UpdateRow), not a trait to
+/// implement.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot run a guarded transition with `{Ch}` on `{C}`",
+    note = "the extra changes must be for the entity's table (`no_extra()` for none), the connection a diesel connection of a backend diesel-occ supports, and the guard's SQL must fit that backend"
+)]
+pub trait TransitionRow<C, Ch>: HasStatus + LoadByKey<C> {
+    /// Runs the transition; [`GuardedTransition`] calls it.
+    #[doc(hidden)]
+    fn transition_row(
+        &mut self,
+        conn: &mut C,
+        to: Self::Status,
+        extra: Ch,
+    ) -> Result<TokenOf<Self>, Error>;
+}
+
+impl<T, C, Ch> TransitionRow<C, Ch> for T
+where
+    T: HasStatus + LoadByKey<C>,
+    C: LoadConnection,
+    C::Backend: OccBackend,
+    Ch: AsChangeset<Target = T::Table>,
+    TransitionOf<T, Ch::Changeset>: Assignments<C::Backend>,
+    CompletionOf<T>: Complete<C, TransitionOf<T, Ch::Changeset>, TokenOf<T>>,
+{
+    fn transition_row(
+        &mut self,
+        conn: &mut C,
+        to: T::Status,
+        extra: Ch,
+    ) -> Result<TokenOf<T>, Error> {
+        let (key, expected) = (self.key(), self.token());
+        let (advance, next) = advance_from::<T, C>(&key, &expected)?;
+        let stamp = T::stamp();
+        let statement = TransitionOf::<T, Ch::Changeset>::new(
+            T::table(),
+            Joined(ColumnEq::new(to), extra.as_changeset(), Comma),
+            Joined(advance, stamp.clone(), Comma),
+            T::key_predicate(&key),
+            Joined(
+                StatusIn::new(T::Status::sources(to)),
+                T::Guard::predicate(&expected),
+                And,
+            ),
+        );
+        let miss = TransitionMiss {
+            row: RowMoved::<T>::expecting(&key, &expected),
+            to,
+        };
+        let token = CompareAndSet::one(statement, T::table_name(), &key, miss)
+            .run::<C, CompletionOf<T>, TokenOf<T>>(conn)?
+            .token
+            .unwrap_or(next);
+        self.set_token(token.clone());
+        self.set_status(to);
+        self.set_stamp(&stamp);
+        Ok(token)
+    }
+}
+
 /// Key-only transitions for entities whose guard advances in SQL (a version, a timestamp, `xmin`).
 pub trait GuardedStatusTransition: HasStatus + Clone
 where
@@ -178,12 +207,9 @@ where
         policy: &RetryPolicy,
     ) -> Result<TokenOf<Self>, Error>
     where
-        C: LoadConnection,
-        C::Backend: OccBackend,
-        Ch: AsChangeset<Target = Self::Table> + Clone,
-        KeyTransitionOf<Self, Ch::Changeset>: Assignments<C::Backend>,
-        ReturnedTokenOf<Self>: Complete<C, KeyTransitionOf<Self, Ch::Changeset>, TokenOf<Self>>,
-        Self: LoadByKey<C>,
+        C: diesel::Connection,
+        Ch: Clone,
+        Self: TransitionByKey<C, Ch>,
     {
         let policy = if in_caller_transaction(conn) {
             RetryPolicy::never()
@@ -191,15 +217,7 @@ where
             policy.clone()
         };
         let (token, _) = policy.run(|_| -> Result<TokenOf<Self>, Stop<Error>> {
-            let miss = TransitionMiss {
-                row: RowMoved::<Self>::advancing_any(key, Self::Guard::at_end),
-                to,
-            };
-            let changes = Joined(ColumnEq::new(to), extra.clone().as_changeset(), Comma);
-            let condition = StatusIn::new(Self::Status::sources(to));
-            Ok(write_by_key::<Self, C, _, _, _>(
-                conn, key, changes, condition, miss,
-            )?)
+            Ok(Self::transition_key(conn, key, to, extra.clone())?)
         })?;
         Ok(token)
     }
@@ -219,10 +237,7 @@ where
     where
         C: LoadConnection + WriteTransaction,
         C::Backend: OccBackend,
-        Ch: AsChangeset<Target = Self::Table>,
-        TransitionOf<Self, Ch::Changeset>: Assignments<C::Backend>,
-        CompletionOf<Self>: Complete<C, TransitionOf<Self, Ch::Changeset>, TokenOf<Self>>,
-        Self: LoadByKey<C>,
+        Self: TransitionRow<C, Ch>,
         E: From<Error>,
     {
         let result = commit_operation(conn, |conn| -> Result<Self, Stop<E>> {
@@ -254,6 +269,49 @@ where
     T: HasStatus + Clone,
     T::Guard: AdvanceInSql,
 {
+}
+
+/// The key-only transition of entity `Self` with extra changes `Ch` on connection `C`, as
+/// one bound; like [`UpdateRow`](crate::UpdateRow), not a trait to implement.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot run a key-only transition with `{Ch}` on `{C}`",
+    note = "the extra changes must be for the entity's table (`no_extra()` for none), the connection a diesel connection of a backend diesel-occ supports, and the guard must advance in SQL (not a pre-image)"
+)]
+pub trait TransitionByKey<C, Ch>: HasStatus + LoadByKey<C> {
+    /// Runs one attempt; [`GuardedStatusTransition`] calls it.
+    #[doc(hidden)]
+    fn transition_key(
+        conn: &mut C,
+        key: &Self::Key,
+        to: Self::Status,
+        extra: Ch,
+    ) -> Result<TokenOf<Self>, Error>;
+}
+
+impl<T, C, Ch> TransitionByKey<C, Ch> for T
+where
+    T: HasStatus + LoadByKey<C>,
+    T::Guard: AdvanceInSql,
+    C: LoadConnection,
+    C::Backend: OccBackend,
+    Ch: AsChangeset<Target = T::Table>,
+    KeyTransitionOf<T, Ch::Changeset>: Assignments<C::Backend>,
+    ReturnedTokenOf<T>: Complete<C, KeyTransitionOf<T, Ch::Changeset>, TokenOf<T>>,
+{
+    fn transition_key(
+        conn: &mut C,
+        key: &T::Key,
+        to: T::Status,
+        extra: Ch,
+    ) -> Result<TokenOf<T>, Error> {
+        let miss = TransitionMiss {
+            row: RowMoved::<T>::advancing_any(key, T::Guard::at_end),
+            to,
+        };
+        let changes = Joined(ColumnEq::new(to), extra.as_changeset(), Comma);
+        let condition = StatusIn::new(T::Status::sources(to));
+        write_by_key::<T, C, _, _, _>(conn, key, changes, condition, miss)
+    }
 }
 
 /// A transition matched nothing: the latest row is gone, in a state that does not allow

@@ -29,10 +29,10 @@ use crate::connect::backend::OccBackend;
 use crate::connect::transaction::{commit_operation, WriteTransaction};
 use crate::error::{Conflict, Error, Token};
 use crate::guard::{CompletionOf, Guarded, TokenOf};
-use crate::sql::new_token::{Complete, CompleteEach};
+use crate::sql::new_token::CompleteEach;
 use crate::sql::statement::Assignments;
 use crate::write::entity::{
-    guarded_statement, unreadable, GuardedWrite, LoadByKey, RowMoved, UpdateOf,
+    guarded_statement, unreadable, GuardedWrite, LoadByKey, RowMoved, UpdateOf, UpdateRow,
 };
 use crate::write::executor::{classify, refuse_double_assignment, run_each};
 
@@ -97,25 +97,11 @@ pub trait GuardedBatch: GuardedWrite {
         mode: BatchMode,
     ) -> Result<BatchReport<TokenOf<Self>>, Error>
     where
-        C: LoadConnection + WriteTransaction,
-        C::Backend: OccBackend,
-        Ch: AsChangeset<Target = Self::Table>,
+        C: WriteTransaction,
         I: IntoIterator<Item = (Self::Key, TokenOf<Self>, Ch)>,
-        UpdateOf<Self, Ch::Changeset>: Assignments<C::Backend> + QueryFragment<C::Backend>,
-        CompletionOf<Self>: Complete<C, UpdateOf<Self, Ch::Changeset>, TokenOf<Self>>
-            + CompleteEach<C, UpdateOf<Self, Ch::Changeset>, TokenOf<Self>>,
-        Self: LoadByKey<C>,
+        Self: UpdateBatch<C, Ch>,
     {
-        let run = |conn: &mut C| -> Result<Vec<RowOutcome<TokenOf<Self>>>, Error> {
-            if C::Backend::COMBINES_UPDATES {
-                return combined::<Self, C, Ch>(conn, rows);
-            }
-            rows.into_iter()
-                .map(|(key, expected, changes)| {
-                    outcome(Self::guarded_update_by_key(conn, &key, &expected, changes))
-                })
-                .collect()
-        };
+        let run = |conn: &mut C| Self::update_rows(conn, rows);
         match mode {
             BatchMode::Partial => Ok(BatchReport {
                 rows: run(conn)?,
@@ -152,6 +138,45 @@ pub trait GuardedBatch: GuardedWrite {
 }
 
 impl<T: GuardedWrite> GuardedBatch for T {}
+
+/// A batch of guarded updates of entity `Self` with changes `Ch` on connection `C`, as
+/// one bound; like [`UpdateRow`], not a trait to implement.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot run a batch of guarded updates with `{Ch}` on `{C}`",
+    note = "the changes must be for the entity's table, the connection a diesel connection of a backend diesel-occ supports, and the guard's SQL must fit that backend"
+)]
+pub trait UpdateBatch<C, Ch>: UpdateRow<C, Ch> {
+    /// Writes the rows, one outcome each; [`GuardedBatch`] runs it.
+    #[doc(hidden)]
+    fn update_rows(
+        conn: &mut C,
+        rows: impl IntoIterator<Item = (Self::Key, TokenOf<Self>, Ch)>,
+    ) -> Result<Vec<RowOutcome<TokenOf<Self>>>, Error>;
+}
+
+impl<T, C, Ch> UpdateBatch<C, Ch> for T
+where
+    T: UpdateRow<C, Ch>,
+    C: LoadConnection,
+    C::Backend: OccBackend,
+    Ch: AsChangeset<Target = T::Table>,
+    UpdateOf<T, Ch::Changeset>: Assignments<C::Backend> + QueryFragment<C::Backend>,
+    CompletionOf<T>: CompleteEach<C, UpdateOf<T, Ch::Changeset>, TokenOf<T>>,
+{
+    fn update_rows(
+        conn: &mut C,
+        rows: impl IntoIterator<Item = (T::Key, TokenOf<T>, Ch)>,
+    ) -> Result<Vec<RowOutcome<TokenOf<T>>>, Error> {
+        if C::Backend::COMBINES_UPDATES {
+            return combined::<T, C, Ch>(conn, rows);
+        }
+        rows.into_iter()
+            .map(|(key, expected, changes)| {
+                outcome(T::update_row(conn, &key, &expected, changes, T::stamp()))
+            })
+            .collect()
+    }
+}
 
 /// The most rows one combined statement holds. PostgreSQL's planning of a `WITH` grows
 /// faster than its parts: measured on PostgreSQL 15 (1,000 guarded updates in one

@@ -100,32 +100,58 @@ where
         changes: Ch,
     ) -> Result<BulkReport, Error>
     where
-        C: LoadConnection,
-        C::Backend: OccBackend,
-        F: Expression<SqlType = Bool>
-            + AppearsOnTable<Self::Table>
-            + QueryFragment<C::Backend>
-            + Clone,
-        Ch: AsChangeset<Target = Self::Table>,
-        BulkUpdateOf<Self, Ch::Changeset, F>: ExecuteDsl<C> + Assignments<C::Backend>,
-        CountWhere<Self::Table, F, Not<CanAdvanceOf<Self>>>: LoadQuery<'static, C, i64>,
-        CanAdvanceOf<Self>: QueryFragment<C::Backend>,
-        Self: LoadByKey<C>,
+        Self: UpdateBulk<C, F, Ch>,
     {
-        let statement = BulkUpdateOf::<Self, Ch::Changeset, F>::new(
-            Self::table(),
+        Self::update_bulk(conn, filter, changes)
+    }
+}
+
+impl<T> GuardedBulk for T
+where
+    T: Guarded,
+    T::Guard: AdvanceInSql,
+{
+}
+
+/// A bulk update of entity `Self` by filter `F` with changes `Ch` on connection `C`, as
+/// one bound; like [`UpdateRow`](crate::UpdateRow), not a trait to implement.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot run a bulk update by `{F}` with `{Ch}` on `{C}`",
+    note = "the filter must be a boolean expression on the entity's table, the changes for that table, the connection a diesel connection of a backend diesel-occ supports, and the guard must advance in SQL (not a pre-image)"
+)]
+pub trait UpdateBulk<C, F, Ch>: LoadByKey<C> {
+    /// Runs the update; [`GuardedBulk`] calls it.
+    #[doc(hidden)]
+    fn update_bulk(conn: &mut C, filter: F, changes: Ch) -> Result<BulkReport, Error>;
+}
+
+impl<T, C, F, Ch> UpdateBulk<C, F, Ch> for T
+where
+    T: LoadByKey<C>,
+    T::Guard: AdvanceInSql,
+    C: LoadConnection,
+    C::Backend: OccBackend,
+    F: Expression<SqlType = Bool> + AppearsOnTable<T::Table> + QueryFragment<C::Backend> + Clone,
+    Ch: AsChangeset<Target = T::Table>,
+    BulkUpdateOf<T, Ch::Changeset, F>: ExecuteDsl<C> + Assignments<C::Backend>,
+    CountWhere<T::Table, F, Not<CanAdvanceOf<T>>>: LoadQuery<'static, C, i64>,
+    CanAdvanceOf<T>: QueryFragment<C::Backend>,
+{
+    fn update_bulk(conn: &mut C, filter: F, changes: Ch) -> Result<BulkReport, Error> {
+        let statement = BulkUpdateOf::<T, Ch::Changeset, F>::new(
+            T::table(),
             changes.as_changeset(),
-            Joined(Self::Guard::advance_any(), Self::stamp(), Comma),
+            Joined(T::Guard::advance_any(), T::stamp(), Comma),
             filter.clone(),
-            Self::Guard::can_advance(),
+            T::Guard::can_advance(),
         );
-        let table = Self::table_name();
+        let table = T::table_name();
         let every_row = "(every row the filter matches)";
         let updated = CompareAndSet::one(statement, table, &every_row, CannotMiss)
             .matching(Matches::Any)
             .run::<C, Counted, ()>(conn)?
             .rows;
-        let can_advance = Self::Guard::can_advance();
+        let can_advance = T::Guard::can_advance();
         if can_advance.is_noop(&C::Backend::default())? {
             // Every row can advance: none was left alone.
             return Ok(BulkReport {
@@ -133,8 +159,8 @@ where
                 at_maximum: 0,
             });
         }
-        let at_maximum = CountWhere::<Self::Table, F, Not<CanAdvanceOf<Self>>> {
-            from: Self::table().from_clause(),
+        let at_maximum = CountWhere::<T::Table, F, Not<CanAdvanceOf<T>>> {
+            from: T::table().from_clause(),
             filter,
             condition: Not(can_advance),
         }
@@ -145,11 +171,4 @@ where
             at_maximum: usize::try_from(at_maximum).unwrap_or(usize::MAX),
         })
     }
-}
-
-impl<T> GuardedBulk for T
-where
-    T: Guarded,
-    T::Guard: AdvanceInSql,
-{
 }

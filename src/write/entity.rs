@@ -1,5 +1,6 @@
 //! The executor of guarded writes and the entity writes built on it.
 
+use diesel::associations::HasTable;
 use diesel::connection::LoadConnection;
 use diesel::dsl::{AsSelect, Filter, Select};
 use diesel::query_builder::{AsChangeset, QueryFragment, QueryId};
@@ -150,12 +151,7 @@ pub trait GuardedWrite: Guarded {
     /// The copy itself is not modified: its other fields do not reflect `changes`.
     fn guarded_update<C, Ch>(&self, conn: &mut C, changes: Ch) -> Result<TokenOf<Self>, Error>
     where
-        C: LoadConnection,
-        C::Backend: OccBackend,
-        Ch: AsChangeset<Target = Self::Table>,
-        UpdateOf<Self, Ch::Changeset>: Assignments<C::Backend>,
-        CompletionOf<Self>: Complete<C, UpdateOf<Self, Ch::Changeset>, TokenOf<Self>>,
-        Self: LoadByKey<C>,
+        Self: UpdateRow<C, Ch>,
     {
         Self::guarded_update_by_key(conn, &self.key(), &self.token(), changes)
     }
@@ -169,27 +165,17 @@ pub trait GuardedWrite: Guarded {
         changes: Ch,
     ) -> Result<TokenOf<Self>, Error>
     where
-        C: LoadConnection,
-        C::Backend: OccBackend,
-        Ch: AsChangeset<Target = Self::Table>,
-        UpdateOf<Self, Ch::Changeset>: Assignments<C::Backend>,
-        CompletionOf<Self>: Complete<C, UpdateOf<Self, Ch::Changeset>, TokenOf<Self>>,
-        Self: LoadByKey<C>,
+        Self: UpdateRow<C, Ch>,
     {
-        update_stamped::<Self, C, Ch>(conn, key, expected, changes, Self::stamp())
+        Self::update_row(conn, key, expected, changes, Self::stamp())
     }
 
     /// Writes every updatable field of this copy if the row still holds its token, and
     /// records the new token in the copy.
     fn guarded_save<C>(&mut self, conn: &mut C) -> Result<TokenOf<Self>, Error>
     where
-        C: LoadConnection,
-        C::Backend: OccBackend,
         Self::Guard: Advancing,
-        UpdateOf<Self, <Self::Changes as AsChangeset>::Changeset>: Assignments<C::Backend>,
-        CompletionOf<Self>:
-            Complete<C, UpdateOf<Self, <Self::Changes as AsChangeset>::Changeset>, TokenOf<Self>>,
-        Self: LoadByKey<C>,
+        Self: UpdateRow<C, <Self as Guarded>::Changes>,
     {
         let (key, token, changes) = (self.key(), self.token(), self.changes());
         write_and_record(self, conn, &key, &token, changes)
@@ -206,12 +192,7 @@ pub trait GuardedWrite: Guarded {
         original: &Self,
     ) -> Result<TokenOf<Self>, Error>
     where
-        C: LoadConnection,
-        C::Backend: OccBackend,
-        UpdateOf<Self, <Self::Changes as AsChangeset>::Changeset>: Assignments<C::Backend>,
-        CompletionOf<Self>:
-            Complete<C, UpdateOf<Self, <Self::Changes as AsChangeset>::Changeset>, TokenOf<Self>>,
-        Self: LoadByKey<C>,
+        Self: UpdateRow<C, <Self as Guarded>::Changes>,
     {
         let changes = self.changes();
         write_and_record(self, conn, &original.key(), &original.token(), changes)
@@ -222,12 +203,8 @@ pub trait GuardedWrite: Guarded {
     /// in the copy.
     fn guarded_touch<C>(&mut self, conn: &mut C) -> Result<TokenOf<Self>, Error>
     where
-        C: LoadConnection,
-        C::Backend: OccBackend,
         Self::Guard: Advancing,
-        UpdateOf<Self, NoChanges<Self::Table>>: Assignments<C::Backend>,
-        CompletionOf<Self>: Complete<C, UpdateOf<Self, NoChanges<Self::Table>>, TokenOf<Self>>,
-        Self: LoadByKey<C>,
+        Self: UpdateRow<C, NoChanges<<Self as HasTable>::Table>>,
     {
         let (key, token) = (self.key(), self.token());
         write_and_record(self, conn, &key, &token, NoChanges::default())
@@ -236,10 +213,7 @@ pub trait GuardedWrite: Guarded {
     /// Deletes the row if it still holds this copy's token.
     fn guarded_delete<C>(&self, conn: &mut C) -> Result<(), Error>
     where
-        C: LoadConnection,
-        C::Backend: OccBackend,
-        DeleteOf<Self>: ExecuteDsl<C> + Assignments<C::Backend>,
-        Self: LoadByKey<C>,
+        Self: DeleteRow<C>,
     {
         Self::guarded_delete_by_key(conn, &self.key(), &self.token())
     }
@@ -252,17 +226,9 @@ pub trait GuardedWrite: Guarded {
         expected: &TokenOf<Self>,
     ) -> Result<(), Error>
     where
-        C: LoadConnection,
-        C::Backend: OccBackend,
-        DeleteOf<Self>: ExecuteDsl<C> + Assignments<C::Backend>,
-        Self: LoadByKey<C>,
+        Self: DeleteRow<C>,
     {
-        let statement = DeleteOf::<Self>::new(
-            Self::table(),
-            Self::key_predicate(key),
-            Self::Guard::predicate(expected),
-        );
-        run_guarded::<Self, C, _, Counted>(conn, key, expected, statement).map(drop)
+        Self::delete_row(conn, key, expected)
     }
 
     /// Writes `changes` to this row's excluded fields (`#[occ(exclude)]`: view counters,
@@ -271,12 +237,7 @@ pub trait GuardedWrite: Guarded {
     /// [`update_excluded_by_key`](Self::update_excluded_by_key).
     fn update_excluded<C, Ch>(&self, conn: &mut C, changes: Ch) -> Result<(), Error>
     where
-        C: LoadConnection,
-        C::Backend: OccBackend,
-        Ch: AsChangeset<Target = Self::Table>,
-        Ch::Changeset: QueryFragment<C::Backend>,
-        UnguardedUpdateOf<Self, Ch::Changeset>: ExecuteDsl<C> + Assignments<C::Backend>,
-        Self: LoadByKey<C>,
+        Self: UpdateExcluded<C, Ch>,
     {
         Self::update_excluded_by_key(conn, &self.key(), changes)
     }
@@ -291,46 +252,131 @@ pub trait GuardedWrite: Guarded {
         changes: Ch,
     ) -> Result<(), Error>
     where
-        C: LoadConnection,
-        C::Backend: OccBackend,
-        Ch: AsChangeset<Target = Self::Table>,
-        Ch::Changeset: QueryFragment<C::Backend>,
-        UnguardedUpdateOf<Self, Ch::Changeset>: ExecuteDsl<C> + Assignments<C::Backend>,
-        Self: LoadByKey<C>,
+        Self: UpdateExcluded<C, Ch>,
     {
+        Self::update_excluded_row(conn, key, changes)
+    }
+}
+
+impl<T: Guarded> GuardedWrite for T {}
+
+/// A guarded update of entity `Self` with changes `Ch` on connection `C`, as one bound.
+///
+/// Not a trait to implement: it holds for every [`Guarded`] entity, every changeset of
+/// its table and every connection whose backend the entity's guard can run on.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot run a guarded update with `{Ch}` on `{C}`",
+    note = "the changes must be for the entity's table, the connection a diesel connection of a backend diesel-occ supports, and the guard's SQL must fit that backend (an `xmin` guard needs PostgreSQL)"
+)]
+pub trait UpdateRow<C, Ch>: LoadByKey<C> {
+    /// Runs the update; the methods of [`GuardedWrite`] call it.
+    #[doc(hidden)]
+    fn update_row(
+        conn: &mut C,
+        key: &Self::Key,
+        expected: &TokenOf<Self>,
+        changes: Ch,
+        stamp: Self::Stamp,
+    ) -> Result<TokenOf<Self>, Error>;
+}
+
+impl<T, C, Ch> UpdateRow<C, Ch> for T
+where
+    T: LoadByKey<C>,
+    C: LoadConnection,
+    C::Backend: OccBackend,
+    Ch: AsChangeset<Target = T::Table>,
+    UpdateOf<T, Ch::Changeset>: Assignments<C::Backend>,
+    CompletionOf<T>: Complete<C, UpdateOf<T, Ch::Changeset>, TokenOf<T>>,
+{
+    fn update_row(
+        conn: &mut C,
+        key: &T::Key,
+        expected: &TokenOf<T>,
+        changes: Ch,
+        stamp: T::Stamp,
+    ) -> Result<TokenOf<T>, Error> {
+        update_stamped::<T, C, Ch>(conn, key, expected, changes, stamp)
+    }
+}
+
+/// A guarded delete of entity `Self` on connection `C`, as one bound; like
+/// [`UpdateRow`], not a trait to implement.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot run a guarded delete on `{C}`",
+    note = "the connection must be a diesel connection of a backend diesel-occ supports, and the guard's SQL must fit that backend"
+)]
+pub trait DeleteRow<C>: LoadByKey<C> {
+    /// Runs the delete; the methods of [`GuardedWrite`] call it.
+    #[doc(hidden)]
+    fn delete_row(conn: &mut C, key: &Self::Key, expected: &TokenOf<Self>) -> Result<(), Error>;
+}
+
+impl<T, C> DeleteRow<C> for T
+where
+    T: LoadByKey<C>,
+    C: LoadConnection,
+    C::Backend: OccBackend,
+    DeleteOf<T>: ExecuteDsl<C> + Assignments<C::Backend>,
+{
+    fn delete_row(conn: &mut C, key: &T::Key, expected: &TokenOf<T>) -> Result<(), Error> {
+        let statement = DeleteOf::<T>::new(
+            T::table(),
+            T::key_predicate(key),
+            T::Guard::predicate(expected),
+        );
+        run_guarded::<T, C, _, Counted>(conn, key, expected, statement).map(drop)
+    }
+}
+
+/// An unguarded update of entity `Self`'s excluded fields with changes `Ch` on connection
+/// `C`, as one bound; like [`UpdateRow`], not a trait to implement.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot update its excluded fields with `{Ch}` on `{C}`",
+    note = "the changes must be for the entity's table and the connection a diesel connection of a backend diesel-occ supports"
+)]
+pub trait UpdateExcluded<C, Ch>: LoadByKey<C> {
+    /// Runs the update; the methods of [`GuardedWrite`] call it.
+    #[doc(hidden)]
+    fn update_excluded_row(conn: &mut C, key: &Self::Key, changes: Ch) -> Result<(), Error>;
+}
+
+impl<T, C, Ch> UpdateExcluded<C, Ch> for T
+where
+    T: LoadByKey<C>,
+    C: LoadConnection,
+    C::Backend: OccBackend,
+    Ch: AsChangeset<Target = T::Table>,
+    Ch::Changeset: QueryFragment<C::Backend>,
+    UnguardedUpdateOf<T, Ch::Changeset>: ExecuteDsl<C> + Assignments<C::Backend>,
+{
+    fn update_excluded_row(conn: &mut C, key: &T::Key, changes: Ch) -> Result<(), Error> {
         let changes = changes.as_changeset();
         let columns = assigned_columns::<C::Backend, _>(&changes)?;
         if let Some(column) = columns
             .iter()
-            .find(|c| !Self::EXCLUDED_COLUMNS.contains(&c.as_str()))
+            .find(|c| !T::EXCLUDED_COLUMNS.contains(&c.as_str()))
         {
             return Err(Error::NotExcluded {
-                table: Self::table_name(),
+                table: T::table_name(),
                 column: column.clone(),
             });
         }
         if columns.is_empty() {
             return Ok(());
         }
-        let statement = UnguardedUpdateOf::<Self, Ch::Changeset>::new(
-            Self::table(),
+        let statement = UnguardedUpdateOf::<T, Ch::Changeset>::new(
+            T::table(),
             changes,
             Unguarded,
-            Self::key_predicate(key),
+            T::key_predicate(key),
             Unguarded,
         );
-        CompareAndSet::one(
-            statement,
-            Self::table_name(),
-            key,
-            RowMoved::<Self>::any(key),
-        )
-        .run::<C, Counted, TokenOf<Self>>(conn)
-        .map(drop)
+        CompareAndSet::one(statement, T::table_name(), key, RowMoved::<T>::any(key))
+            .run::<C, Counted, TokenOf<T>>(conn)
+            .map(drop)
     }
 }
-
-impl<T: Guarded> GuardedWrite for T {}
 
 /// The guarded update of `row`'s row with `key` from `expected`; on success `row` records
 /// the new token and the stamp it wrote.
@@ -342,15 +388,10 @@ fn write_and_record<T, C, Ch>(
     changes: Ch,
 ) -> Result<TokenOf<T>, Error>
 where
-    T: LoadByKey<C>,
-    C: LoadConnection,
-    C::Backend: OccBackend,
-    Ch: AsChangeset<Target = T::Table>,
-    UpdateOf<T, Ch::Changeset>: Assignments<C::Backend>,
-    CompletionOf<T>: Complete<C, UpdateOf<T, Ch::Changeset>, TokenOf<T>>,
+    T: UpdateRow<C, Ch>,
 {
     let stamp = T::stamp();
-    let next = update_stamped::<T, C, Ch>(conn, key, expected, changes, stamp.clone())?;
+    let next = T::update_row(conn, key, expected, changes, stamp.clone())?;
     row.set_token(next.clone());
     row.set_stamp(&stamp);
     Ok(next)

@@ -19,17 +19,15 @@
 //! with [`RetryPolicy::run`].
 
 use diesel::connection::{Connection, LoadConnection};
-use diesel::query_builder::AsChangeset;
 use diesel::r2d2::{ManageConnection, Pool, PooledConnection, R2D2Connection};
 
 use crate::connect::backend::OccBackend;
 use crate::connect::transaction::{commit_operation, WriteTransaction};
 use crate::error::{connection_lost, Error, RetryReason};
-use crate::guard::{CompletionOf, Guarded, TokenOf};
+use crate::guard::{Guarded, TokenOf};
 use crate::retry::{Contention, RetryPolicy, Stop};
-use crate::sql::new_token::Complete;
-use crate::sql::statement::{Assignments, RowLock};
-use crate::write::entity::{with_sources, GuardedWrite, LoadByKey, UpdateOf};
+use crate::sql::statement::RowLock;
+use crate::write::entity::{with_sources, GuardedWrite, LoadByKey, UpdateRow};
 use crate::write::executor::{classify, in_transaction};
 use crate::write::hot_rows::HotRow;
 
@@ -108,10 +106,7 @@ pub trait GuardedModify: GuardedWrite + Clone {
     where
         C: LoadConnection + WriteTransaction,
         C::Backend: OccBackend,
-        Self: LoadByKey<C>,
-        UpdateOf<Self, <Self::Changes as AsChangeset>::Changeset>: Assignments<C::Backend>,
-        CompletionOf<Self>:
-            Complete<C, UpdateOf<Self, <Self::Changes as AsChangeset>::Changeset>, TokenOf<Self>>,
+        Self: UpdateRow<C, <Self as Guarded>::Changes>,
         E: From<Error>,
     {
         modify_on(conn, key, policy, change)
@@ -133,14 +128,7 @@ pub trait GuardedModify: GuardedWrite + Clone {
         M::Connection: R2D2Connection + Send + 'static,
         PooledConnection<M>: LoadConnection + WriteTransaction,
         <PooledConnection<M> as Connection>::Backend: OccBackend,
-        Self: LoadByKey<PooledConnection<M>>,
-        UpdateOf<Self, <Self::Changes as AsChangeset>::Changeset>:
-            Assignments<<PooledConnection<M> as Connection>::Backend>,
-        CompletionOf<Self>: Complete<
-            PooledConnection<M>,
-            UpdateOf<Self, <Self::Changes as AsChangeset>::Changeset>,
-            TokenOf<Self>,
-        >,
+        Self: UpdateRow<PooledConnection<M>, <Self as Guarded>::Changes>,
         E: From<Error>,
     {
         modify_on(pool, key, policy, change)
@@ -155,14 +143,10 @@ fn modify_on<T, S, R, E>(
     mut change: impl FnMut(&mut T) -> Result<R, E>,
 ) -> Result<Modified<T, R>, E>
 where
-    T: GuardedWrite + Clone + LoadByKey<S::Connection>,
+    T: GuardedWrite + Clone + UpdateRow<S::Connection, <T as Guarded>::Changes>,
     S: Connections,
     S::Connection: LoadConnection + WriteTransaction,
     <S::Connection as Connection>::Backend: OccBackend,
-    UpdateOf<T, <T::Changes as AsChangeset>::Changeset>:
-        Assignments<<S::Connection as Connection>::Backend>,
-    CompletionOf<T>:
-        Complete<S::Connection, UpdateOf<T, <T::Changes as AsChangeset>::Changeset>, TokenOf<T>>,
     E: From<Error>,
 {
     let suspects = T::GUARD_COLUMNS.join(", ");

@@ -20,11 +20,10 @@ use diesel::query_dsl::methods::ExecuteDsl;
 use crate::connect::backend::OccBackend;
 use crate::connect::transaction::WriteTransaction;
 use crate::error::Error;
-use crate::guard::CompletionOf;
 use crate::retry::{Contention, RetryPolicy, Stop};
-use crate::sql::new_token::{Complete, Counted};
+use crate::sql::new_token::Counted;
 use crate::sql::statement::{Assignments, InsertIfMissing, NoChanges};
-use crate::write::entity::{GuardedWrite, UpdateOf};
+use crate::write::entity::{GuardedWrite, UpdateRow};
 use crate::write::executor::{CannotMiss, CompareAndSet, Matches};
 use crate::write::modify::{read_modify_write, Modified};
 
@@ -85,11 +84,8 @@ pub fn guarded_operation<C, R, E>(
 where
     C: LoadConnection + WriteTransaction,
     C::Backend: OccBackend,
-    VersionRow: GuardedWrite + crate::write::entity::LoadByKey<C>,
     CreateIfMissing: Assignments<C::Backend> + ExecuteDsl<C>,
-    UpdateOf<VersionRow, NoChanges<occ_versions::table>>: Assignments<C::Backend>,
-    CompletionOf<VersionRow>:
-        Complete<C, UpdateOf<VersionRow, NoChanges<occ_versions::table>>, i64>,
+    VersionRow: UpdateRow<C, NoChanges<occ_versions::table>>,
     E: From<Error>,
 {
     crate::sql::names::check_name("lock name", lock_name)?;
