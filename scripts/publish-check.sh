@@ -25,6 +25,15 @@ for crate in diesel-occ-derive diesel-occ; do
     echo "$crate ships $(wc -l <<<"$files") files; none of them tests, scripts or CI"
 done
 
+# The dry run serves the packaged derive crate from a temporary registry. Cargo extracts
+# it under $CARGO_HOME/registry/src/<that registry>/diesel-occ-derive-<version> and
+# judges its build fresh by name and version alone, as for any published crate: a copy
+# or a build left by an earlier run (same version, older source) would be used instead of
+# this one. Remove both, so the library is verified against the derive crate as it is now
+# (rebuilding the derive crate takes seconds).
+rm -rf "${CARGO_HOME:-$HOME/.cargo}"/registry/src/*/diesel-occ-derive-*
+rm -rf "${CARGO_TARGET_DIR:-target}"/debug/.fingerprint/diesel-occ-derive-*
+
 # --allow-dirty: a developer may run this before committing; CI runs it on a clean clone.
 cargo publish --workspace --dry-run --allow-dirty --quiet
 echo "cargo publish --dry-run passed for diesel-occ-derive, then diesel-occ"
