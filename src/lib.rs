@@ -173,7 +173,7 @@ pub use write::operation::{guarded_operation, occ_versions, VersionRow};
 pub use write::pessimistic::{LockWait, Pessimistic};
 
 // JSON columns.
-pub use json::document::{merge_diff, GuardedJson, JsonDocument, DOCUMENT_LIMIT_BYTES};
+pub use json::document::{merge_diff, EditJson, GuardedJson, JsonDocument, DOCUMENT_LIMIT_BYTES};
 pub use json::merge_in_place::{GuardedJsonMerge, MergeInPlace};
 
 // Status transitions and claims.

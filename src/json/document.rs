@@ -31,11 +31,10 @@ use serde_json::{Map, Value};
 use crate::connect::backend::OccBackend;
 use crate::connect::transaction::WriteTransaction;
 use crate::error::Error;
-use crate::guard::{CompletionOf, Guarded, TokenOf};
+use crate::guard::Guarded;
 use crate::retry::{RetryPolicy, Stop};
-use crate::sql::new_token::Complete;
-use crate::sql::statement::{Assignments, ColumnEq};
-use crate::write::entity::{GuardedWrite, LoadByKey, UpdateOf};
+use crate::sql::statement::ColumnEq;
+use crate::write::entity::{LoadByKey, UpdateRow};
 use crate::write::modify::{read_modify_write, Modified};
 
 /// The largest document an edit may write, serialized: 1 MiB. Every retry reads and
@@ -67,7 +66,7 @@ pub fn field_mut(document: &mut Value) -> &mut Value {
 
 /// `SET "col" = ?`: the changeset that writes a document back.
 #[derive(Debug, Clone)]
-pub(crate) struct SetDocument<Col>(ColumnEq<Col, Value>);
+pub struct SetDocument<Col>(ColumnEq<Col, Value>);
 
 impl<Col: Column> AsChangeset for SetDocument<Col> {
     type Target = Col::Table;
@@ -78,34 +77,56 @@ impl<Col: Column> AsChangeset for SetDocument<Col> {
     }
 }
 
-/// The guarded write of a whole document to column `Col` on connection `C`. Implemented
-/// for every entity whose statement fits `C`; it keeps the bounds in one place.
-pub trait WriteDocument<C, Col>: Guarded {
-    /// Writes `document` to the row with `key` if it still holds `expected`.
-    fn write_document(
+/// A read-merge-write edit of the document in column `Col` of entity `Self` on
+/// connection `C`, as one bound; like [`UpdateRow`](crate::UpdateRow), not a trait to
+/// implement.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot edit the JSON document in `{Col}` on `{C}`",
+    note = "the column must be the entity's `#[occ(json)]` field, the connection a diesel connection of a backend diesel-occ supports that can open write transactions, and the guard's SQL must fit that backend"
+)]
+pub trait EditJson<C, Col>: JsonDocument<Col> + LoadByKey<C> + Clone {
+    /// Runs the edit; [`GuardedJson`] calls it.
+    #[doc(hidden)]
+    fn edit_document<R, E: From<Error>>(
         conn: &mut C,
         key: &Self::Key,
-        expected: &TokenOf<Self>,
-        document: Value,
-    ) -> Result<TokenOf<Self>, Error>;
+        policy: &RetryPolicy,
+        edit: impl FnMut(&mut Value) -> Result<R, E>,
+    ) -> Result<Modified<Self, R>, E>;
 }
 
-impl<T, C, Col> WriteDocument<C, Col> for T
+impl<T, C, Col> EditJson<C, Col> for T
 where
-    T: GuardedWrite + LoadByKey<C>,
-    C: LoadConnection,
+    T: JsonDocument<Col> + LoadByKey<C> + Clone,
+    C: LoadConnection + WriteTransaction,
     C::Backend: OccBackend,
     Col: Column<Table = T::Table>,
-    UpdateOf<T, ColumnEq<Col, Value>>: Assignments<C::Backend>,
-    CompletionOf<T>: Complete<C, UpdateOf<T, ColumnEq<Col, Value>>, TokenOf<T>>,
+    T: UpdateRow<C, SetDocument<Col>>,
 {
-    fn write_document(
+    fn edit_document<R, E: From<Error>>(
         conn: &mut C,
         key: &T::Key,
-        expected: &TokenOf<T>,
-        document: Value,
-    ) -> Result<TokenOf<T>, Error> {
-        T::guarded_update_by_key(conn, key, expected, SetDocument(ColumnEq::new(document)))
+        policy: &RetryPolicy,
+        mut edit: impl FnMut(&mut Value) -> Result<R, E>,
+    ) -> Result<Modified<T, R>, E> {
+        let place = Place::<T, Col>::new(T::table_name(), key);
+        let suspects = format!("{} (or {})", Col::NAME, T::GUARD_COLUMNS.join(", "));
+        read_modify_write(conn, key, policy, &suspects, |conn, original: &T| {
+            if !original.document().is_object() {
+                return Err(Stop::Occ(place.stored(original.document())));
+            }
+            let mut row = original.clone();
+            let value = edit(row.document_mut()).map_err(Stop::Caller)?;
+            place.check_result(row.document())?;
+            if row.document() == original.document() {
+                return Ok((row, original.token(), value));
+            }
+            let expected = original.token();
+            let document = SetDocument(ColumnEq::new(row.document().clone()));
+            let token = T::update_row(conn, key, &expected, document, T::stamp())?;
+            row.set_token(token.clone());
+            Ok((row, token, value))
+        })
     }
 }
 
@@ -121,33 +142,15 @@ pub trait GuardedJson: Guarded + Clone {
         key: &Self::Key,
         column: Col,
         policy: &RetryPolicy,
-        mut edit: impl FnMut(&mut Value) -> Result<R, E>,
+        edit: impl FnMut(&mut Value) -> Result<R, E>,
     ) -> Result<Modified<Self, R>, E>
     where
-        C: LoadConnection + WriteTransaction,
-        C::Backend: OccBackend,
         Col: Column,
-        Self: JsonDocument<Col> + WriteDocument<C, Col> + LoadByKey<C>,
+        Self: EditJson<C, Col>,
         E: From<Error>,
     {
         let _ = column;
-        let place = Place::<Self, Col>::new(Self::table_name(), key);
-        let suspects = format!("{} (or {})", Col::NAME, Self::GUARD_COLUMNS.join(", "));
-        read_modify_write(conn, key, policy, &suspects, |conn, original: &Self| {
-            if !original.document().is_object() {
-                return Err(Stop::Occ(place.stored(original.document())));
-            }
-            let mut row = original.clone();
-            let value = edit(row.document_mut()).map_err(Stop::Caller)?;
-            place.check_result(row.document())?;
-            if row.document() == original.document() {
-                return Ok((row, original.token(), value));
-            }
-            let expected = original.token();
-            let token = Self::write_document(conn, key, &expected, row.document().clone())?;
-            row.set_token(token.clone());
-            Ok((row, token, value))
-        })
+        Self::edit_document(conn, key, policy, edit)
     }
 
     /// Applies the RFC 7396 merge `patch` (an object; `null` deletes a key, other values
@@ -160,10 +163,8 @@ pub trait GuardedJson: Guarded + Clone {
         policy: &RetryPolicy,
     ) -> Result<Modified<Self, ()>, Error>
     where
-        C: LoadConnection + WriteTransaction,
-        C::Backend: OccBackend,
         Col: Column,
-        Self: JsonDocument<Col> + WriteDocument<C, Col> + LoadByKey<C>,
+        Self: EditJson<C, Col>,
     {
         Place::<Self, Col>::new(Self::table_name(), key).check_merge_patch(patch)?;
         Self::edit_json(conn, key, column, policy, |document| {
@@ -185,10 +186,8 @@ pub trait GuardedJson: Guarded + Clone {
         policy: &RetryPolicy,
     ) -> Result<Modified<Self, ()>, Error>
     where
-        C: LoadConnection + WriteTransaction,
-        C::Backend: OccBackend,
         Col: Column,
-        Self: JsonDocument<Col> + WriteDocument<C, Col> + LoadByKey<C>,
+        Self: EditJson<C, Col>,
     {
         let place = Place::<Self, Col>::new(Self::table_name(), key);
         Self::edit_json(conn, key, column, policy, |document| {
@@ -208,10 +207,8 @@ pub trait GuardedJson: Guarded + Clone {
         policy: &RetryPolicy,
     ) -> Result<Modified<Self, ()>, Error>
     where
-        C: LoadConnection + WriteTransaction,
-        C::Backend: OccBackend,
         Col: Column,
-        Self: JsonDocument<Col> + WriteDocument<C, Col> + LoadByKey<C>,
+        Self: EditJson<C, Col>,
     {
         let place = Place::<Self, Col>::new(Self::table_name(), key);
         let pointer = place.pointer(pointer)?;
@@ -235,10 +232,8 @@ pub trait GuardedJson: Guarded + Clone {
         policy: &RetryPolicy,
     ) -> Result<Modified<Self, ()>, Error>
     where
-        C: LoadConnection + WriteTransaction,
-        C::Backend: OccBackend,
         Col: Column,
-        Self: JsonDocument<Col> + WriteDocument<C, Col> + LoadByKey<C>,
+        Self: EditJson<C, Col>,
     {
         let place = Place::<Self, Col>::new(Self::table_name(), key);
         let pointer = place.pointer(pointer)?;
@@ -264,10 +259,8 @@ pub trait GuardedJson: Guarded + Clone {
     ) -> Result<Modified<Self, R>, E>
     where
         D: Serialize + DeserializeOwned,
-        C: LoadConnection + WriteTransaction,
-        C::Backend: OccBackend,
         Col: Column,
-        Self: JsonDocument<Col> + WriteDocument<C, Col> + LoadByKey<C>,
+        Self: EditJson<C, Col>,
         E: From<Error>,
     {
         let place = Place::<Self, Col>::new(Self::table_name(), key);
