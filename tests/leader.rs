@@ -38,6 +38,8 @@ fn election_timings_are_validated() {
         (ms(100), ms(100), ms(10)),
         (ms(1000), ms(600), ms(500)),
         (ms(1000), ms(600), ms(0)),
+        // A retry period above a third of the lease.
+        (ms(1000), ms(900), ms(400)),
     ] {
         let bad = ElectionTiming {
             lease,
@@ -88,13 +90,15 @@ for_each_backend! {
         assert_eq!(next_event(&second, Duration::from_millis(500)), None, "two leaders");
         assert!(first.is_leader() && !second.is_leader());
 
-        first.stop();
+        assert_eq!(first.stop(), [LeaderEvent::SteppedDown], "the leader says it stepped down");
         match next_event(&second, Duration::from_secs(5)) {
             Some(LeaderEvent::Elected { fence: next }) => assert!(next > fence),
             other => panic!("{other:?}"),
         }
         assert!(second.is_leader());
-        second.stop();
+        let waiting = Candidate::start(Locks::new(db.pool.clone()), "scheduler", "main", "third", timing()).unwrap();
+        assert_eq!(waiting.stop(), [], "a candidate that never led has nothing to step down from");
+        assert_eq!(second.stop(), [LeaderEvent::SteppedDown]);
     }
 
     /// The child side of the failover test: leads until killed.

@@ -45,8 +45,9 @@ impl Default for ElectionTiming {
 }
 
 impl ElectionTiming {
-    /// `lease > renew_deadline > retry_period * 1.2`, so that a leader gets several tries to
-    /// renew before it must step down, and steps down before its lease ends.
+    /// `lease > renew_deadline > retry_period * 1.2` and `retry_period <= lease / 3`, so
+    /// that a leader gets several tries to renew before it must step down, steps down
+    /// before its lease ends, and a waiting candidate tries several times per lease.
     pub fn validate(&self) -> Result<(), Error> {
         let invalid = |reason: String| {
             Err(Error::InvalidSetting {
@@ -61,6 +62,13 @@ impl ElectionTiming {
             return invalid(format!(
                 "the lease ({:?}) must be longer than the renew deadline ({:?})",
                 self.lease, self.renew_deadline
+            ));
+        }
+        if self.retry_period.as_secs_f64() * 3.0 > self.lease.as_secs_f64() {
+            return invalid(format!(
+                "the retry period ({:?}) must be at most a third of the lease ({:?}), so that a \
+                 waiting candidate tries several times within one lease",
+                self.retry_period, self.lease
             ));
         }
         if self.renew_deadline.as_secs_f64() <= self.retry_period.as_secs_f64() * 1.2 {
@@ -208,9 +216,12 @@ impl Candidate {
         &self.events
     }
 
-    /// Steps down (freeing the lock if it leads) and ends the runner.
-    pub fn stop(mut self) {
+    /// Steps down (freeing the lock if it leads) and ends the runner. Returns the events
+    /// the runner sent that were not received yet, in order; when this candidate led, the
+    /// last is [`LeaderEvent::SteppedDown`], sent after the lock was freed.
+    pub fn stop(mut self) -> Vec<LeaderEvent> {
         self.shut_down();
+        self.events.try_iter().collect()
     }
 
     fn shut_down(&mut self) {

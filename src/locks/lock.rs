@@ -100,7 +100,7 @@ type LockUpdate<Set, Guard> = GuardedUpdate<occ_locks::table, Set, Unguarded, Ke
 
 /// Taking the lock: `SET holder = ?, label = ?, fence = fence + 1, holder_changes =
 /// holder_changes + 1, acquired_at = now, renewed_at = now, expires_at = now + ttl WHERE
-/// <key> AND (holder IS NULL OR expires_at < now)`.
+/// <key> AND (holder IS NULL OR (expires_at IS NULL OR expires_at < now))`.
 pub(crate) type AcquireLock = LockUpdate<
     Joined<
         Joined<
@@ -119,7 +119,10 @@ pub(crate) type AcquireLock = LockUpdate<
         >,
         Comma,
     >,
-    Either<Null<occ_locks::holder>, ClockColumn<occ_locks::expires_at>>,
+    Either<
+        Null<occ_locks::holder>,
+        Either<Null<occ_locks::expires_at>, ClockColumn<occ_locks::expires_at>>,
+    >,
 >;
 
 /// Renewing the lease: `SET renewed_at = now, expires_at = now + ttl WHERE <key> AND
@@ -239,7 +242,12 @@ where
             ),
             Unguarded,
             key.predicate(),
-            Either(Null::test(), ClockColumn::before(Shift::none())),
+            // A held row without an expiry (written by hand) would block its lock for ever:
+            // it counts as expired.
+            Either(
+                Null::test(),
+                Either(Null::test(), ClockColumn::before(Shift::none())),
+            ),
         );
         CompareAndSet::one(statement, "occ_locks", key, LockTaken { key })
             .run::<C, ReturnedBy<occ_locks::fence>, i64>(self)?
@@ -367,9 +375,9 @@ where
         })
     }
 
-    /// [`try_lock`](Self::try_lock), trying again while the lock is held, for at most
-    /// `wait`, with waits drawn as `policy` draws them. [`Error::LockHeld`] when the wait
-    /// is over.
+    /// [`try_lock`](Self::try_lock), trying again while the lock is held or the database
+    /// refuses for now ([`Error::Retryable`]), for at most `wait`, with waits drawn as
+    /// `policy` draws them. The last such error when the wait is over.
     pub fn lock(
         &self,
         name: &str,
@@ -379,9 +387,11 @@ where
         wait: Duration,
         policy: &RetryPolicy,
     ) -> Result<LockGuard<M>, Error> {
+        // Held, or refused for now by the database (a serialization failure under
+        // REPEATABLE READ or SERIALIZABLE sessions, a deadlock, SQLite busy): wait on.
         policy.poll(
             wait,
-            |error| matches!(error, Error::LockHeld { .. }),
+            |error| matches!(error, Error::LockHeld { .. } | Error::Retryable { .. }),
             || self.try_lock(name, resource, ttl, label),
         )
     }
