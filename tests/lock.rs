@@ -170,6 +170,17 @@ for_each_backend! {
         second.release().unwrap();
     }
 
+    /// Without the library's migrations, taking a lock says which table is missing and
+    /// which migration creates it.
+    #[test]
+    fn a_missing_lock_table_names_the_migration() {
+        let Some(db) = setup() else { return };
+        db.conn().batch_execute("DROP TABLE occ_locks").unwrap();
+        let err = Locks::new(db.pool.clone()).try_lock("report", "nightly", Duration::from_secs(5), None).unwrap_err();
+        assert!(matches!(err, Error::MissingTable { table: "occ_locks", .. }), "{err}");
+        assert!(err.to_string().contains("diesel_occ::migrations::run"), "{err}");
+    }
+
     #[test]
     fn bad_input_is_refused_and_odd_names_are_exact() {
         let Some(db) = setup() else { return };

@@ -26,6 +26,25 @@ impl From<Error> for Billing {
 }
 
 for_each_backend! {
+    /// A database whose library migrations were not run: the error names the missing
+    /// table and the migration to run, and nothing else is written.
+    #[test]
+    fn a_missing_library_table_names_the_migration() {
+        use diesel::connection::SimpleConnection;
+        let Some(db) = db() else { return };
+        let conn = &mut db.conn();
+        conn.batch_execute("DROP TABLE occ_versions; DROP TABLE occ_transitions").unwrap();
+
+        let err = guarded_operation(conn, "invoice-run", "c-1", &RetryPolicy::default(), |_| Ok::<_, Error>(()))
+            .unwrap_err();
+        assert!(matches!(err, Error::MissingTable { table: "occ_versions", .. }), "{err}");
+        assert!(err.to_string().contains("diesel_occ::migrations::run"), "{err}");
+
+        let entry = diesel_occ::HistoryEntry { entity: "orders", key: "1", from: "valid", to: "shipped", actor: None };
+        let err = diesel_occ::record(conn, &entry).unwrap_err();
+        assert!(matches!(err, Error::MissingTable { table: "occ_transitions", .. }), "{err}");
+    }
+
     type Pooled = diesel_occ::Pooled<Conn>;
 
     fn total(conn: &mut Pooled) -> i64 {

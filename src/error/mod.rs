@@ -208,6 +208,17 @@ pub enum Error {
         reason: String,
     },
 
+    /// One of the library's own tables (`occ_locks`, `occ_versions`, `occ_transitions`)
+    /// does not exist: its migrations were not run on this database.
+    #[error("diesel-occ's table `{table}` does not exist in this database: run `diesel_occ::migrations::run(&mut conn)` once (or apply migrations/diesel_occ/<backend>/ with the diesel CLI) before using locks, version rows or the transition history: {source}")]
+    MissingTable {
+        /// The missing table.
+        table: &'static str,
+        /// The database's own report.
+        #[source]
+        source: DieselError,
+    },
+
     /// The library's migrations could not be applied.
     #[error("cannot apply diesel-occ's migrations: {0}")]
     Migration(#[source] Box<dyn std::error::Error + Send + Sync>),
@@ -453,6 +464,23 @@ impl From<DieselError> for Error {
     fn from(source: DieselError) -> Self {
         Error::classified(source, retry_reason_of)
     }
+}
+
+/// The library table `error` reports missing, if it is one: PostgreSQL's `relation "t"
+/// does not exist`, MySQL's `Table 'db.t' doesn't exist`, SQLite's `no such table: t`.
+pub(crate) fn missing_library_table(error: &DieselError) -> Option<&'static str> {
+    let DieselError::DatabaseError(_, info) = error else {
+        return None;
+    };
+    let message = info.message();
+    ["occ_locks", "occ_versions", "occ_transitions"]
+        .into_iter()
+        .find(|table| {
+            message == format!("relation \"{table}\" does not exist")
+                || message == format!("no such table: {table}")
+                || (message.starts_with("Table '")
+                    && message.ends_with(&format!(".{table}' doesn't exist")))
+        })
 }
 
 /// Whether the connection died.

@@ -187,6 +187,12 @@ where
     if !in_transaction(conn) && crate::error::connection_lost(&error) {
         return Error::Ambiguous { source: error };
     }
+    if let Some(table) = crate::error::missing_library_table(&error) {
+        return Error::MissingTable {
+            table,
+            source: error,
+        };
+    }
     Error::classified(error, |e| C::Backend::retry_reason(conn, e))
 }
 
