@@ -187,6 +187,10 @@ pub use status::{HasStatus, Status};
 
 // Locks, leases, leader election and fencing.
 #[cfg(feature = "locks")]
+pub use locks::backend::LockBackend;
+#[cfg(feature = "locks")]
+pub use locks::belief::SAFETY_MARGIN;
+#[cfg(feature = "locks")]
 pub use locks::fence::{FencedWrite, WriteFenced};
 #[cfg(feature = "locks")]
 pub use locks::leader::{Candidate, ElectionTiming, LeaderEvent};

@@ -49,10 +49,13 @@ pub enum Error {
 
     /// The caller no longer holds the lock or lease it thinks it holds (it expired or was
     /// taken over); whatever it protects must not be written any more.
-    #[error("lock `{lock}` is no longer held by this owner (expired or taken over); stop the work it protects")]
+    #[error("lock `{lock}` is no longer held by this owner ({why}); stop the work it protects")]
     LockLost {
         /// The lock's name and resource.
         lock: String,
+        /// What happened: taken over (by whom, with which fence), the lease ended, no
+        /// renewal came back before the holder's local deadline, ...
+        why: String,
     },
 
     /// A write carried a fencing token older than the newest one handed out.

@@ -3,24 +3,29 @@
 //! when it gains or loses leadership.
 //!
 //! Safety: at most one candidate holds the lock at a time by the database's clock (the
-//! acquisition is one compare-and-set against `expires_at`), and each term's fencing token
-//! is larger than every earlier one. A leader stops considering itself leader once it
-//! has not renewed for `renew_deadline` (< `lease`), so a leader cut off from the database
-//! steps down before its lease can end and another can be elected; a leader paused longer
-//! than that (a stopped process) can still act on stale belief when it wakes, which is
-//! what the fence is for: storage that checks fences ([`fence`](crate::locks::fence)) refuses its
-//! writes.
+//! acquisition is one compare-and-set against `expires_at`, computed after every wait),
+//! and each term's fencing token is larger than every earlier one. A leader believes it
+//! leads until a local deadline: `renew_deadline` after the instant before its last
+//! successful renewal (or election) was requested, on its monotonic clock, and never
+//! longer than the lease less the safety margin. [`Candidate::is_leader`] turns false at
+//! that deadline by itself, even while a renewal is stuck on a stalled database, and the
+//! [`LeaderEvent::Lost`] event is sent then; a renewal that comes back later does not make
+//! it leader again. So a leader cut off from the database stops before its lease ends and
+//! another can be elected. A leader paused longer than that (a stopped process) can still
+//! act on stale belief when it wakes, which is what the fence is for: storage that checks
+//! fences ([`FencedWrite`](crate::FencedWrite)) refuses its writes.
 
-use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::mpsc::{channel, Receiver, RecvTimeoutError, Sender};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use diesel::r2d2::{ManageConnection, PooledConnection, R2D2Connection};
 
 use crate::error::Error;
-use crate::locks::lock::{LockConnection, Locks};
+use crate::locks::belief::Belief;
+use crate::locks::lock::{LockConnection, Locks, Renewal};
 
 /// The timing of an election, as client-go's leader election has it.
 #[derive(Debug, Clone, Copy)]
@@ -100,11 +105,20 @@ pub enum LeaderEvent {
 
 /// A candidate running for leadership on its own thread.
 pub struct Candidate {
-    leading: Arc<AtomicBool>,
+    /// The belief of the current term, while this candidate leads.
+    term: Arc<Mutex<Option<Arc<Belief>>>>,
     fence: Arc<AtomicI64>,
     events: Receiver<LeaderEvent>,
-    stop: Option<Sender<()>>,
+    signals: Sender<Signal>,
     thread: Option<JoinHandle<()>>,
+}
+
+/// What the runner waits for.
+enum Signal {
+    /// Step down and end.
+    Stop,
+    /// A renewal of the term with this fence came back.
+    Renewed(i64, Result<(), Error>),
 }
 
 impl Candidate {
@@ -126,84 +140,44 @@ impl Candidate {
         crate::sql::names::check_name("lock name", name)?;
         crate::sql::names::check_name("resource", resource)?;
         crate::sql::names::check_name("label", label)?;
-        let (leading, fence) = (
-            Arc::new(AtomicBool::new(false)),
-            Arc::new(AtomicI64::new(0)),
-        );
+        let (term, fence) = (Arc::new(Mutex::new(None)), Arc::new(AtomicI64::new(0)));
         let (events_in, events) = channel();
-        let (stop, stopped) = channel::<()>();
-        let (name, resource, label) = (name.to_string(), resource.to_string(), label.to_string());
-        let (lead, term) = (Arc::clone(&leading), Arc::clone(&fence));
-        let thread = std::thread::spawn(move || {
-            let report = |event: LeaderEvent| {
-                let _ = events_in.send(event);
-            };
-            loop {
-                // Campaign: try now, then every retry period.
-                let Ok(mut guard) = locks.try_lock(&name, &resource, timing.lease, Some(&label))
-                else {
-                    match stopped.recv_timeout(timing.retry_period) {
-                        Err(RecvTimeoutError::Timeout) => continue,
-                        _ => return,
-                    }
-                };
-                let mut renewed = Instant::now();
-                term.store(guard.fence(), Ordering::SeqCst);
-                lead.store(true, Ordering::SeqCst);
-                report(LeaderEvent::Elected {
-                    fence: guard.fence(),
-                });
-                // Lead: renew every retry period until stopped or too late.
-                loop {
-                    match stopped.recv_timeout(timing.retry_period) {
-                        Err(RecvTimeoutError::Timeout) => {}
-                        _ => {
-                            lead.store(false, Ordering::SeqCst);
-                            let _ = guard.release();
-                            report(LeaderEvent::SteppedDown);
-                            return;
-                        }
-                    }
-                    match guard.renew() {
-                        Ok(()) => renewed = Instant::now(),
-                        Err(e)
-                            if renewed.elapsed() < timing.renew_deadline
-                                && !matches!(e, Error::LockLost { .. }) =>
-                        {
-                            // A transient failure: try again next period, within the deadline.
-                            continue;
-                        }
-                        Err(e) => {
-                            lead.store(false, Ordering::SeqCst);
-                            report(LeaderEvent::Lost {
-                                reason: e.to_string(),
-                            });
-                            drop(guard);
-                            break;
-                        }
-                    }
-                    if renewed.elapsed() >= timing.renew_deadline {
-                        lead.store(false, Ordering::SeqCst);
-                        report(LeaderEvent::Lost {
-                            reason: "no renewal within the renew deadline".into(),
-                        });
-                        break;
-                    }
-                }
-            }
-        });
+        let (signals, received) = channel::<Signal>();
+        let runner = Runner {
+            locks,
+            name: name.to_string(),
+            resource: resource.to_string(),
+            label: label.to_string(),
+            timing,
+            term: Arc::clone(&term),
+            fence: Arc::clone(&fence),
+            events: events_in,
+            signals: signals.clone(),
+            received,
+        };
+        let thread = std::thread::spawn(move || runner.run());
         Ok(Candidate {
-            leading,
+            term,
             fence,
             events,
-            stop: Some(stop),
+            signals,
             thread: Some(thread),
         })
     }
 
-    /// Whether this candidate leads now (as of its last renewal).
+    /// Whether this candidate leads now: elected, and its local deadline not passed.
+    /// It turns false at the deadline by itself, even while a renewal is stuck.
     pub fn is_leader(&self) -> bool {
-        self.leading.load(Ordering::SeqCst)
+        lock(&self.term)
+            .as_ref()
+            .is_some_and(|belief| belief.is_held())
+    }
+
+    /// The local deadline of the current term while this candidate leads.
+    pub fn deadline(&self) -> Option<Instant> {
+        lock(&self.term)
+            .as_ref()
+            .and_then(|belief| belief.deadline())
     }
 
     /// The fencing token of this candidate's current or last term.
@@ -225,11 +199,157 @@ impl Candidate {
     }
 
     fn shut_down(&mut self) {
-        drop(self.stop.take());
+        let _ = self.signals.send(Signal::Stop);
         if let Some(thread) = self.thread.take() {
             let _ = thread.join();
         }
     }
+}
+
+/// The candidate's thread: campaigns, then leads until stopped or lost, then campaigns
+/// again. Renewals run on threads of their own, so that a renewal stuck on a stalled
+/// database never delays the loss of leadership at the deadline.
+struct Runner<M: ManageConnection> {
+    locks: Locks<M>,
+    name: String,
+    resource: String,
+    label: String,
+    timing: ElectionTiming,
+    term: Arc<Mutex<Option<Arc<Belief>>>>,
+    fence: Arc<AtomicI64>,
+    events: Sender<LeaderEvent>,
+    signals: Sender<Signal>,
+    received: Receiver<Signal>,
+}
+
+/// How a term ended.
+enum TermEnd {
+    Stopped,
+    Lost(String),
+}
+
+impl<M> Runner<M>
+where
+    M: ManageConnection,
+    M::Connection: R2D2Connection + Send + 'static,
+    PooledConnection<M>: LockConnection,
+{
+    fn report(&self, event: LeaderEvent) {
+        let _ = self.events.send(event);
+    }
+
+    fn run(self) {
+        let timing = self.timing;
+        loop {
+            // Campaign: try now, then every retry period.
+            let elected = self.locks.acquire(
+                &self.name,
+                &self.resource,
+                timing.lease,
+                Some(&self.label),
+                timing.renew_deadline,
+            );
+            let Ok(guard) = elected else {
+                if self.wait(timing.retry_period) {
+                    return;
+                }
+                continue;
+            };
+            let renewal = guard.renewal();
+            *lock(&self.term) = Some(renewal.belief());
+            self.fence.store(guard.fence(), Ordering::SeqCst);
+            self.report(LeaderEvent::Elected {
+                fence: guard.fence(),
+            });
+            let end = self.lead(&renewal, guard.fence());
+            renewal.end();
+            *lock(&self.term) = None;
+            match end {
+                TermEnd::Stopped => {
+                    let _ = guard.release();
+                    self.report(LeaderEvent::SteppedDown);
+                    return;
+                }
+                TermEnd::Lost(reason) => {
+                    self.report(LeaderEvent::Lost { reason });
+                    // Freed on drop, best effort (an expired lease needs nothing).
+                    drop(guard);
+                    if self.wait(timing.retry_period) {
+                        return;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Waits `period` for a stop; `true` when stopped. Late renewals of ended terms are
+    /// passed over.
+    fn wait(&self, period: Duration) -> bool {
+        let until = Instant::now() + period;
+        loop {
+            match self
+                .received
+                .recv_timeout(until.saturating_duration_since(Instant::now()))
+            {
+                Ok(Signal::Stop) | Err(RecvTimeoutError::Disconnected) => return true,
+                Ok(Signal::Renewed(..)) => continue,
+                Err(RecvTimeoutError::Timeout) => return false,
+            }
+        }
+    }
+
+    /// Leads the term with `fence`, renewing every retry period, until stopped or lost.
+    fn lead(&self, renewal: &Renewal<M>, fence: i64) -> TermEnd {
+        let period = self.timing.retry_period;
+        let mut next = Instant::now() + period;
+        let mut in_flight = false;
+        let mut last_error: Option<String> = None;
+        loop {
+            let Some(deadline) = renewal.deadline() else {
+                return TermEnd::Lost("the lease was lost".into());
+            };
+            let wake = if in_flight {
+                deadline
+            } else {
+                next.min(deadline)
+            };
+            match self
+                .received
+                .recv_timeout(wake.saturating_duration_since(Instant::now()))
+            {
+                Ok(Signal::Stop) | Err(RecvTimeoutError::Disconnected) => return TermEnd::Stopped,
+                Ok(Signal::Renewed(of, _)) if of != fence => {}
+                Ok(Signal::Renewed(_, result)) => {
+                    in_flight = false;
+                    next = Instant::now() + period;
+                    match result {
+                        Ok(()) => last_error = None,
+                        Err(Error::LockLost { why, .. }) => return TermEnd::Lost(why),
+                        // Transient: try again next period, within the deadline.
+                        Err(e) => last_error = Some(e.to_string()),
+                    }
+                }
+                Err(RecvTimeoutError::Timeout) => {}
+            }
+            if !renewal.is_held() {
+                return TermEnd::Lost(match last_error {
+                    Some(e) => format!("no renewal succeeded before the renew deadline: {e}"),
+                    None => "no renewal came back before the renew deadline".into(),
+                });
+            }
+            if !in_flight && Instant::now() >= next {
+                in_flight = true;
+                let (renewal, signals) = (renewal.clone(), self.signals.clone());
+                std::thread::spawn(move || {
+                    let _ = signals.send(Signal::Renewed(fence, renewal.renew()));
+                });
+            }
+        }
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 impl Drop for Candidate {

@@ -2,31 +2,24 @@
 //! connections of its own from the pool, so that the holder keeps it while it works and
 //! learns promptly when it is gone.
 //!
-//! [`Lease::check`] answers "do I still hold it?" without a round trip: it fails with
-//! [`Error::LockLost`] once a renewal failed (taken over, lease ended, database
-//! unreachable), and also once the last successful renewal is older than the TTL by this
-//! process's monotonic clock, since then the lease may have ended even if no renewal said
-//! so. Check before each step of the protected work, and fence its writes
-//! ([`fence`](crate::locks::fence)): a check cannot stop a write that a pause delays past it.
+//! [`Lease::check`] answers "do I still hold it?" without a round trip, from the lock's
+//! local deadline ([`LockGuard::deadline`]): it fails with [`Error::LockLost`] once a
+//! renewal found the lock lost, and once the deadline passed with no renewal back in time,
+//! even while a renewal is still waiting on a stalled database. A renewal that fails for
+//! another reason (the database unreachable for a moment) is tried again sooner, until the
+//! deadline. Check before each step of the protected work, and fence its writes
+//! ([`FencedWrite`](crate::FencedWrite)): a check cannot stop a write that a pause delays
+//! past it.
 
 use std::sync::mpsc::{channel, RecvTimeoutError, Sender};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use diesel::r2d2::{ManageConnection, PooledConnection, R2D2Connection};
 
 use crate::error::Error;
 use crate::locks::lock::{LockConnection, LockGuard};
-
-/// What the renewing thread last found.
-#[derive(Debug)]
-struct Renewal {
-    /// When the last renewal (or the acquisition) succeeded.
-    at: Instant,
-    /// Why renewing stopped, if it did.
-    failure: Option<String>,
-}
 
 /// A lock whose lease renews itself until it is released or dropped.
 pub struct Lease<M: ManageConnection>
@@ -35,7 +28,8 @@ where
     PooledConnection<M>: LockConnection,
 {
     guard: Option<LockGuard<M>>,
-    renewal: Arc<Mutex<Renewal>>,
+    /// Why renewing stopped, if it did.
+    failure: Arc<Mutex<Option<String>>>,
     stop: Option<Sender<()>>,
     thread: Option<JoinHandle<()>>,
 }
@@ -45,60 +39,78 @@ where
     M::Connection: R2D2Connection + Send + 'static,
     PooledConnection<M>: LockConnection,
 {
-    /// Starts renewing `guard`'s lease every third of its TTL.
+    /// Starts renewing `guard`'s lease every third of its TTL (sooner again after a
+    /// failed renewal, until the local deadline).
     pub fn keep_alive(guard: LockGuard<M>) -> Self {
-        let renewal = Arc::new(Mutex::new(Renewal {
-            at: Instant::now(),
-            failure: None,
-        }));
+        let failure = Arc::new(Mutex::new(None));
         let (stop, stopped) = channel::<()>();
-        let mut renewer = guard.renewer();
+        let renewal = guard.renewal();
         let interval = guard.ttl() / 3;
-        let shared = Arc::clone(&renewal);
-        let thread = std::thread::spawn(move || loop {
-            match stopped.recv_timeout(interval) {
-                Err(RecvTimeoutError::Timeout) => {}
-                // Stopped, or the lease was dropped.
-                _ => return,
-            }
-            let result = renewer();
-            let mut state = shared.lock().unwrap_or_else(|p| p.into_inner());
-            match result {
-                Ok(()) => state.at = Instant::now(),
-                Err(e) => {
-                    state.failure = Some(e.to_string());
-                    return;
+        let retry = (interval / 4).max(Duration::from_millis(1));
+        let shared = Arc::clone(&failure);
+        let thread = std::thread::spawn(move || {
+            let mut pause = interval;
+            loop {
+                match stopped.recv_timeout(pause) {
+                    Err(RecvTimeoutError::Timeout) => {}
+                    // Stopped, or the lease was dropped.
+                    _ => return,
                 }
+                let why = match renewal.renew() {
+                    Ok(()) => {
+                        pause = interval;
+                        continue;
+                    }
+                    Err(Error::LockLost { why, .. }) => why,
+                    Err(_) if renewal.is_held() => {
+                        pause = retry;
+                        continue;
+                    }
+                    Err(e) => format!("no renewal succeeded before the local deadline: {e}"),
+                };
+                renewal.end();
+                *shared.lock().unwrap_or_else(|p| p.into_inner()) = Some(why);
+                return;
             }
         });
         Lease {
             guard: Some(guard),
-            renewal,
+            failure,
             stop: Some(stop),
             thread: Some(thread),
         }
     }
 
-    /// `Ok` while the lease is held as far as this process can tell;
-    /// [`Error::LockLost`] once a renewal failed or none succeeded within the TTL.
-    pub fn check(&self) -> Result<(), Error> {
-        let guard = self
-            .guard
+    fn guard(&self) -> &LockGuard<M> {
+        self.guard
             .as_ref()
-            .expect("a lease holds its guard until released");
-        let state = self.renewal.lock().unwrap_or_else(|p| p.into_inner());
-        let lock = guard.describe();
-        if let Some(failure) = &state.failure {
-            return Err(Error::LockLost {
-                lock: format!("{lock} (renewal failed: {failure})"),
-            });
-        }
-        if state.at.elapsed() >= guard.ttl() {
-            return Err(Error::LockLost {
-                lock: format!("{lock} (no renewal within the lease)"),
-            });
-        }
-        Ok(())
+            .expect("a lease holds its guard until released")
+    }
+
+    /// `Ok` while the lease is held as far as this process can tell;
+    /// [`Error::LockLost`] once a renewal found it lost or the local deadline passed.
+    pub fn check(&self) -> Result<(), Error> {
+        let guard = self.guard();
+        let failure = self.failure.lock().unwrap_or_else(|p| p.into_inner());
+        let why = match (&*failure, guard.is_held()) {
+            (Some(why), _) => why.clone(),
+            (None, false) => "no renewal came back before the local deadline".to_string(),
+            (None, true) => return Ok(()),
+        };
+        Err(Error::LockLost {
+            lock: guard.describe(),
+            why,
+        })
+    }
+
+    /// Whether this process may still act as the holder ([`check`](Self::check) is `Ok`).
+    pub fn is_held(&self) -> bool {
+        self.check().is_ok()
+    }
+
+    /// The local deadline of the lease ([`LockGuard::deadline`]); renewals move it on.
+    pub fn deadline(&self) -> Option<Instant> {
+        self.guard().deadline()
     }
 
     /// The fencing token of this acquisition.

@@ -1,44 +1,64 @@
 //! Locks and leases in the library's `occ_locks` table, on the same
 //! compare-and-set executor as every other write.
 //!
-//! A lock is a row per (name, resource) that is never deleted. Taking it is one guarded
-//! `UPDATE ... WHERE <key> AND (holder IS NULL OR expires_at < <database now>)` that sets
-//! a new random holder token, raises the fencing token and sets the expiry from the
-//! database's clock; the affected row count decides, and the new fence comes back with the
-//! statement (`RETURNING`, or a read in the same transaction on MySQL). So:
+//! A lock is a row per (name, resource). Taking it is one short transaction: lock the row
+//! (creating it on first use), then one guarded `UPDATE ... WHERE <key> AND (holder IS
+//! NULL OR expires_at < <database now>)` that sets a new random holder token, a new
+//! fencing token and the expiry from the database's clock; the affected row count decides,
+//! and the new fence comes back with the statement (`RETURNING`, or a read in the same
+//! transaction on MySQL). So:
 //!
+//! - the expiry is computed after every wait: the statements that can wait (for the row
+//!   lock of a session holding the row, a busy database) run before the `UPDATE`, whose
+//!   own row lock is then already held. A statement that computed the expiry first and
+//!   then waited (PostgreSQL evaluates `clock_timestamp()` before a row-lock wait and does
+//!   not evaluate it again when the blocker did not change the row) would store a lease
+//!   already over when it ends. A renewal likewise checks the lease after its waits, so a
+//!   renewal that arrives after the lease ended is [`Error::LockLost`], never a success;
+//! - every statement waits at most a bound derived from the lease: a third of it, and
+//!   never past the holder's local deadline
+//!   ([`LockBackend`](crate::locks::backend::LockBackend) says how per backend);
 //! - expiry is judged by the database's clock only (PostgreSQL `clock_timestamp()`, MySQL
 //!   `UTC_TIMESTAMP(6)`, SQLite `strftime('%f')` text of fixed width), never by a
 //!   caller's, which may be skewed;
+//! - the holder's own belief ([`LockGuard::is_held`]) ends earlier than the database's
+//!   lease: it is measured from before the request was sent, on the monotonic clock, less
+//!   a safety margin, and a reply that comes back after it does not revive it;
 //! - renewing and releasing need the holder's token *and* fence, so nobody releases a lock
-//!   they do not hold, and a holder whose lease was taken over learns it
+//!   they do not hold, and a holder whose lease was taken over learns it, and from whom
 //!   ([`Error::LockLost`]);
-//! - the fence rises on every acquisition and is never reused (the row stays on release),
-//!   so storage can refuse a paused holder's late writes ([`fence`](crate::locks::fence)).
+//! - fences come from a source that never goes back (a sequence, or on SQLite an
+//!   `AUTOINCREMENT` key), so they rise on every acquisition even when the lock row was
+//!   deleted or the table truncated, and storage can refuse a paused holder's late writes
+//!   ([`FencedWrite`](crate::FencedWrite)).
 //!
 //! Locks are not re-entrant: every acquisition makes a new holder, so a second
 //! `try_lock` of a lock you hold is refused like anyone else's ([`Error::LockHeld`]).
 //! Dropping a [`LockGuard`] releases it, best effort (a connection from the pool, errors
 //! ignored); call [`LockGuard::release`] to learn the outcome.
 
-use std::time::Duration;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
-use diesel::connection::LoadConnection;
+use diesel::connection::{LoadConnection, SimpleConnection};
 use diesel::dsl::{Find, Select};
 use diesel::query_builder::InsertStatement;
 use diesel::query_dsl::methods::{ExecuteDsl, LoadQuery};
 use diesel::r2d2::{ManageConnection, Pool, PooledConnection, R2D2Connection};
 use diesel::{Insertable, OptionalExtension, QueryDsl, RunQueryDsl};
 
-use crate::connect::backend::OccBackend;
+use crate::connect::backend::{Duplicates, OccBackend};
+use crate::connect::transaction::WriteTransaction;
 use crate::error::Error;
-use crate::guard::server_clock::{ClockColumn, ServerClock, Shift};
+use crate::guard::server_clock::{ClockColumn, Shift};
+use crate::locks::backend::{LockBackend, NextFence};
+use crate::locks::belief::{believed, Belief};
 use crate::retry::RetryPolicy;
 use crate::sql::names::check_name;
 use crate::sql::new_token::{Complete, Counted, ReturnedBy};
 use crate::sql::statement::{
     And, Assignments, ColumnEq, Comma, Either, GuardedUpdate, Increment, InsertIfMissing, Joined,
-    Null, Unguarded,
+    LatestRead, Null, RowLock, Unguarded,
 };
 use crate::write::executor::{classify, CannotMiss, CompareAndSet, Matches, Miss};
 
@@ -98,7 +118,8 @@ type HeldBy = Joined<ColumnEq<occ_locks::holder, String>, ColumnEq<occ_locks::fe
 /// A statement on one lock row: `UPDATE occ_locks SET <Set> WHERE <key> AND <Guard>`.
 type LockUpdate<Set, Guard> = GuardedUpdate<occ_locks::table, Set, Unguarded, KeyOf, Guard>;
 
-/// Taking the lock: `SET holder = ?, label = ?, fence = fence + 1, holder_changes =
+/// Taking the lock: `SET holder = ?, label = ?, fence = GREATEST(fence + 1, <next fence>),
+/// holder_changes =
 /// holder_changes + 1, acquired_at = now, renewed_at = now, expires_at = now + ttl WHERE
 /// <key> AND (holder IS NULL OR (expires_at IS NULL OR expires_at < now))`.
 pub(crate) type AcquireLock = LockUpdate<
@@ -109,7 +130,7 @@ pub(crate) type AcquireLock = LockUpdate<
                 ColumnEq<occ_locks::label, Option<String>>,
                 Comma,
             >,
-            Joined<Increment<occ_locks::fence>, Increment<occ_locks::holder_changes>, Comma>,
+            Joined<NextFence<occ_locks::fence>, Increment<occ_locks::holder_changes>, Comma>,
             Comma,
         >,
         Joined<
@@ -164,35 +185,58 @@ pub(crate) type CreateLock = InsertIfMissing<
 pub(crate) type LockHolder =
     Select<Find<occ_locks::table, (String, String)>, (occ_locks::label, occ_locks::expires_at)>;
 
+/// `SELECT holder, label, fence FROM occ_locks WHERE <key>`: whose the lock is now.
+pub(crate) type LockOwner = Select<
+    Find<occ_locks::table, (String, String)>,
+    (occ_locks::holder, occ_locks::label, occ_locks::fence),
+>;
+
+/// `SELECT fence FROM occ_locks WHERE <key> FOR UPDATE`: the row locked for the statement
+/// that follows, so that it does not wait.
+pub(crate) type LockRow =
+    LatestRead<Select<Find<occ_locks::table, (String, String)>, occ_locks::fence>>;
+
 /// A connection locks can run on: the three statements of a lock, written once for every
-/// connection whose backend they fit.
+/// connection whose backend they fit. Not a trait to implement.
 pub trait LockConnection {
-    /// Takes the lock for `holder` if it is free or expired; its new fence.
+    /// Takes the lock for `holder` if it is free or expired; its new fence. No statement
+    /// waits longer than `wait`.
+    #[doc(hidden)]
     fn acquire_lock(
         &mut self,
         key: &LockKey,
         holder: &str,
         label: Option<&str>,
         ttl: Duration,
+        wait: Duration,
     ) -> Result<i64, Error>;
 
     /// Extends `holder`'s unexpired lease to `ttl` from now.
+    #[doc(hidden)]
     fn renew_lock(
         &mut self,
         key: &LockKey,
         holder: &str,
         fence: i64,
         ttl: Duration,
+        wait: Duration,
     ) -> Result<(), Error>;
 
     /// Frees the lock if `holder` still holds it with `fence`.
-    fn release_lock(&mut self, key: &LockKey, holder: &str, fence: i64) -> Result<(), Error>;
+    #[doc(hidden)]
+    fn release_lock(
+        &mut self,
+        key: &LockKey,
+        holder: &str,
+        fence: i64,
+        wait: Duration,
+    ) -> Result<(), Error>;
 }
 
 impl<C> LockConnection for C
 where
-    C: LoadConnection,
-    C::Backend: OccBackend + ServerClock,
+    C: LoadConnection + WriteTransaction + SimpleConnection,
+    C::Backend: LockBackend,
     AcquireLock: Assignments<C::Backend>,
     RenewLock: Assignments<C::Backend>,
     ReleaseLock: Assignments<C::Backend>,
@@ -200,6 +244,8 @@ where
     ReturnedBy<occ_locks::fence>: Complete<C, AcquireLock, i64>,
     Counted: Complete<C, RenewLock, i64> + Complete<C, ReleaseLock, i64>,
     LockHolder: LoadQuery<'static, C, (Option<String>, Option<chrono::NaiveDateTime>)>,
+    LockOwner: LoadQuery<'static, C, (Option<String>, Option<String>, i64)>,
+    LockRow: LoadQuery<'static, C, i64>,
 {
     fn acquire_lock(
         &mut self,
@@ -207,7 +253,137 @@ where
         holder: &str,
         label: Option<&str>,
         ttl: Duration,
+        wait: Duration,
     ) -> Result<i64, Error> {
+        C::Backend::bounded(self, wait, |conn| {
+            // Every wait happens here, before the expiry below is computed.
+            lock_row(conn, key)?;
+            C::Backend::draw_fence(conn)?;
+            let statement = AcquireLock::new(
+                occ_locks::table,
+                Joined(
+                    Joined(
+                        Joined(
+                            ColumnEq::new(holder.to_string()),
+                            ColumnEq::new(label.map(str::to_string)),
+                            Comma,
+                        ),
+                        Joined(NextFence::default(), Increment::default(), Comma),
+                        Comma,
+                    ),
+                    Joined(
+                        Joined(
+                            ClockColumn::set(Shift::none()),
+                            ClockColumn::set(Shift::none()),
+                            Comma,
+                        ),
+                        ClockColumn::set(Shift::later(ttl)),
+                        Comma,
+                    ),
+                    Comma,
+                ),
+                Unguarded,
+                key.predicate(),
+                // A held row without an expiry (written by hand) would block its lock for
+                // ever: it counts as expired.
+                Either(
+                    Null::test(),
+                    Either(Null::test(), ClockColumn::before(Shift::none())),
+                ),
+            );
+            CompareAndSet::one(statement, "occ_locks", key, LockTaken { key })
+                .run::<C, ReturnedBy<occ_locks::fence>, i64>(conn)?
+                .token
+                .ok_or_else(|| {
+                    Error::Database(diesel::result::Error::QueryBuilderError(
+                        "the lock was taken but its fence was not read back".into(),
+                    ))
+                })
+        })
+    }
+
+    fn renew_lock(
+        &mut self,
+        key: &LockKey,
+        holder: &str,
+        fence: i64,
+        ttl: Duration,
+        wait: Duration,
+    ) -> Result<(), Error> {
+        C::Backend::bounded(self, wait, |conn| {
+            // Waits here, so that the lease is checked and extended after them.
+            lock_row(conn, key)?;
+            let statement = RenewLock::new(
+                occ_locks::table,
+                Joined(
+                    ClockColumn::set(Shift::none()),
+                    ClockColumn::set(Shift::later(ttl)),
+                    Comma,
+                ),
+                Unguarded,
+                key.predicate(),
+                Joined(
+                    held_by(holder, fence),
+                    ClockColumn::not_before(Shift::none()),
+                    And,
+                ),
+            );
+            let miss = LeaseLost { key, holder, fence };
+            CompareAndSet::one(statement, "occ_locks", key, miss)
+                .run::<C, Counted, i64>(conn)
+                .map(drop)
+        })
+    }
+
+    fn release_lock(
+        &mut self,
+        key: &LockKey,
+        holder: &str,
+        fence: i64,
+        wait: Duration,
+    ) -> Result<(), Error> {
+        C::Backend::bounded(self, wait, |conn| {
+            let statement = ReleaseLock::new(
+                occ_locks::table,
+                Joined(Joined(Null::set(), Null::set(), Comma), Null::set(), Comma),
+                Unguarded,
+                key.predicate(),
+                held_by(holder, fence),
+            );
+            let miss = LeaseLost { key, holder, fence };
+            CompareAndSet::one(statement, "occ_locks", key, miss)
+                .run::<C, Counted, i64>(conn)
+                .map(drop)
+        })
+    }
+}
+
+/// Locks the lock row for the rest of the transaction, creating it on first use.
+///
+/// MySQL's `INSERT ... ON DUPLICATE KEY UPDATE` locks an existing row itself (and a
+/// `SELECT ... FOR UPDATE` of a missing row first would take a gap lock that deadlocks two
+/// first users). PostgreSQL's `ON CONFLICT DO NOTHING` does not lock, so the row is read
+/// `FOR UPDATE` (and created first only when missing); SQLite's write transaction already
+/// excludes every other writer.
+fn lock_row<C>(conn: &mut C, key: &LockKey) -> Result<(), Error>
+where
+    C: LoadConnection,
+    C::Backend: LockBackend,
+    CreateLock: Assignments<C::Backend> + ExecuteDsl<C>,
+    LockRow: LoadQuery<'static, C, i64>,
+{
+    let read = |conn: &mut C| {
+        LatestRead::locked(
+            occ_locks::table
+                .find((key.name.clone(), key.resource.clone()))
+                .select(occ_locks::fence),
+            RowLock::ForUpdate,
+        )
+        .get_result::<i64>(conn)
+        .optional()
+        .map_err(|e| classify(conn, e))
+    };
+    let create = |conn: &mut C| {
         let create = InsertIfMissing::new(diesel::insert_into(occ_locks::table).values(NewLock {
             lock_name: key.name.clone(),
             resource: key.resource.clone(),
@@ -216,87 +392,18 @@ where
         }));
         CompareAndSet::one(create, "occ_locks", key, CannotMiss)
             .matching(Matches::Any)
-            .run::<C, Counted, i64>(self)?;
-        let statement = AcquireLock::new(
-            occ_locks::table,
-            Joined(
-                Joined(
-                    Joined(
-                        ColumnEq::new(holder.to_string()),
-                        ColumnEq::new(label.map(str::to_string)),
-                        Comma,
-                    ),
-                    Joined(Increment::default(), Increment::default(), Comma),
-                    Comma,
-                ),
-                Joined(
-                    Joined(
-                        ClockColumn::set(Shift::none()),
-                        ClockColumn::set(Shift::none()),
-                        Comma,
-                    ),
-                    ClockColumn::set(Shift::later(ttl)),
-                    Comma,
-                ),
-                Comma,
-            ),
-            Unguarded,
-            key.predicate(),
-            // A held row without an expiry (written by hand) would block its lock for ever:
-            // it counts as expired.
-            Either(
-                Null::test(),
-                Either(Null::test(), ClockColumn::before(Shift::none())),
-            ),
-        );
-        CompareAndSet::one(statement, "occ_locks", key, LockTaken { key })
-            .run::<C, ReturnedBy<occ_locks::fence>, i64>(self)?
-            .token
-            .ok_or_else(|| {
-                Error::Database(diesel::result::Error::QueryBuilderError(
-                    "the lock was taken but its fence was not read back".into(),
-                ))
-            })
-    }
-
-    fn renew_lock(
-        &mut self,
-        key: &LockKey,
-        holder: &str,
-        fence: i64,
-        ttl: Duration,
-    ) -> Result<(), Error> {
-        let statement = RenewLock::new(
-            occ_locks::table,
-            Joined(
-                ClockColumn::set(Shift::none()),
-                ClockColumn::set(Shift::later(ttl)),
-                Comma,
-            ),
-            Unguarded,
-            key.predicate(),
-            Joined(
-                held_by(holder, fence),
-                ClockColumn::not_before(Shift::none()),
-                And,
-            ),
-        );
-        CompareAndSet::one(statement, "occ_locks", key, LeaseLost { key })
-            .run::<C, Counted, i64>(self)
+            .run::<C, Counted, i64>(conn)
             .map(drop)
-    }
-
-    fn release_lock(&mut self, key: &LockKey, holder: &str, fence: i64) -> Result<(), Error> {
-        let statement = ReleaseLock::new(
-            occ_locks::table,
-            Joined(Joined(Null::set(), Null::set(), Comma), Null::set(), Comma),
-            Unguarded,
-            key.predicate(),
-            held_by(holder, fence),
-        );
-        CompareAndSet::one(statement, "occ_locks", key, LeaseLost { key })
-            .run::<C, Counted, i64>(self)
-            .map(drop)
+    };
+    match C::Backend::DUPLICATES {
+        Duplicates::OnDuplicateKey => create(conn),
+        Duplicates::OnConflict => {
+            if read(conn)?.is_none() {
+                create(conn)?;
+                read(conn)?;
+            }
+            Ok(())
+        }
     }
 }
 
@@ -318,18 +425,109 @@ impl<M: ManageConnection> Clone for Locks<M> {
     }
 }
 
-/// A lock held: its fencing token, and renew and release. Dropping it releases it, best
-/// effort.
-pub struct LockGuard<M: ManageConnection>
-where
-    M::Connection: R2D2Connection + Send + 'static,
-    PooledConnection<M>: LockConnection,
-{
+/// How long one statement of a lock may wait: a third of the lease, and never past the
+/// local deadline of the belief it serves (at least a millisecond).
+pub(crate) fn wait_bound(ttl: Duration, remaining: Duration) -> Duration {
+    (ttl / 3).min(remaining).max(Duration::from_millis(1))
+}
+
+/// Renewing one holder's lease, on connections of its own from the pool: what a
+/// [`LockGuard`] does, and what a keep-alive thread does for it.
+pub(crate) struct Renewal<M: ManageConnection> {
     pool: Pool<M>,
     key: LockKey,
     holder: String,
     fence: i64,
     ttl: Duration,
+    belief: Arc<Belief>,
+}
+
+impl<M: ManageConnection> Clone for Renewal<M> {
+    fn clone(&self) -> Self {
+        Renewal {
+            pool: self.pool.clone(),
+            key: self.key.clone(),
+            holder: self.holder.clone(),
+            fence: self.fence,
+            ttl: self.ttl,
+            belief: Arc::clone(&self.belief),
+        }
+    }
+}
+
+impl<M: ManageConnection> Renewal<M>
+where
+    M::Connection: R2D2Connection + Send + 'static,
+    PooledConnection<M>: LockConnection,
+{
+    /// Extends the lease to `ttl` from now (database clock) and the belief from before the
+    /// request. [`Error::LockLost`] when the lease ended or was taken over, or when the
+    /// belief's deadline passed before the answer came (then the belief stays ended even
+    /// if the database renewed: the holder may already have been told it lost). Other
+    /// errors leave the belief as it was, to its deadline.
+    pub(crate) fn renew(&self) -> Result<(), Error> {
+        let start = Instant::now();
+        let lost = |why: &str| Error::LockLost {
+            lock: describe(&self.key),
+            why: why.to_string(),
+        };
+        if !self.belief.is_held() {
+            return Err(lost(
+                "its local deadline passed before this renewal was sent",
+            ));
+        }
+        let mut conn = self.pool.get()?;
+        let wait = wait_bound(self.ttl, self.belief.remaining());
+        match conn.renew_lock(&self.key, &self.holder, self.fence, self.ttl, wait) {
+            Ok(()) if self.belief.extend(start) => Ok(()),
+            Ok(()) => {
+                self.belief.end();
+                Err(lost(
+                    "the renewal came back after the holder's local deadline; it does not revive the lease",
+                ))
+            }
+            Err(e @ Error::LockLost { .. }) => {
+                self.belief.end();
+                Err(e)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Whether this process may still act as the holder.
+    pub(crate) fn is_held(&self) -> bool {
+        self.belief.is_held()
+    }
+
+    /// The local deadline; `None` once the lease was lost or released.
+    pub(crate) fn deadline(&self) -> Option<Instant> {
+        self.belief.deadline()
+    }
+
+    /// The belief this renewal extends.
+    pub(crate) fn belief(&self) -> Arc<Belief> {
+        Arc::clone(&self.belief)
+    }
+
+    /// Ends the belief for good.
+    pub(crate) fn end(&self) {
+        self.belief.end();
+    }
+
+    /// The lock's name and resource.
+    pub(crate) fn describe(&self) -> String {
+        describe(&self.key)
+    }
+}
+
+/// A lock held: its fencing token, whether this process may still act as its holder, and
+/// renew and release. Dropping it releases it, best effort.
+pub struct LockGuard<M: ManageConnection>
+where
+    M::Connection: R2D2Connection + Send + 'static,
+    PooledConnection<M>: LockConnection,
+{
+    renewal: Renewal<M>,
     released: bool,
 }
 
@@ -346,12 +544,30 @@ where
     /// Takes the lock `(name, resource)` for `ttl` if it is free or its lease ended, else
     /// [`Error::LockHeld`] with its holder's label and the end of its lease. `label` names
     /// the holder for people (a host and process), never for the check.
+    ///
+    /// The attempt waits at most a third of `ttl` for the lock row (held by a long
+    /// transaction, a backup, someone's `SELECT ... FOR UPDATE`): then it fails with
+    /// [`Error::Retryable`]. A grant that comes back after the guard's local deadline
+    /// (this process paused, say) is [`Error::LockLost`], and the lock is released.
     pub fn try_lock(
         &self,
         name: &str,
         resource: &str,
         ttl: Duration,
         label: Option<&str>,
+    ) -> Result<LockGuard<M>, Error> {
+        self.acquire(name, resource, ttl, label, believed(ttl))
+    }
+
+    /// [`try_lock`](Self::try_lock), believed for `length` from before the request
+    /// (at most the lease less the safety margin).
+    pub(crate) fn acquire(
+        &self,
+        name: &str,
+        resource: &str,
+        ttl: Duration,
+        label: Option<&str>,
+        length: Duration,
     ) -> Result<LockGuard<M>, Error> {
         check_name("lock name", name)?;
         check_name("resource", resource)?;
@@ -364,15 +580,33 @@ where
             resource: resource.to_string(),
         };
         let holder = holder_token()?;
-        let fence = self.pool.get()?.acquire_lock(&key, &holder, label, ttl)?;
-        Ok(LockGuard {
-            pool: self.pool.clone(),
-            key,
-            holder,
-            fence,
-            ttl,
+        let length = length.min(believed(ttl));
+        let start = Instant::now();
+        let mut conn = self.pool.get()?;
+        let wait = wait_bound(ttl, length.saturating_sub(start.elapsed()));
+        let fence = conn.acquire_lock(&key, &holder, label, ttl, wait)?;
+        drop(conn);
+        let guard = LockGuard {
+            renewal: Renewal {
+                pool: self.pool.clone(),
+                key,
+                holder,
+                fence,
+                ttl,
+                belief: Arc::new(Belief::new(start, length)),
+            },
             released: false,
-        })
+        };
+        if !guard.is_held() {
+            let lock = guard.describe();
+            // Freed on drop, best effort.
+            drop(guard);
+            return Err(Error::LockLost {
+                lock,
+                why: "the grant came back after the holder's local deadline".into(),
+            });
+        }
+        Ok(guard)
     }
 
     /// [`try_lock`](Self::try_lock), trying again while the lock is held or the database
@@ -388,7 +622,8 @@ where
         policy: &RetryPolicy,
     ) -> Result<LockGuard<M>, Error> {
         // Held, or refused for now by the database (a serialization failure under
-        // REPEATABLE READ or SERIALIZABLE sessions, a deadlock, SQLite busy): wait on.
+        // REPEATABLE READ or SERIALIZABLE sessions, a deadlock, SQLite busy, a row lock
+        // held past the wait bound): wait on.
         policy.poll(
             wait,
             |error| matches!(error, Error::LockHeld { .. } | Error::Retryable { .. }),
@@ -404,47 +639,56 @@ where
 {
     /// The fencing token of this acquisition: larger than every earlier holder's.
     pub fn fence(&self) -> i64 {
-        self.fence
+        self.renewal.fence
     }
 
     /// This holder's random token.
     pub fn holder(&self) -> &str {
-        &self.holder
+        &self.renewal.holder
     }
 
     /// The lease each renewal grants.
     pub fn ttl(&self) -> Duration {
-        self.ttl
+        self.renewal.ttl
     }
 
     /// The lock's name and resource, for messages.
     pub fn describe(&self) -> String {
-        describe(&self.key)
+        self.renewal.describe()
     }
 
-    /// A renewal of this lease that another thread can run (on its own connections).
-    pub(crate) fn renewer(&self) -> impl FnMut() -> Result<(), Error> + Send + 'static {
-        let (pool, key, holder, fence, ttl) = (
-            self.pool.clone(),
-            self.key.clone(),
-            self.holder.clone(),
-            self.fence,
-            self.ttl,
-        );
-        move || pool.get()?.renew_lock(&key, &holder, fence, ttl)
+    /// Whether this process may still act as the lock's holder: `false` from the local
+    /// deadline on, or once a renewal found the lock lost. No round trip: check it before
+    /// each step of the protected work (and fence its writes, since a check cannot stop a
+    /// write that a pause delays past it).
+    pub fn is_held(&self) -> bool {
+        self.renewal.is_held()
+    }
+
+    /// The local deadline, on this process's monotonic clock: the instant before the last
+    /// successful grant or renewal was requested, plus the lease, less the safety margin
+    /// ([`SAFETY_MARGIN`](crate::SAFETY_MARGIN)). The database's lease ends later. `None`
+    /// once the lock was lost or released.
+    pub fn deadline(&self) -> Option<Instant> {
+        self.renewal.deadline()
+    }
+
+    /// The renewal of this lease, for another thread.
+    pub(crate) fn renewal(&self) -> Renewal<M> {
+        self.renewal.clone()
     }
 
     /// Extends the lease to `ttl` from now (database clock). [`Error::LockLost`] when the
-    /// lease already ended or another holder took the lock: stop the work it protects.
+    /// lease already ended, another holder took the lock, or the local deadline passed
+    /// before the answer came: stop the work it protects. It waits at most until the
+    /// local deadline; other errors (the database unreachable, the row lock held past that)
+    /// leave the lease to its deadline, and a later renewal may still succeed.
     pub fn renew(&mut self) -> Result<(), Error> {
-        let (key, holder) = (&self.key, &self.holder);
-        self.pool
-            .get()?
-            .renew_lock(key, holder, self.fence, self.ttl)
+        self.renewal.renew()
     }
 
-    /// Frees the lock, keeping its row (so the fence keeps rising). [`Error::LockLost`]
-    /// when another holder took it over meanwhile.
+    /// Frees the lock, keeping its row. [`Error::LockLost`] when another holder took it
+    /// over meanwhile.
     ///
     /// When the release fails otherwise (its connection died: [`Error::Ambiguous`], no
     /// pooled connection, ...), the guard's drop tries once more on another connection,
@@ -458,9 +702,14 @@ where
     }
 
     fn free(&self) -> Result<(), Error> {
-        self.pool
-            .get()?
-            .release_lock(&self.key, &self.holder, self.fence)
+        let renewal = &self.renewal;
+        renewal.end();
+        renewal.pool.get()?.release_lock(
+            &renewal.key,
+            &renewal.holder,
+            renewal.fence,
+            wait_bound(renewal.ttl, renewal.ttl),
+        )
     }
 }
 
@@ -477,9 +726,10 @@ where
 {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("LockGuard")
-            .field("lock", &describe(&self.key))
-            .field("fence", &self.fence)
-            .field("ttl", &self.ttl)
+            .field("lock", &self.describe())
+            .field("fence", &self.fence())
+            .field("ttl", &self.ttl())
+            .field("held", &self.is_held())
             .field("released", &self.released)
             .finish_non_exhaustive()
     }
@@ -507,7 +757,7 @@ struct LockTaken<'k> {
 impl<C> Miss<C> for LockTaken<'_>
 where
     C: LoadConnection,
-    C::Backend: OccBackend,
+    C::Backend: LockBackend,
     LockHolder: LoadQuery<'static, C, (Option<String>, Option<chrono::NaiveDateTime>)>,
 {
     fn explain(self, conn: &mut C) -> Error {
@@ -530,16 +780,45 @@ where
     }
 }
 
-/// A renewal or release matched nothing: the lease ended or another holder took the
-/// lock ([`Error::LockLost`]). Nothing to read: either way this holder must stop.
+/// A renewal or release matched nothing: the lease ended, or another holder took the
+/// lock ([`Error::LockLost`], naming who holds it now, read from the row).
 struct LeaseLost<'k> {
     key: &'k LockKey,
+    holder: &'k str,
+    fence: i64,
 }
 
-impl<C> Miss<C> for LeaseLost<'_> {
-    fn explain(self, _: &mut C) -> Error {
+impl<C> Miss<C> for LeaseLost<'_>
+where
+    C: LoadConnection,
+    C::Backend: LockBackend,
+    LockOwner: LoadQuery<'static, C, (Option<String>, Option<String>, i64)>,
+{
+    fn explain(self, conn: &mut C) -> Error {
+        let key = self.key;
+        let row = occ_locks::table
+            .find((key.name.clone(), key.resource.clone()))
+            .select((occ_locks::holder, occ_locks::label, occ_locks::fence))
+            .get_result::<(Option<String>, Option<String>, i64)>(conn)
+            .optional();
+        let why = match row {
+            Ok(None) => "its row was deleted".to_string(),
+            Ok(Some((Some(holder), _, fence))) if holder == self.holder && fence == self.fence => {
+                "its lease ended".to_string()
+            }
+            Ok(Some((None, _, fence))) if fence == self.fence => "it was released".to_string(),
+            Ok(Some((None, _, fence))) => {
+                format!("its lease ended; another holder took it (fence {fence}) and released it")
+            }
+            Ok(Some((Some(_), label, fence))) => format!(
+                "its lease ended and {} holds it now, with fence {fence}",
+                label.as_deref().unwrap_or("another holder")
+            ),
+            Err(e) => return classify(conn, e),
+        };
         Error::LockLost {
-            lock: describe(self.key),
+            lock: describe(key),
+            why,
         }
     }
 }

@@ -1,6 +1,8 @@
 //! Locks and leases in a database table, leader election on them, and fenced writes that
 //! refuse a paused holder's late writes.
 
+pub(crate) mod backend;
+pub(crate) mod belief;
 pub(crate) mod fence;
 pub(crate) mod leader;
 pub(crate) mod lease;

@@ -266,6 +266,7 @@ where
                     T::table_name(),
                     self.held.name()
                 ),
+                why: "the row left that state or another owner claimed it".into(),
             },
             Err(e) => classify(conn, e),
         }

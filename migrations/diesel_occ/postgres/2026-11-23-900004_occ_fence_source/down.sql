@@ -1,0 +1,1 @@
+DROP SEQUENCE occ_fence_source;

@@ -1,0 +1,1 @@
+DROP TABLE occ_fence_source;

@@ -1,0 +1,168 @@
+//! What locks need from each backend: a transaction whose waits are bounded, and the
+//! source of fencing tokens.
+//!
+//! Every statement of an acquisition, renewal or release waits at most a bound the lock
+//! derives from its lease: a statement that waited longer would come back after the
+//! holder's local deadline, when its answer no longer counts. Per backend:
+//!
+//! - PostgreSQL: `SET LOCAL lock_timeout` (row locks, the usual wait) and, as a backstop
+//!   for other waits (a stalled disk), `SET LOCAL statement_timeout` at twice the bound.
+//!   Both end with the transaction.
+//! - MariaDB: `max_statement_time` for the transaction's statements (it interrupts row-lock
+//!   waits too, with microsecond resolution; `innodb_lock_wait_timeout` has whole seconds
+//!   only), set for the session around the transaction and restored after it.
+//! - SQLite: `PRAGMA busy_timeout` around the transaction, restored after it.
+//!
+//! Fences come from a source that never goes back (migration `occ_fence_source`), not from
+//! the lock row, which an operator may delete or truncate.
+
+use std::time::Duration;
+
+use diesel::connection::{LoadConnection, SimpleConnection};
+use diesel::query_builder::{AstPass, QueryFragment, QueryId};
+use diesel::{Column, QueryResult};
+
+use crate::connect::backend::OccBackend;
+use crate::connect::transaction::{commit_operation, WriteTransaction};
+use crate::error::Error;
+use crate::guard::server_clock::ServerClock;
+
+/// A backend locks run on.
+pub trait LockBackend: OccBackend + ServerClock {
+    /// Runs `f` in a write transaction on `conn` in which no statement waits longer than
+    /// about `bound` (see the module documentation for what each backend bounds).
+    #[doc(hidden)]
+    fn bounded<C, T>(
+        conn: &mut C,
+        bound: Duration,
+        f: impl FnOnce(&mut C) -> Result<T, Error>,
+    ) -> Result<T, Error>
+    where
+        C: WriteTransaction<Backend = Self> + SimpleConnection + LoadConnection;
+
+    /// Pushes the next value of the fence source.
+    #[doc(hidden)]
+    fn push_next_fence(out: &mut AstPass<'_, '_, Self>);
+
+    /// Prepares [`push_next_fence`](Self::push_next_fence) in the transaction of the
+    /// statement that uses it (SQLite draws the value into `last_insert_rowid()`).
+    #[doc(hidden)]
+    fn draw_fence<C: SimpleConnection>(conn: &mut C) -> QueryResult<()> {
+        let _ = conn;
+        Ok(())
+    }
+}
+
+/// `bound` in whole milliseconds, at least one.
+fn millis(bound: Duration) -> u128 {
+    bound.as_millis().max(1)
+}
+
+#[cfg(feature = "postgres")]
+impl LockBackend for diesel::pg::Pg {
+    fn bounded<C, T>(
+        conn: &mut C,
+        bound: Duration,
+        f: impl FnOnce(&mut C) -> Result<T, Error>,
+    ) -> Result<T, Error>
+    where
+        C: WriteTransaction<Backend = Self> + SimpleConnection + LoadConnection,
+    {
+        let ms = millis(bound);
+        commit_operation(conn, |conn| {
+            conn.batch_execute(&format!(
+                "SET LOCAL lock_timeout = {ms}; SET LOCAL statement_timeout = {}",
+                2 * ms
+            ))?;
+            f(conn)
+        })
+    }
+
+    fn push_next_fence(out: &mut AstPass<'_, '_, Self>) {
+        out.push_sql("nextval('occ_fence_source')");
+    }
+}
+
+#[cfg(feature = "mysql")]
+impl LockBackend for diesel::mysql::Mysql {
+    fn bounded<C, T>(
+        conn: &mut C,
+        bound: Duration,
+        f: impl FnOnce(&mut C) -> Result<T, Error>,
+    ) -> Result<T, Error>
+    where
+        C: WriteTransaction<Backend = Self> + SimpleConnection + LoadConnection,
+    {
+        conn.batch_execute(&format!(
+            "SET @diesel_occ_statement_time = @@SESSION.max_statement_time, \
+             SESSION max_statement_time = {:.6}",
+            bound.max(Duration::from_micros(1)).as_secs_f64()
+        ))?;
+        let result = commit_operation(conn, f);
+        let restored =
+            conn.batch_execute("SET SESSION max_statement_time = @diesel_occ_statement_time");
+        let value = result?;
+        restored?;
+        Ok(value)
+    }
+
+    fn push_next_fence(out: &mut AstPass<'_, '_, Self>) {
+        out.push_sql("NEXTVAL(occ_fence_source)");
+    }
+}
+
+#[cfg(feature = "sqlite")]
+impl LockBackend for diesel::sqlite::Sqlite {
+    fn bounded<C, T>(
+        conn: &mut C,
+        bound: Duration,
+        f: impl FnOnce(&mut C) -> Result<T, Error>,
+    ) -> Result<T, Error>
+    where
+        C: WriteTransaction<Backend = Self> + SimpleConnection + LoadConnection,
+    {
+        use diesel::RunQueryDsl;
+        let previous = diesel::select(diesel::dsl::sql::<diesel::sql_types::Integer>(
+            "(SELECT timeout FROM pragma_busy_timeout)",
+        ))
+        .get_result::<i32>(conn)?;
+        conn.batch_execute(&format!("PRAGMA busy_timeout = {}", millis(bound)))?;
+        let result = commit_operation(conn, f);
+        let restored = conn.batch_execute(&format!("PRAGMA busy_timeout = {previous}"));
+        let value = result?;
+        restored?;
+        Ok(value)
+    }
+
+    fn push_next_fence(out: &mut AstPass<'_, '_, Self>) {
+        out.push_sql("last_insert_rowid()");
+    }
+
+    fn draw_fence<C: SimpleConnection>(conn: &mut C) -> QueryResult<()> {
+        // One row, replaced: its AUTOINCREMENT id never repeats, even after a delete.
+        conn.batch_execute("REPLACE INTO occ_fence_source (slot) VALUES (0)")
+    }
+}
+
+/// `"fence" = GREATEST("fence" + 1, <next of the fence source>)`: above the row's own
+/// fence and above every fence the source handed out, so it rises even when the row was
+/// deleted and created again.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct NextFence<Col>(std::marker::PhantomData<Col>);
+
+impl<Col: Column, DB: LockBackend> QueryFragment<DB> for NextFence<Col> {
+    fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, DB>) -> QueryResult<()> {
+        out.push_identifier(Col::NAME)?;
+        out.push_sql(&format!(" = {}(", DB::GREATEST));
+        out.push_identifier(Col::NAME)?;
+        out.push_sql(" + 1, ");
+        DB::push_next_fence(&mut out);
+        out.push_sql(")");
+        Ok(())
+    }
+}
+
+impl<Col> QueryId for NextFence<Col> {
+    type QueryId = ();
+    const HAS_STATIC_QUERY_ID: bool = false;
+}
