@@ -154,6 +154,10 @@ fn mysql_retry_reason(number: u32) -> Option<RetryReason> {
         // ER_LOCK_WAIT_TIMEOUT (MariaDB also reports NOWAIT / SKIP LOCKED failures so),
         // ER_LOCK_NOWAIT (MySQL 8)
         1205 | 3572 => Some(RetryReason::LockTimeout),
+        // ER_STATEMENT_TIMEOUT: MariaDB's `max_statement_time`, with which the library's
+        // lock statements bound their row-lock waits (sub-second; `innodb_lock_wait_timeout`
+        // has whole seconds only)
+        1969 => Some(RetryReason::LockTimeout),
         // ER_CHECKREAD: MariaDB's snapshot isolation found the row changed since the read
         1020 => Some(RetryReason::SerializationFailure),
         _ => None,

@@ -12,6 +12,9 @@
 use diesel::connection::{AnsiTransactionManager, Connection, TransactionManager};
 use diesel::r2d2::{ManageConnection, PooledConnection, R2D2Connection};
 use diesel::result::Error as DieselError;
+use std::time::Duration;
+
+use crate::connect::write_gate::MAX_WAIT;
 
 use crate::error::{connection_lost, Error};
 use crate::retry::Stop;
@@ -33,6 +36,20 @@ pub trait WriteTransaction: Connection {
     {
         self.transaction(f)
     }
+
+    /// [`write_transaction`](Self::write_transaction), waiting at most `turn` for this
+    /// process's other SQLite writers to take their turns first
+    /// ([`write_gate`](crate::connect::write_gate)); lock statements wait no longer than
+    /// their bound.
+    #[doc(hidden)]
+    fn write_transaction_within<T, E, F>(&mut self, turn: Duration, f: F) -> Result<T, E>
+    where
+        F: FnOnce(&mut Self) -> Result<T, E>,
+        E: From<DieselError>,
+    {
+        let _ = turn;
+        self.write_transaction(f)
+    }
 }
 
 #[cfg(feature = "postgres")]
@@ -50,7 +67,15 @@ impl WriteTransaction for diesel::SqliteConnection {
         F: FnOnce(&mut Self) -> Result<T, E>,
         E: From<DieselError>,
     {
-        begin_with(self, |conn| conn, "BEGIN IMMEDIATE", f)
+        self.write_transaction_within(MAX_WAIT, f)
+    }
+
+    fn write_transaction_within<T, E, F>(&mut self, turn: Duration, f: F) -> Result<T, E>
+    where
+        F: FnOnce(&mut Self) -> Result<T, E>,
+        E: From<DieselError>,
+    {
+        begin_with(self, |conn| conn, "BEGIN IMMEDIATE", turn, f)
     }
 }
 
@@ -67,11 +92,19 @@ where
         F: FnOnce(&mut Self) -> Result<T, E>,
         E: From<DieselError>,
     {
+        self.write_transaction_within(MAX_WAIT, f)
+    }
+
+    fn write_transaction_within<T, E, F>(&mut self, turn: Duration, f: F) -> Result<T, E>
+    where
+        F: FnOnce(&mut Self) -> Result<T, E>,
+        E: From<DieselError>,
+    {
         match M::Connection::BEGIN_WRITE {
             None => self.transaction(f),
             // The pool's transaction manager keeps its state in the inner connection, so
             // the transaction is begun and ended there while `f` gets the pooled one.
-            Some(begin) => begin_with(self, |pooled| &mut **pooled, begin, f),
+            Some(begin) => begin_with(self, |pooled| &mut **pooled, begin, turn, f),
         }
     }
 }
@@ -91,9 +124,24 @@ where
     F: FnOnce(&mut C) -> Result<T, E>,
     E: From<DieselError> + LostCommit,
 {
+    commit_operation_within(conn, MAX_WAIT, f)
+}
+
+/// [`commit_operation`], waiting at most `turn` for the other SQLite writers of this
+/// process ([`WriteTransaction::write_transaction_within`]).
+pub(crate) fn commit_operation_within<C, T, E, F>(
+    conn: &mut C,
+    turn: Duration,
+    f: F,
+) -> Result<T, E>
+where
+    C: WriteTransaction,
+    F: FnOnce(&mut C) -> Result<T, E>,
+    E: From<DieselError> + LostCommit,
+{
     let nested = in_transaction(conn);
     let mut committing = false;
-    let result: Result<T, E> = conn.write_transaction(|conn| {
+    let result: Result<T, E> = conn.write_transaction_within(turn, |conn| {
         let value = f(conn)?;
         committing = true;
         Ok(value)
@@ -153,6 +201,7 @@ fn begin_with<C, Inner, T, E, F>(
     conn: &mut C,
     inner: impl Fn(&mut C) -> &mut Inner,
     begin: &str,
+    turn: Duration,
     f: F,
 ) -> Result<T, E>
 where
@@ -169,7 +218,7 @@ where
     }
     // Held until the transaction has ended (see `write_gate`); `None` after a long wait:
     // then SQLite's own busy timeout decides.
-    let _turn = crate::connect::write_gate::wait_for_turn(crate::connect::write_gate::MAX_WAIT);
+    let _turn = crate::connect::write_gate::wait_for_turn(turn);
     AnsiTransactionManager::begin_transaction_sql(inner(conn), begin)?;
     match f(conn) {
         Ok(value) => match AnsiTransactionManager::commit_transaction(inner(conn)) {

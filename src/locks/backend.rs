@@ -11,7 +11,8 @@
 //! - MariaDB: `max_statement_time` for the transaction's statements (it interrupts row-lock
 //!   waits too, with microsecond resolution; `innodb_lock_wait_timeout` has whole seconds
 //!   only), set for the session around the transaction and restored after it.
-//! - SQLite: `PRAGMA busy_timeout` around the transaction, restored after it.
+//! - SQLite: `PRAGMA busy_timeout` around the transaction, restored after it, and the
+//!   wait for this process's other SQLite writers to take their turns bounded the same.
 //!
 //! Fences come from a source that never goes back (migration `occ_fence_source`), not from
 //! the lock row, which an operator may delete or truncate.
@@ -23,7 +24,7 @@ use diesel::query_builder::{AstPass, QueryFragment, QueryId};
 use diesel::{Column, QueryResult};
 
 use crate::connect::backend::OccBackend;
-use crate::connect::transaction::{commit_operation, WriteTransaction};
+use crate::connect::transaction::{commit_operation, commit_operation_within, WriteTransaction};
 use crate::error::Error;
 use crate::guard::server_clock::ServerClock;
 
@@ -127,7 +128,7 @@ impl LockBackend for diesel::sqlite::Sqlite {
         ))
         .get_result::<i32>(conn)?;
         conn.batch_execute(&format!("PRAGMA busy_timeout = {}", millis(bound)))?;
-        let result = commit_operation(conn, f);
+        let result = commit_operation_within(conn, bound, f);
         let restored = conn.batch_execute(&format!("PRAGMA busy_timeout = {previous}"));
         let value = result?;
         restored?;

@@ -12,6 +12,7 @@ pub mod faults;
 pub mod fenced;
 pub mod models;
 pub mod schema;
+pub mod slow_link;
 
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
