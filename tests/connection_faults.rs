@@ -442,6 +442,34 @@ for_each_backend! {
         writeln!(out, "KILLS {kills}").unwrap();
     }
 
+    /// With the soak's restarts (`scripts/faults.sh`): a lock's fence keeps rising across
+    /// a server restart, even when the lock row is deleted after it.
+    #[test]
+    fn fault_soak_fences_rise_across_a_restart() {
+        let Ok(command) = std::env::var(format!("OCC_SOAK_RESTART_{}", BACKEND.to_uppercase())) else { return };
+        let Some(db) = db() else { return };
+        let take = || {
+            let locks = diesel_occ::Locks::new(db.pool.clone());
+            let policy = diesel_occ::RetryPolicy::default();
+            let guard = locks.lock("restarted", "main", Duration::from_secs(30), None, Duration::from_secs(60), &policy).unwrap();
+            let fence = guard.fence();
+            guard.release().unwrap();
+            fence
+        };
+        let before = [take(), take()];
+        let status = Command::new("sh").args(["-c", &command]).status().unwrap();
+        assert!(status.success(), "the restart command failed: {command}");
+        // The pool's connections died with the server; a new pool checks out fresh ones.
+        let fresh = diesel_occ::Locks::new(db.pool_with(&common::pool_config()));
+        let after_restart = fresh.lock("restarted", "main", Duration::from_secs(30), None, Duration::from_secs(60), &diesel_occ::RetryPolicy::default()).unwrap();
+        let restarted = after_restart.fence();
+        after_restart.release().unwrap();
+        diesel::delete(diesel_occ::occ_locks::table).execute(&mut db.pool_with(&common::pool_config()).get().unwrap()).unwrap();
+        let purged = fresh.try_lock("restarted", "main", Duration::from_secs(30), None).unwrap().fence();
+        println!("{BACKEND}: fences {before:?}, after the restart {restarted}, after the row was deleted {purged}");
+        assert!(before[0] < before[1] && before[1] < restarted && restarted < purged);
+    }
+
     /// The soak (`scripts/faults.sh`): `OCC_SOAK_PROCESSES` worker processes for
     /// `OCC_SOAK_SECONDS` on one database, the server restarted halfway through by the
     /// shell command in `OCC_SOAK_RESTART_<BACKEND>`. Every process must finish (none

@@ -170,6 +170,50 @@ for_each_backend! {
         second.release().unwrap();
     }
 
+    /// Fences keep rising whatever happens to the lock row: deleted, the table emptied,
+    /// the table dropped and created again. They come from a source of their own.
+    #[test]
+    fn fences_never_go_back_whatever_happens_to_the_row() {
+        let Some(db) = setup() else { return };
+        let locks = Locks::new(db.pool.clone());
+        let conn = &mut db.conn();
+        let mut fences = Vec::new();
+        let mut take = |after: &str| {
+            let guard = locks.try_lock("purged", "main", Duration::from_secs(30), None).unwrap();
+            fences.push((after.to_string(), guard.fence()));
+            guard.release().unwrap();
+        };
+        take("first");
+        take("second");
+        diesel::delete(occ_locks::table).execute(conn).unwrap();
+        take("a delete of the row");
+        conn.batch_execute(match BACKEND {
+            "sqlite" => "DELETE FROM occ_locks",
+            _ => "TRUNCATE TABLE occ_locks",
+        })
+        .unwrap();
+        take("a truncate");
+        let create = match BACKEND {
+            "postgres" => include_str!("../migrations/diesel_occ/postgres/2026-11-22-900003_occ_locks/up.sql"),
+            "mysql" => include_str!("../migrations/diesel_occ/mysql/2026-11-22-900003_occ_locks/up.sql"),
+            _ => include_str!("../migrations/diesel_occ/sqlite/2026-11-22-900003_occ_locks/up.sql"),
+        };
+        conn.batch_execute("DROP TABLE occ_locks").unwrap();
+        conn.batch_execute(create).unwrap();
+        take("the table dropped and created again");
+        println!("{BACKEND}: {fences:?}");
+        assert!(fences.windows(2).all(|w| w[0].1 < w[1].1), "a fence went back: {fences:?}");
+
+        // Without the fence source, acquiring says which migration creates it.
+        conn.batch_execute(match BACKEND {
+            "postgres" | "mysql" => "DROP SEQUENCE occ_fence_source",
+            _ => "DROP TABLE occ_fence_source",
+        })
+        .unwrap();
+        let err = locks.try_lock("purged", "main", Duration::from_secs(30), None).unwrap_err();
+        assert!(matches!(err, Error::MissingTable { table: "occ_fence_source", .. }), "{err}");
+    }
+
     /// Without the library's migrations, taking a lock says which table is missing and
     /// which migration creates it.
     #[test]

@@ -476,7 +476,7 @@ pub(crate) fn missing_library_table(error: &DieselError) -> Option<&'static str>
         return None;
     };
     let message = info.message();
-    ["occ_locks", "occ_versions", "occ_transitions"]
+    ["occ_locks", "occ_versions", "occ_transitions", "occ_fence_source"]
         .into_iter()
         .find(|table| {
             message == format!("relation \"{table}\" does not exist")

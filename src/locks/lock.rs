@@ -258,7 +258,7 @@ where
         C::Backend::bounded(self, wait, |conn| {
             // Every wait happens here, before the expiry below is computed.
             lock_row(conn, key)?;
-            C::Backend::draw_fence(conn)?;
+            C::Backend::draw_fence(conn).map_err(|e| classify(conn, e))?;
             let statement = AcquireLock::new(
                 occ_locks::table,
                 Joined(
