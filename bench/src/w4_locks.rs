@@ -135,17 +135,22 @@ per_backend! {
 
         // Failover: a leader that stops renewing (as if its process froze), a standby
         // campaigning every retry period.
-        let mut failovers = Latencies::default();
+        let (mut failovers, mut beliefs) = (Latencies::default(), Latencies::default());
         for i in 0..settings.failovers {
             bar.set_message(format!("failover {}", i + 1));
             let resource = format!("leader-{}-{i}", std::process::id());
+            let requested = Instant::now();
             let leader = locks.try_lock(NAME, &resource, TIMING.lease, Some("frozen leader"))?;
-            let last_renewal = Instant::now();
+            // The frozen leader's own belief ends a tenth of the lease early (the safety
+            // margin): from then until the standby is elected, nobody acts.
+            if let Some(deadline) = leader.deadline() {
+                beliefs.push(deadline - requested);
+            }
             // Never released, never renewed: its lease must run out by the database's clock.
             std::mem::forget(leader);
             let standby = Candidate::start(Locks::new(pool.clone()), NAME, &resource, "standby", TIMING)?;
             match standby.events().recv_timeout(TIMING.lease * 5) {
-                Ok(LeaderEvent::Elected { .. }) => failovers.push(last_renewal.elapsed()),
+                Ok(LeaderEvent::Elected { .. }) => failovers.push(requested.elapsed()),
                 other => return Err(format!("the standby was not elected: {other:?}").into()),
             }
             standby.stop();
@@ -155,6 +160,7 @@ per_backend! {
             .ops(failovers.len() as u64, failovers.total())
             .latencies(&failovers)
             .with("lease_ms", TIMING.lease.as_millis() as u64)
+            .with("frozen_leader_belief_ms", (beliefs.total().as_millis() as u64) / (beliefs.len().max(1) as u64))
             .with("retry_period_ms", TIMING.retry_period.as_millis() as u64);
         bar.suspend(|| report.record(failover))?;
         bar.finish_and_clear();

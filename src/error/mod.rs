@@ -476,14 +476,19 @@ pub(crate) fn missing_library_table(error: &DieselError) -> Option<&'static str>
         return None;
     };
     let message = info.message();
-    ["occ_locks", "occ_versions", "occ_transitions", "occ_fence_source"]
-        .into_iter()
-        .find(|table| {
-            message == format!("relation \"{table}\" does not exist")
-                || message == format!("no such table: {table}")
-                || (message.starts_with("Table '")
-                    && message.ends_with(&format!(".{table}' doesn't exist")))
-        })
+    [
+        "occ_locks",
+        "occ_versions",
+        "occ_transitions",
+        "occ_fence_source",
+    ]
+    .into_iter()
+    .find(|table| {
+        message == format!("relation \"{table}\" does not exist")
+            || message == format!("no such table: {table}")
+            || (message.starts_with("Table '")
+                && message.ends_with(&format!(".{table}' doesn't exist")))
+    })
 }
 
 /// Whether the connection died.

@@ -24,7 +24,7 @@ use diesel::query_builder::{AstPass, QueryFragment, QueryId};
 use diesel::{Column, QueryResult};
 
 use crate::connect::backend::OccBackend;
-use crate::connect::transaction::{commit_operation, commit_operation_within, WriteTransaction};
+use crate::connect::transaction::WriteTransaction;
 use crate::error::Error;
 use crate::guard::server_clock::ServerClock;
 
@@ -55,6 +55,7 @@ pub trait LockBackend: OccBackend + ServerClock {
 }
 
 /// `bound` in whole milliseconds, at least one.
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
 fn millis(bound: Duration) -> u128 {
     bound.as_millis().max(1)
 }
@@ -70,7 +71,7 @@ impl LockBackend for diesel::pg::Pg {
         C: WriteTransaction<Backend = Self> + SimpleConnection + LoadConnection,
     {
         let ms = millis(bound);
-        commit_operation(conn, |conn| {
+        crate::connect::transaction::commit_operation(conn, |conn| {
             conn.batch_execute(&format!(
                 "SET LOCAL lock_timeout = {ms}; SET LOCAL statement_timeout = {}",
                 2 * ms
@@ -99,7 +100,7 @@ impl LockBackend for diesel::mysql::Mysql {
              SESSION max_statement_time = {:.6}",
             bound.max(Duration::from_micros(1)).as_secs_f64()
         ))?;
-        let result = commit_operation(conn, f);
+        let result = crate::connect::transaction::commit_operation(conn, f);
         let restored =
             conn.batch_execute("SET SESSION max_statement_time = @diesel_occ_statement_time");
         let value = result?;
@@ -128,7 +129,7 @@ impl LockBackend for diesel::sqlite::Sqlite {
         ))
         .get_result::<i32>(conn)?;
         conn.batch_execute(&format!("PRAGMA busy_timeout = {}", millis(bound)))?;
-        let result = commit_operation_within(conn, bound, f);
+        let result = crate::connect::transaction::commit_operation_within(conn, bound, f);
         let restored = conn.batch_execute(&format!("PRAGMA busy_timeout = {previous}"));
         let value = result?;
         restored?;
