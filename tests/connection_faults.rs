@@ -51,7 +51,7 @@ const ROWS: i64 = 3;
 const LEASE: Duration = Duration::from_secs(1);
 /// The shared lock's row, as [`LockRow`].
 const SHARED_LOCK_ROW: &str =
-    "SELECT label, fence FROM occ_locks WHERE lock_name = 'faults' AND resource = 'shared'";
+    "SELECT label, fence, holder_changes FROM occ_locks WHERE lock_name = 'faults' AND resource = 'shared'";
 
 #[derive(QueryableByName)]
 struct SessionId {
@@ -71,6 +71,8 @@ struct LockRow {
     label: Option<String>,
     #[diesel(sql_type = diesel::sql_types::BigInt)]
     fence: i64,
+    #[diesel(sql_type = diesel::sql_types::BigInt)]
+    holder_changes: i64,
 }
 
 /// What the workers found wrong, to be printed all at once.
@@ -312,11 +314,14 @@ for_each_backend! {
             });
         }
 
-        // The lock: each landed acquisition moved the fence by one; no fence twice.
-        let fence: i64 = diesel::sql_query(SHARED_LOCK_ROW)
+        // The lock: each landed acquisition counted once in `holder_changes` (it commits
+        // with the grant); fences distinct and none above the lock's. Fences come from a
+        // sequence, which a killed session's rolled-back grant still advanced: gaps, never
+        // repeats.
+        let (fence, changes) = diesel::sql_query(SHARED_LOCK_ROW)
             .get_result::<LockRow>(conn)
-            .map(|row| row.fence)
-            .unwrap_or(0);
+            .map(|row| (row.fence, row.holder_changes))
+            .unwrap_or((0, 0));
         let acquisitions: Vec<&Op> = ops.iter().filter(|op| op.kind == Kind::Acquire).collect();
         let fences: BTreeSet<i64> = acquisitions.iter().filter_map(|op| op.fence).collect();
         let done = acquisitions.iter().filter(|op| op.outcome == Outcome::Done).count();
@@ -324,12 +329,13 @@ for_each_backend! {
         let unresolved = acquisitions.iter().filter(|op| op.outcome == Outcome::Ambiguous && op.landed.is_none()).count();
         anomalies.check(fences.len() == done, || format!("{done} acquisitions got only {} distinct fences", fences.len()));
         anomalies.check(fences.last().is_none_or(|last| *last <= fence), || format!("a fence above the lock's {fence}"));
+        anomalies.check(changes <= fence, || format!("{changes} holder changes but the fence is only {fence}"));
         // Exact when every ambiguous acquisition was resolved (the usual case).
-        let found = (fence - done as i64) as usize;
+        let found = (changes - done as i64) as usize;
         anomalies.check(landed <= found && found <= landed + unresolved, || {
             format!(
-                "the fence is {fence} after {done} acquisitions done and {landed} ambiguous ones that landed \
-                 ({unresolved} unresolved)"
+                "the lock changed holder {changes} times after {done} acquisitions done and {landed} ambiguous ones \
+                 that landed ({unresolved} unresolved)"
             )
         });
         anomalies
