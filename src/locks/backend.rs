@@ -60,6 +60,20 @@ fn millis(bound: Duration) -> u128 {
     bound.as_millis().max(1)
 }
 
+/// Runs `restore` (a session setting changed for the transaction) whatever the
+/// transaction's `result`; the transaction's error first, then the restore's.
+#[cfg(any(feature = "mysql", feature = "sqlite"))]
+fn restore_after<C: SimpleConnection, T>(
+    conn: &mut C,
+    restore: &str,
+    result: Result<T, Error>,
+) -> Result<T, Error> {
+    let restored = conn.batch_execute(restore);
+    let value = result?;
+    restored?;
+    Ok(value)
+}
+
 #[cfg(feature = "postgres")]
 impl LockBackend for diesel::pg::Pg {
     fn bounded<C, T>(
@@ -101,11 +115,11 @@ impl LockBackend for diesel::mysql::Mysql {
             bound.max(Duration::from_micros(1)).as_secs_f64()
         ))?;
         let result = crate::connect::transaction::commit_operation(conn, f);
-        let restored =
-            conn.batch_execute("SET SESSION max_statement_time = @diesel_occ_statement_time");
-        let value = result?;
-        restored?;
-        Ok(value)
+        restore_after(
+            conn,
+            "SET SESSION max_statement_time = @diesel_occ_statement_time",
+            result,
+        )
     }
 
     fn push_next_fence(out: &mut AstPass<'_, '_, Self>) {
@@ -130,10 +144,7 @@ impl LockBackend for diesel::sqlite::Sqlite {
         .get_result::<i32>(conn)?;
         conn.batch_execute(&format!("PRAGMA busy_timeout = {}", millis(bound)))?;
         let result = crate::connect::transaction::commit_operation_within(conn, bound, f);
-        let restored = conn.batch_execute(&format!("PRAGMA busy_timeout = {previous}"));
-        let value = result?;
-        restored?;
-        Ok(value)
+        restore_after(conn, &format!("PRAGMA busy_timeout = {previous}"), result)
     }
 
     fn push_next_fence(out: &mut AstPass<'_, '_, Self>) {
