@@ -179,6 +179,10 @@ pub use json::merge_in_place::{GuardedJsonMerge, MergeInPlace};
 // Status transitions and claims.
 #[cfg(feature = "locks")]
 pub use status::claim::{ClaimRequest, ClaimRows, FinishClaim, GuardedClaim};
+#[cfg(feature = "locks")]
+pub use status::claim_attempts::{AttemptLimit, ClaimCounted, Claimed};
+#[cfg(feature = "locks")]
+pub use status::claim_heartbeat::ExtendClaim;
 pub use status::transition::{
     no_extra, occ_transitions, record, GuardedStatusTransition, GuardedTransition, HistoryEntry,
     TransitionByKey, TransitionRow,
@@ -192,6 +196,8 @@ pub use locks::backend::LockBackend;
 pub use locks::belief::SAFETY_MARGIN;
 #[cfg(feature = "locks")]
 pub use locks::fence::{FencedWrite, WriteFenced};
+#[cfg(feature = "locks")]
+pub use locks::held::Held;
 #[cfg(feature = "locks")]
 pub use locks::leader::{Candidate, ElectionTiming, LeaderEvent};
 #[cfg(feature = "locks")]

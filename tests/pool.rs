@@ -141,6 +141,33 @@ mod sqlite_only {
         assert_eq!(keys.value, 1);
     }
 
+    /// A private in-memory database per pooled connection is refused before any
+    /// connection opens, with a message that says why.
+    #[test]
+    fn sqlite_pool_refuses_a_private_in_memory_database() {
+        let config = diesel_occ::PoolConfig::default();
+        for path in [
+            ":memory:",
+            "",
+            "file::memory:",
+            "file:scratch?mode=memory",
+            "file::memory:?mode=ro",
+        ] {
+            match diesel_occ::sqlite_pool(path, &config) {
+                Err(diesel_occ::Error::InvalidSetting {
+                    what: "SQLite path",
+                    reason,
+                }) => {
+                    assert!(
+                        reason.contains("private database for every pooled connection"),
+                        "{reason}"
+                    )
+                }
+                other => panic!("{path:?}: expected InvalidSetting, got {:?}", other.err()),
+            }
+        }
+    }
+
     #[test]
     fn sqlite_write_transaction_takes_the_write_lock_before_its_first_read() {
         let db = common::sqlite().unwrap();

@@ -21,7 +21,7 @@ use std::time::Duration;
 
 use diesel_occ::Locks;
 use diesel_occ::PoolConfig;
-use diesel_occ::{Candidate, ElectionTiming, LeaderEvent};
+use diesel_occ::{Candidate, ElectionTiming, Held};
 
 type Outcome = Result<(), Box<dyn std::error::Error + Send + Sync>>;
 
@@ -58,7 +58,6 @@ async fn main() -> Outcome {
         )
     };
     let candidate = locks.campaign()?;
-    let job = std::thread::spawn(move || nightly_job(candidate));
 
     let listener = tokio::net::TcpListener::bind(&address).await?;
     tracing::info!(%address, database = %url, "serving");
@@ -67,7 +66,10 @@ async fn main() -> Outcome {
             let _ = tokio::signal::ctrl_c().await;
         })
         .await?;
-    let _ = job.join();
+    // Stops the job, waits for it, then frees the lock for another instance.
+    for event in candidate.stop() {
+        tracing::info!(?event, "leadership");
+    }
     Ok(())
 }
 
@@ -79,39 +81,49 @@ enum Job {
 }
 
 impl Job {
-    /// Runs for leadership of the nightly job under this process's id.
+    /// Runs for leadership of the nightly job under this process's id; the job runs while
+    /// this instance leads.
     fn campaign(self) -> Result<Candidate, diesel_occ::Error> {
         let label = format!("orders-service pid {}", std::process::id());
         let timing = ElectionTiming::default();
         match self {
-            Job::Sqlite(locks) => {
-                Candidate::start(locks, "orders-service", "nightly", &label, timing)
-            }
-            Job::Postgres(locks) => {
-                Candidate::start(locks, "orders-service", "nightly", &label, timing)
-            }
-            Job::Mysql(locks) => {
-                Candidate::start(locks, "orders-service", "nightly", &label, timing)
-            }
+            Job::Sqlite(locks) => Candidate::start_with_job(
+                locks,
+                "orders-service",
+                "nightly",
+                &label,
+                timing,
+                nightly_job,
+            ),
+            Job::Postgres(locks) => Candidate::start_with_job(
+                locks,
+                "orders-service",
+                "nightly",
+                &label,
+                timing,
+                nightly_job,
+            ),
+            Job::Mysql(locks) => Candidate::start_with_job(
+                locks,
+                "orders-service",
+                "nightly",
+                &label,
+                timing,
+                nightly_job,
+            ),
         }
     }
 }
 
-/// The background job: works while this instance leads, idles otherwise, and ends when
-/// the candidate's runner does.
-fn nightly_job(candidate: Candidate) {
-    loop {
-        match candidate.events().recv_timeout(Duration::from_secs(5)) {
-            Ok(LeaderEvent::Elected { fence }) => {
-                tracing::info!(fence, "leading: the nightly job runs here")
-            }
-            Ok(LeaderEvent::Lost { reason }) => tracing::warn!(%reason, "lost the lead"),
-            Ok(LeaderEvent::SteppedDown) => return,
-            Err(std::sync::mpsc::RecvTimeoutError::Timeout) if candidate.is_leader() => {
-                tracing::info!(fence = candidate.fence(), "nightly job: tick")
-            }
-            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
-            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => return,
-        }
+/// The background job, on the leader only: a tick every 5 s while this instance leads.
+/// Its sleep ends at once when the lead is lost or the service shuts down; the lock is
+/// freed only after it returned.
+fn nightly_job(held: &Held) {
+    tracing::info!(fence = held.fence(), "leading: the nightly job runs here");
+    while held.sleep(Duration::from_secs(5)).is_ok() {
+        tracing::info!(fence = held.fence(), "nightly job: tick");
+    }
+    if let Err(reason) = held.check() {
+        tracing::warn!(%reason, "nightly job stopped");
     }
 }

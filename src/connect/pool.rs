@@ -172,15 +172,46 @@ pub type MysqlPool = Pool<CheckedManager<diesel::MysqlConnection>>;
 
 /// Opens a pool on the SQLite file `path` (created if missing) with [`SqliteSettings`].
 ///
-/// `:memory:` gives every pooled connection its own empty database; use a file.
+/// A private in-memory database (`:memory:`, an empty path, a `file:` URI with
+/// `mode=memory` but no `cache=shared`) is refused with [`Error::InvalidSetting`]: every
+/// pooled connection would open a database of its own, and the tables one creates would
+/// be missing on the next. Use a file (a shared-cache `file:name?mode=memory&cache=shared`
+/// is accepted, but its table-level locks fail concurrent writers at once).
 #[cfg(feature = "sqlite")]
 pub fn sqlite_pool(path: &str, config: &PoolConfig) -> Result<SqlitePool, Error> {
+    check_sqlite_path(path)?;
     let (builder, manager) = builder(path, config);
     Ok(builder
         .connection_customizer(Box::new(SqliteSettings {
             busy_timeout: config.busy_timeout,
         }))
         .build(manager)?)
+}
+
+/// Refuses a SQLite path that gives every connection a private database.
+#[cfg(feature = "sqlite")]
+fn check_sqlite_path(path: &str) -> Result<(), Error> {
+    let query = path
+        .strip_prefix("file:")
+        .and_then(|uri| uri.split_once('?'))
+        .map_or("", |(_, query)| query);
+    let parameter = |wanted: &str| query.split('&').any(|pair| pair == wanted);
+    let private_memory = path.is_empty()
+        || path == ":memory:"
+        || path == "file::memory:"
+        || (path.starts_with("file:") && parameter("mode=memory") && !parameter("cache=shared"))
+        || (path.starts_with("file::memory:") && !parameter("cache=shared"));
+    if private_memory {
+        return Err(Error::InvalidSetting {
+            what: "SQLite path",
+            reason: format!(
+                "{path:?} opens a private database for every pooled connection, so tables \
+                 created on one are missing on the next; use a file (in a temporary \
+                 directory for tests)"
+            ),
+        });
+    }
+    Ok(())
 }
 
 /// Opens a pool on the PostgreSQL `url`.

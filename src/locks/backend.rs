@@ -85,17 +85,38 @@ impl LockBackend for diesel::pg::Pg {
         C: WriteTransaction<Backend = Self> + SimpleConnection + LoadConnection,
     {
         let ms = millis(bound);
-        crate::connect::transaction::commit_operation(conn, |conn| {
+        let result = crate::connect::transaction::commit_operation(conn, |conn| {
             conn.batch_execute(&format!(
                 "SET LOCAL lock_timeout = {ms}; SET LOCAL statement_timeout = {}",
                 2 * ms
             ))?;
             f(conn)
-        })
+        });
+        result.map_err(statement_timeout_is_a_lock_timeout)
     }
 
     fn push_next_fence(out: &mut AstPass<'_, '_, Self>) {
         out.push_sql("nextval('occ_fence_source')");
+    }
+}
+
+/// The `statement_timeout` set above is this bound running out, like `lock_timeout`: a
+/// row lock can take two waits (for the tuple lock among other waiters, then for its
+/// holder), each under `lock_timeout` and together over the statement's bound. So it is
+/// retryable here, though a statement timeout elsewhere is not (it would time out again).
+#[cfg(feature = "postgres")]
+fn statement_timeout_is_a_lock_timeout(error: Error) -> Error {
+    match error {
+        Error::Database(source @ diesel::result::Error::DatabaseError(_, _))
+            if matches!(&source, diesel::result::Error::DatabaseError(_, info)
+                if info.message() == "canceling statement due to statement timeout") =>
+        {
+            Error::Retryable {
+                reason: crate::RetryReason::LockTimeout,
+                source,
+            }
+        }
+        other => other,
     }
 }
 

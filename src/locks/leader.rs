@@ -25,7 +25,12 @@ use diesel::r2d2::{ManageConnection, PooledConnection, R2D2Connection};
 
 use crate::error::Error;
 use crate::locks::belief::Belief;
+use crate::locks::held::{Held, Loss};
 use crate::locks::lock::{LockConnection, Locks, Renewal};
+
+/// A leader's job: run on a thread of its own for each term; see
+/// [`Candidate::start_with_job`].
+type Job = Arc<dyn Fn(&Held) + Send + Sync>;
 
 /// The timing of an election, as client-go's leader election has it.
 #[derive(Debug, Clone, Copy)]
@@ -99,8 +104,16 @@ pub enum LeaderEvent {
         /// Why.
         reason: String,
     },
-    /// This candidate stepped down on request and freed the lock.
+    /// This candidate stepped down on request and freed the lock (after its job, if it
+    /// has one, returned).
     SteppedDown,
+    /// The job of [`Candidate::start_with_job`] returned, or panicked, while this
+    /// candidate led: the lock was freed, and the candidate campaigns again after a retry
+    /// period.
+    JobEnded {
+        /// The panic's message, when the job panicked.
+        panic: Option<String>,
+    },
 }
 
 /// A candidate running for leadership on its own thread.
@@ -119,6 +132,8 @@ enum Signal {
     Stop,
     /// A renewal of the term with this fence came back.
     Renewed(i64, Result<(), Error>),
+    /// The job of the term with this fence returned (with a panic's message).
+    JobEnded(i64, Option<String>),
 }
 
 impl Candidate {
@@ -130,6 +145,52 @@ impl Candidate {
         resource: &str,
         label: &str,
         timing: ElectionTiming,
+    ) -> Result<Candidate, Error>
+    where
+        M: ManageConnection,
+        M::Connection: R2D2Connection + Send + 'static,
+        PooledConnection<M>: LockConnection,
+    {
+        Self::campaign(locks, name, resource, label, timing, None)
+    }
+
+    /// [`start`](Self::start), and while this candidate leads, `job` runs on a thread of
+    /// its own, once per term, with the term's [`Held`] lock: its fence,
+    /// [`Held::check`] and [`Held::sleep`] (which end as soon as the term does) and
+    /// [`Held::write_while_held`] (which the database refuses once the term is over).
+    ///
+    /// A term ends in this order, on [`stop`](Self::stop) and on a lost lead alike: the
+    /// job is told (its `check` fails and its `sleep` returns at once), the runner waits
+    /// for it to return, and only then frees the lock. So the next leader is elected only
+    /// after this one's job stopped, unless the job ignores the signal for longer than
+    /// the lease (then its `write_while_held` writes are refused). On a lost lead,
+    /// [`LeaderEvent::Lost`] is sent at the deadline, before the wait. A job that returns
+    /// (or panics) while leading ends its term: [`LeaderEvent::JobEnded`], the lock is
+    /// freed and the candidate campaigns again. Loop inside the job for work that lasts
+    /// the whole term.
+    pub fn start_with_job<M>(
+        locks: Locks<M>,
+        name: &str,
+        resource: &str,
+        label: &str,
+        timing: ElectionTiming,
+        job: impl Fn(&Held) + Send + Sync + 'static,
+    ) -> Result<Candidate, Error>
+    where
+        M: ManageConnection,
+        M::Connection: R2D2Connection + Send + 'static,
+        PooledConnection<M>: LockConnection,
+    {
+        Self::campaign(locks, name, resource, label, timing, Some(Arc::new(job)))
+    }
+
+    fn campaign<M>(
+        locks: Locks<M>,
+        name: &str,
+        resource: &str,
+        label: &str,
+        timing: ElectionTiming,
+        job: Option<Job>,
     ) -> Result<Candidate, Error>
     where
         M: ManageConnection,
@@ -149,6 +210,7 @@ impl Candidate {
             resource: resource.to_string(),
             label: label.to_string(),
             timing,
+            job,
             term: Arc::clone(&term),
             fence: Arc::clone(&fence),
             events: events_in,
@@ -215,6 +277,7 @@ struct Runner<M: ManageConnection> {
     resource: String,
     label: String,
     timing: ElectionTiming,
+    job: Option<Job>,
     term: Arc<Mutex<Option<Arc<Belief>>>>,
     fence: Arc<AtomicI64>,
     events: Sender<LeaderEvent>,
@@ -226,6 +289,7 @@ struct Runner<M: ManageConnection> {
 enum TermEnd {
     Stopped,
     Lost(String),
+    JobEnded(Option<String>),
 }
 
 impl<M> Runner<M>
@@ -261,25 +325,58 @@ where
             self.report(LeaderEvent::Elected {
                 fence: guard.fence(),
             });
-            let end = self.lead(&renewal, guard.fence());
+            let loss = Loss::new();
+            let job = self.start_job(renewal.held(Arc::clone(&loss)), guard.fence());
+            let end = match self.lead(&renewal, guard.fence()) {
+                // The job ended because one of its writes found the lock lost.
+                TermEnd::JobEnded(_) if loss.why().is_some() => {
+                    TermEnd::Lost(loss.why().unwrap_or_default())
+                }
+                end => end,
+            };
             renewal.end();
             *lock(&self.term) = None;
+            // The job stops before the lock is given up: told, awaited, then the release.
+            let why = match &end {
+                TermEnd::Stopped => "the candidate is stepping down".to_string(),
+                TermEnd::Lost(reason) => {
+                    self.report(LeaderEvent::Lost {
+                        reason: reason.clone(),
+                    });
+                    format!("the lead was lost: {reason}")
+                }
+                TermEnd::JobEnded(_) => "the job ended".to_string(),
+            };
+            loss.set(why);
+            if let Some(job) = job {
+                let _ = job.join();
+            }
+            // An expired lease frees nothing; a lost connection leaves it to its lease.
+            let _ = guard.release();
             match end {
                 TermEnd::Stopped => {
-                    let _ = guard.release();
                     self.report(LeaderEvent::SteppedDown);
                     return;
                 }
-                TermEnd::Lost(reason) => {
-                    self.report(LeaderEvent::Lost { reason });
-                    // Freed on drop, best effort (an expired lease needs nothing).
-                    drop(guard);
-                    if self.wait(timing.retry_period) {
-                        return;
-                    }
-                }
+                TermEnd::Lost(_) => {}
+                TermEnd::JobEnded(panic) => self.report(LeaderEvent::JobEnded { panic }),
+            }
+            if self.wait(timing.retry_period) {
+                return;
             }
         }
+    }
+
+    /// Starts the job, if there is one, for the term with `fence`; it tells the runner
+    /// when it returns.
+    fn start_job(&self, held: Held, fence: i64) -> Option<JoinHandle<()>> {
+        let job = Arc::clone(self.job.as_ref()?);
+        let signals = self.signals.clone();
+        Some(std::thread::spawn(move || {
+            let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| job(&held)));
+            let panic = ran.err().map(|payload| panic_message(payload.as_ref()));
+            let _ = signals.send(Signal::JobEnded(fence, panic));
+        }))
     }
 
     /// Waits `period` for a stop; `true` when stopped. Late renewals of ended terms are
@@ -292,7 +389,7 @@ where
                 .recv_timeout(until.saturating_duration_since(Instant::now()))
             {
                 Ok(Signal::Stop) | Err(RecvTimeoutError::Disconnected) => return true,
-                Ok(Signal::Renewed(..)) => continue,
+                Ok(Signal::Renewed(..) | Signal::JobEnded(..)) => continue,
                 Err(RecvTimeoutError::Timeout) => return false,
             }
         }
@@ -318,7 +415,8 @@ where
                 .recv_timeout(wake.saturating_duration_since(Instant::now()))
             {
                 Ok(Signal::Stop) | Err(RecvTimeoutError::Disconnected) => return TermEnd::Stopped,
-                Ok(Signal::Renewed(of, _)) if of != fence => {}
+                Ok(Signal::Renewed(of, _) | Signal::JobEnded(of, _)) if of != fence => {}
+                Ok(Signal::JobEnded(_, panic)) => return TermEnd::JobEnded(panic),
                 Ok(Signal::Renewed(_, result)) => {
                     in_flight = false;
                     next = Instant::now() + period;
@@ -346,6 +444,15 @@ where
             }
         }
     }
+}
+
+/// A panic's message, when it is a string.
+fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic without a message".to_string())
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {

@@ -8,18 +8,21 @@
 //! even while a renewal is still waiting on a stalled database. A renewal that fails for
 //! another reason (the database unreachable for a moment) is tried again sooner, until the
 //! deadline. Check before each step of the protected work, and fence its writes
-//! ([`FencedWrite`](crate::FencedWrite)): a check cannot stop a write that a pause delays
-//! past it.
+//! ([`FencedWrite`](crate::FencedWrite)) or run them with [`Lease::write_while_held`]: a
+//! check cannot stop a write that a pause delays past it. [`Lease::run`] and
+//! [`Locks::with_lock`] run a closure under the lease and release it after.
 
 use std::sync::mpsc::{channel, RecvTimeoutError, Sender};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use diesel::r2d2::{ManageConnection, PooledConnection, R2D2Connection};
 
+use crate::connect::transaction::WriteTransaction;
 use crate::error::Error;
-use crate::locks::lock::{LockConnection, LockGuard};
+use crate::locks::held::{Held, Loss};
+use crate::locks::lock::{LockConnection, LockGuard, Locks};
 
 /// A lock whose lease renews itself until it is released or dropped.
 pub struct Lease<M: ManageConnection>
@@ -28,8 +31,8 @@ where
     PooledConnection<M>: LockConnection,
 {
     guard: Option<LockGuard<M>>,
-    /// Why renewing stopped, if it did.
-    failure: Arc<Mutex<Option<String>>>,
+    /// The hold as the protected work sees it; its loss says why renewing stopped.
+    held: Held,
     stop: Option<Sender<()>>,
     thread: Option<JoinHandle<()>>,
 }
@@ -42,12 +45,13 @@ where
     /// Starts renewing `guard`'s lease every third of its TTL (sooner again after a
     /// failed renewal, until the local deadline).
     pub fn keep_alive(guard: LockGuard<M>) -> Self {
-        let failure = Arc::new(Mutex::new(None));
+        let loss = Loss::new();
         let (stop, stopped) = channel::<()>();
         let renewal = guard.renewal();
+        let held = renewal.held(Arc::clone(&loss));
         let interval = guard.ttl() / 3;
         let retry = (interval / 4).max(Duration::from_millis(1));
-        let shared = Arc::clone(&failure);
+        let shared = Arc::clone(&loss);
         let thread = std::thread::spawn(move || {
             let mut pause = interval;
             loop {
@@ -69,13 +73,13 @@ where
                     Err(e) => format!("no renewal succeeded before the local deadline: {e}"),
                 };
                 renewal.end();
-                *shared.lock().unwrap_or_else(|p| p.into_inner()) = Some(why);
+                shared.set(why);
                 return;
             }
         });
         Lease {
             guard: Some(guard),
-            failure,
+            held,
             stop: Some(stop),
             thread: Some(thread),
         }
@@ -90,17 +94,53 @@ where
     /// `Ok` while the lease is held as far as this process can tell;
     /// [`Error::LockLost`] once a renewal found it lost or the local deadline passed.
     pub fn check(&self) -> Result<(), Error> {
-        let guard = self.guard();
-        let failure = self.failure.lock().unwrap_or_else(|p| p.into_inner());
-        let why = match (&*failure, guard.is_held()) {
-            (Some(why), _) => why.clone(),
-            (None, false) => "no renewal came back before the local deadline".to_string(),
-            (None, true) => return Ok(()),
-        };
-        Err(Error::LockLost {
-            lock: guard.describe(),
-            why,
-        })
+        self.held.check()
+    }
+
+    /// The hold as the protected work sees it: [`Held::check`], [`Held::sleep`] that ends
+    /// when the lease is lost, [`Held::write_while_held`]; for another thread too.
+    pub fn held(&self) -> &Held {
+        &self.held
+    }
+
+    /// [`Held::write_while_held`]: `write` commits only while the lease is still held by
+    /// the database's clock.
+    pub fn write_while_held<C, T, E>(
+        &self,
+        conn: &mut C,
+        write: impl FnOnce(&mut C) -> Result<T, E>,
+    ) -> Result<T, E>
+    where
+        C: LockConnection + WriteTransaction,
+        E: From<Error>,
+    {
+        self.held.write_while_held(conn, write)
+    }
+
+    /// Runs `work` while the lease renews itself, then releases the lock.
+    ///
+    /// `work` gets the [`Held`] lock: it should check it between steps (or pause with
+    /// [`Held::sleep`], which ends as soon as the lock is lost) and write through
+    /// [`Held::write_while_held`]. The answer is `work`'s own, except that
+    /// [`Error::LockLost`] replaces an `Ok` when the lease was lost before `work` returned
+    /// (its writes through `write_while_held` each landed only while held; anything else
+    /// it did may have overlapped the next holder) or the release found the lock taken
+    /// over. `work`'s error comes back unchanged, after the release.
+    pub fn run<R, E>(self, work: impl FnOnce(&Held) -> Result<R, E>) -> Result<R, E>
+    where
+        E: From<Error>,
+    {
+        let outcome = work(&self.held);
+        let lost = self.check().err();
+        let released = self.release();
+        let value = outcome?;
+        match (lost, released) {
+            (Some(lost), _) => Err(lost.into()),
+            (None, Err(lost @ Error::LockLost { .. })) => Err(lost.into()),
+            // The work ran while held; a lock that could not be freed now ends with its
+            // lease (the guard's drop tried again).
+            (None, _) => Ok(value),
+        }
     }
 
     /// Whether this process may still act as the holder ([`check`](Self::check) is `Ok`).
@@ -138,6 +178,32 @@ where
         if let Some(thread) = self.thread.take() {
             let _ = thread.join();
         }
+    }
+}
+
+impl<M: ManageConnection> Locks<M>
+where
+    M::Connection: R2D2Connection + Send + 'static,
+    PooledConnection<M>: LockConnection,
+{
+    /// Takes the lock ([`try_lock`](Self::try_lock): [`Error::LockHeld`] when someone holds
+    /// it, and `work` does not run), runs `work` while a [`Lease`] renews it every third of
+    /// `ttl`, then releases it; see [`Lease::run`] for what `work` is told and what comes
+    /// back. For a lock worth waiting for, take it with [`lock`](Self::lock) and call
+    /// `Lease::keep_alive(guard).run(work)`.
+    pub fn with_lock<R, E>(
+        &self,
+        name: &str,
+        resource: &str,
+        ttl: Duration,
+        label: Option<&str>,
+        work: impl FnOnce(&Held) -> Result<R, E>,
+    ) -> Result<R, E>
+    where
+        E: From<Error>,
+    {
+        let guard = self.try_lock(name, resource, ttl, label)?;
+        Lease::keep_alive(guard).run(work)
     }
 }
 

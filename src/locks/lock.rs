@@ -53,17 +53,24 @@ use crate::error::Error;
 use crate::guard::server_clock::{ClockColumn, Shift};
 use crate::locks::backend::{LockBackend, NextFence};
 use crate::locks::belief::{believed, Belief};
+use crate::locks::held::{Held, Loss};
 use crate::retry::RetryPolicy;
 use crate::sql::names::check_name;
 use crate::sql::new_token::{Complete, Counted, ReturnedBy};
 use crate::sql::statement::{
-    And, Assignments, ColumnEq, Comma, Either, GuardedUpdate, Increment, InsertIfMissing, Joined,
-    LatestRead, Null, RowLock, Unguarded,
+    And, Assignments, ColumnEq, ColumnOfRow, Comma, Either, GuardedUpdate, Increment,
+    InsertIfMissing, Joined, LatestRead, Null, RowLock, Unguarded,
 };
 use crate::write::executor::{classify, CannotMiss, CompareAndSet, Matches, Miss};
 
 diesel::table! {
     /// The library's locks and leases.
+    ///
+    /// Times are UTC, written only by the database's own clock expression
+    /// (`clock_timestamp() AT TIME ZONE 'UTC'` on PostgreSQL, `UTC_TIMESTAMP(6)` on MySQL,
+    /// `strftime` on SQLite) and compared only with it, in a column without a time zone:
+    /// no session's time zone takes part, where a PostgreSQL `timestamptz` column would
+    /// convert every value bound as diesel's `Timestamp` through the session's zone.
     occ_locks (lock_name, resource) {
         /// What is locked ("nightly-report").
         lock_name -> Text,
@@ -98,6 +105,11 @@ pub struct LockKey {
 }
 
 impl LockKey {
+    /// `name/resource`, for messages.
+    pub(crate) fn describe(&self) -> String {
+        format!("{}/{}", self.name, self.resource)
+    }
+
     /// `lock_name = ? AND resource = ?`.
     fn predicate(&self) -> KeyOf {
         Joined(
@@ -196,6 +208,16 @@ pub(crate) type LockOwner = Select<
 pub(crate) type LockRow =
     LatestRead<Select<Find<occ_locks::table, (String, String)>, occ_locks::fence>>;
 
+/// `SELECT fence FROM occ_locks WHERE <key> AND holder = ? AND fence = ? AND expires_at
+/// >= now FOR UPDATE`: the lock is still this holder's, by the database's clock.
+pub(crate) type HeldRow = LatestRead<
+    ColumnOfRow<
+        occ_locks::table,
+        Joined<Joined<KeyOf, HeldBy, And>, ClockColumn<occ_locks::expires_at>, And>,
+        occ_locks::fence,
+    >,
+>;
+
 /// A connection locks can run on: the three statements of a lock, written once for every
 /// connection whose backend they fit. Not a trait to implement.
 pub trait LockConnection {
@@ -222,6 +244,13 @@ pub trait LockConnection {
         wait: Duration,
     ) -> Result<(), Error>;
 
+    /// Inside the caller's open transaction: [`Error::LockLost`] unless `holder` still
+    /// holds the lock with `fence` and an unexpired lease by the database's clock. The lock
+    /// row stays locked until that transaction ends, so nobody takes the lock over before
+    /// it commits.
+    #[doc(hidden)]
+    fn check_held(&mut self, key: &LockKey, holder: &str, fence: i64) -> Result<(), Error>;
+
     /// Frees the lock if `holder` still holds it with `fence`.
     #[doc(hidden)]
     fn release_lock(
@@ -246,6 +275,7 @@ where
     LockHolder: LoadQuery<'static, C, (Option<String>, Option<chrono::NaiveDateTime>)>,
     LockOwner: LoadQuery<'static, C, (Option<String>, Option<String>, i64)>,
     LockRow: LoadQuery<'static, C, i64>,
+    HeldRow: LoadQuery<'static, C, i64>,
 {
     fn acquire_lock(
         &mut self,
@@ -333,6 +363,36 @@ where
                 .run::<C, Counted, i64>(conn)
                 .map(drop)
         })
+    }
+
+    fn check_held(&mut self, key: &LockKey, holder: &str, fence: i64) -> Result<(), Error> {
+        // Two statements, for the reason the acquisition has two: the first waits for the
+        // row (a renewal in flight, someone's `FOR UPDATE`), the second reads the clock
+        // after that wait. Both lock, so that they read the latest row even in a
+        // REPEATABLE READ snapshot taken before the caller's write.
+        let row = || occ_locks::table.find((key.name.clone(), key.resource.clone()));
+        LatestRead::locked(row().select(occ_locks::fence), RowLock::ForUpdate)
+            .get_result::<i64>(self)
+            .optional()
+            .map_err(|e| classify(self, e))?;
+        let held = LatestRead::locked(
+            ColumnOfRow::new(
+                occ_locks::table,
+                Joined(
+                    Joined(key.predicate(), held_by(holder, fence), And),
+                    ClockColumn::not_before(Shift::none()),
+                    And,
+                ),
+            ),
+            RowLock::ForUpdate,
+        )
+        .get_result::<i64>(self)
+        .optional()
+        .map_err(|e| classify(self, e))?;
+        match held {
+            Some(_) => Ok(()),
+            None => Err(LeaseLost { key, holder, fence }.explain(self)),
+        }
     }
 
     fn release_lock(
@@ -468,7 +528,7 @@ where
     pub(crate) fn renew(&self) -> Result<(), Error> {
         let start = Instant::now();
         let lost = |why: &str| Error::LockLost {
-            lock: describe(&self.key),
+            lock: self.key.describe(),
             why: why.to_string(),
         };
         if !self.belief.is_held() {
@@ -509,6 +569,17 @@ where
         Arc::clone(&self.belief)
     }
 
+    /// The hold this renewal keeps, as the protected work sees it, stopped by `loss`.
+    pub(crate) fn held(&self, loss: Arc<Loss>) -> Held {
+        Held::new(
+            self.key.clone(),
+            self.holder.clone(),
+            self.fence,
+            self.belief(),
+            loss,
+        )
+    }
+
     /// Ends the belief for good.
     pub(crate) fn end(&self) {
         self.belief.end();
@@ -516,7 +587,7 @@ where
 
     /// The lock's name and resource.
     pub(crate) fn describe(&self) -> String {
-        describe(&self.key)
+        self.key.describe()
     }
 }
 
@@ -609,8 +680,9 @@ where
         Ok(guard)
     }
 
-    /// [`try_lock`](Self::try_lock), trying again while the lock is held or the database
-    /// refuses for now ([`Error::Retryable`]), for at most `wait`, with waits drawn as
+    /// [`try_lock`](Self::try_lock), trying again while the lock is held, the database
+    /// refuses for now ([`Error::Retryable`]) or a grant came back too late to be believed
+    /// ([`Error::LockLost`]; it was released), for at most `wait`, with waits drawn as
     /// `policy` draws them. The last such error when the wait is over.
     pub fn lock(
         &self,
@@ -623,10 +695,16 @@ where
     ) -> Result<LockGuard<M>, Error> {
         // Held, or refused for now by the database (a serialization failure under
         // REPEATABLE READ or SERIALIZABLE sessions, a deadlock, SQLite busy, a row lock
-        // held past the wait bound): wait on.
+        // held past the wait bound), or granted too late to be believed (and released):
+        // wait on.
         policy.poll(
             wait,
-            |error| matches!(error, Error::LockHeld { .. } | Error::Retryable { .. }),
+            |error| {
+                matches!(
+                    error,
+                    Error::LockHeld { .. } | Error::Retryable { .. } | Error::LockLost { .. }
+                )
+            },
             || self.try_lock(name, resource, ttl, label),
         )
     }
@@ -671,6 +749,22 @@ where
     /// once the lock was lost or released.
     pub fn deadline(&self) -> Option<Instant> {
         self.renewal.deadline()
+    }
+
+    /// Runs `write` in a transaction that commits only while this guard still holds the
+    /// lock by the database's clock ([`Held::write_while_held`]), for tables without a
+    /// fence column. [`Error::LockLost`] (and nothing written) once it does not; see the
+    /// locks guide for an example.
+    pub fn write_while_held<C, T, E>(
+        &self,
+        conn: &mut C,
+        write: impl FnOnce(&mut C) -> Result<T, E>,
+    ) -> Result<T, E>
+    where
+        C: LockConnection + WriteTransaction,
+        E: From<Error>,
+    {
+        self.renewal.held(Loss::new()).write_while_held(conn, write)
     }
 
     /// The renewal of this lease, for another thread.
@@ -773,7 +867,7 @@ where
             Err(e) => return classify(conn, e),
         };
         Error::LockHeld {
-            lock: describe(key),
+            lock: key.describe(),
             holder,
             until: until.map(|t| t.format("%Y-%m-%d %H:%M:%S%.6f UTC").to_string()),
         }
@@ -817,14 +911,10 @@ where
             Err(e) => return classify(conn, e),
         };
         Error::LockLost {
-            lock: describe(key),
+            lock: key.describe(),
             why,
         }
     }
-}
-
-fn describe(key: &LockKey) -> String {
-    format!("{}/{}", key.name, key.resource)
 }
 
 /// A lease must be at least a millisecond (SQLite's clock) and at most [`MAX_TTL`].

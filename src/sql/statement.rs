@@ -175,6 +175,18 @@ pub struct ColumnOfRow<T: Table, Key, Col> {
     column: PhantomData<Col>,
 }
 
+impl<T: Table, Key, Col> ColumnOfRow<T, Key, Col> {
+    /// `SELECT <Col> FROM <table> WHERE (<filter>)`.
+    #[cfg(feature = "locks")]
+    pub(crate) fn new(table: T, filter: Key) -> Self {
+        ColumnOfRow {
+            from: table.from_clause(),
+            key: filter,
+            column: PhantomData,
+        }
+    }
+}
+
 impl<T: Table, Key, Col: Column> diesel::query_builder::Query for ColumnOfRow<T, Key, Col> {
     type SqlType = Col::SqlType;
 }

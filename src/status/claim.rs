@@ -17,6 +17,13 @@
 //! makes claims take turns. A claim whose owner vanished is taken again once its claim time
 //! is older than `reclaim_after`, judged by the database's clock, never a worker's.
 //! Finishing or releasing a claim is owner-checked: only the worker that holds it can.
+//! A slow worker keeps its claim with heartbeats ([`GuardedClaim::extend_claim`]); a row
+//! that keeps failing is parked after a number of attempts
+//! ([`GuardedClaim::claim_counted`]).
+//!
+//! No claim statement waits on another worker's row: the read skips locked rows and the
+//! `UPDATE` writes only rows the read locked, so the claim time is computed after every
+//! wait of the transaction, and no bound is needed to keep it true.
 
 use std::time::Duration;
 
@@ -38,6 +45,8 @@ use crate::sql::new_token::{Complete, Counted};
 use crate::sql::statement::{
     And, AnyOf, Assignments, ColumnEq, Comma, Joined, LatestRead, RowLock,
 };
+use crate::status::claim_attempts::{AttemptLimit, ClaimCounted, Claimed};
+use crate::status::claim_heartbeat::ExtendClaim;
 use crate::status::{HasStatus, Status};
 use crate::write::bulk::BulkUpdateOf;
 use crate::write::entity::{KeyWriteOf, LoadByKey, RowMoved};
@@ -67,6 +76,18 @@ pub struct Claimable<StatusCol, S, AtCol> {
     /// The database's now minus the age after which a claim is abandoned.
     abandoned_before: Option<Shift>,
     columns: std::marker::PhantomData<(StatusCol, AtCol)>,
+}
+
+impl<StatusCol, S: Copy, AtCol> Claimable<StatusCol, S, AtCol> {
+    /// The rows `request` may claim.
+    pub(crate) fn of(request: &ClaimRequest<'_, S>) -> Self {
+        Claimable {
+            from: request.from,
+            to: request.to,
+            abandoned_before: request.reclaim_after.map(Shift::earlier),
+            columns: std::marker::PhantomData,
+        }
+    }
 }
 
 impl<StatusCol, S, AtCol> Expression for Claimable<StatusCol, S, AtCol> {
@@ -184,6 +205,46 @@ where
         Self::claim_rows(conn, request)
     }
 
+    /// [`claim`](Self::claim), counting attempts in the `Integer` column `attempts`: each
+    /// claimed row's count goes up by one, and a claimable row whose count reached
+    /// `limit.max` is moved to `limit.park_in` (owner cleared) instead of being claimed,
+    /// so a row that kills every worker that takes it stops coming back. Parked rows count
+    /// toward `request.limit` and are returned apart ([`Claimed::parked`]).
+    fn claim_counted<C, OwnerCol, AtCol, AttemptsCol>(
+        conn: &mut C,
+        owner: OwnerCol,
+        claimed_at: AtCol,
+        attempts: AttemptsCol,
+        request: &ClaimRequest<'_, Self::Status>,
+        limit: &AttemptLimit<Self::Status>,
+    ) -> Result<Claimed<Self>, Error>
+    where
+        Self: ClaimCounted<C, OwnerCol, AtCol, AttemptsCol>,
+    {
+        let _ = (owner, claimed_at, attempts);
+        Self::claim_counted_rows(conn, request, limit)
+    }
+
+    /// The heartbeat of a claim `owner` still holds on the row with `key` (in state
+    /// `held`): its claim time becomes the database's now, so a worker that is slow but
+    /// alive is not taken over as abandoned. Call it well within `reclaim_after`. The row
+    /// as written (its token advanced); [`Error::LockLost`] when another worker took the
+    /// claim over or it left `held`, [`Error::NotFound`] when the row is gone.
+    fn extend_claim<C, OwnerCol, AtCol>(
+        conn: &mut C,
+        key: &Self::Key,
+        owner_column: OwnerCol,
+        claimed_at: AtCol,
+        owner: &str,
+        held: Self::Status,
+    ) -> Result<Self, Error>
+    where
+        Self: ExtendClaim<C, OwnerCol, AtCol>,
+    {
+        let _ = (owner_column, claimed_at);
+        Self::extend_claim_row(conn, key, owner, held)
+    }
+
     /// Ends the claim `owner` holds on the row with `key`: from state `held` to `to`, the
     /// owner column set to `next_owner` (`None` to clear it), the version advanced. Only
     /// the holder can: a row another worker took over (or already finished) is
@@ -240,10 +301,10 @@ where
 /// The end of a claim matched nothing: the row is gone ([`Error::NotFound`]), its token
 /// cannot advance ([`Error::VersionOverflow`]), or another worker holds it or it left the
 /// held state ([`Error::LockLost`]).
-struct ClaimLost<'k, T: HasStatus> {
-    key: &'k T::Key,
-    owner: &'k str,
-    held: T::Status,
+pub(crate) struct ClaimLost<'k, T: HasStatus> {
+    pub(crate) key: &'k T::Key,
+    pub(crate) owner: &'k str,
+    pub(crate) held: T::Status,
 }
 
 impl<T, C> Miss<C> for ClaimLost<'_, T>
@@ -320,12 +381,7 @@ where
         if request.limit == 0 {
             return Ok(Vec::new());
         }
-        let filter = Claimable {
-            from: request.from,
-            to: request.to,
-            abandoned_before: request.reclaim_after.map(Shift::earlier),
-            columns: std::marker::PhantomData,
-        };
+        let filter = Claimable::of(request);
         let limit = i64::try_from(request.limit).unwrap_or(i64::MAX);
         commit_operation(conn, |conn| {
             let query = LatestRead::locked(
@@ -339,29 +395,51 @@ where
             if waiting.is_empty() {
                 return Ok(Vec::new());
             }
-            let keys: Vec<T::Key> = waiting.iter().map(Guarded::key).collect();
-            let update = ClaimUpdateOf::<T, OwnerCol, AtCol>::new(
-                T::table(),
-                Joined(
+            write_locked(conn, &waiting, |keys| {
+                ClaimUpdateOf::<T, OwnerCol, AtCol>::new(
+                    T::table(),
                     Joined(
-                        ColumnEq::new(request.to),
-                        ColumnEq::new(Some(request.owner.to_string())),
+                        Joined(
+                            ColumnEq::new(request.to),
+                            ColumnEq::new(Some(request.owner.to_string())),
+                            Comma,
+                        ),
+                        ClockColumn::set(Shift::none()),
                         Comma,
                     ),
-                    ClockColumn::set(Shift::none()),
-                    Comma,
-                ),
-                Joined(T::Guard::advance_any(), T::stamp(), Comma),
-                AnyOf(keys.iter().map(T::key_predicate).collect()),
-                T::Guard::can_advance(),
-            );
-            let miss = ClaimIgnored { locked: &waiting };
-            CompareAndSet::one(update, T::table_name(), &keys, miss)
-                .matching(Matches::All(keys.len()))
-                .run::<C, Counted, ()>(conn)?;
-            T::load_by_keys(conn, &keys).map_err(|e| classify(conn, e))
+                    Joined(T::Guard::advance_any(), T::stamp(), Comma),
+                    keys,
+                    T::Guard::can_advance(),
+                )
+            })
         })
     }
+}
+
+/// Runs the `UPDATE` that `update` builds for the keys of the `locked` rows (which the
+/// claim's read locked, so it must match every one), and reads them back as written.
+pub(crate) fn write_locked<T, C, U>(
+    conn: &mut C,
+    locked: &[T],
+    update: impl FnOnce(AnyOf<T::KeyPredicate>) -> U,
+) -> Result<Vec<T>, Error>
+where
+    T: LoadByKey<C>,
+    T::Guard: AdvanceInSql,
+    C: LoadConnection,
+    C::Backend: OccBackend,
+    U: Assignments<C::Backend>,
+    Counted: Complete<C, U, ()>,
+{
+    if locked.is_empty() {
+        return Ok(Vec::new());
+    }
+    let keys: Vec<T::Key> = locked.iter().map(Guarded::key).collect();
+    let update = update(AnyOf(keys.iter().map(T::key_predicate).collect()));
+    CompareAndSet::one(update, T::table_name(), &keys, ClaimIgnored { locked })
+        .matching(Matches::All(keys.len()))
+        .run::<C, Counted, ()>(conn)?;
+    T::load_by_keys(conn, &keys).map_err(|e| classify(conn, e))
 }
 
 /// The end of a claim of a row of entity `Self` with owner column `OwnerCol` on

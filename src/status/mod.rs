@@ -21,6 +21,10 @@
 
 #[cfg(feature = "locks")]
 pub(crate) mod claim;
+#[cfg(feature = "locks")]
+pub(crate) mod claim_attempts;
+#[cfg(feature = "locks")]
+pub(crate) mod claim_heartbeat;
 pub(crate) mod transition;
 
 use std::fmt::Debug;

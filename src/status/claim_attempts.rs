@@ -1,0 +1,250 @@
+//! Claims that count attempts: every claim of a row adds one to its attempt column, and a
+//! row that used up its attempts is parked instead of handed out again, so a row that
+//! crashes every worker that takes it (a poison row) does not loop for ever.
+//!
+//! One write transaction, as for a plain claim: the claimable rows are read with their
+//! attempt counts (`FOR UPDATE SKIP LOCKED`), then those with attempts left are handed
+//! to the worker (`attempts = attempts + 1`) and the others moved to the parking state
+//! with their owner cleared, each by one `UPDATE` of the rows the read locked. Parked rows
+//! count toward the limit and come back separately ([`Claimed::parked`]), for the worker
+//! to log or alert on; call again for more work.
+
+use diesel::connection::LoadConnection;
+use diesel::dsl::{AsSelect, Filter, Limit, Select};
+use diesel::query_dsl::methods::{FilterDsl, LimitDsl, LoadQuery, SelectDsl};
+use diesel::sql_types::{Integer, Nullable, Text};
+use diesel::{Column, RunQueryDsl, Selectable, SelectableHelper};
+
+use crate::connect::backend::OccBackend;
+use crate::connect::transaction::{commit_operation, WriteTransaction};
+use crate::error::Error;
+use crate::guard::server_clock::{ClockColumn, Shift};
+use crate::guard::{AdvanceInSql, Guarded};
+use crate::sql::new_token::{Complete, Counted};
+use crate::sql::statement::{
+    AnyOf, Assignments, ColumnEq, Comma, Increment, Joined, LatestRead, RowLock,
+};
+use crate::status::claim::{write_locked, ClaimChanges, ClaimRequest, Claimable};
+use crate::status::{HasStatus, Status};
+use crate::write::bulk::BulkUpdateOf;
+use crate::write::entity::LoadByKey;
+use crate::write::executor::classify;
+
+/// How many times a row may be claimed, and where it goes when it was claimed that often.
+#[derive(Debug, Clone, Copy)]
+pub struct AttemptLimit<S> {
+    /// The claims a row may get (at least 1). A claimable row whose attempt count reached
+    /// it is parked instead of claimed.
+    pub max: i32,
+    /// The state parked rows move to (their owner cleared); neither the request's `from`
+    /// nor its `to`.
+    pub park_in: S,
+}
+
+/// What a counted claim took: the rows handed to the worker, and the rows it parked
+/// because they used up their attempts, each as written.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Claimed<T> {
+    /// Claimed by this worker, attempt counts raised by one.
+    pub rows: Vec<T>,
+    /// Moved to the parking state.
+    pub parked: Vec<T>,
+}
+
+/// The claimable rows of `T` with their attempt counts, at most a limit, locked and
+/// skipping locked ones.
+pub(crate) type CountedClaimQueryOf<T, AtCol, AttemptsCol, DB> = LatestRead<
+    Limit<
+        Select<
+            Filter<
+                <T as diesel::associations::HasTable>::Table,
+                Claimable<<T as HasStatus>::StatusColumn, <T as HasStatus>::Status, AtCol>,
+            >,
+            (AsSelect<T, DB>, AttemptsCol),
+        >,
+    >,
+>;
+
+/// The claim's `UPDATE`, counting the attempt.
+pub(crate) type CountedClaimOf<T, OwnerCol, AtCol, AttemptsCol> = BulkUpdateOf<
+    T,
+    Joined<ClaimChanges<T, OwnerCol, AtCol>, Increment<AttemptsCol>, Comma>,
+    AnyOf<<T as Guarded>::KeyPredicate>,
+>;
+
+/// `UPDATE ... SET status = ?parked, owner = NULL, <token advanced>` of rows out of
+/// attempts.
+pub(crate) type ParkOf<T, OwnerCol> = BulkUpdateOf<
+    T,
+    Joined<
+        ColumnEq<<T as HasStatus>::StatusColumn, <T as HasStatus>::Status>,
+        ColumnEq<OwnerCol, Option<String>>,
+        Comma,
+    >,
+    AnyOf<<T as Guarded>::KeyPredicate>,
+>;
+
+/// A counted claim of rows of entity `Self` with owner column `OwnerCol`, claim-time
+/// column `AtCol` and attempt column `AttemptsCol` on connection `C`, as one bound; like
+/// [`UpdateRow`](crate::UpdateRow), not a trait to implement.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot claim rows counting attempts in `{AttemptsCol}` on `{C}`",
+    note = "the owner column must be `Nullable<Text>`, the claim time a timestamp column and the attempt column an `Integer` column of the entity's table, the entity `Selectable`, the connection a diesel connection of a backend diesel-occ supports, and the guard must advance in SQL"
+)]
+pub trait ClaimCounted<C, OwnerCol, AtCol, AttemptsCol>: HasStatus + Clone + LoadByKey<C> {
+    /// Runs the claim; [`GuardedClaim`](crate::GuardedClaim) calls it.
+    #[doc(hidden)]
+    fn claim_counted_rows(
+        conn: &mut C,
+        request: &ClaimRequest<'_, Self::Status>,
+        limit: &AttemptLimit<Self::Status>,
+    ) -> Result<Claimed<Self>, Error>;
+}
+
+impl<T, C, OwnerCol, AtCol, AttemptsCol> ClaimCounted<C, OwnerCol, AtCol, AttemptsCol> for T
+where
+    T: HasStatus + Clone,
+    T::Guard: AdvanceInSql,
+    C: LoadConnection + WriteTransaction,
+    C::Backend: OccBackend,
+    OwnerCol: Column<Table = T::Table, SqlType = Nullable<Text>>,
+    AtCol: Column<Table = T::Table>,
+    AttemptsCol: Column<Table = T::Table, SqlType = Integer> + Default,
+    T: LoadByKey<C> + Selectable<C::Backend>,
+    T::Table: FilterDsl<Claimable<T::StatusColumn, T::Status, AtCol>>,
+    (AsSelect<T, C::Backend>, AttemptsCol): diesel::Expression,
+    Filter<T::Table, Claimable<T::StatusColumn, T::Status, AtCol>>:
+        SelectDsl<(AsSelect<T, C::Backend>, AttemptsCol)>,
+    Select<
+        Filter<T::Table, Claimable<T::StatusColumn, T::Status, AtCol>>,
+        (AsSelect<T, C::Backend>, AttemptsCol),
+    >: LimitDsl,
+    CountedClaimQueryOf<T, AtCol, AttemptsCol, C::Backend>: LoadQuery<'static, C, (T, i32)>,
+    CountedClaimOf<T, OwnerCol, AtCol, AttemptsCol>: Assignments<C::Backend>,
+    ParkOf<T, OwnerCol>: Assignments<C::Backend>,
+    Counted: Complete<C, CountedClaimOf<T, OwnerCol, AtCol, AttemptsCol>, ()>
+        + Complete<C, ParkOf<T, OwnerCol>, ()>,
+{
+    fn claim_counted_rows(
+        conn: &mut C,
+        request: &ClaimRequest<'_, T::Status>,
+        limit: &AttemptLimit<T::Status>,
+    ) -> Result<Claimed<T>, Error> {
+        crate::sql::names::check_name("owner", request.owner)?;
+        check_limit(request, limit)?;
+        if request.limit == 0 {
+            return Ok(Claimed {
+                rows: Vec::new(),
+                parked: Vec::new(),
+            });
+        }
+        let count = i64::try_from(request.limit).unwrap_or(i64::MAX);
+        commit_operation(conn, |conn| {
+            let query = LatestRead::locked(
+                LimitDsl::limit(
+                    SelectDsl::select(
+                        FilterDsl::filter(T::table(), Claimable::of(request)),
+                        (T::as_select(), AttemptsCol::default()),
+                    ),
+                    count,
+                ),
+                RowLock::SkipLocked,
+            );
+            let waiting: Vec<(T, i32)> = query.load(conn).map_err(|e| classify(conn, e))?;
+            let (spent, fresh): (Vec<_>, Vec<_>) = waiting
+                .into_iter()
+                .partition(|(_, attempts)| *attempts >= limit.max);
+            let spent: Vec<T> = spent.into_iter().map(|(row, _)| row).collect();
+            let fresh: Vec<T> = fresh.into_iter().map(|(row, _)| row).collect();
+            let parked = park::<T, C, OwnerCol>(conn, &spent, limit.park_in)?;
+            let rows = hand_over::<T, C, OwnerCol, AtCol, AttemptsCol>(conn, &fresh, request)?;
+            Ok(Claimed { rows, parked })
+        })
+    }
+}
+
+/// At least one attempt, and a parking state apart from the claim's two states.
+fn check_limit<S: Status>(
+    request: &ClaimRequest<'_, S>,
+    limit: &AttemptLimit<S>,
+) -> Result<(), Error> {
+    let invalid = |reason: String| {
+        Err(Error::InvalidSetting {
+            what: "attempt limit",
+            reason,
+        })
+    };
+    if limit.max < 1 {
+        return invalid(format!("at least one attempt is needed, not {}", limit.max));
+    }
+    if limit.park_in == request.from || limit.park_in == request.to {
+        return invalid(format!(
+            "parked rows must leave the claim's states (`{}`, `{}`), not stay in `{}`",
+            request.from.name(),
+            request.to.name(),
+            limit.park_in.name()
+        ));
+    }
+    Ok(())
+}
+
+/// Hands the `locked` rows to the request's owner, counting the attempt; the rows as
+/// written.
+fn hand_over<T, C, OwnerCol, AtCol, AttemptsCol>(
+    conn: &mut C,
+    locked: &[T],
+    request: &ClaimRequest<'_, T::Status>,
+) -> Result<Vec<T>, Error>
+where
+    T: HasStatus + LoadByKey<C>,
+    T::Guard: AdvanceInSql,
+    C: LoadConnection,
+    C::Backend: OccBackend,
+    OwnerCol: Column<Table = T::Table>,
+    CountedClaimOf<T, OwnerCol, AtCol, AttemptsCol>: Assignments<C::Backend>,
+    Counted: Complete<C, CountedClaimOf<T, OwnerCol, AtCol, AttemptsCol>, ()>,
+{
+    write_locked(conn, locked, |keys| {
+        CountedClaimOf::<T, OwnerCol, AtCol, AttemptsCol>::new(
+            T::table(),
+            Joined(
+                Joined(
+                    Joined(
+                        ColumnEq::new(request.to),
+                        ColumnEq::new(Some(request.owner.to_string())),
+                        Comma,
+                    ),
+                    ClockColumn::set(Shift::none()),
+                    Comma,
+                ),
+                Increment::default(),
+                Comma,
+            ),
+            Joined(T::Guard::advance_any(), T::stamp(), Comma),
+            keys,
+            T::Guard::can_advance(),
+        )
+    })
+}
+
+/// Moves the `locked` rows to `park_in` with their owner cleared; the rows as written.
+fn park<T, C, OwnerCol>(conn: &mut C, locked: &[T], park_in: T::Status) -> Result<Vec<T>, Error>
+where
+    T: HasStatus + LoadByKey<C>,
+    T::Guard: AdvanceInSql,
+    C: LoadConnection,
+    C::Backend: OccBackend,
+    OwnerCol: Column<Table = T::Table>,
+    ParkOf<T, OwnerCol>: Assignments<C::Backend>,
+    Counted: Complete<C, ParkOf<T, OwnerCol>, ()>,
+{
+    write_locked(conn, locked, |keys| {
+        ParkOf::<T, OwnerCol>::new(
+            T::table(),
+            Joined(ColumnEq::new(park_in), ColumnEq::new(None), Comma),
+            Joined(T::Guard::advance_any(), T::stamp(), Comma),
+            keys,
+            T::Guard::can_advance(),
+        )
+    })
+}

@@ -1,0 +1,91 @@
+//! Claim heartbeats: a worker that is slow but alive extends the claim it still holds, so
+//! that nobody takes it over as abandoned.
+//!
+//! One write transaction: the row is read with a lock first (waiting there for whoever
+//! holds it), then `UPDATE ... SET claimed_at = <database now>, <token advanced> WHERE
+//! <key> AND status = ?held AND owner = ?me`. The new claim time is computed after the
+//! wait, so a heartbeat that waited is still a whole claim from when it lands; a claim
+//! another worker took over meanwhile (it changed the owner) is [`Error::LockLost`].
+
+use diesel::connection::LoadConnection;
+use diesel::sql_types::{Nullable, Text};
+use diesel::Column;
+
+use crate::connect::backend::OccBackend;
+use crate::connect::transaction::{commit_operation, WriteTransaction};
+use crate::error::Error;
+use crate::guard::server_clock::{ClockColumn, Shift};
+use crate::guard::AdvanceInSql;
+use crate::sql::new_token::{Complete, Counted};
+use crate::sql::statement::{And, Assignments, ColumnEq, Comma, Joined};
+use crate::status::claim::{ClaimLost, HeldBy};
+use crate::status::HasStatus;
+use crate::write::entity::{KeyWriteOf, LoadByKey, RowMoved};
+use crate::write::executor::{classify, CompareAndSet};
+
+/// `UPDATE ... SET claimed_at = <database now>, <token advanced> WHERE <key> AND status =
+/// ?held AND owner = ?me`.
+pub(crate) type HeartbeatOf<T, OwnerCol, AtCol> =
+    KeyWriteOf<T, ClockColumn<AtCol>, HeldBy<T, OwnerCol>>;
+
+/// A heartbeat of a claim on a row of entity `Self` with owner column `OwnerCol` and
+/// claim-time column `AtCol` on connection `C`, as one bound; like
+/// [`UpdateRow`](crate::UpdateRow), not a trait to implement.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot extend a claim with `{OwnerCol}` and `{AtCol}` on `{C}`",
+    note = "the owner column must be `Nullable<Text>` and the claim time a timestamp column of the entity's table, the connection a diesel connection of a backend diesel-occ supports, and the guard must advance in SQL"
+)]
+pub trait ExtendClaim<C, OwnerCol, AtCol>: HasStatus + LoadByKey<C> {
+    /// Runs the heartbeat; [`GuardedClaim`](crate::GuardedClaim) calls it.
+    #[doc(hidden)]
+    fn extend_claim_row(
+        conn: &mut C,
+        key: &Self::Key,
+        owner: &str,
+        held: Self::Status,
+    ) -> Result<Self, Error>;
+}
+
+impl<T, C, OwnerCol, AtCol> ExtendClaim<C, OwnerCol, AtCol> for T
+where
+    T: HasStatus + LoadByKey<C>,
+    T::Guard: AdvanceInSql,
+    C: LoadConnection + WriteTransaction,
+    C::Backend: OccBackend,
+    OwnerCol: Column<Table = T::Table, SqlType = Nullable<Text>>,
+    AtCol: Column<Table = T::Table>,
+    HeartbeatOf<T, OwnerCol, AtCol>: Assignments<C::Backend>,
+    Counted: Complete<C, HeartbeatOf<T, OwnerCol, AtCol>, ()>,
+{
+    fn extend_claim_row(
+        conn: &mut C,
+        key: &T::Key,
+        owner: &str,
+        held: T::Status,
+    ) -> Result<T, Error> {
+        crate::sql::names::check_name("owner", owner)?;
+        commit_operation(conn, |conn| {
+            // Waits here for whoever holds the row, before the claim time is computed.
+            T::load_by_key(conn, key).map_err(|e| classify(conn, e))?;
+            let statement = HeartbeatOf::<T, OwnerCol, AtCol>::new(
+                T::table(),
+                ClockColumn::set(Shift::none()),
+                Joined(T::Guard::advance_any(), T::stamp(), Comma),
+                T::key_predicate(key),
+                Joined(
+                    Joined(ColumnEq::new(held), ColumnEq::new(owner.to_string()), And),
+                    T::Guard::can_advance(),
+                    And,
+                ),
+            );
+            let miss = ClaimLost::<T> { key, owner, held };
+            CompareAndSet::one(statement, T::table_name(), key, miss)
+                .run::<C, Counted, ()>(conn)?;
+            match T::load_by_key(conn, key) {
+                Ok(Some(row)) => Ok(row),
+                Ok(None) => Err(RowMoved::<T>::any(key).given::<C>(None)),
+                Err(e) => Err(classify(conn, e)),
+            }
+        })
+    }
+}
