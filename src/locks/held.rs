@@ -138,18 +138,19 @@ impl Held {
     /// [`Error::LockLost`] at once. Use it for the pauses of a loop that works under the
     /// lock, so that losing it interrupts the wait.
     pub fn sleep(&self, duration: Duration) -> Result<(), Error> {
-        let end = Instant::now() + duration;
+        // A duration past what `Instant` can hold (`Duration::MAX`) sleeps until the loss.
+        let end = Instant::now().checked_add(duration);
         loop {
             self.check()?;
             let now = Instant::now();
-            if now >= end {
+            if end.is_some_and(|end| now >= end) {
                 return Ok(());
             }
             // The deadline may move on while waiting: wake at it and look again.
-            let wake = self
-                .belief
-                .deadline()
-                .map_or(now, |deadline| deadline.min(end));
+            let wake = self.belief.deadline().map_or(now, |deadline| match end {
+                Some(end) => deadline.min(end),
+                None => deadline,
+            });
             self.loss.wait_until(wake);
         }
     }
@@ -166,7 +167,16 @@ impl Held {
     /// write lands before the next holder's grant, never after it. `write`'s own error
     /// rolls back and comes back unchanged; diesel-occ's reach the caller through
     /// `E: From<Error>`. Inside a transaction of the caller's it runs as a savepoint, and
-    /// the lock row stays locked until that transaction ends.
+    /// the lock row stays locked until that transaction ends: renewals wait for it, so keep
+    /// such a transaction well under the renewal interval (a third of the lease), or the
+    /// lease ends for want of a renewal although nobody else took it.
+    ///
+    /// The check waits for the lock row as the session's own settings allow (PostgreSQL's
+    /// `lock_timeout`, MariaDB's `innodb_lock_wait_timeout`): it reads the clock after the
+    /// wait, so a long wait can only make it refuse, never commit late. Under PostgreSQL
+    /// `REPEATABLE READ` or `SERIALIZABLE` a renewal that touched the lock row since the
+    /// transaction's snapshot makes the check a serialization failure
+    /// ([`Error::Retryable`]): run protected writes at `READ COMMITTED` (the default).
     pub fn write_while_held<C, T, E>(
         &self,
         conn: &mut C,

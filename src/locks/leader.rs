@@ -167,7 +167,9 @@ impl Candidate {
     /// [`LeaderEvent::Lost`] is sent at the deadline, before the wait. A job that returns
     /// (or panics) while leading ends its term: [`LeaderEvent::JobEnded`], the lock is
     /// freed and the candidate campaigns again. Loop inside the job for work that lasts
-    /// the whole term.
+    /// the whole term. [`stop`](Self::stop) and dropping the candidate wait for the job
+    /// too, without a time limit: a job must look at `check` or `sleep` between steps,
+    /// and bound its own blocking calls.
     pub fn start_with_job<M>(
         locks: Locks<M>,
         name: &str,

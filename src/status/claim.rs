@@ -59,7 +59,10 @@ pub struct ClaimRequest<'a, S> {
     pub from: S,
     /// The state of a claimed row.
     pub to: S,
-    /// Who claims: a worker id, stored in the owner column.
+    /// Who claims: a worker id, stored in the owner column. Finishing and heartbeats
+    /// are checked by it alone, so make it unique per worker run (a host name plus a
+    /// random part), never reused by a restarted worker: a worker that hung past
+    /// `reclaim_after` and a later run under the same id could both pass the check.
     pub owner: &'a str,
     /// At most this many rows.
     pub limit: usize,
@@ -228,8 +231,9 @@ where
     /// The heartbeat of a claim `owner` still holds on the row with `key` (in state
     /// `held`): its claim time becomes the database's now, so a worker that is slow but
     /// alive is not taken over as abandoned. Call it well within `reclaim_after`. The row
-    /// as written (its token advanced); [`Error::LockLost`] when another worker took the
-    /// claim over or it left `held`, [`Error::NotFound`] when the row is gone.
+    /// as written (its token advanced, so copies read before it are stale: use the row
+    /// returned); [`Error::LockLost`] when another worker took the claim over or it left
+    /// `held`, [`Error::NotFound`] when the row is gone.
     fn extend_claim<C, OwnerCol, AtCol>(
         conn: &mut C,
         key: &Self::Key,
