@@ -92,6 +92,7 @@ pub fn guarded(entity: &Entity<'_>, guard: &Guard<'_, '_>) -> TokenStream {
                 && Some(&f.column) != token_column
                 && Entity::excluded(f).is_none()
                 && Entity::updated_at(f).is_none()
+                && Entity::status(f).is_none()
         })
         .collect();
     let excluded_columns: Vec<TokenStream> = entity
@@ -145,6 +146,7 @@ pub fn guarded(entity: &Entity<'_>, guard: &Guard<'_, '_>) -> TokenStream {
 
     let json_documents = json_documents(ident, entity, &column);
     let status = status_column(ident, entity, &column);
+    let status_kept = status_kept(entity, &column);
 
     quote! {
         const _: () = {
@@ -172,6 +174,8 @@ pub fn guarded(entity: &Entity<'_>, guard: &Guard<'_, '_>) -> TokenStream {
                 fn changes(&self) -> Self::Changes {
                     #changes
                 }
+
+                #status_kept
 
                 #stamp
             }
@@ -238,6 +242,43 @@ fn status_column(
             }
         }
     }
+}
+
+/// `STATUS_COLUMN`, `type StatusKept`, `status_kept` and `status_name`: the condition
+/// that the row is in the copy's state, for an entity with a status; nothing otherwise.
+fn status_kept(entity: &Entity<'_>, column: &dyn Fn(&Field<'_>) -> TokenStream) -> TokenStream {
+    let Some(f) = entity.fields.iter().find(|f| Entity::status(f).is_some()) else {
+        return quote! {
+            type StatusKept = ::diesel_occ::__private::Unguarded;
+
+            fn status_kept(&self) -> Self::StatusKept {
+                ::diesel_occ::__private::Unguarded
+            }
+        };
+    };
+    // Through `HasStatus`, and spanned at the field's type, so that a type that is no
+    // status enum is reported there with the trait's hint.
+    let col = column(f);
+    let items = quote! {
+        const STATUS_COLUMN: ::std::option::Option<&'static str> =
+            ::std::option::Option::Some(<#col as ::diesel_occ::diesel::Column>::NAME);
+
+        type StatusKept = ::diesel_occ::__private::ColumnEq<
+            #col,
+            <Self as ::diesel_occ::HasStatus>::Status,
+        >;
+
+        fn status_kept(&self) -> Self::StatusKept {
+            ::diesel_occ::__private::ColumnEq::new(::diesel_occ::HasStatus::status(self))
+        }
+
+        fn status_name(&self) -> ::std::option::Option<&'static str> {
+            ::std::option::Option::Some(::diesel_occ::Status::name(
+                ::diesel_occ::HasStatus::status(self),
+            ))
+        }
+    };
+    respan(items, f.ty.span())
 }
 
 /// `type Guard`, `token` and `set_token` for a guard whose token is one field.
@@ -416,7 +457,11 @@ fn changed_columns(
     column: &dyn Fn(&Field<'_>) -> TokenStream,
     value: &dyn Fn(&Field<'_>, TokenStream) -> (TokenStream, TokenStream),
 ) -> TokenStream {
-    let fields: Vec<_> = fields.iter().filter(|f| !f.skip_update).collect();
+    // The status is moved by transitions only; a changed one is refused before this runs.
+    let fields: Vec<_> = fields
+        .iter()
+        .filter(|f| !f.skip_update && Entity::status(f).is_none())
+        .collect();
     if fields.is_empty() {
         return TokenStream::new();
     }

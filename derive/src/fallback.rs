@@ -40,6 +40,12 @@ pub fn stub(input: &DeriveInput) -> TokenStream {
                     ::std::default::Default::default()
                 }
 
+                type StatusKept = ::diesel_occ::__private::Unguarded;
+
+                fn status_kept(&self) -> Self::StatusKept {
+                    ::diesel_occ::__private::Unguarded
+                }
+
                 type Stamp = ::diesel_occ::__private::Unguarded;
 
                 fn stamp() -> Self::Stamp {

@@ -161,6 +161,20 @@ pub enum Error {
         column: String,
     },
 
+    /// A write that is not a transition would change the `#[occ(status)]` column: a
+    /// changeset that assigns it, or a saved copy whose state differs from the row's.
+    /// Only transitions move it, so the allowed moves cannot be walked around; nothing
+    /// was written.
+    #[error("`{column}` of `{table}` is moved only by transitions, and this write would change it ({detail}): use `transition` or `transition_by_key` (`force_status` to repair data): nothing was written")]
+    StatusNotWritable {
+        /// The table that was written.
+        table: &'static str,
+        /// The status column, by its SQL name.
+        column: String,
+        /// How the write would have changed it.
+        detail: String,
+    },
+
     /// A stored value cannot be used as it is (malformed JSON, a NULL where a token is
     /// required, ...); nothing was written.
     #[error("invalid stored data in `{table}`.`{column}`: {reason}; nothing was written")]

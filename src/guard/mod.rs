@@ -51,8 +51,26 @@ pub trait Guarded: HasTable + Debug + Send + Sync + Sized + 'static {
     /// leaves them alone.
     const EXCLUDED_COLUMNS: &'static [&'static str] = &[];
 
-    /// Every updatable column set from the entity's fields (key, guard and excluded columns
-    /// left out). Values are cloned out of the entity: a borrowed changeset would need a
+    /// The `#[occ(status)]` column by SQL name, if the entity has one: only transitions
+    /// write it, and every other write that would change it is refused
+    /// ([`Error::StatusNotWritable`](crate::Error::StatusNotWritable)).
+    const STATUS_COLUMN: Option<&'static str> = None;
+
+    /// `<status column> = <this copy's state>`, or nothing for an entity without a status:
+    /// a save never writes the state, so it must find the row in the state the copy holds,
+    /// and a copy whose state was changed in memory is refused rather than half saved.
+    type StatusKept;
+
+    /// The condition that the row is in this copy's state.
+    fn status_kept(&self) -> Self::StatusKept;
+
+    /// This copy's state as stored, for an entity with a status; for messages.
+    fn status_name(&self) -> Option<&'static str> {
+        None
+    }
+
+    /// Every updatable column set from the entity's fields (key, guard, status and
+    /// excluded columns left out). Values are cloned out of the entity: a borrowed changeset would need a
     /// lifetime in every bound that names it, and a clone costs far less than the round
     /// trip.
     type Changes: AsChangeset<Target = Self::Table>;

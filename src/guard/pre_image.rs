@@ -198,6 +198,7 @@ where
     ChangedUpdateOf<T>: ExecuteDsl<C> + Assignments<C::Backend>,
 {
     fn save_changes_from(&mut self, conn: &mut C, original: &T) -> Result<(), Error> {
+        crate::write::entity::refuse_status_move::<T, C>(self, original)?;
         let Some((changes, predicate)) = self.changed_since(original) else {
             return Ok(());
         };
@@ -209,11 +210,10 @@ where
             T::key_predicate(&original.key()),
             predicate,
         );
+        let (key, token) = (original.key(), original.token());
+        let miss = crate::write::entity::RowMoved::<T>::expecting(&key, &token);
         crate::write::entity::run_guarded::<T, C, _, crate::sql::new_token::Counted>(
-            conn,
-            &original.key(),
-            &original.token(),
-            statement,
+            conn, miss, statement,
         )?;
         self.set_stamp(&stamp);
         Ok(())

@@ -8,6 +8,7 @@
 //! | `NotFound` | 404 | |
 //! | `InvalidTransition` | 409 | the resource's state forbids the move; the body names the current state |
 //! | `LockHeld`, `LockLost`, `StaleFence` | 409 | the resource is held by someone else; 423 is WebDAV's and clients rarely know it |
+//! | `StatusNotWritable` | 409 | the representation changes the state, which only a transition (its own endpoint) may; the body names the column |
 //! | `VersionOverflow` | 409 | the row cannot be written again until its column is widened |
 //! | `InvalidPatch` | 422 | the patch is well-formed JSON that does not apply to the document |
 //! | `InvalidName`, `InvalidSetting` | 400 | an input the client chose (a lock name) is refused |
@@ -81,6 +82,11 @@ impl Problem {
             Error::StaleFence { .. } => Problem::new(S::CONFLICT, "stale-fence", error.to_string()),
             Error::VersionOverflow { .. } => {
                 Problem::new(S::CONFLICT, "version-overflow", error.to_string())
+            }
+            Error::StatusNotWritable { column, .. } => {
+                let mut p = Problem::new(S::CONFLICT, "status-not-writable", error.to_string());
+                p.extensions.insert("column".into(), json!(column));
+                p
             }
             Error::InvalidPatch { .. } => {
                 Problem::new(S::UNPROCESSABLE_ENTITY, "invalid-patch", error.to_string())

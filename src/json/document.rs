@@ -123,7 +123,7 @@ where
             }
             let expected = original.token();
             let document = SetDocument(ColumnEq::new(row.document().clone()));
-            let token = T::update_row(conn, key, &expected, document, T::stamp())?;
+            let token = T::update_row(conn, key, &expected, document, T::stamp(), None)?;
             row.set_token(token.clone());
             Ok((row, token, value))
         })

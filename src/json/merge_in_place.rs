@@ -286,6 +286,13 @@ where
     fn merge_in_place(conn: &mut C, key: &T::Key, patch: &Value) -> Result<TokenOf<T>, Error> {
         Place::<T, Col>::new(T::table_name(), key).check_merge_patch(patch)?;
         let miss = RowMoved::<T>::advancing_any(key, T::Guard::at_end);
-        write_by_key::<T, C, _, _, _>(conn, key, MergePatch::new(patch.clone()), Unguarded, miss)
+        write_by_key::<T, C, _, _, _>(
+            conn,
+            key,
+            MergePatch::new(patch.clone()),
+            Unguarded,
+            miss,
+            0,
+        )
     }
 }

@@ -22,7 +22,7 @@ use crate::guard::Guarded;
 use crate::sql::new_token::{Complete, Counted};
 use crate::sql::statement::{Assignments, ColumnEq, ColumnOfRow, GuardedUpdate};
 use crate::write::entity::LoadByKey;
-use crate::write::executor::{classify, CompareAndSet, Miss};
+use crate::write::executor::{classify, refuse_status_write, CompareAndSet, Miss};
 
 /// `"last_fence" <= ?`: the write's fence is not older than the newest seen.
 #[derive(Debug, Clone, Copy)]
@@ -120,6 +120,7 @@ where
                 column: PhantomData,
             },
         );
+        refuse_status_write(T::table_name(), T::STATUS_COLUMN, &statement, 0)?;
         let miss = FenceMoved {
             newest: statement.read_back::<F>(),
             presented: fence,

@@ -224,6 +224,14 @@ pub trait Assignments<DB> {
     /// name. PostgreSQL rejects such a statement; MySQL and SQLite would keep one of
     /// the two values silently, so the executor refuses it on every backend.
     fn assigned_twice(&self) -> QueryResult<Option<String>>;
+
+    /// How many times the caller's part of the statement assigns `column` (SQL name): a
+    /// status column that only transitions move must not be among an ordinary write's
+    /// changes. Statements without a `SET` list assign nothing.
+    fn assignments_to(&self, column: &str) -> QueryResult<usize> {
+        let _ = column;
+        Ok(0)
+    }
 }
 
 impl<T, Changes, Advance, Key, Guard, DB> Assignments<DB>
@@ -248,6 +256,13 @@ where
             .into_iter()
             .find(|target| guarded.contains(target))
             .map(crate::sql::names::unquote))
+    }
+
+    fn assignments_to(&self, column: &str) -> QueryResult<usize> {
+        Ok(assigned_columns::<DB, _>(&self.changes)?
+            .iter()
+            .filter(|assigned| *assigned == column)
+            .count())
     }
 }
 

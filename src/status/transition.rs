@@ -43,7 +43,9 @@ use crate::status::{HasStatus, Status, StatusIn};
 use crate::write::entity::{
     advance_from, unreadable_in, write_by_key, KeyWriteOf, LoadByKey, RowMoved,
 };
-use crate::write::executor::{classify, CannotMiss, CompareAndSet, Matches, Miss};
+use crate::write::executor::{
+    classify, refuse_status_write, CannotMiss, CompareAndSet, Matches, Miss,
+};
 use crate::write::modify::in_caller_transaction;
 
 /// No extra assignment: the transition sets the status (and advances the token) only.
@@ -90,7 +92,24 @@ pub trait GuardedTransition: HasStatus + Clone {
     where
         Self: TransitionRow<C, Ch>,
     {
-        self.transition_row(conn, to, extra)
+        self.transition_row(conn, to, extra, Self::Status::sources(to))
+    }
+
+    /// Moves this row to `to` from whatever state it is in, if it still holds this copy's
+    /// token: the escape hatch for repairing data (a row stuck where no declared
+    /// transition leads out), never for business moves, which are transitions. Every
+    /// other write refuses to change the status ([`Error::StatusNotWritable`]); search
+    /// for `force_status` to find the places that bypass the declared moves.
+    fn force_status<C, Ch>(
+        &mut self,
+        conn: &mut C,
+        to: Self::Status,
+        extra: Ch,
+    ) -> Result<TokenOf<Self>, Error>
+    where
+        Self: TransitionRow<C, Ch>,
+    {
+        self.transition_row(conn, to, extra, Self::Status::ALL)
     }
 
     /// [`transition`](Self::transition) and then `hook` (given the state the row left and
@@ -136,13 +155,14 @@ impl<T: HasStatus + Clone> GuardedTransition for T {}
     note = "the extra changes must be for the entity's table (`no_extra()` for none), the connection a diesel connection of a backend diesel-occ supports, and the guard's SQL must fit that backend"
 )]
 pub trait TransitionRow<C, Ch>: HasStatus + LoadByKey<C> {
-    /// Runs the transition; [`GuardedTransition`] calls it.
+    /// Runs the transition from one of `sources`; [`GuardedTransition`] calls it.
     #[doc(hidden)]
     fn transition_row(
         &mut self,
         conn: &mut C,
         to: Self::Status,
         extra: Ch,
+        sources: &'static [Self::Status],
     ) -> Result<TokenOf<Self>, Error>;
 }
 
@@ -160,6 +180,7 @@ where
         conn: &mut C,
         to: T::Status,
         extra: Ch,
+        sources: &'static [T::Status],
     ) -> Result<TokenOf<T>, Error> {
         let (key, expected) = (self.key(), self.token());
         let (advance, next) = advance_from::<T, C>(&key, &expected)?;
@@ -169,15 +190,13 @@ where
             Joined(ColumnEq::new(to), extra.as_changeset(), Comma),
             Joined(advance, stamp.clone(), Comma),
             T::key_predicate(&key),
-            Joined(
-                StatusIn::new(T::Status::sources(to)),
-                T::Guard::predicate(&expected),
-                And,
-            ),
+            Joined(StatusIn::new(sources), T::Guard::predicate(&expected), And),
         );
+        refuse_status_write(T::table_name(), T::STATUS_COLUMN, &statement, 1)?;
         let miss = TransitionMiss {
             row: RowMoved::<T>::expecting(&key, &expected),
             to,
+            sources,
         };
         let token = CompareAndSet::one(statement, T::table_name(), &key, miss)
             .run::<C, CompletionOf<T>, TokenOf<T>>(conn)?
@@ -307,10 +326,11 @@ where
         let miss = TransitionMiss {
             row: RowMoved::<T>::advancing_any(key, T::Guard::at_end),
             to,
+            sources: T::Status::sources(to),
         };
         let changes = Joined(ColumnEq::new(to), extra.as_changeset(), Comma);
         let condition = StatusIn::new(T::Status::sources(to));
-        write_by_key::<T, C, _, _, _>(conn, key, changes, condition, miss)
+        write_by_key::<T, C, _, _, _>(conn, key, changes, condition, miss, 1)
     }
 }
 
@@ -320,6 +340,7 @@ where
 struct TransitionMiss<'k, T: HasStatus> {
     row: RowMoved<'k, T>,
     to: T::Status,
+    sources: &'static [T::Status],
 }
 
 impl<T, C> Miss<C> for TransitionMiss<'_, T>
@@ -331,7 +352,7 @@ where
     fn explain(self, conn: &mut C) -> Error {
         let (key, to) = (self.row.key(), self.to);
         match T::load_by_key(conn, key) {
-            Ok(Some(current)) if !T::Status::allows(current.status(), to) => {
+            Ok(Some(current)) if !self.sources.contains(&current.status()) => {
                 Error::InvalidTransition(Box::new(InvalidTransition::new(
                     T::table_name(),
                     format!("{key:?}"),

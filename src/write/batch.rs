@@ -172,7 +172,14 @@ where
         }
         rows.into_iter()
             .map(|(key, expected, changes)| {
-                outcome(T::update_row(conn, &key, &expected, changes, T::stamp()))
+                outcome(T::update_row(
+                    conn,
+                    &key,
+                    &expected,
+                    changes,
+                    T::stamp(),
+                    None,
+                ))
             })
             .collect()
     }
@@ -214,7 +221,8 @@ where
     let mut outcomes = Vec::new();
     let (mut pending, mut updates) = (Vec::<Pending<T>>::new(), Vec::new());
     for (key, expected, changes) in rows {
-        let (update, next) = guarded_statement::<T, C, Ch>(&key, &expected, changes, T::stamp())?;
+        let (update, next) =
+            guarded_statement::<T, C, Ch>(&key, &expected, changes, T::stamp(), None)?;
         // Refused before any statement of the batch is sent, as a single write is.
         refuse_double_assignment(T::table_name(), &update)?;
         // PostgreSQL numbers its parameters `$1`, `$2`, ...; a `$` in a quoted name only

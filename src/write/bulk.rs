@@ -26,7 +26,7 @@ use crate::guard::{AdvanceAnyOf, AdvanceInSql, CanAdvanceOf, Guarded};
 use crate::sql::new_token::Counted;
 use crate::sql::statement::{Assignments, Comma, GuardedUpdate, Joined, Not};
 use crate::write::entity::LoadByKey;
-use crate::write::executor::{classify, CannotMiss, CompareAndSet, Matches};
+use crate::write::executor::{classify, refuse_status_write, CannotMiss, CompareAndSet, Matches};
 
 /// What a bulk update did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -146,6 +146,7 @@ where
             T::Guard::can_advance(),
         );
         let table = T::table_name();
+        refuse_status_write(table, T::STATUS_COLUMN, &statement, 0)?;
         let every_row = "(every row the filter matches)";
         let updated = CompareAndSet::one(statement, table, &every_row, CannotMiss)
             .matching(Matches::Any)

@@ -21,15 +21,20 @@ use crate::sql::statement::{
     assigned_columns, And, AnyOf, Assignments, Comma, GuardedDelete, GuardedUpdate, Joined,
     LatestRead, NoChanges, RowLock, Unguarded,
 };
-use crate::write::executor::{classify, in_transaction, CompareAndSet, Miss};
+use crate::write::executor::{classify, in_transaction, refuse_status_write, CompareAndSet, Miss};
 
-/// The guarded `UPDATE` of entity `T` with changeset `Ch`.
+/// The guarded `UPDATE` of entity `T` with changeset `Ch`; a save also requires the row
+/// to be in the saved copy's state ([`Guarded::StatusKept`]).
 pub(crate) type UpdateOf<T, Ch> = GuardedUpdate<
     <T as diesel::associations::HasTable>::Table,
     Ch,
     AdvanceOf<T>,
     <T as Guarded>::KeyPredicate,
-    <<T as Guarded>::Guard as GuardKind>::Predicate,
+    Joined<
+        <<T as Guarded>::Guard as GuardKind>::Predicate,
+        Option<<T as Guarded>::StatusKept>,
+        And,
+    >,
 >;
 
 /// The unguarded `UPDATE` of entity `T`'s excluded fields with changeset `Ch`.
@@ -167,7 +172,7 @@ pub trait GuardedWrite: Guarded {
     where
         Self: UpdateRow<C, Ch>,
     {
-        Self::update_row(conn, key, expected, changes, Self::stamp())
+        Self::update_row(conn, key, expected, changes, Self::stamp(), None)
     }
 
     /// Writes every updatable field of this copy if the row still holds its token, and
@@ -194,6 +199,7 @@ pub trait GuardedWrite: Guarded {
     where
         Self: UpdateRow<C, <Self as Guarded>::Changes>,
     {
+        refuse_status_move::<Self, C>(self, original)?;
         let changes = self.changes();
         write_and_record(self, conn, &original.key(), &original.token(), changes)
     }
@@ -269,7 +275,8 @@ impl<T: Guarded> GuardedWrite for T {}
     note = "the changes must be for the entity's table, the connection a diesel connection of a backend diesel-occ supports, and the guard's SQL must fit that backend (an `xmin` guard needs PostgreSQL)"
 )]
 pub trait UpdateRow<C, Ch>: LoadByKey<C> {
-    /// Runs the update; the methods of [`GuardedWrite`] call it.
+    /// Runs the update; the methods of [`GuardedWrite`] call it. `saved` is the copy a
+    /// save writes: the row must be in its state.
     #[doc(hidden)]
     fn update_row(
         conn: &mut C,
@@ -277,6 +284,7 @@ pub trait UpdateRow<C, Ch>: LoadByKey<C> {
         expected: &TokenOf<Self>,
         changes: Ch,
         stamp: Self::Stamp,
+        saved: Option<&Self>,
     ) -> Result<TokenOf<Self>, Error>;
 }
 
@@ -295,8 +303,9 @@ where
         expected: &TokenOf<T>,
         changes: Ch,
         stamp: T::Stamp,
+        saved: Option<&T>,
     ) -> Result<TokenOf<T>, Error> {
-        update_stamped::<T, C, Ch>(conn, key, expected, changes, stamp)
+        update_stamped::<T, C, Ch>(conn, key, expected, changes, stamp, saved)
     }
 }
 
@@ -325,7 +334,8 @@ where
             T::key_predicate(key),
             T::Guard::predicate(expected),
         );
-        run_guarded::<T, C, _, Counted>(conn, key, expected, statement).map(drop)
+        let miss = RowMoved::<T>::expecting(key, expected);
+        run_guarded::<T, C, _, Counted>(conn, miss, statement).map(drop)
     }
 }
 
@@ -378,6 +388,20 @@ where
     }
 }
 
+/// [`Error::StatusNotWritable`] when `copy` is in another state than the `original` it
+/// was edited from: a save never writes the state, so it refuses rather than drop the
+/// move. Nothing is sent.
+pub(crate) fn refuse_status_move<T: LoadByKey<C>, C>(copy: &T, original: &T) -> Result<(), Error> {
+    match (original.status_name(), copy.status_name()) {
+        (Some(from), Some(to)) if from != to => Err(Error::StatusNotWritable {
+            table: T::table_name(),
+            column: T::STATUS_COLUMN.unwrap_or_default().to_string(),
+            detail: format!("the copy moved from `{from}` to `{to}`"),
+        }),
+        _ => Ok(()),
+    }
+}
+
 /// The guarded update of `row`'s row with `key` from `expected`; on success `row` records
 /// the new token and the stamp it wrote.
 fn write_and_record<T, C, Ch>(
@@ -391,20 +415,22 @@ where
     T: UpdateRow<C, Ch>,
 {
     let stamp = T::stamp();
-    let next = T::update_row(conn, key, expected, changes, stamp.clone())?;
+    let next = T::update_row(conn, key, expected, changes, stamp.clone(), Some(row))?;
     row.set_token(next.clone());
     row.set_stamp(&stamp);
     Ok(next)
 }
 
-/// The guarded update of the row with `key` from `expected`, with the entity's `stamp`:
-/// what every updating method of [`GuardedWrite`] runs.
+/// The guarded update of the row with `key` from `expected`, with the entity's `stamp`
+/// (and, for a save, in the state of the `saved` copy): what every updating method of
+/// [`GuardedWrite`] runs.
 fn update_stamped<T, C, Ch>(
     conn: &mut C,
     key: &T::Key,
     expected: &TokenOf<T>,
     changes: Ch,
     stamp: T::Stamp,
+    saved: Option<&T>,
 ) -> Result<TokenOf<T>, Error>
 where
     T: LoadByKey<C>,
@@ -414,8 +440,10 @@ where
     UpdateOf<T, Ch::Changeset>: Assignments<C::Backend>,
     CompletionOf<T>: Complete<C, UpdateOf<T, Ch::Changeset>, TokenOf<T>>,
 {
-    let (statement, next) = guarded_statement::<T, C, Ch>(key, expected, changes, stamp)?;
-    let returned = run_guarded::<T, C, _, CompletionOf<T>>(conn, key, expected, statement)?;
+    let kept = saved.map(T::status_kept);
+    let (statement, next) = guarded_statement::<T, C, Ch>(key, expected, changes, stamp, kept)?;
+    let miss = RowMoved::<T>::expecting(key, expected).in_state(saved.and_then(T::status_name));
+    let returned = run_guarded::<T, C, _, CompletionOf<T>>(conn, miss, statement)?;
     Ok(returned.unwrap_or(next))
 }
 
@@ -435,18 +463,22 @@ pub(crate) fn advance_from<T: LoadByKey<C>, C>(
 /// A guarded update of entity `T` with changes `Ch`, and the token it moves the row to.
 pub(crate) type StatementAndNext<T, Ch> = (UpdateOf<T, <Ch as AsChangeset>::Changeset>, TokenOf<T>);
 
-/// The guarded update of the row with `key` from `expected`, and the token it moves the
-/// row to when the guard can compute it. [`Error::VersionOverflow`] when the token cannot
-/// advance: nothing is sent.
+/// The guarded update of the row with `key` from `expected` (in the state `kept` names,
+/// for a save), and the token it moves the row to when the guard can compute it.
+/// [`Error::VersionOverflow`] when the token cannot advance and
+/// [`Error::StatusNotWritable`] when `changes` assign the status column: nothing is sent.
 pub(crate) fn guarded_statement<T, C, Ch>(
     key: &T::Key,
     expected: &TokenOf<T>,
     changes: Ch,
     stamp: T::Stamp,
+    kept: Option<T::StatusKept>,
 ) -> Result<StatementAndNext<T, Ch>, Error>
 where
     T: LoadByKey<C>,
+    C: diesel::Connection,
     Ch: AsChangeset<Target = T::Table>,
+    UpdateOf<T, Ch::Changeset>: Assignments<C::Backend>,
 {
     let (advance, next) = advance_from::<T, C>(key, expected)?;
     let statement = UpdateOf::<T, Ch::Changeset>::new(
@@ -454,18 +486,17 @@ where
         changes.as_changeset(),
         Joined(advance, stamp, Comma),
         T::key_predicate(key),
-        T::Guard::predicate(expected),
+        Joined(T::Guard::predicate(expected), kept, And),
     );
+    refuse_status_write(T::table_name(), T::STATUS_COLUMN, &statement, 0)?;
     Ok((statement, next))
 }
 
-/// Runs a guarded `statement` on the row with `key`, expected to hold `expected`, the way
-/// `K` says; a miss is explained by [`RowMoved`]. The token the statement read back, if
-/// it reads one.
+/// Runs a guarded `statement` on the row `miss` names the way `K` says; `miss` explains a
+/// row it did not write. The token the statement read back, if it reads one.
 pub(crate) fn run_guarded<T, C, S, K>(
     conn: &mut C,
-    key: &T::Key,
-    expected: &TokenOf<T>,
+    miss: RowMoved<'_, T>,
     statement: S,
 ) -> Result<Option<TokenOf<T>>, Error>
 where
@@ -475,7 +506,7 @@ where
     S: Assignments<C::Backend>,
     K: Complete<C, S, TokenOf<T>>,
 {
-    let miss = RowMoved::<T>::expecting(key, expected);
+    let key = miss.key();
     let written = CompareAndSet::one(statement, T::table_name(), key, miss).run::<C, K, _>(conn)?;
     Ok(written.token)
 }
@@ -492,13 +523,15 @@ pub(crate) type KeyWriteOf<T, Ch, G> = GuardedUpdate<
 
 /// Writes `changes` to the row with `key` if `condition` holds, whatever token the row
 /// holds, advancing the token in SQL: one statement, no read before it. Returns the new
-/// token, read back by the statement; `miss` explains a row it did not write.
+/// token, read back by the statement; `miss` explains a row it did not write. `changes`
+/// may assign the status column `status_assignments` times (once for a transition).
 pub(crate) fn write_by_key<T, C, Ch, G, M>(
     conn: &mut C,
     key: &T::Key,
     changes: Ch,
     condition: G,
     miss: M,
+    status_assignments: usize,
 ) -> Result<TokenOf<T>, Error>
 where
     T: LoadByKey<C>,
@@ -516,6 +549,12 @@ where
         T::key_predicate(key),
         Joined(condition, T::Guard::can_advance(), And),
     );
+    refuse_status_write(
+        T::table_name(),
+        T::STATUS_COLUMN,
+        &statement,
+        status_assignments,
+    )?;
     let written = CompareAndSet::one(statement, T::table_name(), key, miss)
         .run::<C, ReturnedTokenOf<T>, TokenOf<T>>(conn)?;
     written.token.ok_or_else(|| {
@@ -535,6 +574,7 @@ pub(crate) struct RowMoved<'k, T: Guarded> {
     key: &'k T::Key,
     expected: Option<&'k TokenOf<T>>,
     at_end: fn(&TokenOf<T>) -> bool,
+    state: Option<&'static str>,
 }
 
 impl<'k, T: Guarded> RowMoved<'k, T> {
@@ -544,6 +584,7 @@ impl<'k, T: Guarded> RowMoved<'k, T> {
             key,
             expected: Some(expected),
             at_end: |_| false,
+            state: None,
         }
     }
 
@@ -553,6 +594,7 @@ impl<'k, T: Guarded> RowMoved<'k, T> {
             key,
             expected: None,
             at_end: |_| false,
+            state: None,
         }
     }
 
@@ -563,7 +605,14 @@ impl<'k, T: Guarded> RowMoved<'k, T> {
             key,
             expected: None,
             at_end,
+            state: None,
         }
+    }
+
+    /// A save that required the row to be in the saved copy's `state` (`None` for an
+    /// entity without a status, or a write that is not a save).
+    pub(crate) fn in_state(self, state: Option<&'static str>) -> Self {
+        RowMoved { state, ..self }
     }
 
     /// The key, for explanations built on this one.
@@ -597,6 +646,17 @@ impl<'k, T: Guarded> RowMoved<'k, T> {
                 key: format!("{key:?}"),
                 current: T::Guard::describe(&token),
             },
+            _ if self.state.is_some() && current.status_name() != self.state => {
+                Error::StatusNotWritable {
+                    table: T::table_name(),
+                    column: T::STATUS_COLUMN.unwrap_or_default().to_string(),
+                    detail: format!(
+                        "the saved copy is in state `{}`, the row in `{}`",
+                        self.state.unwrap_or_default(),
+                        current.status_name().unwrap_or_default()
+                    ),
+                }
+            }
             _ => Error::Refused {
                 table: T::table_name(),
                 key: format!("{key:?}"),

@@ -175,6 +175,32 @@ pub(crate) fn refuse_double_assignment<DB, S: Assignments<DB>>(
     }
 }
 
+/// [`Error::StatusNotWritable`] when `statement` assigns the status column `status` more
+/// often than `allowed` (once for a transition, which sets it itself; never for any other
+/// write): checked before anything is sent. Entities without a status pay nothing.
+pub(crate) fn refuse_status_write<DB, S: Assignments<DB>>(
+    table: &'static str,
+    status: Option<&'static str>,
+    statement: &S,
+    allowed: usize,
+) -> Result<(), Error> {
+    let Some(column) = status else {
+        return Ok(());
+    };
+    if statement.assignments_to(column)? <= allowed {
+        return Ok(());
+    }
+    Err(Error::StatusNotWritable {
+        table,
+        column: column.to_string(),
+        detail: if allowed == 0 {
+            "the changeset assigns it".to_string()
+        } else {
+            "the transition's extra changes assign it too".to_string()
+        },
+    })
+}
+
 /// Classifies an error a statement just returned on `conn`: [`Error::Ambiguous`] when the
 /// connection died outside a transaction (the write may or may not have been applied),
 /// [`Error::Retryable`] when the backend says a fresh attempt can succeed
