@@ -42,6 +42,10 @@ pub trait OccBackend: Backend + Default {
     /// that a batch costs a constant number of round trips.
     const COMBINES_UPDATES: bool = false;
 
+    /// Whether a failed statement aborts its whole transaction (PostgreSQL), rather than
+    /// being undone alone (MySQL, SQLite).
+    const FAILURE_ABORTS_TRANSACTION: bool = false;
+
     /// Why `error`, just returned by a statement on `conn`, can be fixed by running the
     /// transaction again; `None` for every other error.
     ///
@@ -106,6 +110,7 @@ impl OccBackend for diesel::pg::Pg {
     const LOCKING_READ: &'static str = " FOR NO KEY UPDATE";
     const NULL_SAFE_EQ: &'static str = " IS NOT DISTINCT FROM ";
     const COMBINES_UPDATES: bool = true;
+    const FAILURE_ABORTS_TRANSACTION: bool = true;
 
     fn render<F: QueryFragment<Self> + ?Sized>(fragment: &F) -> QueryResult<String> {
         render_with(fragment)

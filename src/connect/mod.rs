@@ -5,6 +5,7 @@
 pub(crate) mod backend;
 #[cfg(feature = "tokio")]
 pub(crate) mod blocking;
+pub(crate) mod caller_transaction;
 pub(crate) mod pool;
 pub(crate) mod transaction;
 pub(crate) mod write_gate;

@@ -14,6 +14,7 @@ use diesel::r2d2::{ManageConnection, PooledConnection, R2D2Connection};
 use diesel::result::Error as DieselError;
 use std::time::Duration;
 
+use crate::connect::caller_transaction::as_library;
 use crate::connect::write_gate::MAX_WAIT;
 
 use crate::error::{connection_lost, Error};
@@ -142,7 +143,7 @@ where
     let nested = in_transaction(conn);
     let mut committing = false;
     let result: Result<T, E> = conn.write_transaction_within(turn, |conn| {
-        let value = f(conn)?;
+        let value = as_library(conn, f)?;
         committing = true;
         Ok(value)
     });

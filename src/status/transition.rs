@@ -31,6 +31,7 @@ use diesel::query_dsl::methods::ExecuteDsl;
 use diesel::{Column, Insertable};
 
 use crate::connect::backend::OccBackend;
+use crate::connect::caller_transaction::as_caller;
 use crate::connect::transaction::{commit_operation, WriteTransaction};
 use crate::error::{Error, InvalidTransition};
 use crate::guard::{
@@ -132,7 +133,7 @@ pub trait GuardedTransition: HasStatus + Clone {
         let from = self.status();
         let result = commit_operation(conn, |conn| -> Result<_, Stop<E>> {
             let token = self.transition(conn, to, extra)?;
-            hook(conn, from, self).map_err(Stop::Caller)?;
+            as_caller(conn, |conn| hook(conn, from, self)).map_err(Stop::Caller)?;
             Ok(token)
         });
         result.map_err(|stop| {
@@ -273,7 +274,7 @@ where
             };
             let from = row.status();
             row.transition(conn, to, extra)?;
-            hook(conn, from, &row).map_err(Stop::Caller)?;
+            as_caller(conn, |conn| hook(conn, from, &row)).map_err(Stop::Caller)?;
             Ok(row)
         });
         result.map_err(|stop| match stop {

@@ -13,6 +13,7 @@ use diesel::connection::{Connection, LoadConnection, TransactionManager};
 use diesel::result::Error as DieselError;
 
 use crate::connect::backend::OccBackend;
+use crate::connect::caller_transaction::protect_caller;
 use crate::error::Error;
 use crate::sql::new_token::{Complete, CompleteEach};
 use crate::sql::statement::Assignments;
@@ -102,7 +103,9 @@ impl<'k, S, M> CompareAndSet<'k, S, M> {
         M: Miss<C>,
     {
         refuse_double_assignment(self.table, &self.statement)?;
-        let (rows, token) = K::run(conn, self.statement).map_err(|e| classify(conn, e))?;
+        let statement = self.statement;
+        let (rows, token) =
+            protect_caller(conn, |conn| K::run(conn, statement)).map_err(|e| classify(conn, e))?;
         let wanted = match self.matches {
             Matches::One => 1,
             Matches::All(n) => n,
@@ -147,7 +150,8 @@ where
     if statements.is_empty() {
         return Ok(Vec::new());
     }
-    let returned = K::run_each(conn, statements).map_err(|e| classify(conn, e))?;
+    let returned = protect_caller(conn, |conn| K::run_each(conn, statements))
+        .map_err(|e| classify(conn, e))?;
     let mut outcomes: Vec<Option<Written<Tok>>> = keys.iter().map(|_| None).collect();
     for (index, token) in returned {
         let rows = outcomes[index].as_ref().map_or(0, |w| w.rows) + 1;

@@ -18,6 +18,7 @@ use diesel::query_builder::InsertStatement;
 use diesel::query_dsl::methods::ExecuteDsl;
 
 use crate::connect::backend::OccBackend;
+use crate::connect::caller_transaction::as_caller;
 use crate::connect::transaction::WriteTransaction;
 use crate::error::Error;
 use crate::retry::{Contention, RetryPolicy, Stop};
@@ -105,7 +106,7 @@ where
     // would take the two in the opposite order and deadlock with the others.
     let policy = policy.clone().contention(Contention::Optimistic);
     read_modify_write(conn, &key, &policy, "version", |conn, read: &VersionRow| {
-        let value = operation(conn).map_err(Stop::Caller)?;
+        let value = as_caller(conn, &mut operation).map_err(Stop::Caller)?;
         let mut row = read.clone();
         let version = row.guarded_touch(conn)?;
         Ok((row, version, value))

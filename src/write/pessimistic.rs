@@ -13,6 +13,7 @@
 use diesel::connection::LoadConnection;
 
 use crate::connect::backend::OccBackend;
+use crate::connect::caller_transaction::as_caller;
 use crate::connect::transaction::{commit_operation, WriteTransaction};
 use crate::error::Error;
 use crate::retry::Stop;
@@ -74,7 +75,7 @@ pub trait Pessimistic: crate::guard::Guarded {
                 }
                 Err(e) => return Err(Stop::Occ(unreadable(conn, e))),
             };
-            work(conn, row).map_err(Stop::Caller)
+            as_caller(conn, |conn| work(conn, row)).map_err(Stop::Caller)
         });
         result.map_err(|stop| match stop {
             Stop::Caller(e) => e,
