@@ -62,6 +62,50 @@ pub trait OccBackend: Backend + Default {
 
     /// The SQL text of `fragment` as this backend writes it, without bind values.
     fn render<F: QueryFragment<Self> + ?Sized>(fragment: &F) -> QueryResult<String>;
+
+    /// How many fractional digits of a second the column `column` of `table` (in
+    /// `schema`, or the connection's current one) stores, as the schema declares it;
+    /// `None` when it does not say (SQLite keeps the text written, so every digit).
+    fn stored_second_digits<C>(
+        conn: &mut C,
+        schema: Option<&str>,
+        table: &str,
+        column: &str,
+    ) -> QueryResult<Option<u32>>
+    where
+        C: LoadConnection<Backend = Self>,
+    {
+        let _ = (conn, schema, table, column);
+        Ok(None)
+    }
+}
+
+/// A time column's declared fractional digits, read from `information_schema.columns`.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+#[derive(diesel::QueryableByName)]
+struct DeclaredDigits {
+    #[diesel(sql_type = diesel::sql_types::Nullable<diesel::sql_types::Integer>)]
+    digits: Option<i32>,
+}
+
+/// Reads a time column's declared digits with `sql`, a read of
+/// `information_schema.columns` binding the schema (NULL for the connection's own), the
+/// table and the column: `None` when the column is not found or declares none.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+macro_rules! declared_digits {
+    ($conn:expr, $sql:expr, $schema:expr, $table:expr, $column:expr) => {{
+        use diesel::sql_types::{Nullable, Text};
+        use diesel::{OptionalExtension, RunQueryDsl};
+        let found = diesel::sql_query($sql)
+            .bind::<Nullable<Text>, _>($schema)
+            .bind::<Text, _>($table)
+            .bind::<Text, _>($column)
+            .get_result::<DeclaredDigits>($conn)
+            .optional()?;
+        Ok(found
+            .and_then(|row| row.digits)
+            .and_then(|digits| u32::try_from(digits).ok()))
+    }};
 }
 
 /// How a backend's `INSERT` leaves an existing row alone.
@@ -115,6 +159,21 @@ impl OccBackend for diesel::pg::Pg {
     fn render<F: QueryFragment<Self> + ?Sized>(fragment: &F) -> QueryResult<String> {
         render_with(fragment)
     }
+
+    fn stored_second_digits<C>(
+        conn: &mut C,
+        schema: Option<&str>,
+        table: &str,
+        column: &str,
+    ) -> QueryResult<Option<u32>>
+    where
+        C: LoadConnection<Backend = Self>,
+    {
+        let sql = "SELECT datetime_precision::integer AS digits FROM information_schema.columns \
+                   WHERE table_schema = COALESCE($1, current_schema()) AND table_name = $2 \
+                   AND column_name = $3";
+        declared_digits!(conn, sql, schema, table, column)
+    }
 }
 
 #[cfg(feature = "mysql")]
@@ -147,6 +206,21 @@ impl OccBackend for diesel::mysql::Mysql {
 
     fn render<F: QueryFragment<Self> + ?Sized>(fragment: &F) -> QueryResult<String> {
         render_with(fragment)
+    }
+
+    fn stored_second_digits<C>(
+        conn: &mut C,
+        schema: Option<&str>,
+        table: &str,
+        column: &str,
+    ) -> QueryResult<Option<u32>>
+    where
+        C: LoadConnection<Backend = Self>,
+    {
+        let sql = "SELECT CAST(datetime_precision AS SIGNED) AS digits \
+                   FROM information_schema.columns WHERE table_schema = COALESCE(?, DATABASE()) \
+                   AND table_name = ? AND column_name = ?";
+        declared_digits!(conn, sql, schema, table, column)
     }
 }
 

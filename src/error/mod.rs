@@ -225,6 +225,18 @@ pub enum Error {
         reason: String,
     },
 
+    /// The table does not fit the entity's declaration as the guard needs (a time column
+    /// that keeps fewer digits than the guard's tokens carry); nothing was written.
+    #[error("`{table}`.`{column}` does not fit its guard: {reason}; nothing was written")]
+    SchemaMismatch {
+        /// The table.
+        table: &'static str,
+        /// The column, by its SQL name.
+        column: String,
+        /// What does not fit, and the attribute or column type that makes it fit.
+        reason: String,
+    },
+
     /// One of the library's own tables (`occ_locks`, `occ_versions`, `occ_transitions`)
     /// does not exist: its migrations were not run on this database.
     #[error("diesel-occ's table `{table}` does not exist in this database: run `diesel_occ::migrations::run(&mut conn)` once (or apply migrations/diesel_occ/<backend>/ with the diesel CLI) before using locks, version rows or the transition history: {source}")]

@@ -12,6 +12,7 @@
 pub(crate) mod pre_image;
 #[cfg(feature = "chrono")]
 pub(crate) mod server_clock;
+pub(crate) mod stored_precision;
 #[cfg(feature = "chrono")]
 pub(crate) mod timestamp;
 pub(crate) mod version;
@@ -147,6 +148,12 @@ pub trait GuardKind {
 
     /// The token as conflicts and messages show it.
     fn describe(token: &Self::Token) -> Token;
+
+    /// For a time token: the fractional digits of a second it carries, which the column
+    /// must keep. With fewer the database rounds or cuts each new token: the writer's
+    /// own next write conflicts with what was stored, and a write within one unit of the
+    /// last may not move the token at all. `None` for tokens that are not times.
+    const TOKEN_DIGITS: Option<u32> = None;
 }
 
 /// A guard kind whose token moves on with every write (a version, a timestamp), so a copy

@@ -261,6 +261,7 @@ where
     type Predicate = ColumnEq<Col, Ts>;
     type Advance = DatabaseNow<Col, Ts, P>;
     type Completion = ReturnedBy<Col>;
+    const TOKEN_DIGITS: Option<u32> = Some(P::DIGITS);
 
     fn predicate(token: &Ts) -> Self::Predicate {
         ColumnEq::new(*token)

@@ -168,6 +168,7 @@ where
     type Predicate = ColumnEq<Col, Ts>;
     type Advance = ColumnEq<Col, Ts>;
     type Completion = crate::sql::new_token::Counted;
+    const TOKEN_DIGITS: Option<u32> = Some(P::DIGITS);
 
     fn predicate(token: &Ts) -> Self::Predicate {
         ColumnEq::new(*token)

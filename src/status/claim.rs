@@ -438,6 +438,7 @@ where
     if locked.is_empty() {
         return Ok(Vec::new());
     }
+    crate::guard::stored_precision::check_stored_precision::<T, C>(conn)?;
     let keys: Vec<T::Key> = locked.iter().map(Guarded::key).collect();
     let update = update(AnyOf(keys.iter().map(T::key_predicate).collect()));
     CompareAndSet::one(update, T::table_name(), &keys, ClaimIgnored { locked })
@@ -485,6 +486,7 @@ where
         to: T::Status,
         next_owner: Option<&str>,
     ) -> Result<(), Error> {
+        crate::guard::stored_precision::check_stored_precision::<T, C>(conn)?;
         let statement = FinishOf::<T, OwnerCol>::new(
             T::table(),
             Joined(

@@ -64,6 +64,7 @@ where
         held: T::Status,
     ) -> Result<T, Error> {
         crate::sql::names::check_name("owner", owner)?;
+        crate::guard::stored_precision::check_stored_precision::<T, C>(conn)?;
         commit_operation(conn, |conn| {
             // Waits here for whoever holds the row, before the claim time is computed.
             T::load_by_key(conn, key).map_err(|e| classify(conn, e))?;

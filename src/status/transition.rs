@@ -34,6 +34,7 @@ use crate::connect::backend::OccBackend;
 use crate::connect::caller_transaction::as_caller;
 use crate::connect::transaction::{commit_operation, WriteTransaction};
 use crate::error::{Error, InvalidTransition};
+use crate::guard::stored_precision::check_stored_precision;
 use crate::guard::{
     AdvanceInSql, AdvanceOf, CompletionOf, GuardKind, Guarded, ReturnedTokenOf, TokenOf,
 };
@@ -183,6 +184,7 @@ where
         extra: Ch,
         sources: &'static [T::Status],
     ) -> Result<TokenOf<T>, Error> {
+        check_stored_precision::<T, C>(conn)?;
         let (key, expected) = (self.key(), self.token());
         let (advance, next) = advance_from::<T, C>(&key, &expected)?;
         let stamp = T::stamp();

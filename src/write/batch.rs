@@ -28,6 +28,7 @@ use diesel::query_builder::{AsChangeset, QueryFragment};
 use crate::connect::backend::OccBackend;
 use crate::connect::transaction::{commit_operation, WriteTransaction};
 use crate::error::{Conflict, Error, Token};
+use crate::guard::stored_precision::check_stored_precision;
 use crate::guard::{CompletionOf, Guarded, TokenOf};
 use crate::sql::new_token::CompleteEach;
 use crate::sql::statement::Assignments;
@@ -218,6 +219,7 @@ where
     UpdateOf<T, Ch::Changeset>: Assignments<C::Backend> + QueryFragment<C::Backend>,
     CompletionOf<T>: CompleteEach<C, UpdateOf<T, Ch::Changeset>, TokenOf<T>>,
 {
+    check_stored_precision::<T, C>(conn)?;
     let mut outcomes = Vec::new();
     let (mut pending, mut updates) = (Vec::<Pending<T>>::new(), Vec::new());
     for (key, expected, changes) in rows {

@@ -138,6 +138,7 @@ where
     CanAdvanceOf<T>: QueryFragment<C::Backend>,
 {
     fn update_bulk(conn: &mut C, filter: F, changes: Ch) -> Result<BulkReport, Error> {
+        crate::guard::stored_precision::check_stored_precision::<T, C>(conn)?;
         let statement = BulkUpdateOf::<T, Ch::Changeset, F>::new(
             T::table(),
             changes.as_changeset(),

@@ -11,6 +11,7 @@ use diesel::{OptionalExtension, QueryResult, RunQueryDsl, Selectable, Selectable
 
 use crate::connect::backend::OccBackend;
 use crate::error::{Conflict, Error};
+use crate::guard::stored_precision::check_stored_precision;
 use crate::guard::{
     AdvanceAnyOf, AdvanceInSql, AdvanceOf, Advancing, CanAdvanceOf, CompletionOf, GuardKind,
     Guarded, ReturnedTokenOf, TokenOf,
@@ -440,6 +441,7 @@ where
     UpdateOf<T, Ch::Changeset>: Assignments<C::Backend>,
     CompletionOf<T>: Complete<C, UpdateOf<T, Ch::Changeset>, TokenOf<T>>,
 {
+    check_stored_precision::<T, C>(conn)?;
     let kept = saved.map(T::status_kept);
     let (statement, next) = guarded_statement::<T, C, Ch>(key, expected, changes, stamp, kept)?;
     let miss = RowMoved::<T>::expecting(key, expected).in_state(saved.and_then(T::status_name));
@@ -542,6 +544,7 @@ where
     ReturnedTokenOf<T>: Complete<C, KeyWriteOf<T, Ch, G>, TokenOf<T>>,
     M: Miss<C>,
 {
+    check_stored_precision::<T, C>(conn)?;
     let statement = KeyWriteOf::<T, Ch, G>::new(
         T::table(),
         changes,
