@@ -137,7 +137,15 @@ mod sqlite_only {
                 .get_result(conn)
                 .unwrap();
         assert_eq!(mode.value, "wal");
-        assert_eq!(timeout.value, 5000);
+        assert_eq!(
+            timeout.value as u128,
+            common::pool_config().busy_timeout.as_millis()
+        );
+        assert_eq!(
+            PoolConfig::default().busy_timeout,
+            Duration::from_secs(5),
+            "the documented default"
+        );
         assert_eq!(keys.value, 1);
     }
 

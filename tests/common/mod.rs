@@ -15,7 +15,7 @@ pub mod schema;
 pub mod slow_link;
 
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use diesel::r2d2::{Pool, R2D2Connection};
 use diesel::Connection;
@@ -138,6 +138,11 @@ impl Drop for KillOnDrop {
 pub fn pool_config() -> PoolConfig {
     PoolConfig {
         max_size: 10,
+        // SQLite's write lock has no queue: one of 8 writers hammering a row can wait past
+        // the default 5 s on a loaded 2-core machine (CI saw a one-statement JSON merge
+        // answer `Retryable { reason: Busy }`). The tests count lost writes, not lock
+        // fairness, so their writers wait longer; tests of the wait itself set their own.
+        busy_timeout: Duration::from_secs(60),
         ..PoolConfig::default()
     }
 }
