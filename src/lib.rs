@@ -150,6 +150,7 @@ pub mod migrations;
 pub mod prelude;
 
 // Entities and their guards.
+pub use guard::row_version::{RowVersionGuard, RowVersionValue};
 #[cfg(feature = "chrono")]
 pub use guard::server_clock::DatabaseClockGuard;
 #[cfg(feature = "chrono")]
@@ -163,14 +164,17 @@ pub use guard::{AdvanceInSql, Advancing, GuardKind, Guarded, TokenOf};
 
 // Writes.
 pub use guard::pre_image::{ChangedColumns, ExactlyComparable, GuardedChanges, SaveChanges};
+pub use guard::seed::SeedsTokens;
 pub use write::batch::{
     BatchMode, BatchReport, GuardedBatch, RowOutcome, UpdateBatch, ROWS_PER_STATEMENT,
 };
 pub use write::bulk::{BulkReport, GuardedBulk, UpdateBulk};
 pub use write::entity::{DeleteRow, GuardedWrite, LoadByKey, UpdateExcluded, UpdateRow};
+pub use write::insert::InsertRow;
 pub use write::modify::{Connections, GuardedModify, Modified};
 pub use write::operation::{guarded_operation, occ_versions, VersionRow};
 pub use write::pessimistic::{LockWait, Pessimistic};
+pub use write::upsert::{UpsertRow, Upserted};
 
 // JSON columns.
 pub use json::document::{merge_diff, EditJson, GuardedJson, JsonDocument, DOCUMENT_LIMIT_BYTES};
@@ -183,6 +187,7 @@ pub use status::claim::{ClaimRequest, ClaimRows, FinishClaim, GuardedClaim};
 pub use status::claim_attempts::{AttemptLimit, ClaimCounted, Claimed};
 #[cfg(feature = "locks")]
 pub use status::claim_heartbeat::ExtendClaim;
+pub use status::condition::{TransitionCondition, When};
 pub use status::transition::{
     no_extra, occ_transitions, record, GuardedStatusTransition, GuardedTransition, HistoryEntry,
     TransitionByKey, TransitionRow,

@@ -27,5 +27,6 @@ pub use crate::write::bulk::GuardedBulk;
 pub use crate::write::entity::{GuardedWrite, LoadByKey};
 pub use crate::write::modify::GuardedModify;
 pub use crate::write::pessimistic::Pessimistic;
+pub use crate::write::upsert::Upserted;
 /// `#[derive(Guarded)]` and `#[derive(Status)]`, beside the traits of the same names.
 pub use diesel_occ_derive::{Guarded, Status};

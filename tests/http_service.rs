@@ -2,7 +2,7 @@
 //! over real HTTP, on every backend: preconditions, problems, races, concurrent patches.
 
 #![cfg(all(
-    feature = "http",
+    feature = "axum",
     feature = "tokio",
     feature = "locks",
     feature = "sqlite",

@@ -82,4 +82,74 @@ for_each_backend! {
         let refused = refused.into_inner().unwrap().unwrap();
         assert!(matches!(refused, Err(Error::LockHeld { .. })), "{refused:?}");
     }
+
+    fn load(conn: &mut diesel_occ::Pooled<Conn>) -> Counter {
+        counters::table.find("hits").select(Counter::as_select()).first(conn).unwrap()
+    }
+
+    /// A loaded copy is locked only while the row still holds its token: a current copy
+    /// runs the work; a copy the row moved on from is a conflict with the current row,
+    /// and its work never runs.
+    #[test]
+    fn a_copy_is_locked_only_while_current() {
+        let Some(db) = db() else { return };
+        insert(&db);
+        let conn = &mut db.conn();
+        let mut copy = load(conn);
+        let seen = copy.with_copy_locked(conn, LockWait::Wait, |_, row| Ok::<_, Error>(row)).unwrap();
+        assert_eq!(seen, copy);
+
+        let stale = copy.clone();
+        copy.value = 5;
+        diesel_occ::GuardedWrite::guarded_save(&mut copy, conn).unwrap();
+        let mut ran = false;
+        let refused = stale.with_copy_locked(conn, LockWait::NoWait, |_, _| {
+            ran = true;
+            Ok::<_, Error>(())
+        });
+        match refused {
+            Err(Error::Conflict(conflict)) => assert_eq!(conflict.current::<Counter>(), Some(&copy)),
+            other => panic!("{other:?}"),
+        }
+        assert!(!ran);
+        let gone = Counter { name: "none".into(), value: 0, rev: 0 };
+        assert!(matches!(gone.with_copy_locked(conn, LockWait::Wait, |_, _| Ok::<_, Error>(())), Err(Error::NotFound { .. })));
+    }
+
+    /// 8 threads confirm the same loaded copy at once: the first to lock it applies its
+    /// unguarded write; every other thread finds the row moved on (the lock waits, then
+    /// sees the latest row) and gets a conflict. The row took exactly one write.
+    #[test]
+    fn racing_confirmations_of_one_copy_apply_once() {
+        let Some(db) = db() else { return };
+        insert(&db);
+        let copy = load(&mut db.conn());
+        let (start, pool, copy) = (Barrier::new(8), &db.pool, &copy);
+        let results: Vec<Result<(), Error>> = std::thread::scope(|s| {
+            let threads: Vec<_> = (0..8)
+                .map(|_| {
+                    let start = &start;
+                    s.spawn(move || {
+                        let mut conn = pool.get().unwrap();
+                        start.wait();
+                        copy.with_copy_locked(&mut conn, LockWait::Wait, |conn, row| {
+                            diesel::update(counters::table.find(&row.name))
+                                .set((counters::value.eq(row.value + 1), counters::revision.eq(row.rev + 1)))
+                                .execute(conn)
+                                .map(drop)
+                                .map_err(Error::from)
+                        })
+                    })
+                })
+                .collect();
+            threads.into_iter().map(|t| t.join().unwrap()).collect()
+        });
+        let applied = results.iter().filter(|r| r.is_ok()).count();
+        assert_eq!(applied, 1, "{results:?}");
+        for result in &results {
+            assert!(matches!(result, Ok(()) | Err(Error::Conflict(_))), "{result:?}");
+        }
+        let stored = load(&mut db.conn());
+        assert_eq!((stored.value, stored.rev), (1, 1));
+    }
 }

@@ -108,4 +108,43 @@ for_each_backend! {
 
         assert!(matches!(&err, Error::ChangesetAssignsGuard { column, .. } if column == "updated_at"), "{err:?}");
     }
+
+    /// A maintenance touch sets the update time outside the guard: the version stays, so
+    /// a copy read before it still saves; the copy that touched records the stamp; a
+    /// missing row is NotFound.
+    #[test]
+    fn a_maintenance_touch_sets_the_update_time_without_the_guard() {
+        let Some(db) = db() else { return };
+        let mut order = setup(&db);
+        let conn = &mut db.conn();
+        let mut editor = order.clone();
+
+        FrozenClock::freeze(at("2026-06-01T08:00:00.5Z"));
+        order.touch_updated_at(conn).unwrap();
+        assert_eq!(order.updated_at, at("2026-06-01T08:00:00.5Z").naive_utc());
+        assert_eq!(load(conn), order, "the copy records the stamp; the version did not move");
+
+        FrozenClock::freeze(at("2026-06-02T08:00:00Z"));
+        StampedOrder::touch_updated_at_by_key(conn, &1).unwrap();
+        assert_eq!(load(conn).updated_at, at("2026-06-02T08:00:00Z").naive_utc());
+        assert!(matches!(
+            StampedOrder::touch_updated_at_by_key(conn, &99),
+            Err(Error::NotFound { .. })
+        ));
+
+        // The update time is not excluded, but a maintenance job may set it directly too.
+        StampedOrder::update_excluded_by_key(conn, &1, stamped_orders::updated_at.eq(at("2026-06-03T00:00:00Z").naive_utc()))
+            .unwrap();
+        assert!(matches!(
+            StampedOrder::update_excluded_by_key(conn, &1, stamped_orders::note.eq("unguarded")),
+            Err(Error::NotExcluded { .. })
+        ));
+
+        // The editor's copy was read before all of it, and still saves.
+        FrozenClock::freeze(at("2026-06-04T00:00:00Z"));
+        editor.note = "edited".into();
+        editor.guarded_save(conn).unwrap();
+        assert_eq!(load(conn), editor);
+        assert_eq!(editor.version, 1);
+    }
 }

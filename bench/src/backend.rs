@@ -189,6 +189,10 @@ impl Backend {
         dispatch!(self, w5_batch, settings, report)
     }
 
+    pub fn run_w7(self, settings: &Settings, report: &mut Report) -> Outcome {
+        dispatch!(self, w7_insert_upsert, settings, report)
+    }
+
     /// Removes the temporary SQLite file (and its WAL files) a run created.
     pub fn clean_up(self, url: &str) {
         if self == (Backend::Sqlite { temporary: true }) {

@@ -6,7 +6,9 @@
 //! - W2 hot-row JSON merge: goodput of each strategy as writers pile onto one row;
 //! - W3 cancel vs ship: guarded status transitions racing on the same orders;
 //! - W4 locks: acquire + release, alone and with contenders; leader failover time;
-//! - W5 batch: guarded updates of many rows as one batch, one by one, and by hand.
+//! - W5 batch: guarded updates of many rows as one batch, one by one, and by hand;
+//! - W7 inserts and upserts: one row per call, beside diesel's insert, the hand-written
+//!   guarded update and the one-statement `ON CONFLICT` upsert.
 //!
 //! Output: one JSON line per measurement on stdout and in `results.jsonl`, a Markdown
 //! summary with the ratios (`summary.md`), and a chart of W2 (`w2-<backend>.svg`), all in
@@ -23,6 +25,7 @@ mod w2_hot_row;
 mod w3_cancel_vs_ship;
 mod w4_locks;
 mod w5_batch;
+mod w7_insert_upsert;
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -46,7 +49,7 @@ struct Options {
     url: Option<String>,
 
     /// Workloads to run, comma-separated.
-    #[arg(long, value_delimiter = ',', default_value = "w1,w2,w3,w4,w5")]
+    #[arg(long, value_delimiter = ',', default_value = "w1,w2,w3,w4,w5,w7")]
     workloads: Vec<Workload>,
 
     /// Seconds per W2 point (strategy x workers) and per W4 contention run.
@@ -78,6 +81,7 @@ enum Workload {
     W3,
     W4,
     W5,
+    W7,
 }
 
 /// The sizes of one run.
@@ -150,6 +154,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             Workload::W3 => backend.run_w3(&settings, &mut report)?,
             Workload::W4 => backend.run_w4(&settings, &mut report)?,
             Workload::W5 => backend.run_w5(&settings, &mut report)?,
+            Workload::W7 => backend.run_w7(&settings, &mut report)?,
         }
     }
     report.finish()?;

@@ -61,6 +61,18 @@ impl Latencies {
     }
 }
 
+/// The median over rounds of `this` round's time ÷ the `baseline`'s time of the same
+/// round: ratios from one run, each pair measured back to back.
+pub fn median_ratio(this: &Latencies, baseline: &Latencies) -> f64 {
+    let ratios: Vec<f64> = this
+        .samples_us()
+        .iter()
+        .zip(baseline.samples_us())
+        .map(|(this, base)| this / base)
+        .collect();
+    median(&ratios)
+}
+
 /// The median of `values` (the upper one of an even count); NaN when empty.
 pub fn median(values: &[f64]) -> f64 {
     let mut sorted = values.to_vec();

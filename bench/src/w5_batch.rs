@@ -15,7 +15,7 @@ use diesel_occ::{BatchMode, GuardedBatch};
 use diesel_occ::{Guarded, GuardedWrite};
 
 use crate::backend::{per_backend, recreate};
-use crate::measure::{median, Latencies};
+use crate::measure::{median_ratio, Latencies};
 use crate::report::{Record, Report};
 use crate::Settings;
 
@@ -137,16 +137,10 @@ per_backend! {
                 .count()
                 .get_result(conn)?;
             for (s, strategy) in STRATEGIES.iter().enumerate() {
-                let ratios: Vec<f64> = times[s]
-                    .samples_us()
-                    .iter()
-                    .zip(times[0].samples_us())
-                    .map(|(this, base)| this / base)
-                    .collect();
                 let record = Record::new("W5", format!("N={n}"), *strategy)
                     .ops(times[s].len() as u64 * n as u64, times[s].total())
                     .latencies(&times[s])
-                    .ratio(median(&ratios))
+                    .ratio(median_ratio(&times[s], &times[0]))
                     .with("rows", n)
                     .with("statements_per_batch", sent[s])
                     .with("rows_with_wrong_version", wrong);

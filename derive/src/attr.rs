@@ -9,7 +9,7 @@ use syn::{Attribute, Ident, Path, Token, Type};
 
 /// The field attributes of `#[occ(...)]`, for "expected one of" messages.
 const OCC_FIELD_ATTRIBUTES: &str =
-    "`version`, `last_modified`, `xmin`, `compare`, `exclude`, `updated_at`, `json`, `status`";
+    "`version`, `last_modified`, `xmin`, `row_version`, `compare`, `exclude`, `updated_at`, `json`, `status`";
 
 /// The precisions `last_modified(precision = "...")` accepts, with the library's type.
 const PRECISIONS: [(&str, &str); 3] = [
@@ -59,6 +59,9 @@ pub enum GuardAttr {
     Version(Ident),
     /// `#[occ(xmin)]`: PostgreSQL's `xmin` system column.
     Xmin(Ident),
+    /// `#[occ(row_version)]`: a column the database sets on every write (a trigger,
+    /// `ON UPDATE`), compared and read back, never assigned.
+    RowVersion(Ident),
     /// `#[occ(last_modified)]` or `#[occ(last_modified(precision = "..", clock = path))]`.
     LastModified(Stamping),
 }
@@ -67,7 +70,9 @@ impl GuardAttr {
     /// The attribute's own word, where errors about it point.
     pub fn ident(&self) -> &Ident {
         match self {
-            GuardAttr::Version(ident) | GuardAttr::Xmin(ident) => ident,
+            GuardAttr::Version(ident) | GuardAttr::Xmin(ident) | GuardAttr::RowVersion(ident) => {
+                ident
+            }
             GuardAttr::LastModified(stamping) => &stamping.ident,
         }
     }
@@ -112,7 +117,7 @@ pub fn occ_field_attrs(attrs: &[Attribute], errors: &mut Errors) -> Vec<OccAttr>
             let Some(ident) = meta.path.get_ident().cloned() else {
                 return Err(malformed(meta.path.span(), "expected a single word"));
             };
-            if ident == "version" || ident == "xmin" {
+            if ident == "version" || ident == "xmin" || ident == "row_version" {
                 if !meta.input.is_empty() && !meta.input.peek(Token![,]) {
                     return Err(malformed(
                         meta.input.span(),
@@ -121,8 +126,10 @@ pub fn occ_field_attrs(attrs: &[Attribute], errors: &mut Errors) -> Vec<OccAttr>
                 }
                 found.push(OccAttr::Guard(if ident == "version" {
                     GuardAttr::Version(ident)
-                } else {
+                } else if ident == "xmin" {
                     GuardAttr::Xmin(ident)
+                } else {
+                    GuardAttr::RowVersion(ident)
                 }));
                 Ok(())
             } else if ["exclude", "compare", "json", "status"]

@@ -295,6 +295,7 @@ fn token_guard(
     let guard_kind = match attr {
         GuardAttr::Version(_) => quote!(::diesel_occ::VersionGuard<#col, #ty>),
         GuardAttr::Xmin(_) => quote!(::diesel_occ::XminGuard<#col>),
+        GuardAttr::RowVersion(_) => quote!(::diesel_occ::RowVersionGuard<#col, #ty>),
         GuardAttr::LastModified(stamping) if stamping.database_clock() => {
             let (_, precision) = clock_and_precision(stamping);
             quote!(::diesel_occ::DatabaseClockGuard<#col, #ty, #precision>)
@@ -380,6 +381,13 @@ fn pre_image_guard(
 
             fn describe(token: &Self::Token) -> ::diesel_occ::Token {
                 ::diesel_occ::Token::PreImage(::std::format!("{:?}", token))
+            }
+        }
+
+        /// An inserted row's pre-image is its values.
+        impl ::diesel_occ::SeedsTokens for PreImage {
+            fn seed(token: &Self::Token) -> Self::Token {
+                ::std::clone::Clone::clone(token)
             }
         }
     };

@@ -20,6 +20,8 @@ struct Variant {
     stored: String,
     discriminant: Option<Expr>,
     sources: Vec<Ident>,
+    /// `from(any)`: every other state may move to this one.
+    from_any: bool,
 }
 
 /// Expands the derive, or the errors that stop it (each at its token, with a help line).
@@ -135,12 +137,14 @@ fn storage(input: &DeriveInput) -> syn::Result<Storage> {
 /// A variant's `#[occ(from(..), rename = "..")]` and stored value.
 fn parse_variant(variant: &syn::Variant, storage: &Storage) -> syn::Result<Variant> {
     let mut sources = Vec::new();
+    let mut any: Option<Ident> = None;
     let mut rename: Option<LitStr> = None;
     for attr in variant.attrs.iter().filter(|a| a.path().is_ident("occ")) {
         attr.parse_nested_meta(|meta| {
             if meta.path.is_ident("from") {
                 meta.parse_nested_meta(|source| {
                     match source.path.get_ident() {
+                        Some(ident) if ident == "any" => any = Some(ident.clone()),
                         Some(ident) => sources.push(ident.clone()),
                         None => return Err(source.error("expected the name of a state")),
                     }
@@ -151,10 +155,19 @@ fn parse_variant(variant: &syn::Variant, storage: &Storage) -> syn::Result<Varia
                 Ok(())
             } else {
                 Err(meta.error(
-                    "unknown occ attribute on a state; expected `from(State, ..)` or `rename = \"..\"`",
+                    "unknown occ attribute on a state; expected `from(State, ..)`, `from(any)` or `rename = \"..\"`",
                 ))
             }
         })?;
+    }
+    if let (Some(_), Some(named)) = (&any, sources.first()) {
+        return Err(syn::Error::new(
+            named.span(),
+            format!(
+                "`from(any)` already allows every other state: `{named}` beside it says nothing more\n  \
+                 help: keep `from(any)`, or list the states: `from({named}, ..)`"
+            ),
+        ));
     }
     let discriminant = variant.discriminant.as_ref().map(|(_, e)| e.clone());
     let stored = match storage {
@@ -190,6 +203,7 @@ fn parse_variant(variant: &syn::Variant, storage: &Storage) -> syn::Result<Varia
         stored,
         discriminant,
         sources,
+        from_any: any.is_some(),
     })
 }
 
@@ -214,10 +228,21 @@ fn expand(ident: &Ident, storage: &Storage, variants: &[Variant]) -> TokenStream
     let all: Vec<_> = variants.iter().map(|v| &v.ident).collect();
     let sources = variants.iter().map(|v| {
         let name = &v.ident;
-        let from = v
-            .sources
-            .iter()
-            .map(|s| quote_spanned!(s.span()=> #ident::#s));
+        let from: Vec<TokenStream> = if v.from_any {
+            variants
+                .iter()
+                .filter(|w| w.ident != v.ident)
+                .map(|w| {
+                    let other = &w.ident;
+                    quote!(#ident::#other)
+                })
+                .collect()
+        } else {
+            v.sources
+                .iter()
+                .map(|s| quote_spanned!(s.span()=> #ident::#s))
+                .collect()
+        };
         quote!(#ident::#name => &[#(#from),*])
     });
     let names = variants.iter().map(|v| {

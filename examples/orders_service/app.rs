@@ -22,7 +22,7 @@ use axum::routing::post;
 use axum::{Json, Router};
 use diesel::connection::SimpleConnection;
 use diesel::prelude::*;
-use diesel_occ::http::{check_if_match, EntityTag, Precondition, Problem};
+use diesel_occ::http::{EntityTag, IfMatch, IfNoneMatch, Problem};
 use diesel_occ::with_connection;
 use diesel_occ::GuardedJson;
 use diesel_occ::{no_extra, GuardedStatusTransition};
@@ -62,7 +62,7 @@ impl From<diesel::result::Error> for Failure {
 
 impl IntoResponse for Failure {
     fn into_response(self) -> Response {
-        (self.0.status, self.0.headers(), self.0.body().to_string()).into_response()
+        self.0.into_response()
     }
 }
 
@@ -172,11 +172,10 @@ macro_rules! orders_api {
                 Ok(order.response(StatusCode::CREATED))
             }
 
-            async fn read(State(pool): State<Pool>, Path(id): Path<i64>, headers: HeaderMap) -> Result<Response, Failure> {
-                let if_none_match = Precondition::if_none_match(&headers)?;
+            async fn read(State(pool): State<Pool>, Path(id): Path<i64>, if_none_match: IfNoneMatch) -> Result<Response, Failure> {
                 let order = with_connection(&pool, move |conn| load(conn, id)).await?;
                 let token = Order::token_of(&order.version);
-                if !if_none_match.none_match(Some(&token)) {
+                if !if_none_match.is_new(Some(&token)) {
                     return Ok((StatusCode::NOT_MODIFIED, [(header::ETAG, EntityTag::of(&token).header_value())]).into_response());
                 }
                 Ok(order.response(StatusCode::OK))
@@ -185,6 +184,7 @@ macro_rules! orders_api {
             async fn patch(
                 State(pool): State<Pool>,
                 Path(id): Path<i64>,
+                if_match: IfMatch,
                 headers: HeaderMap,
                 body: Bytes,
             ) -> Result<Response, Failure> {
@@ -197,8 +197,7 @@ macro_rules! orders_api {
                         reason: format!("the body is not JSON: {e}"),
                     }))
                 })?;
-                let if_match = Precondition::if_match(&headers)?;
-                let order = match (kind.as_str(), if_match.is_absent()) {
+                let order = match (kind.as_str(), if_match.0.is_absent()) {
                     ("application/merge-patch+json", true) => {
                         // No precondition: merge into the latest version, retrying on
                         // conflicts; a merge never drops another writer's keys.
@@ -213,7 +212,7 @@ macro_rules! orders_api {
                             let mut order = load(conn, id)?;
                             // Only the version the client saw: a stale tag is 412 here, and
                             // a write in between makes the guarded update a conflict (412).
-                            check_if_match(&headers, Some(&Order::token_of(&order.version)), true)?;
+                            if_match.check(Some(&Order::token_of(&order.version)), true)?;
                             if merge {
                                 json_patch::merge(&mut order.ext, &patch);
                             } else {

@@ -31,6 +31,18 @@ pub enum Error {
     #[error("{0}")]
     Conflict(Box<Conflict>),
 
+    /// An insert found its key taken: the row there (take it out with
+    /// `current.as_any().downcast_ref::<Entity>()`). Nothing was written.
+    #[error("`{table}` already has a row with key {key}: nothing was written; load it and update it instead")]
+    AlreadyExists {
+        /// The table that was written.
+        table: &'static str,
+        /// The key, rendered with `Debug`.
+        key: String,
+        /// The row that holds the key.
+        current: Box<dyn CurrentRow>,
+    },
+
     /// The row is in a state from which the requested transition is not allowed (someone
     /// else moved it first: cancel beat ship); nothing was written. Carries the current row.
     #[error("{0}")]
@@ -312,6 +324,9 @@ pub enum Token {
     PreImage(String),
     /// A PostgreSQL row version (`xmin`, the id of the transaction that wrote the row).
     RowVersion(u32),
+    /// A value the database maintains (`#[occ(row_version)]`): bytes in hexadecimal,
+    /// other values as written.
+    RowValue(String),
 }
 
 impl fmt::Display for Token {
@@ -321,6 +336,7 @@ impl fmt::Display for Token {
             Token::Timestamp(t) => write!(f, "last modified {t}"),
             Token::PreImage(values) => write!(f, "values {values}"),
             Token::RowVersion(xmin) => write!(f, "row version (xmin) {xmin}"),
+            Token::RowValue(value) => write!(f, "row version {value}"),
         }
     }
 }
@@ -342,10 +358,10 @@ impl<T: Any + fmt::Debug + Send + Sync> CurrentRow for T {
     }
 }
 
-/// A transition the row's current state does not allow: `from` is the state it is in
-/// now, `to` the one asked for. Carries the current row, as a [`Conflict`] does.
-#[derive(Debug, thiserror::Error)]
-#[error("`{table}` row {key} is `{from}`, so it cannot become `{to}`; nothing was written")]
+/// A transition the row does not allow: its current state (`from`) cannot move to `to`,
+/// or, for a transition with a condition, the row does not meet it (`unmet`). Carries the
+/// current row, as a [`Conflict`] does.
+#[derive(Debug)]
 pub struct InvalidTransition {
     /// The table that was written.
     pub table: &'static str,
@@ -355,8 +371,30 @@ pub struct InvalidTransition {
     pub from: String,
     /// The state that was asked for.
     pub to: String,
+    /// The transition's condition, as SQL, when the state allowed the move but the row
+    /// does not meet the condition; `None` when the state itself does not allow it.
+    pub unmet: Option<String>,
     current: Box<dyn CurrentRow>,
 }
+
+impl fmt::Display for InvalidTransition {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let (table, key, from, to) = (self.table, &self.key, &self.from, &self.to);
+        match &self.unmet {
+            None => write!(
+                f,
+                "`{table}` row {key} is `{from}`, so it cannot become `{to}`; nothing was written"
+            ),
+            Some(condition) => write!(
+                f,
+                "`{table}` row {key} is `{from}` but does not meet `{condition}`, so it cannot \
+                 become `{to}`; nothing was written"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for InvalidTransition {}
 
 impl InvalidTransition {
     /// The refusal of a move to `to` for `current`, which is in state `from`.
@@ -372,8 +410,14 @@ impl InvalidTransition {
             key,
             from,
             to,
+            unmet: None,
             current: Box::new(current),
         }
+    }
+
+    /// The same refusal, for a row that does not meet the transition's `unmet` condition.
+    pub fn with_unmet(self, unmet: Option<String>) -> Self {
+        InvalidTransition { unmet, ..self }
     }
 
     /// The current row, if it is a `T`.

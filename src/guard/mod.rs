@@ -10,6 +10,8 @@
 //! hands out its token, and the one executor does the rest for every kind.
 
 pub(crate) mod pre_image;
+pub(crate) mod row_version;
+pub(crate) mod seed;
 #[cfg(feature = "chrono")]
 pub(crate) mod server_clock;
 pub(crate) mod stored_precision;
@@ -187,6 +189,11 @@ pub trait AdvanceInSql: GuardKind {
     /// The column that holds the token, read back after the write (`RETURNING`).
     type TokenColumn;
 
+    /// How such a write reads the new token back: the token column as the statement
+    /// returns it for the kinds the library advances; as the row holds it after the
+    /// triggers for a token other code maintains.
+    type ReadBack;
+
     /// The assignments that advance any row.
     fn advance_any() -> Self::AdvanceAny;
 
@@ -207,8 +214,7 @@ pub(crate) type AdvanceAnyOf<T> = crate::sql::statement::AlsoSet<
 pub(crate) type CanAdvanceOf<T> = <<T as Guarded>::Guard as AdvanceInSql>::CanAdvance;
 
 /// How a write that advances entity `T`'s token in SQL learns the new token.
-pub(crate) type ReturnedTokenOf<T> =
-    crate::sql::new_token::ReturnedBy<<<T as Guarded>::Guard as AdvanceInSql>::TokenColumn>;
+pub(crate) type ReturnedTokenOf<T> = <<T as Guarded>::Guard as AdvanceInSql>::ReadBack;
 
 /// The guard of the implementation the derive emits next to a compile error, so that the
 /// error is the only one; it is never run.

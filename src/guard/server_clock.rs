@@ -394,6 +394,7 @@ where
     type AdvanceAny = TimestampPast<Col, Ts, P>;
     type CanAdvance = Unguarded;
     type TokenColumn = Col;
+    type ReadBack = crate::sql::new_token::ReturnedBy<Col>;
 
     fn advance_any() -> Self::AdvanceAny {
         TimestampPast::database()

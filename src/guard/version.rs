@@ -53,6 +53,7 @@ where
     type AdvanceAny = Increment<Col>;
     type CanAdvance = BelowMaximum<Col, V>;
     type TokenColumn = Col;
+    type ReadBack = crate::sql::new_token::ReturnedBy<Col>;
 
     fn advance_any() -> Increment<Col> {
         Increment::default()

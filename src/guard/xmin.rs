@@ -88,6 +88,7 @@ where
     type AdvanceAny = Unguarded;
     type CanAdvance = Unguarded;
     type TokenColumn = Col;
+    type ReadBack = crate::sql::new_token::ReturnedBy<Col>;
 
     fn advance_any() -> Unguarded {
         Unguarded

@@ -27,6 +27,7 @@ impl EntityTag {
             Token::Timestamp(t) => format!("timestamp:{t}"),
             Token::PreImage(values) => format!("pre-image:{values}"),
             Token::RowVersion(xmin) => format!("xmin:{xmin}"),
+            Token::RowValue(value) => format!("row-version:{value}"),
         };
         let digest = Sha256::digest(canonical.as_bytes());
         let opaque = digest[..16].iter().map(|b| format!("{b:02x}")).collect();

@@ -37,11 +37,16 @@
 //! assert_eq!(Problem::from(&check_if_match(&request, Some(&current), true).unwrap_err()).status, StatusCode::BAD_REQUEST);
 //! ```
 
+#[cfg(feature = "axum")]
+mod axum;
 mod etag;
 mod precondition;
 mod problem;
 
+#[cfg(feature = "axum")]
+pub use axum::{IfMatch, IfNoneMatch};
 pub use etag::EntityTag;
+use precondition::check_precondition;
 pub use precondition::{check_if_match, Precondition};
 pub use problem::Problem;
 

@@ -76,7 +76,15 @@ pub fn check_if_match(
     current: Option<&Token>,
     required: bool,
 ) -> Result<(), HttpError> {
-    let precondition = Precondition::if_match(headers)?;
+    check_precondition(&Precondition::if_match(headers)?, current, required)
+}
+
+/// [`check_if_match`] for an `If-Match` already parsed.
+pub(crate) fn check_precondition(
+    precondition: &Precondition,
+    current: Option<&Token>,
+    required: bool,
+) -> Result<(), HttpError> {
     if required && precondition.is_absent() {
         return Err(HttpError::PreconditionRequired);
     }

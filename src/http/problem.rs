@@ -5,7 +5,8 @@
 //! | `Conflict` (a stale token) | 412 | the client's `If-Match` (or the token it was read with) is stale: re-read and re-apply |
 //! | no `If-Match` where one is required | 428 | RFC 6585: the server requires a conditional write |
 //! | malformed conditional header | 400 | the request itself is wrong |
-//! | `NotFound` | 404 | |
+//! | `NotFound`, and diesel's own `NotFound` (a `.first()` behind `?`) | 404 | |
+//! | `AlreadyExists` | 409 | an insert (a `PUT` that creates, a `POST` with a client key) found the key taken |
 //! | `InvalidTransition` | 409 | the resource's state forbids the move; the body names the current state |
 //! | `LockHeld`, `LockLost`, `StaleFence` | 409 | the resource is held by someone else; 423 is WebDAV's and clients rarely know it |
 //! | `StatusNotWritable` | 409 | the representation changes the state, which only a transition (its own endpoint) may; the body names the column |
@@ -71,6 +72,14 @@ impl Problem {
                 p
             }
             Error::NotFound { .. } => Problem::new(S::NOT_FOUND, "not-found", error.to_string()),
+            // diesel's own "no row" (a `.first()` or `.get_result()` behind `?`) is a
+            // missing resource too, not a server fault.
+            Error::Database(diesel::result::Error::NotFound) => {
+                Problem::new(S::NOT_FOUND, "not-found", "no such row")
+            }
+            Error::AlreadyExists { .. } => {
+                Problem::new(S::CONFLICT, "already-exists", error.to_string())
+            }
             Error::InvalidTransition(t) => {
                 let mut p = Problem::new(S::CONFLICT, "invalid-transition", error.to_string());
                 p.extensions.insert("current_state".into(), json!(t.from));
@@ -237,7 +246,11 @@ mod tests {
                 },
                 400,
             ),
-            (Error::Database(diesel::result::Error::NotFound), 500),
+            (Error::Database(diesel::result::Error::NotFound), 404),
+            (
+                Error::Database(diesel::result::Error::RollbackTransaction),
+                500,
+            ),
         ];
         for (error, status) in cases {
             let problem = Problem::from_error(&error);
@@ -280,7 +293,8 @@ mod tests {
             source: diesel::result::Error::NotFound,
         });
         assert_eq!(busy.headers()[RETRY_AFTER], "1");
-        let fault = Problem::from_error(&Error::Database(diesel::result::Error::NotFound));
+        let fault =
+            Problem::from_error(&Error::Database(diesel::result::Error::RollbackTransaction));
         assert_eq!(fault.detail, "the server failed");
         assert!(!fault.headers().contains_key(RETRY_AFTER));
         assert_eq!(fault.headers()[CONTENT_TYPE], "application/problem+json");

@@ -124,15 +124,110 @@ where
         conn: &mut C,
         statement: crate::sql::statement::GuardedUpdate<T, Changes, Advance, Key, Guard>,
     ) -> QueryResult<(usize, Option<Tok>)> {
-        conn.transaction(|conn| {
-            let read = statement.read_back::<Col>();
-            match ExecuteDsl::execute(statement, conn)? {
-                1 => Ok((1, Some(read.get_result(conn)?))),
-                rows => Ok((rows, None)),
-            }
-        })
+        execute_then_read::<C, T, Changes, Advance, Key, Guard, Col, Tok>(conn, statement)
     }
 }
+
+/// The statement, then `SELECT <Col>` of the row it wrote, in one transaction (a
+/// savepoint inside the caller's): the value the row holds after the statement and its
+/// triggers, with no other writer's in between.
+#[cfg(any(feature = "mysql", feature = "sqlite"))]
+fn execute_then_read<C, T, Changes, Advance, Key, Guard, Col, Tok>(
+    conn: &mut C,
+    statement: crate::sql::statement::GuardedUpdate<T, Changes, Advance, Key, Guard>,
+) -> QueryResult<(usize, Option<Tok>)>
+where
+    C: Connection,
+    T: diesel::Table,
+    T::FromClause: Clone,
+    Key: Clone,
+    crate::sql::statement::GuardedUpdate<T, Changes, Advance, Key, Guard>: ExecuteDsl<C>,
+    crate::sql::statement::ColumnOfRow<T, Key, Col>: diesel::query_dsl::LoadQuery<'static, C, Tok>,
+{
+    conn.transaction(|conn| {
+        let read = statement.read_back::<Col>();
+        match ExecuteDsl::execute(statement, conn)? {
+            1 => Ok((1, Some(read.get_result(conn)?))),
+            rows => Ok((rows, None)),
+        }
+    })
+}
+
+/// The next token is column `Col` as the database left it after the statement and its
+/// triggers (a token other code maintains): `RETURNING` on PostgreSQL, where a `BEFORE`
+/// trigger's value is the returned one; on SQLite, whose `RETURNING` reports the values
+/// before its triggers ran, and on MySQL, the statement and a read of the column in one
+/// transaction.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ReadAfter<Col>(PhantomData<Col>);
+
+impl<C, S, Col, Tok> Complete<C, S, Tok> for ReadAfter<Col>
+where
+    C: Connection,
+    C::Backend: ReadsAfterTriggers<C, S, Col, Tok>,
+{
+    fn run(conn: &mut C, statement: S) -> QueryResult<(usize, Option<Tok>)> {
+        <C::Backend as ReadsAfterTriggers<C, S, Col, Tok>>::run(conn, statement)
+    }
+}
+
+/// How backend `Self` runs `statement` and reads the column `Col` as the statement's
+/// triggers left it.
+#[diagnostic::on_unimplemented(
+    message = "this guard cannot read the token its triggers set back on `{Self}`",
+    note = "a `row_version` token is read back after updates the library builds; this write is not one of them"
+)]
+pub trait ReadsAfterTriggers<C, S, Col, Tok> {
+    /// Runs `statement` on `conn`: the rows it matched and the token the row then holds.
+    fn run(conn: &mut C, statement: S) -> QueryResult<(usize, Option<Tok>)>;
+}
+
+#[cfg(feature = "postgres")]
+impl<C, S, Col, Tok> ReadsAfterTriggers<C, S, Col, Tok> for diesel::pg::Pg
+where
+    C: Connection<Backend = Self>,
+    Returning<S, Col>: diesel::query_dsl::LoadQuery<'static, C, Tok>,
+{
+    fn run(conn: &mut C, statement: S) -> QueryResult<(usize, Option<Tok>)> {
+        load_returning::<C, S, Col, Tok>(conn, statement)
+    }
+}
+
+/// Implements [`ReadsAfterTriggers`] for a backend whose `RETURNING` cannot see what
+/// triggers set: the statement, then a read, in one transaction.
+#[cfg(any(feature = "mysql", feature = "sqlite"))]
+macro_rules! reads_after_triggers_by_reading {
+    ($backend:ty) => {
+        impl<C, T, Changes, Advance, Key, Guard, Col, Tok>
+            ReadsAfterTriggers<
+                C,
+                crate::sql::statement::GuardedUpdate<T, Changes, Advance, Key, Guard>,
+                Col,
+                Tok,
+            > for $backend
+        where
+            C: Connection<Backend = Self>,
+            T: diesel::Table,
+            T::FromClause: Clone,
+            Key: Clone,
+            crate::sql::statement::GuardedUpdate<T, Changes, Advance, Key, Guard>: ExecuteDsl<C>,
+            crate::sql::statement::ColumnOfRow<T, Key, Col>:
+                diesel::query_dsl::LoadQuery<'static, C, Tok>,
+        {
+            fn run(
+                conn: &mut C,
+                statement: crate::sql::statement::GuardedUpdate<T, Changes, Advance, Key, Guard>,
+            ) -> QueryResult<(usize, Option<Tok>)> {
+                execute_then_read::<C, T, Changes, Advance, Key, Guard, Col, Tok>(conn, statement)
+            }
+        }
+    };
+}
+
+#[cfg(feature = "mysql")]
+reads_after_triggers_by_reading!(diesel::mysql::Mysql);
+#[cfg(feature = "sqlite")]
+reads_after_triggers_by_reading!(diesel::sqlite::Sqlite);
 
 /// Runs guarded statements as one on connection `C` ([`Combined`]): the index of each
 /// statement that wrote its row and, for kinds whose next token only the database knows,
@@ -150,6 +245,19 @@ where
     fn run_each(conn: &mut C, updates: Vec<S>) -> QueryResult<Vec<(usize, Option<Tok>)>> {
         let rows: Vec<i32> = Combined::<S, RowOnly>::new(updates).load(conn)?;
         Ok(rows.into_iter().map(|row| (row as usize, None)).collect())
+    }
+}
+
+/// Several statements in one: only PostgreSQL combines them, and its `RETURNING` sees
+/// what `BEFORE` triggers set.
+impl<C, S, Col, Tok> CompleteEach<C, S, Tok> for ReadAfter<Col>
+where
+    C: Connection,
+    Col: Column,
+    Combined<S, RowAndToken<Col>>: diesel::query_dsl::LoadQuery<'static, C, (i32, Tok)>,
+{
+    fn run_each(conn: &mut C, updates: Vec<S>) -> QueryResult<Vec<(usize, Option<Tok>)>> {
+        ReturnedBy::<Col>::run_each(conn, updates)
     }
 }
 

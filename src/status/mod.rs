@@ -25,6 +25,7 @@ pub(crate) mod claim;
 pub(crate) mod claim_attempts;
 #[cfg(feature = "locks")]
 pub(crate) mod claim_heartbeat;
+pub(crate) mod condition;
 pub(crate) mod transition;
 
 use std::fmt::Debug;

@@ -26,6 +26,7 @@
 //! with [`record`], an outbox event); if the hook fails, the transition is rolled back.
 
 use diesel::connection::LoadConnection;
+use diesel::expression::AppearsOnTable;
 use diesel::query_builder::{AsChangeset, InsertStatement};
 use diesel::query_dsl::methods::ExecuteDsl;
 use diesel::{Column, Insertable};
@@ -40,7 +41,9 @@ use crate::guard::{
 };
 use crate::retry::{RetryPolicy, Stop};
 use crate::sql::new_token::{Complete, Counted};
+use crate::sql::statement::Unguarded;
 use crate::sql::statement::{And, Assignments, ColumnEq, Comma, GuardedUpdate, Joined, NoChanges};
+use crate::status::condition::{TransitionCondition, When};
 use crate::status::{HasStatus, Status, StatusIn};
 use crate::write::entity::{
     advance_from, unreadable_in, write_by_key, KeyWriteOf, LoadByKey, RowMoved,
@@ -64,20 +67,21 @@ pub(crate) type SetStatus<T, Ch> =
 pub(crate) type StatusAnd<T, G> =
     Joined<StatusIn<<T as HasStatus>::StatusColumn, <T as HasStatus>::Status>, G, And>;
 
-/// The transition of a loaded copy of `T` with extra changeset `Ch`.
-pub(crate) type TransitionOf<T, Ch> = GuardedUpdate<
+/// The transition of a loaded copy of `T` with extra changeset `Ch`, under condition `G`
+/// ([`Unguarded`] for none).
+pub(crate) type TransitionOf<T, Ch, G> = GuardedUpdate<
     <T as diesel::associations::HasTable>::Table,
     SetStatus<T, Ch>,
     AdvanceOf<T>,
     <T as Guarded>::KeyPredicate,
-    StatusAnd<T, <<T as Guarded>::Guard as GuardKind>::Predicate>,
+    StatusAnd<T, Joined<<<T as Guarded>::Guard as GuardKind>::Predicate, G, And>>,
 >;
 
-/// The key-only transition of `T` with extra changeset `Ch`.
-pub(crate) type KeyTransitionOf<T, Ch> = KeyWriteOf<
+/// The key-only transition of `T` with extra changeset `Ch`, under condition `G`.
+pub(crate) type KeyTransitionOf<T, Ch, G> = KeyWriteOf<
     T,
     SetStatus<T, Ch>,
-    StatusIn<<T as HasStatus>::StatusColumn, <T as HasStatus>::Status>,
+    Joined<StatusIn<<T as HasStatus>::StatusColumn, <T as HasStatus>::Status>, G, And>,
 >;
 
 /// Transitions of loaded copies, for every entity with a `#[occ(status)]` field.
@@ -94,7 +98,26 @@ pub trait GuardedTransition: HasStatus + Clone {
     where
         Self: TransitionRow<C, Ch>,
     {
-        self.transition_row(conn, to, extra, Self::Status::sources(to))
+        self.transition_row(conn, to, extra, Self::Status::sources(to), Unguarded)
+    }
+
+    /// [`transition`](Self::transition), and only while the row also meets `condition`, a
+    /// boolean expression on the entity's table (`orders::paid_at.is_not_null()`), checked
+    /// in the same statement. A row in an allowed state, at the copy's token, that does
+    /// not meet it is [`Error::InvalidTransition`] naming the condition
+    /// ([`InvalidTransition::unmet`]); a stale token is [`Error::Conflict`] first.
+    fn transition_when<C, Ch, G>(
+        &mut self,
+        conn: &mut C,
+        to: Self::Status,
+        extra: Ch,
+        condition: G,
+    ) -> Result<TokenOf<Self>, Error>
+    where
+        Self: TransitionRow<C, Ch, When<G>>,
+        G: AppearsOnTable<<Self as diesel::associations::HasTable>::Table>,
+    {
+        self.transition_row(conn, to, extra, Self::Status::sources(to), When(condition))
     }
 
     /// Moves this row to `to` from whatever state it is in, if it still holds this copy's
@@ -111,7 +134,7 @@ pub trait GuardedTransition: HasStatus + Clone {
     where
         Self: TransitionRow<C, Ch>,
     {
-        self.transition_row(conn, to, extra, Self::Status::ALL)
+        self.transition_row(conn, to, extra, Self::Status::ALL, Unguarded)
     }
 
     /// [`transition`](Self::transition) and then `hook` (given the state the row left and
@@ -156,8 +179,9 @@ impl<T: HasStatus + Clone> GuardedTransition for T {}
     message = "`{Self}` cannot run a guarded transition with `{Ch}` on `{C}`",
     note = "the extra changes must be for the entity's table (`no_extra()` for none), the connection a diesel connection of a backend diesel-occ supports, and the guard's SQL must fit that backend"
 )]
-pub trait TransitionRow<C, Ch>: HasStatus + LoadByKey<C> {
-    /// Runs the transition from one of `sources`; [`GuardedTransition`] calls it.
+pub trait TransitionRow<C, Ch, G = Unguarded>: HasStatus + LoadByKey<C> {
+    /// Runs the transition from one of `sources` under `condition`; [`GuardedTransition`]
+    /// calls it.
     #[doc(hidden)]
     fn transition_row(
         &mut self,
@@ -165,17 +189,19 @@ pub trait TransitionRow<C, Ch>: HasStatus + LoadByKey<C> {
         to: Self::Status,
         extra: Ch,
         sources: &'static [Self::Status],
+        condition: G,
     ) -> Result<TokenOf<Self>, Error>;
 }
 
-impl<T, C, Ch> TransitionRow<C, Ch> for T
+impl<T, C, Ch, G> TransitionRow<C, Ch, G> for T
 where
     T: HasStatus + LoadByKey<C>,
     C: LoadConnection,
     C::Backend: OccBackend,
     Ch: AsChangeset<Target = T::Table>,
-    TransitionOf<T, Ch::Changeset>: Assignments<C::Backend>,
-    CompletionOf<T>: Complete<C, TransitionOf<T, Ch::Changeset>, TokenOf<T>>,
+    G: TransitionCondition<C::Backend>,
+    TransitionOf<T, Ch::Changeset, G>: Assignments<C::Backend>,
+    CompletionOf<T>: Complete<C, TransitionOf<T, Ch::Changeset, G>, TokenOf<T>>,
 {
     fn transition_row(
         &mut self,
@@ -183,23 +209,29 @@ where
         to: T::Status,
         extra: Ch,
         sources: &'static [T::Status],
+        condition: G,
     ) -> Result<TokenOf<T>, Error> {
         check_stored_precision::<T, C>(conn)?;
         let (key, expected) = (self.key(), self.token());
         let (advance, next) = advance_from::<T, C>(&key, &expected)?;
         let stamp = T::stamp();
-        let statement = TransitionOf::<T, Ch::Changeset>::new(
+        let statement = TransitionOf::<T, Ch::Changeset, G>::new(
             T::table(),
             Joined(ColumnEq::new(to), extra.as_changeset(), Comma),
             Joined(advance, stamp.clone(), Comma),
             T::key_predicate(&key),
-            Joined(StatusIn::new(sources), T::Guard::predicate(&expected), And),
+            Joined(
+                StatusIn::new(sources),
+                Joined(T::Guard::predicate(&expected), condition.clone(), And),
+                And,
+            ),
         );
         refuse_status_write(T::table_name(), T::STATUS_COLUMN, &statement, 1)?;
         let miss = TransitionMiss {
             row: RowMoved::<T>::expecting(&key, &expected),
             to,
             sources,
+            condition,
         };
         let token = CompareAndSet::one(statement, T::table_name(), &key, miss)
             .run::<C, CompletionOf<T>, TokenOf<T>>(conn)?
@@ -239,7 +271,49 @@ where
             policy.clone()
         };
         let (token, _) = policy.run(|_| -> Result<TokenOf<Self>, Stop<Error>> {
-            Ok(Self::transition_key(conn, key, to, extra.clone())?)
+            Ok(Self::transition_key(
+                conn,
+                key,
+                to,
+                extra.clone(),
+                Unguarded,
+            )?)
+        })?;
+        Ok(token)
+    }
+
+    /// [`transition_by_key`](Self::transition_by_key), and only while the row also meets
+    /// `condition`, a boolean expression on the entity's table, checked in the same
+    /// statement. A row in an allowed state that does not meet it is
+    /// [`Error::InvalidTransition`] naming the condition ([`InvalidTransition::unmet`]).
+    fn transition_by_key_when<C, Ch, G>(
+        conn: &mut C,
+        key: &Self::Key,
+        to: Self::Status,
+        extra: Ch,
+        condition: G,
+        policy: &RetryPolicy,
+    ) -> Result<TokenOf<Self>, Error>
+    where
+        C: diesel::Connection,
+        Ch: Clone,
+        Self: TransitionByKey<C, Ch, When<G>>,
+        G: AppearsOnTable<<Self as diesel::associations::HasTable>::Table> + Clone,
+    {
+        let policy = if in_caller_transaction(conn) {
+            RetryPolicy::never()
+        } else {
+            policy.clone()
+        };
+        let condition = When(condition);
+        let (token, _) = policy.run(|_| -> Result<TokenOf<Self>, Stop<Error>> {
+            Ok(Self::transition_key(
+                conn,
+                key,
+                to,
+                extra.clone(),
+                condition.clone(),
+            )?)
         })?;
         Ok(token)
     }
@@ -299,75 +373,98 @@ where
     message = "`{Self}` cannot run a key-only transition with `{Ch}` on `{C}`",
     note = "the extra changes must be for the entity's table (`no_extra()` for none), the connection a diesel connection of a backend diesel-occ supports, and the guard must advance in SQL (not a pre-image)"
 )]
-pub trait TransitionByKey<C, Ch>: HasStatus + LoadByKey<C> {
-    /// Runs one attempt; [`GuardedStatusTransition`] calls it.
+pub trait TransitionByKey<C, Ch, G = Unguarded>: HasStatus + LoadByKey<C> {
+    /// Runs one attempt under `condition`; [`GuardedStatusTransition`] calls it.
     #[doc(hidden)]
     fn transition_key(
         conn: &mut C,
         key: &Self::Key,
         to: Self::Status,
         extra: Ch,
+        condition: G,
     ) -> Result<TokenOf<Self>, Error>;
 }
 
-impl<T, C, Ch> TransitionByKey<C, Ch> for T
+impl<T, C, Ch, G> TransitionByKey<C, Ch, G> for T
 where
     T: HasStatus + LoadByKey<C>,
     T::Guard: AdvanceInSql,
     C: LoadConnection,
     C::Backend: OccBackend,
     Ch: AsChangeset<Target = T::Table>,
-    KeyTransitionOf<T, Ch::Changeset>: Assignments<C::Backend>,
-    ReturnedTokenOf<T>: Complete<C, KeyTransitionOf<T, Ch::Changeset>, TokenOf<T>>,
+    G: TransitionCondition<C::Backend>,
+    KeyTransitionOf<T, Ch::Changeset, G>: Assignments<C::Backend>,
+    ReturnedTokenOf<T>: Complete<C, KeyTransitionOf<T, Ch::Changeset, G>, TokenOf<T>>,
 {
     fn transition_key(
         conn: &mut C,
         key: &T::Key,
         to: T::Status,
         extra: Ch,
+        condition: G,
     ) -> Result<TokenOf<T>, Error> {
         let miss = TransitionMiss {
             row: RowMoved::<T>::advancing_any(key, T::Guard::at_end),
             to,
             sources: T::Status::sources(to),
+            condition: condition.clone(),
         };
         let changes = Joined(ColumnEq::new(to), extra.as_changeset(), Comma);
-        let condition = StatusIn::new(T::Status::sources(to));
+        let condition = Joined(StatusIn::new(T::Status::sources(to)), condition, And);
         write_by_key::<T, C, _, _, _>(conn, key, changes, condition, miss, 1)
     }
 }
 
 /// A transition matched nothing: the latest row is gone, in a state that does not allow
-/// the move ([`Error::InvalidTransition`]), or else whatever [`RowMoved`] finds (a stale
-/// token, a version at its maximum, a refused write).
-struct TransitionMiss<'k, T: HasStatus> {
+/// the move ([`Error::InvalidTransition`]), at another token than the copy's
+/// ([`Error::Conflict`]), short of the transition's condition ([`Error::InvalidTransition`]
+/// naming it), or else whatever [`RowMoved`] finds (a version at its maximum, a refused
+/// write).
+struct TransitionMiss<'k, T: HasStatus, G> {
     row: RowMoved<'k, T>,
     to: T::Status,
     sources: &'static [T::Status],
+    condition: G,
 }
 
-impl<T, C> Miss<C> for TransitionMiss<'_, T>
+impl<T, C, G> Miss<C> for TransitionMiss<'_, T, G>
 where
     T: HasStatus + LoadByKey<C>,
     C: LoadConnection,
     C::Backend: OccBackend,
+    G: TransitionCondition<C::Backend>,
 {
     fn explain(self, conn: &mut C) -> Error {
         let (key, to) = (self.row.key(), self.to);
-        match T::load_by_key(conn, key) {
-            Ok(Some(current)) if !self.sources.contains(&current.status()) => {
-                Error::InvalidTransition(Box::new(InvalidTransition::new(
+        let refused = |current: T, unmet: Option<String>| {
+            Error::InvalidTransition(Box::new(
+                InvalidTransition::new(
                     T::table_name(),
                     format!("{key:?}"),
                     current.status().name().to_string(),
                     to.name().to_string(),
                     current,
-                )))
+                )
+                .with_unmet(unmet),
+            ))
+        };
+        let unreadable = |conn: &mut C, e| {
+            unreadable_in::<T, C>(key, e, suspects::<T>()).unwrap_or_else(|e| classify(conn, e))
+        };
+        match T::load_by_key(conn, key) {
+            Ok(Some(current)) if !self.sources.contains(&current.status()) => {
+                refused(current, None)
             }
-            Ok(current) => self.row.given::<C>(current),
-            Err(e) => {
-                unreadable_in::<T, C>(key, e, suspects::<T>()).unwrap_or_else(|e| classify(conn, e))
+            Ok(Some(current)) if !self.row.holds_token_of(&current) => {
+                self.row.given::<C>(Some(current))
             }
+            Ok(Some(current)) => match self.condition.sql() {
+                Ok(Some(unmet)) => refused(current, Some(unmet)),
+                Ok(None) => self.row.given::<C>(Some(current)),
+                Err(e) => Error::Database(e),
+            },
+            Ok(None) => self.row.given::<C>(None),
+            Err(e) => unreadable(conn, e),
         }
     }
 }

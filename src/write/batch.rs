@@ -33,7 +33,8 @@ use crate::guard::{CompletionOf, Guarded, TokenOf};
 use crate::sql::new_token::CompleteEach;
 use crate::sql::statement::Assignments;
 use crate::write::entity::{
-    guarded_statement, unreadable, GuardedWrite, LoadByKey, RowMoved, UpdateOf, UpdateRow,
+    guarded_statement, unreadable, DeleteRow, GuardedWrite, LoadByKey, RowMoved, UpdateOf,
+    UpdateRow,
 };
 use crate::write::executor::{classify, refuse_double_assignment, run_each};
 
@@ -102,37 +103,72 @@ pub trait GuardedBatch: GuardedWrite {
         I: IntoIterator<Item = (Self::Key, TokenOf<Self>, Ch)>,
         Self: UpdateBatch<C, Ch>,
     {
-        let run = |conn: &mut C| Self::update_rows(conn, rows);
-        match mode {
-            BatchMode::Partial => Ok(BatchReport {
-                rows: run(conn)?,
-                applied: true,
-            }),
-            BatchMode::AllOrNothing => {
-                let mut report = Vec::new();
-                let committed = commit_operation(conn, |conn| {
-                    report = run(conn)?;
-                    if report.iter().all(RowOutcome::is_written) {
-                        Ok(())
-                    } else {
-                        // diesel's own request to roll back, handed back unchanged.
-                        Err(Error::Database(diesel::result::Error::RollbackTransaction))
-                    }
-                });
-                let missed = !report.iter().all(RowOutcome::is_written);
-                match committed {
-                    Ok(()) => Ok(BatchReport {
-                        rows: report,
-                        applied: true,
-                    }),
-                    Err(Error::Database(diesel::result::Error::RollbackTransaction)) if missed => {
-                        Ok(BatchReport {
-                            rows: report,
-                            applied: false,
-                        })
-                    }
-                    Err(e) => Err(e),
+        in_mode(conn, mode, |conn| Self::update_rows(conn, rows))
+    }
+
+    /// Deletes each `(key, expected token)` row as
+    /// [`guarded_delete_by_key`](GuardedWrite::guarded_delete_by_key) would, and reports
+    /// every row's outcome ([`RowOutcome::Written`] for a deleted row). One statement per
+    /// row on every backend. Misses are outcomes; a database error ends the batch, as in
+    /// [`guarded_update_batch`](Self::guarded_update_batch).
+    fn guarded_delete_batch<C, I>(
+        conn: &mut C,
+        rows: I,
+        mode: BatchMode,
+    ) -> Result<BatchReport<()>, Error>
+    where
+        C: WriteTransaction,
+        I: IntoIterator<Item = (Self::Key, TokenOf<Self>)>,
+        Self: DeleteRow<C>,
+    {
+        in_mode(conn, mode, |conn| {
+            rows.into_iter()
+                .map(|(key, expected)| outcome(Self::delete_row(conn, &key, &expected)))
+                .collect()
+        })
+    }
+}
+
+/// Runs a batch's rows in `mode`: as they come in a partial batch; in an all-or-nothing
+/// one, in a transaction (a savepoint inside the caller's) committed only when every row
+/// was written.
+fn in_mode<C, Tok>(
+    conn: &mut C,
+    mode: BatchMode,
+    run: impl FnOnce(&mut C) -> Result<Vec<RowOutcome<Tok>>, Error>,
+) -> Result<BatchReport<Tok>, Error>
+where
+    C: WriteTransaction,
+{
+    match mode {
+        BatchMode::Partial => Ok(BatchReport {
+            rows: run(conn)?,
+            applied: true,
+        }),
+        BatchMode::AllOrNothing => {
+            let mut report = Vec::new();
+            let committed = commit_operation(conn, |conn| {
+                report = run(conn)?;
+                if report.iter().all(RowOutcome::is_written) {
+                    Ok(())
+                } else {
+                    // diesel's own request to roll back, handed back unchanged.
+                    Err(Error::Database(diesel::result::Error::RollbackTransaction))
                 }
+            });
+            let missed = !report.iter().all(RowOutcome::is_written);
+            match committed {
+                Ok(()) => Ok(BatchReport {
+                    rows: report,
+                    applied: true,
+                }),
+                Err(Error::Database(diesel::result::Error::RollbackTransaction)) if missed => {
+                    Ok(BatchReport {
+                        rows: report,
+                        applied: false,
+                    })
+                }
+                Err(e) => Err(e),
             }
         }
     }

@@ -217,6 +217,32 @@ pub trait GuardedWrite: Guarded {
         write_and_record(self, conn, &key, &token, NoChanges::default())
     }
 
+    /// Inserts this copy as a new row, with a first token no copy of an earlier row with
+    /// the same key can hold (a version starts at the clock in microseconds: see
+    /// [`SeedsTokens`](crate::SeedsTokens)), and records that token and the stamp in
+    /// the copy. A taken key is [`Error::AlreadyExists`] with the row there; nothing is
+    /// written.
+    fn guarded_insert<C>(&mut self, conn: &mut C) -> Result<TokenOf<Self>, Error>
+    where
+        Self: crate::write::insert::InsertRow<C>,
+    {
+        self.insert_row(conn)
+    }
+
+    /// Saves this copy over its row if the row still holds the copy's token
+    /// ([`Upserted::Updated`](crate::Upserted::Updated)), or inserts it as
+    /// [`guarded_insert`](Self::guarded_insert) does when no row has its key
+    /// ([`Upserted::Inserted`](crate::Upserted::Inserted)); records the new token in the
+    /// copy. A row there under another token, including one inserted by someone else
+    /// between the two statements, is [`Error::Conflict`] with that row; nothing is
+    /// written over it.
+    fn guarded_upsert<C>(&mut self, conn: &mut C) -> Result<crate::Upserted<TokenOf<Self>>, Error>
+    where
+        Self: crate::write::upsert::UpsertRow<C>,
+    {
+        self.upsert_row(conn)
+    }
+
     /// Deletes the row if it still holds this copy's token.
     fn guarded_delete<C>(&self, conn: &mut C) -> Result<(), Error>
     where
@@ -236,6 +262,29 @@ pub trait GuardedWrite: Guarded {
         Self: DeleteRow<C>,
     {
         Self::delete_row(conn, key, expected)
+    }
+
+    /// Sets the `#[occ(updated_at)]` column to now without checking or advancing the
+    /// token: a maintenance touch (a re-index, a migration that marks rows) that never
+    /// conflicts and never makes another writer's copy stale. Records the stamp in the
+    /// copy. A missing row is [`Error::NotFound`].
+    fn touch_updated_at<C>(&mut self, conn: &mut C) -> Result<(), Error>
+    where
+        Self: crate::write::updated_at_touch::TouchUpdatedAt<C>,
+    {
+        let stamp = Self::stamp();
+        Self::touch_updated_at_row(conn, &self.key(), stamp.clone())?;
+        self.set_stamp(&stamp);
+        Ok(())
+    }
+
+    /// The stateless form of [`touch_updated_at`](Self::touch_updated_at): the row with
+    /// `key`, whatever token it holds.
+    fn touch_updated_at_by_key<C>(conn: &mut C, key: &Self::Key) -> Result<(), Error>
+    where
+        Self: crate::write::updated_at_touch::TouchUpdatedAt<C>,
+    {
+        Self::touch_updated_at_row(conn, key, Self::stamp())
     }
 
     /// Writes `changes` to this row's excluded fields (`#[occ(exclude)]`: view counters,
@@ -359,14 +408,17 @@ where
     C::Backend: OccBackend,
     Ch: AsChangeset<Target = T::Table>,
     Ch::Changeset: QueryFragment<C::Backend>,
+    T::Stamp: QueryFragment<C::Backend>,
     UnguardedUpdateOf<T, Ch::Changeset>: ExecuteDsl<C> + Assignments<C::Backend>,
 {
     fn update_excluded_row(conn: &mut C, key: &T::Key, changes: Ch) -> Result<(), Error> {
         let changes = changes.as_changeset();
         let columns = assigned_columns::<C::Backend, _>(&changes)?;
+        // The update time is not the guard's either: a maintenance job may set it.
+        let stamped = assigned_columns::<C::Backend, _>(&T::stamp())?;
         if let Some(column) = columns
             .iter()
-            .find(|c| !T::EXCLUDED_COLUMNS.contains(&c.as_str()))
+            .find(|c| !T::EXCLUDED_COLUMNS.contains(&c.as_str()) && !stamped.contains(c))
         {
             return Err(Error::NotExcluded {
                 table: T::table_name(),
@@ -621,6 +673,13 @@ impl<'k, T: Guarded> RowMoved<'k, T> {
     /// The key, for explanations built on this one.
     pub(crate) fn key(&self) -> &'k T::Key {
         self.key
+    }
+
+    /// Whether `current` holds the token this write expected (always, for a write that
+    /// expected none).
+    pub(crate) fn holds_token_of(&self, current: &T) -> bool {
+        self.expected
+            .is_none_or(|expected| current.token() == *expected)
     }
 
     /// Why the write missed, given the latest row.

@@ -16,9 +16,10 @@ use crate::connect::backend::OccBackend;
 use crate::connect::caller_transaction::as_caller;
 use crate::connect::transaction::{commit_operation, WriteTransaction};
 use crate::error::Error;
+use crate::guard::TokenOf;
 use crate::retry::Stop;
 use crate::sql::statement::RowLock;
-use crate::write::entity::{unreadable_in, LoadByKey};
+use crate::write::entity::{unreadable_in, LoadByKey, RowMoved};
 use crate::write::executor::classify;
 
 /// Whether a locked read waits for a row another transaction holds.
@@ -48,40 +49,88 @@ pub trait Pessimistic: crate::guard::Guarded {
         Self: LoadByKey<C>,
         E: From<Error>,
     {
-        let lock = match wait {
-            LockWait::Wait => RowLock::ForUpdate,
-            LockWait::NoWait => RowLock::SkipLocked,
-        };
-        let result = commit_operation(conn, |conn| -> Result<R, Stop<E>> {
-            let unreadable = |conn: &mut C, e| {
-                let columns = Self::GUARD_COLUMNS.join(", ");
-                unreadable_in::<Self, C>(key, e, columns).unwrap_or_else(|e| classify(conn, e))
-            };
-            let row = match Self::lock_by_key(conn, key, lock) {
-                Ok(Some(row)) => row,
-                Ok(None) => {
-                    let exists = Self::read_by_key(conn, key).map_err(|e| unreadable(conn, e))?;
-                    return Err(Stop::Occ(match exists {
-                        Some(_) => Error::LockHeld {
-                            lock: format!("`{}` row {key:?}", Self::table_name()),
-                            holder: None,
-                            until: None,
-                        },
-                        None => Error::NotFound {
-                            table: Self::table_name(),
-                            key: format!("{key:?}"),
-                        },
-                    }));
-                }
-                Err(e) => return Err(Stop::Occ(unreadable(conn, e))),
-            };
-            as_caller(conn, |conn| work(conn, row)).map_err(Stop::Caller)
-        });
-        result.map_err(|stop| match stop {
-            Stop::Caller(e) => e,
-            Stop::Occ(e) => e.into(),
-        })
+        locked(conn, key, None, wait, work)
+    }
+
+    /// Locks this loaded copy's row as [`with_row_locked`](Self::with_row_locked) does,
+    /// and runs `work` only if the row still holds the copy's token: a copy shown to a
+    /// user and then confirmed ("lock what I saw") is never applied over a change made
+    /// in between. The token is compared on the row the locking read returns, so the
+    /// check and the lock are one statement. A row that moved on is [`Error::Conflict`]
+    /// with the current row, and nothing runs.
+    fn with_copy_locked<C, R, E>(
+        &self,
+        conn: &mut C,
+        wait: LockWait,
+        work: impl FnOnce(&mut C, Self) -> Result<R, E>,
+    ) -> Result<R, E>
+    where
+        C: LoadConnection + WriteTransaction,
+        C::Backend: OccBackend,
+        Self: LoadByKey<C>,
+        E: From<Error>,
+    {
+        locked(conn, &self.key(), Some(&self.token()), wait, work)
     }
 }
 
 impl<T: crate::guard::Guarded> Pessimistic for T {}
+
+/// The row with `key` locked in a write transaction (and, if `expected` is given, still
+/// holding that token), handed to `work`; committed when `work` succeeds.
+fn locked<T, C, R, E>(
+    conn: &mut C,
+    key: &T::Key,
+    expected: Option<&TokenOf<T>>,
+    wait: LockWait,
+    work: impl FnOnce(&mut C, T) -> Result<R, E>,
+) -> Result<R, E>
+where
+    C: LoadConnection + WriteTransaction,
+    C::Backend: OccBackend,
+    T: LoadByKey<C>,
+    E: From<Error>,
+{
+    let lock = match wait {
+        LockWait::Wait => RowLock::ForUpdate,
+        LockWait::NoWait => RowLock::SkipLocked,
+    };
+    let result = commit_operation(conn, |conn| -> Result<R, Stop<E>> {
+        let unreadable = |conn: &mut C, e| {
+            let columns = T::GUARD_COLUMNS.join(", ");
+            unreadable_in::<T, C>(key, e, columns).unwrap_or_else(|e| classify(conn, e))
+        };
+        let row = match T::lock_by_key(conn, key, lock) {
+            Ok(Some(row)) => row,
+            Ok(None) => {
+                let exists = T::read_by_key(conn, key).map_err(|e| unreadable(conn, e))?;
+                return Err(Stop::Occ(match exists {
+                    Some(_) => Error::LockHeld {
+                        lock: format!("`{}` row {key:?}", T::table_name()),
+                        holder: None,
+                        until: None,
+                    },
+                    None => Error::NotFound {
+                        table: T::table_name(),
+                        key: format!("{key:?}"),
+                    },
+                }));
+            }
+            Err(e) => return Err(Stop::Occ(unreadable(conn, e))),
+        };
+        if let Some(expected) = expected {
+            if row.token() != *expected {
+                // The locked read returned the latest row: it explains the miss as a
+                // guarded write's re-read would.
+                return Err(Stop::Occ(
+                    RowMoved::<T>::expecting(key, expected).given::<C>(Some(row)),
+                ));
+            }
+        }
+        as_caller(conn, |conn| work(conn, row)).map_err(Stop::Caller)
+    });
+    result.map_err(|stop| match stop {
+        Stop::Caller(e) => e,
+        Stop::Occ(e) => e.into(),
+    })
+}

@@ -1,0 +1,186 @@
+//! axum integration (feature `axum`): every outcome as a response, and the conditional
+//! headers as extractors.
+//!
+//! A handler returns `Result<_, diesel_occ::Error>` (or [`Problem`], [`HttpError`]) and
+//! `?` does the rest: a stale write is 412 with the current `ETag`, a missing row 404
+//! (diesel's own `NotFound` too), a busy database 503 with `Retry-After`. [`IfMatch`] and
+//! [`IfNoneMatch`] hand the client's tags to the handler, or refuse a malformed header
+//! with 400 before it runs; the `headers` crate's `IfMatch` can only be asked whether a
+//! tag matches, not which tags were sent.
+//!
+//! ```
+//! use axum_core::response::IntoResponse;
+//! use diesel_occ::http::{IfMatch, Precondition};
+//! use diesel_occ::{Error, Token};
+//!
+//! // What a handler's `?` turns diesel's "no row" into.
+//! let missing = Error::from(diesel::result::Error::NotFound).into_response();
+//! assert_eq!(missing.status(), 404);
+//!
+//! // In a handler: `async fn put(IfMatch(sent): IfMatch, ...)`.
+//! let sent = IfMatch(Precondition::Any);
+//! assert!(sent.check(Some(&Token::Version(3)), true).is_ok());
+//! ```
+
+use axum_core::extract::FromRequestParts;
+use axum_core::response::{IntoResponse, Response};
+use http::request::Parts;
+
+use super::{check_precondition, HttpError, Precondition, Problem};
+use crate::error::{Error, Token};
+
+impl IntoResponse for Problem {
+    fn into_response(self) -> Response {
+        (self.status, self.headers(), self.body().to_string()).into_response()
+    }
+}
+
+impl IntoResponse for Error {
+    fn into_response(self) -> Response {
+        Problem::from(&self).into_response()
+    }
+}
+
+impl IntoResponse for HttpError {
+    fn into_response(self) -> Response {
+        Problem::from(&self).into_response()
+    }
+}
+
+/// The request's `If-Match`: the tags the client sent (or `*`, or none). A malformed
+/// header is refused with 400 before the handler runs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IfMatch(pub Precondition);
+
+impl IfMatch {
+    /// This `If-Match` against the row's current token (`None`: no such row), as
+    /// [`check_if_match`](super::check_if_match) checks it: 428 when `required` and
+    /// absent, 412 with the current tag when no tag matches.
+    pub fn check(&self, current: Option<&Token>, required: bool) -> Result<(), HttpError> {
+        check_precondition(&self.0, current, required)
+    }
+}
+
+/// The request's `If-None-Match`: the tags the client holds (or `*`, or none). A
+/// malformed header is refused with 400 before the handler runs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IfNoneMatch(pub Precondition);
+
+impl IfNoneMatch {
+    /// Whether the representation with token `current` is new to the client (a `GET`
+    /// answers it; otherwise 304 Not Modified).
+    pub fn is_new(&self, current: Option<&Token>) -> bool {
+        self.0.none_match(current)
+    }
+}
+
+impl<S: Send + Sync> FromRequestParts<S> for IfMatch {
+    type Rejection = Problem;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Problem> {
+        Precondition::if_match(&parts.headers)
+            .map(IfMatch)
+            .map_err(|e| Problem::from(&e))
+    }
+}
+
+impl<S: Send + Sync> FromRequestParts<S> for IfNoneMatch {
+    type Rejection = Problem;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Problem> {
+        Precondition::if_none_match(&parts.headers)
+            .map(IfNoneMatch)
+            .map_err(|e| Problem::from(&e))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::http::EntityTag;
+
+    fn parts(headers: &[(&str, &str)]) -> Parts {
+        let mut request = http::Request::builder();
+        for (name, value) in headers {
+            request = request.header(*name, *value);
+        }
+        request.body(()).unwrap().into_parts().0
+    }
+
+    fn extract<T: FromRequestParts<(), Rejection = Problem>>(
+        headers: &[(&str, &str)],
+    ) -> Result<T, Problem> {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        runtime.block_on(T::from_request_parts(&mut parts(headers), &()))
+    }
+
+    #[test]
+    fn the_extractors_hand_back_the_clients_tags() {
+        let v3 = EntityTag::of(&Token::Version(3));
+        let v4 = EntityTag::of(&Token::Version(4));
+        let list = format!(
+            "{}, {}",
+            v3.header_value().to_str().unwrap(),
+            v4.header_value().to_str().unwrap()
+        );
+        let IfMatch(sent) = extract::<IfMatch>(&[("if-match", &list)]).unwrap();
+        assert_eq!(sent, Precondition::Tags(vec![v3.clone(), v4]));
+        let sent = IfMatch(sent);
+        assert!(sent.check(Some(&Token::Version(3)), true).is_ok());
+        let stale = sent.check(Some(&Token::Version(5)), true).unwrap_err();
+        assert_eq!(stale.into_response().status(), 412);
+
+        let IfMatch(absent) = extract::<IfMatch>(&[]).unwrap();
+        assert_eq!(absent, Precondition::Absent);
+        let required = IfMatch(absent)
+            .check(Some(&Token::Version(3)), true)
+            .unwrap_err();
+        assert_eq!(Problem::from(&required).status, 428);
+
+        let held =
+            extract::<IfNoneMatch>(&[("if-none-match", v3.header_value().to_str().unwrap())])
+                .unwrap();
+        assert!(!held.is_new(Some(&Token::Version(3))));
+        assert!(held.is_new(Some(&Token::Version(4))));
+    }
+
+    #[test]
+    fn a_malformed_header_is_refused_with_400() {
+        for name in ["if-match", "if-none-match"] {
+            let refused = if name == "if-match" {
+                extract::<IfMatch>(&[(name, "not-a-tag")]).map(drop)
+            } else {
+                extract::<IfNoneMatch>(&[(name, "\"a\", *")]).map(drop)
+            };
+            let problem = refused.unwrap_err();
+            assert_eq!(problem.status, 400, "{name}");
+            let response = problem.into_response();
+            assert_eq!(
+                response.headers()["content-type"],
+                "application/problem+json"
+            );
+        }
+    }
+
+    #[test]
+    fn outcomes_become_responses() {
+        let missing = Error::NotFound {
+            table: "orders",
+            key: "1".into(),
+        }
+        .into_response();
+        assert_eq!(missing.status(), 404);
+        // diesel's own `NotFound`, reaching the mapping through `?`, is a missing row too.
+        let diesel_missing = Error::from(diesel::result::Error::NotFound).into_response();
+        assert_eq!(diesel_missing.status(), 404);
+        let busy = Error::Retryable {
+            reason: crate::error::RetryReason::Deadlock,
+            source: diesel::result::Error::RollbackTransaction,
+        }
+        .into_response();
+        assert_eq!(busy.status(), 503);
+        assert_eq!(busy.headers()["retry-after"], "1");
+    }
+}

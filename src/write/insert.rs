@@ -1,0 +1,90 @@
+//! Guarded inserts: a row written with a first token no copy of an earlier row with the
+//! same key can hold (see [`SeedsTokens`]), and a clear answer when the key is taken.
+
+use diesel::connection::LoadConnection;
+use diesel::query_builder::InsertStatement;
+use diesel::query_dsl::methods::ExecuteDsl;
+use diesel::result::{DatabaseErrorKind, Error as DieselError};
+use diesel::Insertable;
+
+use crate::connect::backend::OccBackend;
+use crate::error::Error;
+use crate::guard::seed::SeedsTokens;
+use crate::guard::stored_precision::check_stored_precision;
+use crate::guard::TokenOf;
+use crate::sql::new_token::Counted;
+use crate::sql::statement::Assignments;
+use crate::write::entity::LoadByKey;
+use crate::write::executor::{CannotMiss, CompareAndSet, Matches};
+
+/// The `INSERT` of entity `T`'s row.
+pub(crate) type InsertOf<T> = InsertStatement<
+    <T as diesel::associations::HasTable>::Table,
+    <T as Insertable<<T as diesel::associations::HasTable>::Table>>::Values,
+>;
+
+/// A guarded insert of entity `Self` on connection `C`, as one bound; like
+/// [`UpdateRow`](crate::UpdateRow), not a trait to implement.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot run a guarded insert on `{C}`",
+    note = "the entity must also derive diesel's `Insertable` and `Clone`, and its guard must let the writer seed the first token (an `i64` version, a last-modified timestamp on the writer's clock, a pre-image)"
+)]
+pub trait InsertRow<C>: LoadByKey<C> {
+    /// Runs the insert; [`GuardedWrite::guarded_insert`](crate::GuardedWrite::guarded_insert)
+    /// calls it.
+    #[doc(hidden)]
+    fn insert_row(&mut self, conn: &mut C) -> Result<TokenOf<Self>, Error>;
+}
+
+impl<T, C> InsertRow<C> for T
+where
+    T: LoadByKey<C> + Insertable<T::Table> + Clone,
+    T::Guard: SeedsTokens,
+    C: LoadConnection,
+    C::Backend: OccBackend,
+    InsertOf<T>: ExecuteDsl<C> + Assignments<C::Backend>,
+{
+    fn insert_row(&mut self, conn: &mut C) -> Result<TokenOf<T>, Error> {
+        check_stored_precision::<T, C>(conn)?;
+        let mut row = self.clone();
+        let seed = T::Guard::seed(&self.token());
+        row.set_token(seed.clone());
+        row.set_stamp(&T::stamp());
+        let key = row.key();
+        let insert = diesel::insert_into(T::table()).values(row.clone());
+        let written = CompareAndSet::one(insert, T::table_name(), &key, CannotMiss)
+            .matching(Matches::Any)
+            .run::<C, Counted, ()>(conn);
+        match written {
+            Ok(_) => {
+                *self = row;
+                Ok(seed)
+            }
+            Err(Error::Database(DieselError::DatabaseError(
+                DatabaseErrorKind::UniqueViolation,
+                info,
+            ))) => Err(taken::<T, C>(conn, &key, info)),
+            Err(other) => Err(other),
+        }
+    }
+}
+
+/// A unique violation on insert: [`Error::AlreadyExists`] with the row when the key is
+/// taken, else the violation itself (another unique column).
+fn taken<T: LoadByKey<C>, C>(
+    conn: &mut C,
+    key: &T::Key,
+    info: Box<dyn diesel::result::DatabaseErrorInformation + Send + Sync>,
+) -> Error {
+    match T::load_by_key(conn, key) {
+        Ok(Some(current)) => Error::AlreadyExists {
+            table: T::table_name(),
+            key: format!("{key:?}"),
+            current: Box::new(current),
+        },
+        _ => Error::Database(DieselError::DatabaseError(
+            DatabaseErrorKind::UniqueViolation,
+            info,
+        )),
+    }
+}

@@ -1,0 +1,115 @@
+//! Guarded upserts: save a copy over its row when the row still holds the copy's token,
+//! or insert it when no row has its key; every other case is the outcome a save or an
+//! insert would give.
+//!
+//! The update goes first (one statement when the row is there, the common case of a
+//! `PUT`), and a miss is not explained by a read: the insert that follows finds out
+//! whether the row is missing (it writes it) or there under another token (its key is
+//! taken, and the row it then reads explains the miss as a save would). So an insert
+//! costs two statements and a conflict three; nothing is ever written over a row whose
+//! token the caller did not hold, and a row inserted by someone else between the two
+//! statements is a conflict, not overwritten.
+
+use diesel::connection::LoadConnection;
+use diesel::query_builder::AsChangeset;
+
+use crate::connect::backend::OccBackend;
+use crate::error::Error;
+use crate::guard::stored_precision::check_stored_precision;
+use crate::guard::{Advancing, CompletionOf, TokenOf};
+use crate::sql::new_token::Complete;
+use crate::sql::statement::Assignments;
+use crate::write::entity::{guarded_statement, RowMoved, UpdateOf};
+use crate::write::executor::{CompareAndSet, Miss};
+use crate::write::insert::InsertRow;
+
+/// What an upsert did, with the token the row now holds (also recorded in the copy).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Upserted<Tok> {
+    /// No row had the key: the copy was inserted, with a seeded first token.
+    Inserted(Tok),
+    /// The row held the copy's token: the copy was saved over it.
+    Updated(Tok),
+}
+
+impl<Tok> Upserted<Tok> {
+    /// The token the row holds now.
+    pub fn token(&self) -> &Tok {
+        match self {
+            Upserted::Inserted(token) | Upserted::Updated(token) => token,
+        }
+    }
+}
+
+/// A guarded upsert of entity `Self` on connection `C`, as one bound; like
+/// [`UpdateRow`](crate::UpdateRow), not a trait to implement.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot run a guarded upsert on `{C}`",
+    note = "an upsert saves the copy or inserts it: the entity must derive diesel's `Insertable` and `Clone`, and its guard must advance (a version or a last-modified timestamp; a pre-image copy cannot prove itself once modified)"
+)]
+pub trait UpsertRow<C>: InsertRow<C> {
+    /// Runs the upsert; [`GuardedWrite::guarded_upsert`](crate::GuardedWrite::guarded_upsert)
+    /// calls it.
+    #[doc(hidden)]
+    fn upsert_row(&mut self, conn: &mut C) -> Result<Upserted<TokenOf<Self>>, Error>;
+}
+
+impl<T, C> UpsertRow<C> for T
+where
+    T: InsertRow<C>,
+    T::Guard: Advancing,
+    C: LoadConnection,
+    C::Backend: OccBackend,
+    T::Changes: AsChangeset<Target = T::Table>,
+    UpdateOf<T, <T::Changes as AsChangeset>::Changeset>: Assignments<C::Backend>,
+    CompletionOf<T>: Complete<C, UpdateOf<T, <T::Changes as AsChangeset>::Changeset>, TokenOf<T>>,
+{
+    fn upsert_row(&mut self, conn: &mut C) -> Result<Upserted<TokenOf<T>>, Error> {
+        check_stored_precision::<T, C>(conn)?;
+        let (key, expected, stamp) = (self.key(), self.token(), T::stamp());
+        let (statement, next) = guarded_statement::<T, C, T::Changes>(
+            &key,
+            &expected,
+            self.changes(),
+            stamp.clone(),
+            Some(self.status_kept()),
+        )?;
+        match CompareAndSet::one(statement, T::table_name(), &key, Unexplained)
+            .run::<C, CompletionOf<T>, TokenOf<T>>(conn)
+        {
+            Ok(written) => {
+                let token = written.token.unwrap_or(next);
+                self.set_token(token.clone());
+                self.set_stamp(&stamp);
+                return Ok(Upserted::Updated(token));
+            }
+            Err(Error::NotFound { .. }) => {}
+            Err(other) => return Err(other),
+        }
+        let state = self.status_name();
+        match self.insert_row(conn) {
+            Ok(token) => Ok(Upserted::Inserted(token)),
+            Err(Error::AlreadyExists { current, .. }) => {
+                let current = current.into_any().downcast::<T>().ok().map(|row| *row);
+                Err(RowMoved::<T>::expecting(&key, &expected)
+                    .in_state(state)
+                    .given::<C>(current))
+            }
+            Err(other) => Err(other),
+        }
+    }
+}
+
+/// A missed update of an upsert, left for the insert to explain: an [`Error::NotFound`]
+/// the upsert takes as "try the insert", without reading the row.
+struct Unexplained;
+
+impl<C> Miss<C> for Unexplained {
+    fn explain(self, _: &mut C) -> Error {
+        Error::NotFound {
+            table: "",
+            key: String::new(),
+        }
+    }
+}
