@@ -49,7 +49,7 @@ TOML
 }
 user_crate default-features 'default-features = true'
 user_crate every-feature-but-backoff \
-    'features = ["all-backends", "chrono", "locks", "http", "axum", "tokio", "migrations"]'
+    'features = ["all-backends", "chrono", "locks", "http", "axum", "tokio", "deadpool", "migrations"]'
 
 echo "== this workspace (accepted advisories: .cargo/audit.toml)"
 audit

@@ -221,6 +221,7 @@ pub use connect::pool::{postgres_pool, PgPool};
 #[cfg(feature = "sqlite")]
 pub use connect::pool::{sqlite_pool, SqlitePool, SqliteSettings};
 pub use connect::pool::{CheckedManager, PoolConfig, Pooled};
+pub use connect::source::ConnectionSource;
 pub use connect::transaction::WriteTransaction;
 pub use error::{Conflict, CurrentRow, Error, InvalidTransition, RetryReason, Token};
 pub use retry::{Contention, RetryEvent, RetryPolicy, Stop};

@@ -56,12 +56,14 @@ fn election_timings_are_validated() {
 }
 
 for_each_backend! {
-    /// A lease kept alive outlives its TTL many times; when someone else takes the row
-    /// over, the holder learns it within about a third of the TTL.
-    #[test]
-    fn a_kept_alive_lease_outlives_its_ttl_and_learns_when_it_is_taken() {
-        let Some(db) = db() else { return };
-        let locks = Locks::new(db.pool.clone());
+    /// A lease kept alive from `source` outlives its TTL many times; when someone else
+    /// takes the row over, the holder learns it within about a third of the TTL.
+    fn a_kept_alive_lease_outlives_its_ttl_and_learns_when_it_is_taken<S>(db: &common::TestDb<Conn>, source: S)
+    where
+        S: diesel_occ::ConnectionSource,
+        S::Connection: diesel_occ::LockConnection,
+    {
+        let locks = Locks::new(source);
         let lease = Lease::keep_alive(locks.try_lock("worker", "w1", Duration::from_millis(300), Some("me")).unwrap());
 
         std::thread::sleep(Duration::from_millis(1000));
@@ -78,15 +80,34 @@ for_each_backend! {
         assert!(matches!(lease.release(), Err(Error::LockLost { .. })));
     }
 
-    /// Two candidates: one leads; when it steps down the other is elected, with a higher
-    /// fence.
     #[test]
-    fn one_candidate_leads_and_the_other_takes_over_when_it_steps_down() {
+    fn a_kept_alive_lease_on_an_r2d2_pool_outlives_its_ttl() {
         let Some(db) = db() else { return };
-        let locks = Locks::new(db.pool.clone());
+        a_kept_alive_lease_outlives_its_ttl_and_learns_when_it_is_taken(&db, db.pool.clone());
+    }
+
+    /// The keep-alive thread carries the runtime of the code that started it, where the
+    /// pool hands out its connections.
+    #[cfg(feature = "deadpool")]
+    #[test]
+    fn a_kept_alive_lease_on_a_deadpool_pool_outlives_its_ttl() {
+        common::deadpool::in_runtime(|| {
+            let Some(db) = db() else { return };
+            a_kept_alive_lease_outlives_its_ttl_and_learns_when_it_is_taken(&db, db.deadpool());
+        });
+    }
+
+    /// Two candidates on `source`: one leads; when it steps down the other is elected,
+    /// with a higher fence.
+    fn one_candidate_leads_and_the_other_takes_over_when_it_steps_down<S>(source: S)
+    where
+        S: diesel_occ::ConnectionSource,
+        S::Connection: diesel_occ::LockConnection,
+    {
+        let locks = Locks::new(source);
         let first = Candidate::start(locks.clone(), "scheduler", "main", "first", timing()).unwrap();
         let Some(LeaderEvent::Elected { fence }) = next_event(&first, Duration::from_secs(5)) else { panic!("the first was not elected") };
-        let second = Candidate::start(locks, "scheduler", "main", "second", timing()).unwrap();
+        let second = Candidate::start(locks.clone(), "scheduler", "main", "second", timing()).unwrap();
         assert_eq!(next_event(&second, Duration::from_millis(500)), None, "two leaders");
         assert!(first.is_leader() && !second.is_leader());
 
@@ -96,9 +117,24 @@ for_each_backend! {
             other => panic!("{other:?}"),
         }
         assert!(second.is_leader());
-        let waiting = Candidate::start(Locks::new(db.pool.clone()), "scheduler", "main", "third", timing()).unwrap();
+        let waiting = Candidate::start(locks, "scheduler", "main", "third", timing()).unwrap();
         assert_eq!(waiting.stop(), [], "a candidate that never led has nothing to step down from");
         assert_eq!(second.stop(), [LeaderEvent::SteppedDown]);
+    }
+
+    #[test]
+    fn on_an_r2d2_pool_one_candidate_leads_at_a_time() {
+        let Some(db) = db() else { return };
+        one_candidate_leads_and_the_other_takes_over_when_it_steps_down(db.pool.clone());
+    }
+
+    #[cfg(feature = "deadpool")]
+    #[test]
+    fn on_a_deadpool_pool_one_candidate_leads_at_a_time() {
+        common::deadpool::in_runtime(|| {
+            let Some(db) = db() else { return };
+            one_candidate_leads_and_the_other_takes_over_when_it_steps_down(db.deadpool());
+        });
     }
 
     /// The child side of the failover test: leads until killed.

@@ -38,23 +38,28 @@ for_each_backend! {
         protected::table.find(1).select((protected::value, protected::last_fence)).first(conn).unwrap()
     }
 
-    /// 8 contenders x 20 rounds on one lock: never two inside at once, fences rise with
-    /// every acquisition, and an unguarded read-then-write under the lock loses nothing.
-    #[test]
-    fn contenders_never_hold_the_lock_together() {
+    /// 8 contenders x 20 rounds on one lock taken through `source`: never two inside at
+    /// once, fences rise with every acquisition, and an unguarded read-then-write under
+    /// the lock loses nothing.
+    fn contenders_never_hold_the_lock_together<S>(db: &common::TestDb<Conn>, source: S)
+    where
+        S: diesel_occ::ConnectionSource,
+        S::Connection: diesel_occ::LockConnection,
+    {
         const CONTENDERS: usize = 8;
         const ROUNDS: usize = 20;
-        let Some(db) = setup() else { return };
-        let locks = Locks::new(db.pool.clone());
+        let locks = Locks::new(source);
         let start = Barrier::new(CONTENDERS);
         let inside = AtomicBool::new(false);
         let fences = Mutex::new(Vec::new());
         let pool = &db.pool;
+        let runtime = tokio::runtime::Handle::try_current().ok();
 
         std::thread::scope(|s| {
             for c in 0..CONTENDERS {
-                let (locks, start, inside, fences) = (&locks, &start, &inside, &fences);
+                let (locks, start, inside, fences, runtime) = (&locks, &start, &inside, &fences, &runtime);
                 s.spawn(move || {
+                    let _in_runtime = runtime.as_ref().map(tokio::runtime::Handle::enter);
                     let label = format!("contender {c}");
                     let mut conn = pool.get().unwrap();
                     start.wait();
@@ -83,6 +88,21 @@ for_each_backend! {
             .first(&mut db.conn())
             .unwrap();
         assert_eq!((fence, changes), (holds, holds));
+    }
+
+    #[test]
+    fn contenders_on_an_r2d2_pool_never_hold_the_lock_together() {
+        let Some(db) = setup() else { return };
+        contenders_never_hold_the_lock_together(&db, db.pool.clone());
+    }
+
+    #[cfg(feature = "deadpool")]
+    #[test]
+    fn contenders_on_a_deadpool_pool_never_hold_the_lock_together() {
+        common::deadpool::in_runtime(|| {
+            let Some(db) = setup() else { return };
+            contenders_never_hold_the_lock_together(&db, db.deadpool());
+        });
     }
 
     /// A holder that stops renewing loses the lease by the database's clock; the next

@@ -103,7 +103,7 @@ for_each_backend! {
     }
 
     /// A fresh database with the lock row of `name` created.
-    fn setup(name: &str) -> Option<(Db, Locks<diesel_occ::CheckedManager<Conn>>)> {
+    fn setup(name: &str) -> Option<(Db, Locks<diesel::r2d2::Pool<diesel_occ::CheckedManager<Conn>>>)> {
         let db = db()?;
         let locks = Locks::new(db.pool.clone());
         locks.try_lock(name, "main", ms(1000), None).unwrap().release().unwrap();

@@ -178,26 +178,34 @@ for_each_backend! {
         assert_eq!(stored, done.row);
     }
 
-    /// Eight threads add 50 each to one counter; returns each modify's attempts.
-    fn eight_threads_add_to_one_counter(policy: &RetryPolicy) -> Vec<u32> {
+    /// Eight threads add 50 each to one counter, each attempt on a connection from
+    /// `source`; returns each modify's attempts.
+    fn eight_threads_add_to_one_counter<S>(db: &common::TestDb<Conn>, source: &S, policy: &RetryPolicy) -> Vec<u32>
+    where
+        S: diesel_occ::ConnectionSource,
+        S::Connection: diesel::connection::LoadConnection + diesel_occ::WriteTransaction,
+        <S::Connection as diesel::Connection>::Backend: diesel_occ::OccBackend,
+        Counter: diesel_occ::UpdateRow<S::Connection, <Counter as diesel_occ::Guarded>::Changes>,
+    {
         const THREADS: usize = 8;
         const PER_THREAD: usize = 50;
-        let Some(db) = db() else { return Vec::new() };
         let conn = &mut db.conn();
         diesel::insert_into(counters::table)
             .values(&Counter { name: "hits".into(), value: 0, rev: 0 })
             .execute(conn)
             .unwrap();
         let start = Barrier::new(THREADS);
+        let runtime = tokio::runtime::Handle::try_current().ok();
 
         let attempts: Vec<u32> = std::thread::scope(|s| {
             let workers: Vec<_> = (0..THREADS)
                 .map(|_| {
                     s.spawn(|| {
+                        let _in_runtime = runtime.as_ref().map(tokio::runtime::Handle::enter);
                         start.wait();
                         (0..PER_THREAD)
                             .map(|_| {
-                                Counter::modify_pooled(&db.pool, &"hits".to_string(), policy, |c| {
+                                Counter::modify_pooled(source, &"hits".to_string(), policy, |c| {
                                     c.value += 1;
                                     Ok::<_, Error>(())
                                 })
@@ -223,18 +231,35 @@ for_each_backend! {
     /// Plain optimistic retry loses nothing, however many retries it takes.
     #[test]
     fn eight_threads_lose_no_increment_with_optimistic_retries() {
-        let policy = RetryPolicy::default()
+        let Some(db) = db() else { return };
+        eight_threads_add_to_one_counter(&db, &db.pool, &optimistic());
+    }
+
+    fn optimistic() -> RetryPolicy {
+        RetryPolicy::default()
             .contention(Contention::Optimistic)
             .max_attempts(1000)
-            .max_elapsed(Duration::from_secs(120));
-        eight_threads_add_to_one_counter(&policy);
+            .max_elapsed(Duration::from_secs(120))
+    }
+
+    /// The same on a deadpool-diesel pool (as axum services build one), every thread in
+    /// its runtime's context; its SQLite connections have no busy timeout, so a busy
+    /// database is one more retry.
+    #[cfg(feature = "deadpool")]
+    #[test]
+    fn on_a_deadpool_pool_eight_threads_lose_no_increment() {
+        common::deadpool::in_runtime(|| {
+            let Some(db) = db() else { return };
+            eight_threads_add_to_one_counter(&db, &db.deadpool(), &optimistic().max_attempts(10_000));
+        });
     }
 
     /// The default escalates: a retry reads the row with its lock, so it cannot conflict
     /// again, and no modify takes more than two attempts.
     #[test]
     fn eight_threads_lose_no_increment_and_a_retry_never_conflicts() {
-        let attempts = eight_threads_add_to_one_counter(&RetryPolicy::default());
+        let Some(db) = db() else { return };
+        let attempts = eight_threads_add_to_one_counter(&db, &db.pool, &RetryPolicy::default());
         assert!(attempts.iter().all(|&a| a <= 2), "{:?}", attempts.iter().max());
     }
 }

@@ -249,7 +249,7 @@ macro_rules! orders_api {
                 Ok(order.response(StatusCode::OK))
             }
 
-            fn load(conn: &mut diesel_occ::Pooled<$conn>, id: i64) -> Result<Order, Error> {
+            fn load(conn: &mut $conn, id: i64) -> Result<Order, Error> {
                 Order::load_by_key(conn, &id)?.ok_or(Error::NotFound { table: "service_orders", key: id.to_string() })
             }
 

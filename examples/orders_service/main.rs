@@ -75,9 +75,9 @@ async fn main() -> Outcome {
 
 /// The lock table of the chosen backend.
 enum Job {
-    Sqlite(Locks<diesel_occ::CheckedManager<diesel::SqliteConnection>>),
-    Postgres(Locks<diesel_occ::CheckedManager<diesel::PgConnection>>),
-    Mysql(Locks<diesel_occ::CheckedManager<diesel::MysqlConnection>>),
+    Sqlite(Locks<diesel_occ::SqlitePool>),
+    Postgres(Locks<diesel_occ::PgPool>),
+    Mysql(Locks<diesel_occ::MysqlPool>),
 }
 
 impl Job {

@@ -2,7 +2,7 @@
 //!
 //! diesel and r2d2 block, and a blocked runtime thread stalls every request it serves.
 //! [`with_connection`] runs the blocking work on tokio's blocking pool with a connection
-//! from an r2d2 pool, and hands back its result. Everything of one operation (checkout,
+//! from a pool (r2d2, or deadpool-diesel with the `deadpool` feature), and hands back its result. Everything of one operation (checkout,
 //! transaction, retries, return of the connection) happens inside that one blocking task.
 //!
 //! Cancellation: when the caller's future is dropped (the client went away, a timeout
@@ -11,13 +11,12 @@
 //! no transaction open. Only the result is lost. A task is never stopped halfway through a
 //! transaction, so cancellation cannot leave one open or half-applied.
 
-use diesel::r2d2::{ManageConnection, Pool, PooledConnection, R2D2Connection};
-
+use crate::connect::source::ConnectionSource;
 use crate::error::Error;
 
 /// Runs `work` on tokio's blocking pool with a connection from `pool`, and returns its
 /// result. `work` gets the connection for its whole run (its own transactions, retries
-/// with [`RetryPolicy`](crate::RetryPolicy), ...); a checkout that times out is
+/// with [`RetryPolicy`](crate::RetryPolicy), ...); a checkout that fails is
 /// [`Error::Pool`]. A panic in `work` resumes in the caller, as if it had run there.
 ///
 /// ```no_run
@@ -31,19 +30,15 @@ use crate::error::Error;
 /// .await?;
 /// # Ok(()) }
 /// ```
-pub async fn with_connection<M, T, E, F>(pool: &Pool<M>, work: F) -> Result<T, E>
+pub async fn with_connection<S, T, E, F>(pool: &S, work: F) -> Result<T, E>
 where
-    M: ManageConnection,
-    M::Connection: R2D2Connection + Send + 'static,
-    F: FnOnce(&mut PooledConnection<M>) -> Result<T, E> + Send + 'static,
+    S: ConnectionSource,
+    F: FnOnce(&mut S::Connection) -> Result<T, E> + Send + 'static,
     T: Send + 'static,
     E: From<Error> + Send + 'static,
 {
     let pool = pool.clone();
-    let task = tokio::task::spawn_blocking(move || {
-        let mut conn = pool.get().map_err(Error::from)?;
-        work(&mut conn)
-    });
+    let task = tokio::task::spawn_blocking(move || pool.on_connection(work).map_err(E::from)?);
     match task.await {
         Ok(result) => result,
         Err(join) if join.is_panic() => std::panic::resume_unwind(join.into_panic()),

@@ -7,5 +7,6 @@ pub(crate) mod backend;
 pub(crate) mod blocking;
 pub(crate) mod caller_transaction;
 pub(crate) mod pool;
+pub(crate) mod source;
 pub(crate) mod transaction;
 pub(crate) mod write_gate;

@@ -272,9 +272,10 @@ pub enum Error {
     #[error("cannot connect to the database: {0}")]
     Connection(#[from] diesel::ConnectionError),
 
-    /// The pool could not hand out a connection in time.
+    /// The pool could not hand out a connection (in its time, or at all): the pool's own
+    /// error (`r2d2::Error`, deadpool's `PoolError`, ...) is the source.
     #[error("no pooled connection available: {0}")]
-    Pool(#[from] r2d2::Error),
+    Pool(#[source] Box<dyn std::error::Error + Send + Sync>),
 
     /// A JSON value could not be read or written.
     #[error("JSON error: {0}")]
@@ -491,7 +492,18 @@ impl fmt::Display for Conflict {
     }
 }
 
+impl From<r2d2::Error> for Error {
+    fn from(error: r2d2::Error) -> Self {
+        Error::Pool(Box::new(error))
+    }
+}
+
 impl Error {
+    /// [`Error::Pool`] from any pool's error, or from a message.
+    pub fn pool(source: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> Self {
+        Error::Pool(source.into())
+    }
+
     /// True when running the whole operation again from its first read may succeed:
     /// a conflict or a transient database refusal. Never true for [`Error::Ambiguous`].
     pub fn is_retryable(&self) -> bool {

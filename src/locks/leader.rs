@@ -21,7 +21,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use diesel::r2d2::{ManageConnection, PooledConnection, R2D2Connection};
+use crate::connect::source::ConnectionSource;
 
 use crate::error::Error;
 use crate::locks::belief::Belief;
@@ -139,17 +139,16 @@ enum Signal {
 impl Candidate {
     /// Starts campaigning for lock `(name, resource)`; `label` names this candidate in the
     /// lock table. Events arrive on [`events`](Self::events).
-    pub fn start<M>(
-        locks: Locks<M>,
+    pub fn start<S>(
+        locks: Locks<S>,
         name: &str,
         resource: &str,
         label: &str,
         timing: ElectionTiming,
     ) -> Result<Candidate, Error>
     where
-        M: ManageConnection,
-        M::Connection: R2D2Connection + Send + 'static,
-        PooledConnection<M>: LockConnection,
+        S: ConnectionSource,
+        S::Connection: LockConnection,
     {
         Self::campaign(locks, name, resource, label, timing, None)
     }
@@ -170,8 +169,8 @@ impl Candidate {
     /// the whole term. [`stop`](Self::stop) and dropping the candidate wait for the job
     /// too, without a time limit: a job must look at `check` or `sleep` between steps,
     /// and bound its own blocking calls.
-    pub fn start_with_job<M>(
-        locks: Locks<M>,
+    pub fn start_with_job<S>(
+        locks: Locks<S>,
         name: &str,
         resource: &str,
         label: &str,
@@ -179,15 +178,14 @@ impl Candidate {
         job: impl Fn(&Held) + Send + Sync + 'static,
     ) -> Result<Candidate, Error>
     where
-        M: ManageConnection,
-        M::Connection: R2D2Connection + Send + 'static,
-        PooledConnection<M>: LockConnection,
+        S: ConnectionSource,
+        S::Connection: LockConnection,
     {
         Self::campaign(locks, name, resource, label, timing, Some(Arc::new(job)))
     }
 
-    fn campaign<M>(
-        locks: Locks<M>,
+    fn campaign<S>(
+        locks: Locks<S>,
         name: &str,
         resource: &str,
         label: &str,
@@ -195,9 +193,8 @@ impl Candidate {
         job: Option<Job>,
     ) -> Result<Candidate, Error>
     where
-        M: ManageConnection,
-        M::Connection: R2D2Connection + Send + 'static,
-        PooledConnection<M>: LockConnection,
+        S: ConnectionSource,
+        S::Connection: LockConnection,
     {
         timing.validate()?;
         crate::sql::names::check_name("lock name", name)?;
@@ -219,7 +216,7 @@ impl Candidate {
             signals: signals.clone(),
             received,
         };
-        let thread = std::thread::spawn(move || runner.run());
+        let thread = crate::connect::source::spawn_in_runtime(move || runner.run());
         Ok(Candidate {
             term,
             fence,
@@ -273,8 +270,8 @@ impl Candidate {
 /// The candidate's thread: campaigns, then leads until stopped or lost, then campaigns
 /// again. Renewals run on threads of their own, so that a renewal stuck on a stalled
 /// database never delays the loss of leadership at the deadline.
-struct Runner<M: ManageConnection> {
-    locks: Locks<M>,
+struct Runner<S: ConnectionSource> {
+    locks: Locks<S>,
     name: String,
     resource: String,
     label: String,
@@ -294,11 +291,10 @@ enum TermEnd {
     JobEnded(Option<String>),
 }
 
-impl<M> Runner<M>
+impl<S> Runner<S>
 where
-    M: ManageConnection,
-    M::Connection: R2D2Connection + Send + 'static,
-    PooledConnection<M>: LockConnection,
+    S: ConnectionSource,
+    S::Connection: LockConnection,
 {
     fn report(&self, event: LeaderEvent) {
         let _ = self.events.send(event);
@@ -374,7 +370,7 @@ where
     fn start_job(&self, held: Held, fence: i64) -> Option<JoinHandle<()>> {
         let job = Arc::clone(self.job.as_ref()?);
         let signals = self.signals.clone();
-        Some(std::thread::spawn(move || {
+        Some(crate::connect::source::spawn_in_runtime(move || {
             let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| job(&held)));
             let panic = ran.err().map(|payload| panic_message(payload.as_ref()));
             let _ = signals.send(Signal::JobEnded(fence, panic));
@@ -398,7 +394,7 @@ where
     }
 
     /// Leads the term with `fence`, renewing every retry period, until stopped or lost.
-    fn lead(&self, renewal: &Renewal<M>, fence: i64) -> TermEnd {
+    fn lead(&self, renewal: &Renewal<S>, fence: i64) -> TermEnd {
         let period = self.timing.retry_period;
         let mut next = Instant::now() + period;
         let mut in_flight = false;
@@ -440,7 +436,7 @@ where
             if !in_flight && Instant::now() >= next {
                 in_flight = true;
                 let (renewal, signals) = (renewal.clone(), self.signals.clone());
-                std::thread::spawn(move || {
+                crate::connect::source::spawn_in_runtime(move || {
                     let _ = signals.send(Signal::Renewed(fence, renewal.renew()));
                 });
             }

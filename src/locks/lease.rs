@@ -17,7 +17,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use diesel::r2d2::{ManageConnection, PooledConnection, R2D2Connection};
+use crate::connect::source::ConnectionSource;
 
 use crate::connect::transaction::WriteTransaction;
 use crate::error::Error;
@@ -25,26 +25,24 @@ use crate::locks::held::{Held, Loss};
 use crate::locks::lock::{LockConnection, LockGuard, Locks};
 
 /// A lock whose lease renews itself until it is released or dropped.
-pub struct Lease<M: ManageConnection>
+pub struct Lease<S: ConnectionSource>
 where
-    M::Connection: R2D2Connection + Send + 'static,
-    PooledConnection<M>: LockConnection,
+    S::Connection: LockConnection,
 {
-    guard: Option<LockGuard<M>>,
+    guard: Option<LockGuard<S>>,
     /// The hold as the protected work sees it; its loss says why renewing stopped.
     held: Held,
     stop: Option<Sender<()>>,
     thread: Option<JoinHandle<()>>,
 }
 
-impl<M: ManageConnection> Lease<M>
+impl<S: ConnectionSource> Lease<S>
 where
-    M::Connection: R2D2Connection + Send + 'static,
-    PooledConnection<M>: LockConnection,
+    S::Connection: LockConnection,
 {
     /// Starts renewing `guard`'s lease every third of its TTL (sooner again after a
     /// failed renewal, until the local deadline).
-    pub fn keep_alive(guard: LockGuard<M>) -> Self {
+    pub fn keep_alive(guard: LockGuard<S>) -> Self {
         let loss = Loss::new();
         let (stop, stopped) = channel::<()>();
         let renewal = guard.renewal();
@@ -52,7 +50,7 @@ where
         let interval = guard.ttl() / 3;
         let retry = (interval / 4).max(Duration::from_millis(1));
         let shared = Arc::clone(&loss);
-        let thread = std::thread::spawn(move || {
+        let thread = crate::connect::source::spawn_in_runtime(move || {
             let mut pause = interval;
             loop {
                 match stopped.recv_timeout(pause) {
@@ -85,7 +83,7 @@ where
         }
     }
 
-    fn guard(&self) -> &LockGuard<M> {
+    fn guard(&self) -> &LockGuard<S> {
         self.guard
             .as_ref()
             .expect("a lease holds its guard until released")
@@ -181,10 +179,9 @@ where
     }
 }
 
-impl<M: ManageConnection> Locks<M>
+impl<S: ConnectionSource> Locks<S>
 where
-    M::Connection: R2D2Connection + Send + 'static,
-    PooledConnection<M>: LockConnection,
+    S::Connection: LockConnection,
 {
     /// Takes the lock ([`try_lock`](Self::try_lock): [`Error::LockHeld`] when someone holds
     /// it, and `work` does not run), runs `work` while a [`Lease`] renews it every third of
@@ -207,10 +204,9 @@ where
     }
 }
 
-impl<M: ManageConnection> Drop for Lease<M>
+impl<S: ConnectionSource> Drop for Lease<S>
 where
-    M::Connection: R2D2Connection + Send + 'static,
-    PooledConnection<M>: LockConnection,
+    S::Connection: LockConnection,
 {
     /// Stops renewing; the guard then releases the lock, best effort.
     fn drop(&mut self) {
@@ -218,10 +214,9 @@ where
     }
 }
 
-impl<M: ManageConnection> std::fmt::Debug for Lease<M>
+impl<S: ConnectionSource> std::fmt::Debug for Lease<S>
 where
-    M::Connection: R2D2Connection + Send + 'static,
-    PooledConnection<M>: LockConnection,
+    S::Connection: LockConnection,
 {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Lease")

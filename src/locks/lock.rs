@@ -40,11 +40,11 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::connect::source::ConnectionSource;
 use diesel::connection::{LoadConnection, SimpleConnection};
 use diesel::dsl::{Find, Select};
 use diesel::query_builder::InsertStatement;
 use diesel::query_dsl::methods::{ExecuteDsl, LoadQuery};
-use diesel::r2d2::{ManageConnection, Pool, PooledConnection, R2D2Connection};
 use diesel::{Insertable, OptionalExtension, QueryDsl, RunQueryDsl};
 
 use crate::connect::backend::{Duplicates, OccBackend};
@@ -473,11 +473,11 @@ fn held_by(holder: &str, fence: i64) -> HeldBy {
 }
 
 /// Locks taken with connections from a pool.
-pub struct Locks<M: ManageConnection> {
-    pool: Pool<M>,
+pub struct Locks<S: ConnectionSource> {
+    pool: S,
 }
 
-impl<M: ManageConnection> Clone for Locks<M> {
+impl<S: ConnectionSource> Clone for Locks<S> {
     fn clone(&self) -> Self {
         Locks {
             pool: self.pool.clone(),
@@ -493,8 +493,8 @@ pub(crate) fn wait_bound(ttl: Duration, remaining: Duration) -> Duration {
 
 /// Renewing one holder's lease, on connections of its own from the pool: what a
 /// [`LockGuard`] does, and what a keep-alive thread does for it.
-pub(crate) struct Renewal<M: ManageConnection> {
-    pool: Pool<M>,
+pub(crate) struct Renewal<S: ConnectionSource> {
+    pool: S,
     key: LockKey,
     holder: String,
     fence: i64,
@@ -502,7 +502,7 @@ pub(crate) struct Renewal<M: ManageConnection> {
     belief: Arc<Belief>,
 }
 
-impl<M: ManageConnection> Clone for Renewal<M> {
+impl<S: ConnectionSource> Clone for Renewal<S> {
     fn clone(&self) -> Self {
         Renewal {
             pool: self.pool.clone(),
@@ -515,10 +515,9 @@ impl<M: ManageConnection> Clone for Renewal<M> {
     }
 }
 
-impl<M: ManageConnection> Renewal<M>
+impl<S: ConnectionSource> Renewal<S>
 where
-    M::Connection: R2D2Connection + Send + 'static,
-    PooledConnection<M>: LockConnection,
+    S::Connection: LockConnection,
 {
     /// Extends the lease to `ttl` from now (database clock) and the belief from before the
     /// request. [`Error::LockLost`] when the lease ended or was taken over, or when the
@@ -536,9 +535,11 @@ where
                 "its local deadline passed before this renewal was sent",
             ));
         }
-        let mut conn = self.pool.get()?;
-        let wait = wait_bound(self.ttl, self.belief.remaining());
-        match conn.renew_lock(&self.key, &self.holder, self.fence, self.ttl, wait) {
+        let renewed = self.pool.on_connection(|conn| {
+            let wait = wait_bound(self.ttl, self.belief.remaining());
+            conn.renew_lock(&self.key, &self.holder, self.fence, self.ttl, wait)
+        })?;
+        match renewed {
             Ok(()) if self.belief.extend(start) => Ok(()),
             Ok(()) => {
                 self.belief.end();
@@ -593,22 +594,21 @@ where
 
 /// A lock held: its fencing token, whether this process may still act as its holder, and
 /// renew and release. Dropping it releases it, best effort.
-pub struct LockGuard<M: ManageConnection>
+pub struct LockGuard<S: ConnectionSource>
 where
-    M::Connection: R2D2Connection + Send + 'static,
-    PooledConnection<M>: LockConnection,
+    S::Connection: LockConnection,
 {
-    renewal: Renewal<M>,
+    renewal: Renewal<S>,
     released: bool,
 }
 
-impl<M: ManageConnection> Locks<M>
+impl<S: ConnectionSource> Locks<S>
 where
-    M::Connection: R2D2Connection + Send + 'static,
-    PooledConnection<M>: LockConnection,
+    S::Connection: LockConnection,
 {
-    /// Locks whose statements run on connections from `pool`.
-    pub fn new(pool: Pool<M>) -> Self {
+    /// Locks whose statements run on connections from `pool`: an r2d2 pool, a
+    /// deadpool-diesel one (feature `deadpool`), any [`ConnectionSource`].
+    pub fn new(pool: S) -> Self {
         Locks { pool }
     }
 
@@ -626,7 +626,7 @@ where
         resource: &str,
         ttl: Duration,
         label: Option<&str>,
-    ) -> Result<LockGuard<M>, Error> {
+    ) -> Result<LockGuard<S>, Error> {
         self.acquire(name, resource, ttl, label, believed(ttl))
     }
 
@@ -639,7 +639,7 @@ where
         ttl: Duration,
         label: Option<&str>,
         length: Duration,
-    ) -> Result<LockGuard<M>, Error> {
+    ) -> Result<LockGuard<S>, Error> {
         check_name("lock name", name)?;
         check_name("resource", resource)?;
         if let Some(label) = label {
@@ -653,10 +653,10 @@ where
         let holder = holder_token()?;
         let length = length.min(believed(ttl));
         let start = Instant::now();
-        let mut conn = self.pool.get()?;
-        let wait = wait_bound(ttl, length.saturating_sub(start.elapsed()));
-        let fence = conn.acquire_lock(&key, &holder, label, ttl, wait)?;
-        drop(conn);
+        let fence = self.pool.on_connection(|conn| {
+            let wait = wait_bound(ttl, length.saturating_sub(start.elapsed()));
+            conn.acquire_lock(&key, &holder, label, ttl, wait)
+        })??;
         let guard = LockGuard {
             renewal: Renewal {
                 pool: self.pool.clone(),
@@ -692,7 +692,7 @@ where
         label: Option<&str>,
         wait: Duration,
         policy: &RetryPolicy,
-    ) -> Result<LockGuard<M>, Error> {
+    ) -> Result<LockGuard<S>, Error> {
         // Held, or refused for now by the database (a serialization failure under
         // REPEATABLE READ or SERIALIZABLE sessions, a deadlock, SQLite busy, a row lock
         // held past the wait bound), or granted too late to be believed (and released):
@@ -710,10 +710,9 @@ where
     }
 }
 
-impl<M: ManageConnection> LockGuard<M>
+impl<S: ConnectionSource> LockGuard<S>
 where
-    M::Connection: R2D2Connection + Send + 'static,
-    PooledConnection<M>: LockConnection,
+    S::Connection: LockConnection,
 {
     /// The fencing token of this acquisition: larger than every earlier holder's.
     pub fn fence(&self) -> i64 {
@@ -768,7 +767,7 @@ where
     }
 
     /// The renewal of this lease, for another thread.
-    pub(crate) fn renewal(&self) -> Renewal<M> {
+    pub(crate) fn renewal(&self) -> Renewal<S> {
         self.renewal.clone()
     }
 
@@ -798,25 +797,26 @@ where
     fn free(&self) -> Result<(), Error> {
         let renewal = &self.renewal;
         renewal.end();
-        renewal.pool.get()?.release_lock(
-            &renewal.key,
-            &renewal.holder,
-            renewal.fence,
-            wait_bound(renewal.ttl, renewal.ttl),
-        )
+        renewal.pool.on_connection(|conn| {
+            conn.release_lock(
+                &renewal.key,
+                &renewal.holder,
+                renewal.fence,
+                wait_bound(renewal.ttl, renewal.ttl),
+            )
+        })?
     }
 }
 
-impl<M: ManageConnection> std::fmt::Debug for Locks<M> {
+impl<S: ConnectionSource> std::fmt::Debug for Locks<S> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Locks").finish_non_exhaustive()
     }
 }
 
-impl<M: ManageConnection> std::fmt::Debug for LockGuard<M>
+impl<S: ConnectionSource> std::fmt::Debug for LockGuard<S>
 where
-    M::Connection: R2D2Connection + Send + 'static,
-    PooledConnection<M>: LockConnection,
+    S::Connection: LockConnection,
 {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("LockGuard")
@@ -829,10 +829,9 @@ where
     }
 }
 
-impl<M: ManageConnection> Drop for LockGuard<M>
+impl<S: ConnectionSource> Drop for LockGuard<S>
 where
-    M::Connection: R2D2Connection + Send + 'static,
-    PooledConnection<M>: LockConnection,
+    S::Connection: LockConnection,
 {
     fn drop(&mut self) {
         if !self.released {

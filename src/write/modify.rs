@@ -19,9 +19,9 @@
 //! with [`RetryPolicy::run`].
 
 use diesel::connection::{Connection, LoadConnection};
-use diesel::r2d2::{ManageConnection, Pool, PooledConnection, R2D2Connection};
 
 use crate::connect::backend::OccBackend;
+use crate::connect::source::ConnectionSource;
 use crate::connect::transaction::{commit_operation, WriteTransaction};
 use crate::error::{connection_lost, Error, RetryReason};
 use crate::guard::{Guarded, TokenOf};
@@ -55,18 +55,13 @@ impl<C: Connection> Connections for &mut C {
 
 /// Each attempt checks a connection out of the pool and returns it when done, so a
 /// connection that died is replaced and waits between attempts hold none.
-impl<M> Connections for &Pool<M>
-where
-    M: ManageConnection,
-    M::Connection: R2D2Connection + Send + 'static,
-{
-    type Connection = PooledConnection<M>;
+impl<S: ConnectionSource> Connections for &S {
+    type Connection = S::Connection;
 
     const FRESH_PER_ATTEMPT: bool = true;
 
-    fn with<T>(&mut self, f: impl FnOnce(&mut PooledConnection<M>) -> T) -> Result<T, Error> {
-        let mut conn = self.get()?;
-        Ok(f(&mut conn))
+    fn with<T>(&mut self, f: impl FnOnce(&mut S::Connection) -> T) -> Result<T, Error> {
+        self.on_connection(f)
     }
 }
 
@@ -112,23 +107,23 @@ pub trait GuardedModify: GuardedWrite + Clone {
         modify_on(conn, key, policy, change)
     }
 
-    /// [`modify`](Self::modify) with a connection from `pool` for each attempt, so that a
+    /// [`modify`](Self::modify) with a connection from `pool` (r2d2, deadpool-diesel, any
+    /// [`ConnectionSource`]) for each attempt, so that a
     /// connection that died is replaced and the waits between attempts hold none. An
     /// attempt whose connection died before its `COMMIT` wrote nothing and runs again
     /// ([`RetryReason::ConnectionLost`], as `policy` allows); one whose `COMMIT` lost the
     /// connection may have landed and stops with [`Error::Ambiguous`].
-    fn modify_pooled<M, R, E>(
-        pool: &Pool<M>,
+    fn modify_pooled<S, R, E>(
+        pool: &S,
         key: &Self::Key,
         policy: &RetryPolicy,
         change: impl FnMut(&mut Self) -> Result<R, E>,
     ) -> Result<Modified<Self, R>, E>
     where
-        M: ManageConnection,
-        M::Connection: R2D2Connection + Send + 'static,
-        PooledConnection<M>: LoadConnection + WriteTransaction,
-        <PooledConnection<M> as Connection>::Backend: OccBackend,
-        Self: UpdateRow<PooledConnection<M>, <Self as Guarded>::Changes>,
+        S: ConnectionSource,
+        S::Connection: LoadConnection + WriteTransaction,
+        <S::Connection as Connection>::Backend: OccBackend,
+        Self: UpdateRow<S::Connection, <Self as Guarded>::Changes>,
         E: From<Error>,
     {
         modify_on(pool, key, policy, change)

@@ -8,6 +8,8 @@
 
 #![allow(dead_code)]
 
+#[cfg(feature = "deadpool")]
+pub mod deadpool;
 pub mod faults;
 pub mod fenced;
 pub mod models;

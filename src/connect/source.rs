@@ -1,0 +1,100 @@
+//! Where the library's own calls get their connections: whatever pool the service already
+//! has.
+//!
+//! [`Locks`](crate::Locks), leader election, [`modify_pooled`](crate::GuardedModify::modify_pooled)
+//! and [`with_connection`](crate::with_connection) check a connection out for each
+//! statement group and hand it back at once, so a lease renewal never waits behind the
+//! holder's work. [`ConnectionSource`] is that one operation; it is implemented for r2d2
+//! pools and, with the `deadpool` feature, for deadpool-diesel pools. A pool that cannot
+//! hand out a connection is [`Error::Pool`], whatever the pool.
+
+use diesel::connection::Connection;
+use diesel::r2d2::{ManageConnection, Pool, R2D2Connection};
+
+use crate::error::Error;
+
+/// A pool the library checks connections out of.
+///
+/// Clones share the pool (the library keeps one for each background renewal or election).
+pub trait ConnectionSource: Clone + Send + Sync + 'static {
+    /// The connection the statements run on.
+    type Connection: Connection + Send + 'static;
+
+    /// Runs `work` on a connection checked out for it, and returns the connection to the
+    /// pool when `work` ends. [`Error::Pool`] when none could be had in the pool's time.
+    fn on_connection<T>(&self, work: impl FnOnce(&mut Self::Connection) -> T) -> Result<T, Error>;
+}
+
+/// r2d2 pools: the ones [`sqlite_pool`](crate::sqlite_pool) and its siblings build, or any
+/// other.
+impl<M> ConnectionSource for Pool<M>
+where
+    M: ManageConnection,
+    M::Connection: R2D2Connection + Send + 'static,
+{
+    type Connection = M::Connection;
+
+    fn on_connection<T>(&self, work: impl FnOnce(&mut M::Connection) -> T) -> Result<T, Error> {
+        let mut conn = self.get()?;
+        Ok(work(&mut conn))
+    }
+}
+
+/// deadpool-diesel pools. Their connections are handed out by an async `get` on the tokio
+/// runtime the pool was built in, so a call must run in that runtime's context but off its
+/// worker threads, like every blocking call: in `spawn_blocking`,
+/// [`with_connection`](crate::with_connection), deadpool's own `interact`, or a thread the
+/// library started (lock renewals and elections carry the runtime of the code that started
+/// them). Outside any runtime the call is [`Error::Pool`] saying so; on a worker thread
+/// tokio refuses to block and panics.
+#[cfg(feature = "deadpool")]
+macro_rules! deadpool_source {
+    ($backend:literal, $connection:ty) => {
+        #[cfg(feature = $backend)]
+        impl ConnectionSource for deadpool_diesel::Pool<deadpool_diesel::Manager<$connection>> {
+            type Connection = $connection;
+
+            fn on_connection<T>(
+                &self,
+                work: impl FnOnce(&mut $connection) -> T,
+            ) -> Result<T, Error> {
+                let runtime = tokio::runtime::Handle::try_current().map_err(|_| {
+                    Error::pool(
+                        "a deadpool-diesel pool hands out connections on its tokio runtime: call from inside it (spawn_blocking, with_connection, interact)",
+                    )
+                })?;
+                let object = runtime.block_on(self.get()).map_err(Error::pool)?;
+                // Poisoned: an earlier `interact` panicked while holding this connection.
+                let mut conn = object.lock().map_err(|_| {
+                    Error::pool("the pooled connection was poisoned by a panic in an earlier use")
+                })?;
+                Ok(work(&mut conn))
+            }
+        }
+    };
+}
+
+#[cfg(feature = "deadpool")]
+deadpool_source!("sqlite", diesel::SqliteConnection);
+#[cfg(feature = "deadpool")]
+deadpool_source!("postgres", diesel::PgConnection);
+#[cfg(feature = "deadpool")]
+deadpool_source!("mysql", diesel::MysqlConnection);
+
+/// Starts a thread that runs `work` in the tokio runtime of the caller, if there is one,
+/// so that pools reached through that runtime (deadpool-diesel) serve it too.
+#[cfg(feature = "locks")]
+pub(crate) fn spawn_in_runtime<T: Send + 'static>(
+    work: impl FnOnce() -> T + Send + 'static,
+) -> std::thread::JoinHandle<T> {
+    #[cfg(feature = "tokio")]
+    {
+        let runtime = tokio::runtime::Handle::try_current().ok();
+        std::thread::spawn(move || {
+            let _inside = runtime.as_ref().map(tokio::runtime::Handle::enter);
+            work()
+        })
+    }
+    #[cfg(not(feature = "tokio"))]
+    std::thread::spawn(work)
+}
