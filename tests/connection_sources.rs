@@ -12,8 +12,11 @@ use common::schema::orders;
 
 use std::time::Duration;
 
+use diesel::connection::SimpleConnection;
 use diesel::prelude::*;
-use diesel_occ::{with_connection, Error, GuardedModify, GuardedWrite, Locks, RetryPolicy};
+use diesel_occ::{
+    with_connection, ConnectionSource, Error, GuardedModify, GuardedWrite, Locks, RetryPolicy,
+};
 
 /// Retries until the end state is reached: these tests count lost writes, not latency.
 fn patient() -> RetryPolicy {
@@ -22,6 +25,13 @@ fn patient() -> RetryPolicy {
         .max_elapsed(Duration::from_secs(300))
         .first_delay(Duration::from_millis(1))
         .max_delay(Duration::from_millis(20))
+}
+
+/// A server's id of one session.
+#[derive(QueryableByName)]
+struct SessionId {
+    #[diesel(sql_type = diesel::sql_types::BigInt)]
+    value: i64,
 }
 
 for_each_backend! {
@@ -106,5 +116,87 @@ for_each_backend! {
             .unwrap_err();
         let Error::Pool(source) = &err else { panic!("{err:?}") };
         assert!(source.to_string().contains("tokio runtime"), "{source}");
+    }
+
+    /// The server's id of the session `conn` is (PostgreSQL, MariaDB).
+    fn session_id(conn: &mut Conn) -> i64 {
+        let sql = match BACKEND {
+            "postgres" => "SELECT CAST(pg_backend_pid() AS BIGINT) AS value",
+            _ => "SELECT CAST(CONNECTION_ID() AS SIGNED) AS value",
+        };
+        diesel::sql_query(sql).get_result::<SessionId>(conn).unwrap().value
+    }
+
+    /// Ends session `id` and waits until the server no longer lists it.
+    fn kill_session(admin: &mut Conn, id: i64) {
+        let listed = if BACKEND == "postgres" {
+            diesel::sql_query(format!("SELECT CASE WHEN pg_terminate_backend({id}) THEN 1::BIGINT ELSE 0::BIGINT END AS value"))
+                .get_result::<SessionId>(admin)
+                .unwrap();
+            format!("SELECT COUNT(*) AS value FROM pg_stat_activity WHERE pid = {id}")
+        } else {
+            admin.batch_execute(&format!("KILL {id}")).unwrap();
+            format!("SELECT CAST(COUNT(*) AS SIGNED) AS value FROM information_schema.PROCESSLIST WHERE ID = {id}")
+        };
+        let asked = std::time::Instant::now();
+        while diesel::sql_query(&listed).get_result::<SessionId>(admin).unwrap().value > 0 {
+            assert!(asked.elapsed() < Duration::from_secs(30), "session {id} outlived its kill");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    /// A session killed while it sat idle in `pool` (one connection) never reaches the
+    /// library: the pool's check replaces it, and the next read-modify-write and lock
+    /// land on their first attempt, once.
+    fn a_killed_idle_connection_is_replaced<S>(db: &common::TestDb<Conn>, pool: S)
+    where
+        S: ConnectionSource<Connection = Conn>,
+    {
+        let admin = &mut Conn::establish(&db.url).unwrap();
+        let bump = |order: &mut Order| {
+            order.quantity += 1;
+            Ok::<_, Error>(())
+        };
+        let locks = Locks::new(pool.clone());
+        for round in 1..=2_i32 {
+            let killed = pool.on_connection(session_id).unwrap();
+            kill_session(admin, killed);
+            let done = Order::modify_pooled(&pool, &1, &patient(), bump).unwrap();
+            assert_eq!(done.attempts, 1, "round {round}: the dead connection reached the write");
+            assert_ne!(pool.on_connection(session_id).unwrap(), killed);
+
+            let killed = pool.on_connection(session_id).unwrap();
+            kill_session(admin, killed);
+            locks.try_lock("after-a-kill", "r", Duration::from_secs(30), None).unwrap().release().unwrap();
+        }
+        let order: Order = orders::table.find(1).select(Order::as_select()).first(admin).unwrap();
+        assert_eq!((order.quantity, order.version), (3, 2), "each write landed once");
+        let held: i64 = diesel_occ::occ_locks::table
+            .filter(diesel_occ::occ_locks::holder.is_not_null())
+            .count()
+            .get_result(admin)
+            .unwrap();
+        assert_eq!(held, 0, "every lock was released");
+    }
+
+    /// SQLite has no server session to kill; its connection faults are a locked or
+    /// missing file (tests/lock_stalls.rs, tests/pool.rs).
+    #[test]
+    fn a_killed_idle_connection_is_replaced_on_either_pool() {
+        if BACKEND == "sqlite" {
+            return;
+        }
+        common::deadpool::in_runtime(|| {
+            let Some(db) = setup() else { return };
+            let always_checked = diesel_occ::PoolConfig {
+                max_size: 1,
+                min_idle: 1,
+                check_after_idle: Duration::ZERO,
+                ..common::pool_config()
+            };
+            a_killed_idle_connection_is_replaced(&db, db.pool_with(&always_checked));
+            diesel::update(orders::table).set((orders::quantity.eq(1), orders::version.eq(0))).execute(&mut db.conn()).unwrap();
+            a_killed_idle_connection_is_replaced(&db, Conn::deadpool(&db.url, 1, Duration::from_secs(30)));
+        });
     }
 }
