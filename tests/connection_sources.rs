@@ -199,4 +199,37 @@ for_each_backend! {
             a_killed_idle_connection_is_replaced(&db, Conn::deadpool(&db.url, 1, Duration::from_secs(30)));
         });
     }
+
+    /// A guard dropped, and a write made, on a worker thread of a multi-thread runtime
+    /// (an async handler that holds a lock across an `.await`): the deadpool-diesel
+    /// checkout moves the worker's other tasks away and blocks, instead of panicking, and
+    /// the lock is freed in the database.
+    #[test]
+    fn a_worker_thread_may_drop_a_guard_and_write_through_a_deadpool_pool() {
+        let runtime = common::deadpool::runtime();
+        let Some(db) = setup() else { return };
+        let pool = runtime.block_on(async { db.deadpool() });
+        let (locks, source) = (Locks::new(pool.clone()), pool.clone());
+        runtime
+            .block_on(runtime.spawn(async move {
+                let guard = locks.try_lock("handler", "r", Duration::from_secs(30), None).unwrap();
+                tokio::task::yield_now().await;
+                Order::modify_pooled(&source, &1, &patient(), |order| {
+                    order.quantity += 1;
+                    Ok::<_, Error>(())
+                })
+                .unwrap();
+                drop(guard);
+            }))
+            .expect("the handler did not panic");
+        let held: i64 = diesel_occ::occ_locks::table
+            .filter(diesel_occ::occ_locks::holder.is_not_null())
+            .count()
+            .get_result(&mut db.conn())
+            .unwrap();
+        assert_eq!(held, 0, "the dropped guard freed the lock");
+        let order: Order = orders::table.find(1).select(Order::as_select()).first(&mut db.conn()).unwrap();
+        assert_eq!((order.quantity, order.version), (2, 1));
+        runtime.block_on(async move { drop(pool) });
+    }
 }

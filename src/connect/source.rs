@@ -41,12 +41,13 @@ where
 }
 
 /// deadpool-diesel pools. Their connections are handed out by an async `get` on the tokio
-/// runtime the pool was built in, so a call must run in that runtime's context but off its
-/// worker threads, like every blocking call: in `spawn_blocking`,
-/// [`with_connection`](crate::with_connection), deadpool's own `interact`, or a thread the
-/// library started (lock renewals and elections carry the runtime of the code that started
-/// them). Outside any runtime the call is [`Error::Pool`] saying so; on a worker thread
-/// tokio refuses to block and panics.
+/// runtime the pool was built in, so a call must run in that runtime's context: in
+/// `spawn_blocking`, [`with_connection`](crate::with_connection), deadpool's own
+/// `interact`, a thread the library started (lock renewals and elections carry the runtime
+/// of the code that started them), or, blocking it, a worker of a multi-thread runtime (a
+/// lock guard dropped in an async handler). Outside any runtime the call is
+/// [`Error::Pool`] saying so; on the thread of a current-thread runtime, which has no other
+/// thread to run the checkout on, tokio panics.
 #[cfg(feature = "deadpool")]
 macro_rules! deadpool_source {
     ($backend:literal, $connection:ty) => {
@@ -63,7 +64,7 @@ macro_rules! deadpool_source {
                         "a deadpool-diesel pool hands out connections on its tokio runtime: call from inside it (spawn_blocking, with_connection, interact)",
                     )
                 })?;
-                let object = runtime.block_on(self.get()).map_err(Error::pool)?;
+                let object = checkout_on(&runtime, self.get()).map_err(Error::pool)?;
                 // Poisoned: an earlier `interact` panicked while holding this connection.
                 let mut conn = object.lock().map_err(|_| {
                     Error::pool("the pooled connection was poisoned by a panic in an earlier use")
@@ -72,6 +73,19 @@ macro_rules! deadpool_source {
             }
         }
     };
+}
+
+/// Waits for `checkout` on `runtime`. On a worker of a multi-thread runtime the worker's
+/// other tasks move to other threads first (`block_in_place`), as blocking there requires;
+/// elsewhere this thread simply waits.
+#[cfg(feature = "deadpool")]
+fn checkout_on<F: std::future::Future>(runtime: &tokio::runtime::Handle, checkout: F) -> F::Output {
+    match runtime.runtime_flavor() {
+        tokio::runtime::RuntimeFlavor::MultiThread => {
+            tokio::task::block_in_place(|| runtime.block_on(checkout))
+        }
+        _ => runtime.block_on(checkout),
+    }
 }
 
 #[cfg(feature = "deadpool")]
