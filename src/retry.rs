@@ -216,34 +216,43 @@ impl RetryPolicy {
         &self,
         mut attempt: impl FnMut(u32) -> Result<T, Stop<E>>,
     ) -> Result<(T, u32), E> {
-        let started = Instant::now();
-        let mut delays = self.delays();
-        let mut number = 1;
+        let mut run = self.start();
         loop {
-            let error = match attempt(number) {
-                Ok(value) => return Ok((value, number)),
-                Err(Stop::Caller(e)) => return Err(e),
-                Err(Stop::Occ(error)) if !error.is_retryable() || self.max_attempts == 1 => {
-                    return Err(error.into())
-                }
-                Err(Stop::Occ(error)) => error,
-            };
-            let delay = match delays.next() {
-                Some(delay) if number < self.max_attempts => delay,
-                _ => return Err(exhausted(number, error).into()),
-            };
-            if started.elapsed() + delay > self.max_elapsed {
-                return Err(exhausted(number, error).into());
+            match attempt(run.number) {
+                Ok(value) => return Ok((value, run.number)),
+                Err(stop) => std::thread::sleep(run.wait_after(stop)?),
             }
-            if let Some(hook) = &self.hook {
-                hook(&RetryEvent {
-                    attempt: number,
-                    error: &error,
-                    delay,
-                });
+        }
+    }
+
+    /// [`run`](Self::run) for async attempts: the same decisions, but the waits between
+    /// attempts sleep on the tokio runtime (its timer must be on), so a retrying request
+    /// never blocks the thread that serves the others. Dropping the future between two
+    /// attempts stops the run; an attempt that was running is dropped as its own future
+    /// would be.
+    #[cfg(feature = "tokio")]
+    pub async fn run_async<T, E, F, A>(&self, mut attempt: A) -> Result<(T, u32), E>
+    where
+        E: From<Error>,
+        F: std::future::Future<Output = Result<T, Stop<E>>>,
+        A: FnMut(u32) -> F,
+    {
+        let mut run = self.start();
+        loop {
+            match attempt(run.number).await {
+                Ok(value) => return Ok((value, run.number)),
+                Err(stop) => tokio::time::sleep(run.wait_after(stop)?).await,
             }
-            std::thread::sleep(delay);
-            number += 1;
+        }
+    }
+
+    /// A run of this policy, from now.
+    fn start(&self) -> Run<'_> {
+        Run {
+            policy: self,
+            started: Instant::now(),
+            delays: self.delays(),
+            number: 1,
         }
     }
 
@@ -292,6 +301,47 @@ impl RetryPolicy {
             bounds,
             rng: fastrand::Rng::new(),
         }
+    }
+}
+
+/// One run of a policy: its attempt number, its clock and its waits. What to do after a
+/// failed attempt is decided here, whatever the attempts run on.
+struct Run<'p> {
+    policy: &'p RetryPolicy,
+    started: Instant,
+    delays: Delays,
+    /// The attempt about to run or running, from 1.
+    number: u32,
+}
+
+impl Run<'_> {
+    /// After the current attempt stopped with `stop`: the wait before the next one (the
+    /// hook has seen it), or what the run gives back.
+    fn wait_after<E: From<Error>>(&mut self, stop: Stop<E>) -> Result<Duration, E> {
+        let policy = self.policy;
+        let error = match stop {
+            Stop::Caller(e) => return Err(e),
+            Stop::Occ(error) if !error.is_retryable() || policy.max_attempts == 1 => {
+                return Err(error.into())
+            }
+            Stop::Occ(error) => error,
+        };
+        let delay = match self.delays.next() {
+            Some(delay) if self.number < policy.max_attempts => delay,
+            _ => return Err(exhausted(self.number, error).into()),
+        };
+        if self.started.elapsed() + delay > policy.max_elapsed {
+            return Err(exhausted(self.number, error).into());
+        }
+        if let Some(hook) = &policy.hook {
+            hook(&RetryEvent {
+                attempt: self.number,
+                error: &error,
+                delay,
+            });
+        }
+        self.number += 1;
+        Ok(delay)
     }
 }
 
@@ -482,5 +532,62 @@ mod tests {
             let _: Result<((), u32), Error> = policy.run(|_| Err(conflict().into()));
         }
         assert_eq!(*seen.lock().unwrap(), [1, 2, 4, 4, 1, 2, 4, 4]);
+    }
+
+    /// The async run decides as the blocking one does, and its waits give the thread
+    /// back: on a current-thread runtime, another task runs between every two attempts.
+    /// A wait that blocked the thread (`std::thread::sleep`) would let it run never.
+    #[cfg(feature = "tokio")]
+    #[test]
+    fn async_runs_wait_on_the_runtime_and_decide_like_blocking_ones() {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            let ticks = std::sync::Arc::new(AtomicU32::new(0));
+            let ticker = tokio::spawn({
+                let ticks = std::sync::Arc::clone(&ticks);
+                async move {
+                    loop {
+                        ticks.fetch_add(1, Ordering::SeqCst);
+                        tokio::task::yield_now().await;
+                    }
+                }
+            });
+            let policy = quick().max_delay(Duration::from_millis(5));
+            let mut seen = Vec::new();
+            let outcome: Result<(u32, u32), Error> = policy
+                .run_async(|number| {
+                    seen.push(ticks.load(Ordering::SeqCst));
+                    async move {
+                        if number < 4 {
+                            Err(Stop::Occ(conflict()))
+                        } else {
+                            Ok(number)
+                        }
+                    }
+                })
+                .await;
+            assert_eq!(outcome.unwrap(), (4, 4));
+            assert!(
+                seen.windows(2).all(|w| w[1] > w[0]),
+                "another task ran during every wait: {seen:?}"
+            );
+
+            let never: Result<((), u32), Error> = RetryPolicy::never()
+                .run_async(|_| async { Err(Stop::Occ(conflict())) })
+                .await;
+            assert!(matches!(never, Err(Error::Retryable { .. })), "{never:?}");
+            let bounded: Result<((), u32), Error> = quick()
+                .max_attempts(3)
+                .run_async(|_| async { Err(Stop::Occ(conflict())) })
+                .await;
+            assert!(
+                matches!(bounded, Err(Error::RetriesExhausted { attempts: 3, .. })),
+                "{bounded:?}"
+            );
+            ticker.abort();
+        });
     }
 }
