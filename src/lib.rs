@@ -204,7 +204,7 @@ pub use locks::fence::{FencedWrite, WriteFenced};
 #[cfg(feature = "locks")]
 pub use locks::held::Held;
 #[cfg(feature = "locks")]
-pub use locks::leader::{Candidate, ElectionTiming, LeaderEvent};
+pub use locks::leader::{Candidate, ElectionTiming, LeaderEvent, Leadership};
 #[cfg(feature = "locks")]
 pub use locks::lease::Lease;
 #[cfg(feature = "locks")]

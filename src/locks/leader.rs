@@ -116,12 +116,26 @@ pub enum LeaderEvent {
     },
 }
 
+/// Whether a candidate leads, as [`Candidate::leadership`] shows it to async code.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Leadership {
+    /// Not leading: campaigning, stepped down, or lost at the deadline.
+    Following,
+    /// Leading the term with this fencing token.
+    Leading {
+        /// The term's fence.
+        fence: i64,
+    },
+}
+
 /// A candidate running for leadership on its own thread.
 pub struct Candidate {
     /// The belief of the current term, while this candidate leads.
     term: Arc<Mutex<Option<Arc<Belief>>>>,
     fence: Arc<AtomicI64>,
     events: Receiver<LeaderEvent>,
+    #[cfg(feature = "tokio")]
+    leadership: tokio::sync::watch::Receiver<Leadership>,
     signals: Sender<Signal>,
     thread: Option<JoinHandle<()>>,
 }
@@ -203,6 +217,8 @@ impl Candidate {
         let (term, fence) = (Arc::new(Mutex::new(None)), Arc::new(AtomicI64::new(0)));
         let (events_in, events) = channel();
         let (signals, received) = channel::<Signal>();
+        #[cfg(feature = "tokio")]
+        let (leadership_in, leadership) = tokio::sync::watch::channel(Leadership::Following);
         let runner = Runner {
             locks,
             name: name.to_string(),
@@ -213,6 +229,8 @@ impl Candidate {
             term: Arc::clone(&term),
             fence: Arc::clone(&fence),
             events: events_in,
+            #[cfg(feature = "tokio")]
+            leadership: leadership_in,
             signals: signals.clone(),
             received,
         };
@@ -221,6 +239,8 @@ impl Candidate {
             term,
             fence,
             events,
+            #[cfg(feature = "tokio")]
+            leadership,
             signals,
             thread: Some(thread),
         })
@@ -249,6 +269,17 @@ impl Candidate {
     /// Leadership changes, in order.
     pub fn events(&self) -> &Receiver<LeaderEvent> {
         &self.events
+    }
+
+    /// Leadership as a tokio `watch` channel (feature `tokio`), for async code that must
+    /// not block on [`events`](Self::events): `leadership().wait_for(|l| l != &Following)`
+    /// waits for the next term, `changed()` for any change. It changes when the events are
+    /// sent: to [`Leadership::Leading`] on election, back to
+    /// [`Leadership::Following`] at the term's deadline, on stepping down and when a job
+    /// ends its term. A receiver sees the latest state, not every change in between.
+    #[cfg(feature = "tokio")]
+    pub fn leadership(&self) -> tokio::sync::watch::Receiver<Leadership> {
+        self.leadership.clone()
     }
 
     /// Steps down (freeing the lock if it leads) and ends the runner. Returns the events
@@ -280,6 +311,8 @@ struct Runner<S: ConnectionSource> {
     term: Arc<Mutex<Option<Arc<Belief>>>>,
     fence: Arc<AtomicI64>,
     events: Sender<LeaderEvent>,
+    #[cfg(feature = "tokio")]
+    leadership: tokio::sync::watch::Sender<Leadership>,
     signals: Sender<Signal>,
     received: Receiver<Signal>,
 }
@@ -297,6 +330,11 @@ where
     S::Connection: LockConnection,
 {
     fn report(&self, event: LeaderEvent) {
+        #[cfg(feature = "tokio")]
+        self.leadership.send_replace(match event {
+            LeaderEvent::Elected { fence } => Leadership::Leading { fence },
+            _ => Leadership::Following,
+        });
         let _ = self.events.send(event);
     }
 
