@@ -191,6 +191,94 @@ for_each_backend! {
         assert!(events.iter().any(|e| matches!(e, LeaderEvent::Lost { .. })), "{events:?}");
     }
 
+    /// Records, when the async job's future is dropped, who the lock row names then.
+    #[cfg(feature = "tokio")]
+    struct OnCancel {
+        pool: diesel::r2d2::Pool<diesel_occ::CheckedManager<Conn>>,
+        holders: std::sync::Arc<std::sync::Mutex<Vec<Option<String>>>>,
+    }
+
+    #[cfg(feature = "tokio")]
+    impl Drop for OnCancel {
+        fn drop(&mut self) {
+            let label = occ_locks::table
+                .filter(occ_locks::holder.is_not_null())
+                .select(occ_locks::label)
+                .first::<Option<String>>(&mut self.pool.get().unwrap())
+                .ok()
+                .flatten();
+            self.holders.lock().unwrap().push(label);
+        }
+    }
+
+    /// An async leader job runs while its candidate leads; on stop it is cancelled (its
+    /// future dropped) while the lock row still names this leader, and the lock is freed
+    /// only after; on a lead lost to a taken row it is cancelled too.
+    #[cfg(feature = "tokio")]
+    #[test]
+    fn an_async_job_is_cancelled_before_its_lock_is_freed() {
+        use std::sync::atomic::{AtomicU32, Ordering};
+        use std::sync::{Arc, Mutex};
+        let Some(db) = db() else { return };
+        let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+        let _in_runtime = runtime.enter();
+        let (steps, holders) = (Arc::new(AtomicU32::new(0)), Arc::new(Mutex::new(Vec::new())));
+        let start = |label: &str| {
+            let (steps, holders, pool) = (Arc::clone(&steps), Arc::clone(&holders), db.pool.clone());
+            Candidate::start_with_async_job(Locks::new(db.pool.clone()), "async-job", "main", label, timing(), move |held| {
+                let (steps, on_cancel) = (Arc::clone(&steps), OnCancel { pool: pool.clone(), holders: Arc::clone(&holders) });
+                async move {
+                    let _on_cancel = on_cancel;
+                    while held.is_held() {
+                        steps.fetch_add(1, Ordering::SeqCst);
+                        tokio::time::sleep(Duration::from_millis(5)).await;
+                    }
+                    std::future::pending::<()>().await;
+                }
+            })
+            .unwrap()
+        };
+        let wait_for_steps = |more: u32| {
+            let (from, asked) = (steps.load(Ordering::SeqCst), Instant::now());
+            while steps.load(Ordering::SeqCst) < from + more {
+                assert!(asked.elapsed() < Duration::from_secs(10), "the job does not run");
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        };
+
+        let me = start("me");
+        assert!(matches!(next_event(&me, Duration::from_secs(5)), Some(LeaderEvent::Elected { .. })));
+        wait_for_steps(3);
+        assert_eq!(me.stop(), [LeaderEvent::SteppedDown]);
+        assert_eq!(*holders.lock().unwrap(), [Some("me".to_string())], "cancelled while the lock was still this leader's");
+        let held: i64 = occ_locks::table.filter(occ_locks::holder.is_not_null()).count().get_result(&mut db.conn()).unwrap();
+        assert_eq!(held, 0, "freed after the job was gone");
+
+        let again = start("again");
+        assert!(matches!(next_event(&again, Duration::from_secs(5)), Some(LeaderEvent::Elected { .. })));
+        wait_for_steps(3);
+        diesel::update(occ_locks::table).set(occ_locks::holder.eq("intruder")).execute(&mut db.conn()).unwrap();
+        match next_event(&again, Duration::from_secs(5)) {
+            Some(LeaderEvent::Lost { .. }) => {}
+            other => panic!("{other:?}"),
+        }
+        let asked = Instant::now();
+        while holders.lock().unwrap().len() < 2 {
+            assert!(asked.elapsed() < Duration::from_secs(10), "the job outlived the lost lead");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        again.stop();
+    }
+
+    /// Outside a tokio runtime there is nothing to drive an async job: refused at start.
+    #[cfg(feature = "tokio")]
+    #[test]
+    fn an_async_job_needs_a_runtime() {
+        let Some(db) = db() else { return };
+        let refused = Candidate::start_with_async_job(Locks::new(db.pool.clone()), "j", "main", "x", timing(), |_| async {});
+        assert!(matches!(refused, Err(Error::InvalidSetting { what: "async job", .. })));
+    }
+
     /// The child side of the failover test: leads until killed.
     #[test]
     fn leader_child() {

@@ -32,6 +32,9 @@ use crate::retry::Stop;
 pub(crate) struct Loss {
     why: Mutex<Option<String>>,
     changed: Condvar,
+    /// Wakes [`Held::lost`]'s waits on the async side.
+    #[cfg(feature = "tokio")]
+    wake: tokio::sync::Notify,
 }
 
 impl Loss {
@@ -47,6 +50,8 @@ impl Loss {
             *current = Some(why);
         }
         self.changed.notify_all();
+        #[cfg(feature = "tokio")]
+        self.wake.notify_waiters();
     }
 
     /// Why the holder must stop, once it must.
@@ -156,6 +161,31 @@ impl Held {
         }
     }
 
+    /// Waits on the tokio runtime until [`check`](Self::check) fails, and returns its
+    /// [`Error::LockLost`]: the lock was found lost, the local deadline passed with no
+    /// renewal back in time, or the holder was told to stop. For async work under the
+    /// lock: race it against the work, and the work is dropped (cancelled at its next
+    /// `.await`) as soon as the lock is gone.
+    #[cfg(feature = "tokio")]
+    pub async fn lost(&self) -> Error {
+        loop {
+            let notified = std::pin::pin!(self.loss.wake.notified());
+            let mut notified = notified;
+            // Registered before the check, so a loss recorded in between still wakes it.
+            notified.as_mut().enable();
+            if let Err(error) = self.check() {
+                return error;
+            }
+            match self.belief.deadline() {
+                Some(deadline) => {
+                    let deadline = tokio::time::sleep_until(deadline.into());
+                    first_of(notified, deadline).await;
+                }
+                None => notified.await,
+            }
+        }
+    }
+
     /// Runs `write` on `conn` in a transaction that commits only if this process still
     /// holds the lock by the database's own account: before committing, the lock row is
     /// locked and its holder token, fence and expiry (by the database's clock) checked.
@@ -206,4 +236,22 @@ impl Held {
             }
         }
     }
+}
+
+/// Waits for whichever of `a` and `b` finishes first; the other is dropped.
+#[cfg(feature = "tokio")]
+pub(crate) async fn first_of<A, B>(a: A, b: B)
+where
+    A: std::future::Future,
+    B: std::future::Future,
+{
+    let (mut a, mut b) = (std::pin::pin!(a), std::pin::pin!(b));
+    std::future::poll_fn(|cx| {
+        if a.as_mut().poll(cx).is_ready() || b.as_mut().poll(cx).is_ready() {
+            std::task::Poll::Ready(())
+        } else {
+            std::task::Poll::Pending
+        }
+    })
+    .await
 }

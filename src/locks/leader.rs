@@ -198,6 +198,43 @@ impl Candidate {
         Self::campaign(locks, name, resource, label, timing, Some(Arc::new(job)))
     }
 
+    /// [`start_with_job`](Self::start_with_job) for an async job: while this candidate
+    /// leads, `job(held)` runs once per term, driven on a thread of its own within the
+    /// tokio runtime `start_with_async_job` is called from (its timers and sockets work;
+    /// tasks it spawns run on that runtime as usual). When the term ends (stop, lost lead)
+    /// the job's future is dropped at its next `.await` ([`Held::lost`] resolves), and only
+    /// after it is gone is the lock freed; a job that returns or panics ends its term as in
+    /// [`start_with_job`](Self::start_with_job). Work the job spawned elsewhere is not
+    /// cancelled with it: keep the protected work inside the job's own future.
+    ///
+    /// [`Error::InvalidSetting`] outside a tokio runtime.
+    #[cfg(feature = "tokio")]
+    pub fn start_with_async_job<S, F>(
+        locks: Locks<S>,
+        name: &str,
+        resource: &str,
+        label: &str,
+        timing: ElectionTiming,
+        job: impl Fn(Held) -> F + Send + Sync + 'static,
+    ) -> Result<Candidate, Error>
+    where
+        S: ConnectionSource,
+        S::Connection: LockConnection,
+        F: std::future::Future<Output = ()>,
+    {
+        let runtime = tokio::runtime::Handle::try_current().map_err(|_| Error::InvalidSetting {
+            what: "async job",
+            reason:
+                "start_with_async_job is called from inside the tokio runtime that drives the job"
+                    .into(),
+        })?;
+        let driven = move |held: &Held| {
+            let work = job(held.clone());
+            runtime.block_on(crate::locks::held::first_of(work, held.lost()));
+        };
+        Self::campaign(locks, name, resource, label, timing, Some(Arc::new(driven)))
+    }
+
     fn campaign<S>(
         locks: Locks<S>,
         name: &str,
