@@ -269,16 +269,47 @@ impl RetryPolicy {
         busy: impl Fn(&Error) -> bool,
         mut attempt: impl FnMut() -> Result<T, Error>,
     ) -> Result<T, Error> {
-        let deadline = Instant::now() + wait;
-        let mut delays = self.delays();
+        let mut polling = self.polling(wait);
         loop {
             match attempt() {
-                Err(error) if busy(&error) && Instant::now() < deadline => {
-                    let left = deadline.saturating_duration_since(Instant::now());
-                    std::thread::sleep(delays.next().unwrap_or(left).min(left));
-                }
+                Err(error) if busy(&error) => match polling.wait() {
+                    Some(pause) => std::thread::sleep(pause),
+                    None => return Err(error),
+                },
                 other => return other,
             }
+        }
+    }
+
+    /// [`poll`](Self::poll) for async tries, its waits on tokio's timer.
+    #[cfg(all(feature = "locks", feature = "tokio"))]
+    pub(crate) async fn poll_async<T, F>(
+        &self,
+        wait: Duration,
+        busy: impl Fn(&Error) -> bool,
+        mut attempt: impl FnMut() -> F,
+    ) -> Result<T, Error>
+    where
+        F: std::future::Future<Output = Result<T, Error>>,
+    {
+        let mut polling = self.polling(wait);
+        loop {
+            match attempt().await {
+                Err(error) if busy(&error) => match polling.wait() {
+                    Some(pause) => tokio::time::sleep(pause).await,
+                    None => return Err(error),
+                },
+                other => return other,
+            }
+        }
+    }
+
+    /// Waiting on something for at most `wait`, from now.
+    #[cfg(feature = "locks")]
+    fn polling(&self, wait: Duration) -> Polling {
+        Polling {
+            deadline: Instant::now() + wait,
+            delays: self.delays(),
         }
     }
 
@@ -342,6 +373,26 @@ impl Run<'_> {
         }
         self.number += 1;
         Ok(delay)
+    }
+}
+
+/// Waiting on something (a held lock) until a deadline, with a policy's waits.
+#[cfg(feature = "locks")]
+struct Polling {
+    deadline: Instant,
+    delays: Delays,
+}
+
+#[cfg(feature = "locks")]
+impl Polling {
+    /// The pause before the next try, cut short so that none ends past the deadline;
+    /// `None` once the deadline has passed.
+    fn wait(&mut self) -> Option<Duration> {
+        let left = self.deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return None;
+        }
+        Some(self.delays.next().unwrap_or(left).min(left))
     }
 }
 

@@ -693,21 +693,60 @@ where
         wait: Duration,
         policy: &RetryPolicy,
     ) -> Result<LockGuard<S>, Error> {
-        // Held, or refused for now by the database (a serialization failure under
-        // REPEATABLE READ or SERIALIZABLE sessions, a deadlock, SQLite busy, a row lock
-        // held past the wait bound), or granted too late to be believed (and released):
-        // wait on.
-        policy.poll(
-            wait,
-            |error| {
-                matches!(
-                    error,
-                    Error::LockHeld { .. } | Error::Retryable { .. } | Error::LockLost { .. }
-                )
-            },
-            || self.try_lock(name, resource, ttl, label),
-        )
+        policy.poll(wait, is_worth_waiting_on, || {
+            self.try_lock(name, resource, ttl, label)
+        })
     }
+
+    /// [`lock`](Self::lock) for async code (feature `tokio`): each try runs on tokio's
+    /// blocking pool and the waits between tries sleep on its timer, so a request waiting
+    /// for a lock holds no thread. Dropping the future (a timeout, a client gone) stops
+    /// the waiting; a try already running finishes on the blocking pool, and a lock it
+    /// took is released there at once, since nobody will receive its guard.
+    #[cfg(feature = "tokio")]
+    pub async fn lock_async(
+        &self,
+        name: &str,
+        resource: &str,
+        ttl: Duration,
+        label: Option<&str>,
+        wait: Duration,
+        policy: &RetryPolicy,
+    ) -> Result<LockGuard<S>, Error> {
+        policy
+            .poll_async(wait, is_worth_waiting_on, || {
+                let (locks, name, resource) =
+                    (self.clone(), name.to_string(), resource.to_string());
+                let label = label.map(str::to_string);
+                async move {
+                    let tried = tokio::task::spawn_blocking(move || {
+                        locks.try_lock(&name, &resource, ttl, label.as_deref())
+                    });
+                    match tried.await {
+                        Ok(outcome) => outcome,
+                        Err(join) if join.is_panic() => {
+                            std::panic::resume_unwind(join.into_panic())
+                        }
+                        Err(join) => Err(Error::InvalidSetting {
+                            what: "async runtime",
+                            reason: format!("the lock attempt did not run: {join}"),
+                        }),
+                    }
+                }
+            })
+            .await
+    }
+}
+
+/// Whether a refused try is worth waiting on: held, refused for now by the database (a
+/// serialization failure under REPEATABLE READ or SERIALIZABLE sessions, a deadlock,
+/// SQLite busy, a row lock held past the wait bound), or granted too late to be believed
+/// (and released).
+fn is_worth_waiting_on(error: &Error) -> bool {
+    matches!(
+        error,
+        Error::LockHeld { .. } | Error::Retryable { .. } | Error::LockLost { .. }
+    )
 }
 
 impl<S: ConnectionSource> LockGuard<S>
