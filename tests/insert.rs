@@ -6,8 +6,6 @@
 
 mod common;
 
-use std::sync::Barrier;
-
 use chrono::NaiveDateTime;
 use common::models::Order;
 use common::schema::orders;
@@ -128,20 +126,9 @@ for_each_backend! {
     #[test]
     fn racing_inserts_of_one_key_have_one_winner() {
         let Some(db) = db() else { return };
-        let (start, pool) = (Barrier::new(8), &db.pool);
-        let results: Vec<Result<Order, Error>> = std::thread::scope(|s| {
-            let threads: Vec<_> = (0..8)
-                .map(|t| {
-                    let start = &start;
-                    s.spawn(move || {
-                        let mut conn = pool.get().unwrap();
-                        let mut order = Order::new(7, &format!("thread {t}"));
-                        start.wait();
-                        order.guarded_insert(&mut conn).map(|_| order)
-                    })
-                })
-                .collect();
-            threads.into_iter().map(|t| t.join().unwrap()).collect()
+        let results: Vec<Result<Order, Error>> = db.race(8, |t, conn| {
+            let mut order = Order::new(7, &format!("thread {t}"));
+            order.guarded_insert(conn).map(|_| order)
         });
         let winners: Vec<&Order> = results.iter().filter_map(|r| r.as_ref().ok()).collect();
         assert_eq!(winners.len(), 1, "{results:?}");

@@ -124,25 +124,14 @@ for_each_backend! {
         let Some(db) = db() else { return };
         insert(&db);
         let copy = load(&mut db.conn());
-        let (start, pool, copy) = (Barrier::new(8), &db.pool, &copy);
-        let results: Vec<Result<(), Error>> = std::thread::scope(|s| {
-            let threads: Vec<_> = (0..8)
-                .map(|_| {
-                    let start = &start;
-                    s.spawn(move || {
-                        let mut conn = pool.get().unwrap();
-                        start.wait();
-                        copy.with_copy_locked(&mut conn, LockWait::Wait, |conn, row| {
-                            diesel::update(counters::table.find(&row.name))
-                                .set((counters::value.eq(row.value + 1), counters::revision.eq(row.rev + 1)))
-                                .execute(conn)
-                                .map(drop)
-                                .map_err(Error::from)
-                        })
-                    })
-                })
-                .collect();
-            threads.into_iter().map(|t| t.join().unwrap()).collect()
+        let results: Vec<Result<(), Error>> = db.race(8, |_, conn| {
+            copy.with_copy_locked(conn, LockWait::Wait, |conn, row| {
+                diesel::update(counters::table.find(&row.name))
+                    .set((counters::value.eq(row.value + 1), counters::revision.eq(row.rev + 1)))
+                    .execute(conn)
+                    .map(drop)
+                    .map_err(Error::from)
+            })
         });
         let applied = results.iter().filter(|r| r.is_ok()).count();
         assert_eq!(applied, 1, "{results:?}");

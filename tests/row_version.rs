@@ -5,8 +5,6 @@
 
 mod common;
 
-use std::sync::Barrier;
-
 use diesel::connection::SimpleConnection;
 use diesel::prelude::*;
 use diesel_occ::{
@@ -160,21 +158,10 @@ for_each_backend! {
     fn racing_saves_have_one_winner() {
         let Some(db) = setup() else { return };
         let loaded = load(&mut db.conn(), 1);
-        let (start, pool, loaded) = (Barrier::new(8), &db.pool, &loaded);
-        let results: Vec<Result<Doc, Error>> = std::thread::scope(|s| {
-            let threads: Vec<_> = (0..8)
-                .map(|t| {
-                    let start = &start;
-                    s.spawn(move || {
-                        let mut conn = pool.get().unwrap();
-                        let mut copy = loaded.clone();
-                        copy.body = format!("thread {t}");
-                        start.wait();
-                        copy.guarded_save(&mut conn).map(|_| copy)
-                    })
-                })
-                .collect();
-            threads.into_iter().map(|t| t.join().unwrap()).collect()
+        let results: Vec<Result<Doc, Error>> = db.race(8, |t, conn| {
+            let mut copy = loaded.clone();
+            copy.body = format!("thread {t}");
+            copy.guarded_save(conn).map(|_| copy)
         });
         let winners: Vec<&Doc> = results.iter().filter_map(|r| r.as_ref().ok()).collect();
         assert_eq!(winners.len(), 1, "{results:?}");

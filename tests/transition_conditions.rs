@@ -4,8 +4,6 @@
 
 mod common;
 
-use std::sync::Barrier;
-
 use diesel::connection::SimpleConnection;
 use diesel::prelude::*;
 use diesel_occ::{no_extra, Error, Guarded, GuardedStatusTransition, GuardedTransition, Pooled};
@@ -190,42 +188,30 @@ for_each_backend! {
     #[test]
     fn pay_ship_and_cancel_race_to_one_consistent_end() {
         let Some(db) = setup() else { return };
-        let pool = &db.pool;
         for round in 0..20 {
             let id = 100 + round;
             diesel::sql_query(format!("INSERT INTO shipments (id, status, version) VALUES ({id}, 'open', 0)"))
                 .execute(&mut db.conn())
                 .unwrap();
-            let start = Barrier::new(8);
-            let moves: Vec<Option<Stage>> = std::thread::scope(|s| {
-                let threads: Vec<_> = (0..8)
-                    .map(|t| {
-                        let start = &start;
-                        s.spawn(move || {
-                            let mut conn = pool.get().unwrap();
-                            let policy = RetryPolicy::default();
-                            start.wait();
-                            let moved = match t {
-                                0 | 1 => {
-                                    pay(&mut conn, id);
-                                    return None;
-                                }
-                                2..=4 => Shipment::transition_by_key_when(
-                                    &mut conn, &id, Stage::Shipped, no_extra(), shipments::payment.is_not_null(), &policy,
-                                )
-                                .map(|_| Stage::Shipped),
-                                _ => Shipment::transition_by_key(&mut conn, &id, Stage::Cancelled, no_extra(), &policy)
-                                    .map(|_| Stage::Cancelled),
-                            };
-                            match moved {
-                                Ok(stage) => Some(stage),
-                                Err(Error::InvalidTransition(_)) => None,
-                                Err(other) => panic!("{other}"),
-                            }
-                        })
-                    })
-                    .collect();
-                threads.into_iter().map(|t| t.join().unwrap()).collect()
+            let moves: Vec<Option<Stage>> = db.race(8, |t, conn| {
+                let policy = RetryPolicy::default();
+                let moved = match t {
+                    0 | 1 => {
+                        pay(conn, id);
+                        return None;
+                    }
+                    2..=4 => Shipment::transition_by_key_when(
+                        conn, &id, Stage::Shipped, no_extra(), shipments::payment.is_not_null(), &policy,
+                    )
+                    .map(|_| Stage::Shipped),
+                    _ => Shipment::transition_by_key(conn, &id, Stage::Cancelled, no_extra(), &policy)
+                        .map(|_| Stage::Cancelled),
+                };
+                match moved {
+                    Ok(stage) => Some(stage),
+                    Err(Error::InvalidTransition(_)) => None,
+                    Err(other) => panic!("{other}"),
+                }
             });
             let won: Vec<Stage> = moves.into_iter().flatten().collect();
             assert_eq!(won.len(), 1, "round {round}: {won:?}");

@@ -3,8 +3,6 @@
 
 mod common;
 
-use std::sync::Barrier;
-
 use common::models::Order;
 use common::schema::orders;
 use diesel::prelude::*;
@@ -92,20 +90,9 @@ for_each_backend! {
     #[test]
     fn racing_upserts_of_one_new_key_have_one_winner() {
         let Some(db) = db() else { return };
-        let (start, pool) = (Barrier::new(8), &db.pool);
-        let results: Vec<Result<Order, Error>> = std::thread::scope(|s| {
-            let threads: Vec<_> = (0..8)
-                .map(|t| {
-                    let start = &start;
-                    s.spawn(move || {
-                        let mut conn = pool.get().unwrap();
-                        let mut order = Order::new(7, &format!("thread {t}"));
-                        start.wait();
-                        order.guarded_upsert(&mut conn).map(|_| order)
-                    })
-                })
-                .collect();
-            threads.into_iter().map(|t| t.join().unwrap()).collect()
+        let results: Vec<Result<Order, Error>> = db.race(8, |t, conn| {
+            let mut order = Order::new(7, &format!("thread {t}"));
+            order.guarded_upsert(conn).map(|_| order)
         });
         let winners: Vec<&Order> = results.iter().filter_map(|r| r.as_ref().ok()).collect();
         assert_eq!(winners.len(), 1, "{results:?}");
@@ -129,21 +116,10 @@ for_each_backend! {
         let Some(db) = db() else { return };
         let mut loaded = Order::new(3, "loaded");
         loaded.guarded_insert(&mut db.conn()).unwrap();
-        let (start, pool, loaded) = (Barrier::new(8), &db.pool, &loaded);
-        let results: Vec<Result<(Upserted<i64>, Order), Error>> = std::thread::scope(|s| {
-            let threads: Vec<_> = (0..8)
-                .map(|t| {
-                    let start = &start;
-                    s.spawn(move || {
-                        let mut conn = pool.get().unwrap();
-                        let mut copy = loaded.clone();
-                        copy.note = format!("thread {t}");
-                        start.wait();
-                        copy.guarded_upsert(&mut conn).map(|done| (done, copy))
-                    })
-                })
-                .collect();
-            threads.into_iter().map(|t| t.join().unwrap()).collect()
+        let results: Vec<Result<(Upserted<i64>, Order), Error>> = db.race(8, |t, conn| {
+            let mut copy = loaded.clone();
+            copy.note = format!("thread {t}");
+            copy.guarded_upsert(conn).map(|done| (done, copy))
         });
         let winners: Vec<&(Upserted<i64>, Order)> = results.iter().filter_map(|r| r.as_ref().ok()).collect();
         assert_eq!(winners.len(), 1, "{results:?}");
@@ -239,23 +215,12 @@ for_each_backend! {
             row.guarded_insert(&mut db.conn()).unwrap();
         }
         let batch: Vec<(i64, i64)> = rows.iter().map(|r| (r.id, r.version)).collect();
-        let (start, pool, batch) = (Barrier::new(8), &db.pool, &batch);
-        let reports: Vec<Result<Vec<bool>, Error>> = std::thread::scope(|s| {
-            let threads: Vec<_> = (0..8)
-                .map(|_| {
-                    let start = &start;
-                    s.spawn(move || {
-                        let mut conn = pool.get().unwrap();
-                        start.wait();
-                        let report = Order::guarded_delete_batch(&mut *conn, batch.clone(), BatchMode::Partial)?;
-                        for row in &report.rows {
-                            assert!(matches!(row, RowOutcome::Written(()) | RowOutcome::NotFound), "{row:?}");
-                        }
-                        Ok(report.rows.iter().map(RowOutcome::is_written).collect())
-                    })
-                })
-                .collect();
-            threads.into_iter().map(|t| t.join().unwrap()).collect()
+        let reports: Vec<Result<Vec<bool>, Error>> = db.race(8, |_, conn| {
+            let report = Order::guarded_delete_batch(&mut **conn, batch.clone(), BatchMode::Partial)?;
+            for row in &report.rows {
+                assert!(matches!(row, RowOutcome::Written(()) | RowOutcome::NotFound), "{row:?}");
+            }
+            Ok(report.rows.iter().map(RowOutcome::is_written).collect())
         });
         let mut deleted_by = [0; 20];
         for report in &reports {

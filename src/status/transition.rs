@@ -265,21 +265,7 @@ where
         Ch: Clone,
         Self: TransitionByKey<C, Ch>,
     {
-        let policy = if in_caller_transaction(conn) {
-            RetryPolicy::never()
-        } else {
-            policy.clone()
-        };
-        let (token, _) = policy.run(|_| -> Result<TokenOf<Self>, Stop<Error>> {
-            Ok(Self::transition_key(
-                conn,
-                key,
-                to,
-                extra.clone(),
-                Unguarded,
-            )?)
-        })?;
-        Ok(token)
+        retried_by_key::<Self, C, Ch, Unguarded>(conn, key, to, extra, Unguarded, policy)
     }
 
     /// [`transition_by_key`](Self::transition_by_key), and only while the row also meets
@@ -300,22 +286,7 @@ where
         Self: TransitionByKey<C, Ch, When<G>>,
         G: AppearsOnTable<<Self as diesel::associations::HasTable>::Table> + Clone,
     {
-        let policy = if in_caller_transaction(conn) {
-            RetryPolicy::never()
-        } else {
-            policy.clone()
-        };
-        let condition = When(condition);
-        let (token, _) = policy.run(|_| -> Result<TokenOf<Self>, Stop<Error>> {
-            Ok(Self::transition_key(
-                conn,
-                key,
-                to,
-                extra.clone(),
-                condition.clone(),
-            )?)
-        })?;
-        Ok(token)
+        retried_by_key::<Self, C, Ch, When<G>>(conn, key, to, extra, When(condition), policy)
     }
 
     /// Moves the row with `key` to `to` and runs `hook` (given the state the row left and
@@ -365,6 +336,39 @@ where
     T: HasStatus + Clone,
     T::Guard: AdvanceInSql,
 {
+}
+
+/// A by-key transition under `condition`, retried as `policy` allows (one attempt inside
+/// a transaction of the caller's, which only the caller can retry).
+fn retried_by_key<T, C, Ch, G>(
+    conn: &mut C,
+    key: &T::Key,
+    to: T::Status,
+    extra: Ch,
+    condition: G,
+    policy: &RetryPolicy,
+) -> Result<TokenOf<T>, Error>
+where
+    T: TransitionByKey<C, Ch, G>,
+    C: diesel::Connection,
+    Ch: Clone,
+    G: Clone,
+{
+    let policy = if in_caller_transaction(conn) {
+        RetryPolicy::never()
+    } else {
+        policy.clone()
+    };
+    let (token, _) = policy.run(|_| -> Result<TokenOf<T>, Stop<Error>> {
+        Ok(T::transition_key(
+            conn,
+            key,
+            to,
+            extra.clone(),
+            condition.clone(),
+        )?)
+    })?;
+    Ok(token)
 }
 
 /// The key-only transition of entity `Self` with extra changes `Ch` on connection `C`, as

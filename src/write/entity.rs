@@ -428,17 +428,34 @@ where
         if columns.is_empty() {
             return Ok(());
         }
-        let statement = UnguardedUpdateOf::<T, Ch::Changeset>::new(
-            T::table(),
-            changes,
-            Unguarded,
-            T::key_predicate(key),
-            Unguarded,
-        );
-        CompareAndSet::one(statement, T::table_name(), key, RowMoved::<T>::any(key))
-            .run::<C, Counted, TokenOf<T>>(conn)
-            .map(drop)
+        write_unguarded_by_key::<T, C, _>(conn, key, changes)
     }
+}
+
+/// `UPDATE <table> SET <changes> WHERE <key>`, outside the guard (neither checked nor
+/// advanced): excluded fields and maintenance touches. A missing row is
+/// [`Error::NotFound`].
+pub(crate) fn write_unguarded_by_key<T, C, X>(
+    conn: &mut C,
+    key: &T::Key,
+    changes: X,
+) -> Result<(), Error>
+where
+    T: LoadByKey<C>,
+    C: LoadConnection,
+    C::Backend: OccBackend,
+    UnguardedUpdateOf<T, X>: ExecuteDsl<C> + Assignments<C::Backend>,
+{
+    let statement = UnguardedUpdateOf::<T, X>::new(
+        T::table(),
+        changes,
+        Unguarded,
+        T::key_predicate(key),
+        Unguarded,
+    );
+    CompareAndSet::one(statement, T::table_name(), key, RowMoved::<T>::any(key))
+        .run::<C, Counted, TokenOf<T>>(conn)
+        .map(drop)
 }
 
 /// [`Error::StatusNotWritable`] when `copy` is in another state than the `original` it

@@ -11,11 +11,8 @@ use diesel::query_dsl::methods::ExecuteDsl;
 
 use crate::connect::backend::OccBackend;
 use crate::error::Error;
-use crate::guard::TokenOf;
-use crate::sql::new_token::Counted;
-use crate::sql::statement::{Assignments, ColumnEq, Unguarded};
-use crate::write::entity::{LoadByKey, RowMoved, UnguardedUpdateOf};
-use crate::write::executor::CompareAndSet;
+use crate::sql::statement::{Assignments, ColumnEq};
+use crate::write::entity::{write_unguarded_by_key, LoadByKey, UnguardedUpdateOf};
 
 /// The stamp of an entity with an `#[occ(updated_at)]` field; entities without one have
 /// nothing to touch.
@@ -50,15 +47,6 @@ where
     T::Stamp: QueryFragment<C::Backend>,
 {
     fn touch_updated_at_row(conn: &mut C, key: &T::Key, stamp: T::Stamp) -> Result<(), Error> {
-        let statement = UnguardedUpdateOf::<T, T::Stamp>::new(
-            T::table(),
-            stamp,
-            Unguarded,
-            T::key_predicate(key),
-            Unguarded,
-        );
-        CompareAndSet::one(statement, T::table_name(), key, RowMoved::<T>::any(key))
-            .run::<C, Counted, TokenOf<T>>(conn)
-            .map(drop)
+        write_unguarded_by_key::<T, C, _>(conn, key, stamp)
     }
 }

@@ -77,6 +77,31 @@ impl<C: R2D2Connection + 'static> TestDb<C> {
     }
 }
 
+impl<C: R2D2Connection + 'static> TestDb<C> {
+    /// Runs `work(t, conn)` on `threads` threads that start together, each with a
+    /// connection of its own checked out before the start; the results in thread order.
+    pub fn race<R: Send>(
+        &self,
+        threads: usize,
+        work: impl Fn(usize, &mut Pooled<C>) -> R + Sync,
+    ) -> Vec<R> {
+        let (start, work, pool) = (std::sync::Barrier::new(threads), &work, &self.pool);
+        std::thread::scope(|s| {
+            let handles: Vec<_> = (0..threads)
+                .map(|t| {
+                    let start = &start;
+                    s.spawn(move || {
+                        let mut conn = pool.get().expect("a pooled test connection");
+                        start.wait();
+                        work(t, &mut conn)
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        })
+    }
+}
+
 impl<C: R2D2Connection + 'static> Drop for TestDb<C> {
     fn drop(&mut self) {
         if let Some(drop_namespace) = self.drop_namespace.take() {
