@@ -142,6 +142,8 @@ mod sql;
 mod status;
 mod write;
 
+#[cfg(feature = "async")]
+pub mod asynchronous;
 pub mod guide;
 #[cfg(feature = "http")]
 pub mod http;

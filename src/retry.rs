@@ -247,7 +247,7 @@ impl RetryPolicy {
     }
 
     /// A run of this policy, from now.
-    fn start(&self) -> Run<'_> {
+    pub(crate) fn start(&self) -> Run<'_> {
         Run {
             policy: self,
             started: Instant::now(),
@@ -337,7 +337,7 @@ impl RetryPolicy {
 
 /// One run of a policy: its attempt number, its clock and its waits. What to do after a
 /// failed attempt is decided here, whatever the attempts run on.
-struct Run<'p> {
+pub(crate) struct Run<'p> {
     policy: &'p RetryPolicy,
     started: Instant,
     delays: Delays,
@@ -346,9 +346,14 @@ struct Run<'p> {
 }
 
 impl Run<'_> {
+    /// The attempt about to run or running, from 1.
+    pub(crate) fn number(&self) -> u32 {
+        self.number
+    }
+
     /// After the current attempt stopped with `stop`: the wait before the next one (the
     /// hook has seen it), or what the run gives back.
-    fn wait_after<E: From<Error>>(&mut self, stop: Stop<E>) -> Result<Duration, E> {
+    pub(crate) fn wait_after<E: From<Error>>(&mut self, stop: Stop<E>) -> Result<Duration, E> {
         let policy = self.policy;
         let error = match stop {
             Stop::Caller(e) => return Err(e),

@@ -83,30 +83,85 @@ pub trait OccBackend: Backend + Default {
 /// A time column's declared fractional digits, read from `information_schema.columns`.
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 #[derive(diesel::QueryableByName)]
-struct DeclaredDigits {
+pub(crate) struct DeclaredDigits {
     #[diesel(sql_type = diesel::sql_types::Nullable<diesel::sql_types::Integer>)]
     digits: Option<i32>,
 }
 
-/// Reads a time column's declared digits with `sql`, a read of
-/// `information_schema.columns` binding the schema (NULL for the connection's own), the
-/// table and the column: `None` when the column is not found or declares none.
 #[cfg(any(feature = "postgres", feature = "mysql"))]
-macro_rules! declared_digits {
-    ($conn:expr, $sql:expr, $schema:expr, $table:expr, $column:expr) => {{
-        use diesel::sql_types::{Nullable, Text};
-        use diesel::{OptionalExtension, RunQueryDsl};
-        let found = diesel::sql_query($sql)
-            .bind::<Nullable<Text>, _>($schema)
-            .bind::<Text, _>($table)
-            .bind::<Text, _>($column)
-            .get_result::<DeclaredDigits>($conn)
-            .optional()?;
-        Ok(found
+impl DeclaredDigits {
+    /// The digits a found row declares: `None` when the column is not found or declares
+    /// none.
+    pub(crate) fn of(found: Option<DeclaredDigits>) -> Option<u32> {
+        found
             .and_then(|row| row.digits)
-            .and_then(|digits| u32::try_from(digits).ok()))
-    }};
+            .and_then(|digits| u32::try_from(digits).ok())
+    }
 }
+
+/// `sql`, a read of `information_schema.columns` binding the schema (NULL for the
+/// connection's own), the table and the column; sync and async connections load it.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+pub(crate) fn declared_digits_query<DB>(
+    sql: &str,
+    schema: Option<&str>,
+    table: &str,
+    column: &str,
+) -> diesel::query_builder::BoxedSqlQuery<'static, DB, diesel::query_builder::SqlQuery>
+where
+    DB: Backend
+        + diesel::sql_types::HasSqlType<diesel::sql_types::Text>
+        + diesel::sql_types::HasSqlType<diesel::sql_types::Nullable<diesel::sql_types::Text>>,
+    Option<String>:
+        diesel::serialize::ToSql<diesel::sql_types::Nullable<diesel::sql_types::Text>, DB>,
+    String: diesel::serialize::ToSql<diesel::sql_types::Text, DB>,
+{
+    use diesel::sql_types::{Nullable, Text};
+    diesel::sql_query(sql)
+        .into_boxed::<DB>()
+        .bind::<Nullable<Text>, _>(schema.map(str::to_string))
+        .bind::<Text, _>(table.to_string())
+        .bind::<Text, _>(column.to_string())
+}
+
+/// Reads a time column's declared digits with `sql` ([`declared_digits_query`]).
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+fn declared_digits<C: LoadConnection>(
+    conn: &mut C,
+    sql: &str,
+    schema: Option<&str>,
+    table: &str,
+    column: &str,
+) -> QueryResult<Option<u32>>
+where
+    C::Backend: diesel::sql_types::HasSqlType<diesel::sql_types::Text>
+        + diesel::sql_types::HasSqlType<diesel::sql_types::Nullable<diesel::sql_types::Text>>,
+    Option<String>:
+        diesel::serialize::ToSql<diesel::sql_types::Nullable<diesel::sql_types::Text>, C::Backend>,
+    String: diesel::serialize::ToSql<diesel::sql_types::Text, C::Backend>,
+    diesel::query_builder::BoxedSqlQuery<'static, C::Backend, diesel::query_builder::SqlQuery>:
+        diesel::query_dsl::LoadQuery<'static, C, DeclaredDigits>,
+{
+    use diesel::{OptionalExtension, RunQueryDsl};
+    let found = declared_digits_query::<C::Backend>(sql, schema, table, column)
+        .get_result::<DeclaredDigits>(conn)
+        .optional()?;
+    Ok(DeclaredDigits::of(found))
+}
+
+/// PostgreSQL's read of a time column's declared digits.
+#[cfg(feature = "postgres")]
+pub(crate) const PG_DECLARED_DIGITS: &str =
+    "SELECT datetime_precision::integer AS digits FROM information_schema.columns \
+     WHERE table_schema = COALESCE($1, current_schema()) AND table_name = $2 \
+     AND column_name = $3";
+
+/// MySQL's read of a time column's declared digits.
+#[cfg(feature = "mysql")]
+pub(crate) const MYSQL_DECLARED_DIGITS: &str =
+    "SELECT CAST(datetime_precision AS SIGNED) AS digits \
+     FROM information_schema.columns WHERE table_schema = COALESCE(?, DATABASE()) \
+     AND table_name = ? AND column_name = ?";
 
 /// How a backend's `INSERT` leaves an existing row alone.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -169,10 +224,7 @@ impl OccBackend for diesel::pg::Pg {
     where
         C: LoadConnection<Backend = Self>,
     {
-        let sql = "SELECT datetime_precision::integer AS digits FROM information_schema.columns \
-                   WHERE table_schema = COALESCE($1, current_schema()) AND table_name = $2 \
-                   AND column_name = $3";
-        declared_digits!(conn, sql, schema, table, column)
+        declared_digits(conn, PG_DECLARED_DIGITS, schema, table, column)
     }
 }
 
@@ -217,10 +269,7 @@ impl OccBackend for diesel::mysql::Mysql {
     where
         C: LoadConnection<Backend = Self>,
     {
-        let sql = "SELECT CAST(datetime_precision AS SIGNED) AS digits \
-                   FROM information_schema.columns WHERE table_schema = COALESCE(?, DATABASE()) \
-                   AND table_name = ? AND column_name = ?";
-        declared_digits!(conn, sql, schema, table, column)
+        declared_digits(conn, MYSQL_DECLARED_DIGITS, schema, table, column)
     }
 }
 

@@ -49,6 +49,14 @@ fn retry_reason_of_message(message: &str) -> Option<RetryReason> {
         "canceling statement due to lock timeout" => Some(RetryReason::LockTimeout),
         // MySQL / MariaDB 1205
         "Lock wait timeout exceeded; try restarting transaction" => Some(RetryReason::LockTimeout),
+        // MySQL / MariaDB 1213, as clients that keep the text only report it (diesel-async)
+        "Deadlock found when trying to get lock; try restarting transaction" => {
+            Some(RetryReason::Deadlock)
+        }
+        // MariaDB 1969 (`max_statement_time`), text only as above
+        "Query execution was interrupted (max_statement_time exceeded)" => {
+            Some(RetryReason::LockTimeout)
+        }
         // SQLITE_BUSY, SQLITE_LOCKED
         "database is locked" | "database table is locked" => Some(RetryReason::Busy),
         // PostgreSQL 55P03 from NOWAIT: the quoted part is a relation name from the schema.

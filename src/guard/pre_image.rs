@@ -198,7 +198,7 @@ where
     ChangedUpdateOf<T>: ExecuteDsl<C> + Assignments<C::Backend>,
 {
     fn save_changes_from(&mut self, conn: &mut C, original: &T) -> Result<(), Error> {
-        crate::write::entity::refuse_status_move::<T, C>(self, original)?;
+        crate::write::entity::refuse_status_move(self, original, T::table_name())?;
         let Some((changes, predicate)) = self.changed_since(original) else {
             return Ok(());
         };

@@ -16,7 +16,7 @@ use diesel::connection::LoadConnection;
 
 use crate::connect::backend::OccBackend;
 use crate::error::Error;
-use crate::guard::GuardKind;
+use crate::guard::{GuardKind, Guarded};
 use crate::write::entity::LoadByKey;
 use crate::write::executor::classify;
 
@@ -29,47 +29,83 @@ where
     C: LoadConnection,
     C::Backend: OccBackend,
 {
-    let Some(token_digits) = T::Guard::TOKEN_DIGITS else {
+    let Some(check) = PrecisionCheck::of::<T, C::Backend>(T::table_name()) else {
         return Ok(());
     };
-    static PASSED: OnceLock<Mutex<HashSet<(TypeId, &'static str)>>> = OnceLock::new();
-    let passed = PASSED.get_or_init(Mutex::default);
-    let entity = (TypeId::of::<T>(), std::any::type_name::<C::Backend>());
-    if passed
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .contains(&entity)
-    {
-        return Ok(());
-    }
-    let column = T::GUARD_COLUMNS.first().copied().unwrap_or_default();
-    let table = T::table_name();
-    let (schema, name) = match table.rsplit_once('.') {
-        Some((schema, name)) => (Some(schema), name),
-        None => (None, table),
-    };
+    let (schema, name, column) = check.column();
     let stored = C::Backend::stored_second_digits(conn, schema, name, column)
         .map_err(|e| classify(conn, e))?;
-    if let Some(stored) = stored.filter(|stored| *stored < token_digits) {
-        let fits = if stored >= 3 {
-            "`#[occ(last_modified(precision = \"millis\"))]`"
-        } else {
-            "`#[occ(last_modified(precision = \"seconds\"))]`"
-        };
-        return Err(Error::SchemaMismatch {
+    check.judge(stored)
+}
+
+/// A time token's column whose declared digits have not been read yet in this process.
+pub(crate) struct PrecisionCheck {
+    entity: (TypeId, &'static str),
+    table: &'static str,
+    column: &'static str,
+    token_digits: u32,
+}
+
+/// The entities (and backends) whose columns keep every digit of their tokens.
+fn passed() -> &'static Mutex<HashSet<(TypeId, &'static str)>> {
+    static PASSED: OnceLock<Mutex<HashSet<(TypeId, &'static str)>>> = OnceLock::new();
+    PASSED.get_or_init(Mutex::default)
+}
+
+impl PrecisionCheck {
+    /// The check entity `T` (of `table`) still needs on backend `DB`, or `None`: a token
+    /// without time digits, or a column already read.
+    pub(crate) fn of<T: Guarded, DB>(table: &'static str) -> Option<Self> {
+        let token_digits = T::Guard::TOKEN_DIGITS?;
+        let entity = (TypeId::of::<T>(), std::any::type_name::<DB>());
+        if passed()
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .contains(&entity)
+        {
+            return None;
+        }
+        Some(PrecisionCheck {
+            entity,
             table,
-            column: column.to_string(),
-            reason: format!(
-                "the column keeps {stored} fractional digits of a second and the guard's \
-                 tokens carry {token_digits}, so the database would round or cut each new \
-                 token and the writer's own next write would conflict with it; add {fits} \
-                 to the field, or declare the column with {token_digits} digits"
-            ),
-        });
+            column: T::GUARD_COLUMNS.first().copied().unwrap_or_default(),
+            token_digits,
+        })
     }
-    passed
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .insert(entity);
-    Ok(())
+
+    /// The schema (if the table names one), table and column to read the digits of.
+    pub(crate) fn column(&self) -> (Option<&'static str>, &'static str, &'static str) {
+        match self.table.rsplit_once('.') {
+            Some((schema, name)) => (Some(schema), name, self.column),
+            None => (None, self.table, self.column),
+        }
+    }
+
+    /// Judges the digits the column declares (`None`: it does not say): fewer than the
+    /// token carries is [`Error::SchemaMismatch`]; otherwise the entity passes for good.
+    pub(crate) fn judge(self, stored: Option<u32>) -> Result<(), Error> {
+        let token_digits = self.token_digits;
+        if let Some(stored) = stored.filter(|stored| *stored < token_digits) {
+            let fits = if stored >= 3 {
+                "`#[occ(last_modified(precision = \"millis\"))]`"
+            } else {
+                "`#[occ(last_modified(precision = \"seconds\"))]`"
+            };
+            return Err(Error::SchemaMismatch {
+                table: self.table,
+                column: self.column.to_string(),
+                reason: format!(
+                    "the column keeps {stored} fractional digits of a second and the guard's \
+                     tokens carry {token_digits}, so the database would round or cut each new \
+                     token and the writer's own next write would conflict with it; add {fits} \
+                     to the field, or declare the column with {token_digits} digits"
+                ),
+            });
+        }
+        passed()
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(self.entity);
+        Ok(())
+    }
 }

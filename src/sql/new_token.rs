@@ -76,11 +76,7 @@ fn load_returning<C, S, Col, Tok>(conn: &mut C, statement: S) -> QueryResult<(us
 where
     Returning<S, Col>: diesel::query_dsl::LoadQuery<'static, C, Tok>,
 {
-    let tokens: Vec<Tok> = Returning {
-        statement,
-        column: PhantomData::<Col>,
-    }
-    .load(conn)?;
+    let tokens: Vec<Tok> = Returning::<S, Col>::new(statement).load(conn)?;
     Ok((tokens.len(), tokens.into_iter().next()))
 }
 
@@ -282,6 +278,17 @@ where
 pub struct Returning<S, Col> {
     statement: S,
     column: PhantomData<Col>,
+}
+
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
+impl<S, Col> Returning<S, Col> {
+    /// `statement RETURNING <Col>`.
+    pub(crate) fn new(statement: S) -> Self {
+        Returning {
+            statement,
+            column: PhantomData,
+        }
+    }
 }
 
 #[cfg(any(feature = "postgres", feature = "sqlite"))]

@@ -200,7 +200,7 @@ pub trait GuardedWrite: Guarded {
     where
         Self: UpdateRow<C, <Self as Guarded>::Changes>,
     {
-        refuse_status_move::<Self, C>(self, original)?;
+        refuse_status_move(self, original, Self::table_name())?;
         let changes = self.changes();
         write_and_record(self, conn, &original.key(), &original.token(), changes)
     }
@@ -461,10 +461,14 @@ where
 /// [`Error::StatusNotWritable`] when `copy` is in another state than the `original` it
 /// was edited from: a save never writes the state, so it refuses rather than drop the
 /// move. Nothing is sent.
-pub(crate) fn refuse_status_move<T: LoadByKey<C>, C>(copy: &T, original: &T) -> Result<(), Error> {
+pub(crate) fn refuse_status_move<T: Guarded>(
+    copy: &T,
+    original: &T,
+    table: &'static str,
+) -> Result<(), Error> {
     match (original.status_name(), copy.status_name()) {
         (Some(from), Some(to)) if from != to => Err(Error::StatusNotWritable {
-            table: T::table_name(),
+            table,
             column: T::STATUS_COLUMN.unwrap_or_default().to_string(),
             detail: format!("the copy moved from `{from}` to `{to}`"),
         }),
@@ -524,8 +528,17 @@ pub(crate) fn advance_from<T: LoadByKey<C>, C>(
     key: &T::Key,
     expected: &TokenOf<T>,
 ) -> Result<(<T::Guard as GuardKind>::Advance, TokenOf<T>), Error> {
+    advance_from_in::<T>(T::table_name(), key, expected)
+}
+
+/// [`advance_from`] for the entity of `table`.
+pub(crate) fn advance_from_in<T: Guarded>(
+    table: &'static str,
+    key: &T::Key,
+    expected: &TokenOf<T>,
+) -> Result<(<T::Guard as GuardKind>::Advance, TokenOf<T>), Error> {
     T::Guard::advance(expected).ok_or_else(|| Error::VersionOverflow {
-        table: T::table_name(),
+        table,
         key: format!("{key:?}"),
         current: T::Guard::describe(expected),
     })
@@ -551,7 +564,24 @@ where
     Ch: AsChangeset<Target = T::Table>,
     UpdateOf<T, Ch::Changeset>: Assignments<C::Backend>,
 {
-    let (advance, next) = advance_from::<T, C>(key, expected)?;
+    guarded_statement_in::<T, C::Backend, Ch>(T::table_name(), key, expected, changes, stamp, kept)
+}
+
+/// [`guarded_statement`] for the entity of `table` on backend `DB`.
+pub(crate) fn guarded_statement_in<T, DB, Ch>(
+    table: &'static str,
+    key: &T::Key,
+    expected: &TokenOf<T>,
+    changes: Ch,
+    stamp: T::Stamp,
+    kept: Option<T::StatusKept>,
+) -> Result<StatementAndNext<T, Ch>, Error>
+where
+    T: Guarded,
+    Ch: AsChangeset<Target = T::Table>,
+    UpdateOf<T, Ch::Changeset>: Assignments<DB>,
+{
+    let (advance, next) = advance_from_in::<T>(table, key, expected)?;
     let statement = UpdateOf::<T, Ch::Changeset>::new(
         T::table(),
         changes.as_changeset(),
@@ -559,7 +589,7 @@ where
         T::key_predicate(key),
         Joined(T::Guard::predicate(expected), kept, And),
     );
-    refuse_status_write(T::table_name(), T::STATUS_COLUMN, &statement, 0)?;
+    refuse_status_write(table, T::STATUS_COLUMN, &statement, 0)?;
     Ok((statement, next))
 }
 
@@ -704,30 +734,35 @@ impl<'k, T: Guarded> RowMoved<'k, T> {
     where
         T: LoadByKey<C>,
     {
+        self.given_in(T::table_name(), current)
+    }
+
+    /// [`given`](Self::given) for the entity of `table`.
+    pub(crate) fn given_in(self, table: &'static str, current: Option<T>) -> Error {
         let key = self.key;
         let Some(current) = current else {
             return Error::NotFound {
-                table: T::table_name(),
+                table,
                 key: format!("{key:?}"),
             };
         };
         let token = current.token();
         match self.expected {
             Some(expected) if token != *expected => Error::Conflict(Box::new(Conflict::new(
-                T::table_name(),
+                table,
                 format!("{key:?}"),
                 T::Guard::describe(expected),
                 T::Guard::describe(&token),
                 current,
             ))),
             None if (self.at_end)(&token) => Error::VersionOverflow {
-                table: T::table_name(),
+                table,
                 key: format!("{key:?}"),
                 current: T::Guard::describe(&token),
             },
             _ if self.state.is_some() && current.status_name() != self.state => {
                 Error::StatusNotWritable {
-                    table: T::table_name(),
+                    table,
                     column: T::STATUS_COLUMN.unwrap_or_default().to_string(),
                     detail: format!(
                         "the saved copy is in state `{}`, the row in `{}`",
@@ -737,7 +772,7 @@ impl<'k, T: Guarded> RowMoved<'k, T> {
                 }
             }
             _ => Error::Refused {
-                table: T::table_name(),
+                table,
                 key: format!("{key:?}"),
                 token: T::Guard::describe(&token),
             },
@@ -776,9 +811,19 @@ pub(crate) fn unreadable_in<T: LoadByKey<C>, C>(
     error: DieselError,
     columns: String,
 ) -> Result<Error, DieselError> {
+    unreadable_row(T::table_name(), key, error, columns)
+}
+
+/// [`unreadable`], for a row of `table`, blaming `columns`.
+pub(crate) fn unreadable_row(
+    table: &'static str,
+    key: &impl std::fmt::Debug,
+    error: DieselError,
+    columns: String,
+) -> Result<Error, DieselError> {
     match error {
         DieselError::DeserializationError(cause) => Ok(Error::InvalidData {
-            table: T::table_name(),
+            table,
             column: columns,
             reason: format!(
                 "row {key:?} cannot be read back after the guarded write matched nothing \

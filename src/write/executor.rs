@@ -55,7 +55,7 @@ impl<C> Miss<C> for CannotMiss {
 pub(crate) struct CompareAndSet<'k, S, M> {
     statement: S,
     table: &'static str,
-    key: &'k dyn Debug,
+    key: &'k (dyn Debug + Sync),
     matches: Matches,
     miss: M,
 }
@@ -71,7 +71,12 @@ pub(crate) struct Written<Tok> {
 impl<'k, S, M> CompareAndSet<'k, S, M> {
     /// `statement` on the row of `table` with `key`, which must match it; `miss` explains
     /// a miss.
-    pub(crate) fn one(statement: S, table: &'static str, key: &'k dyn Debug, miss: M) -> Self {
+    pub(crate) fn one(
+        statement: S,
+        table: &'static str,
+        key: &'k (dyn Debug + Sync),
+        miss: M,
+    ) -> Self {
         CompareAndSet {
             statement,
             table,
@@ -102,17 +107,63 @@ impl<'k, S, M> CompareAndSet<'k, S, M> {
         K: Complete<C, S, Tok>,
         M: Miss<C>,
     {
+        let (statement, judge) = self.checked::<C::Backend>()?;
+        let sent = protect_caller(conn, |conn| K::run(conn, statement));
+        match judge.sent(sent.map_err(|e| classify(conn, e))?)? {
+            Judged::Written(written) => Ok(written),
+            Judged::Missed(miss) => Err(miss.explain(conn)),
+        }
+    }
+
+    /// The checks made before anything is sent ([`refuse_double_assignment`]): the
+    /// statement to send, and what judges its answer. What the sync and the async
+    /// executors share.
+    pub(crate) fn checked<DB>(self) -> Result<(S, Judge<'k, M>), Error>
+    where
+        S: Assignments<DB>,
+    {
         refuse_double_assignment(self.table, &self.statement)?;
-        let statement = self.statement;
-        let (rows, token) =
-            protect_caller(conn, |conn| K::run(conn, statement)).map_err(|e| classify(conn, e))?;
+        let judge = Judge {
+            table: self.table,
+            key: self.key,
+            matches: self.matches,
+            miss: self.miss,
+        };
+        Ok((self.statement, judge))
+    }
+}
+
+/// What a sent compare-and-set statement is judged by: how many rows it had to match.
+pub(crate) struct Judge<'k, M> {
+    table: &'static str,
+    key: &'k (dyn Debug + Sync),
+    matches: Matches,
+    miss: M,
+}
+
+/// The verdict on a statement's answer.
+pub(crate) enum Judged<Tok, M> {
+    /// It matched the rows it had to.
+    Written(Written<Tok>),
+    /// It matched fewer: the miss explains why, from the database.
+    Missed(M),
+}
+
+impl<M> Judge<'_, M> {
+    /// Judges the rows the statement matched (and the token it read back):
+    /// as many as it must match is written, fewer a miss to explain, more
+    /// [`Error::KeyNotUnique`].
+    pub(crate) fn sent<Tok>(
+        self,
+        (rows, token): (usize, Option<Tok>),
+    ) -> Result<Judged<Tok, M>, Error> {
         let wanted = match self.matches {
             Matches::One => 1,
             Matches::All(n) => n,
             Matches::Any => rows,
         };
         if rows < wanted {
-            return Err(self.miss.explain(conn));
+            return Ok(Judged::Missed(self.miss));
         }
         if rows > wanted {
             return Err(Error::KeyNotUnique {
@@ -121,7 +172,7 @@ impl<'k, S, M> CompareAndSet<'k, S, M> {
                 rows,
             });
         }
-        Ok(Written { rows, token })
+        Ok(Judged::Written(Written { rows, token }))
     }
 }
 
@@ -214,7 +265,18 @@ where
     C: LoadConnection,
     C::Backend: OccBackend,
 {
-    if !in_transaction(conn) && crate::error::connection_lost(&error) {
+    let inside = in_transaction(conn);
+    classify_given(error, inside, |e| C::Backend::retry_reason(conn, e))
+}
+
+/// [`classify`] given whether the statement ran inside a transaction and how the backend
+/// reads a retry reason: what the sync and the async executors share.
+pub(crate) fn classify_given(
+    error: DieselError,
+    in_transaction: bool,
+    retry_reason: impl FnOnce(&DieselError) -> Option<crate::error::RetryReason>,
+) -> Error {
+    if !in_transaction && crate::error::connection_lost(&error) {
         return Error::Ambiguous { source: error };
     }
     if let Some(table) = crate::error::missing_library_table(&error) {
@@ -223,7 +285,7 @@ where
             source: error,
         };
     }
-    Error::classified(error, |e| C::Backend::retry_reason(conn, e))
+    Error::classified(error, retry_reason)
 }
 
 /// Whether `conn` has an open transaction (so a dropped connection rolls the write back).

@@ -175,20 +175,83 @@ where
         RowLock::None => T::read_by_key(conn, key),
         lock => T::lock_by_key(conn, key, lock),
     };
+    attempt_read(T::table_name(), key, suspects, read, |e| classify(conn, e))
+}
+
+/// The row an attempt read of `table`, or why there is none: [`Error::NotFound`],
+/// [`Error::InvalidData`] naming `suspects`, or the read's error as `classify` says.
+pub(crate) fn attempt_read<T, E>(
+    table: &'static str,
+    key: &impl std::fmt::Debug,
+    suspects: &str,
+    read: diesel::QueryResult<Option<T>>,
+    classify: impl FnOnce(diesel::result::Error) -> Error,
+) -> Result<T, Stop<E>> {
     match read {
         Ok(Some(row)) => Ok(row),
         Ok(None) => Err(Stop::Occ(Error::NotFound {
-            table: T::table_name(),
+            table,
             key: format!("{key:?}"),
         })),
         Err(diesel::result::Error::DeserializationError(cause)) => {
             Err(Stop::Occ(Error::InvalidData {
-                table: T::table_name(),
+                table,
                 column: suspects.to_string(),
                 reason: format!("row {key:?} cannot be read: {}", with_sources(&*cause)),
             }))
         }
-        Err(e) => Err(Stop::Occ(classify(conn, e))),
+        Err(e) => Err(Stop::Occ(classify(e))),
+    }
+}
+
+/// The row memory of a retried read-modify-write: the row's entry and for how long a
+/// conflict marks it hot, under [`Contention::LockWhenContended`] only.
+#[derive(Clone, Copy)]
+pub(crate) struct Contended(Option<(HotRow, std::time::Duration)>);
+
+impl Contended {
+    /// The memory of the row with `key` of `table`, as `policy` asks for it.
+    pub(crate) fn of(
+        policy: &RetryPolicy,
+        table: &'static str,
+        key: &impl std::fmt::Debug,
+    ) -> Self {
+        Contended(match policy.contention_mode() {
+            Contention::LockWhenContended { hot_for } => Some((HotRow::of(table, key), hot_for)),
+            Contention::Optimistic => None,
+        })
+    }
+
+    /// How attempt `number` reads the row: with its lock on a retry or a hot row.
+    pub(crate) fn lock_for(self, number: u32) -> RowLock {
+        match self.0 {
+            Some((row, hot_for)) if number > 1 || row.is_hot(hot_for) => RowLock::ForUpdate,
+            _ => RowLock::None,
+        }
+    }
+
+    /// An attempt's result, after marking the row hot on a conflict. With a connection
+    /// per attempt (`fresh_per_attempt`), a connection lost before the `COMMIT` (a lost
+    /// `COMMIT` is `Ambiguous` by now) wrote nothing and is retryable on another one.
+    pub(crate) fn settle<V, E>(
+        self,
+        result: Result<V, Stop<E>>,
+        fresh_per_attempt: bool,
+    ) -> Result<V, Stop<E>> {
+        if let (Err(Stop::Occ(Error::Conflict(_))), Some((row, hot_for))) = (&result, self.0) {
+            row.mark(hot_for);
+        }
+        match result {
+            Err(Stop::Occ(Error::Database(source)))
+                if fresh_per_attempt && connection_lost(&source) =>
+            {
+                Err(Stop::Occ(Error::Retryable {
+                    reason: RetryReason::ConnectionLost,
+                    source,
+                }))
+            }
+            other => other,
+        }
     }
 }
 
@@ -223,40 +286,16 @@ where
     } else {
         policy.clone()
     };
-    // The row as the hot-row memory knows it, and for how long a conflict marks it; only
-    // under `LockWhenContended` (the key is formatted once per call, not per attempt).
-    let hot = match policy.contention_mode() {
-        Contention::LockWhenContended { hot_for } => {
-            Some((HotRow::of(T::table_name(), key), hot_for))
-        }
-        Contention::Optimistic => None,
-    };
+    // Only under `LockWhenContended` (the key is formatted once per call, not per attempt).
+    let contended = Contended::of(&policy, T::table_name(), key);
     let ((row, token, value), attempts) = policy.run(|number| {
-        let lock = match hot {
-            Some((row, hot_for)) if number > 1 || row.is_hot(hot_for) => RowLock::ForUpdate,
-            _ => RowLock::None,
-        };
+        let lock = contended.lock_for(number);
         source.with(|conn| {
             let result = commit_operation(conn, |conn| {
                 let original = read_for_attempt::<T, _, E>(conn, key, lock, suspects)?;
                 attempt(conn, &original)
             });
-            if let (Err(Stop::Occ(Error::Conflict(_))), Some((row, hot_for))) = (&result, hot) {
-                row.mark(hot_for);
-            }
-            match result {
-                // Lost before the COMMIT (a lost COMMIT is `Ambiguous` by now): nothing was
-                // written, and the next attempt gets another connection from the pool.
-                Err(Stop::Occ(Error::Database(source)))
-                    if S::FRESH_PER_ATTEMPT && connection_lost(&source) =>
-                {
-                    Err(Stop::Occ(Error::Retryable {
-                        reason: RetryReason::ConnectionLost,
-                        source,
-                    }))
-                }
-                other => other,
-            }
+            contended.settle(result, S::FRESH_PER_ATTEMPT)
         })?
     })?;
     Ok(Modified {

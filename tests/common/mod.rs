@@ -13,6 +13,8 @@ pub mod deadpool;
 pub mod faults;
 pub mod fenced;
 pub mod models;
+#[cfg(feature = "async")]
+pub mod paths;
 pub mod schema;
 pub mod slow_link;
 

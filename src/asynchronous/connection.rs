@@ -1,0 +1,101 @@
+//! What the async path needs of a diesel-async connection beyond sending statements: its
+//! transaction state, the classification of its errors, and (PostgreSQL, MySQL) the read
+//! of a time column's declared digits.
+
+use std::future::Future;
+
+use diesel::result::Error as DieselError;
+use diesel::QueryResult;
+use diesel_async::{AsyncConnection, TransactionManager};
+
+use crate::connect::backend::OccBackend;
+use crate::error::Error;
+use crate::write::executor::classify_given;
+
+/// A backend whose diesel-async connections talk to the server themselves (PostgreSQL,
+/// MySQL): the library's statements are sent on them one by one. SQLite's connection is a
+/// blocking one on a thread of its own (`SyncConnectionWrapper`): there each operation of
+/// the library runs whole on that thread, as the blocking API runs it.
+pub trait NativeAsync: OccBackend {
+    /// How many fractional digits of a second the column `column` of `table` (in
+    /// `schema`, or the connection's own) declares.
+    #[doc(hidden)]
+    fn stored_second_digits<C>(
+        conn: &mut C,
+        schema: Option<&'static str>,
+        table: &'static str,
+        column: &'static str,
+    ) -> impl Future<Output = QueryResult<Option<u32>>> + Send
+    where
+        C: AsyncConnection<Backend = Self>;
+}
+
+/// A diesel-async connection that talks to its server itself (`AsyncPgConnection`,
+/// `AsyncMysqlConnection`): the library's statements are sent on it one by one. A pool's
+/// connection reaches it by `&mut *pooled`.
+pub trait NativeAsyncConnection: AsyncConnection {}
+
+#[cfg(feature = "postgres")]
+impl NativeAsyncConnection for diesel_async::AsyncPgConnection {}
+#[cfg(feature = "mysql")]
+impl NativeAsyncConnection for diesel_async::AsyncMysqlConnection {}
+
+/// Implements [`NativeAsync`] for a backend whose declared digits `sql` reads.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+macro_rules! native_async {
+    ($backend:ty, $sql:expr) => {
+        impl NativeAsync for $backend {
+            async fn stored_second_digits<C>(
+                conn: &mut C,
+                schema: Option<&'static str>,
+                table: &'static str,
+                column: &'static str,
+            ) -> QueryResult<Option<u32>>
+            where
+                C: AsyncConnection<Backend = Self>,
+            {
+                use crate::connect::backend::{declared_digits_query, DeclaredDigits};
+                use diesel::OptionalExtension;
+                use diesel_async::RunQueryDsl;
+                let query = declared_digits_query::<Self>($sql, schema, table, column);
+                let found = query.get_result::<DeclaredDigits>(conn).await.optional()?;
+                Ok(DeclaredDigits::of(found))
+            }
+        }
+    };
+}
+
+#[cfg(feature = "postgres")]
+native_async!(diesel::pg::Pg, crate::connect::backend::PG_DECLARED_DIGITS);
+#[cfg(feature = "mysql")]
+native_async!(
+    diesel::mysql::Mysql,
+    crate::connect::backend::MYSQL_DECLARED_DIGITS
+);
+
+/// Whether `conn` has an open transaction.
+pub(crate) fn in_transaction<C: AsyncConnection>(conn: &mut C) -> bool {
+    C::TransactionManager::transaction_manager_status_mut(conn)
+        .transaction_depth()
+        .map(|depth| depth.is_some())
+        .unwrap_or(false)
+}
+
+/// [`Error::Database`] with diesel's `BrokenTransactionManager` when an earlier call on
+/// `conn` was cancelled inside a transaction of the library's and left it open: nothing is
+/// sent on such a connection (a pool discards it; a connection of the caller's must be
+/// dropped, which ends the transaction on the server).
+pub(crate) fn refuse_broken<C: AsyncConnection>(conn: &mut C) -> Result<(), Error> {
+    C::TransactionManager::transaction_manager_status_mut(conn)
+        .transaction_depth()
+        .map(drop)
+        .map_err(Error::Database)
+}
+
+/// Classifies an error a statement returned on `conn`, as the blocking executor does; the
+/// retry reason is read from the error alone (diesel-async keeps MySQL's text, not its
+/// number).
+pub(crate) fn classify<C: AsyncConnection>(conn: &mut C, error: DieselError) -> Error {
+    let inside = in_transaction(conn);
+    classify_given(error, inside, crate::error::retry_reason_of)
+}

@@ -1,0 +1,309 @@
+//! Guarded writes of entities on diesel-async connections: the blocking API's writes
+//! ([`GuardedWrite`](crate::GuardedWrite)), awaited. The statements, checks and
+//! outcomes are the blocking path's own; see there for what each write does.
+
+use std::future::Future;
+
+use diesel::associations::HasTable;
+use diesel::query_builder::AsChangeset;
+use diesel_async::AsyncConnection;
+
+use super::connection::{classify, refuse_broken, NativeAsync, NativeAsyncConnection};
+use super::executor::run;
+use super::send::{AsyncComplete, AsyncLoadByKey};
+use crate::error::Error;
+use crate::guard::stored_precision::PrecisionCheck;
+use crate::guard::{Advancing, CompletionOf, GuardKind, Guarded, TokenOf};
+use crate::sql::new_token::Counted;
+use crate::sql::statement::{Assignments, NoChanges};
+use crate::write::entity::{
+    guarded_statement_in, refuse_status_move, DeleteOf, RowMoved, UpdateOf,
+};
+use crate::write::executor::CompareAndSet;
+
+/// Guarded writes for every [`Guarded`] entity on a diesel-async connection: the methods
+/// of [`GuardedWrite`](crate::GuardedWrite), as futures. Their outcomes are the same
+/// ([`Error::NotFound`], [`Error::Conflict`] with the current row, ...).
+///
+/// Dropping one of these futures (a timeout, a `select!`) never leaves half a write: each
+/// is one statement, or a transaction that a dropped future leaves to the connection's
+/// end (see the [module documentation](crate::asynchronous)).
+pub trait AsyncGuardedWrite: Guarded {
+    /// Applies `changes` to this row if it still holds this copy's token, and advances the
+    /// token; see [`GuardedWrite::guarded_update`](crate::GuardedWrite::guarded_update).
+    fn guarded_update<C, Ch>(
+        &self,
+        conn: &mut C,
+        changes: Ch,
+    ) -> impl Future<Output = Result<TokenOf<Self>, Error>> + Send
+    where
+        Self: AsyncUpdateRow<C, Ch>,
+        C: Send,
+        Ch: Send,
+    {
+        let (key, token) = (self.key(), self.token());
+        async move { Self::update_row(conn, &key, &token, changes, Self::stamp(), None, false).await }
+    }
+
+    /// Applies `changes` to the row with `key` if it still holds `expected`; see
+    /// [`GuardedWrite::guarded_update_by_key`](crate::GuardedWrite::guarded_update_by_key).
+    fn guarded_update_by_key<'a, C, Ch>(
+        conn: &'a mut C,
+        key: &'a Self::Key,
+        expected: &'a TokenOf<Self>,
+        changes: Ch,
+    ) -> impl Future<Output = Result<TokenOf<Self>, Error>> + Send + 'a
+    where
+        Self: AsyncUpdateRow<C, Ch>,
+        C: Send,
+        Ch: Send + 'a,
+    {
+        Self::update_row(conn, key, expected, changes, Self::stamp(), None, false)
+    }
+
+    /// Writes every updatable field of this copy if the row still holds its token, and
+    /// records the new token in the copy; see
+    /// [`GuardedWrite::guarded_save`](crate::GuardedWrite::guarded_save).
+    fn guarded_save<C>(
+        &mut self,
+        conn: &mut C,
+    ) -> impl Future<Output = Result<TokenOf<Self>, Error>> + Send
+    where
+        Self::Guard: Advancing,
+        Self: AsyncUpdateRow<C, <Self as Guarded>::Changes>,
+        Self::Changes: Send,
+        C: Send,
+    {
+        async move {
+            let (key, token, changes) = (self.key(), self.token(), self.changes());
+            write_and_record(self, conn, key, token, changes, false).await
+        }
+    }
+
+    /// Writes every updatable field of this modified copy if the row still holds the
+    /// token `original` was read with; see
+    /// [`GuardedWrite::guarded_save_from`](crate::GuardedWrite::guarded_save_from).
+    fn guarded_save_from<'a, C>(
+        &'a mut self,
+        conn: &'a mut C,
+        original: &'a Self,
+    ) -> impl Future<Output = Result<TokenOf<Self>, Error>> + Send + 'a
+    where
+        Self: AsyncUpdateRow<C, <Self as Guarded>::Changes>,
+        Self::Changes: Send,
+        C: Send,
+    {
+        async move {
+            refuse_status_move(self, original, <Self as AsyncUpdateRow<C, _>>::table_name())?;
+            let changes = self.changes();
+            write_and_record(self, conn, original.key(), original.token(), changes, false).await
+        }
+    }
+
+    /// Advances the token without changing anything else; see
+    /// [`GuardedWrite::guarded_touch`](crate::GuardedWrite::guarded_touch).
+    fn guarded_touch<C>(
+        &mut self,
+        conn: &mut C,
+    ) -> impl Future<Output = Result<TokenOf<Self>, Error>> + Send
+    where
+        Self::Guard: Advancing,
+        Self: AsyncUpdateRow<C, NoChanges<<Self as HasTable>::Table>>,
+        <Self as HasTable>::Table: Send,
+        C: Send,
+    {
+        async move {
+            let (key, token) = (self.key(), self.token());
+            write_and_record(self, conn, key, token, NoChanges::default(), false).await
+        }
+    }
+
+    /// Deletes the row if it still holds this copy's token; see
+    /// [`GuardedWrite::guarded_delete`](crate::GuardedWrite::guarded_delete).
+    fn guarded_delete<C>(&self, conn: &mut C) -> impl Future<Output = Result<(), Error>> + Send
+    where
+        Self: AsyncDeleteRow<C>,
+        C: Send,
+    {
+        let (key, token) = (self.key(), self.token());
+        async move { Self::delete_row(conn, &key, &token).await }
+    }
+
+    /// Deletes the row with `key` if it still holds `expected`; see
+    /// [`GuardedWrite::guarded_delete_by_key`](crate::GuardedWrite::guarded_delete_by_key).
+    fn guarded_delete_by_key<'a, C>(
+        conn: &'a mut C,
+        key: &'a Self::Key,
+        expected: &'a TokenOf<Self>,
+    ) -> impl Future<Output = Result<(), Error>> + Send + 'a
+    where
+        Self: AsyncDeleteRow<C>,
+    {
+        Self::delete_row(conn, key, expected)
+    }
+}
+
+impl<T: Guarded> AsyncGuardedWrite for T {}
+
+/// A guarded update of entity `Self` with changes `Ch` on async connection `C`, as one
+/// bound: not a trait to implement, it holds for every [`Guarded`] entity, every
+/// changeset of its table and every diesel-async connection the guard can run on.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot run a guarded update with `{Ch}` on `{C}`",
+    note = "the changes must be for the entity's table, and the connection a diesel-async connection of a backend diesel-occ supports (`AsyncPgConnection`, `AsyncMysqlConnection`, `SyncConnectionWrapper<SqliteConnection>`, or a pool's connection of one); on SQLite the entity and the changes must be `Clone + 'static`, since the write runs on the connection's thread"
+)]
+pub trait AsyncUpdateRow<C, Ch>: Guarded<Stamp: Send, StatusKept: Send> {
+    /// Runs the update; `saved` is the copy a save writes.
+    #[doc(hidden)]
+    fn update_row<'a>(
+        conn: &'a mut C,
+        key: &'a Self::Key,
+        expected: &'a TokenOf<Self>,
+        changes: Ch,
+        stamp: Self::Stamp,
+        saved: Option<&'a Self>,
+        own: bool,
+    ) -> impl Future<Output = Result<TokenOf<Self>, Error>> + Send + 'a
+    where
+        Ch: 'a;
+
+    /// The table's SQL name, for messages.
+    #[doc(hidden)]
+    fn table_name() -> &'static str;
+}
+
+/// A guarded delete of entity `Self` on async connection `C`, as one bound; like
+/// [`AsyncUpdateRow`], not a trait to implement.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot run a guarded delete on `{C}`",
+    note = "the connection must be a diesel-async connection of a backend diesel-occ supports"
+)]
+pub trait AsyncDeleteRow<C>: Guarded {
+    /// Runs the delete.
+    #[doc(hidden)]
+    fn delete_row<'a>(
+        conn: &'a mut C,
+        key: &'a Self::Key,
+        expected: &'a TokenOf<Self>,
+    ) -> impl Future<Output = Result<(), Error>> + Send + 'a;
+}
+
+impl<T, C, Ch> AsyncUpdateRow<C, Ch> for T
+where
+    T: AsyncLoadByKey<C>,
+    C: AsyncConnection,
+    C: NativeAsyncConnection,
+    C::Backend: NativeAsync,
+    Ch: AsChangeset<Target = T::Table> + Send,
+    UpdateOf<T, Ch::Changeset>: Assignments<C::Backend> + Send,
+    CompletionOf<T>: AsyncComplete<C, UpdateOf<T, Ch::Changeset>, TokenOf<T>>,
+    T::Stamp: Send,
+    T::StatusKept: Send,
+{
+    async fn update_row<'a>(
+        conn: &'a mut C,
+        key: &'a T::Key,
+        expected: &'a TokenOf<T>,
+        changes: Ch,
+        stamp: T::Stamp,
+        saved: Option<&'a T>,
+        own: bool,
+    ) -> Result<TokenOf<T>, Error>
+    where
+        Ch: 'a,
+    {
+        refuse_broken(conn)?;
+        let table = <T as AsyncLoadByKey<C>>::table_name();
+        check_stored_precision::<T, C>(conn, table).await?;
+        let kept = saved.map(T::status_kept);
+        let (statement, next) =
+            guarded_statement_in::<T, C::Backend, Ch>(table, key, expected, changes, stamp, kept)?;
+        let miss = RowMoved::<T>::expecting(key, expected).in_state(saved.and_then(T::status_name));
+        let write = CompareAndSet::one(statement, table, key, miss);
+        let written = run::<C, _, _, CompletionOf<T>, _>(write, conn, own).await?;
+        Ok(written.token.unwrap_or(next))
+    }
+
+    fn table_name() -> &'static str {
+        <T as AsyncLoadByKey<C>>::table_name()
+    }
+}
+
+impl<T, C> AsyncDeleteRow<C> for T
+where
+    T: AsyncLoadByKey<C>,
+    C: AsyncConnection,
+    C: NativeAsyncConnection,
+    C::Backend: NativeAsync,
+    DeleteOf<T>: Assignments<C::Backend> + Send,
+    Counted: AsyncComplete<C, DeleteOf<T>, TokenOf<T>>,
+{
+    async fn delete_row<'a>(
+        conn: &'a mut C,
+        key: &'a T::Key,
+        expected: &'a TokenOf<T>,
+    ) -> Result<(), Error> {
+        refuse_broken(conn)?;
+        let table = <T as AsyncLoadByKey<C>>::table_name();
+        let statement = DeleteOf::<T>::new(
+            T::table(),
+            T::key_predicate(key),
+            T::Guard::predicate(expected),
+        );
+        let miss = RowMoved::<T>::expecting(key, expected);
+        let write = CompareAndSet::one(statement, table, key, miss);
+        run::<C, _, _, Counted, TokenOf<T>>(write, conn, false)
+            .await
+            .map(drop)
+    }
+}
+
+/// The blocking path's check that a time token's column keeps every digit, with the
+/// column's declared digits read over `conn`.
+async fn check_stored_precision<T, C>(conn: &mut C, table: &'static str) -> Result<(), Error>
+where
+    T: Guarded,
+    C: AsyncConnection,
+    C: NativeAsyncConnection,
+    C::Backend: NativeAsync,
+{
+    let Some(check) = PrecisionCheck::of::<T, C::Backend>(table) else {
+        return Ok(());
+    };
+    let (schema, name, column) = check.column();
+    let stored = C::Backend::stored_second_digits(conn, schema, name, column)
+        .await
+        .map_err(|e| classify(conn, e))?;
+    check.judge(stored)
+}
+
+/// The guarded update of `row`'s row with `key` from `expected`; on success `row` records
+/// the new token and the stamp it wrote. `own`: inside a transaction of the library's.
+pub(crate) async fn write_and_record<T, C, Ch>(
+    row: &mut T,
+    conn: &mut C,
+    key: T::Key,
+    expected: TokenOf<T>,
+    changes: Ch,
+    own: bool,
+) -> Result<TokenOf<T>, Error>
+where
+    T: AsyncUpdateRow<C, Ch>,
+    C: Send,
+    Ch: Send,
+{
+    let stamp = T::stamp();
+    let next = T::update_row(
+        conn,
+        &key,
+        &expected,
+        changes,
+        stamp.clone(),
+        Some(row),
+        own,
+    )
+    .await?;
+    row.set_token(next.clone());
+    row.set_stamp(&stamp);
+    Ok(next)
+}

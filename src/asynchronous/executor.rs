@@ -1,0 +1,70 @@
+//! The compare-and-set executor on a diesel-async connection: the blocking executor's
+//! checks and judgement ([`CompareAndSet::checked`], [`Judge`]), with the statement and
+//! the explanation of a miss sent asynchronously.
+
+use std::future::Future;
+
+use diesel::result::Error as DieselError;
+use diesel_async::AsyncConnection;
+
+use super::connection::{classify, in_transaction};
+use super::send::{AsyncComplete, AsyncLoadByKey};
+use super::transaction::OwnTransaction;
+use crate::connect::backend::OccBackend;
+use crate::error::Error;
+use crate::sql::statement::Assignments;
+use crate::write::entity::{unreadable_row, RowMoved};
+use crate::write::executor::{CompareAndSet, Judged, Written};
+
+/// Why a statement matched fewer rows than it must, read from the database over an async
+/// connection: [`Miss`](crate::write::executor::Miss) of the async path.
+pub(crate) trait AsyncMiss<C> {
+    /// The error that explains the miss.
+    fn explain(self, conn: &mut C) -> impl Future<Output = Error> + Send;
+}
+
+impl<T, C> AsyncMiss<C> for RowMoved<'_, T>
+where
+    T: AsyncLoadByKey<C>,
+    C: AsyncConnection,
+{
+    async fn explain(self, conn: &mut C) -> Error {
+        let key = self.key();
+        match T::load_by_key(conn, key).await {
+            Ok(current) => self.given_in(T::table_name(), current),
+            Err(e) => unreadable_row(T::table_name(), key, e, T::GUARD_COLUMNS.join(", "))
+                .unwrap_or_else(|e| classify(conn, e)),
+        }
+    }
+}
+
+/// Sends `write` on `conn` the way `K` says and judges its answer, as
+/// [`CompareAndSet::run`] does on a blocking connection. `own` says whether the
+/// connection's open transaction, if any, is the library's: inside one of the caller's,
+/// on PostgreSQL, the statement runs under a savepoint so that its failure leaves the
+/// caller's transaction usable.
+pub(crate) async fn run<C, S, M, K, Tok>(
+    write: CompareAndSet<'_, S, M>,
+    conn: &mut C,
+    own: bool,
+) -> Result<Written<Tok>, Error>
+where
+    C: AsyncConnection,
+    C::Backend: OccBackend,
+    S: Assignments<C::Backend>,
+    K: AsyncComplete<C, S, Tok>,
+    M: AsyncMiss<C>,
+{
+    let (statement, judge) = write.checked::<C::Backend>()?;
+    let sent = if !own && C::Backend::FAILURE_ABORTS_TRANSACTION && in_transaction(conn) {
+        let mut savepoint = OwnTransaction::begin(conn).await?;
+        let sent = K::run(savepoint.conn(), statement).await;
+        savepoint.finish(sent, |e: DieselError| e).await
+    } else {
+        K::run(conn, statement).await
+    };
+    match judge.sent(sent.map_err(|e| classify(conn, e))?)? {
+        Judged::Written(written) => Ok(written),
+        Judged::Missed(miss) => Err(miss.explain(conn).await),
+    }
+}

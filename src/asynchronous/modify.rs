@@ -1,0 +1,182 @@
+//! Read-modify-write with retry on diesel-async connections: the blocking
+//! [`GuardedModify`](crate::GuardedModify), with each attempt's statements awaited and
+//! the waits between attempts slept on tokio's timer.
+
+use std::future::Future;
+
+use diesel_async::AsyncConnection;
+
+use super::connection::{
+    classify, in_transaction, refuse_broken, NativeAsync, NativeAsyncConnection,
+};
+use super::entity::{write_and_record, AsyncUpdateRow};
+use super::send::AsyncLoadByKey;
+use super::transaction::OwnTransaction;
+use crate::connect::transaction::LostCommit;
+use crate::error::Error;
+use crate::guard::{Guarded, TokenOf};
+use crate::retry::{RetryPolicy, Stop};
+use crate::sql::statement::RowLock;
+use crate::write::modify::{attempt_read, Contended, Modified};
+
+/// Read-modify-write with retry for every [`Guarded`] entity on a diesel-async
+/// connection: [`GuardedModify::modify`](crate::GuardedModify::modify) as a future, with
+/// the same attempts, locking of contended rows, outcomes and rules for a transaction the
+/// caller opened (one attempt). Waits between attempts sleep on tokio's timer.
+pub trait AsyncGuardedModify: Guarded + Clone {
+    /// Reads the row with `key`, hands it to `change`, and saves the changed copy under
+    /// the row's guard, each attempt in a transaction of its own; see
+    /// [`GuardedModify::modify`](crate::GuardedModify::modify).
+    ///
+    /// On SQLite the call runs on the connection's thread, so `change`, its value and its
+    /// error must be `Send + 'static` there.
+    fn modify<'a, C, F, R, E>(
+        conn: &'a mut C,
+        key: &'a Self::Key,
+        policy: &'a RetryPolicy,
+        change: F,
+    ) -> impl Future<Output = Result<Modified<Self, R>, E>> + Send + 'a
+    where
+        Self: AsyncModifyRow<C, F, R, E>,
+        F: FnMut(&mut Self) -> Result<R, E> + 'a,
+    {
+        Self::modify_row(conn, key, policy, change)
+    }
+}
+
+impl<T: Guarded + Clone> AsyncGuardedModify for T {}
+
+/// A read-modify-write of entity `Self` on async connection `C` with closure `F`, as one
+/// bound; not a trait to implement.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot be modified on `{C}` with this closure",
+    note = "the connection must be a diesel-async connection of a backend diesel-occ supports; the closure, its value and its error must be `Send` (and `'static` on SQLite, whose connection runs the call on its own thread), and the error must implement `From<diesel_occ::Error>`"
+)]
+pub trait AsyncModifyRow<C, F, R, E>: Guarded {
+    /// Runs the read-modify-write.
+    #[doc(hidden)]
+    fn modify_row<'a>(
+        conn: &'a mut C,
+        key: &'a Self::Key,
+        policy: &'a RetryPolicy,
+        change: F,
+    ) -> impl Future<Output = Result<Modified<Self, R>, E>> + Send + 'a
+    where
+        F: 'a;
+}
+
+impl<T, C, F, R, E> AsyncModifyRow<C, F, R, E> for T
+where
+    T: AsyncLoadByKey<C> + AsyncUpdateRow<C, <T as Guarded>::Changes> + Clone,
+    T::Changes: Send,
+    C: AsyncConnection,
+    C: NativeAsyncConnection,
+    C::Backend: NativeAsync,
+    F: FnMut(&mut T) -> Result<R, E> + Send,
+    R: Send + 'static,
+    E: From<Error> + Send + 'static,
+{
+    async fn modify_row<'a>(
+        conn: &'a mut C,
+        key: &'a T::Key,
+        policy: &'a RetryPolicy,
+        mut change: F,
+    ) -> Result<Modified<T, R>, E>
+    where
+        F: 'a,
+    {
+        refuse_broken(conn)?;
+        // Inside the caller's transaction a retry could not undo the caller's earlier work.
+        let nested = in_transaction(conn);
+        let policy = if nested {
+            policy.clone().max_attempts(1)
+        } else {
+            policy.clone()
+        };
+        let contended = Contended::of(&policy, <T as AsyncLoadByKey<C>>::table_name(), key);
+        let suspects = T::GUARD_COLUMNS.join(", ");
+        let mut run = policy.start();
+        loop {
+            let lock = contended.lock_for(run.number());
+            let result = attempt(conn, key, lock, &suspects, nested, &mut change).await;
+            match contended.settle(result, false) {
+                Ok((row, token, value)) => {
+                    return Ok(Modified {
+                        row,
+                        token,
+                        value,
+                        attempts: run.number(),
+                    })
+                }
+                Err(stop) => tokio::time::sleep(run.wait_after(stop)?).await,
+            }
+        }
+    }
+}
+
+/// One attempt in a transaction of its own (a savepoint in the caller's): read the row
+/// (with `lock`), let `change` change a copy, save it from the row read, commit. A failed
+/// `COMMIT` that lost the connection is [`Error::Ambiguous`]; a failure before it wrote
+/// nothing.
+async fn attempt<T, C, F, R, E>(
+    conn: &mut C,
+    key: &T::Key,
+    lock: RowLock,
+    suspects: &str,
+    nested: bool,
+    change: &mut F,
+) -> Result<(T, TokenOf<T>, R), Stop<E>>
+where
+    T: AsyncLoadByKey<C> + AsyncUpdateRow<C, <T as Guarded>::Changes> + Clone,
+    T::Changes: Send,
+    C: AsyncConnection,
+    F: FnMut(&mut T) -> Result<R, E> + Send,
+    R: Send,
+    E: Send,
+{
+    let mut transaction = OwnTransaction::begin(conn).await.map_err(Stop::Occ)?;
+    let conn = transaction.conn();
+    let read = match lock {
+        RowLock::None => T::read_by_key(conn, key).await,
+        lock => T::lock_by_key(conn, key, lock).await,
+    };
+    let table = <T as AsyncLoadByKey<C>>::table_name();
+    let result = match attempt_read::<T, E>(table, key, suspects, read, |e| classify(conn, e)) {
+        Ok(original) => {
+            let mut row = original.clone();
+            match change(&mut row) {
+                Ok(value) => {
+                    let changes = row.changes();
+                    write_and_record(
+                        &mut row,
+                        conn,
+                        original.key(),
+                        original.token(),
+                        changes,
+                        true,
+                    )
+                    .await
+                    .map(|token| (row, token, value))
+                    .map_err(Stop::Occ)
+                }
+                Err(e) => Err(Stop::Caller(e)),
+            }
+        }
+        Err(stop) => Err(stop),
+    };
+    let result = if nested {
+        result
+    } else {
+        result.map_err(LostCommit::rolled_back)
+    };
+    transaction
+        .finish(result, |e| {
+            let stop = Stop::Occ(Error::Database(e));
+            if nested {
+                stop
+            } else {
+                stop.lost_commit()
+            }
+        })
+        .await
+}

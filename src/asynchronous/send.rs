@@ -1,0 +1,246 @@
+//! The thin layer that sends the library's statements on a diesel-async connection of a
+//! server backend ([`NativeAsync`]): the same statement types the blocking executor sends,
+//! awaited instead of run.
+
+use std::future::Future;
+
+use diesel::dsl::{AsSelect, Filter, Select};
+use diesel::query_builder::{QueryFragment, QueryId};
+use diesel::query_dsl::methods::{FilterDsl, SelectDsl};
+use diesel::query_source::QuerySource;
+use diesel::{OptionalExtension, QueryResult, Selectable, SelectableHelper};
+use diesel_async::methods::{ExecuteDsl, LoadQuery};
+use diesel_async::{AsyncConnection, RunQueryDsl};
+
+use super::connection::{in_transaction, NativeAsync, NativeAsyncConnection};
+use crate::guard::Guarded;
+use crate::sql::names::table_name;
+use crate::sql::new_token::{Counted, ReadAfter, ReturnedBy};
+use crate::sql::statement::{LatestRead, RowLock};
+
+/// The reads of an entity's row by key on async connection `C`, as
+/// [`LoadByKey`](crate::LoadByKey) does them on a blocking one.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot be read by key on `{C}`",
+    note = "the connection must be a diesel-async connection of a backend diesel-occ supports (`AsyncPgConnection`, `AsyncMysqlConnection`, `SyncConnectionWrapper<SqliteConnection>`, or a pool's connection of one)"
+)]
+pub trait AsyncLoadByKey<C>: Guarded {
+    /// The row with `key` as last committed (locked inside a transaction).
+    #[doc(hidden)]
+    fn load_by_key(
+        conn: &mut C,
+        key: &Self::Key,
+    ) -> impl Future<Output = QueryResult<Option<Self>>> + Send;
+
+    /// The row with `key`, by a plain read.
+    #[doc(hidden)]
+    fn read_by_key(
+        conn: &mut C,
+        key: &Self::Key,
+    ) -> impl Future<Output = QueryResult<Option<Self>>> + Send;
+
+    /// The row with `key` read with the row lock `lock`.
+    #[doc(hidden)]
+    fn lock_by_key(
+        conn: &mut C,
+        key: &Self::Key,
+        lock: RowLock,
+    ) -> impl Future<Output = QueryResult<Option<Self>>> + Send;
+
+    /// The table's SQL name, for messages.
+    #[doc(hidden)]
+    fn table_name() -> &'static str;
+}
+
+/// The `SELECT` of entity `T`'s row by key on backend `DB`.
+type SelectByKey<T, DB> = Select<
+    Filter<<T as diesel::associations::HasTable>::Table, <T as Guarded>::KeyPredicate>,
+    AsSelect<T, DB>,
+>;
+
+/// The read of entity `T`'s row by key on backend `DB`.
+type ByKey<T, DB> = LatestRead<
+    Select<
+        Filter<<T as diesel::associations::HasTable>::Table, <T as Guarded>::KeyPredicate>,
+        AsSelect<T, DB>,
+    >,
+>;
+
+impl<T, C> AsyncLoadByKey<C> for T
+where
+    T: Guarded + Selectable<C::Backend>,
+    C: AsyncConnection,
+    C: NativeAsyncConnection,
+    C::Backend: NativeAsync,
+    T::Table: 'static,
+    <T::Table as QuerySource>::FromClause: QueryFragment<C::Backend>,
+    T::SelectExpression: QueryId,
+    T::Table: FilterDsl<T::KeyPredicate>,
+    Filter<T::Table, T::KeyPredicate>: SelectDsl<AsSelect<T, C::Backend>>,
+    ByKey<T, C::Backend>: LoadQuery<'static, C, T> + Send + 'static,
+{
+    async fn load_by_key(conn: &mut C, key: &T::Key) -> QueryResult<Option<T>> {
+        let locking = in_transaction(conn);
+        by_key::<T, C::Backend, _>(key, LatestRead::new, locking)
+            .get_result(conn)
+            .await
+            .optional()
+    }
+
+    async fn read_by_key(conn: &mut C, key: &T::Key) -> QueryResult<Option<T>> {
+        by_key::<T, C::Backend, _>(key, LatestRead::new, false)
+            .get_result(conn)
+            .await
+            .optional()
+    }
+
+    async fn lock_by_key(conn: &mut C, key: &T::Key, lock: RowLock) -> QueryResult<Option<T>> {
+        by_key::<T, C::Backend, _>(key, LatestRead::locked, lock)
+            .get_result(conn)
+            .await
+            .optional()
+    }
+
+    fn table_name() -> &'static str {
+        table_name::<T::Table, C::Backend>(&T::table())
+    }
+}
+
+/// The read of the row with `key`, made by `read` with `how` (locking or not).
+fn by_key<T, DB, How>(
+    key: &T::Key,
+    read: fn(SelectByKey<T, DB>, How) -> ByKey<T, DB>,
+    how: How,
+) -> ByKey<T, DB>
+where
+    T: Guarded + Selectable<DB>,
+    DB: diesel::backend::Backend,
+    T::SelectExpression: QueryId,
+    T::Table: FilterDsl<T::KeyPredicate>,
+    Filter<T::Table, T::KeyPredicate>: SelectDsl<AsSelect<T, DB>>,
+{
+    let filtered = FilterDsl::filter(T::table(), T::key_predicate(key));
+    read(SelectDsl::select(filtered, T::as_select()), how)
+}
+
+/// Sends a guarded statement on async connection `C`, as
+/// [`Complete`](crate::sql::new_token::Complete) runs it on a blocking one: the rows it
+/// matched and, for kinds whose next token only the database knows, that token.
+#[diagnostic::on_unimplemented(
+    message = "this guard cannot run its statement on `{C}`",
+    note = "the statement, its guard's assignments or the token's column type do not fit this connection's backend"
+)]
+pub trait AsyncComplete<C, S, Tok> {
+    /// Sends `statement` on `conn`.
+    fn run(
+        conn: &mut C,
+        statement: S,
+    ) -> impl Future<Output = QueryResult<(usize, Option<Tok>)>> + Send;
+}
+
+impl<C, S, Tok> AsyncComplete<C, S, Tok> for Counted
+where
+    C: AsyncConnection,
+    S: ExecuteDsl<C> + Send + 'static,
+{
+    async fn run(conn: &mut C, statement: S) -> QueryResult<(usize, Option<Tok>)> {
+        ExecuteDsl::execute(statement, conn)
+            .await
+            .map(|rows| (rows, None))
+    }
+}
+
+impl<C, S, Col, Tok> AsyncComplete<C, S, Tok> for ReturnedBy<Col>
+where
+    C: AsyncConnection,
+    C::Backend: AsyncReadsBack<C, S, Col, Tok>,
+{
+    fn run(
+        conn: &mut C,
+        statement: S,
+    ) -> impl Future<Output = QueryResult<(usize, Option<Tok>)>> + Send {
+        <C::Backend as AsyncReadsBack<C, S, Col, Tok>>::run(conn, statement)
+    }
+}
+
+/// A token other code maintains: PostgreSQL returns it as its `BEFORE` triggers left it;
+/// MySQL reads it back in the write's transaction.
+impl<C, S, Col, Tok> AsyncComplete<C, S, Tok> for ReadAfter<Col>
+where
+    C: AsyncConnection,
+    C::Backend: AsyncReadsBack<C, S, Col, Tok>,
+{
+    fn run(
+        conn: &mut C,
+        statement: S,
+    ) -> impl Future<Output = QueryResult<(usize, Option<Tok>)>> + Send {
+        <C::Backend as AsyncReadsBack<C, S, Col, Tok>>::run(conn, statement)
+    }
+}
+
+/// How backend `Self` sends `statement` and reads back the column `Col` it set.
+#[diagnostic::on_unimplemented(
+    message = "this guard cannot read its new token back on `{Self}`",
+    note = "an `xmin` guard is PostgreSQL's; a last-modified guard on the database's clock reads its stamp back on every backend"
+)]
+pub trait AsyncReadsBack<C, S, Col, Tok> {
+    /// Sends `statement` on `conn`: the rows it matched and the token it left.
+    fn run(
+        conn: &mut C,
+        statement: S,
+    ) -> impl Future<Output = QueryResult<(usize, Option<Tok>)>> + Send;
+}
+
+/// `<statement> RETURNING <Col>`: one round trip.
+#[cfg(feature = "postgres")]
+impl<C, S, Col, Tok> AsyncReadsBack<C, S, Col, Tok> for diesel::pg::Pg
+where
+    C: AsyncConnection<Backend = Self>,
+    crate::sql::new_token::Returning<S, Col>: LoadQuery<'static, C, Tok> + 'static,
+    S: Send,
+    Tok: Send,
+{
+    async fn run(conn: &mut C, statement: S) -> QueryResult<(usize, Option<Tok>)> {
+        let tokens: Vec<Tok> = crate::sql::new_token::Returning::new(statement)
+            .load(conn)
+            .await?;
+        Ok((tokens.len(), tokens.into_iter().next()))
+    }
+}
+
+/// No `RETURNING`: the statement, then `SELECT <Col>` of its row, in one transaction.
+#[cfg(feature = "mysql")]
+impl<C, T, Changes, Advance, Key, Guard, Col, Tok>
+    AsyncReadsBack<
+        C,
+        crate::sql::statement::GuardedUpdate<T, Changes, Advance, Key, Guard>,
+        Col,
+        Tok,
+    > for diesel::mysql::Mysql
+where
+    C: AsyncConnection<Backend = Self>,
+    T: diesel::Table,
+    T::FromClause: Clone,
+    Key: Clone,
+    crate::sql::statement::GuardedUpdate<T, Changes, Advance, Key, Guard>:
+        ExecuteDsl<C> + Send + 'static,
+    crate::sql::statement::ColumnOfRow<T, Key, Col>: LoadQuery<'static, C, Tok> + Send + 'static,
+    Tok: Send + 'static,
+{
+    async fn run(
+        conn: &mut C,
+        statement: crate::sql::statement::GuardedUpdate<T, Changes, Advance, Key, Guard>,
+    ) -> QueryResult<(usize, Option<Tok>)> {
+        let mut transaction = super::transaction::OwnTransaction::begin_raw(conn).await?;
+        let read = statement.read_back::<Col>();
+        let written = match ExecuteDsl::execute(statement, transaction.conn()).await {
+            Ok(1) => read
+                .get_result(transaction.conn())
+                .await
+                .map(|token| (1, Some(token))),
+            Ok(rows) => Ok((rows, None)),
+            Err(e) => Err(e),
+        };
+        transaction.finish(written, |e| e).await
+    }
+}

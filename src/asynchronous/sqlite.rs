@@ -1,0 +1,100 @@
+//! SQLite through diesel-async's `SyncConnectionWrapper`: a blocking connection on a
+//! thread of its own. Each call of the library runs whole on that thread, as the blocking
+//! API runs it (its immediate transactions and fair write queue included), and the
+//! caller awaits the result. A dropped future leaves the call to finish there: nothing
+//! is left half done, and the connection's next call waits for it.
+
+use std::future::Future;
+
+use diesel::SqliteConnection;
+use diesel_async::sync_connection_wrapper::SyncConnectionWrapper;
+
+use super::entity::{AsyncDeleteRow, AsyncUpdateRow};
+use super::modify::AsyncModifyRow;
+use crate::error::Error;
+use crate::guard::{Guarded, TokenOf};
+use crate::retry::RetryPolicy;
+use crate::write::entity::{DeleteRow, UpdateRow};
+use crate::write::modify::{GuardedModify, Modified};
+
+/// diesel-async's SQLite connection.
+type AsyncSqlite = SyncConnectionWrapper<SqliteConnection>;
+
+/// Runs `call` on `conn`'s thread and hands back its result; a failure of the thread
+/// itself (a panic in `call`) is [`Error::Database`].
+fn on_thread<R, E>(
+    conn: &mut AsyncSqlite,
+    call: impl FnOnce(&mut SqliteConnection) -> Result<R, E> + Send + 'static,
+) -> impl Future<Output = Result<R, E>> + Send + 'static
+where
+    R: Send + 'static,
+    E: From<Error> + Send + 'static,
+{
+    let task = conn.spawn_blocking(move |conn| Ok(call(conn)));
+    async move { task.await.map_err(|e| E::from(Error::Database(e)))? }
+}
+
+impl<T, Ch> AsyncUpdateRow<AsyncSqlite, Ch> for T
+where
+    T: UpdateRow<SqliteConnection, Ch> + Clone,
+    T::Stamp: Send + 'static,
+    T::StatusKept: Send,
+    Ch: Send + 'static,
+{
+    fn update_row<'a>(
+        conn: &'a mut AsyncSqlite,
+        key: &'a T::Key,
+        expected: &'a TokenOf<T>,
+        changes: Ch,
+        stamp: T::Stamp,
+        saved: Option<&'a T>,
+        _own: bool,
+    ) -> impl Future<Output = Result<TokenOf<T>, Error>> + Send + 'a
+    where
+        Ch: 'a,
+    {
+        let (key, expected, saved) = (key.clone(), expected.clone(), saved.cloned());
+        on_thread(conn, move |conn| {
+            T::update_row(conn, &key, &expected, changes, stamp, saved.as_ref())
+        })
+    }
+
+    fn table_name() -> &'static str {
+        <T as crate::write::entity::LoadByKey<SqliteConnection>>::table_name()
+    }
+}
+
+impl<T> AsyncDeleteRow<AsyncSqlite> for T
+where
+    T: DeleteRow<SqliteConnection>,
+{
+    fn delete_row<'a>(
+        conn: &'a mut AsyncSqlite,
+        key: &'a T::Key,
+        expected: &'a TokenOf<T>,
+    ) -> impl Future<Output = Result<(), Error>> + Send + 'a {
+        let (key, expected) = (key.clone(), expected.clone());
+        on_thread(conn, move |conn| T::delete_row(conn, &key, &expected))
+    }
+}
+
+impl<T, F, R, E> AsyncModifyRow<AsyncSqlite, F, R, E> for T
+where
+    T: GuardedModify + UpdateRow<SqliteConnection, <T as Guarded>::Changes>,
+    F: FnMut(&mut T) -> Result<R, E> + Send + 'static,
+    R: Send + 'static,
+    E: From<Error> + Send + 'static,
+{
+    fn modify_row<'a>(
+        conn: &'a mut AsyncSqlite,
+        key: &'a T::Key,
+        policy: &'a RetryPolicy,
+        change: F,
+    ) -> impl Future<Output = Result<Modified<T, R>, E>> + Send + 'a
+    where
+        F: 'a,
+    {
+        let (key, policy) = (key.clone(), policy.clone());
+        on_thread(conn, move |conn| T::modify(conn, &key, &policy, change))
+    }
+}

@@ -1,0 +1,108 @@
+//! Transactions the library opens on a diesel-async connection, safe to cancel.
+//!
+//! A future dropped between `BEGIN` and `COMMIT` (a request timed out, a `select!` took
+//! another branch) cannot roll back: `Drop` cannot wait for the server. diesel-async's own
+//! `transaction` then leaves the transaction open on the connection, and the next
+//! statement on it runs inside that transaction. Here a transaction that was neither
+//! committed nor rolled back when dropped marks the connection's transaction manager
+//! broken: diesel-async's pools (bb8, deadpool) discard such a connection instead of
+//! handing it out again, closing it ends the transaction on the server, and the library
+//! sends nothing more on it ([`refuse_broken`](super::connection::refuse_broken)).
+
+use diesel::QueryResult;
+use diesel_async::{AsyncConnection, TransactionManager};
+
+use super::connection::classify;
+use crate::error::Error;
+
+/// An open transaction (or savepoint, inside the caller's transaction) of the library's
+/// on `conn`; every statement of it goes through [`conn`](Self::conn).
+pub(crate) struct OwnTransaction<'c, C: AsyncConnection> {
+    conn: &'c mut C,
+    /// Committed, rolled back, or never begun: nothing is left open by this value.
+    settled: bool,
+}
+
+impl<'c, C: AsyncConnection> OwnTransaction<'c, C> {
+    /// Begins a transaction on `conn` (a savepoint inside an open one); a failure is
+    /// classified as a statement's.
+    pub(crate) async fn begin(conn: &'c mut C) -> Result<Self, Error> {
+        let mut transaction = OwnTransaction::unsettled(conn);
+        match transaction.start().await {
+            Ok(()) => Ok(transaction),
+            Err(e) => Err(classify(transaction.conn, e)),
+        }
+    }
+
+    /// [`begin`](Self::begin), with diesel's error as it is.
+    #[cfg(feature = "mysql")]
+    pub(crate) async fn begin_raw(conn: &'c mut C) -> QueryResult<Self> {
+        let mut transaction = OwnTransaction::unsettled(conn);
+        transaction.start().await.map(|()| transaction)
+    }
+
+    /// Unsettled from the start: a `BEGIN` cancelled on the way may have reached the
+    /// server.
+    fn unsettled(conn: &'c mut C) -> Self {
+        OwnTransaction {
+            conn,
+            settled: false,
+        }
+    }
+
+    /// Sends the `BEGIN`; one that failed left nothing open (diesel-async keeps the depth).
+    async fn start(&mut self) -> QueryResult<()> {
+        let begun = C::TransactionManager::begin_transaction(self.conn).await;
+        self.settled = begun.is_err();
+        begun
+    }
+
+    /// The connection, for the transaction's statements.
+    pub(crate) fn conn(&mut self) -> &mut C {
+        self.conn
+    }
+
+    /// Commits (releases the savepoint); on a failed `COMMIT` diesel-async rolls back or
+    /// marks the connection broken itself.
+    pub(crate) async fn commit(mut self) -> QueryResult<()> {
+        let committed = C::TransactionManager::commit_transaction(self.conn).await;
+        self.settled = true;
+        committed
+    }
+
+    /// Rolls back (to the savepoint).
+    pub(crate) async fn rollback(mut self) -> QueryResult<()> {
+        let rolled_back = C::TransactionManager::rollback_transaction(self.conn).await;
+        self.settled = true;
+        rolled_back
+    }
+
+    /// Commits when `result` is `Ok`, rolls back when it is not; `result` comes back, or
+    /// the error of a failed `COMMIT` (`lost_commit` turns it into the caller's error).
+    pub(crate) async fn finish<T, E>(
+        self,
+        result: Result<T, E>,
+        lost_commit: impl FnOnce(diesel::result::Error) -> E,
+    ) -> Result<T, E> {
+        match result {
+            Ok(value) => match self.commit().await {
+                Ok(()) => Ok(value),
+                Err(e) => Err(lost_commit(e)),
+            },
+            Err(e) => {
+                // The cause is what the caller needs; a failed rollback leaves the
+                // connection broken, which the next call refuses.
+                let _ = self.rollback().await;
+                Err(e)
+            }
+        }
+    }
+}
+
+impl<C: AsyncConnection> Drop for OwnTransaction<'_, C> {
+    fn drop(&mut self) {
+        if !self.settled {
+            C::TransactionManager::transaction_manager_status_mut(self.conn).set_in_error();
+        }
+    }
+}

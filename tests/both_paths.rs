@@ -1,0 +1,188 @@
+//! The guarded writes and the read-modify-write, one test body each, run on both
+//! executors: the blocking API and the async one (diesel-async), on every backend.
+//! Outcomes and end states are checked from the database.
+
+#![cfg(feature = "async")]
+
+mod common;
+
+use common::models::{Order, OrderPatch};
+use common::paths::{Async, AsyncOf, Blocking, Writes};
+use common::schema::orders;
+use diesel::prelude::*;
+use diesel_occ::{Error, RetryPolicy};
+
+fn patch(note: &str) -> OrderPatch {
+    OrderPatch {
+        note: Some(note.into()),
+        quantity: None,
+    }
+}
+
+fn conflict_current(error: Error) -> Order {
+    match error {
+        Error::Conflict(conflict) => conflict
+            .current::<Order>()
+            .expect("the current row")
+            .clone(),
+        other => panic!("expected a conflict, got {other:?}"),
+    }
+}
+
+fn update_advances_and_a_stale_copy_conflicts<W: Writes>(w: &mut W) {
+    let read = w.load(1).unwrap();
+    assert_eq!(
+        w.update(&read, patch("first")).unwrap(),
+        read.version + 1,
+        "{}",
+        W::PATH
+    );
+    let current = conflict_current(w.update(&read, patch("stale")).unwrap_err());
+    assert_eq!(
+        (current.note.as_str(), current.version),
+        ("first", read.version + 1)
+    );
+    assert_eq!(
+        w.load(1).unwrap(),
+        current,
+        "the stale write changed nothing"
+    );
+}
+
+fn by_key_writes_give_each_outcome<W: Writes>(w: &mut W) {
+    let token = w.update_by_key(1, 0, patch("by key")).unwrap();
+    assert_eq!(token, 1);
+    assert_eq!(
+        conflict_current(w.update_by_key(1, 0, patch("old token")).unwrap_err()).version,
+        1
+    );
+    assert!(matches!(
+        w.update_by_key(99, 0, patch("none")),
+        Err(Error::NotFound { .. })
+    ));
+    assert!(matches!(w.delete_by_key(1, 0), Err(Error::Conflict(_))));
+    assert!(
+        w.load(1).is_some(),
+        "a delete with an old token deletes nothing"
+    );
+    w.delete_by_key(1, 1).unwrap();
+    assert!(w.load(1).is_none());
+    assert!(matches!(w.delete_by_key(1, 1), Err(Error::NotFound { .. })));
+}
+
+fn saves_record_the_token_and_refuse_a_stale_original<W: Writes>(w: &mut W) {
+    let original = w.load(1).unwrap();
+    let mut copy = original.clone();
+    copy.quantity = 5;
+    assert_eq!(w.save(&mut copy).unwrap(), 1);
+    assert_eq!(copy.version, 1, "the copy records its new token");
+    assert_eq!(w.load(1).unwrap(), copy);
+    w.touch(&mut copy).unwrap();
+    assert_eq!((copy.version, w.load(1).unwrap().quantity), (2, 5));
+    let mut edited = original.clone();
+    edited.note = "from an old form".into();
+    assert_eq!(
+        conflict_current(w.save_from(&mut edited, &original).unwrap_err()).version,
+        2
+    );
+    assert_eq!(w.load(1).unwrap(), copy, "nothing of the stale save landed");
+    let mut old = original.clone();
+    assert!(matches!(w.delete(&old), Err(Error::Conflict(_))));
+    old.version = i64::MAX;
+    assert!(matches!(
+        w.save(&mut old),
+        Err(Error::VersionOverflow { .. })
+    ));
+    w.delete(&copy).unwrap();
+    assert!(w.load(1).is_none());
+}
+
+fn modify_writes_once_and_reports_a_missing_row<W: Writes>(w: &mut W) {
+    let done = w.add_one(1, "+", &RetryPolicy::default()).unwrap();
+    assert_eq!((done.attempts, done.token, done.row.quantity), (1, 1, 2));
+    assert_eq!(w.load(1).unwrap(), done.row);
+    assert!(matches!(
+        w.add_one(7, "+", &RetryPolicy::default()),
+        Err(Error::NotFound { .. })
+    ));
+}
+
+for_each_backend! {
+    type Async_ = <Conn as AsyncOf>::Async;
+    type Pool = r2d2::Pool<diesel_occ::CheckedManager<Conn>>;
+
+    fn seeded() -> Option<common::TestDb<Conn>> {
+        let db = db()?;
+        diesel::insert_into(orders::table).values(&Order::new(1, "new")).execute(&mut db.conn()).unwrap();
+        Some(db)
+    }
+
+    fn async_writer(db: &common::TestDb<Conn>) -> Async<Async_> {
+        let runtime = common::paths::runtime();
+        Async { conn: Conn::connect(&db.url, &runtime), runtime }
+    }
+
+    /// `$body` once on each executor, each on a fresh database.
+    macro_rules! on_both_paths {
+        ($($body:ident),*) => {
+            mod blocking {
+                use super::*;
+                $(#[test] fn $body() {
+                    let Some(db) = seeded() else { return };
+                    super::super::$body(&mut Blocking(db.conn()));
+                })*
+            }
+            mod on_async {
+                use super::*;
+                $(#[test] fn $body() {
+                    let Some(db) = seeded() else { return };
+                    super::super::$body(&mut async_writer(&db));
+                })*
+            }
+        };
+    }
+
+    on_both_paths!(
+        update_advances_and_a_stale_copy_conflicts,
+        by_key_writes_give_each_outcome,
+        saves_record_the_token_and_refuse_a_stale_original,
+        modify_writes_once_and_reports_a_missing_row
+    );
+
+    /// 8 writers add one to the same row 10 times each, every one retrying its conflicts:
+    /// nothing is lost, and every change moved the version once.
+    fn eight_writers_lose_nothing<W: Writes + Send>(pool: &Pool, writer: impl Fn() -> W + Sync) {
+        let policy = RetryPolicy::default().max_attempts(200);
+        let start = std::sync::Barrier::new(8);
+        std::thread::scope(|s| {
+            for _ in 0..8 {
+                s.spawn(|| {
+                    let mut w = writer();
+                    start.wait();
+                    for _ in 0..10 {
+                        w.add_one(1, "x", &policy).unwrap();
+                    }
+                });
+            }
+        });
+        let row = Blocking(pool.get().unwrap()).load(1).unwrap();
+        assert_eq!((row.quantity, row.note.len(), row.version), (81, 3 + 80, 80), "{}", W::PATH);
+    }
+
+    #[test]
+    fn eight_blocking_writers_lose_nothing() {
+        let Some(db) = seeded() else { return };
+        let pool = &db.pool;
+        eight_writers_lose_nothing(pool, || Blocking(pool.get().unwrap()));
+    }
+
+    #[test]
+    fn eight_async_writers_lose_nothing() {
+        let Some(db) = seeded() else { return };
+        let (pool, url) = (&db.pool, &db.url);
+        eight_writers_lose_nothing(pool, || {
+            let runtime = common::paths::runtime();
+            Async { conn: Conn::connect(url, &runtime), runtime }
+        });
+    }
+}

@@ -1,0 +1,244 @@
+//! One test body, two executors: the blocking API on a pooled connection, and the async
+//! API (feature `async`) on a diesel-async connection to the same database, driven from
+//! the test's thread. Test bodies take a [`Writes`] and run unchanged on both.
+
+use diesel::prelude::*;
+use diesel_occ::asynchronous::prelude::*;
+use diesel_occ::{Error, GuardedModify, GuardedWrite, Modified, RetryPolicy};
+
+use super::models::{Order, OrderPatch};
+use super::schema::orders;
+
+/// The writes of the shared test bodies, on the `orders` table's [`Order`].
+pub trait Writes {
+    /// Which executor, for messages.
+    const PATH: &'static str;
+    fn update(&mut self, row: &Order, patch: OrderPatch) -> Result<i64, Error>;
+    fn update_by_key(&mut self, id: i64, expected: i64, patch: OrderPatch) -> Result<i64, Error>;
+    fn save(&mut self, row: &mut Order) -> Result<i64, Error>;
+    fn save_from(&mut self, row: &mut Order, original: &Order) -> Result<i64, Error>;
+    fn touch(&mut self, row: &mut Order) -> Result<i64, Error>;
+    fn delete(&mut self, row: &Order) -> Result<(), Error>;
+    fn delete_by_key(&mut self, id: i64, expected: i64) -> Result<(), Error>;
+    /// Appends `suffix` to the note and adds one to the quantity, retried by `policy`.
+    fn add_one(
+        &mut self,
+        id: i64,
+        suffix: &'static str,
+        policy: &RetryPolicy,
+    ) -> Result<Modified<Order, ()>, Error>;
+    /// The row as committed, read on this executor's connection.
+    fn load(&mut self, id: i64) -> Option<Order>;
+}
+
+/// The change of [`Writes::add_one`].
+pub fn add_one_to(order: &mut Order, suffix: &str) -> Result<(), Error> {
+    order.note.push_str(suffix);
+    order.quantity += 1;
+    Ok(())
+}
+
+/// The blocking API on connection `C`.
+pub struct Blocking<C>(pub C);
+
+/// The async API on diesel-async connection `A`, driven by a runtime of the test thread's.
+pub struct Async<A> {
+    pub conn: A,
+    pub runtime: tokio::runtime::Runtime,
+}
+
+/// A runtime for one test thread: the driven futures run on it, and on SQLite the
+/// connection's thread is one of its blocking threads.
+pub fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a test runtime")
+}
+
+/// The diesel-async connection of a blocking connection type's backend.
+pub trait AsyncOf {
+    type Async: diesel_async::AsyncConnection + Send + 'static;
+    /// A connection to `url`, made on `runtime`.
+    fn connect(url: &str, runtime: &tokio::runtime::Runtime) -> Self::Async;
+}
+
+#[cfg(feature = "sqlite")]
+impl AsyncOf for diesel::SqliteConnection {
+    type Async =
+        diesel_async::sync_connection_wrapper::SyncConnectionWrapper<diesel::SqliteConnection>;
+    fn connect(url: &str, runtime: &tokio::runtime::Runtime) -> Self::Async {
+        use diesel_async::{AsyncConnection, SimpleAsyncConnection};
+        runtime.block_on(async {
+            let mut conn = Self::Async::establish(url)
+                .await
+                .expect("an async SQLite connection");
+            // As the test pools: writers wait for the write lock rather than fail.
+            conn.batch_execute("PRAGMA busy_timeout = 60000")
+                .await
+                .unwrap();
+            conn
+        })
+    }
+}
+
+#[cfg(feature = "postgres")]
+impl AsyncOf for diesel::PgConnection {
+    type Async = diesel_async::AsyncPgConnection;
+    fn connect(url: &str, runtime: &tokio::runtime::Runtime) -> Self::Async {
+        use diesel_async::AsyncConnection;
+        runtime
+            .block_on(Self::Async::establish(url))
+            .expect("an async PostgreSQL connection")
+    }
+}
+
+#[cfg(feature = "mysql")]
+impl AsyncOf for diesel::MysqlConnection {
+    type Async = diesel_async::AsyncMysqlConnection;
+    fn connect(url: &str, runtime: &tokio::runtime::Runtime) -> Self::Async {
+        use diesel_async::AsyncConnection;
+        runtime
+            .block_on(Self::Async::establish(url))
+            .expect("an async MySQL connection")
+    }
+}
+
+/// Implements [`Writes`] for the blocking connection `$sync` and the async one `$async`.
+macro_rules! writes_for {
+    ($sync:ty, $async:ty) => {
+        impl Writes for Blocking<$sync> {
+            const PATH: &'static str = "blocking";
+            fn update(&mut self, row: &Order, patch: OrderPatch) -> Result<i64, Error> {
+                GuardedWrite::guarded_update(row, &mut self.0, patch)
+            }
+            fn update_by_key(
+                &mut self,
+                id: i64,
+                expected: i64,
+                patch: OrderPatch,
+            ) -> Result<i64, Error> {
+                <Order as GuardedWrite>::guarded_update_by_key(&mut self.0, &id, &expected, patch)
+            }
+            fn save(&mut self, row: &mut Order) -> Result<i64, Error> {
+                GuardedWrite::guarded_save(row, &mut self.0)
+            }
+            fn save_from(&mut self, row: &mut Order, original: &Order) -> Result<i64, Error> {
+                GuardedWrite::guarded_save_from(row, &mut self.0, original)
+            }
+            fn touch(&mut self, row: &mut Order) -> Result<i64, Error> {
+                GuardedWrite::guarded_touch(row, &mut self.0)
+            }
+            fn delete(&mut self, row: &Order) -> Result<(), Error> {
+                GuardedWrite::guarded_delete(row, &mut self.0)
+            }
+            fn delete_by_key(&mut self, id: i64, expected: i64) -> Result<(), Error> {
+                <Order as GuardedWrite>::guarded_delete_by_key(&mut self.0, &id, &expected)
+            }
+            fn add_one(
+                &mut self,
+                id: i64,
+                suffix: &'static str,
+                policy: &RetryPolicy,
+            ) -> Result<Modified<Order, ()>, Error> {
+                <Order as GuardedModify>::modify(&mut self.0, &id, policy, move |o| {
+                    add_one_to(o, suffix)
+                })
+            }
+            fn load(&mut self, id: i64) -> Option<Order> {
+                orders::table
+                    .find(id)
+                    .select(Order::as_select())
+                    .first(&mut self.0)
+                    .optional()
+                    .unwrap()
+            }
+        }
+
+        impl Writes for Async<$async> {
+            const PATH: &'static str = "async";
+            fn update(&mut self, row: &Order, patch: OrderPatch) -> Result<i64, Error> {
+                self.runtime.block_on(AsyncGuardedWrite::guarded_update(
+                    row,
+                    &mut self.conn,
+                    patch,
+                ))
+            }
+            fn update_by_key(
+                &mut self,
+                id: i64,
+                expected: i64,
+                patch: OrderPatch,
+            ) -> Result<i64, Error> {
+                self.runtime
+                    .block_on(<Order as AsyncGuardedWrite>::guarded_update_by_key(
+                        &mut self.conn,
+                        &id,
+                        &expected,
+                        patch,
+                    ))
+            }
+            fn save(&mut self, row: &mut Order) -> Result<i64, Error> {
+                self.runtime
+                    .block_on(AsyncGuardedWrite::guarded_save(row, &mut self.conn))
+            }
+            fn save_from(&mut self, row: &mut Order, original: &Order) -> Result<i64, Error> {
+                self.runtime.block_on(AsyncGuardedWrite::guarded_save_from(
+                    row,
+                    &mut self.conn,
+                    original,
+                ))
+            }
+            fn touch(&mut self, row: &mut Order) -> Result<i64, Error> {
+                self.runtime
+                    .block_on(AsyncGuardedWrite::guarded_touch(row, &mut self.conn))
+            }
+            fn delete(&mut self, row: &Order) -> Result<(), Error> {
+                self.runtime
+                    .block_on(AsyncGuardedWrite::guarded_delete(row, &mut self.conn))
+            }
+            fn delete_by_key(&mut self, id: i64, expected: i64) -> Result<(), Error> {
+                self.runtime
+                    .block_on(<Order as AsyncGuardedWrite>::guarded_delete_by_key(
+                        &mut self.conn,
+                        &id,
+                        &expected,
+                    ))
+            }
+            fn add_one(
+                &mut self,
+                id: i64,
+                suffix: &'static str,
+                policy: &RetryPolicy,
+            ) -> Result<Modified<Order, ()>, Error> {
+                self.runtime.block_on(<Order as AsyncGuardedModify>::modify(
+                    &mut self.conn,
+                    &id,
+                    policy,
+                    move |o| add_one_to(o, suffix),
+                ))
+            }
+            fn load(&mut self, id: i64) -> Option<Order> {
+                let query = orders::table.find(id).select(Order::as_select());
+                let read = diesel_async::RunQueryDsl::first(query, &mut self.conn);
+                self.runtime.block_on(read).optional().unwrap()
+            }
+        }
+    };
+}
+
+#[cfg(feature = "sqlite")]
+writes_for!(
+    diesel_occ::Pooled<diesel::SqliteConnection>,
+    <diesel::SqliteConnection as AsyncOf>::Async
+);
+#[cfg(feature = "postgres")]
+writes_for!(
+    diesel_occ::Pooled<diesel::PgConnection>,
+    diesel_async::AsyncPgConnection
+);
+#[cfg(feature = "mysql")]
+writes_for!(
+    diesel_occ::Pooled<diesel::MysqlConnection>,
+    diesel_async::AsyncMysqlConnection
+);
