@@ -17,6 +17,11 @@ use crate::write::executor::classify_given;
 /// blocking one on a thread of its own (`SyncConnectionWrapper`): there each operation of
 /// the library runs whole on that thread, as the blocking API runs it.
 pub trait NativeAsync: OccBackend {
+    /// Whether a statement whose future is dropped half way leaves the connection usable
+    /// (PostgreSQL's client reads the rest of the reply itself; MySQL's does not).
+    #[doc(hidden)]
+    const STATEMENTS_SURVIVE_CANCELLATION: bool;
+
     /// How many fractional digits of a second the column `column` of `table` (in
     /// `schema`, or the connection's own) declares.
     #[doc(hidden)]
@@ -43,8 +48,10 @@ impl NativeAsyncConnection for diesel_async::AsyncMysqlConnection {}
 /// Implements [`NativeAsync`] for a backend whose declared digits `sql` reads.
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 macro_rules! native_async {
-    ($backend:ty, $sql:expr) => {
+    ($backend:ty, $sql:expr, $survives:expr) => {
         impl NativeAsync for $backend {
+            const STATEMENTS_SURVIVE_CANCELLATION: bool = $survives;
+
             async fn stored_second_digits<C>(
                 conn: &mut C,
                 schema: Option<&'static str>,
@@ -66,11 +73,16 @@ macro_rules! native_async {
 }
 
 #[cfg(feature = "postgres")]
-native_async!(diesel::pg::Pg, crate::connect::backend::PG_DECLARED_DIGITS);
+native_async!(
+    diesel::pg::Pg,
+    crate::connect::backend::PG_DECLARED_DIGITS,
+    true
+);
 #[cfg(feature = "mysql")]
 native_async!(
     diesel::mysql::Mysql,
-    crate::connect::backend::MYSQL_DECLARED_DIGITS
+    crate::connect::backend::MYSQL_DECLARED_DIGITS,
+    false
 );
 
 /// Whether `conn` has an open transaction.

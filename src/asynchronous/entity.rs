@@ -11,6 +11,7 @@ use diesel_async::AsyncConnection;
 use super::connection::{classify, refuse_broken, NativeAsync, NativeAsyncConnection};
 use super::executor::run;
 use super::send::{AsyncComplete, AsyncLoadByKey};
+use super::transaction::Call;
 use crate::error::Error;
 use crate::guard::stored_precision::PrecisionCheck;
 use crate::guard::{Advancing, CompletionOf, GuardKind, Guarded, TokenOf};
@@ -214,14 +215,21 @@ where
     {
         refuse_broken(conn)?;
         let table = <T as AsyncLoadByKey<C>>::table_name();
-        check_stored_precision::<T, C>(conn, table).await?;
         let kept = saved.map(T::status_kept);
         let (statement, next) =
             guarded_statement_in::<T, C::Backend, Ch>(table, key, expected, changes, stamp, kept)?;
         let miss = RowMoved::<T>::expecting(key, expected).in_state(saved.and_then(T::status_name));
         let write = CompareAndSet::one(statement, table, key, miss);
-        let written = run::<C, _, _, CompletionOf<T>, _>(write, conn, own).await?;
-        Ok(written.token.unwrap_or(next))
+        // From here until `finish`, every way out goes through `written`.
+        let mut call = Call::start(conn);
+        let written = async {
+            let conn = call.conn();
+            check_stored_precision::<T, C>(conn, table).await?;
+            run::<C, _, _, CompletionOf<T>, _>(write, conn, own).await
+        }
+        .await;
+        call.finish(written)
+            .map(|written| written.token.unwrap_or(next))
     }
 
     fn table_name() -> &'static str {
@@ -244,6 +252,7 @@ where
         expected: &'a TokenOf<T>,
     ) -> Result<(), Error> {
         refuse_broken(conn)?;
+        let mut call = Call::start(conn);
         let table = <T as AsyncLoadByKey<C>>::table_name();
         let statement = DeleteOf::<T>::new(
             T::table(),
@@ -252,9 +261,8 @@ where
         );
         let miss = RowMoved::<T>::expecting(key, expected);
         let write = CompareAndSet::one(statement, table, key, miss);
-        run::<C, _, _, Counted, TokenOf<T>>(write, conn, false)
-            .await
-            .map(drop)
+        let written = run::<C, _, _, Counted, TokenOf<T>>(write, call.conn(), false).await;
+        call.finish(written).map(drop)
     }
 }
 

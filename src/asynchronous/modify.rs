@@ -11,7 +11,7 @@ use super::connection::{
 };
 use super::entity::{write_and_record, AsyncUpdateRow};
 use super::send::AsyncLoadByKey;
-use super::transaction::OwnTransaction;
+use super::transaction::{Call, OwnTransaction};
 use crate::connect::transaction::LostCommit;
 use crate::error::Error;
 use crate::guard::{Guarded, TokenOf};
@@ -98,8 +98,9 @@ where
         let mut run = policy.start();
         loop {
             let lock = contended.lock_for(run.number());
-            let result = attempt(conn, key, lock, &suspects, nested, &mut change).await;
-            match contended.settle(result, false) {
+            let mut call = Call::start(&mut *conn);
+            let result = attempt(call.conn(), key, lock, &suspects, nested, &mut change).await;
+            match call.finish(contended.settle(result, false)) {
                 Ok((row, token, value)) => {
                     return Ok(Modified {
                         row,

@@ -124,7 +124,7 @@ where
 }
 
 /// Sends a guarded statement on async connection `C`, as
-/// [`Complete`](crate::sql::new_token::Complete) runs it on a blocking one: the rows it
+/// the blocking executor runs it on a blocking one: the rows it
 /// matched and, for kinds whose next token only the database knows, that token.
 #[diagnostic::on_unimplemented(
     message = "this guard cannot run its statement on `{C}`",

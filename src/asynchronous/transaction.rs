@@ -12,7 +12,7 @@
 use diesel::QueryResult;
 use diesel_async::{AsyncConnection, TransactionManager};
 
-use super::connection::classify;
+use super::connection::{classify, NativeAsync};
 use crate::error::Error;
 
 /// An open transaction (or savepoint, inside the caller's transaction) of the library's
@@ -102,6 +102,49 @@ impl<'c, C: AsyncConnection> OwnTransaction<'c, C> {
 impl<C: AsyncConnection> Drop for OwnTransaction<'_, C> {
     fn drop(&mut self) {
         if !self.settled {
+            C::TransactionManager::transaction_manager_status_mut(self.conn).set_in_error();
+        }
+    }
+}
+
+/// One call of the library on `conn`, for backends whose client cannot drop a statement
+/// half read ([`NativeAsync::STATEMENTS_SURVIVE_CANCELLATION`]: MySQL's leaves the rest of
+/// the reply on the socket, and the connection's next statement reads garbage). Dropped
+/// before it finished, the call marks the connection's transaction manager broken, as a
+/// dropped transaction does, so that pools discard it and the library refuses it.
+pub(crate) struct Call<'c, C: AsyncConnection> {
+    conn: &'c mut C,
+    finished: bool,
+}
+
+impl<'c, C> Call<'c, C>
+where
+    C: AsyncConnection,
+    C::Backend: NativeAsync,
+{
+    /// A call on `conn`, until [`finish`](Self::finish).
+    pub(crate) fn start(conn: &'c mut C) -> Self {
+        Call {
+            conn,
+            finished: C::Backend::STATEMENTS_SURVIVE_CANCELLATION,
+        }
+    }
+
+    /// The connection, for the call's statements.
+    pub(crate) fn conn(&mut self) -> &mut C {
+        self.conn
+    }
+
+    /// The call ended: its statements were read to the end.
+    pub(crate) fn finish<T>(mut self, result: T) -> T {
+        self.finished = true;
+        result
+    }
+}
+
+impl<C: AsyncConnection> Drop for Call<'_, C> {
+    fn drop(&mut self) {
+        if !self.finished {
             C::TransactionManager::transaction_manager_status_mut(self.conn).set_in_error();
         }
     }

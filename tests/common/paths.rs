@@ -48,9 +48,11 @@ pub struct Async<A> {
 }
 
 /// A runtime for one test thread: the driven futures run on it, and on SQLite the
-/// connection's thread is one of its blocking threads.
+/// connection's thread is one of its blocking threads. Multi-threaded, as diesel-async's
+/// SQLite connection needs to wait for a dropped call's thread (`block_in_place`).
 pub fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_current_thread()
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
         .enable_all()
         .build()
         .expect("a test runtime")

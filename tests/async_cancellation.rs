@@ -1,0 +1,122 @@
+//! Async guarded writes and read-modify-writes dropped at random points (a tokio timeout
+//! of 0-3 ms, two thousand times on one connection): no change lands in half, no
+//! transaction stays open on the server, and a connection left inside a transaction is
+//! refused by the library, never written on. Checked from the database.
+
+#![cfg(feature = "async")]
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::models::{Order, OrderPatch};
+use common::paths::{add_one_to, AsyncOf};
+use common::schema::orders;
+use diesel::prelude::*;
+use diesel::result::Error as DieselError;
+use diesel_occ::asynchronous::prelude::*;
+use diesel_occ::{Error, RetryPolicy};
+
+/// Rounds of the test, each a call dropped after a random time unless it finished.
+const ROUNDS: u32 = 2_000;
+
+/// What the rounds came to.
+#[derive(Debug, Default)]
+struct Tally {
+    written: u32,
+    conflicts: u32,
+    dropped: u32,
+    refused_broken: u32,
+}
+
+/// The next of a small deterministic sequence of timeouts (0 to 2,999 µs).
+fn next_timeout(seed: &mut u64) -> Duration {
+    *seed = seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
+    Duration::from_micros((*seed >> 33) % 3_000)
+}
+
+for_each_backend! {
+    type Async_ = <Conn as AsyncOf>::Async;
+
+    /// Transactions open on the server for this test's database, other than the asking
+    /// session's (none on SQLite: a file has no sessions; its writes are checked below).
+    fn open_transactions(conn: &mut Conn) -> i64 {
+        #[derive(QueryableByName)]
+        struct Count {
+            #[diesel(sql_type = diesel::sql_types::BigInt)]
+            n: i64,
+        }
+        let sql = match BACKEND {
+            "postgres" => "SELECT count(*) AS n FROM pg_stat_activity WHERE datname = current_database() \
+                           AND pid <> pg_backend_pid() AND xact_start IS NOT NULL",
+            "mysql" => "SELECT count(*) AS n FROM information_schema.innodb_trx t \
+                        JOIN information_schema.processlist p ON p.id = t.trx_mysql_thread_id \
+                        WHERE p.db = DATABASE() AND p.id <> CONNECTION_ID()",
+            _ => return 0,
+        };
+        diesel::sql_query(sql).get_result::<Count>(conn).unwrap().n
+    }
+
+    #[test]
+    fn dropped_futures_leave_no_half_change_and_no_open_transaction() {
+        let Some(db) = db() else { return };
+        diesel::insert_into(orders::table).values(&Order::new(1, "new")).execute(&mut db.conn()).unwrap();
+        let runtime = common::paths::runtime();
+        let mut conn: Async_ = Conn::connect(&db.url, &runtime);
+        let policy = RetryPolicy::default().max_attempts(3);
+        let (mut seed, mut tally) = (7_u64, Tally::default());
+        for round in 0..ROUNDS {
+            let limit = next_timeout(&mut seed);
+            let outcome = if round % 2 == 0 {
+                let call = Order::modify(&mut conn, &1, &policy, |o| add_one_to(o, "x"));
+                runtime.block_on(async { tokio::time::timeout(limit, call).await }).map(|r| r.map(drop))
+            } else {
+                let read = orders::table.find(1).select(Order::as_select());
+                let Ok(copy) = runtime.block_on(diesel_async::RunQueryDsl::first(read, &mut conn)) else {
+                    // The connection is busy with a dropped call's leftovers or broken: the
+                    // next write tells which.
+                    continue;
+                };
+                let patch = OrderPatch { note: Some(format!("{}x", copy.note)), quantity: Some(copy.quantity + 1) };
+                let call = AsyncGuardedWrite::guarded_update(&copy, &mut conn, patch);
+                runtime.block_on(async { tokio::time::timeout(limit, call).await }).map(|r| r.map(drop))
+            };
+            match outcome {
+                Ok(Ok(())) => tally.written += 1,
+                Ok(Err(Error::Conflict(_) | Error::RetriesExhausted { .. })) => tally.conflicts += 1,
+                Ok(Err(Error::Database(DieselError::BrokenTransactionManager))) => {
+                    // A call dropped inside the library's transaction: nothing more is sent
+                    // on this connection; a pool would discard it, the test replaces it.
+                    tally.refused_broken += 1;
+                    conn = Conn::connect(&db.url, &runtime);
+                }
+                Ok(Err(other)) => panic!("round {round}: {other:?}"),
+                Err(_elapsed) => tally.dropped += 1,
+            }
+        }
+        drop(conn);
+        eprintln!("{BACKEND}: {tally:?}");
+        assert!(tally.written > 0 && tally.dropped > 0, "{tally:?}: both kinds of round must occur");
+
+        // Every change that landed moved the note, the quantity and the version together.
+        let check = &mut db.conn();
+        let row = orders::table.find(1).select(Order::as_select()).first(check).unwrap();
+        assert_eq!(row.note.len() as i64 - 3, i64::from(row.quantity) - 1, "{row:?}");
+        assert_eq!(row.version, i64::from(row.quantity) - 1, "{row:?}");
+        assert!(row.version >= i64::from(tally.written), "{row:?} {tally:?}");
+
+        // Closed connections end their transactions; none is left open (the server sees a
+        // closed socket a moment later, so this waits for it, bounded).
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while open_transactions(check) > 0 {
+            assert!(Instant::now() < deadline, "a transaction stayed open");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        // And nothing holds the row: a write from another connection lands at once.
+        let mut fresh = row.clone();
+        fresh.note.push('!');
+        diesel_occ::GuardedWrite::guarded_save(&mut fresh, check).unwrap();
+    }
+}
