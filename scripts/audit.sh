@@ -3,7 +3,9 @@
 # project (../shared/advisory-db.bundle), offline: these machines cannot reach its home.
 #
 # 1. What a user builds, with no waiver: a scratch crate that depends on diesel-occ with
-#    its default features, then with every feature but the `backoff` compatibility one.
+#    its default features, then with every feature but the `backoff` compatibility one
+#    and `async-mysql`; then with `async-mysql`, waiving only the advisory its MySQL
+#    client's cache crate carries (see .cargo/audit.toml for why it does not apply).
 #    Its lock file starts from ours, so it holds the same versions, pruned to what that
 #    user compiles. Any advisory fails.
 # 2. This workspace's Cargo.lock (every feature, the tests' and the benchmark's crates).
@@ -26,7 +28,7 @@ trap 'rm -rf "$tmp"' EXIT
 git clone -q -b main "$bundle" "$tmp/advisory-db"
 audit() { cargo audit --db "$tmp/advisory-db" --no-fetch --stale --deny warnings "$@"; }
 
-user_crate() { # name, features line
+user_crate() { # name, features line, audit options
     mkdir -p "$tmp/$1/src"
     echo 'fn main() {}' >"$tmp/$1/src/main.rs"
     cat >"$tmp/$1/Cargo.toml" <<TOML
@@ -43,13 +45,15 @@ TOML
     cp Cargo.lock "$tmp/$1/Cargo.lock"
     # Resolves the scratch crate: keeps our pinned versions, drops what it does not use.
     (cd "$tmp/$1" && cargo metadata --format-version 1 >/dev/null)
-    echo "== $1: $(grep -c '^name = ' "$tmp/$1/Cargo.lock") crates, no waiver"
+    local waivers="${*:3}"
+    echo "== $1: $(grep -c '^name = ' "$tmp/$1/Cargo.lock") crates, waived: ${waivers:-nothing}"
     # An empty configuration: .cargo/audit.toml's waivers are for this workspace only.
-    (cd "$tmp/$1" && audit)
+    (cd "$tmp/$1" && audit "${@:3}")
 }
 user_crate default-features 'default-features = true'
 user_crate every-feature-but-backoff \
-    'features = ["all-backends", "chrono", "locks", "http", "axum", "tokio", "deadpool", "migrations"]'
+    'features = ["all-backends", "chrono", "locks", "http", "axum", "tokio", "deadpool", "migrations", "async", "bb8", "async-deadpool"]'
+user_crate async-mysql 'features = ["async-mysql", "bb8", "async-deadpool"]' --ignore RUSTSEC-2026-0253
 
 echo "== this workspace (accepted advisories: .cargo/audit.toml)"
 audit

@@ -3,7 +3,10 @@
 //! transaction stays open on the server, and a connection left inside a transaction is
 //! refused by the library, never written on. Checked from the database.
 
-#![cfg(feature = "async")]
+#![cfg(all(
+    feature = "async",
+    any(not(feature = "mysql"), feature = "async-mysql")
+))]
 
 mod common;
 

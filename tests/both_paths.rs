@@ -2,7 +2,10 @@
 //! executors: the blocking API and the async one (diesel-async), on every backend.
 //! Outcomes and end states are checked from the database.
 
-#![cfg(feature = "async")]
+#![cfg(all(
+    feature = "async",
+    any(not(feature = "mysql"), feature = "async-mysql")
+))]
 
 mod common;
 

@@ -42,11 +42,11 @@ pub trait NativeAsyncConnection: AsyncConnection {}
 
 #[cfg(feature = "postgres")]
 impl NativeAsyncConnection for diesel_async::AsyncPgConnection {}
-#[cfg(feature = "mysql")]
+#[cfg(feature = "async-mysql")]
 impl NativeAsyncConnection for diesel_async::AsyncMysqlConnection {}
 
 /// Implements [`NativeAsync`] for a backend whose declared digits `sql` reads.
-#[cfg(any(feature = "postgres", feature = "mysql"))]
+#[cfg(any(feature = "postgres", feature = "async-mysql"))]
 macro_rules! native_async {
     ($backend:ty, $sql:expr, $survives:expr) => {
         impl NativeAsync for $backend {
@@ -78,7 +78,7 @@ native_async!(
     crate::connect::backend::PG_DECLARED_DIGITS,
     true
 );
-#[cfg(feature = "mysql")]
+#[cfg(feature = "async-mysql")]
 native_async!(
     diesel::mysql::Mysql,
     crate::connect::backend::MYSQL_DECLARED_DIGITS,

@@ -1,7 +1,22 @@
 //! The library on diesel-async connections (feature `async`): guarded writes and
 //! read-modify-write with retry as futures, on `AsyncPgConnection`,
-//! `AsyncMysqlConnection` and `SyncConnectionWrapper<SqliteConnection>` (and the
-//! connections of their bb8 and deadpool pools).
+//! `SyncConnectionWrapper<SqliteConnection>` and (feature `async-mysql`)
+//! `AsyncMysqlConnection`. A connection checked out of a bb8 or deadpool pool is passed
+//! as `&mut *conn`; [`AsyncGuardedModify::modify_pooled`] takes the pool itself
+//! (features `bb8`, `async-deadpool`) and checks a connection out per attempt.
+//!
+//! ```ignore
+//! use diesel_occ::asynchronous::prelude::*;
+//!
+//! async fn rename(pool: &Pool<AsyncPgConnection>, id: i64, name: String) -> Result<Order, Error> {
+//!     let done = Order::modify_pooled(pool, &id, &RetryPolicy::default(), move |order| {
+//!         order.name = name.clone();
+//!         Ok::<_, Error>(())
+//!     })
+//!     .await?;
+//!     Ok(done.row)
+//! }
+//! ```
 //!
 //! The statements, the checks made before sending, the judgement of an answer and the
 //! classification of errors are the blocking path's own; on PostgreSQL and MySQL only the
@@ -21,14 +36,18 @@
 //!   deadpool discard such a connection (closing it ends the transaction on the server),
 //!   and the library sends nothing more on it ([`Error::Database`](crate::Error) with
 //!   diesel's `BrokenTransactionManager`). A connection of your own must then be dropped.
+//! - on MySQL, whose client cannot drop a statement half read, any call dropped before it
+//!   ended marks the connection broken the same way;
 //! - on SQLite the call runs to its end on the connection's thread, then the result is
-//!   dropped.
+//!   dropped (diesel-async waits for that thread when the future is dropped, which needs
+//!   tokio's multi-thread runtime).
 
 mod connection;
 mod entity;
 mod executor;
 mod modify;
 mod send;
+mod source;
 #[cfg(feature = "sqlite")]
 mod sqlite;
 mod transaction;
@@ -37,6 +56,7 @@ pub use connection::{NativeAsync, NativeAsyncConnection};
 pub use entity::{AsyncDeleteRow, AsyncGuardedWrite, AsyncUpdateRow};
 pub use modify::{AsyncGuardedModify, AsyncModifyRow};
 pub use send::{AsyncComplete, AsyncLoadByKey, AsyncReadsBack};
+pub use source::AsyncConnectionSource;
 
 /// The async traits, to import with `use diesel_occ::asynchronous::prelude::*`.
 pub mod prelude {

@@ -3,6 +3,7 @@
 //! the waits between attempts slept on tokio's timer.
 
 use std::future::Future;
+use std::ops::DerefMut;
 
 use diesel_async::AsyncConnection;
 
@@ -11,6 +12,7 @@ use super::connection::{
 };
 use super::entity::{write_and_record, AsyncUpdateRow};
 use super::send::AsyncLoadByKey;
+use super::source::AsyncConnectionSource;
 use super::transaction::{Call, OwnTransaction};
 use crate::connect::transaction::LostCommit;
 use crate::error::Error;
@@ -42,6 +44,25 @@ pub trait AsyncGuardedModify: Guarded + Clone {
     {
         Self::modify_row(conn, key, policy, change)
     }
+
+    /// [`modify`](Self::modify) with a connection from `pool` (bb8, deadpool: any
+    /// [`AsyncConnectionSource`]) for each attempt, so that a connection that died is
+    /// replaced and the waits between attempts hold none; see
+    /// [`GuardedModify::modify_pooled`](crate::GuardedModify::modify_pooled). On SQLite
+    /// one connection serves the call.
+    fn modify_pooled<'a, S, F, R, E>(
+        pool: &'a S,
+        key: &'a Self::Key,
+        policy: &'a RetryPolicy,
+        change: F,
+    ) -> impl Future<Output = Result<Modified<Self, R>, E>> + Send + 'a
+    where
+        S: AsyncConnectionSource,
+        Self: AsyncModifyRow<S::Connection, F, R, E>,
+        F: FnMut(&mut Self) -> Result<R, E> + 'a,
+    {
+        Self::modify_pooled_row(pool, key, policy, change)
+    }
 }
 
 impl<T: Guarded + Clone> AsyncGuardedModify for T {}
@@ -63,14 +84,77 @@ pub trait AsyncModifyRow<C, F, R, E>: Guarded {
     ) -> impl Future<Output = Result<Modified<Self, R>, E>> + Send + 'a
     where
         F: 'a;
+
+    /// Runs the read-modify-write on connections from `pool`.
+    #[doc(hidden)]
+    fn modify_pooled_row<'a, S>(
+        pool: &'a S,
+        key: &'a Self::Key,
+        policy: &'a RetryPolicy,
+        change: F,
+    ) -> impl Future<Output = Result<Modified<Self, R>, E>> + Send + 'a
+    where
+        S: AsyncConnectionSource<Connection = C>,
+        F: 'a;
+}
+
+/// Where the attempts of a read-modify-write get their connection: the caller's, or a
+/// pool's for each attempt.
+trait Attempts<C>: Send {
+    /// Whether each attempt gets a connection of its own, so that one whose connection
+    /// died before its `COMMIT` (nothing written) can run again on another.
+    const FRESH_PER_ATTEMPT: bool;
+
+    /// A connection for one attempt.
+    type Conn: DerefMut<Target = C> + Send;
+
+    /// The connection of the next attempt.
+    fn next(&mut self) -> impl Future<Output = Result<Self::Conn, Error>> + Send;
+
+    /// Hands the attempt's connection back (to the caller's hold, or the pool).
+    fn give_back(&mut self, conn: Self::Conn);
+}
+
+/// Every attempt on the caller's connection.
+struct Caller<'c, C>(Option<&'c mut C>);
+
+impl<'c, C: AsyncConnection> Attempts<C> for Caller<'c, C> {
+    const FRESH_PER_ATTEMPT: bool = false;
+    type Conn = &'c mut C;
+
+    async fn next(&mut self) -> Result<&'c mut C, Error> {
+        Ok(self
+            .0
+            .take()
+            .expect("each attempt gives the connection back"))
+    }
+
+    fn give_back(&mut self, conn: &'c mut C) {
+        self.0 = Some(conn);
+    }
+}
+
+/// Each attempt checks a connection out of the pool.
+struct FromPool<'p, S>(&'p S);
+
+impl<'p, S: AsyncConnectionSource> Attempts<S::Connection> for FromPool<'p, S> {
+    const FRESH_PER_ATTEMPT: bool = true;
+    type Conn = S::Checkout<'p>;
+
+    async fn next(&mut self) -> Result<S::Checkout<'p>, Error> {
+        self.0.checkout().await
+    }
+
+    fn give_back(&mut self, conn: S::Checkout<'p>) {
+        drop(conn);
+    }
 }
 
 impl<T, C, F, R, E> AsyncModifyRow<C, F, R, E> for T
 where
     T: AsyncLoadByKey<C> + AsyncUpdateRow<C, <T as Guarded>::Changes> + Clone,
     T::Changes: Send,
-    C: AsyncConnection,
-    C: NativeAsyncConnection,
+    C: NativeAsyncConnection + 'static,
     C::Backend: NativeAsync,
     F: FnMut(&mut T) -> Result<R, E> + Send,
     R: Send + 'static,
@@ -80,7 +164,7 @@ where
         conn: &'a mut C,
         key: &'a T::Key,
         policy: &'a RetryPolicy,
-        mut change: F,
+        change: F,
     ) -> Result<Modified<T, R>, E>
     where
         F: 'a,
@@ -88,28 +172,68 @@ where
         refuse_broken(conn)?;
         // Inside the caller's transaction a retry could not undo the caller's earlier work.
         let nested = in_transaction(conn);
-        let policy = if nested {
-            policy.clone().max_attempts(1)
-        } else {
-            policy.clone()
-        };
-        let contended = Contended::of(&policy, <T as AsyncLoadByKey<C>>::table_name(), key);
-        let suspects = T::GUARD_COLUMNS.join(", ");
-        let mut run = policy.start();
-        loop {
-            let lock = contended.lock_for(run.number());
-            let mut call = Call::start(&mut *conn);
-            let result = attempt(call.conn(), key, lock, &suspects, nested, &mut change).await;
-            match call.finish(contended.settle(result, false)) {
-                Ok((row, token, value)) => {
-                    return Ok(Modified {
-                        row,
-                        token,
-                        value,
-                        attempts: run.number(),
-                    })
-                }
-                Err(stop) => tokio::time::sleep(run.wait_after(stop)?).await,
+        modify_with(Caller(Some(conn)), nested, key, policy, change).await
+    }
+
+    async fn modify_pooled_row<'a, S>(
+        pool: &'a S,
+        key: &'a T::Key,
+        policy: &'a RetryPolicy,
+        change: F,
+    ) -> Result<Modified<T, R>, E>
+    where
+        S: AsyncConnectionSource<Connection = C>,
+        F: 'a,
+    {
+        modify_with(FromPool(pool), false, key, policy, change).await
+    }
+}
+
+/// The attempts of a read-modify-write on connections from `attempts`, retried by
+/// `policy` (once only when `nested` in the caller's transaction).
+async fn modify_with<T, C, A, F, R, E>(
+    mut attempts: A,
+    nested: bool,
+    key: &T::Key,
+    policy: &RetryPolicy,
+    mut change: F,
+) -> Result<Modified<T, R>, E>
+where
+    T: AsyncLoadByKey<C> + AsyncUpdateRow<C, <T as Guarded>::Changes> + Clone,
+    T::Changes: Send,
+    C: NativeAsyncConnection,
+    C::Backend: NativeAsync,
+    A: Attempts<C>,
+    F: FnMut(&mut T) -> Result<R, E> + Send,
+    R: Send,
+    E: From<Error> + Send,
+{
+    let policy = if nested {
+        policy.clone().max_attempts(1)
+    } else {
+        policy.clone()
+    };
+    let contended = Contended::of(&policy, <T as AsyncLoadByKey<C>>::table_name(), key);
+    let suspects = T::GUARD_COLUMNS.join(", ");
+    let mut run = policy.start();
+    loop {
+        let lock = contended.lock_for(run.number());
+        let mut conn = attempts.next().await?;
+        let mut call = Call::start(&mut *conn);
+        let result = attempt(call.conn(), key, lock, &suspects, nested, &mut change).await;
+        match call.finish(contended.settle(result, A::FRESH_PER_ATTEMPT)) {
+            Ok((row, token, value)) => {
+                return Ok(Modified {
+                    row,
+                    token,
+                    value,
+                    attempts: run.number(),
+                })
+            }
+            Err(stop) => {
+                // The connection goes back to a pool before the wait.
+                attempts.give_back(conn);
+                tokio::time::sleep(run.wait_after(stop)?).await
             }
         }
     }

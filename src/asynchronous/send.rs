@@ -209,7 +209,7 @@ where
 }
 
 /// No `RETURNING`: the statement, then `SELECT <Col>` of its row, in one transaction.
-#[cfg(feature = "mysql")]
+#[cfg(feature = "async-mysql")]
 impl<C, T, Changes, Advance, Key, Guard, Col, Tok>
     AsyncReadsBack<
         C,

@@ -11,6 +11,7 @@ use diesel_async::sync_connection_wrapper::SyncConnectionWrapper;
 
 use super::entity::{AsyncDeleteRow, AsyncUpdateRow};
 use super::modify::AsyncModifyRow;
+use super::source::AsyncConnectionSource;
 use crate::error::Error;
 use crate::guard::{Guarded, TokenOf};
 use crate::retry::RetryPolicy;
@@ -96,5 +97,19 @@ where
     {
         let (key, policy) = (key.clone(), policy.clone());
         on_thread(conn, move |conn| T::modify(conn, &key, &policy, change))
+    }
+
+    async fn modify_pooled_row<'a, S>(
+        pool: &'a S,
+        key: &'a T::Key,
+        policy: &'a RetryPolicy,
+        change: F,
+    ) -> Result<Modified<T, R>, E>
+    where
+        S: AsyncConnectionSource<Connection = AsyncSqlite>,
+        F: 'a,
+    {
+        let mut conn = pool.checkout().await?;
+        Self::modify_row(&mut conn, key, policy, change).await
     }
 }

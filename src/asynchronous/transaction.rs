@@ -35,7 +35,7 @@ impl<'c, C: AsyncConnection> OwnTransaction<'c, C> {
     }
 
     /// [`begin`](Self::begin), with diesel's error as it is.
-    #[cfg(feature = "mysql")]
+    #[cfg(feature = "async-mysql")]
     pub(crate) async fn begin_raw(conn: &'c mut C) -> QueryResult<Self> {
         let mut transaction = OwnTransaction::unsettled(conn);
         transaction.start().await.map(|()| transaction)

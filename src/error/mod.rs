@@ -602,7 +602,7 @@ pub(crate) fn connection_lost(error: &DieselError) -> bool {
 
 /// How the client libraries (and PostgreSQL for a terminated session) word a connection
 /// that died; see [`connection_lost`].
-const LOST_CONNECTION_TEXTS: [&str; 10] = [
+const LOST_CONNECTION_TEXTS: [&str; 14] = [
     // libmysqlclient / libmariadb: CR_SERVER_LOST (2013), CR_SERVER_GONE_ERROR (2006).
     "Lost connection to",
     "MySQL server has gone away",
@@ -616,6 +616,12 @@ const LOST_CONNECTION_TEXTS: [&str; 10] = [
     "no connection to the server",
     // PostgreSQL 57P01.
     "terminating connection due to administrator command",
+    // tokio-postgres (diesel-async): the socket closed, or failed.
+    "connection closed",
+    "error communicating with the server",
+    // mysql_async (diesel-async): the socket failed, or MariaDB killed the session (1927).
+    "Input/output error",
+    "Connection was killed",
 ];
 
 #[cfg(test)]

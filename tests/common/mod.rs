@@ -13,7 +13,10 @@ pub mod deadpool;
 pub mod faults;
 pub mod fenced;
 pub mod models;
-#[cfg(feature = "async")]
+#[cfg(all(
+    feature = "async",
+    any(not(feature = "mysql"), feature = "async-mysql")
+))]
 pub mod paths;
 pub mod schema;
 pub mod slow_link;

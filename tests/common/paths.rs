@@ -95,7 +95,7 @@ impl AsyncOf for diesel::PgConnection {
     }
 }
 
-#[cfg(feature = "mysql")]
+#[cfg(feature = "async-mysql")]
 impl AsyncOf for diesel::MysqlConnection {
     type Async = diesel_async::AsyncMysqlConnection;
     fn connect(url: &str, runtime: &tokio::runtime::Runtime) -> Self::Async {
@@ -239,7 +239,7 @@ writes_for!(
     diesel_occ::Pooled<diesel::PgConnection>,
     diesel_async::AsyncPgConnection
 );
-#[cfg(feature = "mysql")]
+#[cfg(feature = "async-mysql")]
 writes_for!(
     diesel_occ::Pooled<diesel::MysqlConnection>,
     diesel_async::AsyncMysqlConnection

@@ -1,0 +1,296 @@
+//! diesel-async pools (bb8, deadpool) wherever the async API takes a pool: 8 request tasks
+//! sharing one pool lose no change, and an exhausted pool is `Error::Pool` keeping the
+//! pool's own error, with nothing written. Checked from the database.
+
+#![cfg(all(
+    feature = "bb8",
+    feature = "async-deadpool",
+    any(not(feature = "mysql"), feature = "async-mysql")
+))]
+
+mod common;
+
+use std::time::Duration;
+
+use common::models::Order;
+use common::paths::{add_one_to, AsyncOf};
+use common::schema::orders;
+use diesel::prelude::*;
+use diesel_async::pooled_connection::{AsyncDieselConnectionManager, ManagerConfig};
+use diesel_occ::asynchronous::prelude::*;
+use diesel_occ::asynchronous::AsyncConnectionSource;
+use diesel_occ::{Error, RetryPolicy};
+
+for_each_backend! {
+    type Async_ = <Conn as AsyncOf>::Async;
+
+    fn manager(db: &common::TestDb<Conn>) -> AsyncDieselConnectionManager<Async_> {
+        let mut config = ManagerConfig::default();
+        if BACKEND == "sqlite" {
+            // As the test pools: writers wait for the write lock rather than fail.
+            config.custom_setup = Box::new(|url| {
+                Box::pin(async move {
+                    use diesel_async::{AsyncConnection, SimpleAsyncConnection};
+                    let mut conn = Async_::establish(url).await?;
+                    conn.batch_execute("PRAGMA busy_timeout = 60000").await
+                        .map_err(diesel::ConnectionError::CouldntSetupConfiguration)?;
+                    Ok(conn)
+                })
+            });
+        }
+        AsyncDieselConnectionManager::new_with_config(&db.url, config)
+    }
+
+    fn seeded() -> Option<common::TestDb<Conn>> {
+        let db = db()?;
+        diesel::insert_into(orders::table).values(&Order::new(1, "new")).execute(&mut db.conn()).unwrap();
+        Some(db)
+    }
+
+    /// 8 tasks on a multi-thread runtime, 10 read-modify-writes each through `pool`.
+    async fn eight_tasks<S: AsyncConnectionSource + Send + Sync + 'static>(pool: std::sync::Arc<S>)
+    where
+        Order: diesel_occ::asynchronous::AsyncModifyRow<S::Connection, fn(&mut Order) -> Result<(), Error>, (), Error>,
+    {
+        let policy = RetryPolicy::default().max_attempts(200);
+        let tasks: Vec<_> = (0..8)
+            .map(|_| {
+                let (pool, policy) = (pool.clone(), policy.clone());
+                tokio::spawn(async move {
+                    for _ in 0..10 {
+                        let change: fn(&mut Order) -> Result<(), Error> = |o| add_one_to(o, "x");
+                        Order::modify_pooled(&*pool, &1, &policy, change).await.unwrap();
+                    }
+                })
+            })
+            .collect();
+        for task in tasks {
+            task.await.unwrap();
+        }
+    }
+
+    fn check_eighty_landed(db: &common::TestDb<Conn>) {
+        let row = orders::table.find(1).select(Order::as_select()).first(&mut db.conn()).unwrap();
+        assert_eq!((row.quantity, row.note.len(), row.version), (81, 83, 80));
+    }
+
+    #[test]
+    fn bb8_pool_serves_eight_tasks_without_losing_a_change() {
+        let Some(db) = seeded() else { return };
+        let runtime = common::paths::runtime();
+        runtime.block_on(async {
+            let pool = diesel_async::pooled_connection::bb8::Pool::builder()
+                .max_size(4)
+                .build(manager(&db))
+                .await
+                .unwrap();
+            eight_tasks(std::sync::Arc::new(pool)).await;
+        });
+        check_eighty_landed(&db);
+    }
+
+    #[test]
+    fn deadpool_serves_eight_tasks_without_losing_a_change() {
+        let Some(db) = seeded() else { return };
+        let runtime = common::paths::runtime();
+        runtime.block_on(async {
+            let pool = diesel_async::pooled_connection::deadpool::Pool::builder(manager(&db))
+                .max_size(4)
+                .build()
+                .unwrap();
+            eight_tasks(std::sync::Arc::new(pool)).await;
+        });
+        check_eighty_landed(&db);
+    }
+
+    #[test]
+    fn an_exhausted_pool_is_a_pool_error_that_keeps_its_source_and_writes_nothing() {
+        let Some(db) = seeded() else { return };
+        let runtime = common::paths::runtime();
+        runtime.block_on(async {
+            let pool = diesel_async::pooled_connection::bb8::Pool::builder()
+                .max_size(1)
+                .connection_timeout(Duration::from_millis(100))
+                .build(manager(&db))
+                .await
+                .unwrap();
+            let _held = pool.get().await.unwrap();
+            let result = Order::modify_pooled(&pool, &1, &RetryPolicy::default(), |o| add_one_to(o, "x")).await;
+            let Err(Error::Pool(source)) = result else { panic!("expected a pool error, got {result:?}") };
+            assert!(source.downcast_ref::<diesel_async::pooled_connection::bb8::RunError>().is_some(), "{source}");
+        });
+        let row = orders::table.find(1).select(Order::as_select()).first(&mut db.conn()).unwrap();
+        assert_eq!(row.version, 0);
+    }
+}
+
+/// Server sessions of a bb8 pool killed at random while 4 tasks run read-modify-writes
+/// through it (PostgreSQL, MariaDB): each call lands once or says it may have
+/// (`Ambiguous`), attempts that lost their connection before the `COMMIT` run again on
+/// another, and the row's counters agree with each other and with the outcomes.
+mod killed_sessions {
+    use super::*;
+    use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+    use std::sync::Arc;
+
+    #[derive(QueryableByName)]
+    struct Session {
+        #[diesel(sql_type = diesel::sql_types::BigInt)]
+        id: i64,
+    }
+
+    /// Kills one session listed by `list` on `admin` every few milliseconds until `done`;
+    /// returns how many it killed.
+    fn killer<C: diesel::Connection + diesel::connection::LoadConnection>(
+        mut admin: C,
+        list: String,
+        kill: fn(i64) -> String,
+        done: Arc<AtomicBool>,
+    ) -> u32
+    where
+        diesel::query_builder::SqlQuery: diesel::query_dsl::LoadQuery<'static, C, Session>,
+    {
+        let (mut kills, mut seed) = (0, 11_u64);
+        while !done.load(Ordering::Relaxed) {
+            let sessions = diesel::sql_query(&list)
+                .load::<Session>(&mut admin)
+                .unwrap();
+            if !sessions.is_empty() {
+                seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1);
+                let victim = sessions[(seed >> 33) as usize % sessions.len()].id;
+                if admin.batch_execute(&kill(victim)).is_ok() {
+                    kills += 1;
+                }
+            }
+            std::thread::sleep(Duration::from_millis(15));
+        }
+        kills
+    }
+
+    /// Runs the test with the killer on `$admin` and a bb8 pool of `$async` on `$url`.
+    macro_rules! killed_run {
+        ($async:ty, $url:expr, $admin:expr, $list:expr, $kill:expr, $check:expr) => {{
+            let done = Arc::new(AtomicBool::new(false));
+            let killing = {
+                let (done, admin, list) = (done.clone(), $admin, $list);
+                std::thread::spawn(move || killer(admin, list, $kill, done))
+            };
+            let (landed, ambiguous) = (Arc::new(AtomicU32::new(0)), Arc::new(AtomicU32::new(0)));
+            let runtime = common::paths::runtime();
+            runtime.block_on(async {
+                let pool = Arc::new(
+                    diesel_async::pooled_connection::bb8::Pool::builder()
+                        .max_size(4)
+                        .build(AsyncDieselConnectionManager::<$async>::new($url))
+                        .await
+                        .unwrap(),
+                );
+                let policy = RetryPolicy::default().max_attempts(100);
+                let tasks: Vec<_> = (0..4)
+                    .map(|_| {
+                        let (pool, policy, landed, ambiguous) = (
+                            pool.clone(),
+                            policy.clone(),
+                            landed.clone(),
+                            ambiguous.clone(),
+                        );
+                        tokio::spawn(async move {
+                            for _ in 0..50 {
+                                let change = |o: &mut Order| add_one_to(o, "x");
+                                match Order::modify_pooled(&*pool, &1, &policy, change).await {
+                                    Ok(_) => landed.fetch_add(1, Ordering::Relaxed),
+                                    Err(Error::Ambiguous { .. }) => {
+                                        ambiguous.fetch_add(1, Ordering::Relaxed)
+                                    }
+                                    // The pool could not connect in time while sessions died.
+                                    Err(Error::Pool(_)) => 0,
+                                    Err(other) => panic!("{other:?}"),
+                                };
+                            }
+                        })
+                    })
+                    .collect();
+                for task in tasks {
+                    task.await.unwrap();
+                }
+            });
+            done.store(true, Ordering::Relaxed);
+            let kills = killing.join().unwrap();
+            let (landed, ambiguous) = (
+                landed.load(Ordering::Relaxed),
+                ambiguous.load(Ordering::Relaxed),
+            );
+            let row: Order = $check;
+            eprintln!("kills {kills}, landed {landed}, ambiguous {ambiguous}, row {row:?}");
+            assert!(kills > 0, "no session was killed");
+            assert_eq!(i64::from(row.quantity) - 1, row.version, "{row:?}");
+            assert_eq!(row.note.len() as i64 - 3, row.version, "{row:?}");
+            assert!(
+                row.version >= i64::from(landed),
+                "a landed change is missing: {row:?}"
+            );
+            assert!(
+                row.version <= i64::from(landed + ambiguous),
+                "a change landed twice: {row:?}"
+            );
+        }};
+    }
+
+    #[cfg(feature = "postgres")]
+    #[test]
+    fn postgres() {
+        let Some(db) = common::postgres() else { return };
+        diesel::insert_into(orders::table)
+            .values(&Order::new(1, "new"))
+            .execute(&mut db.conn())
+            .unwrap();
+        let name = format!("occ_killed_{}", std::process::id());
+        let url = format!("{}&application_name={name}", db.url);
+        let list = format!("SELECT CAST(pid AS BIGINT) AS id FROM pg_stat_activity WHERE application_name = '{name}'");
+        let admin = <diesel::PgConnection as diesel::Connection>::establish(&db.url).unwrap();
+        let kill: fn(i64) -> String = |id| format!("SELECT pg_terminate_backend({id})");
+        killed_run!(
+            diesel_async::AsyncPgConnection,
+            url,
+            admin,
+            list,
+            kill,
+            orders::table
+                .find(1)
+                .select(Order::as_select())
+                .first(&mut db.conn())
+                .unwrap()
+        );
+    }
+
+    #[cfg(feature = "async-mysql")]
+    #[test]
+    fn mysql() {
+        let Some(db) = common::mysql() else { return };
+        diesel::insert_into(orders::table)
+            .values(&Order::new(1, "new"))
+            .execute(&mut db.conn())
+            .unwrap();
+        let admin = <diesel::MysqlConnection as diesel::Connection>::establish(&db.url).unwrap();
+        let list = "SELECT CAST(ID AS SIGNED) AS id FROM information_schema.PROCESSLIST \
+                    WHERE DB = DATABASE() AND ID <> CONNECTION_ID() AND USER <> 'system user'"
+            .to_string();
+        let kill: fn(i64) -> String = |id| format!("KILL {id}");
+        killed_run!(
+            diesel_async::AsyncMysqlConnection,
+            db.url.clone(),
+            admin,
+            list,
+            kill,
+            orders::table
+                .find(1)
+                .select(Order::as_select())
+                // A new session: the killer may have ended the pool's idle ones.
+                .first(
+                    &mut <diesel::MysqlConnection as diesel::Connection>::establish(&db.url)
+                        .unwrap()
+                )
+                .unwrap()
+        );
+    }
+}
