@@ -347,6 +347,7 @@ pub(crate) struct Run<'p> {
 
 impl Run<'_> {
     /// The attempt about to run or running, from 1.
+    #[cfg(feature = "async")]
     pub(crate) fn number(&self) -> u32 {
         self.number
     }

@@ -9,7 +9,7 @@
 
 mod common;
 
-use common::models::{Order, OrderPatch};
+use common::models::{Order, OrderPatch, OrderState};
 use common::paths::{Async, AsyncOf, Blocking, Writes};
 use common::schema::orders;
 use diesel::prelude::*;
@@ -110,6 +110,74 @@ fn modify_writes_once_and_reports_a_missing_row<W: Writes>(w: &mut W) {
     ));
 }
 
+fn transitions_move_once_and_explain_every_refusal<W: Writes>(w: &mut W) {
+    let mut copy = w.load_tracked(1).unwrap();
+    let mut stale = copy.clone();
+    assert_eq!(
+        w.transition(&mut copy, OrderState::Shipped).unwrap(),
+        1,
+        "{}",
+        W::PATH
+    );
+    assert_eq!((copy.status, copy.version), (OrderState::Shipped, 1));
+    assert_eq!(w.load_tracked(1).unwrap(), copy);
+    // The stale copy's state no longer allows the move: the state speaks first.
+    let Err(Error::InvalidTransition(refused)) = w.transition(&mut stale, OrderState::Cancelled)
+    else {
+        panic!("a cancel after the ship must be refused")
+    };
+    assert_eq!(
+        (refused.from.as_str(), refused.to.as_str()),
+        ("shipped", "canceled")
+    );
+    assert_eq!(
+        stale.status,
+        OrderState::Valid,
+        "a refused move leaves the copy as it was"
+    );
+    assert!(matches!(
+        w.transition_by_key(1, OrderState::Cancelled),
+        Err(Error::InvalidTransition(_))
+    ));
+    // A condition the row does not meet is named.
+    let Err(Error::InvalidTransition(unmet)) =
+        w.transition_if_more_than(&mut copy, OrderState::Delivered, 5)
+    else {
+        panic!("a move short of its condition must be refused")
+    };
+    assert!(
+        unmet
+            .unmet
+            .as_deref()
+            .is_some_and(|sql| sql.contains("quantity")),
+        "{unmet:?}"
+    );
+    assert_eq!(
+        w.transition_if_more_than(&mut copy, OrderState::Delivered, 0)
+            .unwrap(),
+        2
+    );
+    assert!(matches!(
+        w.transition_by_key(9, OrderState::Held),
+        Err(Error::NotFound { .. })
+    ));
+    let row = w.load_tracked(1).unwrap();
+    assert_eq!((row.status, row.version), (OrderState::Delivered, 2));
+}
+
+fn a_stale_copy_in_an_allowed_state_conflicts<W: Writes>(w: &mut W) {
+    let mut copy = w.load_tracked(1).unwrap();
+    let mut stale = copy.clone();
+    w.transition(&mut copy, OrderState::Held).unwrap();
+    w.transition(&mut copy, OrderState::Valid).unwrap();
+    // Valid again, two versions on: the state allows the move, the token does not (ABA).
+    assert!(matches!(
+        w.transition(&mut stale, OrderState::Shipped),
+        Err(Error::Conflict(_))
+    ));
+    assert_eq!(w.transition_by_key(1, OrderState::Shipped).unwrap(), 3);
+}
+
 for_each_backend! {
     type Async_ = <Conn as AsyncOf>::Async;
     type Pool = r2d2::Pool<diesel_occ::CheckedManager<Conn>>;
@@ -149,8 +217,66 @@ for_each_backend! {
         update_advances_and_a_stale_copy_conflicts,
         by_key_writes_give_each_outcome,
         saves_record_the_token_and_refuse_a_stale_original,
-        modify_writes_once_and_reports_a_missing_row
+        modify_writes_once_and_reports_a_missing_row,
+        transitions_move_once_and_explain_every_refusal,
+        a_stale_copy_in_an_allowed_state_conflicts
     );
+
+    /// A cancel and a ship race on each of 20 orders, on two writers of a kind: exactly
+    /// one wins each race, and the row is in the winner's state at version 1.
+    fn cancel_vs_ship<W: Writes + Send>(pool: &Pool, writer: impl Fn() -> W + Sync) {
+        let ids: Vec<i64> = (2..22).collect();
+        {
+            let conn = &mut pool.get().unwrap();
+            let rows: Vec<Order> = ids.iter().map(|id| Order::new(*id, "race")).collect();
+            diesel::insert_into(orders::table).values(&rows).execute(conn).unwrap();
+        }
+        let start = std::sync::Barrier::new(2);
+        let wins: Vec<Vec<bool>> = std::thread::scope(|s| {
+            let racers: Vec<_> = [OrderState::Cancelled, OrderState::Shipped]
+                .into_iter()
+                .map(|to| {
+                    let (start, writer, ids) = (&start, &writer, &ids);
+                    s.spawn(move || {
+                        let mut w = writer();
+                        start.wait();
+                        ids.iter()
+                            .map(|id| match w.transition_by_key(*id, to) {
+                                Ok(token) => { assert_eq!(token, 1); true }
+                                Err(Error::InvalidTransition(_)) => false,
+                                Err(other) => panic!("{other:?}"),
+                            })
+                            .collect()
+                    })
+                })
+                .collect();
+            racers.into_iter().map(|r| r.join().unwrap()).collect()
+        });
+        let mut check = Blocking(pool.get().unwrap());
+        for (i, id) in ids.iter().enumerate() {
+            assert!(wins[0][i] ^ wins[1][i], "order {id}: exactly one winner, {}", W::PATH);
+            let row = check.load_tracked(*id).unwrap();
+            let winner = if wins[0][i] { OrderState::Cancelled } else { OrderState::Shipped };
+            assert_eq!((row.status, row.version), (winner, 1));
+        }
+    }
+
+    #[test]
+    fn cancel_vs_ship_blocking() {
+        let Some(db) = seeded() else { return };
+        let pool = &db.pool;
+        cancel_vs_ship(pool, || Blocking(pool.get().unwrap()));
+    }
+
+    #[test]
+    fn cancel_vs_ship_async() {
+        let Some(db) = seeded() else { return };
+        let (pool, url) = (&db.pool, &db.url);
+        cancel_vs_ship(pool, || {
+            let runtime = common::paths::runtime();
+            Async { conn: Conn::connect(url, &runtime), runtime }
+        });
+    }
 
     /// 8 writers add one to the same row 10 times each, every one retrying its conflicts:
     /// nothing is lost, and every change moved the version once.

@@ -268,7 +268,10 @@ where
 
 /// The blocking path's check that a time token's column keeps every digit, with the
 /// column's declared digits read over `conn`.
-async fn check_stored_precision<T, C>(conn: &mut C, table: &'static str) -> Result<(), Error>
+pub(crate) async fn check_stored_precision<T, C>(
+    conn: &mut C,
+    table: &'static str,
+) -> Result<(), Error>
 where
     T: Guarded,
     C: AsyncConnection,

@@ -51,14 +51,16 @@ mod source;
 #[cfg(feature = "sqlite")]
 mod sqlite;
 mod transaction;
+mod transition;
 
 pub use connection::{NativeAsync, NativeAsyncConnection};
 pub use entity::{AsyncDeleteRow, AsyncGuardedWrite, AsyncUpdateRow};
 pub use modify::{AsyncGuardedModify, AsyncModifyRow};
 pub use send::{AsyncComplete, AsyncLoadByKey, AsyncReadsBack};
 pub use source::AsyncConnectionSource;
+pub use transition::{AsyncGuardedTransition, AsyncTransitionByKey, AsyncTransitionRow};
 
 /// The async traits, to import with `use diesel_occ::asynchronous::prelude::*`.
 pub mod prelude {
-    pub use super::{AsyncGuardedModify, AsyncGuardedWrite};
+    pub use super::{AsyncGuardedModify, AsyncGuardedTransition, AsyncGuardedWrite};
 }

@@ -12,9 +12,11 @@ use diesel_async::sync_connection_wrapper::SyncConnectionWrapper;
 use super::entity::{AsyncDeleteRow, AsyncUpdateRow};
 use super::modify::AsyncModifyRow;
 use super::source::AsyncConnectionSource;
+use super::transition::{AsyncTransitionByKey, AsyncTransitionRow};
 use crate::error::Error;
 use crate::guard::{Guarded, TokenOf};
 use crate::retry::RetryPolicy;
+use crate::status::transition::{retried_by_key, TransitionByKey, TransitionRow};
 use crate::write::entity::{DeleteRow, UpdateRow};
 use crate::write::modify::{GuardedModify, Modified};
 
@@ -111,5 +113,62 @@ where
     {
         let mut conn = pool.checkout().await?;
         Self::modify_row(&mut conn, key, policy, change).await
+    }
+}
+
+impl<T, Ch, G> AsyncTransitionRow<AsyncSqlite, Ch, G> for T
+where
+    T: TransitionRow<SqliteConnection, Ch, G> + Clone,
+    Ch: Send + 'static,
+    G: Send + 'static,
+{
+    fn transition_row<'a>(
+        &'a mut self,
+        conn: &'a mut AsyncSqlite,
+        to: T::Status,
+        extra: Ch,
+        sources: &'static [T::Status],
+        condition: G,
+    ) -> impl Future<Output = Result<TokenOf<T>, Error>> + Send + 'a
+    where
+        Ch: 'a,
+        G: 'a,
+    {
+        let mut row = self.clone();
+        let moved = on_thread(conn, move |conn| {
+            let token = row.transition_row(conn, to, extra, sources, condition)?;
+            Ok::<_, Error>((token, row))
+        });
+        async move {
+            // A move that did not happen leaves the copy as it was.
+            let (token, row) = moved.await?;
+            *self = row;
+            Ok(token)
+        }
+    }
+}
+
+impl<T, Ch, G> AsyncTransitionByKey<AsyncSqlite, Ch, G> for T
+where
+    T: TransitionByKey<SqliteConnection, Ch, G>,
+    Ch: Clone + Send + 'static,
+    G: Clone + Send + 'static,
+{
+    fn transition_by_key_row<'a>(
+        conn: &'a mut AsyncSqlite,
+        key: &'a T::Key,
+        to: T::Status,
+        extra: Ch,
+        condition: G,
+        policy: &'a RetryPolicy,
+    ) -> impl Future<Output = Result<TokenOf<T>, Error>> + Send + 'a
+    where
+        Ch: 'a,
+        G: 'a,
+    {
+        let (key, policy) = (key.clone(), policy.clone());
+        on_thread(conn, move |conn| {
+            retried_by_key::<T, _, Ch, G>(conn, &key, to, extra, condition, &policy)
+        })
     }
 }

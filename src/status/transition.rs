@@ -46,7 +46,7 @@ use crate::sql::statement::{And, Assignments, ColumnEq, Comma, GuardedUpdate, Jo
 use crate::status::condition::{TransitionCondition, When};
 use crate::status::{HasStatus, Status, StatusIn};
 use crate::write::entity::{
-    advance_from, unreadable_in, write_by_key, KeyWriteOf, LoadByKey, RowMoved,
+    advance_from_in, unreadable_in, unreadable_row, write_by_key, KeyWriteOf, LoadByKey, RowMoved,
 };
 use crate::write::executor::{
     classify, refuse_status_write, CannotMiss, CompareAndSet, Matches, Miss,
@@ -212,35 +212,98 @@ where
         condition: G,
     ) -> Result<TokenOf<T>, Error> {
         check_stored_precision::<T, C>(conn)?;
-        let (key, expected) = (self.key(), self.token());
-        let (advance, next) = advance_from::<T, C>(&key, &expected)?;
-        let stamp = T::stamp();
+        let plan = CopyMove::of(self, to);
+        let (statement, next) = plan.statement::<C::Backend, Ch, G>(
+            T::table_name(),
+            extra,
+            sources,
+            condition.clone(),
+        )?;
+        let miss = plan.miss(sources, condition);
+        let written = CompareAndSet::one(statement, T::table_name(), &plan.key, miss)
+            .run::<C, CompletionOf<T>, TokenOf<T>>(conn)?;
+        Ok(plan.record(self, written.token.unwrap_or(next)))
+    }
+}
+
+/// A transition of entity `T` with extra changes `Ch` under condition `G`, and the token
+/// it moves the row to.
+pub(crate) type TransitionAndNext<T, Ch, G> = (
+    TransitionOf<T, <Ch as AsChangeset>::Changeset, G>,
+    TokenOf<T>,
+);
+
+/// The move of a loaded copy to `to`: its key, its token and the stamp the move writes.
+/// What the sync and the async transitions share.
+pub(crate) struct CopyMove<T: HasStatus> {
+    pub(crate) key: T::Key,
+    expected: TokenOf<T>,
+    stamp: T::Stamp,
+    to: T::Status,
+}
+
+impl<T: HasStatus> CopyMove<T> {
+    /// The move of `row` to `to`.
+    pub(crate) fn of(row: &T, to: T::Status) -> Self {
+        CopyMove {
+            key: row.key(),
+            expected: row.token(),
+            stamp: T::stamp(),
+            to,
+        }
+    }
+
+    /// The statement (of `table`) that moves the row from one of `sources` under
+    /// `condition`, with `extra` changes, and the token it moves the row to when the
+    /// guard computes it. [`Error::VersionOverflow`] or [`Error::StatusNotWritable`]
+    /// before anything is sent.
+    pub(crate) fn statement<DB, Ch, G>(
+        &self,
+        table: &'static str,
+        extra: Ch,
+        sources: &'static [T::Status],
+        condition: G,
+    ) -> Result<TransitionAndNext<T, Ch, G>, Error>
+    where
+        Ch: AsChangeset<Target = T::Table>,
+        TransitionOf<T, Ch::Changeset, G>: Assignments<DB>,
+    {
+        let (advance, next) = advance_from_in::<T>(table, &self.key, &self.expected)?;
         let statement = TransitionOf::<T, Ch::Changeset, G>::new(
             T::table(),
-            Joined(ColumnEq::new(to), extra.as_changeset(), Comma),
-            Joined(advance, stamp.clone(), Comma),
-            T::key_predicate(&key),
+            Joined(ColumnEq::new(self.to), extra.as_changeset(), Comma),
+            Joined(advance, self.stamp.clone(), Comma),
+            T::key_predicate(&self.key),
             Joined(
                 StatusIn::new(sources),
-                Joined(T::Guard::predicate(&expected), condition.clone(), And),
+                Joined(T::Guard::predicate(&self.expected), condition, And),
                 And,
             ),
         );
-        refuse_status_write(T::table_name(), T::STATUS_COLUMN, &statement, 1)?;
-        let miss = TransitionMiss {
-            row: RowMoved::<T>::expecting(&key, &expected),
-            to,
+        refuse_status_write(table, T::STATUS_COLUMN, &statement, 1)?;
+        Ok((statement, next))
+    }
+
+    /// What explains a move that matched nothing.
+    pub(crate) fn miss<G>(
+        &self,
+        sources: &'static [T::Status],
+        condition: G,
+    ) -> TransitionMiss<'_, T, G> {
+        TransitionMiss::new(
+            RowMoved::<T>::expecting(&self.key, &self.expected),
+            self.to,
             sources,
             condition,
-        };
-        let token = CompareAndSet::one(statement, T::table_name(), &key, miss)
-            .run::<C, CompletionOf<T>, TokenOf<T>>(conn)?
-            .token
-            .unwrap_or(next);
-        self.set_token(token.clone());
-        self.set_status(to);
-        self.set_stamp(&stamp);
-        Ok(token)
+        )
+    }
+
+    /// Records the move in `row`: its new token, state and stamp; gives the token back.
+    pub(crate) fn record(self, row: &mut T, token: TokenOf<T>) -> TokenOf<T> {
+        row.set_token(token.clone());
+        row.set_status(self.to);
+        row.set_stamp(&self.stamp);
+        token
     }
 }
 
@@ -340,7 +403,7 @@ where
 
 /// A by-key transition under `condition`, retried as `policy` allows (one attempt inside
 /// a transaction of the caller's, which only the caller can retry).
-fn retried_by_key<T, C, Ch, G>(
+pub(crate) fn retried_by_key<T, C, Ch, G>(
     conn: &mut C,
     key: &T::Key,
     to: T::Status,
@@ -407,16 +470,42 @@ where
         extra: Ch,
         condition: G,
     ) -> Result<TokenOf<T>, Error> {
-        let miss = TransitionMiss {
-            row: RowMoved::<T>::advancing_any(key, T::Guard::at_end),
-            to,
-            sources: T::Status::sources(to),
-            condition: condition.clone(),
-        };
-        let changes = Joined(ColumnEq::new(to), extra.as_changeset(), Comma);
-        let condition = Joined(StatusIn::new(T::Status::sources(to)), condition, And);
+        let (changes, condition, miss) =
+            key_transition_parts::<T, Ch, G>(key, to, extra, condition);
         write_by_key::<T, C, _, _, _>(conn, key, changes, condition, miss, 1)
     }
+}
+
+/// A key-only transition's assignments, condition and miss: [`key_transition_parts`].
+pub(crate) type KeyTransitionParts<'k, T, Ch, G> = (
+    SetStatus<T, <Ch as AsChangeset>::Changeset>,
+    StatusAnd<T, G>,
+    TransitionMiss<'k, T, G>,
+);
+
+/// What a key-only transition of the row with `key` to `to` writes, requires and explains
+/// a miss with: the status and `extra`, the allowed states and `condition`, and the miss.
+pub(crate) fn key_transition_parts<T, Ch, G>(
+    key: &T::Key,
+    to: T::Status,
+    extra: Ch,
+    condition: G,
+) -> KeyTransitionParts<'_, T, Ch, G>
+where
+    T: HasStatus,
+    T::Guard: AdvanceInSql,
+    Ch: AsChangeset<Target = T::Table>,
+    G: Clone,
+{
+    let miss = TransitionMiss::new(
+        RowMoved::<T>::advancing_any(key, T::Guard::at_end),
+        to,
+        T::Status::sources(to),
+        condition.clone(),
+    );
+    let changes = Joined(ColumnEq::new(to), extra.as_changeset(), Comma);
+    let condition = Joined(StatusIn::new(T::Status::sources(to)), condition, And);
+    (changes, condition, miss)
 }
 
 /// A transition matched nothing: the latest row is gone, in a state that does not allow
@@ -424,7 +513,7 @@ where
 /// ([`Error::Conflict`]), short of the transition's condition ([`Error::InvalidTransition`]
 /// naming it), or else whatever [`RowMoved`] finds (a version at its maximum, a refused
 /// write).
-struct TransitionMiss<'k, T: HasStatus, G> {
+pub(crate) struct TransitionMiss<'k, T: HasStatus, G> {
     row: RowMoved<'k, T>,
     to: T::Status,
     sources: &'static [T::Status],
@@ -439,11 +528,49 @@ where
     G: TransitionCondition<C::Backend>,
 {
     fn explain(self, conn: &mut C) -> Error {
+        let read = T::load_by_key(conn, self.key());
+        self.given::<C::Backend>(T::table_name(), read, |e| classify(conn, e))
+    }
+}
+
+impl<'k, T: HasStatus, G> TransitionMiss<'k, T, G> {
+    /// A transition from `sources` to `to` under `condition` that `row` explains.
+    pub(crate) fn new(
+        row: RowMoved<'k, T>,
+        to: T::Status,
+        sources: &'static [T::Status],
+        condition: G,
+    ) -> Self {
+        TransitionMiss {
+            row,
+            to,
+            sources,
+            condition,
+        }
+    }
+
+    /// The key of the row the transition was for.
+    pub(crate) fn key(&self) -> &'k T::Key {
+        self.row.key()
+    }
+
+    /// Why the transition of a row of `table` missed, given the re-read of the row;
+    /// `classify` turns a read error into the caller's error. What the sync and the async
+    /// executors share.
+    pub(crate) fn given<DB>(
+        self,
+        table: &'static str,
+        read: diesel::QueryResult<Option<T>>,
+        classify: impl FnOnce(diesel::result::Error) -> Error,
+    ) -> Error
+    where
+        G: TransitionCondition<DB>,
+    {
         let (key, to) = (self.row.key(), self.to);
         let refused = |current: T, unmet: Option<String>| {
             Error::InvalidTransition(Box::new(
                 InvalidTransition::new(
-                    T::table_name(),
+                    table,
                     format!("{key:?}"),
                     current.status().name().to_string(),
                     to.name().to_string(),
@@ -452,23 +579,20 @@ where
                 .with_unmet(unmet),
             ))
         };
-        let unreadable = |conn: &mut C, e| {
-            unreadable_in::<T, C>(key, e, suspects::<T>()).unwrap_or_else(|e| classify(conn, e))
-        };
-        match T::load_by_key(conn, key) {
+        match read {
             Ok(Some(current)) if !self.sources.contains(&current.status()) => {
                 refused(current, None)
             }
             Ok(Some(current)) if !self.row.holds_token_of(&current) => {
-                self.row.given::<C>(Some(current))
+                self.row.given_in(table, Some(current))
             }
             Ok(Some(current)) => match self.condition.sql() {
                 Ok(Some(unmet)) => refused(current, Some(unmet)),
-                Ok(None) => self.row.given::<C>(Some(current)),
+                Ok(None) => self.row.given_in(table, Some(current)),
                 Err(e) => Error::Database(e),
             },
-            Ok(None) => self.row.given::<C>(None),
-            Err(e) => unreadable(conn, e),
+            Ok(None) => self.row.given_in(table, None),
+            Err(e) => unreadable_row(table, key, e, suspects::<T>()).unwrap_or_else(classify),
         }
     }
 }

@@ -522,16 +522,8 @@ where
     Ok(returned.unwrap_or(next))
 }
 
-/// The guard's assignments that move the row with `key` past `expected`, and the token it
-/// then holds; [`Error::VersionOverflow`] when the token cannot advance.
-pub(crate) fn advance_from<T: LoadByKey<C>, C>(
-    key: &T::Key,
-    expected: &TokenOf<T>,
-) -> Result<(<T::Guard as GuardKind>::Advance, TokenOf<T>), Error> {
-    advance_from_in::<T>(T::table_name(), key, expected)
-}
-
-/// [`advance_from`] for the entity of `table`.
+/// The guard's assignments that move the row with `key` (of `table`) past `expected`, and
+/// the token it then holds; [`Error::VersionOverflow`] when the token cannot advance.
 pub(crate) fn advance_from_in<T: Guarded>(
     table: &'static str,
     key: &T::Key,
@@ -644,6 +636,32 @@ where
     M: Miss<C>,
 {
     check_stored_precision::<T, C>(conn)?;
+    let statement = key_write::<T, C::Backend, Ch, G>(
+        T::table_name(),
+        key,
+        changes,
+        condition,
+        status_assignments,
+    )?;
+    let written = CompareAndSet::one(statement, T::table_name(), key, miss)
+        .run::<C, ReturnedTokenOf<T>, TokenOf<T>>(conn)?;
+    token_read_back(written.token)
+}
+
+/// The write by key alone of [`write_by_key`] (of `table`), checked before anything is
+/// sent: `changes` may assign the status column `status_assignments` times.
+pub(crate) fn key_write<T, DB, Ch, G>(
+    table: &'static str,
+    key: &T::Key,
+    changes: Ch,
+    condition: G,
+    status_assignments: usize,
+) -> Result<KeyWriteOf<T, Ch, G>, Error>
+where
+    T: Guarded,
+    T::Guard: AdvanceInSql,
+    KeyWriteOf<T, Ch, G>: Assignments<DB>,
+{
     let statement = KeyWriteOf::<T, Ch, G>::new(
         T::table(),
         changes,
@@ -651,15 +669,13 @@ where
         T::key_predicate(key),
         Joined(condition, T::Guard::can_advance(), And),
     );
-    refuse_status_write(
-        T::table_name(),
-        T::STATUS_COLUMN,
-        &statement,
-        status_assignments,
-    )?;
-    let written = CompareAndSet::one(statement, T::table_name(), key, miss)
-        .run::<C, ReturnedTokenOf<T>, TokenOf<T>>(conn)?;
-    written.token.ok_or_else(|| {
+    refuse_status_write(table, T::STATUS_COLUMN, &statement, status_assignments)?;
+    Ok(statement)
+}
+
+/// The token a write by key read back, which it must have.
+pub(crate) fn token_read_back<Tok>(token: Option<Tok>) -> Result<Tok, Error> {
+    token.ok_or_else(|| {
         Error::Database(DieselError::QueryBuilderError(
             "the write matched its row but did not read its new token back".into(),
         ))

@@ -119,3 +119,31 @@ pub struct FrozenDocument {
     #[occ(last_modified(clock = super::FrozenClock))]
     pub last_modified: chrono::NaiveDateTime,
 }
+
+/// The states of an order, stored as text in `orders.status`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, diesel_occ::Status)]
+#[occ(storage = "text")]
+pub enum OrderState {
+    #[occ(from(Held))]
+    Valid,
+    #[occ(from(Valid))]
+    Held,
+    #[occ(from(Valid))]
+    Shipped,
+    #[occ(from(Valid, Held), rename = "canceled")]
+    Cancelled,
+    #[occ(from(Shipped))]
+    Delivered,
+}
+
+/// An order whose status moves by transitions only.
+#[derive(Debug, Clone, PartialEq, Queryable, Selectable, Identifiable, Guarded)]
+#[diesel(table_name = orders)]
+pub struct TrackedOrder {
+    pub id: i64,
+    pub note: String,
+    #[occ(status)]
+    pub status: OrderState,
+    #[occ(version)]
+    pub version: i64,
+}

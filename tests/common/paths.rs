@@ -6,8 +6,9 @@ use diesel::prelude::*;
 use diesel_occ::asynchronous::prelude::*;
 use diesel_occ::{Error, GuardedModify, GuardedWrite, Modified, RetryPolicy};
 
-use super::models::{Order, OrderPatch};
+use super::models::{Order, OrderPatch, OrderState, TrackedOrder};
 use super::schema::orders;
+use diesel_occ::{no_extra, GuardedStatusTransition, GuardedTransition};
 
 /// The writes of the shared test bodies, on the `orders` table's [`Order`].
 pub trait Writes {
@@ -29,6 +30,19 @@ pub trait Writes {
     ) -> Result<Modified<Order, ()>, Error>;
     /// The row as committed, read on this executor's connection.
     fn load(&mut self, id: i64) -> Option<Order>;
+    /// The row as committed, as a [`TrackedOrder`].
+    fn load_tracked(&mut self, id: i64) -> Option<TrackedOrder>;
+    /// Moves a loaded copy to `to`.
+    fn transition(&mut self, row: &mut TrackedOrder, to: OrderState) -> Result<i64, Error>;
+    /// Moves a loaded copy to `to` while its quantity is above `min`.
+    fn transition_if_more_than(
+        &mut self,
+        row: &mut TrackedOrder,
+        to: OrderState,
+        min: i32,
+    ) -> Result<i64, Error>;
+    /// Moves the row with `id` to `to`, whatever its token.
+    fn transition_by_key(&mut self, id: i64, to: OrderState) -> Result<i64, Error>;
 }
 
 /// The change of [`Writes::add_one`].
@@ -155,6 +169,32 @@ macro_rules! writes_for {
                     .optional()
                     .unwrap()
             }
+            fn load_tracked(&mut self, id: i64) -> Option<TrackedOrder> {
+                let query = orders::table.find(id).select(TrackedOrder::as_select());
+                query.first(&mut self.0).optional().unwrap()
+            }
+            fn transition(&mut self, row: &mut TrackedOrder, to: OrderState) -> Result<i64, Error> {
+                GuardedTransition::transition(row, &mut self.0, to, no_extra())
+            }
+            fn transition_if_more_than(
+                &mut self,
+                row: &mut TrackedOrder,
+                to: OrderState,
+                min: i32,
+            ) -> Result<i64, Error> {
+                let condition = orders::quantity.gt(min);
+                GuardedTransition::transition_when(row, &mut self.0, to, no_extra(), condition)
+            }
+            fn transition_by_key(&mut self, id: i64, to: OrderState) -> Result<i64, Error> {
+                let policy = RetryPolicy::default();
+                <TrackedOrder as GuardedStatusTransition>::transition_by_key(
+                    &mut self.0,
+                    &id,
+                    to,
+                    no_extra(),
+                    &policy,
+                )
+            }
         }
 
         impl Writes for Async<$async> {
@@ -224,6 +264,46 @@ macro_rules! writes_for {
                 let query = orders::table.find(id).select(Order::as_select());
                 let read = diesel_async::RunQueryDsl::first(query, &mut self.conn);
                 self.runtime.block_on(read).optional().unwrap()
+            }
+            fn load_tracked(&mut self, id: i64) -> Option<TrackedOrder> {
+                let query = orders::table.find(id).select(TrackedOrder::as_select());
+                let read = diesel_async::RunQueryDsl::first(query, &mut self.conn);
+                self.runtime.block_on(read).optional().unwrap()
+            }
+            fn transition(&mut self, row: &mut TrackedOrder, to: OrderState) -> Result<i64, Error> {
+                self.runtime.block_on(AsyncGuardedTransition::transition(
+                    row,
+                    &mut self.conn,
+                    to,
+                    no_extra(),
+                ))
+            }
+            fn transition_if_more_than(
+                &mut self,
+                row: &mut TrackedOrder,
+                to: OrderState,
+                min: i32,
+            ) -> Result<i64, Error> {
+                let condition = orders::quantity.gt(min);
+                self.runtime
+                    .block_on(AsyncGuardedTransition::transition_when(
+                        row,
+                        &mut self.conn,
+                        to,
+                        no_extra(),
+                        condition,
+                    ))
+            }
+            fn transition_by_key(&mut self, id: i64, to: OrderState) -> Result<i64, Error> {
+                let policy = RetryPolicy::default();
+                self.runtime
+                    .block_on(<TrackedOrder as AsyncGuardedTransition>::transition_by_key(
+                        &mut self.conn,
+                        &id,
+                        to,
+                        no_extra(),
+                        &policy,
+                    ))
             }
         }
     };

@@ -1,0 +1,293 @@
+//! Guarded status transitions on diesel-async connections: the blocking
+//! [`GuardedTransition`](crate::GuardedTransition) and
+//! [`GuardedStatusTransition`](crate::GuardedStatusTransition), as futures, with the same
+//! statements and the same explanation of a move that did not happen.
+
+use std::future::Future;
+
+use diesel::expression::AppearsOnTable;
+use diesel::query_builder::AsChangeset;
+use diesel_async::AsyncConnection;
+
+use super::connection::{
+    classify, in_transaction, refuse_broken, NativeAsync, NativeAsyncConnection,
+};
+use super::entity::check_stored_precision;
+use super::executor::{run, AsyncMiss};
+use super::send::{AsyncComplete, AsyncLoadByKey};
+use super::transaction::Call;
+use crate::error::Error;
+use crate::guard::{AdvanceInSql, CompletionOf, ReturnedTokenOf, TokenOf};
+use crate::retry::{RetryPolicy, Stop};
+use crate::sql::statement::{Assignments, Unguarded};
+use crate::status::condition::{TransitionCondition, When};
+use crate::status::transition::{
+    key_transition_parts, CopyMove, KeyTransitionOf, TransitionMiss, TransitionOf,
+};
+use crate::status::{HasStatus, Status};
+use crate::write::entity::{key_write, token_read_back};
+use crate::write::executor::CompareAndSet;
+
+/// Guarded transitions for every entity with a `#[occ(status)]` field, on a diesel-async
+/// connection; see [`GuardedTransition`](crate::GuardedTransition) and
+/// [`GuardedStatusTransition`](crate::GuardedStatusTransition) for what each does and
+/// answers. Hooks (`..._then`) are the blocking API's only, for now.
+pub trait AsyncGuardedTransition: HasStatus + Clone {
+    /// Moves this row to `to` (with the `extra` assignments) if its state allows it and it
+    /// still holds this copy's token; records the new state, token and stamp in the copy.
+    fn transition<'a, C, Ch>(
+        &'a mut self,
+        conn: &'a mut C,
+        to: Self::Status,
+        extra: Ch,
+    ) -> impl Future<Output = Result<TokenOf<Self>, Error>> + Send + 'a
+    where
+        Self: AsyncTransitionRow<C, Ch>,
+        Ch: 'a,
+    {
+        self.transition_row(conn, to, extra, Self::Status::sources(to), Unguarded)
+    }
+
+    /// [`transition`](Self::transition), and only while the row also meets `condition`.
+    fn transition_when<'a, C, Ch, G>(
+        &'a mut self,
+        conn: &'a mut C,
+        to: Self::Status,
+        extra: Ch,
+        condition: G,
+    ) -> impl Future<Output = Result<TokenOf<Self>, Error>> + Send + 'a
+    where
+        Self: AsyncTransitionRow<C, Ch, When<G>>,
+        G: AppearsOnTable<<Self as diesel::associations::HasTable>::Table> + 'a,
+        Ch: 'a,
+    {
+        self.transition_row(conn, to, extra, Self::Status::sources(to), When(condition))
+    }
+
+    /// Moves this row to `to` from whatever state it is in, if it still holds this copy's
+    /// token: the repair path; see
+    /// [`GuardedTransition::force_status`](crate::GuardedTransition::force_status).
+    fn force_status<'a, C, Ch>(
+        &'a mut self,
+        conn: &'a mut C,
+        to: Self::Status,
+        extra: Ch,
+    ) -> impl Future<Output = Result<TokenOf<Self>, Error>> + Send + 'a
+    where
+        Self: AsyncTransitionRow<C, Ch>,
+        Ch: 'a,
+    {
+        self.transition_row(conn, to, extra, Self::Status::ALL, Unguarded)
+    }
+
+    /// Moves the row with `key` to `to` if its state allows it, whatever its token, in one
+    /// statement; transient database errors are retried as `policy` allows.
+    fn transition_by_key<'a, C, Ch>(
+        conn: &'a mut C,
+        key: &'a Self::Key,
+        to: Self::Status,
+        extra: Ch,
+        policy: &'a RetryPolicy,
+    ) -> impl Future<Output = Result<TokenOf<Self>, Error>> + Send + 'a
+    where
+        Self::Guard: AdvanceInSql,
+        Self: AsyncTransitionByKey<C, Ch>,
+        Ch: 'a,
+    {
+        Self::transition_by_key_row(conn, key, to, extra, Unguarded, policy)
+    }
+
+    /// [`transition_by_key`](Self::transition_by_key), and only while the row also meets
+    /// `condition`.
+    fn transition_by_key_when<'a, C, Ch, G>(
+        conn: &'a mut C,
+        key: &'a Self::Key,
+        to: Self::Status,
+        extra: Ch,
+        condition: G,
+        policy: &'a RetryPolicy,
+    ) -> impl Future<Output = Result<TokenOf<Self>, Error>> + Send + 'a
+    where
+        Self::Guard: AdvanceInSql,
+        Self: AsyncTransitionByKey<C, Ch, When<G>>,
+        G: AppearsOnTable<<Self as diesel::associations::HasTable>::Table> + 'a,
+        Ch: 'a,
+    {
+        Self::transition_by_key_row(conn, key, to, extra, When(condition), policy)
+    }
+}
+
+impl<T: HasStatus + Clone> AsyncGuardedTransition for T {}
+
+/// The transition of a loaded copy of entity `Self` with extra changes `Ch` under
+/// condition `G` on async connection `C`, as one bound; not a trait to implement.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot run a guarded transition with `{Ch}` on `{C}`",
+    note = "the extra changes must be for the entity's table (`no_extra()` for none), and the connection a diesel-async connection of a backend diesel-occ supports; on SQLite they must be `Send + 'static`, since the move runs on the connection's thread"
+)]
+pub trait AsyncTransitionRow<C, Ch, G = Unguarded>: HasStatus {
+    /// Runs the transition from one of `sources` under `condition`.
+    #[doc(hidden)]
+    fn transition_row<'a>(
+        &'a mut self,
+        conn: &'a mut C,
+        to: Self::Status,
+        extra: Ch,
+        sources: &'static [Self::Status],
+        condition: G,
+    ) -> impl Future<Output = Result<TokenOf<Self>, Error>> + Send + 'a
+    where
+        Ch: 'a,
+        G: 'a;
+}
+
+/// The key-only transition of entity `Self` with extra changes `Ch` under condition `G`
+/// on async connection `C`, as one bound; not a trait to implement.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot run a key-only transition with `{Ch}` on `{C}`",
+    note = "the extra changes must be for the entity's table (`no_extra()` for none) and `Clone`, the connection a diesel-async connection of a backend diesel-occ supports, and the guard must advance in SQL (not a pre-image)"
+)]
+pub trait AsyncTransitionByKey<C, Ch, G = Unguarded>: HasStatus {
+    /// Runs the transition, retried as `policy` allows.
+    #[doc(hidden)]
+    fn transition_by_key_row<'a>(
+        conn: &'a mut C,
+        key: &'a Self::Key,
+        to: Self::Status,
+        extra: Ch,
+        condition: G,
+        policy: &'a RetryPolicy,
+    ) -> impl Future<Output = Result<TokenOf<Self>, Error>> + Send + 'a
+    where
+        Ch: 'a,
+        G: 'a;
+}
+
+impl<T, C, G> AsyncMiss<C> for TransitionMiss<'_, T, G>
+where
+    T: HasStatus + AsyncLoadByKey<C>,
+    C: AsyncConnection,
+    G: TransitionCondition<C::Backend> + Send,
+{
+    async fn explain(self, conn: &mut C) -> Error {
+        let read = T::load_by_key(conn, self.key()).await;
+        self.given::<C::Backend>(T::table_name(), read, |e| classify(conn, e))
+    }
+}
+
+impl<T, C, Ch, G> AsyncTransitionRow<C, Ch, G> for T
+where
+    T: HasStatus + AsyncLoadByKey<C>,
+    T::Stamp: Send,
+    C: NativeAsyncConnection,
+    C::Backend: NativeAsync,
+    Ch: AsChangeset<Target = T::Table> + Send,
+    G: TransitionCondition<C::Backend> + Send + Sync,
+    TransitionOf<T, Ch::Changeset, G>: Assignments<C::Backend> + Send,
+    CompletionOf<T>: AsyncComplete<C, TransitionOf<T, Ch::Changeset, G>, TokenOf<T>>,
+{
+    async fn transition_row<'a>(
+        &'a mut self,
+        conn: &'a mut C,
+        to: T::Status,
+        extra: Ch,
+        sources: &'static [T::Status],
+        condition: G,
+    ) -> Result<TokenOf<T>, Error>
+    where
+        Ch: 'a,
+        G: 'a,
+    {
+        refuse_broken(conn)?;
+        let table = <T as AsyncLoadByKey<C>>::table_name();
+        let plan = CopyMove::of(self, to);
+        let (statement, next) =
+            plan.statement::<C::Backend, Ch, G>(table, extra, sources, condition.clone())?;
+        let write = CompareAndSet::one(statement, table, &plan.key, plan.miss(sources, condition));
+        let mut call = Call::start(conn);
+        let written = async {
+            let conn = call.conn();
+            check_stored_precision::<T, C>(conn, table).await?;
+            run::<C, _, _, CompletionOf<T>, _>(write, conn, false).await
+        }
+        .await;
+        let token = call.finish(written)?.token.unwrap_or(next);
+        Ok(plan.record(self, token))
+    }
+}
+
+impl<T, C, Ch, G> AsyncTransitionByKey<C, Ch, G> for T
+where
+    T: HasStatus + AsyncLoadByKey<C>,
+    T::Guard: AdvanceInSql,
+    C: NativeAsyncConnection,
+    C::Backend: NativeAsync,
+    Ch: AsChangeset<Target = T::Table> + Clone + Send + Sync,
+    G: TransitionCondition<C::Backend> + Send + Sync,
+    KeyTransitionOf<T, Ch::Changeset, G>: Assignments<C::Backend> + Send,
+    ReturnedTokenOf<T>: AsyncComplete<C, KeyTransitionOf<T, Ch::Changeset, G>, TokenOf<T>>,
+{
+    async fn transition_by_key_row<'a>(
+        conn: &'a mut C,
+        key: &'a T::Key,
+        to: T::Status,
+        extra: Ch,
+        condition: G,
+        policy: &'a RetryPolicy,
+    ) -> Result<TokenOf<T>, Error>
+    where
+        Ch: 'a,
+        G: 'a,
+    {
+        refuse_broken(conn)?;
+        // Inside the caller's transaction only the caller can retry.
+        let policy = if in_transaction(conn) {
+            RetryPolicy::never()
+        } else {
+            policy.clone()
+        };
+        let mut run = policy.start();
+        loop {
+            let mut call = Call::start(&mut *conn);
+            let moved = key_transition::<T, C, Ch, G>(
+                call.conn(),
+                key,
+                to,
+                extra.clone(),
+                condition.clone(),
+            )
+            .await;
+            match call.finish(moved) {
+                Ok(token) => return Ok(token),
+                Err(e) => tokio::time::sleep(run.wait_after(Stop::<Error>::Occ(e))?).await,
+            }
+        }
+    }
+}
+
+/// One attempt of a key-only transition.
+async fn key_transition<T, C, Ch, G>(
+    conn: &mut C,
+    key: &T::Key,
+    to: T::Status,
+    extra: Ch,
+    condition: G,
+) -> Result<TokenOf<T>, Error>
+where
+    T: HasStatus + AsyncLoadByKey<C>,
+    T::Guard: AdvanceInSql,
+    C: NativeAsyncConnection,
+    C::Backend: NativeAsync,
+    Ch: AsChangeset<Target = T::Table>,
+    G: TransitionCondition<C::Backend> + Send + Sync,
+    KeyTransitionOf<T, Ch::Changeset, G>: Assignments<C::Backend> + Send,
+    ReturnedTokenOf<T>: AsyncComplete<C, KeyTransitionOf<T, Ch::Changeset, G>, TokenOf<T>>,
+{
+    let table = <T as AsyncLoadByKey<C>>::table_name();
+    let (changes, condition, miss) = key_transition_parts::<T, Ch, G>(key, to, extra, condition);
+    let statement = key_write::<T, C::Backend, _, _>(table, key, changes, condition, 1)?;
+    check_stored_precision::<T, C>(conn, table).await?;
+    let write = CompareAndSet::one(statement, table, key, miss);
+    let written = run::<C, _, _, ReturnedTokenOf<T>, TokenOf<T>>(write, conn, false).await?;
+    token_read_back(written.token)
+}
