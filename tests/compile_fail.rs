@@ -3,14 +3,15 @@
 //! diesel accepts, the derive accepts too: the cases in `tests/pass/` must compile.
 //!
 //! The expected messages list the version types of every backend (MySQL adds the
-//! unsigned ones) and some cases use chrono, so they run with every feature on, as CI
-//! runs them.
+//! unsigned ones), some cases use chrono, and with the async API a method's trait is
+//! named in full, so they run with every feature on, as CI runs them.
 
 #[cfg(all(
     feature = "sqlite",
     feature = "postgres",
     feature = "mysql",
-    feature = "chrono"
+    feature = "chrono",
+    feature = "async"
 ))]
 #[test]
 fn derive_misuse_is_reported_at_the_mistake() {

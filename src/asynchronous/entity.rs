@@ -9,16 +9,19 @@ use diesel::query_builder::AsChangeset;
 use diesel_async::AsyncConnection;
 
 use super::connection::{classify, refuse_broken, NativeAsync, NativeAsyncConnection};
-use super::executor::run;
+use super::executor::{run, AsyncMiss};
 use super::send::{AsyncComplete, AsyncLoadByKey};
 use super::transaction::Call;
 use crate::error::Error;
 use crate::guard::stored_precision::PrecisionCheck;
-use crate::guard::{Advancing, CompletionOf, GuardKind, Guarded, TokenOf};
+use crate::guard::{
+    AdvanceInSql, Advancing, CompletionOf, GuardKind, Guarded, ReturnedTokenOf, TokenOf,
+};
 use crate::sql::new_token::Counted;
 use crate::sql::statement::{Assignments, NoChanges};
 use crate::write::entity::{
-    guarded_statement_in, refuse_status_move, DeleteOf, RowMoved, UpdateOf,
+    guarded_statement_in, key_write, refuse_status_move, token_read_back, DeleteOf, KeyWriteOf,
+    RowMoved, UpdateOf,
 };
 use crate::write::executor::CompareAndSet;
 
@@ -317,4 +320,38 @@ where
     row.set_token(next.clone());
     row.set_stamp(&stamp);
     Ok(next)
+}
+
+/// Writes `changes` to the row with `key` if `condition` holds, whatever token the row
+/// holds, advancing the token in SQL; the blocking path's
+/// [`write_by_key`](crate::write::entity::write_by_key), awaited. The new token, read back
+/// by the statement; `miss` explains a row it did not write.
+pub(crate) fn write_by_key<'a, T, C, Ch, G, M>(
+    conn: &'a mut C,
+    key: &'a T::Key,
+    changes: Ch,
+    condition: G,
+    miss: M,
+    status_assignments: usize,
+) -> impl Future<Output = Result<TokenOf<T>, Error>> + Send + 'a
+where
+    T: AsyncLoadByKey<C>,
+    T::Guard: AdvanceInSql,
+    C: NativeAsyncConnection,
+    C::Backend: NativeAsync,
+    KeyWriteOf<T, Ch, G>: Assignments<C::Backend> + Send + 'a,
+    ReturnedTokenOf<T>: AsyncComplete<C, KeyWriteOf<T, Ch, G>, TokenOf<T>>,
+    M: AsyncMiss<C> + Send + 'a,
+{
+    let table = <T as AsyncLoadByKey<C>>::table_name();
+    // Built and checked before the future: the changes need not be `Send`.
+    let statement =
+        key_write::<T, C::Backend, Ch, G>(table, key, changes, condition, status_assignments);
+    async move {
+        let statement = statement?;
+        check_stored_precision::<T, C>(conn, table).await?;
+        let write = CompareAndSet::one(statement, table, key, miss);
+        let written = run::<C, _, _, ReturnedTokenOf<T>, TokenOf<T>>(write, conn, false).await?;
+        token_read_back(written.token)
+    }
 }

@@ -45,6 +45,7 @@
 mod connection;
 mod entity;
 mod executor;
+mod json;
 mod modify;
 mod send;
 mod source;
@@ -55,6 +56,9 @@ mod transition;
 
 pub use connection::{NativeAsync, NativeAsyncConnection};
 pub use entity::{AsyncDeleteRow, AsyncGuardedWrite, AsyncUpdateRow};
+pub use json::{
+    AsyncEditJson, AsyncGuardedJson, AsyncGuardedJsonMerge, AsyncMergeInPlace, BoxedEdit,
+};
 pub use modify::{AsyncGuardedModify, AsyncModifyRow};
 pub use send::{AsyncComplete, AsyncLoadByKey, AsyncReadsBack};
 pub use source::AsyncConnectionSource;
@@ -62,5 +66,8 @@ pub use transition::{AsyncGuardedTransition, AsyncTransitionByKey, AsyncTransiti
 
 /// The async traits, to import with `use diesel_occ::asynchronous::prelude::*`.
 pub mod prelude {
-    pub use super::{AsyncGuardedModify, AsyncGuardedTransition, AsyncGuardedWrite};
+    pub use super::{
+        AsyncGuardedJson, AsyncGuardedJsonMerge, AsyncGuardedModify, AsyncGuardedTransition,
+        AsyncGuardedWrite,
+    };
 }

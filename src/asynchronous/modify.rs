@@ -100,7 +100,7 @@ pub trait AsyncModifyRow<C, F, R, E>: Guarded {
 
 /// Where the attempts of a read-modify-write get their connection: the caller's, or a
 /// pool's for each attempt.
-trait Attempts<C>: Send {
+pub(crate) trait Attempts<C>: Send {
     /// Whether each attempt gets a connection of its own, so that one whose connection
     /// died before its `COMMIT` (nothing written) can run again on another.
     const FRESH_PER_ATTEMPT: bool;
@@ -116,7 +116,7 @@ trait Attempts<C>: Send {
 }
 
 /// Every attempt on the caller's connection.
-struct Caller<'c, C>(Option<&'c mut C>);
+pub(crate) struct Caller<'c, C>(pub(crate) Option<&'c mut C>);
 
 impl<'c, C: AsyncConnection> Attempts<C> for Caller<'c, C> {
     const FRESH_PER_ATTEMPT: bool = false;
@@ -135,7 +135,7 @@ impl<'c, C: AsyncConnection> Attempts<C> for Caller<'c, C> {
 }
 
 /// Each attempt checks a connection out of the pool.
-struct FromPool<'p, S>(&'p S);
+pub(crate) struct FromPool<'p, S>(pub(crate) &'p S);
 
 impl<'p, S: AsyncConnectionSource> Attempts<S::Connection> for FromPool<'p, S> {
     const FRESH_PER_ATTEMPT: bool = true;
@@ -172,7 +172,16 @@ where
         refuse_broken(conn)?;
         // Inside the caller's transaction a retry could not undo the caller's earlier work.
         let nested = in_transaction(conn);
-        modify_with(Caller(Some(conn)), nested, key, policy, change).await
+        let suspects = T::GUARD_COLUMNS.join(", ");
+        modify_with(
+            Caller(Some(conn)),
+            nested,
+            key,
+            policy,
+            &suspects,
+            SaveChanged(change),
+        )
+        .await
     }
 
     async fn modify_pooled_row<'a, S>(
@@ -185,26 +194,35 @@ where
         S: AsyncConnectionSource<Connection = C>,
         F: 'a,
     {
-        modify_with(FromPool(pool), false, key, policy, change).await
+        let suspects = T::GUARD_COLUMNS.join(", ");
+        modify_with(
+            FromPool(pool),
+            false,
+            key,
+            policy,
+            &suspects,
+            SaveChanged(change),
+        )
+        .await
     }
 }
 
 /// The attempts of a read-modify-write on connections from `attempts`, retried by
 /// `policy` (once only when `nested` in the caller's transaction).
-async fn modify_with<T, C, A, F, R, E>(
+pub(crate) async fn modify_with<T, C, A, S, R, E>(
     mut attempts: A,
     nested: bool,
     key: &T::Key,
     policy: &RetryPolicy,
-    mut change: F,
+    suspects: &str,
+    mut step: S,
 ) -> Result<Modified<T, R>, E>
 where
-    T: AsyncLoadByKey<C> + AsyncUpdateRow<C, <T as Guarded>::Changes> + Clone,
-    T::Changes: Send,
+    T: AsyncLoadByKey<C> + Clone,
     C: NativeAsyncConnection,
     C::Backend: NativeAsync,
     A: Attempts<C>,
-    F: FnMut(&mut T) -> Result<R, E> + Send,
+    S: Step<T, C, R, E>,
     R: Send,
     E: From<Error> + Send,
 {
@@ -214,13 +232,12 @@ where
         policy.clone()
     };
     let contended = Contended::of(&policy, <T as AsyncLoadByKey<C>>::table_name(), key);
-    let suspects = T::GUARD_COLUMNS.join(", ");
     let mut run = policy.start();
     loop {
         let lock = contended.lock_for(run.number());
         let mut conn = attempts.next().await?;
         let mut call = Call::start(&mut *conn);
-        let result = attempt(call.conn(), key, lock, &suspects, nested, &mut change).await;
+        let result = attempt(call.conn(), key, lock, suspects, nested, &mut step).await;
         match call.finish(contended.settle(result, A::FRESH_PER_ATTEMPT)) {
             Ok((row, token, value)) => {
                 return Ok(Modified {
@@ -239,23 +256,68 @@ where
     }
 }
 
+/// What an attempt does with the row it read, inside its transaction: the changed row as
+/// written, its token and the caller's value. A change of the row's fields
+/// ([`SaveChanged`]), an edit of a JSON document.
+pub(crate) trait Step<T: Guarded, C, R, E>: Send {
+    /// Applies the step to `original` on `conn`.
+    fn apply<'a>(
+        &'a mut self,
+        conn: &'a mut C,
+        original: &'a T,
+    ) -> impl Future<Output = Result<(T, TokenOf<T>, R), Stop<E>>> + Send + 'a;
+}
+
+/// `modify`'s step: the caller's change of a copy, saved from the row read.
+pub(crate) struct SaveChanged<F>(pub(crate) F);
+
+impl<T, C, F, R, E> Step<T, C, R, E> for SaveChanged<F>
+where
+    T: AsyncUpdateRow<C, <T as Guarded>::Changes> + Clone,
+    T::Changes: Send,
+    C: AsyncConnection,
+    F: FnMut(&mut T) -> Result<R, E> + Send,
+    R: Send + 'static,
+    E: Send + 'static,
+{
+    async fn apply<'a>(
+        &'a mut self,
+        conn: &'a mut C,
+        original: &'a T,
+    ) -> Result<(T, TokenOf<T>, R), Stop<E>> {
+        let mut row = original.clone();
+        let value = (self.0)(&mut row).map_err(Stop::Caller)?;
+        let changes = row.changes();
+        let token = write_and_record(
+            &mut row,
+            conn,
+            original.key(),
+            original.token(),
+            changes,
+            true,
+        )
+        .await
+        .map_err(Stop::Occ)?;
+        Ok((row, token, value))
+    }
+}
+
 /// One attempt in a transaction of its own (a savepoint in the caller's): read the row
 /// (with `lock`), let `change` change a copy, save it from the row read, commit. A failed
 /// `COMMIT` that lost the connection is [`Error::Ambiguous`]; a failure before it wrote
 /// nothing.
-async fn attempt<T, C, F, R, E>(
+async fn attempt<T, C, S, R, E>(
     conn: &mut C,
     key: &T::Key,
     lock: RowLock,
     suspects: &str,
     nested: bool,
-    change: &mut F,
+    step: &mut S,
 ) -> Result<(T, TokenOf<T>, R), Stop<E>>
 where
-    T: AsyncLoadByKey<C> + AsyncUpdateRow<C, <T as Guarded>::Changes> + Clone,
-    T::Changes: Send,
+    T: AsyncLoadByKey<C>,
     C: AsyncConnection,
-    F: FnMut(&mut T) -> Result<R, E> + Send,
+    S: Step<T, C, R, E>,
     R: Send,
     E: Send,
 {
@@ -267,26 +329,7 @@ where
     };
     let table = <T as AsyncLoadByKey<C>>::table_name();
     let result = match attempt_read::<T, E>(table, key, suspects, read, |e| classify(conn, e)) {
-        Ok(original) => {
-            let mut row = original.clone();
-            match change(&mut row) {
-                Ok(value) => {
-                    let changes = row.changes();
-                    write_and_record(
-                        &mut row,
-                        conn,
-                        original.key(),
-                        original.token(),
-                        changes,
-                        true,
-                    )
-                    .await
-                    .map(|token| (row, token, value))
-                    .map_err(Stop::Occ)
-                }
-                Err(e) => Err(Stop::Caller(e)),
-            }
-        }
+        Ok(original) => step.apply(conn, &original).await,
         Err(stop) => Err(stop),
     };
     let result = if nested {

@@ -12,7 +12,7 @@ use diesel_async::AsyncConnection;
 use super::connection::{
     classify, in_transaction, refuse_broken, NativeAsync, NativeAsyncConnection,
 };
-use super::entity::check_stored_precision;
+use super::entity::{check_stored_precision, write_by_key};
 use super::executor::{run, AsyncMiss};
 use super::send::{AsyncComplete, AsyncLoadByKey};
 use super::transaction::Call;
@@ -25,7 +25,6 @@ use crate::status::transition::{
     key_transition_parts, CopyMove, KeyTransitionOf, TransitionMiss, TransitionOf,
 };
 use crate::status::{HasStatus, Status};
-use crate::write::entity::{key_write, token_read_back};
 use crate::write::executor::CompareAndSet;
 
 /// Guarded transitions for every entity with a `#[occ(status)]` field, on a diesel-async
@@ -283,11 +282,6 @@ where
     KeyTransitionOf<T, Ch::Changeset, G>: Assignments<C::Backend> + Send,
     ReturnedTokenOf<T>: AsyncComplete<C, KeyTransitionOf<T, Ch::Changeset, G>, TokenOf<T>>,
 {
-    let table = <T as AsyncLoadByKey<C>>::table_name();
     let (changes, condition, miss) = key_transition_parts::<T, Ch, G>(key, to, extra, condition);
-    let statement = key_write::<T, C::Backend, _, _>(table, key, changes, condition, 1)?;
-    check_stored_precision::<T, C>(conn, table).await?;
-    let write = CompareAndSet::one(statement, table, key, miss);
-    let written = run::<C, _, _, ReturnedTokenOf<T>, TokenOf<T>>(write, conn, false).await?;
-    token_read_back(written.token)
+    write_by_key::<T, C, _, _, _>(conn, key, changes, condition, miss, 1).await
 }

@@ -110,24 +110,61 @@ where
         mut edit: impl FnMut(&mut Value) -> Result<R, E>,
     ) -> Result<Modified<T, R>, E> {
         let place = Place::<T, Col>::new(T::table_name(), key);
-        let suspects = format!("{} (or {})", Col::NAME, T::GUARD_COLUMNS.join(", "));
-        read_modify_write(conn, key, policy, &suspects, |conn, original: &T| {
-            if !original.document().is_object() {
-                return Err(Stop::Occ(place.stored(original.document())));
-            }
-            let mut row = original.clone();
-            let value = edit(row.document_mut()).map_err(Stop::Caller)?;
-            place.check_result(row.document())?;
-            if row.document() == original.document() {
-                return Ok((row, original.token(), value));
-            }
-            let expected = original.token();
-            let document = SetDocument(ColumnEq::new(row.document().clone()));
-            let token = T::update_row(conn, key, &expected, document, T::stamp(), None)?;
-            row.set_token(token.clone());
-            Ok((row, token, value))
-        })
+        let suspects = suspects::<T, Col>();
+        read_modify_write(
+            conn,
+            key,
+            policy,
+            &suspects,
+            |conn, original: &T| match edited(&place, original, &mut edit)? {
+                Edited::Unchanged(done) => Ok(done),
+                Edited::Write(mut row, document, value) => {
+                    let token =
+                        T::update_row(conn, key, &original.token(), document, T::stamp(), None)?;
+                    row.set_token(token.clone());
+                    Ok((row, token, value))
+                }
+            },
+        )
     }
+}
+
+/// The columns an unreadable row is blamed on: the document's first, then the guard's.
+pub(crate) fn suspects<T: Guarded, Col: Column>() -> String {
+    format!("{} (or {})", Col::NAME, T::GUARD_COLUMNS.join(", "))
+}
+
+/// One attempt's edit of the document of `original`, before anything is written.
+pub(crate) enum Edited<T: Guarded, Col, R> {
+    /// The edit left the document as it was: nothing to write, the row keeps its token.
+    Unchanged((T, crate::guard::TokenOf<T>, R)),
+    /// The edited row, the changeset that writes its document back, and the edit's value.
+    Write(T, SetDocument<Col>, R),
+}
+
+/// Runs `edit` on a copy of `original`'s document, with the rules every edit keeps (a
+/// stored object, a resulting object within the size limit); what the sync and async
+/// paths share.
+pub(crate) fn edited<T, Col, R, E>(
+    place: &Place<T, Col>,
+    original: &T,
+    edit: &mut impl FnMut(&mut Value) -> Result<R, E>,
+) -> Result<Edited<T, Col, R>, Stop<E>>
+where
+    T: JsonDocument<Col> + Clone,
+    Col: Column,
+{
+    if !original.document().is_object() {
+        return Err(Stop::Occ(place.stored(original.document())));
+    }
+    let mut row = original.clone();
+    let value = edit(row.document_mut()).map_err(Stop::Caller)?;
+    place.check_result(row.document())?;
+    if row.document() == original.document() {
+        return Ok(Edited::Unchanged((row, original.token(), value)));
+    }
+    let document = SetDocument(ColumnEq::new(row.document().clone()));
+    Ok(Edited::Write(row, document, value))
 }
 
 /// Read-merge-write edits of JSON columns for every entity with one (see the module
@@ -166,11 +203,8 @@ pub trait GuardedJson: Guarded + Clone {
         Col: Column,
         Self: EditJson<C, Col>,
     {
-        Place::<Self, Col>::new(Self::table_name(), key).check_merge_patch(patch)?;
-        Self::edit_json(conn, key, column, policy, |document| {
-            json_patch::merge(document, patch);
-            Ok(())
-        })
+        let edit = merge_edit(Place::<Self, Col>::new(Self::table_name(), key), patch)?;
+        Self::edit_json(conn, key, column, policy, edit)
     }
 
     /// Applies the RFC 6902 JSON Patch `patch` (add, remove, replace, move, copy, test) to
@@ -189,10 +223,8 @@ pub trait GuardedJson: Guarded + Clone {
         Col: Column,
         Self: EditJson<C, Col>,
     {
-        let place = Place::<Self, Col>::new(Self::table_name(), key);
-        Self::edit_json(conn, key, column, policy, |document| {
-            json_patch::patch(document, patch).map_err(|e| place.invalid(e.to_string()))
-        })
+        let edit = patch_edit(Place::<Self, Col>::new(Self::table_name(), key), patch);
+        Self::edit_json(conn, key, column, policy, edit)
     }
 
     /// Sets the value at the RFC 6901 `pointer` (`/address/city`) of the document of
@@ -210,15 +242,12 @@ pub trait GuardedJson: Guarded + Clone {
         Col: Column,
         Self: EditJson<C, Col>,
     {
-        let place = Place::<Self, Col>::new(Self::table_name(), key);
-        let pointer = place.pointer(pointer)?;
-        Self::edit_json(conn, key, column, policy, |document| {
-            place.check_path(document, pointer)?;
-            pointer
-                .assign(document, value.clone())
-                .map(drop)
-                .map_err(|e| place.invalid(format!("cannot set {pointer}: {e}")))
-        })
+        let edit = set_edit(
+            Place::<Self, Col>::new(Self::table_name(), key),
+            pointer,
+            value,
+        )?;
+        Self::edit_json(conn, key, column, policy, edit)
     }
 
     /// Removes the value at the RFC 6901 `pointer` of the document of column `Col`; a value
@@ -235,13 +264,8 @@ pub trait GuardedJson: Guarded + Clone {
         Col: Column,
         Self: EditJson<C, Col>,
     {
-        let place = Place::<Self, Col>::new(Self::table_name(), key);
-        let pointer = place.pointer(pointer)?;
-        Self::edit_json(conn, key, column, policy, |document| {
-            place.check_path(document, pointer)?;
-            pointer.delete(document);
-            Ok(())
-        })
+        let edit = remove_edit(Place::<Self, Col>::new(Self::table_name(), key), pointer)?;
+        Self::edit_json(conn, key, column, policy, edit)
     }
 
     /// Runs `edit` on the document of column `Col` read as the typed struct `D`, and
@@ -255,7 +279,7 @@ pub trait GuardedJson: Guarded + Clone {
         key: &Self::Key,
         column: Col,
         policy: &RetryPolicy,
-        mut edit: impl FnMut(&mut D) -> Result<R, E>,
+        edit: impl FnMut(&mut D) -> Result<R, E>,
     ) -> Result<Modified<Self, R>, E>
     where
         D: Serialize + DeserializeOwned,
@@ -263,21 +287,89 @@ pub trait GuardedJson: Guarded + Clone {
         Self: EditJson<C, Col>,
         E: From<Error>,
     {
-        let place = Place::<Self, Col>::new(Self::table_name(), key);
-        Self::edit_json(conn, key, column, policy, |document| {
-            let mut typed: D = serde_json::from_value(document.clone()).map_err(|e| {
-                place.unreadable(format!(
-                    "the document does not read as the typed struct: {e}"
-                ))
-            })?;
-            let before = serde_json::to_value(&typed).map_err(|e| place.invalid(e.to_string()))?;
-            let value = edit(&mut typed)?;
-            let after = serde_json::to_value(&typed).map_err(|e| place.invalid(e.to_string()))?;
-            if let Some(patch) = merge_diff(&before, &after) {
-                json_patch::merge(document, &patch);
-            }
-            Ok(value)
-        })
+        let edit = typed_edit(Place::<Self, Col>::new(Self::table_name(), key), edit);
+        Self::edit_json(conn, key, column, policy, edit)
+    }
+}
+
+/// The edit of [`GuardedJson::merge_json`]: the merge `patch`, checked to be an object.
+pub(crate) fn merge_edit<T: Guarded, Col: Column>(
+    place: Place<T, Col>,
+    patch: &Value,
+) -> Result<impl FnMut(&mut Value) -> Result<(), Error> + Send, Error> {
+    place.check_merge_patch(patch)?;
+    let patch = patch.clone();
+    Ok(move |document: &mut Value| {
+        json_patch::merge(document, &patch);
+        Ok(())
+    })
+}
+
+/// The edit of [`GuardedJson::patch_json`]: the JSON Patch `patch`, all or nothing.
+pub(crate) fn patch_edit<T: Guarded, Col: Column>(
+    place: Place<T, Col>,
+    patch: &json_patch::Patch,
+) -> impl FnMut(&mut Value) -> Result<(), Error> + Send {
+    let patch = patch.clone();
+    move |document: &mut Value| {
+        json_patch::patch(document, &patch).map_err(|e| place.invalid(e.to_string()))
+    }
+}
+
+/// The edit of [`GuardedJson::set_json`]: `value` at `pointer`.
+pub(crate) fn set_edit<T: Guarded, Col: Column>(
+    place: Place<T, Col>,
+    pointer: &str,
+    value: Value,
+) -> Result<impl FnMut(&mut Value) -> Result<(), Error> + Send, Error> {
+    let pointer = place.pointer(pointer)?;
+    Ok(move |document: &mut Value| {
+        place.check_path(document, &pointer)?;
+        pointer
+            .assign(document, value.clone())
+            .map(drop)
+            .map_err(|e| place.invalid(format!("cannot set {pointer}: {e}")))
+    })
+}
+
+/// The edit of [`GuardedJson::remove_json`]: the value at `pointer`, if there.
+pub(crate) fn remove_edit<T: Guarded, Col: Column>(
+    place: Place<T, Col>,
+    pointer: &str,
+) -> Result<impl FnMut(&mut Value) -> Result<(), Error> + Send, Error> {
+    let pointer = place.pointer(pointer)?;
+    Ok(move |document: &mut Value| {
+        place.check_path(document, &pointer)?;
+        pointer.delete(document);
+        Ok(())
+    })
+}
+
+/// The edit of [`GuardedJson::update_json_as`]: `edit` on the document read as `D`,
+/// written back as the merge patch of what it changed.
+pub(crate) fn typed_edit<T, Col, D, R, E>(
+    place: Place<T, Col>,
+    mut edit: impl FnMut(&mut D) -> Result<R, E>,
+) -> impl FnMut(&mut Value) -> Result<R, E>
+where
+    T: Guarded,
+    Col: Column,
+    D: Serialize + DeserializeOwned,
+    E: From<Error>,
+{
+    move |document: &mut Value| {
+        let mut typed: D = serde_json::from_value(document.clone()).map_err(|e| {
+            place.unreadable(format!(
+                "the document does not read as the typed struct: {e}"
+            ))
+        })?;
+        let before = serde_json::to_value(&typed).map_err(|e| place.invalid(e.to_string()))?;
+        let value = edit(&mut typed)?;
+        let after = serde_json::to_value(&typed).map_err(|e| place.invalid(e.to_string()))?;
+        if let Some(patch) = merge_diff(&before, &after) {
+            json_patch::merge(document, &patch);
+        }
+        Ok(value)
     }
 }
 
@@ -315,19 +407,20 @@ pub fn merge_diff(before: &Value, after: &Value) -> Option<Value> {
     }
 }
 
-/// Where an edit applies, for its error messages: table, key and column.
-pub(crate) struct Place<'k, T: Guarded, Col> {
+/// Where an edit applies, for its error messages: table, key (as written in messages)
+/// and column. Owns what it names, so that an edit can go to another thread.
+pub(crate) struct Place<T, Col> {
     table: &'static str,
-    key: &'k T::Key,
-    column: std::marker::PhantomData<Col>,
+    key: String,
+    entity: std::marker::PhantomData<fn() -> (T, Col)>,
 }
 
-impl<'k, T: Guarded, Col: Column> Place<'k, T, Col> {
-    pub(crate) fn new(table: &'static str, key: &'k T::Key) -> Self {
+impl<T: Guarded, Col: Column> Place<T, Col> {
+    pub(crate) fn new(table: &'static str, key: &T::Key) -> Self {
         Place {
             table,
-            key,
-            column: std::marker::PhantomData,
+            key: format!("{key:?}"),
+            entity: std::marker::PhantomData,
         }
     }
 
@@ -335,7 +428,7 @@ impl<'k, T: Guarded, Col: Column> Place<'k, T, Col> {
     pub(crate) fn invalid(&self, reason: impl Into<String>) -> Error {
         Error::InvalidPatch {
             table: self.table,
-            key: format!("{:?}", self.key),
+            key: self.key.clone(),
             column: Col::NAME,
             reason: reason.into(),
         }
@@ -346,7 +439,7 @@ impl<'k, T: Guarded, Col: Column> Place<'k, T, Col> {
         Error::InvalidData {
             table: self.table,
             column: Col::NAME.to_string(),
-            reason: format!("row {:?}: {reason}", self.key),
+            reason: format!("row {}: {reason}", self.key),
         }
     }
 
@@ -389,13 +482,13 @@ impl<'k, T: Guarded, Col: Column> Place<'k, T, Col> {
     }
 
     /// `text` as a JSON pointer below the root.
-    fn pointer<'p>(&self, text: &'p str) -> Result<&'p json_patch::jsonptr::Pointer, Error> {
+    fn pointer(&self, text: &str) -> Result<json_patch::jsonptr::PointerBuf, Error> {
         let pointer = json_patch::jsonptr::Pointer::parse(text)
             .map_err(|e| self.invalid(format!("{text:?} is not a JSON pointer: {e}")))?;
         if pointer.is_root() {
             return Err(self.invalid("the pointer is the root; edit keys below it"));
         }
-        Ok(pointer)
+        Ok(pointer.to_buf())
     }
 
     /// Every existing value on the way to `pointer`'s parent is an object or an array.
