@@ -12,7 +12,7 @@ use crate::report::Report;
 use crate::Settings;
 
 /// Compiles `items` into modules `sqlite`, `postgres` and `mysql`, each with:
-/// `Conn`, `Pool`, `JsonSql` (the JSON column's SQL type), `BACKEND`, `JSON_DDL` (the
+/// `Conn`, `AsyncConn` (its diesel-async connection), `Pool`, `JsonSql` (the JSON column's SQL type), `BACKEND`, `JSON_DDL` (the
 /// JSON column's type in `CREATE TABLE`), `HAND_MERGE` (the hand-written one-statement
 /// merge of `bench_docs.ext`, binding the patch then the id) and `pool(url, size)`.
 macro_rules! per_backend {
@@ -21,6 +21,7 @@ macro_rules! per_backend {
             #![allow(dead_code, unused_imports)]
             use super::*;
             pub type Conn = diesel::SqliteConnection;
+            pub type AsyncConn = diesel_async::sync_connection_wrapper::SyncConnectionWrapper<Conn>;
             pub type Pool = diesel_occ::SqlitePool;
             pub type JsonSql = diesel::sql_types::Json;
             pub const BACKEND: &str = "sqlite";
@@ -36,6 +37,7 @@ macro_rules! per_backend {
             #![allow(dead_code, unused_imports)]
             use super::*;
             pub type Conn = diesel::PgConnection;
+            pub type AsyncConn = diesel_async::AsyncPgConnection;
             pub type Pool = diesel_occ::PgPool;
             pub type JsonSql = diesel::sql_types::Jsonb;
             pub const BACKEND: &str = "postgres";
@@ -51,6 +53,7 @@ macro_rules! per_backend {
             #![allow(dead_code, unused_imports)]
             use super::*;
             pub type Conn = diesel::MysqlConnection;
+            pub type AsyncConn = diesel_async::AsyncMysqlConnection;
             pub type Pool = diesel_occ::MysqlPool;
             pub type JsonSql = diesel::sql_types::Json;
             pub const BACKEND: &str = "mysql";
@@ -171,6 +174,14 @@ impl Backend {
 
     pub fn run_w1(self, settings: &Settings, report: &mut Report) -> Outcome {
         dispatch!(self, w1_uncontended, settings, report)
+    }
+
+    pub fn run_w1_async(self, settings: &Settings, report: &mut Report) -> Outcome {
+        match self {
+            Backend::Sqlite { .. } => crate::w1_uncontended::sqlite::run_async(settings, report),
+            Backend::Postgres => crate::w1_uncontended::postgres::run_async(settings, report),
+            Backend::Mysql => crate::w1_uncontended::mysql::run_async(settings, report),
+        }
     }
 
     pub fn run_w2(self, settings: &Settings, report: &mut Report) -> Outcome {

@@ -3,6 +3,7 @@
 //!
 //! Workloads (BENCHMARKS.md has the figures and what each one shows):
 //! - W1 uncontended guarded update: the price of the library over the same SQL by hand;
+//!   W1-async the same on diesel-async connections, against hand-written diesel-async;
 //! - W2 hot-row JSON merge: goodput of each strategy as writers pile onto one row;
 //! - W3 cancel vs ship: guarded status transitions racing on the same orders;
 //! - W4 locks: acquire + release, alone and with contenders; leader failover time;
@@ -49,7 +50,11 @@ struct Options {
     url: Option<String>,
 
     /// Workloads to run, comma-separated.
-    #[arg(long, value_delimiter = ',', default_value = "w1,w2,w3,w4,w5,w7")]
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "w1,w1-async,w2,w3,w4,w5,w7"
+    )]
     workloads: Vec<Workload>,
 
     /// Seconds per W2 point (strategy x workers) and per W4 contention run.
@@ -77,6 +82,8 @@ struct Options {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 enum Workload {
     W1,
+    /// W1 on diesel-async connections.
+    W1Async,
     W2,
     W3,
     W4,
@@ -150,6 +157,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     for workload in &options.workloads {
         match workload {
             Workload::W1 => backend.run_w1(&settings, &mut report)?,
+            Workload::W1Async => backend.run_w1_async(&settings, &mut report)?,
             Workload::W2 => backend.run_w2(&settings, &mut report)?,
             Workload::W3 => backend.run_w3(&settings, &mut report)?,
             Workload::W4 => backend.run_w4(&settings, &mut report)?,

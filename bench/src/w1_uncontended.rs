@@ -7,6 +7,10 @@
 //! write), a stale write (the library reads the row back to return a typed `Conflict`),
 //! and a request through a pool (diesel-occ's pool against r2d2 with `test_on_check_out`,
 //! which pings on every checkout).
+//!
+//! W1-async: the first three cases on a diesel-async connection (one worker on a
+//! current-thread runtime), the library's async API against hand-written diesel-async
+//! sending the same statement.
 
 use std::time::Instant;
 
@@ -24,6 +28,22 @@ struct Case {
     name: &'static str,
     strategies: [&'static str; 2],
 }
+
+/// The cases of W1-async: W1's first three, on diesel-async.
+const ASYNC_CASES: [Case; 3] = [
+    Case {
+        name: "update only",
+        strategies: ["hand-written diesel-async", "library (async)"],
+    },
+    Case {
+        name: "load + update",
+        strategies: ["hand-written diesel-async", "library (async)"],
+    },
+    Case {
+        name: "stale write (miss)",
+        strategies: ["hand-written diesel-async", "library (async)"],
+    },
+];
 
 const CASES: [Case; 4] = [
     Case {
@@ -53,6 +73,7 @@ struct Tally {
 
 fn report_case(
     report: &mut Report,
+    workload: &'static str,
     case: &Case,
     tallies: [Tally; 2],
 ) -> Result<(), Box<dyn std::error::Error>> {
@@ -63,7 +84,7 @@ fn report_case(
         .map(|(this, base)| this / base)
         .collect();
     for (i, tally) in tallies.iter().enumerate() {
-        let record = Record::new("W1", case.name, case.strategies[i])
+        let record = Record::new(workload, case.name, case.strategies[i])
             .ops(tally.latencies.len() as u64, tally.latencies.total())
             .latencies(&tally.latencies)
             .ratio(if i == 0 { 1.0 } else { median(&ratios) });
@@ -202,7 +223,117 @@ per_backend! {
                 }
                 bar.inc(1);
             }
-            report_case(report, case, tallies)?;
+            report_case(report, "W1", case, tallies)?;
+        }
+        bar.finish_and_clear();
+        Ok(())
+    }
+
+    /// The async update a careful diesel-async user writes by hand: the same statement.
+    async fn hand_written_async(conn: &mut AsyncConn, row: &mut Row, note: String) -> QueryResult<()> {
+        let matched = diesel_async::RunQueryDsl::execute(
+            diesel::update(
+                bench_rows::table
+                    .filter(bench_rows::id.eq(row.id))
+                    .filter(bench_rows::version.eq(row.version)),
+            )
+            .set((bench_rows::note.eq(note), bench_rows::version.eq(row.version + 1))),
+            conn,
+        )
+        .await?;
+        assert_eq!(matched, 1, "the row moved on: W1 has one writer");
+        row.version += 1;
+        Ok(())
+    }
+
+    async fn load_async(conn: &mut AsyncConn, id: i64) -> QueryResult<Row> {
+        diesel_async::RunQueryDsl::first(bench_rows::table.find(id).select(Row::as_select()), conn).await
+    }
+
+    /// One operation of case `c`, by the library or by hand.
+    async fn async_op(
+        conn: &mut AsyncConn,
+        c: usize,
+        library: bool,
+        row: &mut Row,
+        stale: &Row,
+        note: String,
+    ) -> Result<(), Box<dyn std::error::Error>> {
+        match (c, library) {
+            (0, false) => hand_written_async(conn, row, note).await?,
+            (0, true) => {
+                row.version = diesel_occ::asynchronous::AsyncGuardedWrite::guarded_update(row, conn, bench_rows::note.eq(note)).await?;
+            }
+            (1, false) => {
+                let mut loaded = load_async(conn, row.id).await?;
+                hand_written_async(conn, &mut loaded, note).await?;
+                row.version = loaded.version;
+            }
+            (1, true) => {
+                let loaded = load_async(conn, row.id).await?;
+                row.version = diesel_occ::asynchronous::AsyncGuardedWrite::guarded_update(&loaded, conn, bench_rows::note.eq(note)).await?;
+            }
+            (_, false) => {
+                let matched = diesel_async::RunQueryDsl::execute(
+                    diesel::update(
+                        bench_rows::table
+                            .filter(bench_rows::id.eq(stale.id))
+                            .filter(bench_rows::version.eq(stale.version)),
+                    )
+                    .set((bench_rows::note.eq(note), bench_rows::version.eq(stale.version + 1))),
+                    conn,
+                )
+                .await?;
+                assert_eq!(matched, 0);
+            }
+            (_, true) => {
+                let err = diesel_occ::asynchronous::AsyncGuardedWrite::guarded_update(stale, conn, bench_rows::note.eq(note))
+                    .await
+                    .unwrap_err();
+                assert!(err.as_conflict().is_some(), "{err}");
+            }
+        }
+        Ok(())
+    }
+
+    pub fn run_async(settings: &Settings, report: &mut Report) -> Result<(), Box<dyn std::error::Error>> {
+        use diesel_async::AsyncConnection;
+        report.section(
+            "W1-async",
+            "uncontended guarded update on diesel-async, one worker, random rows",
+            "time per operation of the library's async API ÷ hand-written diesel-async's \
+             (median of the per-round ratios); below 1 the library is faster",
+        );
+        let pool = pool(&settings.url, 1)?;
+        let mut rows = fill_rows(&mut *pool.get()?, settings.rows)?;
+        drop(pool);
+        let stale = rows[0].clone();
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+        let conn = &mut runtime.block_on(AsyncConn::establish(&settings.url))?;
+        let bar = report.progress("W1-async", (ASYNC_CASES.len() * settings.rounds) as u64);
+        for (c, case) in ASYNC_CASES.iter().enumerate() {
+            bar.set_message(case.name);
+            let mut tallies: [Tally; 2] = Default::default();
+            for round in 0..settings.rounds {
+                for (s, tally) in tallies.iter_mut().enumerate() {
+                    // The same random rows for both strategies of a round.
+                    let mut rng = fastrand::Rng::with_seed(round as u64);
+                    let started = Instant::now();
+                    runtime.block_on(async {
+                        for i in 0..settings.ops_per_round {
+                            let row = &mut rows[rng.usize(..settings.rows)];
+                            let note = format!("r{round}-{i}");
+                            let op_started = Instant::now();
+                            async_op(conn, c, s == 1, row, &stale, note).await?;
+                            tally.latencies.push(op_started.elapsed());
+                        }
+                        Ok::<_, Box<dyn std::error::Error>>(())
+                    })?;
+                    tally.rounds.push(started.elapsed().as_secs_f64());
+                }
+                bar.inc(1);
+            }
+            report_case(report, "W1-async", case, tallies)?;
         }
         bar.finish_and_clear();
         Ok(())
