@@ -13,7 +13,7 @@ use common::models::{Order, OrderPatch, OrderState};
 use common::paths::{Async, AsyncOf, Blocking, Writes};
 use common::schema::orders;
 use diesel::prelude::*;
-use diesel_occ::{Error, RetryPolicy};
+use diesel_occ::{Error, RetryPolicy, Upserted};
 
 fn patch(note: &str) -> OrderPatch {
     OrderPatch {
@@ -178,6 +178,54 @@ fn a_stale_copy_in_an_allowed_state_conflicts<W: Writes>(w: &mut W) {
     assert_eq!(w.transition_by_key(1, OrderState::Shipped).unwrap(), 3);
 }
 
+fn inserts_seed_a_token_no_earlier_copy_holds<W: Writes>(w: &mut W) {
+    let old = w.load(1).unwrap();
+    w.delete(&old).unwrap();
+    let mut again = Order::new(1, "again");
+    let seed = w.insert(&mut again).unwrap();
+    assert!(
+        seed > old.version + 1_000_000,
+        "a seed from the clock: {seed}, {}",
+        W::PATH
+    );
+    assert_eq!((again.version, w.load(1).unwrap()), (seed, again.clone()));
+    // The copy read before the delete cannot write the new row.
+    assert!(matches!(
+        w.update(&old, patch("stale")),
+        Err(Error::Conflict(_))
+    ));
+    let Err(Error::AlreadyExists { current, .. }) = w.insert(&mut Order::new(1, "twice")) else {
+        panic!("a taken key must be refused")
+    };
+    assert_eq!(current.as_any().downcast_ref::<Order>(), Some(&again));
+}
+
+fn upserts_save_insert_and_never_overwrite<W: Writes>(w: &mut W) {
+    let mut copy = w.load(1).unwrap();
+    let stale = copy.clone();
+    copy.quantity = 9;
+    assert_eq!(
+        w.upsert(&mut copy).unwrap(),
+        Upserted::Updated(1),
+        "{}",
+        W::PATH
+    );
+    assert_eq!(w.load(1).unwrap(), copy);
+    let mut stale = stale;
+    stale.note = "overwrite?".into();
+    assert!(matches!(w.upsert(&mut stale), Err(Error::Conflict(_))));
+    assert_eq!(
+        w.load(1).unwrap(),
+        copy,
+        "nothing written over a row of another token"
+    );
+    let mut fresh = Order::new(2, "fresh");
+    let Upserted::Inserted(seed) = w.upsert(&mut fresh).unwrap() else {
+        panic!("an insert")
+    };
+    assert_eq!((fresh.version, w.load(2).unwrap()), (seed, fresh.clone()));
+}
+
 for_each_backend! {
     type Async_ = <Conn as AsyncOf>::Async;
     type Pool = r2d2::Pool<diesel_occ::CheckedManager<Conn>>;
@@ -219,6 +267,8 @@ for_each_backend! {
         saves_record_the_token_and_refuse_a_stale_original,
         modify_writes_once_and_reports_a_missing_row,
         transitions_move_once_and_explain_every_refusal,
+        inserts_seed_a_token_no_earlier_copy_holds,
+        upserts_save_insert_and_never_overwrite,
         a_stale_copy_in_an_allowed_state_conflicts
     );
 

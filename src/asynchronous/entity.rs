@@ -122,6 +122,32 @@ pub trait AsyncGuardedWrite: Guarded {
         }
     }
 
+    /// Inserts this copy as a new row with a seeded first token, and records the token
+    /// and stamp in the copy; see
+    /// [`GuardedWrite::guarded_insert`](crate::GuardedWrite::guarded_insert).
+    fn guarded_insert<'a, C>(
+        &'a mut self,
+        conn: &'a mut C,
+    ) -> impl Future<Output = Result<TokenOf<Self>, Error>> + Send + 'a
+    where
+        Self: super::insert::AsyncInsertRow<C>,
+    {
+        self.insert_row(conn)
+    }
+
+    /// Saves this copy over its row while the row holds the copy's token, or inserts it
+    /// when no row has its key; see
+    /// [`GuardedWrite::guarded_upsert`](crate::GuardedWrite::guarded_upsert).
+    fn guarded_upsert<'a, C>(
+        &'a mut self,
+        conn: &'a mut C,
+    ) -> impl Future<Output = Result<crate::Upserted<TokenOf<Self>>, Error>> + Send + 'a
+    where
+        Self: super::insert::AsyncUpsertRow<C>,
+    {
+        self.upsert_row(conn)
+    }
+
     /// Deletes the row if it still holds this copy's token; see
     /// [`GuardedWrite::guarded_delete`](crate::GuardedWrite::guarded_delete).
     fn guarded_delete<C>(&self, conn: &mut C) -> impl Future<Output = Result<(), Error>> + Send

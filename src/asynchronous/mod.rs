@@ -45,6 +45,7 @@
 mod connection;
 mod entity;
 mod executor;
+mod insert;
 mod json;
 mod modify;
 mod send;
@@ -56,6 +57,7 @@ mod transition;
 
 pub use connection::{NativeAsync, NativeAsyncConnection};
 pub use entity::{AsyncDeleteRow, AsyncGuardedWrite, AsyncUpdateRow};
+pub use insert::{AsyncInsertRow, AsyncUpsertRow};
 pub use json::{
     AsyncEditJson, AsyncGuardedJson, AsyncGuardedJsonMerge, AsyncMergeInPlace, BoxedEdit,
 };

@@ -46,39 +46,70 @@ where
 {
     fn insert_row(&mut self, conn: &mut C) -> Result<TokenOf<T>, Error> {
         check_stored_precision::<T, C>(conn)?;
-        let mut row = self.clone();
-        let seed = T::Guard::seed(&self.token());
-        row.set_token(seed.clone());
-        row.set_stamp(&T::stamp());
+        let (row, seed) = seeded(self);
         let key = row.key();
         let insert = diesel::insert_into(T::table()).values(row.clone());
         let written = CompareAndSet::one(insert, T::table_name(), &key, CannotMiss)
             .matching(Matches::Any)
             .run::<C, Counted, ()>(conn);
-        match written {
-            Ok(_) => {
+        match key_taken(written) {
+            Ok(Ok(())) => {
                 *self = row;
                 Ok(seed)
             }
-            Err(Error::Database(DieselError::DatabaseError(
-                DatabaseErrorKind::UniqueViolation,
-                info,
-            ))) => Err(taken::<T, C>(conn, &key, info)),
+            Ok(Err(info)) => {
+                let read = T::load_by_key(conn, &key);
+                Err(taken(T::table_name(), &key, info, read))
+            }
             Err(other) => Err(other),
         }
     }
 }
 
-/// A unique violation on insert: [`Error::AlreadyExists`] with the row when the key is
-/// taken, else the violation itself (another unique column).
-fn taken<T: LoadByKey<C>, C>(
-    conn: &mut C,
+/// The copy of `row` to insert, with its seeded first token and stamp, and that token.
+pub(crate) fn seeded<T>(row: &T) -> (T, TokenOf<T>)
+where
+    T: crate::guard::Guarded + Clone,
+    T::Guard: SeedsTokens,
+{
+    let mut copy = row.clone();
+    let seed = T::Guard::seed(&row.token());
+    copy.set_token(seed.clone());
+    copy.set_stamp(&T::stamp());
+    (copy, seed)
+}
+
+/// An insert's outcome: `Ok(Ok(()))` written, `Ok(Err(info))` a unique violation (to
+/// explain), or another error.
+pub(crate) type InsertOutcome = Result<Result<(), ViolationInfo>, Error>;
+
+/// What the database said of a unique violation.
+pub(crate) type ViolationInfo = Box<dyn diesel::result::DatabaseErrorInformation + Send + Sync>;
+
+/// Sorts an insert's answer: written, a unique violation to explain, or another error.
+pub(crate) fn key_taken<W>(written: Result<W, Error>) -> InsertOutcome {
+    match written {
+        Ok(_) => Ok(Ok(())),
+        Err(Error::Database(DieselError::DatabaseError(
+            DatabaseErrorKind::UniqueViolation,
+            info,
+        ))) => Ok(Err(info)),
+        Err(other) => Err(other),
+    }
+}
+
+/// A unique violation on insert into `table`, given the read of the row with `key`:
+/// [`Error::AlreadyExists`] with the row when the key is taken, else the violation itself
+/// (another unique column).
+pub(crate) fn taken<T: crate::guard::Guarded>(
+    table: &'static str,
     key: &T::Key,
-    info: Box<dyn diesel::result::DatabaseErrorInformation + Send + Sync>,
+    info: ViolationInfo,
+    read: diesel::QueryResult<Option<T>>,
 ) -> Error {
-    match T::load_by_key(conn, key) {
+    match read {
         Ok(Some(current)) => Error::AlreadyExists {
-            table: T::table_name(),
+            table,
             key: format!("{key:?}"),
             current: Box::new(current),
         },

@@ -88,22 +88,35 @@ where
             Err(other) => return Err(other),
         }
         let state = self.status_name();
-        match self.insert_row(conn) {
-            Ok(token) => Ok(Upserted::Inserted(token)),
-            Err(Error::AlreadyExists { current, .. }) => {
-                let current = current.into_any().downcast::<T>().ok().map(|row| *row);
-                Err(RowMoved::<T>::expecting(&key, &expected)
-                    .in_state(state)
-                    .given::<C>(current))
-            }
-            Err(other) => Err(other),
+        let inserted = self.insert_row(conn);
+        inserted_or_conflict::<T>(T::table_name(), &key, &expected, state, inserted)
+    }
+}
+
+/// The upsert's answer after its insert: inserted, or, when someone else's row has the
+/// key, the conflict a save would report with that row.
+pub(crate) fn inserted_or_conflict<T: crate::guard::Guarded>(
+    table: &'static str,
+    key: &T::Key,
+    expected: &TokenOf<T>,
+    state: Option<&'static str>,
+    inserted: Result<TokenOf<T>, Error>,
+) -> Result<Upserted<TokenOf<T>>, Error> {
+    match inserted {
+        Ok(token) => Ok(Upserted::Inserted(token)),
+        Err(Error::AlreadyExists { current, .. }) => {
+            let current = current.into_any().downcast::<T>().ok().map(|row| *row);
+            Err(RowMoved::<T>::expecting(key, expected)
+                .in_state(state)
+                .given_in(table, current))
         }
+        Err(other) => Err(other),
     }
 }
 
 /// A missed update of an upsert, left for the insert to explain: an [`Error::NotFound`]
 /// the upsert takes as "try the insert", without reading the row.
-struct Unexplained;
+pub(crate) struct Unexplained;
 
 impl<C> Miss<C> for Unexplained {
     fn explain(self, _: &mut C) -> Error {

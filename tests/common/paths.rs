@@ -4,7 +4,7 @@
 
 use diesel::prelude::*;
 use diesel_occ::asynchronous::prelude::*;
-use diesel_occ::{Error, GuardedModify, GuardedWrite, Modified, RetryPolicy};
+use diesel_occ::{Error, GuardedModify, GuardedWrite, Modified, RetryPolicy, Upserted};
 
 use super::models::{Order, OrderPatch, OrderState, TrackedOrder};
 use super::schema::orders;
@@ -41,6 +41,10 @@ pub trait Writes {
         to: OrderState,
         min: i32,
     ) -> Result<i64, Error>;
+    /// Inserts a copy as a new row with a seeded token.
+    fn insert(&mut self, row: &mut Order) -> Result<i64, Error>;
+    /// Saves a copy over its row, or inserts it.
+    fn upsert(&mut self, row: &mut Order) -> Result<Upserted<i64>, Error>;
     /// Moves the row with `id` to `to`, whatever its token.
     fn transition_by_key(&mut self, id: i64, to: OrderState) -> Result<i64, Error>;
 }
@@ -176,6 +180,12 @@ macro_rules! writes_for {
             fn transition(&mut self, row: &mut TrackedOrder, to: OrderState) -> Result<i64, Error> {
                 GuardedTransition::transition(row, &mut self.0, to, no_extra())
             }
+            fn insert(&mut self, row: &mut Order) -> Result<i64, Error> {
+                GuardedWrite::guarded_insert(row, &mut self.0)
+            }
+            fn upsert(&mut self, row: &mut Order) -> Result<Upserted<i64>, Error> {
+                GuardedWrite::guarded_upsert(row, &mut self.0)
+            }
             fn transition_if_more_than(
                 &mut self,
                 row: &mut TrackedOrder,
@@ -269,6 +279,14 @@ macro_rules! writes_for {
                 let query = orders::table.find(id).select(TrackedOrder::as_select());
                 let read = diesel_async::RunQueryDsl::first(query, &mut self.conn);
                 self.runtime.block_on(read).optional().unwrap()
+            }
+            fn insert(&mut self, row: &mut Order) -> Result<i64, Error> {
+                self.runtime
+                    .block_on(AsyncGuardedWrite::guarded_insert(row, &mut self.conn))
+            }
+            fn upsert(&mut self, row: &mut Order) -> Result<Upserted<i64>, Error> {
+                self.runtime
+                    .block_on(AsyncGuardedWrite::guarded_upsert(row, &mut self.conn))
             }
             fn transition(&mut self, row: &mut TrackedOrder, to: OrderState) -> Result<i64, Error> {
                 self.runtime.block_on(AsyncGuardedTransition::transition(
