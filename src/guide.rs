@@ -9,7 +9,7 @@
 //! 5. Locks, leases and leader election (`guide::locks`, feature `locks`): database-table
 //!    locks with fencing tokens.
 //! 6. [Web back ends](web): ETags, `If-Match` and problem bodies.
-//! 7. [Pools and the library's tables](setup).
+//! 7. [Pools, async connections and the library's tables](setup).
 //! 8. [The derive](mod@derive): every attribute.
 //! 9. [Choosing a guard and a retry policy](choosing).
 //! 10. [When connections fail, and bad input](failures): what each outcome means.

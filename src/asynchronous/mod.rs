@@ -1,12 +1,23 @@
-//! The library on diesel-async connections (feature `async`): guarded writes and
-//! read-modify-write with retry as futures, on `AsyncPgConnection`,
+//! The library on diesel-async connections (feature `async`): guarded writes, inserts and
+//! upserts, read-modify-write with retry, JSON edits and merges, and status transitions,
+//! as futures, on `AsyncPgConnection`,
 //! `SyncConnectionWrapper<SqliteConnection>` and (feature `async-mysql`)
 //! `AsyncMysqlConnection`. A connection checked out of a bb8 or deadpool pool is passed
 //! as `&mut *conn`; [`AsyncGuardedModify::modify_pooled`] takes the pool itself
 //! (features `bb8`, `async-deadpool`) and checks a connection out per attempt.
 //!
-//! ```ignore
+//! ```
+//! # #[cfg(all(feature = "bb8", feature = "postgres"))]
+//! # mod example {
+//! # use diesel::prelude::*;
+//! # diesel::table! { orders (id) { id -> BigInt, name -> Text, version -> BigInt } }
+//! # #[derive(Debug, Clone, Queryable, Selectable, Identifiable, diesel_occ::Guarded)]
+//! # #[diesel(table_name = orders)]
+//! # struct Order { id: i64, name: String, #[occ(version)] version: i64 }
+//! use diesel_async::pooled_connection::bb8::Pool;
+//! use diesel_async::AsyncPgConnection;
 //! use diesel_occ::asynchronous::prelude::*;
+//! use diesel_occ::{Error, RetryPolicy};
 //!
 //! async fn rename(pool: &Pool<AsyncPgConnection>, id: i64, name: String) -> Result<Order, Error> {
 //!     let done = Order::modify_pooled(pool, &id, &RetryPolicy::default(), move |order| {
@@ -16,6 +27,7 @@
 //!     .await?;
 //!     Ok(done.row)
 //! }
+//! # }
 //! ```
 //!
 //! The statements, the checks made before sending, the judgement of an answer and the
