@@ -21,7 +21,7 @@ use crate::sql::statement::Assignments;
 use crate::write::entity::{guarded_statement_in, UpdateOf};
 use crate::write::executor::{CannotMiss, CompareAndSet, Matches};
 use crate::write::insert::{key_taken, seeded, taken, InsertOf};
-use crate::write::upsert::{inserted_or_conflict, Unexplained, Upserted};
+use crate::write::upsert::{inserted_or_conflict, saved_over, Unexplained, Upserted};
 
 /// A guarded insert of entity `Self` on async connection `C`, as one bound; not a trait
 /// to implement.
@@ -132,15 +132,8 @@ where
             run::<C, _, _, CompletionOf<T>, _>(write, conn, false).await
         }
         .await;
-        match call.finish(updated) {
-            Ok(written) => {
-                let token = written.token.unwrap_or(next);
-                self.set_token(token.clone());
-                self.set_stamp(&stamp);
-                return Ok(Upserted::Updated(token));
-            }
-            Err(Error::NotFound { .. }) => {}
-            Err(other) => return Err(other),
+        if let Some(done) = saved_over(self, call.finish(updated), next, &stamp)? {
+            return Ok(done);
         }
         let state = self.status_name();
         let inserted = <T as AsyncInsertRow<C>>::insert_row(self, conn).await;

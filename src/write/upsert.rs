@@ -75,21 +75,35 @@ where
             stamp.clone(),
             Some(self.status_kept()),
         )?;
-        match CompareAndSet::one(statement, T::table_name(), &key, Unexplained)
-            .run::<C, CompletionOf<T>, TokenOf<T>>(conn)
-        {
-            Ok(written) => {
-                let token = written.token.unwrap_or(next);
-                self.set_token(token.clone());
-                self.set_stamp(&stamp);
-                return Ok(Upserted::Updated(token));
-            }
-            Err(Error::NotFound { .. }) => {}
-            Err(other) => return Err(other),
+        let updated = CompareAndSet::one(statement, T::table_name(), &key, Unexplained)
+            .run::<C, CompletionOf<T>, TokenOf<T>>(conn);
+        if let Some(done) = saved_over(self, updated, next, &stamp)? {
+            return Ok(done);
         }
         let state = self.status_name();
         let inserted = self.insert_row(conn);
         inserted_or_conflict::<T>(T::table_name(), &key, &expected, state, inserted)
+    }
+}
+
+/// The upsert's answer after its update: `Some` when the update wrote the row (recorded
+/// in `row`, with the token `next` unless the database read one back), `None` when no row
+/// matched (the insert decides), or the update's error.
+pub(crate) fn saved_over<T: crate::guard::Guarded>(
+    row: &mut T,
+    updated: Result<crate::write::executor::Written<TokenOf<T>>, Error>,
+    next: TokenOf<T>,
+    stamp: &T::Stamp,
+) -> Result<Option<Upserted<TokenOf<T>>>, Error> {
+    match updated {
+        Ok(written) => {
+            let token = written.token.unwrap_or(next);
+            row.set_token(token.clone());
+            row.set_stamp(stamp);
+            Ok(Some(Upserted::Updated(token)))
+        }
+        Err(Error::NotFound { .. }) => Ok(None),
+        Err(other) => Err(other),
     }
 }
 
