@@ -226,6 +226,29 @@ fn upserts_save_insert_and_never_overwrite<W: Writes>(w: &mut W) {
     assert_eq!((fresh.version, w.load(2).unwrap()), (seed, fresh.clone()));
 }
 
+fn excluded_fields_never_conflict_and_nothing_else_passes<W: Writes>(w: &mut W) {
+    let copy = w.load(1).unwrap();
+    w.set_views(1, 41).unwrap();
+    assert_eq!(
+        w.load(1).unwrap().version,
+        0,
+        "the token did not move, {}",
+        W::PATH
+    );
+    // The copy read before the counter moved is still current.
+    assert_eq!(w.update(&copy, patch("after a view")).unwrap(), 1);
+    assert!(matches!(
+        w.note_as_excluded(1),
+        Err(Error::NotExcluded { .. })
+    ));
+    assert_eq!(
+        w.load(1).unwrap().note,
+        "after a view",
+        "nothing of a refused write landed"
+    );
+    assert!(matches!(w.set_views(9, 1), Err(Error::NotFound { .. })));
+}
+
 for_each_backend! {
     type Async_ = <Conn as AsyncOf>::Async;
     type Pool = r2d2::Pool<diesel_occ::CheckedManager<Conn>>;
@@ -268,6 +291,7 @@ for_each_backend! {
         modify_writes_once_and_reports_a_missing_row,
         transitions_move_once_and_explain_every_refusal,
         inserts_seed_a_token_no_earlier_copy_holds,
+        excluded_fields_never_conflict_and_nothing_else_passes,
         upserts_save_insert_and_never_overwrite,
         a_stale_copy_in_an_allowed_state_conflicts
     );

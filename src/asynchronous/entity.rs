@@ -5,7 +5,7 @@
 use std::future::Future;
 
 use diesel::associations::HasTable;
-use diesel::query_builder::AsChangeset;
+use diesel::query_builder::{AsChangeset, QueryFragment};
 use diesel_async::AsyncConnection;
 
 use super::connection::{classify, refuse_broken, NativeAsync, NativeAsyncConnection};
@@ -20,8 +20,8 @@ use crate::guard::{
 use crate::sql::new_token::Counted;
 use crate::sql::statement::{Assignments, NoChanges};
 use crate::write::entity::{
-    guarded_statement_in, key_write, refuse_status_move, token_read_back, DeleteOf, KeyWriteOf,
-    RowMoved, UpdateOf,
+    excluded_changeset, guarded_statement_in, key_write, refuse_status_move, token_read_back,
+    unguarded_by_key, DeleteOf, KeyWriteOf, RowMoved, UnguardedUpdateOf, UpdateOf,
 };
 use crate::write::executor::CompareAndSet;
 
@@ -146,6 +146,33 @@ pub trait AsyncGuardedWrite: Guarded {
         Self: super::insert::AsyncUpsertRow<C>,
     {
         self.upsert_row(conn)
+    }
+
+    /// Writes `changes` to this row's excluded fields (`#[occ(exclude)]`) without checking
+    /// or advancing the token; see
+    /// [`GuardedWrite::update_excluded`](crate::GuardedWrite::update_excluded).
+    fn update_excluded<'a, C, Ch>(
+        &self,
+        conn: &'a mut C,
+        changes: Ch,
+    ) -> impl Future<Output = Result<(), Error>> + Send + 'a
+    where
+        Self: AsyncUpdateExcluded<C, Ch>,
+    {
+        Self::update_excluded_row(conn, self.key(), changes)
+    }
+
+    /// Writes `changes` to the excluded fields of the row with `key`; see
+    /// [`GuardedWrite::update_excluded_by_key`](crate::GuardedWrite::update_excluded_by_key).
+    fn update_excluded_by_key<'a, C, Ch>(
+        conn: &'a mut C,
+        key: &Self::Key,
+        changes: Ch,
+    ) -> impl Future<Output = Result<(), Error>> + Send + 'a
+    where
+        Self: AsyncUpdateExcluded<C, Ch>,
+    {
+        Self::update_excluded_row(conn, key.clone(), changes)
     }
 
     /// Deletes the row if it still holds this copy's token; see
@@ -379,5 +406,54 @@ where
         let write = CompareAndSet::one(statement, table, key, miss);
         let written = run::<C, _, _, ReturnedTokenOf<T>, TokenOf<T>>(write, conn, false).await?;
         token_read_back(written.token)
+    }
+}
+
+/// An unguarded update of entity `Self`'s excluded fields with changes `Ch` on async
+/// connection `C`, as one bound; not a trait to implement.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot update its excluded fields with `{Ch}` on `{C}`",
+    note = "the changes must be for the entity's table and the connection a diesel-async connection of a backend diesel-occ supports"
+)]
+pub trait AsyncUpdateExcluded<C, Ch>: Guarded {
+    /// Runs the update.
+    #[doc(hidden)]
+    fn update_excluded_row<'a>(
+        conn: &'a mut C,
+        key: Self::Key,
+        changes: Ch,
+    ) -> impl Future<Output = Result<(), Error>> + Send + 'a;
+}
+
+impl<T, C, Ch> AsyncUpdateExcluded<C, Ch> for T
+where
+    T: AsyncLoadByKey<C>,
+    C: NativeAsyncConnection,
+    C::Backend: NativeAsync,
+    Ch: AsChangeset<Target = T::Table>,
+    Ch::Changeset: QueryFragment<C::Backend>,
+    T::Stamp: QueryFragment<C::Backend>,
+    UnguardedUpdateOf<T, Ch::Changeset>: Assignments<C::Backend> + Send + 'static,
+    Counted: AsyncComplete<C, UnguardedUpdateOf<T, Ch::Changeset>, TokenOf<T>>,
+{
+    fn update_excluded_row<'a>(
+        conn: &'a mut C,
+        key: T::Key,
+        changes: Ch,
+    ) -> impl Future<Output = Result<(), Error>> + Send + 'a {
+        let table = <T as AsyncLoadByKey<C>>::table_name();
+        // Checked before the future: the changes need not be `Send`.
+        let statement = excluded_changeset::<T, C::Backend, Ch>(table, changes)
+            .map(|changes| changes.map(|changes| unguarded_by_key::<T, _>(&key, changes)));
+        async move {
+            refuse_broken(conn)?;
+            let Some(statement) = statement? else {
+                return Ok(());
+            };
+            let write = CompareAndSet::one(statement, table, &key, RowMoved::<T>::any(&key));
+            let mut call = Call::start(conn);
+            let written = run::<C, _, _, Counted, TokenOf<T>>(write, call.conn(), false).await;
+            call.finish(written).map(drop)
+        }
     }
 }

@@ -9,7 +9,7 @@ use std::future::Future;
 use diesel::SqliteConnection;
 use diesel_async::sync_connection_wrapper::SyncConnectionWrapper;
 
-use super::entity::{AsyncDeleteRow, AsyncUpdateRow};
+use super::entity::{AsyncDeleteRow, AsyncUpdateExcluded, AsyncUpdateRow};
 use super::insert::{AsyncInsertRow, AsyncUpsertRow};
 use super::json::{AsyncEditJson, AsyncMergeInPlace};
 use super::modify::AsyncModifyRow;
@@ -21,7 +21,7 @@ use crate::json::document::EditJson;
 use crate::json::merge_in_place::MergeInPlace;
 use crate::retry::RetryPolicy;
 use crate::status::transition::{retried_by_key, TransitionByKey, TransitionRow};
-use crate::write::entity::{DeleteRow, UpdateRow};
+use crate::write::entity::{DeleteRow, UpdateExcluded, UpdateRow};
 use crate::write::insert::InsertRow;
 use crate::write::modify::{GuardedModify, Modified};
 use crate::write::upsert::{UpsertRow, Upserted};
@@ -265,5 +265,21 @@ where
         conn: &'a mut AsyncSqlite,
     ) -> impl Future<Output = Result<Upserted<TokenOf<T>>, Error>> + Send + 'a {
         on_copy(self, conn, |row, conn| row.upsert_row(conn))
+    }
+}
+
+impl<T, Ch> AsyncUpdateExcluded<AsyncSqlite, Ch> for T
+where
+    T: UpdateExcluded<SqliteConnection, Ch>,
+    Ch: Send + 'static,
+{
+    fn update_excluded_row<'a>(
+        conn: &'a mut AsyncSqlite,
+        key: T::Key,
+        changes: Ch,
+    ) -> impl Future<Output = Result<(), Error>> + Send + 'a {
+        on_thread(conn, move |conn| {
+            T::update_excluded_row(conn, &key, changes)
+        })
     }
 }

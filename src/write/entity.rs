@@ -412,24 +412,41 @@ where
     UnguardedUpdateOf<T, Ch::Changeset>: ExecuteDsl<C> + Assignments<C::Backend>,
 {
     fn update_excluded_row(conn: &mut C, key: &T::Key, changes: Ch) -> Result<(), Error> {
-        let changes = changes.as_changeset();
-        let columns = assigned_columns::<C::Backend, _>(&changes)?;
-        // The update time is not the guard's either: a maintenance job may set it.
-        let stamped = assigned_columns::<C::Backend, _>(&T::stamp())?;
-        if let Some(column) = columns
-            .iter()
-            .find(|c| !T::EXCLUDED_COLUMNS.contains(&c.as_str()) && !stamped.contains(c))
-        {
-            return Err(Error::NotExcluded {
-                table: T::table_name(),
-                column: column.clone(),
-            });
+        match excluded_changeset::<T, C::Backend, Ch>(T::table_name(), changes)? {
+            Some(changes) => write_unguarded_by_key::<T, C, _>(conn, key, changes),
+            None => Ok(()),
         }
-        if columns.is_empty() {
-            return Ok(());
-        }
-        write_unguarded_by_key::<T, C, _>(conn, key, changes)
     }
+}
+
+/// `changes` to the excluded fields of entity `T` (of `table`) as a changeset, checked
+/// before anything is sent: a column that is neither excluded nor the update time is
+/// [`Error::NotExcluded`]; `None` when it assigns nothing (nothing to send).
+pub(crate) fn excluded_changeset<T, DB, Ch>(
+    table: &'static str,
+    changes: Ch,
+) -> Result<Option<Ch::Changeset>, Error>
+where
+    T: Guarded,
+    DB: OccBackend,
+    Ch: AsChangeset<Target = T::Table>,
+    Ch::Changeset: QueryFragment<DB>,
+    T::Stamp: QueryFragment<DB>,
+{
+    let changes = changes.as_changeset();
+    let columns = assigned_columns::<DB, _>(&changes)?;
+    // The update time is not the guard's either: a maintenance job may set it.
+    let stamped = assigned_columns::<DB, _>(&T::stamp())?;
+    if let Some(column) = columns
+        .iter()
+        .find(|c| !T::EXCLUDED_COLUMNS.contains(&c.as_str()) && !stamped.contains(c))
+    {
+        return Err(Error::NotExcluded {
+            table,
+            column: column.clone(),
+        });
+    }
+    Ok((!columns.is_empty()).then_some(changes))
 }
 
 /// `UPDATE <table> SET <changes> WHERE <key>`, outside the guard (neither checked nor
@@ -446,16 +463,21 @@ where
     C::Backend: OccBackend,
     UnguardedUpdateOf<T, X>: ExecuteDsl<C> + Assignments<C::Backend>,
 {
-    let statement = UnguardedUpdateOf::<T, X>::new(
+    let statement = unguarded_by_key::<T, X>(key, changes);
+    CompareAndSet::one(statement, T::table_name(), key, RowMoved::<T>::any(key))
+        .run::<C, Counted, TokenOf<T>>(conn)
+        .map(drop)
+}
+
+/// `UPDATE <table> SET <changes> WHERE <key>` of entity `T`'s row with `key`.
+pub(crate) fn unguarded_by_key<T: Guarded, X>(key: &T::Key, changes: X) -> UnguardedUpdateOf<T, X> {
+    UnguardedUpdateOf::<T, X>::new(
         T::table(),
         changes,
         Unguarded,
         T::key_predicate(key),
         Unguarded,
-    );
-    CompareAndSet::one(statement, T::table_name(), key, RowMoved::<T>::any(key))
-        .run::<C, Counted, TokenOf<T>>(conn)
-        .map(drop)
+    )
 }
 
 /// [`Error::StatusNotWritable`] when `copy` is in another state than the `original` it

@@ -147,3 +147,15 @@ pub struct TrackedOrder {
     #[occ(version)]
     pub version: i64,
 }
+
+/// An order whose view counter is written outside the guard.
+#[derive(Debug, Clone, PartialEq, Queryable, Selectable, Identifiable, Guarded)]
+#[diesel(table_name = orders)]
+pub struct ViewedOrder {
+    pub id: i64,
+    pub note: String,
+    #[occ(exclude)]
+    pub views: i64,
+    #[occ(version)]
+    pub version: i64,
+}

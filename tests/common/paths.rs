@@ -6,7 +6,7 @@ use diesel::prelude::*;
 use diesel_occ::asynchronous::prelude::*;
 use diesel_occ::{Error, GuardedModify, GuardedWrite, Modified, RetryPolicy, Upserted};
 
-use super::models::{Order, OrderPatch, OrderState, TrackedOrder};
+use super::models::{Order, OrderPatch, OrderState, TrackedOrder, ViewedOrder};
 use super::schema::orders;
 use diesel_occ::{no_extra, GuardedStatusTransition, GuardedTransition};
 
@@ -41,6 +41,10 @@ pub trait Writes {
         to: OrderState,
         min: i32,
     ) -> Result<i64, Error>;
+    /// Sets the view counter of the row with `id`, outside the guard.
+    fn set_views(&mut self, id: i64, views: i64) -> Result<(), Error>;
+    /// Writes the note through `update_excluded`, which must refuse it.
+    fn note_as_excluded(&mut self, id: i64) -> Result<(), Error>;
     /// Inserts a copy as a new row with a seeded token.
     fn insert(&mut self, row: &mut Order) -> Result<i64, Error>;
     /// Saves a copy over its row, or inserts it.
@@ -183,6 +187,20 @@ macro_rules! writes_for {
             fn insert(&mut self, row: &mut Order) -> Result<i64, Error> {
                 GuardedWrite::guarded_insert(row, &mut self.0)
             }
+            fn set_views(&mut self, id: i64, views: i64) -> Result<(), Error> {
+                <ViewedOrder as GuardedWrite>::update_excluded_by_key(
+                    &mut self.0,
+                    &id,
+                    orders::views.eq(views),
+                )
+            }
+            fn note_as_excluded(&mut self, id: i64) -> Result<(), Error> {
+                <ViewedOrder as GuardedWrite>::update_excluded_by_key(
+                    &mut self.0,
+                    &id,
+                    orders::note.eq("x"),
+                )
+            }
             fn upsert(&mut self, row: &mut Order) -> Result<Upserted<i64>, Error> {
                 GuardedWrite::guarded_upsert(row, &mut self.0)
             }
@@ -283,6 +301,24 @@ macro_rules! writes_for {
             fn insert(&mut self, row: &mut Order) -> Result<i64, Error> {
                 self.runtime
                     .block_on(AsyncGuardedWrite::guarded_insert(row, &mut self.conn))
+            }
+            fn set_views(&mut self, id: i64, views: i64) -> Result<(), Error> {
+                let changes = orders::views.eq(views);
+                let write = <ViewedOrder as AsyncGuardedWrite>::update_excluded_by_key(
+                    &mut self.conn,
+                    &id,
+                    changes,
+                );
+                self.runtime.block_on(write)
+            }
+            fn note_as_excluded(&mut self, id: i64) -> Result<(), Error> {
+                let changes = orders::note.eq("x");
+                let write = <ViewedOrder as AsyncGuardedWrite>::update_excluded_by_key(
+                    &mut self.conn,
+                    &id,
+                    changes,
+                );
+                self.runtime.block_on(write)
             }
             fn upsert(&mut self, row: &mut Order) -> Result<Upserted<i64>, Error> {
                 self.runtime
