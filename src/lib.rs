@@ -198,7 +198,7 @@ pub use status::{HasStatus, Status};
 
 // Locks, leases, leader election and fencing.
 #[cfg(feature = "locks")]
-pub use locks::backend::LockBackend;
+pub use locks::backend::{LockBackend, ServerLockBackend, WaitBounds};
 #[cfg(feature = "locks")]
 pub use locks::belief::SAFETY_MARGIN;
 #[cfg(feature = "locks")]

@@ -13,33 +13,17 @@ mod common;
 use std::time::Duration;
 
 use common::models::Order;
-use common::paths::{add_one_to, AsyncOf};
+use common::paths::add_one_to;
 use common::schema::orders;
 use diesel::prelude::*;
-use diesel_async::pooled_connection::{AsyncDieselConnectionManager, ManagerConfig};
+use diesel_async::pooled_connection::AsyncDieselConnectionManager;
+
 use diesel_occ::asynchronous::prelude::*;
 use diesel_occ::asynchronous::AsyncConnectionSource;
 use diesel_occ::{Error, RetryPolicy};
 
 for_each_backend! {
-    type Async_ = <Conn as AsyncOf>::Async;
-
-    fn manager(db: &common::TestDb<Conn>) -> AsyncDieselConnectionManager<Async_> {
-        let mut config = ManagerConfig::default();
-        if BACKEND == "sqlite" {
-            // As the test pools: writers wait for the write lock rather than fail.
-            config.custom_setup = Box::new(|url| {
-                Box::pin(async move {
-                    use diesel_async::{AsyncConnection, SimpleAsyncConnection};
-                    let mut conn = Async_::establish(url).await?;
-                    conn.batch_execute("PRAGMA busy_timeout = 60000").await
-                        .map_err(diesel::ConnectionError::CouldntSetupConfiguration)?;
-                    Ok(conn)
-                })
-            });
-        }
-        AsyncDieselConnectionManager::new_with_config(&db.url, config)
-    }
+    async_pools!();
 
     fn seeded() -> Option<common::TestDb<Conn>> {
         let db = db()?;
@@ -81,7 +65,7 @@ for_each_backend! {
         runtime.block_on(async {
             let pool = diesel_async::pooled_connection::bb8::Pool::builder()
                 .max_size(4)
-                .build(manager(&db))
+                .build(manager(&db.url))
                 .await
                 .unwrap();
             eight_tasks(std::sync::Arc::new(pool)).await;
@@ -94,7 +78,7 @@ for_each_backend! {
         let Some(db) = seeded() else { return };
         let runtime = common::paths::runtime();
         runtime.block_on(async {
-            let pool = diesel_async::pooled_connection::deadpool::Pool::builder(manager(&db))
+            let pool = diesel_async::pooled_connection::deadpool::Pool::builder(manager(&db.url))
                 .max_size(4)
                 .build()
                 .unwrap();
@@ -111,7 +95,7 @@ for_each_backend! {
             let pool = diesel_async::pooled_connection::bb8::Pool::builder()
                 .max_size(1)
                 .connection_timeout(Duration::from_millis(100))
-                .build(manager(&db))
+                .build(manager(&db.url))
                 .await
                 .unwrap();
             let _held = pool.get().await.unwrap();

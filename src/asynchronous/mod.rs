@@ -59,6 +59,14 @@ mod entity;
 mod executor;
 mod insert;
 mod json;
+#[cfg(feature = "locks")]
+mod leader;
+#[cfg(feature = "locks")]
+mod lease;
+#[cfg(feature = "locks")]
+mod lock_connection;
+#[cfg(feature = "locks")]
+mod locks;
 mod modify;
 mod send;
 mod source;
@@ -73,6 +81,14 @@ pub use insert::{AsyncInsertRow, AsyncUpsertRow};
 pub use json::{
     AsyncEditJson, AsyncGuardedJson, AsyncGuardedJsonMerge, AsyncMergeInPlace, BoxedEdit,
 };
+#[cfg(feature = "locks")]
+pub use leader::AsyncCandidate;
+#[cfg(feature = "locks")]
+pub use lease::AsyncLease;
+#[cfg(feature = "locks")]
+pub use lock_connection::AsyncLockConnection;
+#[cfg(feature = "locks")]
+pub use locks::{AsyncLockGuard, AsyncLockPool, AsyncLocks};
 pub use modify::{AsyncGuardedModify, AsyncModifyRow};
 pub use send::{AsyncComplete, AsyncLoadByKey, AsyncReadsBack};
 pub use source::AsyncConnectionSource;

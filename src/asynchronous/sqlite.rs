@@ -283,3 +283,50 @@ where
         })
     }
 }
+
+#[cfg(feature = "locks")]
+impl super::lock_connection::AsyncLockConnection for AsyncSqlite {
+    fn acquire_lock<'a>(
+        &'a mut self,
+        key: &'a crate::locks::lock::LockKey,
+        holder: &'a str,
+        label: Option<&'a str>,
+        ttl: std::time::Duration,
+        wait: std::time::Duration,
+    ) -> impl Future<Output = Result<i64, Error>> + Send + 'a {
+        use crate::locks::lock::LockConnection;
+        let (key, holder, label) = (key.clone(), holder.to_string(), label.map(str::to_string));
+        on_thread(self, move |conn| {
+            conn.acquire_lock(&key, &holder, label.as_deref(), ttl, wait)
+        })
+    }
+
+    fn renew_lock<'a>(
+        &'a mut self,
+        key: &'a crate::locks::lock::LockKey,
+        holder: &'a str,
+        fence: i64,
+        ttl: std::time::Duration,
+        wait: std::time::Duration,
+    ) -> impl Future<Output = Result<(), Error>> + Send + 'a {
+        use crate::locks::lock::LockConnection;
+        let (key, holder) = (key.clone(), holder.to_string());
+        on_thread(self, move |conn| {
+            conn.renew_lock(&key, &holder, fence, ttl, wait)
+        })
+    }
+
+    fn release_lock<'a>(
+        &'a mut self,
+        key: &'a crate::locks::lock::LockKey,
+        holder: &'a str,
+        fence: i64,
+        wait: std::time::Duration,
+    ) -> impl Future<Output = Result<(), Error>> + Send + 'a {
+        use crate::locks::lock::LockConnection;
+        let (key, holder) = (key.clone(), holder.to_string());
+        on_thread(self, move |conn| {
+            conn.release_lock(&key, &holder, fence, wait)
+        })
+    }
+}

@@ -84,15 +84,12 @@ impl LockBackend for diesel::pg::Pg {
     where
         C: WriteTransaction<Backend = Self> + SimpleConnection + LoadConnection,
     {
-        let ms = millis(bound);
+        let bounds = Self::wait_bounds(bound);
         let result = crate::connect::transaction::commit_operation(conn, |conn| {
-            conn.batch_execute(&format!(
-                "SET LOCAL lock_timeout = {ms}; SET LOCAL statement_timeout = {}",
-                2 * ms
-            ))?;
+            conn.batch_execute(bounds.inside.as_deref().unwrap_or_default())?;
             f(conn)
         });
-        result.map_err(statement_timeout_is_a_lock_timeout)
+        result.map_err(Self::bounded_error)
     }
 
     fn push_next_fence(out: &mut AstPass<'_, '_, Self>) {
@@ -130,17 +127,10 @@ impl LockBackend for diesel::mysql::Mysql {
     where
         C: WriteTransaction<Backend = Self> + SimpleConnection + LoadConnection,
     {
-        conn.batch_execute(&format!(
-            "SET @diesel_occ_statement_time = @@SESSION.max_statement_time, \
-             SESSION max_statement_time = {:.6}",
-            bound.max(Duration::from_micros(1)).as_secs_f64()
-        ))?;
+        let bounds = Self::wait_bounds(bound);
+        conn.batch_execute(bounds.before.as_deref().unwrap_or_default())?;
         let result = crate::connect::transaction::commit_operation(conn, f);
-        restore_after(
-            conn,
-            "SET SESSION max_statement_time = @diesel_occ_statement_time",
-            result,
-        )
+        restore_after(conn, bounds.after.as_deref().unwrap_or_default(), result)
     }
 
     fn push_next_fence(out: &mut AstPass<'_, '_, Self>) {
@@ -175,6 +165,65 @@ impl LockBackend for diesel::sqlite::Sqlite {
     fn draw_fence<C: SimpleConnection>(conn: &mut C) -> QueryResult<()> {
         // One row, replaced: its AUTOINCREMENT id never repeats, even after a delete.
         conn.batch_execute("REPLACE INTO occ_fence_source (slot) VALUES (0)")
+    }
+}
+
+/// The statements that bound a lock transaction's waits on a server backend, for the
+/// transactions the async path sends itself (the blocking path sends the same).
+#[doc(hidden)]
+#[derive(Debug, Default)]
+pub struct WaitBounds {
+    /// Sent before `BEGIN` (a session setting).
+    pub before: Option<String>,
+    /// Sent first inside the transaction (a transaction-local setting).
+    pub inside: Option<String>,
+    /// Sent after the transaction ended, whatever its outcome (restores `before`).
+    pub after: Option<String>,
+}
+
+/// A server backend's bounds on a lock transaction's waits. Not a trait to implement.
+pub trait ServerLockBackend: LockBackend {
+    /// The statements that bound every wait of a transaction to about `bound`.
+    #[doc(hidden)]
+    fn wait_bounds(bound: Duration) -> WaitBounds;
+
+    /// The error of a bounded transaction, as the lock reports it.
+    #[doc(hidden)]
+    fn bounded_error(error: Error) -> Error {
+        error
+    }
+}
+
+#[cfg(feature = "postgres")]
+impl ServerLockBackend for diesel::pg::Pg {
+    fn wait_bounds(bound: Duration) -> WaitBounds {
+        let ms = millis(bound);
+        WaitBounds {
+            inside: Some(format!(
+                "SET LOCAL lock_timeout = {ms}; SET LOCAL statement_timeout = {}",
+                2 * ms
+            )),
+            ..WaitBounds::default()
+        }
+    }
+
+    fn bounded_error(error: Error) -> Error {
+        statement_timeout_is_a_lock_timeout(error)
+    }
+}
+
+#[cfg(feature = "mysql")]
+impl ServerLockBackend for diesel::mysql::Mysql {
+    fn wait_bounds(bound: Duration) -> WaitBounds {
+        WaitBounds {
+            before: Some(format!(
+                "SET @diesel_occ_statement_time = @@SESSION.max_statement_time, \
+                 SESSION max_statement_time = {:.6}",
+                bound.max(Duration::from_micros(1)).as_secs_f64()
+            )),
+            after: Some("SET SESSION max_statement_time = @diesel_occ_statement_time".into()),
+            ..WaitBounds::default()
+        }
     }
 }
 

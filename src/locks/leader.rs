@@ -247,10 +247,7 @@ impl Candidate {
         S: ConnectionSource,
         S::Connection: LockConnection,
     {
-        timing.validate()?;
-        crate::sql::names::check_name("lock name", name)?;
-        crate::sql::names::check_name("resource", resource)?;
-        crate::sql::names::check_name("label", label)?;
+        check_candidate(name, resource, label, &timing)?;
         let (term, fence) = (Arc::new(Mutex::new(None)), Arc::new(AtomicI64::new(0)));
         let (events_in, events) = channel();
         let (signals, received) = channel::<Signal>();
@@ -355,10 +352,73 @@ struct Runner<S: ConnectionSource> {
 }
 
 /// How a term ended.
-enum TermEnd {
+pub(crate) enum TermEnd {
     Stopped,
     Lost(String),
     JobEnded(Option<String>),
+}
+
+impl TermEnd {
+    /// The end, knowing the term's `loss`: a job that ended because one of its writes found
+    /// the lock lost lost the lead.
+    pub(crate) fn given(self, loss: &Loss) -> TermEnd {
+        match (self, loss.why()) {
+            (TermEnd::JobEnded(_), Some(why)) => TermEnd::Lost(why),
+            (end, _) => end,
+        }
+    }
+
+    /// What the job is told when the term ends.
+    pub(crate) fn why(&self) -> String {
+        match self {
+            TermEnd::Stopped => "the candidate is stepping down".to_string(),
+            TermEnd::Lost(reason) => format!("the lead was lost: {reason}"),
+            TermEnd::JobEnded(_) => "the job ended".to_string(),
+        }
+    }
+
+    /// [`LeaderEvent::Lost`], sent before the job is awaited, when the lead was lost.
+    pub(crate) fn lost_event(&self) -> Option<LeaderEvent> {
+        match self {
+            TermEnd::Lost(reason) => Some(LeaderEvent::Lost {
+                reason: reason.clone(),
+            }),
+            _ => None,
+        }
+    }
+
+    /// Why a term ended for want of a renewal, given the last renewal's error.
+    pub(crate) fn unrenewed(last_error: Option<String>) -> TermEnd {
+        TermEnd::Lost(match last_error {
+            Some(e) => format!("no renewal succeeded before the renew deadline: {e}"),
+            None => "no renewal came back before the renew deadline".into(),
+        })
+    }
+}
+
+/// Checks a candidate's names and timing.
+pub(crate) fn check_candidate(
+    name: &str,
+    resource: &str,
+    label: &str,
+    timing: &ElectionTiming,
+) -> Result<(), Error> {
+    timing.validate()?;
+    crate::sql::names::check_name("lock name", name)?;
+    crate::sql::names::check_name("resource", resource)?;
+    crate::sql::names::check_name("label", label)?;
+    Ok(())
+}
+
+#[cfg(feature = "tokio")]
+impl Leadership {
+    /// The leadership after `event`.
+    pub(crate) fn after(event: &LeaderEvent) -> Leadership {
+        match event {
+            LeaderEvent::Elected { fence } => Leadership::Leading { fence: *fence },
+            _ => Leadership::Following,
+        }
+    }
 }
 
 impl<S> Runner<S>
@@ -368,10 +428,7 @@ where
 {
     fn report(&self, event: LeaderEvent) {
         #[cfg(feature = "tokio")]
-        self.leadership.send_replace(match event {
-            LeaderEvent::Elected { fence } => Leadership::Leading { fence },
-            _ => Leadership::Following,
-        });
+        self.leadership.send_replace(Leadership::after(&event));
         let _ = self.events.send(event);
     }
 
@@ -400,27 +457,14 @@ where
             });
             let loss = Loss::new();
             let job = self.start_job(renewal.held(Arc::clone(&loss)), guard.fence());
-            let end = match self.lead(&renewal, guard.fence()) {
-                // The job ended because one of its writes found the lock lost.
-                TermEnd::JobEnded(_) if loss.why().is_some() => {
-                    TermEnd::Lost(loss.why().unwrap_or_default())
-                }
-                end => end,
-            };
+            let end = self.lead(&renewal, guard.fence()).given(&loss);
             renewal.end();
             *lock(&self.term) = None;
             // The job stops before the lock is given up: told, awaited, then the release.
-            let why = match &end {
-                TermEnd::Stopped => "the candidate is stepping down".to_string(),
-                TermEnd::Lost(reason) => {
-                    self.report(LeaderEvent::Lost {
-                        reason: reason.clone(),
-                    });
-                    format!("the lead was lost: {reason}")
-                }
-                TermEnd::JobEnded(_) => "the job ended".to_string(),
-            };
-            loss.set(why);
+            if let Some(lost) = end.lost_event() {
+                self.report(lost);
+            }
+            loss.set(end.why());
             if let Some(job) = job {
                 let _ = job.join();
             }
@@ -503,10 +547,7 @@ where
                 Err(RecvTimeoutError::Timeout) => {}
             }
             if !renewal.is_held() {
-                return TermEnd::Lost(match last_error {
-                    Some(e) => format!("no renewal succeeded before the renew deadline: {e}"),
-                    None => "no renewal came back before the renew deadline".into(),
-                });
+                return TermEnd::unrenewed(last_error);
             }
             if !in_flight && Instant::now() >= next {
                 in_flight = true;
@@ -520,7 +561,7 @@ where
 }
 
 /// A panic's message, when it is a string.
-fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+pub(crate) fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
     payload
         .downcast_ref::<&str>()
         .map(|s| s.to_string())
@@ -528,7 +569,7 @@ fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
         .unwrap_or_else(|| "a panic without a message".to_string())
 }
 
-fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+pub(crate) fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(|p| p.into_inner())
 }
 

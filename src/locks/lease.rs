@@ -36,6 +36,56 @@ where
     thread: Option<JoinHandle<()>>,
 }
 
+/// When a keep-alive renews next after a renewal answered `renewed`, renewing every
+/// `interval`: in an interval after a success, sooner (a quarter of it) after a failure
+/// while the lease is still `held`; or why it stops, the lease lost.
+pub(crate) fn next_renewal(
+    renewed: Result<(), Error>,
+    held: bool,
+    interval: Duration,
+) -> Result<Duration, String> {
+    match renewed {
+        Ok(()) => Ok(interval),
+        Err(Error::LockLost { why, .. }) => Err(why),
+        Err(_) if held => Ok((interval / 4).max(Duration::from_millis(1))),
+        Err(e) => Err(format!(
+            "no renewal succeeded before the local deadline: {e}"
+        )),
+    }
+}
+
+/// The answer of a lease's release that `released` answered: a failed release of a lease
+/// already `lost` says it was lost.
+pub(crate) fn released_lease(
+    released: Result<(), Error>,
+    lost: Option<Error>,
+) -> Result<(), Error> {
+    match (released, lost) {
+        (Ok(()), _) => Ok(()),
+        (Err(_), Some(lost)) => Err(lost),
+        (Err(e), None) => Err(e),
+    }
+}
+
+/// Whether work under a lock succeeded, given its `outcome`, whether the lock was `lost`
+/// before it returned and how the release went: `outcome`'s own error unchanged; an `Ok`
+/// replaced by [`Error::LockLost`] when the lease was lost before the work returned or the
+/// release found the lock taken over.
+pub(crate) fn outcome_under_lock<R, E: From<Error>>(
+    outcome: Result<R, E>,
+    lost: Option<Error>,
+    released: Result<(), Error>,
+) -> Result<R, E> {
+    let value = outcome?;
+    match (lost, released) {
+        (Some(lost), _) => Err(lost.into()),
+        (None, Err(lost @ Error::LockLost { .. })) => Err(lost.into()),
+        // The work ran while held; a lock that could not be freed now ends with its
+        // lease (the guard's drop tried again).
+        (None, _) => Ok(value),
+    }
+}
+
 impl<S: ConnectionSource> Lease<S>
 where
     S::Connection: LockConnection,
@@ -48,7 +98,6 @@ where
         let renewal = guard.renewal();
         let held = renewal.held(Arc::clone(&loss));
         let interval = guard.ttl() / 3;
-        let retry = (interval / 4).max(Duration::from_millis(1));
         let shared = Arc::clone(&loss);
         let thread = crate::connect::source::spawn_in_runtime(move || {
             let mut pause = interval;
@@ -58,21 +107,14 @@ where
                     // Stopped, or the lease was dropped.
                     _ => return,
                 }
-                let why = match renewal.renew() {
-                    Ok(()) => {
-                        pause = interval;
-                        continue;
+                match next_renewal(renewal.renew(), renewal.is_held(), interval) {
+                    Ok(next) => pause = next,
+                    Err(why) => {
+                        renewal.end();
+                        shared.set(why);
+                        return;
                     }
-                    Err(Error::LockLost { why, .. }) => why,
-                    Err(_) if renewal.is_held() => {
-                        pause = retry;
-                        continue;
-                    }
-                    Err(e) => format!("no renewal succeeded before the local deadline: {e}"),
-                };
-                renewal.end();
-                shared.set(why);
-                return;
+                }
             }
         });
         Lease {
@@ -131,14 +173,7 @@ where
         let outcome = work(&self.held);
         let lost = self.check().err();
         let released = self.release();
-        let value = outcome?;
-        match (lost, released) {
-            (Some(lost), _) => Err(lost.into()),
-            (None, Err(lost @ Error::LockLost { .. })) => Err(lost.into()),
-            // The work ran while held; a lock that could not be freed now ends with its
-            // lease (the guard's drop tried again).
-            (None, _) => Ok(value),
-        }
+        outcome_under_lock(outcome, lost, released)
     }
 
     /// Whether this process may still act as the holder ([`check`](Self::check) is `Ok`).
@@ -164,11 +199,7 @@ where
             .guard
             .take()
             .expect("a lease holds its guard until released");
-        match (guard.release(), lost) {
-            (Ok(()), _) => Ok(()),
-            (Err(_), Some(lost)) => Err(lost),
-            (Err(e), None) => Err(e),
-        }
+        released_lease(guard.release(), lost)
     }
 
     fn stop_renewing(&mut self) {

@@ -118,6 +118,132 @@ impl LockKey {
             And,
         )
     }
+
+    /// The row's primary key.
+    fn id(&self) -> (String, String) {
+        (self.name.clone(), self.resource.clone())
+    }
+
+    /// `INSERT` of the lock's free row unless it exists.
+    pub(crate) fn create_row(&self) -> CreateLock {
+        InsertIfMissing::new(diesel::insert_into(occ_locks::table).values(NewLock {
+            lock_name: self.name.clone(),
+            resource: self.resource.clone(),
+            fence: 0,
+            holder_changes: 0,
+        }))
+    }
+
+    /// `SELECT fence ... FOR UPDATE` of the lock's row.
+    pub(crate) fn locked_row(&self) -> LockRow {
+        LatestRead::locked(
+            occ_locks::table.find(self.id()).select(occ_locks::fence),
+            RowLock::ForUpdate,
+        )
+    }
+
+    /// The lock's row `FOR UPDATE` while `holder` holds it with `fence` and an unexpired
+    /// lease by the database's clock.
+    pub(crate) fn held_row(&self, holder: &str, fence: i64) -> HeldRow {
+        LatestRead::locked(
+            ColumnOfRow::new(
+                occ_locks::table,
+                Joined(
+                    Joined(self.predicate(), held_by(holder, fence), And),
+                    ClockColumn::not_before(Shift::none()),
+                    And,
+                ),
+            ),
+            RowLock::ForUpdate,
+        )
+    }
+
+    /// Who holds the lock, until when.
+    pub(crate) fn holder_read(&self) -> LockHolder {
+        occ_locks::table
+            .find(self.id())
+            .select((occ_locks::label, occ_locks::expires_at))
+    }
+
+    /// Whose the lock is now.
+    pub(crate) fn owner_read(&self) -> LockOwner {
+        occ_locks::table.find(self.id()).select((
+            occ_locks::holder,
+            occ_locks::label,
+            occ_locks::fence,
+        ))
+    }
+}
+
+/// Taking the lock on `key` for `holder` for `ttl`, if it is free or its lease ended.
+pub(crate) fn acquire_statement(
+    key: &LockKey,
+    holder: &str,
+    label: Option<&str>,
+    ttl: Duration,
+) -> AcquireLock {
+    AcquireLock::new(
+        occ_locks::table,
+        Joined(
+            Joined(
+                Joined(
+                    ColumnEq::new(holder.to_string()),
+                    ColumnEq::new(label.map(str::to_string)),
+                    Comma,
+                ),
+                Joined(NextFence::default(), Increment::default(), Comma),
+                Comma,
+            ),
+            Joined(
+                Joined(
+                    ClockColumn::set(Shift::none()),
+                    ClockColumn::set(Shift::none()),
+                    Comma,
+                ),
+                ClockColumn::set(Shift::later(ttl)),
+                Comma,
+            ),
+            Comma,
+        ),
+        Unguarded,
+        key.predicate(),
+        // A held row without an expiry (written by hand) would block its lock for ever: it
+        // counts as expired.
+        Either(
+            Null::test(),
+            Either(Null::test(), ClockColumn::before(Shift::none())),
+        ),
+    )
+}
+
+/// Extending `holder`'s unexpired lease on `key` to `ttl` from now.
+pub(crate) fn renew_statement(key: &LockKey, holder: &str, fence: i64, ttl: Duration) -> RenewLock {
+    RenewLock::new(
+        occ_locks::table,
+        Joined(
+            ClockColumn::set(Shift::none()),
+            ClockColumn::set(Shift::later(ttl)),
+            Comma,
+        ),
+        Unguarded,
+        key.predicate(),
+        Joined(
+            held_by(holder, fence),
+            ClockColumn::not_before(Shift::none()),
+            And,
+        ),
+    )
+}
+
+/// Freeing the lock on `key` if `holder` still holds it with `fence`.
+pub(crate) fn release_statement(key: &LockKey, holder: &str, fence: i64) -> ReleaseLock {
+    ReleaseLock::new(
+        occ_locks::table,
+        Joined(Joined(Null::set(), Null::set(), Comma), Null::set(), Comma),
+        Unguarded,
+        key.predicate(),
+        held_by(holder, fence),
+    )
 }
 
 /// `lock_name = ? AND resource = ?`.
@@ -289,38 +415,7 @@ where
             // Every wait happens here, before the expiry below is computed.
             lock_row(conn, key)?;
             C::Backend::draw_fence(conn).map_err(|e| classify(conn, e))?;
-            let statement = AcquireLock::new(
-                occ_locks::table,
-                Joined(
-                    Joined(
-                        Joined(
-                            ColumnEq::new(holder.to_string()),
-                            ColumnEq::new(label.map(str::to_string)),
-                            Comma,
-                        ),
-                        Joined(NextFence::default(), Increment::default(), Comma),
-                        Comma,
-                    ),
-                    Joined(
-                        Joined(
-                            ClockColumn::set(Shift::none()),
-                            ClockColumn::set(Shift::none()),
-                            Comma,
-                        ),
-                        ClockColumn::set(Shift::later(ttl)),
-                        Comma,
-                    ),
-                    Comma,
-                ),
-                Unguarded,
-                key.predicate(),
-                // A held row without an expiry (written by hand) would block its lock for
-                // ever: it counts as expired.
-                Either(
-                    Null::test(),
-                    Either(Null::test(), ClockColumn::before(Shift::none())),
-                ),
-            );
+            let statement = acquire_statement(key, holder, label, ttl);
             CompareAndSet::one(statement, "occ_locks", key, LockTaken { key })
                 .run::<C, ReturnedBy<occ_locks::fence>, i64>(conn)?
                 .token
@@ -343,21 +438,7 @@ where
         C::Backend::bounded(self, wait, |conn| {
             // Waits here, so that the lease is checked and extended after them.
             lock_row(conn, key)?;
-            let statement = RenewLock::new(
-                occ_locks::table,
-                Joined(
-                    ClockColumn::set(Shift::none()),
-                    ClockColumn::set(Shift::later(ttl)),
-                    Comma,
-                ),
-                Unguarded,
-                key.predicate(),
-                Joined(
-                    held_by(holder, fence),
-                    ClockColumn::not_before(Shift::none()),
-                    And,
-                ),
-            );
+            let statement = renew_statement(key, holder, fence, ttl);
             let miss = LeaseLost { key, holder, fence };
             CompareAndSet::one(statement, "occ_locks", key, miss)
                 .run::<C, Counted, i64>(conn)
@@ -370,25 +451,15 @@ where
         // row (a renewal in flight, someone's `FOR UPDATE`), the second reads the clock
         // after that wait. Both lock, so that they read the latest row even in a
         // REPEATABLE READ snapshot taken before the caller's write.
-        let row = || occ_locks::table.find((key.name.clone(), key.resource.clone()));
-        LatestRead::locked(row().select(occ_locks::fence), RowLock::ForUpdate)
+        key.locked_row()
             .get_result::<i64>(self)
             .optional()
             .map_err(|e| classify(self, e))?;
-        let held = LatestRead::locked(
-            ColumnOfRow::new(
-                occ_locks::table,
-                Joined(
-                    Joined(key.predicate(), held_by(holder, fence), And),
-                    ClockColumn::not_before(Shift::none()),
-                    And,
-                ),
-            ),
-            RowLock::ForUpdate,
-        )
-        .get_result::<i64>(self)
-        .optional()
-        .map_err(|e| classify(self, e))?;
+        let held = key
+            .held_row(holder, fence)
+            .get_result::<i64>(self)
+            .optional()
+            .map_err(|e| classify(self, e))?;
         match held {
             Some(_) => Ok(()),
             None => Err(LeaseLost { key, holder, fence }.explain(self)),
@@ -403,13 +474,7 @@ where
         wait: Duration,
     ) -> Result<(), Error> {
         C::Backend::bounded(self, wait, |conn| {
-            let statement = ReleaseLock::new(
-                occ_locks::table,
-                Joined(Joined(Null::set(), Null::set(), Comma), Null::set(), Comma),
-                Unguarded,
-                key.predicate(),
-                held_by(holder, fence),
-            );
+            let statement = release_statement(key, holder, fence);
             let miss = LeaseLost { key, holder, fence };
             CompareAndSet::one(statement, "occ_locks", key, miss)
                 .run::<C, Counted, i64>(conn)
@@ -433,24 +498,13 @@ where
     LockRow: LoadQuery<'static, C, i64>,
 {
     let read = |conn: &mut C| {
-        LatestRead::locked(
-            occ_locks::table
-                .find((key.name.clone(), key.resource.clone()))
-                .select(occ_locks::fence),
-            RowLock::ForUpdate,
-        )
-        .get_result::<i64>(conn)
-        .optional()
-        .map_err(|e| classify(conn, e))
+        key.locked_row()
+            .get_result::<i64>(conn)
+            .optional()
+            .map_err(|e| classify(conn, e))
     };
     let create = |conn: &mut C| {
-        let create = InsertIfMissing::new(diesel::insert_into(occ_locks::table).values(NewLock {
-            lock_name: key.name.clone(),
-            resource: key.resource.clone(),
-            fence: 0,
-            holder_changes: 0,
-        }));
-        CompareAndSet::one(create, "occ_locks", key, CannotMiss)
+        CompareAndSet::one(key.create_row(), "occ_locks", key, CannotMiss)
             .matching(Matches::Any)
             .run::<C, Counted, i64>(conn)
             .map(drop)
@@ -491,67 +545,108 @@ pub(crate) fn wait_bound(ttl: Duration, remaining: Duration) -> Duration {
     (ttl / 3).min(remaining).max(Duration::from_millis(1))
 }
 
-/// Renewing one holder's lease, on connections of its own from the pool: what a
-/// [`LockGuard`] does, and what a keep-alive thread does for it.
-pub(crate) struct Renewal<S: ConnectionSource> {
-    pool: S,
-    key: LockKey,
-    holder: String,
-    fence: i64,
-    ttl: Duration,
-    belief: Arc<Belief>,
+/// [`Error::LockLost`] when `belief` ended before a renewal of `key` could be sent.
+pub(crate) fn renewable(key: &LockKey, belief: &Belief) -> Result<(), Error> {
+    if belief.is_held() {
+        return Ok(());
+    }
+    Err(Error::LockLost {
+        lock: key.describe(),
+        why: "its local deadline passed before this renewal was sent".into(),
+    })
 }
 
-impl<S: ConnectionSource> Clone for Renewal<S> {
-    fn clone(&self) -> Self {
-        Renewal {
-            pool: self.pool.clone(),
-            key: self.key.clone(),
-            holder: self.holder.clone(),
-            fence: self.fence,
-            ttl: self.ttl,
-            belief: Arc::clone(&self.belief),
+/// What the answer `renewed` to a renewal of `key` sent at `start` means for `belief`: the
+/// belief moves on from `start`; [`Error::LockLost`] when the lease ended or was taken over,
+/// or when the belief's deadline passed before the answer came (then the belief stays
+/// ended even if the database renewed: the holder may already have been told it lost).
+/// Other errors leave the belief as it was, to its deadline.
+pub(crate) fn judge_renewal(
+    key: &LockKey,
+    belief: &Belief,
+    start: Instant,
+    renewed: Result<(), Error>,
+) -> Result<(), Error> {
+    match renewed {
+        Ok(()) if belief.extend(start) => Ok(()),
+        Ok(()) => {
+            belief.end();
+            Err(Error::LockLost {
+                lock: key.describe(),
+                why: "the renewal came back after the holder's local deadline; it does not revive the lease".into(),
+            })
         }
+        Err(e @ Error::LockLost { .. }) => {
+            belief.end();
+            Err(e)
+        }
+        Err(e) => Err(e),
     }
 }
 
-impl<S: ConnectionSource> Renewal<S>
-where
-    S::Connection: LockConnection,
-{
-    /// Extends the lease to `ttl` from now (database clock) and the belief from before the
-    /// request. [`Error::LockLost`] when the lease ended or was taken over, or when the
-    /// belief's deadline passed before the answer came (then the belief stays ended even
-    /// if the database renewed: the holder may already have been told it lost). Other
-    /// errors leave the belief as it was, to its deadline.
-    pub(crate) fn renew(&self) -> Result<(), Error> {
-        let start = Instant::now();
-        let lost = |why: &str| Error::LockLost {
-            lock: self.key.describe(),
-            why: why.to_string(),
-        };
-        if !self.belief.is_held() {
-            return Err(lost(
-                "its local deadline passed before this renewal was sent",
-            ));
+/// A request for a lock, checked: its key, the new holder's token and how long the grant
+/// is believed (`length`, at most the lease less the safety margin).
+pub(crate) struct LockRequest {
+    pub(crate) key: LockKey,
+    pub(crate) holder: String,
+    pub(crate) length: Duration,
+}
+
+impl LockRequest {
+    /// Checks the names, label and lease, and draws a holder token.
+    pub(crate) fn new(
+        name: &str,
+        resource: &str,
+        ttl: Duration,
+        label: Option<&str>,
+        length: Duration,
+    ) -> Result<Self, Error> {
+        check_name("lock name", name)?;
+        check_name("resource", resource)?;
+        if let Some(label) = label {
+            check_name("label", label)?;
         }
-        let renewed = self.pool.on_connection(|conn| {
-            let wait = wait_bound(self.ttl, self.belief.remaining());
-            conn.renew_lock(&self.key, &self.holder, self.fence, self.ttl, wait)
-        })?;
-        match renewed {
-            Ok(()) if self.belief.extend(start) => Ok(()),
-            Ok(()) => {
-                self.belief.end();
-                Err(lost(
-                    "the renewal came back after the holder's local deadline; it does not revive the lease",
-                ))
-            }
-            Err(e @ Error::LockLost { .. }) => {
-                self.belief.end();
-                Err(e)
-            }
-            Err(e) => Err(e),
+        check_ttl(ttl)?;
+        Ok(LockRequest {
+            key: LockKey {
+                name: name.to_string(),
+                resource: resource.to_string(),
+            },
+            holder: holder_token()?,
+            length: length.min(believed(ttl)),
+        })
+    }
+}
+
+/// [`Error::LockLost`] for a grant of `lock` that came back after its local deadline.
+pub(crate) fn late_grant(lock: String) -> Error {
+    Error::LockLost {
+        lock,
+        why: "the grant came back after the holder's local deadline".into(),
+    }
+}
+
+/// One holder's hold on a lock: which lock, the holder's token and fence, the lease each
+/// renewal grants, and the holder's belief in it. Shared by the blocking and async
+/// renewals.
+#[derive(Debug, Clone)]
+pub(crate) struct Hold {
+    pub(crate) key: LockKey,
+    pub(crate) holder: String,
+    pub(crate) fence: i64,
+    pub(crate) ttl: Duration,
+    pub(crate) belief: Arc<Belief>,
+}
+
+impl Hold {
+    /// The hold of a grant of `request` with `fence`, requested at `start`.
+    pub(crate) fn granted(request: LockRequest, fence: i64, ttl: Duration, start: Instant) -> Self {
+        Hold {
+            key: request.key,
+            holder: request.holder,
+            fence,
+            ttl,
+            belief: Arc::new(Belief::new(start, request.length)),
         }
     }
 
@@ -565,12 +660,12 @@ where
         self.belief.deadline()
     }
 
-    /// The belief this renewal extends.
+    /// The belief a renewal extends.
     pub(crate) fn belief(&self) -> Arc<Belief> {
         Arc::clone(&self.belief)
     }
 
-    /// The hold this renewal keeps, as the protected work sees it, stopped by `loss`.
+    /// The hold as the protected work sees it, stopped by `loss`.
     pub(crate) fn held(&self, loss: Arc<Loss>) -> Held {
         Held::new(
             self.key.clone(),
@@ -589,6 +684,63 @@ where
     /// The lock's name and resource.
     pub(crate) fn describe(&self) -> String {
         self.key.describe()
+    }
+
+    /// How long a renewal's statements may wait: never past the local deadline.
+    pub(crate) fn renewal_wait(&self) -> Duration {
+        wait_bound(self.ttl, self.belief.remaining())
+    }
+
+    /// How long a release's statements may wait.
+    pub(crate) fn release_wait(&self) -> Duration {
+        wait_bound(self.ttl, self.ttl)
+    }
+}
+
+/// Renewing one holder's lease, on connections of its own from the pool: what a
+/// [`LockGuard`] does, and what a keep-alive thread does for it.
+pub(crate) struct Renewal<S: ConnectionSource> {
+    pool: S,
+    hold: Hold,
+}
+
+impl<S: ConnectionSource> Clone for Renewal<S> {
+    fn clone(&self) -> Self {
+        Renewal {
+            pool: self.pool.clone(),
+            hold: self.hold.clone(),
+        }
+    }
+}
+
+impl<S: ConnectionSource> std::ops::Deref for Renewal<S> {
+    type Target = Hold;
+
+    fn deref(&self) -> &Hold {
+        &self.hold
+    }
+}
+
+impl<S: ConnectionSource> Renewal<S>
+where
+    S::Connection: LockConnection,
+{
+    /// Extends the lease to `ttl` from now (database clock) and the belief from before the
+    /// request, as [`judge_renewal`] says.
+    pub(crate) fn renew(&self) -> Result<(), Error> {
+        let start = Instant::now();
+        let hold = &self.hold;
+        renewable(&hold.key, &hold.belief)?;
+        let renewed = self.pool.on_connection(|conn| {
+            conn.renew_lock(
+                &hold.key,
+                &hold.holder,
+                hold.fence,
+                hold.ttl,
+                hold.renewal_wait(),
+            )
+        })?;
+        judge_renewal(&hold.key, &hold.belief, start, renewed)
     }
 }
 
@@ -640,31 +792,16 @@ where
         label: Option<&str>,
         length: Duration,
     ) -> Result<LockGuard<S>, Error> {
-        check_name("lock name", name)?;
-        check_name("resource", resource)?;
-        if let Some(label) = label {
-            check_name("label", label)?;
-        }
-        check_ttl(ttl)?;
-        let key = LockKey {
-            name: name.to_string(),
-            resource: resource.to_string(),
-        };
-        let holder = holder_token()?;
-        let length = length.min(believed(ttl));
+        let request = LockRequest::new(name, resource, ttl, label, length)?;
         let start = Instant::now();
         let fence = self.pool.on_connection(|conn| {
-            let wait = wait_bound(ttl, length.saturating_sub(start.elapsed()));
-            conn.acquire_lock(&key, &holder, label, ttl, wait)
+            let wait = wait_bound(ttl, request.length.saturating_sub(start.elapsed()));
+            conn.acquire_lock(&request.key, &request.holder, label, ttl, wait)
         })??;
         let guard = LockGuard {
             renewal: Renewal {
                 pool: self.pool.clone(),
-                key,
-                holder,
-                fence,
-                ttl,
-                belief: Arc::new(Belief::new(start, length)),
+                hold: Hold::granted(request, fence, ttl, start),
             },
             released: false,
         };
@@ -672,10 +809,7 @@ where
             let lock = guard.describe();
             // Freed on drop, best effort.
             drop(guard);
-            return Err(Error::LockLost {
-                lock,
-                why: "the grant came back after the holder's local deadline".into(),
-            });
+            return Err(late_grant(lock));
         }
         Ok(guard)
     }
@@ -742,7 +876,7 @@ where
 /// serialization failure under REPEATABLE READ or SERIALIZABLE sessions, a deadlock,
 /// SQLite busy, a row lock held past the wait bound), or granted too late to be believed
 /// (and released).
-fn is_worth_waiting_on(error: &Error) -> bool {
+pub(crate) fn is_worth_waiting_on(error: &Error) -> bool {
     matches!(
         error,
         Error::LockHeld { .. } | Error::Retryable { .. } | Error::LockLost { .. }
@@ -841,7 +975,7 @@ where
                 &renewal.key,
                 &renewal.holder,
                 renewal.fence,
-                wait_bound(renewal.ttl, renewal.ttl),
+                renewal.release_wait(),
             )
         })?
     }
@@ -882,8 +1016,8 @@ where
 
 /// The lock could not be taken: someone holds it. Who, and until when, is read back for
 /// the message ([`Error::LockHeld`]).
-struct LockTaken<'k> {
-    key: &'k LockKey,
+pub(crate) struct LockTaken<'k> {
+    pub(crate) key: &'k LockKey,
 }
 
 impl<C> Miss<C> for LockTaken<'_>
@@ -893,19 +1027,22 @@ where
     LockHolder: LoadQuery<'static, C, (Option<String>, Option<chrono::NaiveDateTime>)>,
 {
     fn explain(self, conn: &mut C) -> Error {
-        let key = self.key;
-        let row = occ_locks::table
-            .find((key.name.clone(), key.resource.clone()))
-            .select((occ_locks::label, occ_locks::expires_at))
-            .get_result::<(Option<String>, Option<chrono::NaiveDateTime>)>(conn)
-            .optional();
-        let (holder, until) = match row {
-            Ok(Some((label, until))) => (label, until),
-            Ok(None) => (None, None),
-            Err(e) => return classify(conn, e),
-        };
+        match self.key.holder_read().get_result(conn).optional() {
+            Ok(row) => self.given(row),
+            Err(e) => classify(conn, e),
+        }
+    }
+}
+
+impl LockTaken<'_> {
+    /// [`Error::LockHeld`], given the lock row's holder label and expiry.
+    pub(crate) fn given(
+        self,
+        row: Option<(Option<String>, Option<chrono::NaiveDateTime>)>,
+    ) -> Error {
+        let (holder, until) = row.unwrap_or((None, None));
         Error::LockHeld {
-            lock: key.describe(),
+            lock: self.key.describe(),
             holder,
             until: until.map(|t| t.format("%Y-%m-%d %H:%M:%S%.6f UTC").to_string()),
         }
@@ -914,10 +1051,10 @@ where
 
 /// A renewal or release matched nothing: the lease ended, or another holder took the
 /// lock ([`Error::LockLost`], naming who holds it now, read from the row).
-struct LeaseLost<'k> {
-    key: &'k LockKey,
-    holder: &'k str,
-    fence: i64,
+pub(crate) struct LeaseLost<'k> {
+    pub(crate) key: &'k LockKey,
+    pub(crate) holder: &'k str,
+    pub(crate) fence: i64,
 }
 
 impl<C> Miss<C> for LeaseLost<'_>
@@ -927,36 +1064,39 @@ where
     LockOwner: LoadQuery<'static, C, (Option<String>, Option<String>, i64)>,
 {
     fn explain(self, conn: &mut C) -> Error {
-        let key = self.key;
-        let row = occ_locks::table
-            .find((key.name.clone(), key.resource.clone()))
-            .select((occ_locks::holder, occ_locks::label, occ_locks::fence))
-            .get_result::<(Option<String>, Option<String>, i64)>(conn)
-            .optional();
+        match self.key.owner_read().get_result(conn).optional() {
+            Ok(row) => self.given(row),
+            Err(e) => classify(conn, e),
+        }
+    }
+}
+
+impl LeaseLost<'_> {
+    /// [`Error::LockLost`], given the lock row's holder, label and fence now.
+    pub(crate) fn given(self, row: Option<(Option<String>, Option<String>, i64)>) -> Error {
         let why = match row {
-            Ok(None) => "its row was deleted".to_string(),
-            Ok(Some((Some(holder), _, fence))) if holder == self.holder && fence == self.fence => {
+            None => "its row was deleted".to_string(),
+            Some((Some(holder), _, fence)) if holder == self.holder && fence == self.fence => {
                 "its lease ended".to_string()
             }
-            Ok(Some((None, _, fence))) if fence == self.fence => "it was released".to_string(),
-            Ok(Some((None, _, fence))) => {
+            Some((None, _, fence)) if fence == self.fence => "it was released".to_string(),
+            Some((None, _, fence)) => {
                 format!("its lease ended; another holder took it (fence {fence}) and released it")
             }
-            Ok(Some((Some(_), label, fence))) => format!(
+            Some((Some(_), label, fence)) => format!(
                 "its lease ended and {} holds it now, with fence {fence}",
                 label.as_deref().unwrap_or("another holder")
             ),
-            Err(e) => return classify(conn, e),
         };
         Error::LockLost {
-            lock: key.describe(),
+            lock: self.key.describe(),
             why,
         }
     }
 }
 
 /// A lease must be at least a millisecond (SQLite's clock) and at most [`MAX_TTL`].
-fn check_ttl(ttl: Duration) -> Result<(), Error> {
+pub(crate) fn check_ttl(ttl: Duration) -> Result<(), Error> {
     if ttl < Duration::from_millis(1) || ttl > MAX_TTL {
         return Err(Error::InvalidSetting {
             what: "lease (TTL)",

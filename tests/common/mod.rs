@@ -12,6 +12,12 @@
 pub mod deadpool;
 pub mod faults;
 pub mod fenced;
+#[cfg(all(
+    feature = "locks",
+    feature = "bb8",
+    any(not(feature = "mysql"), feature = "async-mysql")
+))]
+pub mod lock_paths;
 pub mod models;
 #[cfg(all(
     feature = "async",

@@ -378,3 +378,48 @@ writes_for!(
     diesel_occ::Pooled<diesel::MysqlConnection>,
     diesel_async::AsyncMysqlConnection
 );
+
+/// Inside a `for_each_backend!` module: `Async_` (the backend's diesel-async connection),
+/// `manager(url)` (its pool manager; SQLite's connections wait for the write lock, as the
+/// test pools' do) and `bb8_pool(url, max, runtime)`.
+#[macro_export]
+macro_rules! async_pools {
+    () => {
+        type Async_ = <Conn as common::paths::AsyncOf>::Async;
+
+        fn manager(
+            url: &str,
+        ) -> diesel_async::pooled_connection::AsyncDieselConnectionManager<Async_> {
+            let mut config = diesel_async::pooled_connection::ManagerConfig::default();
+            if BACKEND == "sqlite" {
+                config.custom_setup = Box::new(|url| {
+                    Box::pin(async move {
+                        use diesel_async::{AsyncConnection, SimpleAsyncConnection};
+                        let mut conn = Async_::establish(url).await?;
+                        conn.batch_execute("PRAGMA busy_timeout = 60000")
+                            .await
+                            .map_err(diesel::ConnectionError::CouldntSetupConfiguration)?;
+                        Ok(conn)
+                    })
+                });
+            }
+            diesel_async::pooled_connection::AsyncDieselConnectionManager::new_with_config(
+                url, config,
+            )
+        }
+
+        fn bb8_pool(
+            url: &str,
+            max: u32,
+            runtime: &tokio::runtime::Runtime,
+        ) -> diesel_async::pooled_connection::bb8::Pool<Async_> {
+            runtime.block_on(async {
+                diesel_async::pooled_connection::bb8::Pool::builder()
+                    .max_size(max)
+                    .build(manager(url))
+                    .await
+                    .expect("a bb8 pool")
+            })
+        }
+    };
+}
