@@ -106,6 +106,68 @@ for_each_backend! {
         let row = orders::table.find(1).select(Order::as_select()).first(&mut db.conn()).unwrap();
         assert_eq!(row.version, 0);
     }
+
+    /// 1,000 read-modify-writes through `pool`, each dropped after 0-3 ms (in the middle of
+    /// a checkout, its test of the connection, a statement or the transaction), then 50 run
+    /// to their end: every one of those 50 lands, and the row's counters agree (each change
+    /// adds one to the quantity, the note and the version together).
+    async fn dropped_calls_leave_the_pool_whole<S: AsyncConnectionSource + Send + Sync + 'static>(pool: S)
+    where
+        Order: diesel_occ::asynchronous::AsyncModifyRow<S::Connection, fn(&mut Order) -> Result<(), Error>, (), Error>,
+    {
+        let policy = RetryPolicy::default().max_attempts(50);
+        let change: fn(&mut Order) -> Result<(), Error> = |o| add_one_to(o, "x");
+        for i in 0..1_000u64 {
+            let cut = Duration::from_micros((i * 7_919) % 3_000);
+            let _ = tokio::time::timeout(cut, Order::modify_pooled(&pool, &1, &policy, change)).await;
+        }
+        for _ in 0..50 {
+            Order::modify_pooled(&pool, &1, &policy, change).await.unwrap();
+        }
+    }
+
+    /// Every connection the pool hands out answers a query with its own reply (a connection
+    /// put back with half a reply unread answers with the one before).
+    async fn every_connection_answers(pool: &diesel_async::pooled_connection::bb8::Pool<Async_>) {
+        use diesel::IntoSql;
+        for round in 0..20 {
+            let mut conns = Vec::new();
+            for _ in 0..4 {
+                conns.push(pool.get().await.unwrap());
+            }
+            for (c, conn) in conns.iter_mut().enumerate() {
+                let n = (round * 4 + c) as i32;
+                let query = diesel::select(n.into_sql::<diesel::sql_types::Integer>());
+                let answer: i32 = diesel_async::RunQueryDsl::get_result(query, &mut **conn).await.unwrap();
+                assert_eq!(answer, n);
+            }
+        }
+    }
+
+    fn check_counters_agree(db: &common::TestDb<Conn>) {
+        let row = orders::table.find(1).select(Order::as_select()).first(&mut db.conn()).unwrap();
+        assert!(row.version >= 50, "{row:?}");
+        assert_eq!((row.quantity as i64, row.note.len() as i64), (row.version + 1, row.version + 3), "{row:?}");
+    }
+
+    #[test]
+    fn calls_dropped_at_random_points_leave_a_bb8_pool_whole() {
+        let Some(db) = seeded() else { return };
+        let runtime = common::paths::runtime();
+        let pool = bb8_pool(&db.url, 4, &runtime);
+        runtime.block_on(dropped_calls_leave_the_pool_whole(pool.clone()));
+        runtime.block_on(every_connection_answers(&pool));
+        check_counters_agree(&db);
+    }
+
+    #[test]
+    fn calls_dropped_at_random_points_leave_a_deadpool_pool_whole() {
+        let Some(db) = seeded() else { return };
+        let runtime = common::paths::runtime();
+        let pool = diesel_async::pooled_connection::deadpool::Pool::builder(manager(&db.url)).max_size(4).build().unwrap();
+        runtime.block_on(dropped_calls_leave_the_pool_whole(pool));
+        check_counters_agree(&db);
+    }
 }
 
 /// Server sessions of a bb8 pool killed at random while 4 tasks run read-modify-writes

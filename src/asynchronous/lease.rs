@@ -6,8 +6,6 @@
 use std::future::Future;
 use std::time::{Duration, Instant};
 
-use tokio::task::JoinHandle;
-
 use super::lock_connection::AsyncLockConnection;
 use super::locks::{AsyncLockGuard, AsyncLockPool, AsyncLocks};
 use crate::error::Error;
@@ -22,7 +20,8 @@ where
     guard: Option<AsyncLockGuard<S>>,
     /// The hold as the protected work sees it; its loss says why renewing stopped.
     held: Held,
-    renewing: JoinHandle<()>,
+    /// Tells the renewing task to stop at its next pause.
+    stop: tokio::sync::watch::Sender<bool>,
 }
 
 impl<S: AsyncLockPool> AsyncLease<S>
@@ -36,10 +35,16 @@ where
         let renewal = guard.renewal();
         let held = renewal.held(std::sync::Arc::clone(&loss));
         let interval = guard.ttl() / 3;
-        let renewing = tokio::spawn(async move {
+        let (stop, mut stopped) = tokio::sync::watch::channel(false);
+        // Stopped only between renewals, never in the middle of one (a renewal cut short
+        // costs its connection, and a checkout cut short can cost the pool one).
+        tokio::spawn(async move {
             let mut pause = interval;
             loop {
-                tokio::time::sleep(pause).await;
+                tokio::select! {
+                    _ = stopped.wait_for(|stop| *stop) => return,
+                    () = tokio::time::sleep(pause) => {}
+                }
                 match next_renewal(renewal.renew().await, renewal.is_held(), interval) {
                     Ok(next) => pause = next,
                     Err(why) => {
@@ -53,7 +58,7 @@ where
         AsyncLease {
             guard: Some(guard),
             held,
-            renewing,
+            stop,
         }
     }
 
@@ -123,7 +128,7 @@ where
 
     /// Stops renewing and frees the lock. [`Error::LockLost`] when it was already lost.
     pub async fn release(mut self) -> Result<(), Error> {
-        self.renewing.abort();
+        self.stop.send_replace(true);
         let lost = self.check().err();
         let guard = self
             .guard
@@ -164,7 +169,7 @@ where
 {
     /// Stops renewing; the guard then releases the lock, best effort.
     fn drop(&mut self) {
-        self.renewing.abort();
+        self.stop.send_replace(true);
     }
 }
 

@@ -251,10 +251,14 @@ where
     }
 
     /// Frees the lock, keeping its row. [`Error::LockLost`] when another holder took it
-    /// over meanwhile. When the release fails otherwise (no pooled connection, the
-    /// connection lost), the drop of the guard tries once more from a task.
+    /// over meanwhile. The release runs as a task of its own: dropping this future does
+    /// not stop it half way. When it fails otherwise (no pooled connection, the connection
+    /// lost), the drop of the guard tries once more from a task.
     pub async fn release(mut self) -> Result<(), Error> {
-        let result = self.renewal.release().await;
+        let renewal = self.renewal.clone();
+        // Until the task answers, the task is the release: a dropped caller leaves it to run.
+        self.released = true;
+        let result = joined(tokio::spawn(async move { renewal.release().await }).await);
         self.released = !matches!(&result, Err(e) if !matches!(e, Error::LockLost { .. }));
         result
     }
