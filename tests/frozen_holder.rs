@@ -64,8 +64,47 @@ for_each_backend! {
         }
     }
 
+    /// The child on the async path (feature `async` and a diesel-async pool): the lease
+    /// kept alive by a tokio task on a bb8 pool, the same checks and writes.
+    #[cfg(all(feature = "bb8", any(not(feature = "mysql"), feature = "async-mysql")))]
+    #[test]
+    fn frozen_async_holder_child() {
+        async_pools!();
+        let Ok(url) = std::env::var(format!("OCC_FROZEN_CHILD_{BACKEND}")) else { return };
+        let runtime = common::paths::runtime();
+        let locks = diesel_occ::asynchronous::AsyncLocks::new(bb8_pool(&url, 2, &runtime));
+        let guard = runtime.block_on(locks.try_lock("frozen", "main", TTL, Some("child"))).unwrap();
+        let lease = {
+            let _inside = runtime.enter();
+            diesel_occ::asynchronous::AsyncLease::keep_alive(guard)
+        };
+        println!("HOLDING {}", lease.fence());
+        let mut conn = <Conn as PoolByUrl>::pool(&url).get().unwrap();
+        for _ in std::io::stdin().lock().lines() {
+            let check = lease.check().err().map_or("ok".to_string(), |e| format!("{e:?}"));
+            let write = Protected::write_fenced(&mut conn, &1, protected::last_fence, lease.fence(), protected::value.eq(666))
+                .err()
+                .map_or("ok".to_string(), |e| format!("{e:?}"));
+            println!("CHECK {check}");
+            println!("WRITE {write}");
+        }
+    }
+
     #[test]
     fn a_holder_frozen_past_its_lease_is_fenced_off_when_it_wakes() {
+        frozen_past_its_lease("frozen_holder_child");
+    }
+
+    #[cfg(all(feature = "bb8", any(not(feature = "mysql"), feature = "async-mysql")))]
+    #[test]
+    fn an_async_holder_frozen_past_its_lease_is_fenced_off_when_it_wakes() {
+        frozen_past_its_lease("frozen_async_holder_child");
+    }
+
+    /// The parent: starts `child`, freezes it past its lease, takes the lock over and
+    /// writes, then wakes it: its check says the lease is lost and its fenced write is
+    /// refused, checked from the row.
+    fn frozen_past_its_lease(child: &str) {
         let Some(db) = db() else { return };
         diesel_occ::migrations::run(&mut *db.conn()).unwrap();
         db.conn()
@@ -73,7 +112,7 @@ for_each_backend! {
             .unwrap();
         let mut child = KillOnDrop(
             Command::new(std::env::current_exe().unwrap())
-                .args([&format!("{BACKEND}::frozen_holder_child"), "--exact", "--nocapture", "--test-threads=1"])
+                .args([&format!("{BACKEND}::{child}"), "--exact", "--nocapture", "--test-threads=1"])
                 .env(format!("OCC_FROZEN_CHILD_{BACKEND}"), &db.url)
                 .stdin(Stdio::piped())
                 .stdout(Stdio::piped())

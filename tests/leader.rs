@@ -296,13 +296,42 @@ for_each_backend! {
         }
     }
 
+    /// The child side on the async path: an `AsyncCandidate` (a tokio task) on a bb8 pool
+    /// leads until killed.
+    #[cfg(all(feature = "bb8", any(not(feature = "mysql"), feature = "async-mysql")))]
+    #[test]
+    fn async_leader_child() {
+        async_pools!();
+        let Ok(url) = std::env::var(format!("OCC_LEADER_CHILD_{BACKEND}")) else { return };
+        let runtime = common::paths::runtime();
+        let locks = diesel_occ::asynchronous::AsyncLocks::new(bb8_pool(&url, 4, &runtime));
+        runtime.block_on(async {
+            let mut candidate = diesel_occ::asynchronous::AsyncCandidate::start(locks, "failover", "main", "child", timing()).unwrap();
+            if let Ok(Some(LeaderEvent::Elected { fence })) = tokio::time::timeout(Duration::from_secs(30), candidate.next_event()).await {
+                println!("ELECTED {fence}");
+            }
+            std::future::pending::<()>().await;
+        });
+    }
+
     /// A child process leads and is killed with SIGKILL: this process is elected within
     /// the lease and one retry period.
     #[test]
     fn a_killed_leader_is_replaced_within_its_lease() {
+        killed_leader_is_replaced("leader_child");
+    }
+
+    /// The same, the killed leader an `AsyncCandidate`.
+    #[cfg(all(feature = "bb8", any(not(feature = "mysql"), feature = "async-mysql")))]
+    #[test]
+    fn a_killed_async_leader_is_replaced_within_its_lease() {
+        killed_leader_is_replaced("async_leader_child");
+    }
+
+    fn killed_leader_is_replaced(child: &str) {
         let Some(db) = db() else { return };
         let mut child = KillOnDrop(Command::new(std::env::current_exe().unwrap())
-            .args([&format!("{BACKEND}::leader_child"), "--exact", "--nocapture", "--test-threads=1"])
+            .args([&format!("{BACKEND}::{child}"), "--exact", "--nocapture", "--test-threads=1"])
             .env(format!("OCC_LEADER_CHILD_{BACKEND}"), &db.url)
             .stdout(Stdio::piped())
             .spawn()
