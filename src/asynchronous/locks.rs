@@ -39,6 +39,30 @@ where
 }
 
 /// Locks taken with connections from a pool of diesel-async connections.
+///
+/// ```
+/// # #[cfg(all(feature = "bb8", feature = "postgres"))]
+/// # mod example {
+/// use std::time::Duration;
+/// use diesel_async::pooled_connection::bb8::Pool;
+/// use diesel_async::AsyncPgConnection;
+/// use diesel_occ::asynchronous::AsyncLocks;
+/// use diesel_occ::{Error, Held};
+///
+/// /// Runs the nightly report once across every instance of the service.
+/// async fn nightly_report(pool: Pool<AsyncPgConnection>) -> Result<(), Error> {
+///     let locks = AsyncLocks::new(pool);
+///     locks
+///         .with_lock("nightly-report", "2026-11-25", Duration::from_secs(30), Some("web-1"), |held: Held| async move {
+///             // Cancelled at its next `.await` if the lease is lost; fence writes with
+///             // `held.fence()`.
+///             let _fence = held.fence();
+///             Ok::<_, Error>(())
+///         })
+///         .await
+/// }
+/// # }
+/// ```
 #[derive(Clone)]
 pub struct AsyncLocks<S> {
     pool: S,

@@ -1,6 +1,7 @@
 //! The library on diesel-async connections (feature `async`): guarded writes, inserts and
-//! upserts, read-modify-write with retry, JSON edits and merges, and status transitions,
-//! as futures, on `AsyncPgConnection`,
+//! upserts, read-modify-write with retry, JSON edits and merges, status transitions and
+//! (feature `locks`) locks, leases and leader election ([`AsyncLocks`],
+//! [`AsyncCandidate`]), as futures, on `AsyncPgConnection`,
 //! `SyncConnectionWrapper<SqliteConnection>` and (feature `async-mysql`)
 //! `AsyncMysqlConnection`. A connection checked out of a bb8 or deadpool pool is passed
 //! as `&mut *conn`; [`AsyncGuardedModify::modify_pooled`] takes the pool itself
