@@ -5,8 +5,7 @@
 //! is dropped at its next `.await`), awaited, and only then is the lock freed.
 
 use std::future::Future;
-use std::sync::atomic::{AtomicI64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Instant;
 
 use tokio::sync::{mpsc, watch};
@@ -15,10 +14,9 @@ use tokio::task::JoinHandle;
 use super::lock_connection::AsyncLockConnection;
 use super::locks::{AsyncLockPool, AsyncLocks, AsyncRenewal};
 use crate::error::Error;
-use crate::locks::belief::Belief;
 use crate::locks::held::{first_of, Held, Loss};
 use crate::locks::leader::{
-    check_candidate, lock, panic_message, ElectionTiming, LeaderEvent, Leadership, TermEnd,
+    check_candidate, panic_message, ElectionTiming, LeaderEvent, Leadership, TermEnd, Terms,
 };
 
 /// A leader's job on the async path: a future per term.
@@ -27,9 +25,7 @@ type AsyncJob =
 
 /// A candidate running for leadership as a tokio task.
 pub struct AsyncCandidate {
-    /// The belief of the current term, while this candidate leads.
-    term: Arc<Mutex<Option<Arc<Belief>>>>,
-    fence: Arc<AtomicI64>,
+    terms: Terms,
     events: mpsc::UnboundedReceiver<LeaderEvent>,
     leadership: watch::Receiver<Leadership>,
     stop: watch::Sender<bool>,
@@ -93,7 +89,7 @@ impl AsyncCandidate {
             what: "async candidate",
             reason: "AsyncCandidate is started from inside a tokio runtime".into(),
         })?;
-        let (term, fence) = (Arc::new(Mutex::new(None)), Arc::new(AtomicI64::new(0)));
+        let terms = Terms::default();
         let (events_in, events) = mpsc::unbounded_channel();
         let (leadership_in, leadership) = watch::channel(Leadership::Following);
         let (stop, stopped) = watch::channel(false);
@@ -104,15 +100,13 @@ impl AsyncCandidate {
             label: label.to_string(),
             timing,
             job,
-            term: Arc::clone(&term),
-            fence: Arc::clone(&fence),
+            terms: terms.clone(),
             events: events_in,
             leadership: leadership_in,
             stopped,
         };
         Ok(AsyncCandidate {
-            term,
-            fence,
+            terms,
             events,
             leadership,
             stop,
@@ -123,21 +117,17 @@ impl AsyncCandidate {
     /// Whether this candidate leads now: elected, and its local deadline not passed. It
     /// turns false at the deadline by itself, even while a renewal is stuck.
     pub fn is_leader(&self) -> bool {
-        lock(&self.term)
-            .as_ref()
-            .is_some_and(|belief| belief.is_held())
+        self.terms.is_leader()
     }
 
     /// The local deadline of the current term while this candidate leads.
     pub fn deadline(&self) -> Option<Instant> {
-        lock(&self.term)
-            .as_ref()
-            .and_then(|belief| belief.deadline())
+        self.terms.deadline()
     }
 
     /// The fencing token of this candidate's current or last term.
     pub fn fence(&self) -> i64 {
-        self.fence.load(Ordering::SeqCst)
+        self.terms.fence()
     }
 
     /// Leadership as a `watch` channel: `wait_for(|l| l != &Leadership::Following)` waits
@@ -194,8 +184,7 @@ struct Runner<S> {
     label: String,
     timing: ElectionTiming,
     job: Option<AsyncJob>,
-    term: Arc<Mutex<Option<Arc<Belief>>>>,
-    fence: Arc<AtomicI64>,
+    terms: Terms,
     events: mpsc::UnboundedSender<LeaderEvent>,
     leadership: watch::Sender<Leadership>,
     stopped: watch::Receiver<bool>,
@@ -232,8 +221,7 @@ where
                 continue;
             };
             let renewal = guard.renewal();
-            *lock(&self.term) = Some(renewal.belief());
-            self.fence.store(guard.fence(), Ordering::SeqCst);
+            self.terms.begin(renewal.belief(), guard.fence());
             self.report(LeaderEvent::Elected {
                 fence: guard.fence(),
             });
@@ -241,7 +229,7 @@ where
             let mut job = self.start_job(renewal.held(Arc::clone(&loss)));
             let end = self.lead(&renewal, &mut job).await.given(&loss);
             renewal.end();
-            *lock(&self.term) = None;
+            self.terms.end();
             // The job stops before the lock is given up: told, awaited, then the release.
             if let Some(lost) = end.lost_event() {
                 self.report(lost);

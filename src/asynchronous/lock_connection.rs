@@ -170,7 +170,49 @@ where
         let sent = async {
             let conn = transaction.conn();
             setting(conn, bounds.inside.as_deref()).await?;
-            send(conn, key, holder, step).await
+            // The same statements, in the same order, as the blocking `LockConnection`.
+            match step {
+                Step::Acquire { label, ttl } => {
+                    // Every wait happens here, before the expiry below is computed.
+                    lock_row(conn, key).await?;
+                    let write = CompareAndSet::one(
+                        acquire_statement(key, holder, label, ttl),
+                        "occ_locks",
+                        key,
+                        LockTaken { key },
+                    );
+                    run::<C, _, _, ReturnedBy<occ_locks::fence>, i64>(write, conn, true)
+                        .await?
+                        .token
+                        .ok_or_else(|| {
+                            Error::Database(diesel::result::Error::QueryBuilderError(
+                                "the lock was taken but its fence was not read back".into(),
+                            ))
+                        })
+                }
+                Step::Renew { fence, ttl } => {
+                    // Waits here, so that the lease is checked and extended after them.
+                    lock_row(conn, key).await?;
+                    let write = CompareAndSet::one(
+                        renew_statement(key, holder, fence, ttl),
+                        "occ_locks",
+                        key,
+                        LeaseLost { key, holder, fence },
+                    );
+                    run::<C, _, _, Counted, i64>(write, conn, true).await?;
+                    Ok(fence)
+                }
+                Step::Release { fence } => {
+                    let write = CompareAndSet::one(
+                        release_statement(key, holder, fence),
+                        "occ_locks",
+                        key,
+                        LeaseLost { key, holder, fence },
+                    );
+                    run::<C, _, _, Counted, i64>(write, conn, true).await?;
+                    Ok(fence)
+                }
+            }
         }
         .await
         .map_err(LostCommit::rolled_back);
@@ -194,69 +236,6 @@ async fn setting<C: SimpleAsyncConnection + Send>(
     match sql {
         Some(sql) => conn.batch_execute(sql).await.map_err(Error::Database),
         None => Ok(()),
-    }
-}
-
-/// The statements of `step`, inside its transaction: the same ones, in the same order, as
-/// the blocking path's `LockConnection` sends.
-async fn send<C>(conn: &mut C, key: &LockKey, holder: &str, step: Step<'_>) -> Result<i64, Error>
-where
-    C: NativeAsyncConnection + Send,
-    C::Backend: ServerLockBackend + NativeAsync,
-    AcquireLock: Assignments<C::Backend>,
-    RenewLock: Assignments<C::Backend>,
-    ReleaseLock: Assignments<C::Backend>,
-    CreateLock: Assignments<C::Backend>,
-    ReturnedBy<occ_locks::fence>: AsyncComplete<C, AcquireLock, i64>,
-    Counted: AsyncComplete<C, RenewLock, i64>
-        + AsyncComplete<C, ReleaseLock, i64>
-        + AsyncComplete<C, CreateLock, i64>,
-    LockHolder:
-        LoadQuery<'static, C, (Option<String>, Option<chrono::NaiveDateTime>)> + Send + 'static,
-    LockOwner: LoadQuery<'static, C, (Option<String>, Option<String>, i64)> + Send + 'static,
-    LockRow: LoadQuery<'static, C, i64> + Send + 'static,
-{
-    match step {
-        Step::Acquire { label, ttl } => {
-            // Every wait happens here, before the expiry below is computed.
-            lock_row(conn, key).await?;
-            let write = CompareAndSet::one(
-                acquire_statement(key, holder, label, ttl),
-                "occ_locks",
-                key,
-                LockTaken { key },
-            );
-            run::<C, _, _, ReturnedBy<occ_locks::fence>, i64>(write, conn, true)
-                .await?
-                .token
-                .ok_or_else(|| {
-                    Error::Database(diesel::result::Error::QueryBuilderError(
-                        "the lock was taken but its fence was not read back".into(),
-                    ))
-                })
-        }
-        Step::Renew { fence, ttl } => {
-            // Waits here, so that the lease is checked and extended after them.
-            lock_row(conn, key).await?;
-            let write = CompareAndSet::one(
-                renew_statement(key, holder, fence, ttl),
-                "occ_locks",
-                key,
-                LeaseLost { key, holder, fence },
-            );
-            run::<C, _, _, Counted, i64>(write, conn, true).await?;
-            Ok(fence)
-        }
-        Step::Release { fence } => {
-            let write = CompareAndSet::one(
-                release_statement(key, holder, fence),
-                "occ_locks",
-                key,
-                LeaseLost { key, holder, fence },
-            );
-            run::<C, _, _, Counted, i64>(write, conn, true).await?;
-            Ok(fence)
-        }
     }
 }
 

@@ -130,9 +130,7 @@ pub enum Leadership {
 
 /// A candidate running for leadership on its own thread.
 pub struct Candidate {
-    /// The belief of the current term, while this candidate leads.
-    term: Arc<Mutex<Option<Arc<Belief>>>>,
-    fence: Arc<AtomicI64>,
+    terms: Terms,
     events: Receiver<LeaderEvent>,
     #[cfg(feature = "tokio")]
     leadership: tokio::sync::watch::Receiver<Leadership>,
@@ -248,7 +246,7 @@ impl Candidate {
         S::Connection: LockConnection,
     {
         check_candidate(name, resource, label, &timing)?;
-        let (term, fence) = (Arc::new(Mutex::new(None)), Arc::new(AtomicI64::new(0)));
+        let terms = Terms::default();
         let (events_in, events) = channel();
         let (signals, received) = channel::<Signal>();
         #[cfg(feature = "tokio")]
@@ -260,8 +258,7 @@ impl Candidate {
             label: label.to_string(),
             timing,
             job,
-            term: Arc::clone(&term),
-            fence: Arc::clone(&fence),
+            terms: terms.clone(),
             events: events_in,
             #[cfg(feature = "tokio")]
             leadership: leadership_in,
@@ -270,8 +267,7 @@ impl Candidate {
         };
         let thread = crate::connect::source::spawn_in_runtime(move || runner.run());
         Ok(Candidate {
-            term,
-            fence,
+            terms,
             events,
             #[cfg(feature = "tokio")]
             leadership,
@@ -283,21 +279,17 @@ impl Candidate {
     /// Whether this candidate leads now: elected, and its local deadline not passed.
     /// It turns false at the deadline by itself, even while a renewal is stuck.
     pub fn is_leader(&self) -> bool {
-        lock(&self.term)
-            .as_ref()
-            .is_some_and(|belief| belief.is_held())
+        self.terms.is_leader()
     }
 
     /// The local deadline of the current term while this candidate leads.
     pub fn deadline(&self) -> Option<Instant> {
-        lock(&self.term)
-            .as_ref()
-            .and_then(|belief| belief.deadline())
+        self.terms.deadline()
     }
 
     /// The fencing token of this candidate's current or last term.
     pub fn fence(&self) -> i64 {
-        self.fence.load(Ordering::SeqCst)
+        self.terms.fence()
     }
 
     /// Leadership changes, in order.
@@ -342,13 +334,52 @@ struct Runner<S: ConnectionSource> {
     label: String,
     timing: ElectionTiming,
     job: Option<Job>,
-    term: Arc<Mutex<Option<Arc<Belief>>>>,
-    fence: Arc<AtomicI64>,
+    terms: Terms,
     events: Sender<LeaderEvent>,
     #[cfg(feature = "tokio")]
     leadership: tokio::sync::watch::Sender<Leadership>,
     signals: Sender<Signal>,
     received: Receiver<Signal>,
+}
+
+/// A candidate's current term as the candidate and its runner share it: the belief of the
+/// term while it leads, and the fence of its current or last term.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Terms {
+    belief: Arc<Mutex<Option<Arc<Belief>>>>,
+    fence: Arc<AtomicI64>,
+}
+
+impl Terms {
+    /// A term with `fence` began, believed as `belief` says.
+    pub(crate) fn begin(&self, belief: Arc<Belief>, fence: i64) {
+        *lock(&self.belief) = Some(belief);
+        self.fence.store(fence, Ordering::SeqCst);
+    }
+
+    /// The term ended.
+    pub(crate) fn end(&self) {
+        *lock(&self.belief) = None;
+    }
+
+    /// Whether the candidate leads now: elected, and its local deadline not passed.
+    pub(crate) fn is_leader(&self) -> bool {
+        lock(&self.belief)
+            .as_ref()
+            .is_some_and(|belief| belief.is_held())
+    }
+
+    /// The local deadline of the current term while the candidate leads.
+    pub(crate) fn deadline(&self) -> Option<Instant> {
+        lock(&self.belief)
+            .as_ref()
+            .and_then(|belief| belief.deadline())
+    }
+
+    /// The fencing token of the current or last term.
+    pub(crate) fn fence(&self) -> i64 {
+        self.fence.load(Ordering::SeqCst)
+    }
 }
 
 /// How a term ended.
@@ -450,8 +481,7 @@ where
                 continue;
             };
             let renewal = guard.renewal();
-            *lock(&self.term) = Some(renewal.belief());
-            self.fence.store(guard.fence(), Ordering::SeqCst);
+            self.terms.begin(renewal.belief(), guard.fence());
             self.report(LeaderEvent::Elected {
                 fence: guard.fence(),
             });
@@ -459,7 +489,7 @@ where
             let job = self.start_job(renewal.held(Arc::clone(&loss)), guard.fence());
             let end = self.lead(&renewal, guard.fence()).given(&loss);
             renewal.end();
-            *lock(&self.term) = None;
+            self.terms.end();
             // The job stops before the lock is given up: told, awaited, then the release.
             if let Some(lost) = end.lost_event() {
                 self.report(lost);
@@ -569,7 +599,7 @@ pub(crate) fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
         .unwrap_or_else(|| "a panic without a message".to_string())
 }
 
-pub(crate) fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(|p| p.into_inner())
 }
 
