@@ -3,11 +3,11 @@
 
 #![cfg(all(
     feature = "axum",
-    feature = "tokio",
     feature = "locks",
     feature = "sqlite",
     feature = "postgres",
-    feature = "mysql"
+    feature = "async-mysql",
+    feature = "bb8"
 ))]
 
 #[allow(dead_code)]
@@ -16,28 +16,44 @@ mod app;
 mod common;
 
 use std::sync::Barrier;
+use std::time::Duration;
 
-use diesel::r2d2::{Pool, R2D2Connection};
-use diesel_occ::{CheckedManager, Error};
+use diesel::prelude::*;
+use diesel_occ::asynchronous::AsyncCandidate;
+use diesel_occ::{occ_locks, ElectionTiming, Error, Leadership};
 use reqwest::blocking::{Client, Response};
 use reqwest::header::{CONTENT_TYPE, ETAG, IF_MATCH, IF_NONE_MATCH};
 use reqwest::StatusCode;
 use serde_json::{json, Value};
 
-/// The service's routes for connection type `Self`.
-trait Api: R2D2Connection + 'static {
-    fn setup(pool: &Pool<CheckedManager<Self>>) -> Result<(), Error>;
-    fn router(pool: Pool<CheckedManager<Self>>) -> axum::Router;
+/// The service of the backend whose blocking connection is `Self`.
+trait Api: diesel::r2d2::R2D2Connection + 'static {
+    type Pool: Clone + Send + 'static;
+    fn setup(url: &str);
+    fn pool(url: &str, runtime: &tokio::runtime::Runtime) -> Self::Pool;
+    fn router(pool: Self::Pool) -> axum::Router;
+    fn campaign(
+        pool: Self::Pool,
+        label: &str,
+        timing: ElectionTiming,
+    ) -> Result<AsyncCandidate, Error>;
 }
 
 macro_rules! api {
     ($($conn:ty => $module:ident),*) => {$(
         impl Api for $conn {
-            fn setup(pool: &Pool<CheckedManager<Self>>) -> Result<(), Error> {
-                app::$module::setup(pool)
+            type Pool = app::$module::Pool;
+            fn setup(url: &str) {
+                app::$module::setup(url).unwrap()
             }
-            fn router(pool: Pool<CheckedManager<Self>>) -> axum::Router {
+            fn pool(url: &str, runtime: &tokio::runtime::Runtime) -> Self::Pool {
+                runtime.block_on(app::$module::pool(url)).unwrap()
+            }
+            fn router(pool: Self::Pool) -> axum::Router {
                 app::$module::router(pool)
+            }
+            fn campaign(pool: Self::Pool, label: &str, timing: ElectionTiming) -> Result<AsyncCandidate, Error> {
+                app::$module::campaign(pool, label, timing)
             }
         }
     )*};
@@ -46,24 +62,26 @@ macro_rules! api {
 api!(diesel::SqliteConnection => sqlite, diesel::PgConnection => postgres, diesel::MysqlConnection => mysql);
 
 /// The service on a loopback port for as long as this lives.
-struct Server {
+struct Server<C: Api> {
     base: String,
     client: Client,
-    _runtime: tokio::runtime::Runtime,
+    pool: C::Pool,
+    runtime: tokio::runtime::Runtime,
 }
 
-impl Server {
-    fn start<C: Api>(pool: Pool<CheckedManager<C>>) -> Server {
-        C::setup(&pool).unwrap();
+impl<C: Api> Server<C> {
+    fn start(url: &str) -> Server<C> {
+        C::setup(url);
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .enable_all()
             .build()
             .unwrap();
+        let pool = C::pool(url, &runtime);
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         listener.set_nonblocking(true).unwrap();
         let base = format!("http://{}", listener.local_addr().unwrap());
-        let router = C::router(pool);
+        let router = C::router(pool.clone());
         runtime.spawn(async move {
             let listener = tokio::net::TcpListener::from_std(listener).unwrap();
             axum::serve(listener, router).await.unwrap();
@@ -71,7 +89,8 @@ impl Server {
         Server {
             base,
             client: Client::new(),
-            _runtime: runtime,
+            pool,
+            runtime,
         }
     }
 
@@ -121,9 +140,9 @@ const MERGE: &str = "application/merge-patch+json";
 const JSON_PATCH: &str = "application/json-patch+json";
 
 for_each_backend! {
-    fn server() -> Option<(Server, common::TestDb<Conn>)> {
+    fn server() -> Option<(Server<Conn>, common::TestDb<Conn>)> {
         let db = db()?;
-        Some((Server::start::<Conn>(db.pool.clone()), db))
+        Some((Server::<Conn>::start(&db.url), db))
     }
 
     /// A write with the tag of an older version is refused with 412 and the current tag,
@@ -239,5 +258,89 @@ for_each_backend! {
         for i in 0..16 {
             assert_eq!(ext[format!("k{i}")], json!(i), "{ext}");
         }
+    }
+
+    /// 8 clients send a PATCH with the same If-Match at once: exactly one is applied
+    /// (200, a new tag); the other 7 get 412 naming the winner's version, and the stored
+    /// document is the winner's.
+    #[test]
+    fn concurrent_patches_with_one_if_match_have_one_winner() {
+        let Some((server, _db)) = server() else { return };
+        let tag = server.create(1);
+        let start = Barrier::new(8);
+        let answers: Vec<(StatusCode, String, usize)> = std::thread::scope(|s| {
+            let clients: Vec<_> = (0..8)
+                .map(|i| {
+                    let (server, start, tag) = (&server, &start, &tag);
+                    s.spawn(move || {
+                        start.wait();
+                        let response = server.patch(1, MERGE, json!({ "writer": i }), Some(tag));
+                        (response.status(), etag(&response), i)
+                    })
+                })
+                .collect();
+            clients.into_iter().map(|c| c.join().unwrap()).collect()
+        });
+        let winners: Vec<_> = answers.iter().filter(|(status, _, _)| *status == StatusCode::OK).collect();
+        assert_eq!(winners.len(), 1, "{answers:?}");
+        let (_, winning_tag, writer) = winners[0];
+        for (status, current, _) in answers.iter().filter(|(status, _, _)| *status != StatusCode::OK) {
+            assert_eq!(*status, StatusCode::PRECONDITION_FAILED);
+            assert_eq!(current, winning_tag, "a 412 names the current version");
+        }
+        let (stored_tag, order) = server.get(1);
+        assert_eq!((&stored_tag, &order["ext"]), (winning_tag, &json!({ "writer": writer })));
+    }
+
+    /// Two instances of the service campaign for its background job: exactly one leads,
+    /// and the lock row names it; when it shuts down (its job cancelled first) the other
+    /// takes over with a larger fence.
+    #[test]
+    fn the_background_job_runs_on_one_instance_and_fails_over() {
+        let Some((server, db)) = server() else { return };
+        let timing = ElectionTiming {
+            lease: Duration::from_millis(900),
+            renew_deadline: Duration::from_millis(600),
+            retry_period: Duration::from_millis(150),
+        };
+        let (first, second) = {
+            let _inside = server.runtime.enter();
+            (
+                Conn::campaign(server.pool.clone(), "instance 1", timing).unwrap(),
+                Conn::campaign(server.pool.clone(), "instance 2", timing).unwrap(),
+            )
+        };
+        let leading = |candidate: &AsyncCandidate| server.runtime.block_on(async {
+            let mut leadership = candidate.leadership();
+            let elected = tokio::time::timeout(Duration::from_secs(10), leadership.wait_for(|l| *l != Leadership::Following)).await;
+            matches!(elected, Ok(Ok(_)))
+        });
+        let leader_row = || -> (Option<String>, i64) {
+            occ_locks::table
+                .filter(occ_locks::lock_name.eq("orders-service"))
+                .select((occ_locks::label, occ_locks::fence))
+                .first(&mut db.conn())
+                .unwrap()
+        };
+        // Whichever wins, exactly one leads.
+        server.runtime.block_on(async {
+            tokio::time::timeout(Duration::from_secs(10), async {
+                while !first.is_leader() && !second.is_leader() {
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+            })
+            .await
+            .expect("an instance leads within 10 s");
+        });
+        assert!(first.is_leader() != second.is_leader(), "exactly one instance leads");
+        let (leader, follower, label) = if first.is_leader() { (first, second, "instance 1") } else { (second, first, "instance 2") };
+        let (row_label, fence) = leader_row();
+        assert_eq!((row_label.as_deref(), fence), (Some(label), leader.fence()));
+
+        server.runtime.block_on(leader.stop());
+        assert!(leading(&follower), "the other instance takes over");
+        assert!(follower.fence() > fence);
+        assert_eq!(leader_row().1, follower.fence());
+        server.runtime.block_on(follower.stop());
     }
 }

@@ -1,6 +1,7 @@
 //! The orders API of the example service, for each backend (`sqlite`, `postgres`,
-//! `mysql` modules with the same items); `main.rs` serves it and the end-to-end tests
-//! (`tests/http_service.rs`) drive it over HTTP.
+//! `mysql` modules with the same items), on diesel-async connections from a bb8 pool;
+//! `main.rs` serves it and the end-to-end tests (`tests/http_service.rs`) drive it over
+//! HTTP.
 //!
 //! - `POST /orders/{id}`: create, 201 with its `ETag`;
 //! - `GET /orders/{id}`: 200 with `ETag`, or 304 for a matching `If-None-Match`;
@@ -20,13 +21,17 @@ use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::{Json, Router};
+use std::time::Duration;
+
 use diesel::connection::SimpleConnection;
 use diesel::prelude::*;
+use diesel_async::pooled_connection::{bb8, AsyncDieselConnectionManager, ManagerConfig};
+use diesel_async::RunQueryDsl;
+use diesel_occ::asynchronous::prelude::*;
+use diesel_occ::asynchronous::{AsyncCandidate, AsyncConnectionSource, AsyncLocks};
 use diesel_occ::http::{EntityTag, IfMatch, IfNoneMatch, Problem};
-use diesel_occ::with_connection;
-use diesel_occ::GuardedJson;
-use diesel_occ::{no_extra, GuardedStatusTransition};
-use diesel_occ::{Error, Guarded, GuardedWrite, LoadByKey, RetryPolicy, Status, Token};
+use diesel_occ::{no_extra, ElectionTiming, Held};
+use diesel_occ::{Error, Guarded, RetryPolicy, Status, Token};
 use serde_json::{json, Value};
 
 /// A failure as an HTTP answer.
@@ -90,12 +95,23 @@ fn representation(
         .into_response()
 }
 
+/// The background job, on the leader only: a tick every 5 s while this instance leads.
+/// When the lead is lost or the service shuts down, the job's future is dropped at its next
+/// `.await`, and the lock is freed only after that.
+async fn nightly_job(held: Held) {
+    tracing::info!(fence = held.fence(), "leading: the nightly job runs here");
+    loop {
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        tracing::info!(fence = held.fence(), "nightly job: tick");
+    }
+}
+
 macro_rules! orders_api {
-    ($($backend:ident: $conn:ty, $pool:ty, $json_sql:ty, $json_ddl:literal;)*) => {$(
+    ($($backend:ident: $conn:ty, $sync:ty, $json_sql:ty, $json_ddl:literal;)*) => {$(
         pub mod $backend {
             use super::*;
 
-            pub type Pool = $pool;
+            pub type Pool = bb8::Pool<$conn>;
             type JsonSql = $json_sql;
 
             diesel::table! {
@@ -142,16 +158,43 @@ macro_rules! orders_api {
                 }
             }
 
-            /// Creates the table (dropping an old one) and the library's tables.
-            pub fn setup(pool: &Pool) -> Result<(), Error> {
-                let conn = &mut pool.get()?;
-                diesel_occ::migrations::run(&mut **conn)?;
+            /// Creates the table (dropping an old one) and the library's tables, over one
+            /// blocking connection (diesel's migration harness is blocking).
+            pub fn setup(url: &str) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+                let conn = &mut <$sync as diesel::Connection>::establish(url)?;
+                diesel_occ::migrations::run(conn)?;
                 conn.batch_execute("DROP TABLE IF EXISTS service_orders")?;
                 conn.batch_execute(concat!(
                     "CREATE TABLE service_orders (id BIGINT PRIMARY KEY NOT NULL, ",
                     "status VARCHAR(16) NOT NULL, ext ", $json_ddl, " NOT NULL, version BIGINT NOT NULL)"
                 ))?;
                 Ok(())
+            }
+
+            /// A bb8 pool of diesel-async connections to `url` (SQLite's wait up to 5 s for
+            /// the write lock, as the blocking pools' do).
+            pub async fn pool(url: &str) -> Result<Pool, Box<dyn std::error::Error + Send + Sync>> {
+                let mut config = ManagerConfig::default();
+                if stringify!($backend) == "sqlite" {
+                    config.custom_setup = Box::new(|url| {
+                        Box::pin(async move {
+                            use diesel_async::{AsyncConnection, SimpleAsyncConnection};
+                            let mut conn = <$conn>::establish(url).await?;
+                            conn.batch_execute("PRAGMA busy_timeout = 5000; PRAGMA journal_mode = WAL")
+                                .await
+                                .map_err(diesel::ConnectionError::CouldntSetupConfiguration)?;
+                            Ok(conn)
+                        })
+                    });
+                }
+                let manager = AsyncDieselConnectionManager::new_with_config(url, config);
+                Ok(bb8::Pool::builder().max_size(10).build(manager).await?)
+            }
+
+            /// Runs for leadership of the nightly job under `label`; the job runs while this
+            /// instance leads.
+            pub fn campaign(pool: Pool, label: &str, timing: ElectionTiming) -> Result<AsyncCandidate, Error> {
+                AsyncCandidate::start_with_job(AsyncLocks::new(pool), "orders-service", "nightly", label, timing, nightly_job)
             }
 
             pub fn router(pool: Pool) -> Router {
@@ -163,17 +206,14 @@ macro_rules! orders_api {
             }
 
             async fn create(State(pool): State<Pool>, Path(id): Path<i64>) -> Result<Response, Failure> {
-                let order = with_connection(&pool, move |conn| {
-                    let order = Order { id, status: OrderStatus::Valid, ext: json!({}), version: 0 };
-                    diesel::insert_into(service_orders::table).values(&order).execute(conn)?;
-                    Ok::<_, Error>(order)
-                })
-                .await?;
+                let conn = &mut *pool.checkout().await?;
+                let order = Order { id, status: OrderStatus::Valid, ext: json!({}), version: 0 };
+                diesel::insert_into(service_orders::table).values(&order).execute(conn).await?;
                 Ok(order.response(StatusCode::CREATED))
             }
 
             async fn read(State(pool): State<Pool>, Path(id): Path<i64>, if_none_match: IfNoneMatch) -> Result<Response, Failure> {
-                let order = with_connection(&pool, move |conn| load(conn, id)).await?;
+                let order = load(&mut *pool.checkout().await?, id).await?;
                 let token = Order::token_of(&order.version);
                 if !if_none_match.is_new(Some(&token)) {
                     return Ok((StatusCode::NOT_MODIFIED, [(header::ETAG, EntityTag::of(&token).header_value())]).into_response());
@@ -197,32 +237,26 @@ macro_rules! orders_api {
                         reason: format!("the body is not JSON: {e}"),
                     }))
                 })?;
+                let conn = &mut *pool.checkout().await?;
                 let order = match (kind.as_str(), if_match.0.is_absent()) {
                     ("application/merge-patch+json", true) => {
                         // No precondition: merge into the latest version, retrying on
                         // conflicts; a merge never drops another writer's keys.
-                        with_connection(&pool, move |conn| {
-                            Ok::<_, Error>(Order::merge_json(conn, &id, service_orders::ext, &patch, &policy())?.row)
-                        })
-                        .await?
+                        Order::merge_json(conn, &id, service_orders::ext, &patch, &policy()).await?.row
                     }
                     ("application/merge-patch+json", false) | ("application/json-patch+json", _) => {
-                        let merge = kind == "application/merge-patch+json";
-                        with_connection(&pool, move |conn| -> Result<Order, Failure> {
-                            let mut order = load(conn, id)?;
-                            // Only the version the client saw: a stale tag is 412 here, and
-                            // a write in between makes the guarded update a conflict (412).
-                            if_match.check(Some(&Order::token_of(&order.version)), true)?;
-                            if merge {
-                                json_patch::merge(&mut order.ext, &patch);
-                            } else {
-                                let operations: json_patch::Patch = serde_json::from_value(patch).map_err(|e| invalid(id, e.to_string()))?;
-                                json_patch::patch(&mut order.ext, &operations).map_err(|e| invalid(id, e.to_string()))?;
-                            }
-                            order.version = Order::guarded_update_by_key(conn, &id, &order.version, service_orders::ext.eq(&order.ext))?;
-                            Ok(order)
-                        })
-                        .await?
+                        let mut order = load(conn, id).await?;
+                        // Only the version the client saw: a stale tag is 412 here, and a
+                        // write in between makes the guarded update a conflict (412).
+                        if_match.check(Some(&Order::token_of(&order.version)), true)?;
+                        if kind == "application/merge-patch+json" {
+                            json_patch::merge(&mut order.ext, &patch);
+                        } else {
+                            let operations: json_patch::Patch = serde_json::from_value(patch).map_err(|e| invalid(id, e.to_string()))?;
+                            json_patch::patch(&mut order.ext, &operations).map_err(|e| invalid(id, e.to_string()))?;
+                        }
+                        order.version = Order::guarded_update_by_key(conn, &id, &order.version, service_orders::ext.eq(order.ext.clone())).await?;
+                        order
                     }
                     (other, _) => {
                         return Ok((StatusCode::UNSUPPORTED_MEDIA_TYPE, format!("unsupported content type {other:?}: send application/merge-patch+json or application/json-patch+json")).into_response());
@@ -240,17 +274,16 @@ macro_rules! orders_api {
             }
 
             async fn transition(pool: Pool, id: i64, to: OrderStatus) -> Result<Response, Failure> {
-                let order = with_connection(&pool, move |conn| {
-                    Order::transition_by_key(conn, &id, to, no_extra(), &policy())?;
-                    load(conn, id)
-                })
-                .await?;
+                let conn = &mut *pool.checkout().await?;
+                Order::transition_by_key(conn, &id, to, no_extra(), &policy()).await?;
+                let order = load(conn, id).await?;
                 tracing::info!(id, to = to.name(), "moved");
                 Ok(order.response(StatusCode::OK))
             }
 
-            fn load(conn: &mut $conn, id: i64) -> Result<Order, Error> {
-                Order::load_by_key(conn, &id)?.ok_or(Error::NotFound { table: "service_orders", key: id.to_string() })
+            async fn load(conn: &mut $conn, id: i64) -> Result<Order, Error> {
+                let found = service_orders::table.find(id).select(Order::as_select()).first(conn).await.optional()?;
+                found.ok_or(Error::NotFound { table: "service_orders", key: id.to_string() })
             }
 
             fn invalid(id: i64, reason: String) -> Failure {
@@ -261,7 +294,7 @@ macro_rules! orders_api {
 }
 
 orders_api! {
-    sqlite: diesel::SqliteConnection, diesel_occ::SqlitePool, diesel::sql_types::Json, "TEXT";
-    postgres: diesel::PgConnection, diesel_occ::PgPool, diesel::sql_types::Jsonb, "JSONB";
-    mysql: diesel::MysqlConnection, diesel_occ::MysqlPool, diesel::sql_types::Json, "JSON";
+    sqlite: diesel_async::sync_connection_wrapper::SyncConnectionWrapper<diesel::SqliteConnection>, diesel::SqliteConnection, diesel::sql_types::Json, "TEXT";
+    postgres: diesel_async::AsyncPgConnection, diesel::PgConnection, diesel::sql_types::Jsonb, "JSONB";
+    mysql: diesel_async::AsyncMysqlConnection, diesel::MysqlConnection, diesel::sql_types::Json, "JSON";
 }

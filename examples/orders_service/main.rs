@@ -1,7 +1,8 @@
-//! An orders API on axum over diesel-occ: ETags and `If-Match` on every write, JSON
-//! extension patches that never lose a key, ship and cancel as guarded transitions, and a
-//! background job that runs on one instance only (leader election on the lock table).
-//! See `app.rs` for the routes.
+//! An orders API on axum over diesel-occ's async API (diesel-async connections from a bb8
+//! pool): ETags and `If-Match` on every write, JSON extension patches that never lose a
+//! key, ship and cancel as guarded transitions, and a background job that runs on one
+//! instance only (leader election on the lock table, as tokio tasks). See `app.rs` for the
+//! routes.
 //!
 //! Run (SQLite file by default; PostgreSQL or MySQL by URL):
 //!
@@ -17,11 +18,7 @@
 
 mod app;
 
-use std::time::Duration;
-
-use diesel_occ::Locks;
-use diesel_occ::PoolConfig;
-use diesel_occ::{Candidate, ElectionTiming, Held};
+use diesel_occ::ElectionTiming;
 
 type Outcome = Result<(), Box<dyn std::error::Error + Send + Sync>>;
 
@@ -34,30 +31,24 @@ async fn main() -> Outcome {
         .init();
     let url = std::env::var("DATABASE_URL").unwrap_or_else(|_| "orders-service.sqlite3".into());
     let address = std::env::var("LISTEN").unwrap_or_else(|_| "127.0.0.1:3000".into());
-    let config = PoolConfig::default();
-    let (router, locks) = if url.starts_with("postgres") {
-        let pool = diesel_occ::postgres_pool(&url, &config)?;
-        app::postgres::setup(&pool)?;
-        (
-            app::postgres::router(pool.clone()),
-            Job::Postgres(Locks::new(pool)),
-        )
+    let label = format!("orders-service pid {}", std::process::id());
+    let timing = ElectionTiming::default();
+    let (router, candidate) = if url.starts_with("postgres") {
+        app::postgres::setup(&url)?;
+        let pool = app::postgres::pool(&url).await?;
+        let candidate = app::postgres::campaign(pool.clone(), &label, timing)?;
+        (app::postgres::router(pool), candidate)
     } else if url.starts_with("mysql") {
-        let pool = diesel_occ::mysql_pool(&url, &config)?;
-        app::mysql::setup(&pool)?;
-        (
-            app::mysql::router(pool.clone()),
-            Job::Mysql(Locks::new(pool)),
-        )
+        app::mysql::setup(&url)?;
+        let pool = app::mysql::pool(&url).await?;
+        let candidate = app::mysql::campaign(pool.clone(), &label, timing)?;
+        (app::mysql::router(pool), candidate)
     } else {
-        let pool = diesel_occ::sqlite_pool(&url, &config)?;
-        app::sqlite::setup(&pool)?;
-        (
-            app::sqlite::router(pool.clone()),
-            Job::Sqlite(Locks::new(pool)),
-        )
+        app::sqlite::setup(&url)?;
+        let pool = app::sqlite::pool(&url).await?;
+        let candidate = app::sqlite::campaign(pool.clone(), &label, timing)?;
+        (app::sqlite::router(pool), candidate)
     };
-    let candidate = locks.campaign()?;
 
     let listener = tokio::net::TcpListener::bind(&address).await?;
     tracing::info!(%address, database = %url, "serving");
@@ -66,64 +57,9 @@ async fn main() -> Outcome {
             let _ = tokio::signal::ctrl_c().await;
         })
         .await?;
-    // Stops the job, waits for it, then frees the lock for another instance.
-    for event in candidate.stop() {
+    // Cancels the job, waits for it, then frees the lock for another instance.
+    for event in candidate.stop().await {
         tracing::info!(?event, "leadership");
     }
     Ok(())
-}
-
-/// The lock table of the chosen backend.
-enum Job {
-    Sqlite(Locks<diesel_occ::SqlitePool>),
-    Postgres(Locks<diesel_occ::PgPool>),
-    Mysql(Locks<diesel_occ::MysqlPool>),
-}
-
-impl Job {
-    /// Runs for leadership of the nightly job under this process's id; the job runs while
-    /// this instance leads.
-    fn campaign(self) -> Result<Candidate, diesel_occ::Error> {
-        let label = format!("orders-service pid {}", std::process::id());
-        let timing = ElectionTiming::default();
-        match self {
-            Job::Sqlite(locks) => Candidate::start_with_job(
-                locks,
-                "orders-service",
-                "nightly",
-                &label,
-                timing,
-                nightly_job,
-            ),
-            Job::Postgres(locks) => Candidate::start_with_job(
-                locks,
-                "orders-service",
-                "nightly",
-                &label,
-                timing,
-                nightly_job,
-            ),
-            Job::Mysql(locks) => Candidate::start_with_job(
-                locks,
-                "orders-service",
-                "nightly",
-                &label,
-                timing,
-                nightly_job,
-            ),
-        }
-    }
-}
-
-/// The background job, on the leader only: a tick every 5 s while this instance leads.
-/// Its sleep ends at once when the lead is lost or the service shuts down; the lock is
-/// freed only after it returned.
-fn nightly_job(held: &Held) {
-    tracing::info!(fence = held.fence(), "leading: the nightly job runs here");
-    while held.sleep(Duration::from_secs(5)).is_ok() {
-        tracing::info!(fence = held.fence(), "nightly job: tick");
-    }
-    if let Err(reason) = held.check() {
-        tracing::warn!(%reason, "nightly job stopped");
-    }
 }
