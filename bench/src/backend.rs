@@ -101,10 +101,13 @@ pub enum Backend {
 
 macro_rules! dispatch {
     ($self:expr, $workload:ident, $settings:expr, $report:expr) => {
+        dispatch!($self, $workload, run, $settings, $report)
+    };
+    ($self:expr, $workload:ident, $run:ident, $settings:expr, $report:expr) => {
         match $self {
-            Backend::Sqlite { .. } => crate::$workload::sqlite::run($settings, $report),
-            Backend::Postgres => crate::$workload::postgres::run($settings, $report),
-            Backend::Mysql => crate::$workload::mysql::run($settings, $report),
+            Backend::Sqlite { .. } => crate::$workload::sqlite::$run($settings, $report),
+            Backend::Postgres => crate::$workload::postgres::$run($settings, $report),
+            Backend::Mysql => crate::$workload::mysql::$run($settings, $report),
         }
     };
 }
@@ -177,11 +180,15 @@ impl Backend {
     }
 
     pub fn run_w1_async(self, settings: &Settings, report: &mut Report) -> Outcome {
-        match self {
-            Backend::Sqlite { .. } => crate::w1_uncontended::sqlite::run_async(settings, report),
-            Backend::Postgres => crate::w1_uncontended::postgres::run_async(settings, report),
-            Backend::Mysql => crate::w1_uncontended::mysql::run_async(settings, report),
-        }
+        dispatch!(self, w1_uncontended, run_async, settings, report)
+    }
+
+    pub fn run_w2_async(self, settings: &Settings, report: &mut Report) -> Outcome {
+        dispatch!(self, w2_hot_row, run_async, settings, report)
+    }
+
+    pub fn run_w3_async(self, settings: &Settings, report: &mut Report) -> Outcome {
+        dispatch!(self, w3_cancel_vs_ship, run_async, settings, report)
     }
 
     pub fn run_w2(self, settings: &Settings, report: &mut Report) -> Outcome {
@@ -212,4 +219,23 @@ impl Backend {
             }
         }
     }
+}
+
+/// A diesel-async connection to `url` made on `runtime`; SQLite's waits for the write lock
+/// as the blocking pools' connections do.
+pub fn connect_async<A>(
+    url: &str,
+    sqlite: bool,
+    runtime: &tokio::runtime::Runtime,
+) -> Result<A, Box<dyn Error>>
+where
+    A: diesel_async::AsyncConnection,
+{
+    runtime.block_on(async {
+        let mut conn = A::establish(url).await?;
+        if sqlite {
+            conn.batch_execute("PRAGMA busy_timeout = 60000").await?;
+        }
+        Ok(conn)
+    })
 }

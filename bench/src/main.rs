@@ -5,7 +5,9 @@
 //! - W1 uncontended guarded update: the price of the library over the same SQL by hand;
 //!   W1-async the same on diesel-async connections, against hand-written diesel-async;
 //! - W2 hot-row JSON merge: goodput of each strategy as writers pile onto one row;
-//! - W3 cancel vs ship: guarded status transitions racing on the same orders;
+//!   W2-async the same with tokio tasks on diesel-async connections;
+//! - W3 cancel vs ship: guarded status transitions racing on the same orders; W3-async
+//!   the same with tokio tasks on diesel-async connections;
 //! - W4 locks: acquire + release, alone and with contenders; leader failover time;
 //! - W5 batch: guarded updates of many rows as one batch, one by one, and by hand;
 //! - W7 inserts and upserts: one row per call, beside diesel's insert, the hand-written
@@ -53,7 +55,7 @@ struct Options {
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "w1,w1-async,w2,w3,w4,w5,w7"
+        default_value = "w1,w1-async,w2,w2-async,w3,w3-async,w4,w5,w7"
     )]
     workloads: Vec<Workload>,
 
@@ -85,7 +87,11 @@ enum Workload {
     /// W1 on diesel-async connections.
     W1Async,
     W2,
+    /// W2 on diesel-async connections, the workers tokio tasks.
+    W2Async,
     W3,
+    /// W3 on diesel-async connections, the racers tokio tasks.
+    W3Async,
     W4,
     W5,
     W7,
@@ -159,7 +165,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             Workload::W1 => backend.run_w1(&settings, &mut report)?,
             Workload::W1Async => backend.run_w1_async(&settings, &mut report)?,
             Workload::W2 => backend.run_w2(&settings, &mut report)?,
+            Workload::W2Async => backend.run_w2_async(&settings, &mut report)?,
             Workload::W3 => backend.run_w3(&settings, &mut report)?,
+            Workload::W3Async => backend.run_w3_async(&settings, &mut report)?,
             Workload::W4 => backend.run_w4(&settings, &mut report)?,
             Workload::W5 => backend.run_w5(&settings, &mut report)?,
             Workload::W7 => backend.run_w7(&settings, &mut report)?,

@@ -94,6 +94,7 @@ fn check(document: &Value, version: i64, workers: &[Worker]) -> Check {
 }
 
 fn record(
+    workload: &'static str,
     strategy: Strategy,
     n: usize,
     elapsed: Duration,
@@ -111,7 +112,7 @@ fn record(
     for worker in workers {
         latencies.extend(worker.latencies);
     }
-    let mut record = Record::new("W2", format!("N={n}"), strategy.name())
+    let mut record = Record::new(workload, format!("N={n}"), strategy.name())
         .ops(successes, elapsed)
         .latencies(&latencies)
         .with("workers", n)
@@ -135,6 +136,35 @@ fn record(
     }
     record
 }
+
+impl Worker {
+    /// Counts one merge that took `attempts` (or failed with `error`), begun at `began`.
+    fn tally(&mut self, began: Instant, outcome: Result<u32, Error>) {
+        match outcome {
+            Ok(attempts) => {
+                self.latencies.push(began.elapsed());
+                self.successes += 1;
+                self.attempts += u64::from(attempts);
+            }
+            Err(e) => {
+                self.failures += 1;
+                self.attempts += match &e {
+                    Error::RetriesExhausted { attempts, .. } => u64::from(*attempts),
+                    _ => 1,
+                };
+                self.first_failure.get_or_insert_with(|| e.to_string());
+            }
+        }
+    }
+}
+
+/// The strategies W2-async runs: pessimistic locking has no async helper in the library.
+const ASYNC_STRATEGIES: [Strategy; 4] = [
+    Strategy::HandWritten,
+    Strategy::OneStatement,
+    Strategy::Optimistic,
+    Strategy::Adaptive,
+];
 
 fn round2(v: f64) -> f64 {
     (v * 100.0).round() / 100.0
@@ -228,21 +258,7 @@ per_backend! {
                         let deadline = Instant::now() + point;
                         while Instant::now() < deadline {
                             let began = Instant::now();
-                            match merge(&mut conn, strategy, &key, me.successes + 1, policies) {
-                                Ok(attempts) => {
-                                    me.latencies.push(began.elapsed());
-                                    me.successes += 1;
-                                    me.attempts += u64::from(attempts);
-                                }
-                                Err(e) => {
-                                    me.failures += 1;
-                                    me.attempts += match &e {
-                                        Error::RetriesExhausted { attempts, .. } => u64::from(*attempts),
-                                        _ => 1,
-                                    };
-                                    me.first_failure.get_or_insert_with(|| e.to_string());
-                                }
-                            }
+                            me.tally(began, merge(&mut conn, strategy, &key, me.successes + 1, policies));
                         }
                         Ok(me)
                     })
@@ -257,7 +273,7 @@ per_backend! {
         let workers = workers?;
         let doc: Doc = bench_docs::table.find(1).select(Doc::as_select()).first(conn)?;
         let check = check(&doc.ext, doc.version, &workers);
-        Ok(record(strategy, n, elapsed, workers, check))
+        Ok(record("W2", strategy, n, elapsed, workers, check))
     }
 
     pub fn run(settings: &Settings, report: &mut Report) -> Result<(), Box<dyn std::error::Error>> {
@@ -285,6 +301,133 @@ per_backend! {
             for strategy in Strategy::ALL {
                 bar.set_message(format!("N={n} {}", strategy.name()));
                 let mut record = run_point(&pool, strategy, n, settings.point)?;
+                let goodput = record.ops_per_second();
+                let base = *ceiling.get_or_insert(goodput);
+                record = record.ratio(goodput / base);
+                bar.inc(1);
+                bar.suspend(|| report.record(record))?;
+            }
+        }
+        bar.finish_and_clear();
+        Ok(())
+    }
+
+    /// One merge by `strategy` on a diesel-async connection; the attempts it took.
+    async fn merge_async(
+        conn: &mut AsyncConn,
+        strategy: Strategy,
+        key: &str,
+        count: u64,
+        policies: &(RetryPolicy, RetryPolicy),
+    ) -> Result<u32, Error> {
+        use diesel_occ::asynchronous::{AsyncGuardedJson, AsyncGuardedJsonMerge};
+        let mut patch = serde_json::Map::new();
+        patch.insert(key.to_string(), json!(count));
+        let patch = Value::Object(patch);
+        match strategy {
+            Strategy::HandWritten => {
+                let query = diesel::sql_query(HAND_MERGE)
+                    .bind::<JsonSql, _>(patch)
+                    .bind::<diesel::sql_types::BigInt, _>(1_i64);
+                let matched = diesel_async::RunQueryDsl::execute(query, conn).await?;
+                assert_eq!(matched, 1);
+                Ok(1)
+            }
+            Strategy::OneStatement => {
+                <Doc as AsyncGuardedJsonMerge>::merge_json_in_place(conn, &1, bench_docs::ext, &patch).await?;
+                Ok(1)
+            }
+            Strategy::Optimistic => {
+                Ok(<Doc as AsyncGuardedJson>::merge_json(conn, &1, bench_docs::ext, &patch, &policies.0).await?.attempts)
+            }
+            Strategy::Adaptive | Strategy::Pessimistic => {
+                Ok(<Doc as AsyncGuardedJson>::merge_json(conn, &1, bench_docs::ext, &patch, &policies.1).await?.attempts)
+            }
+        }
+    }
+
+    /// `n` tokio tasks, each on a diesel-async connection of its own, merging by
+    /// `strategy` for `point`, from a fresh document.
+    fn run_point_async(
+        pool: &Pool,
+        runtime: &tokio::runtime::Runtime,
+        url: &str,
+        strategy: Strategy,
+        n: usize,
+        point: Duration,
+    ) -> Result<Record, Box<dyn std::error::Error>> {
+        let conn = &mut pool.get()?;
+        diesel::update(bench_docs::table.find(1))
+            .set((bench_docs::ext.eq(json!({})), bench_docs::version.eq(0)))
+            .execute(conn)?;
+        let mut conns = Vec::with_capacity(n);
+        for _ in 0..n {
+            conns.push(crate::backend::connect_async::<AsyncConn>(url, BACKEND == "sqlite", runtime)?);
+        }
+        let policies = std::sync::Arc::new((
+            RetryPolicy::default().contention(Contention::Optimistic),
+            RetryPolicy::default(),
+        ));
+        let start = std::sync::Arc::new(tokio::sync::Barrier::new(n + 1));
+        let (workers, elapsed) = runtime.block_on(async {
+            let tasks: Vec<_> = conns
+                .into_iter()
+                .enumerate()
+                .map(|(i, mut conn)| {
+                    let (start, policies) = (start.clone(), policies.clone());
+                    tokio::spawn(async move {
+                        let key = format!("w{i}");
+                        let mut me = Worker::default();
+                        start.wait().await;
+                        let deadline = Instant::now() + point;
+                        while Instant::now() < deadline {
+                            let began = Instant::now();
+                            let outcome = merge_async(&mut conn, strategy, &key, me.successes + 1, &policies).await;
+                            me.tally(began, outcome);
+                        }
+                        me
+                    })
+                })
+                .collect();
+            start.wait().await;
+            let began = Instant::now();
+            let mut workers = Vec::with_capacity(n);
+            for task in tasks {
+                workers.push(task.await.expect("a worker panicked"));
+            }
+            (workers, began.elapsed())
+        });
+        let doc: Doc = bench_docs::table.find(1).select(Doc::as_select()).first(conn)?;
+        let check = check(&doc.ext, doc.version, &workers);
+        Ok(record("W2-async", strategy, n, elapsed, workers, check))
+    }
+
+    pub fn run_async(settings: &Settings, report: &mut Report) -> Result<(), Box<dyn std::error::Error>> {
+        report.section(
+            "W2-async",
+            "hot-row JSON merge on diesel-async, N tokio tasks on one row",
+            "goodput ÷ the hand-written diesel-async atomic UPDATE's at the same N",
+        );
+        let pool = pool(&settings.url, 2)?;
+        {
+            let conn = &mut pool.get()?;
+            recreate(
+                conn,
+                "bench_docs",
+                &format!("id BIGINT PRIMARY KEY NOT NULL, ext {JSON_DDL} NOT NULL, version BIGINT NOT NULL"),
+            )?;
+            diesel::insert_into(bench_docs::table)
+                .values(&Doc { id: 1, ext: json!({}), version: 0 })
+                .execute(conn)?;
+        }
+        // Two worker threads, as the machine has two cores; the tasks share them.
+        let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+        let bar = report.progress("W2-async", (settings.workers.len() * ASYNC_STRATEGIES.len()) as u64);
+        for &n in &settings.workers {
+            let mut ceiling = None;
+            for strategy in ASYNC_STRATEGIES {
+                bar.set_message(format!("N={n} {}", strategy.name()));
+                let mut record = run_point_async(&pool, &runtime, &settings.url, strategy, n, settings.point)?;
                 let goodput = record.ops_per_second();
                 let base = *ceiling.get_or_insert(goodput);
                 record = record.ratio(goodput / base);

@@ -104,20 +104,7 @@ per_backend! {
         );
         let pool = pool(&settings.url, 3)?;
         let races = settings.races as i64;
-        {
-            let conn = &mut pool.get()?;
-            recreate(
-                conn,
-                "bench_orders",
-                "id BIGINT PRIMARY KEY NOT NULL, status VARCHAR(16) NOT NULL, version BIGINT NOT NULL",
-            )?;
-            let rows: Vec<_> = (1..=races * 2)
-                .map(|id| (bench_orders::id.eq(id), bench_orders::status.eq("valid"), bench_orders::version.eq(0_i64)))
-                .collect();
-            for chunk in rows.chunks(500) {
-                diesel::insert_into(bench_orders::table).values(chunk).execute(conn)?;
-            }
-        }
+        fresh_orders(&pool, races)?;
         let bar = report.progress("W3", 2);
         let mut base = None;
         for (s, strategy) in STRATEGIES.iter().enumerate() {
@@ -158,29 +145,147 @@ per_backend! {
             })?;
             let elapsed = began.elapsed();
 
-            let conn = &mut pool.get()?;
-            let stored: Vec<(i64, String, i64)> = bench_orders::table
-                .filter(bench_orders::id.eq_any(&ids))
-                .order(bench_orders::id)
-                .select((bench_orders::id, bench_orders::status, bench_orders::version))
-                .load(conn)?;
-            let (mut violations, mut cancelled, mut shipped) = (0, 0, 0);
-            for (i, (_, status, version)) in stored.iter().enumerate() {
-                let (cancel, ship) = (&results[0].0[i], &results[1].0[i]);
-                violations += usize::from(violated(cancel, ship, status, *version));
-                cancelled += usize::from(status == "cancelled");
-                shipped += usize::from(status == "shipped");
+            let mut record = judged(&pool, "W3", strategy, races, &ids, elapsed, results)?;
+            let races_per_s = record.ops_per_second();
+            record = record.ratio(races_per_s / *base.get_or_insert(races_per_s));
+            bar.inc(1);
+            bar.suspend(|| report.record(record))?;
+        }
+        bar.finish_and_clear();
+        Ok(())
+    }
+
+    /// The record of one strategy's races on orders `ids`, judged from the stored rows:
+    /// violations (not exactly one winner, or a loser told another state), and the ends.
+    fn judged(
+        pool: &Pool,
+        workload: &'static str,
+        strategy: &str,
+        races: i64,
+        ids: &[i64],
+        elapsed: std::time::Duration,
+        results: Vec<(Vec<Outcome>, Latencies)>,
+    ) -> Result<Record, Box<dyn std::error::Error>> {
+        let conn = &mut pool.get()?;
+        let stored: Vec<(i64, String, i64)> = bench_orders::table
+            .filter(bench_orders::id.eq_any(ids))
+            .order(bench_orders::id)
+            .select((bench_orders::id, bench_orders::status, bench_orders::version))
+            .load(conn)?;
+        let (mut violations, mut cancelled, mut shipped) = (0, 0, 0);
+        for (i, (_, status, version)) in stored.iter().enumerate() {
+            let (cancel, ship) = (&results[0].0[i], &results[1].0[i]);
+            violations += usize::from(violated(cancel, ship, status, *version));
+            cancelled += usize::from(status == "cancelled");
+            shipped += usize::from(status == "shipped");
+        }
+        let mut latencies = Latencies::default();
+        for (_, l) in results {
+            latencies.extend(l);
+        }
+        Ok(Record::new(workload, format!("{races} orders"), strategy)
+            .ops(races as u64, elapsed)
+            .latencies(&latencies)
+            .with("violations", violations)
+            .with("cancelled", cancelled)
+            .with("shipped", shipped))
+    }
+
+    /// The table of `2 * races` valid orders: the first half for the first strategy.
+    fn fresh_orders(pool: &Pool, races: i64) -> Result<(), Box<dyn std::error::Error>> {
+        let conn = &mut pool.get()?;
+        recreate(
+            conn,
+            "bench_orders",
+            "id BIGINT PRIMARY KEY NOT NULL, status VARCHAR(16) NOT NULL, version BIGINT NOT NULL",
+        )?;
+        let rows: Vec<_> = (1..=races * 2)
+            .map(|id| (bench_orders::id.eq(id), bench_orders::status.eq("valid"), bench_orders::version.eq(0_i64)))
+            .collect();
+        for chunk in rows.chunks(500) {
+            diesel::insert_into(bench_orders::table).values(chunk).execute(conn)?;
+        }
+        Ok(())
+    }
+
+    async fn move_by_hand_async(conn: &mut AsyncConn, id: i64, to: &str) -> QueryResult<Outcome> {
+        let update = diesel::update(
+            bench_orders::table
+                .filter(bench_orders::id.eq(id))
+                .filter(bench_orders::status.eq("valid")),
+        )
+        .set((bench_orders::status.eq(to.to_string()), bench_orders::version.eq(bench_orders::version + 1)));
+        if diesel_async::RunQueryDsl::execute(update, conn).await? == 1 {
+            return Ok(Outcome::Won);
+        }
+        let current = diesel_async::RunQueryDsl::first(bench_orders::table.find(id).select(bench_orders::status), conn).await?;
+        Ok(Outcome::Lost { current })
+    }
+
+    async fn move_with_library_async(conn: &mut AsyncConn, id: i64, to: OrderStatus) -> Outcome {
+        use diesel_occ::asynchronous::AsyncGuardedTransition;
+        match <Order as AsyncGuardedTransition>::transition_by_key(conn, &id, to, no_extra(), &RetryPolicy::default()).await {
+            Ok(_) => Outcome::Won,
+            Err(Error::InvalidTransition(t)) => Outcome::Lost { current: t.from.to_string() },
+            Err(e) => Outcome::Failed(e.to_string()),
+        }
+    }
+
+    /// W3 with the two racers as tokio tasks on diesel-async connections.
+    pub fn run_async(settings: &Settings, report: &mut Report) -> Result<(), Box<dyn std::error::Error>> {
+        report.section(
+            "W3-async",
+            "cancel vs ship on diesel-async, two racing tasks per order",
+            "races per second ÷ the hand-written diesel-async strategy's",
+        );
+        let pool = pool(&settings.url, 2)?;
+        let races = settings.races as i64;
+        fresh_orders(&pool, races)?;
+        let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+        let bar = report.progress("W3-async", 2);
+        let mut base = None;
+        for (s, strategy) in STRATEGIES.iter().enumerate() {
+            bar.set_message(*strategy);
+            let ids: std::sync::Arc<Vec<i64>> = std::sync::Arc::new((1..=races).map(|i| i + s as i64 * races).collect());
+            let mut conns = Vec::new();
+            for _ in 0..2 {
+                conns.push(crate::backend::connect_async::<AsyncConn>(&settings.url, BACKEND == "sqlite", &runtime)?);
             }
-            let mut latencies = Latencies::default();
-            for (_, l) in results {
-                latencies.extend(l);
-            }
-            let mut record = Record::new("W3", format!("{races} orders"), *strategy)
-                .ops(races as u64, elapsed)
-                .latencies(&latencies)
-                .with("violations", violations)
-                .with("cancelled", cancelled)
-                .with("shipped", shipped);
+            let start = std::sync::Arc::new(tokio::sync::Barrier::new(2));
+            let began = Instant::now();
+            let results = runtime.block_on(async {
+                let racers: Vec<_> = ["cancelled", "shipped"]
+                    .into_iter()
+                    .zip(conns)
+                    .map(|(to, mut conn)| {
+                        let (start, ids) = (start.clone(), ids.clone());
+                        tokio::spawn(async move {
+                            let target = if to == "cancelled" { OrderStatus::Cancelled } else { OrderStatus::Shipped };
+                            let mut latencies = Latencies::with_capacity(ids.len());
+                            let mut outcomes = Vec::with_capacity(ids.len());
+                            for &id in ids.iter() {
+                                start.wait().await;
+                                let began = Instant::now();
+                                let outcome = if s == 0 {
+                                    move_by_hand_async(&mut conn, id, to).await.unwrap_or_else(|e| Outcome::Failed(e.to_string()))
+                                } else {
+                                    move_with_library_async(&mut conn, id, target).await
+                                };
+                                latencies.push(began.elapsed());
+                                outcomes.push(outcome);
+                            }
+                            (outcomes, latencies)
+                        })
+                    })
+                    .collect();
+                let mut results = Vec::new();
+                for racer in racers {
+                    results.push(racer.await.expect("a racer panicked"));
+                }
+                results
+            });
+            let elapsed = began.elapsed();
+            let mut record = judged(&pool, "W3-async", strategy, races, &ids, elapsed, results)?;
             let races_per_s = record.ops_per_second();
             record = record.ratio(races_per_s / *base.get_or_insert(races_per_s));
             bar.inc(1);
