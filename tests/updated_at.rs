@@ -115,22 +115,50 @@ for_each_backend! {
     #[test]
     fn a_maintenance_touch_sets_the_update_time_without_the_guard() {
         let Some(db) = db() else { return };
-        let mut order = setup(&db);
+        let order = setup(&db);
+        let pool = db.pool.clone();
+        a_maintenance_touch_on(&db, order, |order| order.touch_updated_at(&mut pool.get().unwrap()), |id| {
+            StampedOrder::touch_updated_at_by_key(&mut pool.get().unwrap(), &id)
+        });
+    }
+
+    /// The same on the async path: the touches sent on a diesel-async connection.
+    #[cfg(all(feature = "async", any(not(feature = "mysql"), feature = "async-mysql")))]
+    #[test]
+    fn a_maintenance_touch_on_the_async_path_sets_the_update_time_without_the_guard() {
+        use diesel_occ::asynchronous::AsyncGuardedWrite;
+        use std::cell::RefCell;
+        let Some(db) = db() else { return };
+        let order = setup(&db);
+        let runtime = common::paths::runtime();
+        let conn = RefCell::new(<Conn as common::paths::AsyncOf>::connect(&db.url, &runtime));
+        a_maintenance_touch_on(
+            &db,
+            order,
+            |order| runtime.block_on(AsyncGuardedWrite::touch_updated_at(order, &mut *conn.borrow_mut())),
+            |id| runtime.block_on(<StampedOrder as AsyncGuardedWrite>::touch_updated_at_by_key(&mut *conn.borrow_mut(), &id)),
+        );
+    }
+
+    /// The touch's behaviour, whichever executor `touch` and `touch_by_key` send it on.
+    fn a_maintenance_touch_on(
+        db: &common::TestDb<Conn>,
+        mut order: StampedOrder,
+        touch: impl Fn(&mut StampedOrder) -> Result<(), Error>,
+        touch_by_key: impl Fn(i64) -> Result<(), Error>,
+    ) {
         let conn = &mut db.conn();
         let mut editor = order.clone();
 
         FrozenClock::freeze(at("2026-06-01T08:00:00.5Z"));
-        order.touch_updated_at(conn).unwrap();
+        touch(&mut order).unwrap();
         assert_eq!(order.updated_at, at("2026-06-01T08:00:00.5Z").naive_utc());
         assert_eq!(load(conn), order, "the copy records the stamp; the version did not move");
 
         FrozenClock::freeze(at("2026-06-02T08:00:00Z"));
-        StampedOrder::touch_updated_at_by_key(conn, &1).unwrap();
+        touch_by_key(1).unwrap();
         assert_eq!(load(conn).updated_at, at("2026-06-02T08:00:00Z").naive_utc());
-        assert!(matches!(
-            StampedOrder::touch_updated_at_by_key(conn, &99),
-            Err(Error::NotFound { .. })
-        ));
+        assert!(matches!(touch_by_key(99), Err(Error::NotFound { .. })));
 
         // The update time is not excluded, but a maintenance job may set it directly too.
         StampedOrder::update_excluded_by_key(conn, &1, stamped_orders::updated_at.eq(at("2026-06-03T00:00:00Z").naive_utc()))

@@ -175,6 +175,38 @@ pub trait AsyncGuardedWrite: Guarded {
         Self::update_excluded_row(conn, key.clone(), changes)
     }
 
+    /// Sets the `#[occ(updated_at)]` column to now without checking or advancing the token,
+    /// and records the stamp in the copy; see
+    /// [`GuardedWrite::touch_updated_at`](crate::GuardedWrite::touch_updated_at).
+    fn touch_updated_at<'a, C>(
+        &'a mut self,
+        conn: &'a mut C,
+    ) -> impl Future<Output = Result<(), Error>> + Send + 'a
+    where
+        Self: AsyncTouchUpdatedAt<C> + Send,
+        Self::Stamp: Send,
+        C: Send,
+    {
+        let stamp = Self::stamp();
+        async move {
+            Self::touch_updated_at_row(conn, self.key(), stamp.clone()).await?;
+            self.set_stamp(&stamp);
+            Ok(())
+        }
+    }
+
+    /// The stateless form of [`touch_updated_at`](Self::touch_updated_at): the row with
+    /// `key`, whatever token it holds.
+    fn touch_updated_at_by_key<'a, C>(
+        conn: &'a mut C,
+        key: &Self::Key,
+    ) -> impl Future<Output = Result<(), Error>> + Send + 'a
+    where
+        Self: AsyncTouchUpdatedAt<C>,
+    {
+        Self::touch_updated_at_row(conn, key.clone(), Self::stamp())
+    }
+
     /// Deletes the row if it still holds this copy's token; see
     /// [`GuardedWrite::guarded_delete`](crate::GuardedWrite::guarded_delete).
     fn guarded_delete<C>(&self, conn: &mut C) -> impl Future<Output = Result<(), Error>> + Send
@@ -446,14 +478,63 @@ where
         let statement = excluded_changeset::<T, C::Backend, Ch>(table, changes)
             .map(|changes| changes.map(|changes| unguarded_by_key::<T, _>(&key, changes)));
         async move {
-            refuse_broken(conn)?;
-            let Some(statement) = statement? else {
-                return Ok(());
-            };
-            let write = CompareAndSet::one(statement, table, &key, RowMoved::<T>::any(&key));
-            let mut call = Call::start(conn);
-            let written = run::<C, _, _, Counted, TokenOf<T>>(write, call.conn(), false).await;
-            call.finish(written).map(drop)
+            match statement? {
+                Some(statement) => write_unguarded::<T, C, _>(conn, &key, statement).await,
+                None => Ok(()),
+            }
         }
+    }
+}
+
+/// Sends `statement`, an unguarded write of the row with `key`, as the blocking
+/// `write_unguarded_by_key` does: a missing row is [`Error::NotFound`].
+async fn write_unguarded<T, C, S>(conn: &mut C, key: &T::Key, statement: S) -> Result<(), Error>
+where
+    T: AsyncLoadByKey<C>,
+    C: NativeAsyncConnection,
+    C::Backend: NativeAsync,
+    S: Assignments<C::Backend>,
+    Counted: AsyncComplete<C, S, TokenOf<T>>,
+{
+    refuse_broken(conn)?;
+    let table = <T as AsyncLoadByKey<C>>::table_name();
+    let write = CompareAndSet::one(statement, table, key, RowMoved::<T>::any(key));
+    let mut call = Call::start(conn);
+    let written = run::<C, _, _, Counted, TokenOf<T>>(write, call.conn(), false).await;
+    call.finish(written).map(drop)
+}
+
+/// A maintenance touch of entity `Self`'s `#[occ(updated_at)]` column on async connection
+/// `C`, as one bound; not a trait to implement.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot touch its update time on `{C}`",
+    note = "the entity needs an `#[occ(updated_at)]` field and the connection must be a diesel-async connection of a backend diesel-occ supports"
+)]
+pub trait AsyncTouchUpdatedAt<C>: Guarded {
+    /// Runs the write.
+    #[doc(hidden)]
+    fn touch_updated_at_row<'a>(
+        conn: &'a mut C,
+        key: Self::Key,
+        stamp: Self::Stamp,
+    ) -> impl Future<Output = Result<(), Error>> + Send + 'a;
+}
+
+impl<T, C> AsyncTouchUpdatedAt<C> for T
+where
+    T: AsyncLoadByKey<C>,
+    T::Stamp: crate::write::updated_at_touch::UpdatedAtStamp + Send + 'static,
+    C: NativeAsyncConnection,
+    C::Backend: NativeAsync,
+    UnguardedUpdateOf<T, T::Stamp>: Assignments<C::Backend> + Send + 'static,
+    Counted: AsyncComplete<C, UnguardedUpdateOf<T, T::Stamp>, TokenOf<T>>,
+{
+    fn touch_updated_at_row<'a>(
+        conn: &'a mut C,
+        key: T::Key,
+        stamp: T::Stamp,
+    ) -> impl Future<Output = Result<(), Error>> + Send + 'a {
+        let statement = unguarded_by_key::<T, _>(&key, stamp);
+        async move { write_unguarded::<T, C, _>(conn, &key, statement).await }
     }
 }

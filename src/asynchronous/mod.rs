@@ -77,7 +77,9 @@ mod transaction;
 mod transition;
 
 pub use connection::{NativeAsync, NativeAsyncConnection};
-pub use entity::{AsyncDeleteRow, AsyncGuardedWrite, AsyncUpdateExcluded, AsyncUpdateRow};
+pub use entity::{
+    AsyncDeleteRow, AsyncGuardedWrite, AsyncTouchUpdatedAt, AsyncUpdateExcluded, AsyncUpdateRow,
+};
 pub use insert::{AsyncInsertRow, AsyncUpsertRow};
 pub use json::{
     AsyncEditJson, AsyncGuardedJson, AsyncGuardedJsonMerge, AsyncMergeInPlace, BoxedEdit,

@@ -330,3 +330,17 @@ impl super::lock_connection::AsyncLockConnection for AsyncSqlite {
         })
     }
 }
+
+impl<T> super::entity::AsyncTouchUpdatedAt<AsyncSqlite> for T
+where
+    T: crate::write::updated_at_touch::TouchUpdatedAt<SqliteConnection>,
+    T::Stamp: Send + 'static,
+{
+    fn touch_updated_at_row<'a>(
+        conn: &'a mut AsyncSqlite,
+        key: T::Key,
+        stamp: T::Stamp,
+    ) -> impl Future<Output = Result<(), Error>> + Send + 'a {
+        on_thread(conn, move |conn| T::touch_updated_at_row(conn, &key, stamp))
+    }
+}
