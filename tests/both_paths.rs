@@ -249,6 +249,51 @@ fn excluded_fields_never_conflict_and_nothing_else_passes<W: Writes>(w: &mut W) 
     assert!(matches!(w.set_views(9, 1), Err(Error::NotFound { .. })));
 }
 
+/// A bulk update changes and advances every row its filter matches, one statement, and a
+/// copy read before it conflicts; a filter that matches nothing changes nothing.
+fn bulk_updates_advance_every_changed_row<W: Writes>(w: &mut W) {
+    let mut second = w.load(1).unwrap();
+    second.id = 2;
+    second.quantity = 5;
+    w.insert(&mut second).unwrap();
+    let before = w.load(1).unwrap();
+    let seeded = w.load(2).unwrap().version;
+    assert_eq!(
+        w.bulk_note(1, "bulk").unwrap(),
+        diesel_occ::BulkReport {
+            updated: 2,
+            at_maximum: 0
+        },
+        "{}",
+        W::PATH
+    );
+    let (one, two) = (w.load(1).unwrap(), w.load(2).unwrap());
+    assert_eq!(
+        (one.note.as_str(), one.version),
+        ("bulk", before.version + 1),
+        "{}",
+        W::PATH
+    );
+    assert_eq!(
+        (two.note.as_str(), two.version),
+        ("bulk", seeded + 1),
+        "{}",
+        W::PATH
+    );
+    assert_eq!(
+        conflict_current(w.update(&before, patch("stale")).unwrap_err()),
+        one
+    );
+    assert_eq!(
+        w.bulk_note(1_000, "none").unwrap(),
+        diesel_occ::BulkReport {
+            updated: 0,
+            at_maximum: 0
+        }
+    );
+    assert_eq!(w.load(1).unwrap(), one, "{}", W::PATH);
+}
+
 for_each_backend! {
     type Async_ = <Conn as AsyncOf>::Async;
     type Pool = r2d2::Pool<diesel_occ::CheckedManager<Conn>>;
@@ -293,7 +338,8 @@ for_each_backend! {
         inserts_seed_a_token_no_earlier_copy_holds,
         excluded_fields_never_conflict_and_nothing_else_passes,
         upserts_save_insert_and_never_overwrite,
-        a_stale_copy_in_an_allowed_state_conflicts
+        a_stale_copy_in_an_allowed_state_conflicts,
+        bulk_updates_advance_every_changed_row
     );
 
     /// A cancel and a ship race on each of 20 orders, on two writers of a kind: exactly

@@ -55,6 +55,7 @@
 //!   dropped (diesel-async waits for that thread when the future is dropped, which needs
 //!   tokio's multi-thread runtime).
 
+mod bulk;
 mod connection;
 mod entity;
 mod executor;
@@ -76,6 +77,7 @@ mod sqlite;
 mod transaction;
 mod transition;
 
+pub use bulk::{AsyncGuardedBulk, AsyncUpdateBulk};
 pub use connection::{NativeAsync, NativeAsyncConnection};
 pub use entity::{
     AsyncDeleteRow, AsyncGuardedWrite, AsyncTouchUpdatedAt, AsyncUpdateExcluded, AsyncUpdateRow,
@@ -100,7 +102,7 @@ pub use transition::{AsyncGuardedTransition, AsyncTransitionByKey, AsyncTransiti
 /// The async traits, to import with `use diesel_occ::asynchronous::prelude::*`.
 pub mod prelude {
     pub use super::{
-        AsyncGuardedJson, AsyncGuardedJsonMerge, AsyncGuardedModify, AsyncGuardedTransition,
-        AsyncGuardedWrite,
+        AsyncGuardedBulk, AsyncGuardedJson, AsyncGuardedJsonMerge, AsyncGuardedModify,
+        AsyncGuardedTransition, AsyncGuardedWrite,
     };
 }

@@ -344,3 +344,18 @@ where
         on_thread(conn, move |conn| T::touch_updated_at_row(conn, &key, stamp))
     }
 }
+
+impl<T, F, Ch> super::bulk::AsyncUpdateBulk<AsyncSqlite, F, Ch> for T
+where
+    T: crate::write::bulk::UpdateBulk<SqliteConnection, F, Ch>,
+    F: Send + 'static,
+    Ch: Send + 'static,
+{
+    fn update_bulk<'a>(
+        conn: &'a mut AsyncSqlite,
+        filter: F,
+        changes: Ch,
+    ) -> impl Future<Output = Result<crate::write::bulk::BulkReport, Error>> + Send + 'a {
+        on_thread(conn, move |conn| T::update_bulk(conn, filter, changes))
+    }
+}

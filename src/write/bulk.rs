@@ -139,38 +139,84 @@ where
 {
     fn update_bulk(conn: &mut C, filter: F, changes: Ch) -> Result<BulkReport, Error> {
         crate::guard::stored_precision::check_stored_precision::<T, C>(conn)?;
-        let statement = BulkUpdateOf::<T, Ch::Changeset, F>::new(
-            T::table(),
-            changes.as_changeset(),
-            Joined(T::Guard::advance_any(), T::stamp(), Comma),
-            filter.clone(),
-            T::Guard::can_advance(),
-        );
-        let table = T::table_name();
-        refuse_status_write(table, T::STATUS_COLUMN, &statement, 0)?;
-        let every_row = "(every row the filter matches)";
-        let updated = CompareAndSet::one(statement, table, &every_row, CannotMiss)
+        let BulkPlan {
+            statement,
+            at_maximum,
+        } = bulk_plan::<T, C::Backend, F, Ch>(T::table_name(), filter, changes)?;
+        let updated = CompareAndSet::one(statement, T::table_name(), &EVERY_ROW, CannotMiss)
             .matching(Matches::Any)
             .run::<C, Counted, ()>(conn)?
             .rows;
-        let can_advance = T::Guard::can_advance();
-        if can_advance.is_noop(&C::Backend::default())? {
-            // Every row can advance: none was left alone.
-            return Ok(BulkReport {
-                updated,
-                at_maximum: 0,
-            });
-        }
-        let at_maximum = CountWhere::<T::Table, F, Not<CanAdvanceOf<T>>> {
+        let at_maximum = match at_maximum {
+            Some(count) => count
+                .get_result::<i64>(conn)
+                .map_err(|e| classify(conn, e))?,
+            None => 0,
+        };
+        Ok(BulkReport::of(updated, at_maximum))
+    }
+}
+
+/// What a bulk update's miss and messages name as its rows.
+pub(crate) const EVERY_ROW: &str = "(every row the filter matches)";
+
+/// A bulk update, checked: its statement, and the count of the rows it leaves alone at
+/// their token's maximum (`None` where every row can advance).
+pub(crate) struct BulkPlan<T: Guarded, Ch, F>
+where
+    T::Guard: AdvanceInSql,
+{
+    pub(crate) statement: BulkUpdateOf<T, Ch, F>,
+    pub(crate) at_maximum: Option<CountWhere<T::Table, F, Not<CanAdvanceOf<T>>>>,
+}
+
+/// The bulk update of entity `T`'s rows (in `table`) matching `filter` with `changes` on
+/// backend `DB`, refused when the changes assign the status column.
+pub(crate) fn bulk_plan<T, DB, F, Ch>(
+    table: &'static str,
+    filter: F,
+    changes: Ch,
+) -> Result<BulkPlan<T, Ch::Changeset, F>, Error>
+where
+    T: Guarded,
+    T::Guard: AdvanceInSql,
+    DB: OccBackend,
+    F: Clone,
+    Ch: AsChangeset<Target = T::Table>,
+    BulkUpdateOf<T, Ch::Changeset, F>: Assignments<DB>,
+    CanAdvanceOf<T>: QueryFragment<DB>,
+{
+    let statement = BulkUpdateOf::<T, Ch::Changeset, F>::new(
+        T::table(),
+        changes.as_changeset(),
+        Joined(T::Guard::advance_any(), T::stamp(), Comma),
+        filter.clone(),
+        T::Guard::can_advance(),
+    );
+    refuse_status_write(table, T::STATUS_COLUMN, &statement, 0)?;
+    let can_advance = T::Guard::can_advance();
+    let at_maximum = if can_advance.is_noop(&DB::default())? {
+        // Every row can advance: none is left alone.
+        None
+    } else {
+        Some(CountWhere {
             from: T::table().from_clause(),
             filter,
             condition: Not(can_advance),
-        }
-        .get_result::<i64>(conn)
-        .map_err(|e| classify(conn, e))?;
-        Ok(BulkReport {
+        })
+    };
+    Ok(BulkPlan {
+        statement,
+        at_maximum,
+    })
+}
+
+impl BulkReport {
+    /// `updated` rows changed, `at_maximum` (a count read back) left alone.
+    pub(crate) fn of(updated: usize, at_maximum: i64) -> Self {
+        BulkReport {
             updated,
             at_maximum: usize::try_from(at_maximum).unwrap_or(usize::MAX),
-        })
+        }
     }
 }

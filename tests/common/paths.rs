@@ -4,7 +4,9 @@
 
 use diesel::prelude::*;
 use diesel_occ::asynchronous::prelude::*;
-use diesel_occ::{Error, GuardedModify, GuardedWrite, Modified, RetryPolicy, Upserted};
+use diesel_occ::{
+    BulkReport, Error, GuardedBulk, GuardedModify, GuardedWrite, Modified, RetryPolicy, Upserted,
+};
 
 use super::models::{Order, OrderPatch, OrderState, TrackedOrder, ViewedOrder};
 use super::schema::orders;
@@ -51,6 +53,9 @@ pub trait Writes {
     fn upsert(&mut self, row: &mut Order) -> Result<Upserted<i64>, Error>;
     /// Moves the row with `id` to `to`, whatever its token.
     fn transition_by_key(&mut self, id: i64, to: OrderState) -> Result<i64, Error>;
+    /// Sets the note of every order whose quantity is at least `min`, advancing each
+    /// changed row's version.
+    fn bulk_note(&mut self, min: i32, note: &'static str) -> Result<BulkReport, Error>;
 }
 
 /// The change of [`Writes::add_one`].
@@ -223,6 +228,13 @@ macro_rules! writes_for {
                     &policy,
                 )
             }
+            fn bulk_note(&mut self, min: i32, note: &'static str) -> Result<BulkReport, Error> {
+                <Order as GuardedBulk>::guarded_bulk_update(
+                    &mut self.0,
+                    orders::quantity.ge(min),
+                    orders::note.eq(note),
+                )
+            }
         }
 
         impl Writes for Async<$async> {
@@ -357,6 +369,14 @@ macro_rules! writes_for {
                         to,
                         no_extra(),
                         &policy,
+                    ))
+            }
+            fn bulk_note(&mut self, min: i32, note: &'static str) -> Result<BulkReport, Error> {
+                self.runtime
+                    .block_on(<Order as AsyncGuardedBulk>::guarded_bulk_update(
+                        &mut self.conn,
+                        orders::quantity.ge(min),
+                        orders::note.eq(note),
                     ))
             }
         }

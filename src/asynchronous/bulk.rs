@@ -1,0 +1,120 @@
+//! Bulk updates by filter on a diesel-async connection: the blocking path's statement, its
+//! checks and its count of rows left at their token's maximum (`bulk_plan`), awaited.
+
+use std::future::Future;
+
+use diesel::expression::{AppearsOnTable, Expression};
+use diesel::query_builder::{AsChangeset, QueryFragment};
+use diesel::sql_types::Bool;
+use diesel_async::methods::{ExecuteDsl, LoadQuery};
+use diesel_async::RunQueryDsl;
+
+use super::connection::{classify, refuse_broken, NativeAsync, NativeAsyncConnection};
+use super::entity::check_stored_precision;
+use super::executor::run;
+use super::send::{AsyncComplete, AsyncLoadByKey};
+use super::transaction::Call;
+use crate::error::Error;
+use crate::guard::{AdvanceInSql, CanAdvanceOf, Guarded};
+use crate::sql::new_token::Counted;
+use crate::sql::statement::{Assignments, Not};
+use crate::write::bulk::{bulk_plan, BulkPlan, BulkReport, BulkUpdateOf, CountWhere, EVERY_ROW};
+use crate::write::executor::{CannotMiss, CompareAndSet, Matches};
+
+/// Bulk updates on async connections, for entities whose guard advances in SQL; see
+/// [`GuardedBulk`](crate::GuardedBulk).
+pub trait AsyncGuardedBulk: Guarded
+where
+    Self::Guard: AdvanceInSql,
+{
+    /// Applies `changes` to every row `filter` matches and advances each one's token, in
+    /// one statement; see
+    /// [`GuardedBulk::guarded_bulk_update`](crate::GuardedBulk::guarded_bulk_update).
+    fn guarded_bulk_update<'a, C, F, Ch>(
+        conn: &'a mut C,
+        filter: F,
+        changes: Ch,
+    ) -> impl Future<Output = Result<BulkReport, Error>> + Send + 'a
+    where
+        Self: AsyncUpdateBulk<C, F, Ch>,
+    {
+        Self::update_bulk(conn, filter, changes)
+    }
+}
+
+impl<T> AsyncGuardedBulk for T
+where
+    T: Guarded,
+    T::Guard: AdvanceInSql,
+{
+}
+
+/// A bulk update of entity `Self` by filter `F` with changes `Ch` on async connection `C`,
+/// as one bound; not a trait to implement.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot run a bulk update by `{F}` with `{Ch}` on `{C}`",
+    note = "the filter must be a boolean expression on the entity's table, the changes for that table, the connection a diesel-async connection of a backend diesel-occ supports, and the guard must advance in SQL (not a pre-image)"
+)]
+pub trait AsyncUpdateBulk<C, F, Ch>: Guarded {
+    /// Runs the update.
+    #[doc(hidden)]
+    fn update_bulk<'a>(
+        conn: &'a mut C,
+        filter: F,
+        changes: Ch,
+    ) -> impl Future<Output = Result<BulkReport, Error>> + Send + 'a;
+}
+
+impl<T, C, F, Ch> AsyncUpdateBulk<C, F, Ch> for T
+where
+    T: AsyncLoadByKey<C>,
+    T::Guard: AdvanceInSql,
+    C: NativeAsyncConnection,
+    C::Backend: NativeAsync,
+    F: Expression<SqlType = Bool>
+        + AppearsOnTable<T::Table>
+        + QueryFragment<C::Backend>
+        + Clone
+        + Send
+        + 'static,
+    Ch: AsChangeset<Target = T::Table>,
+    BulkUpdateOf<T, Ch::Changeset, F>: Assignments<C::Backend> + ExecuteDsl<C> + Send + 'static,
+    Counted: AsyncComplete<C, BulkUpdateOf<T, Ch::Changeset, F>, ()>,
+    CountWhere<T::Table, F, Not<CanAdvanceOf<T>>>: LoadQuery<'static, C, i64> + Send + 'static,
+    CanAdvanceOf<T>: QueryFragment<C::Backend>,
+{
+    fn update_bulk<'a>(
+        conn: &'a mut C,
+        filter: F,
+        changes: Ch,
+    ) -> impl Future<Output = Result<BulkReport, Error>> + Send + 'a {
+        let table = <T as AsyncLoadByKey<C>>::table_name();
+        // Built and checked before the future: the changes need not be `Send`.
+        let plan = bulk_plan::<T, C::Backend, F, Ch>(table, filter, changes);
+        async move {
+            let BulkPlan {
+                statement,
+                at_maximum,
+            } = plan?;
+            refuse_broken(conn)?;
+            let mut call = Call::start(conn);
+            let report = async {
+                let conn = call.conn();
+                check_stored_precision::<T, C>(conn, table).await?;
+                let write = CompareAndSet::one(statement, table, &EVERY_ROW, CannotMiss)
+                    .matching(Matches::Any);
+                let updated = run::<C, _, _, Counted, ()>(write, conn, false).await?.rows;
+                let at_maximum = match at_maximum {
+                    Some(count) => match count.get_result::<i64>(conn).await {
+                        Ok(count) => count,
+                        Err(e) => return Err(classify(conn, e)),
+                    },
+                    None => 0,
+                };
+                Ok(BulkReport::of(updated, at_maximum))
+            }
+            .await;
+            call.finish(report)
+        }
+    }
+}
