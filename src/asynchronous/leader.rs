@@ -11,7 +11,6 @@ use std::time::Instant;
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 
-use super::lock_connection::AsyncLockConnection;
 use super::locks::{AsyncLockPool, AsyncLocks, AsyncRenewal};
 use crate::error::Error;
 use crate::locks::held::{first_of, Held, Loss};
@@ -44,7 +43,6 @@ impl AsyncCandidate {
     ) -> Result<AsyncCandidate, Error>
     where
         S: AsyncLockPool,
-        S::Connection: AsyncLockConnection,
     {
         Self::campaign(locks, name, resource, label, timing, None)
     }
@@ -65,7 +63,6 @@ impl AsyncCandidate {
     ) -> Result<AsyncCandidate, Error>
     where
         S: AsyncLockPool,
-        S::Connection: AsyncLockConnection,
         F: Future<Output = ()> + Send + 'static,
     {
         let job: AsyncJob = Arc::new(move |held| Box::pin(job(held)));
@@ -82,7 +79,6 @@ impl AsyncCandidate {
     ) -> Result<AsyncCandidate, Error>
     where
         S: AsyncLockPool,
-        S::Connection: AsyncLockConnection,
     {
         check_candidate(name, resource, label, &timing)?;
         let runtime = tokio::runtime::Handle::try_current().map_err(|_| Error::InvalidSetting {
@@ -190,11 +186,7 @@ struct Runner<S> {
     stopped: watch::Receiver<bool>,
 }
 
-impl<S> Runner<S>
-where
-    S: AsyncLockPool,
-    S::Connection: AsyncLockConnection,
-{
+impl<S: AsyncLockPool> Runner<S> {
     fn report(&self, event: LeaderEvent) {
         self.leadership.send_replace(Leadership::after(&event));
         let _ = self.events.send(event);

@@ -6,17 +6,13 @@
 use std::future::Future;
 use std::time::{Duration, Instant};
 
-use super::lock_connection::AsyncLockConnection;
 use super::locks::{AsyncLockGuard, AsyncLockPool, AsyncLocks};
 use crate::error::Error;
 use crate::locks::held::{first_of, Held, Loss};
 use crate::locks::lease::{next_renewal, outcome_under_lock, released_lease};
 
 /// A lock whose lease a tokio task renews until it is released or dropped.
-pub struct AsyncLease<S: AsyncLockPool>
-where
-    S::Connection: AsyncLockConnection,
-{
+pub struct AsyncLease<S: AsyncLockPool> {
     guard: Option<AsyncLockGuard<S>>,
     /// The hold as the protected work sees it; its loss says why renewing stopped.
     held: Held,
@@ -24,10 +20,7 @@ where
     stop: tokio::sync::watch::Sender<bool>,
 }
 
-impl<S: AsyncLockPool> AsyncLease<S>
-where
-    S::Connection: AsyncLockConnection,
-{
+impl<S: AsyncLockPool> AsyncLease<S> {
     /// Starts renewing `guard`'s lease every third of its TTL (sooner again after a failed
     /// renewal, until the local deadline), on a task of the current tokio runtime.
     pub fn keep_alive(guard: AsyncLockGuard<S>) -> Self {
@@ -138,10 +131,7 @@ where
     }
 }
 
-impl<S: AsyncLockPool> AsyncLocks<S>
-where
-    S::Connection: AsyncLockConnection,
-{
+impl<S: AsyncLockPool> AsyncLocks<S> {
     /// Takes the lock ([`try_lock`](Self::try_lock): [`Error::LockHeld`] when someone
     /// holds it, and `work` does not run), runs `work` while an [`AsyncLease`] renews it
     /// every third of `ttl`, then releases it; see [`AsyncLease::run`] for what `work` is
@@ -163,20 +153,14 @@ where
     }
 }
 
-impl<S: AsyncLockPool> Drop for AsyncLease<S>
-where
-    S::Connection: AsyncLockConnection,
-{
+impl<S: AsyncLockPool> Drop for AsyncLease<S> {
     /// Stops renewing; the guard then releases the lock, best effort.
     fn drop(&mut self) {
         self.stop.send_replace(true);
     }
 }
 
-impl<S: AsyncLockPool> std::fmt::Debug for AsyncLease<S>
-where
-    S::Connection: AsyncLockConnection,
-{
+impl<S: AsyncLockPool> std::fmt::Debug for AsyncLease<S> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("AsyncLease")
             .field("guard", &self.guard)

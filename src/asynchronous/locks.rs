@@ -25,9 +25,8 @@ use crate::retry::RetryPolicy;
 
 /// A pool the async locks take their connections from: an [`AsyncConnectionSource`] that
 /// tasks of their own can keep (bb8's and deadpool's pools are such handles).
-pub trait AsyncLockPool: AsyncConnectionSource + Clone + Send + Sync + 'static
-where
-    Self::Connection: AsyncLockConnection,
+pub trait AsyncLockPool:
+    AsyncConnectionSource<Connection: AsyncLockConnection> + Clone + Send + Sync + 'static
 {
 }
 
@@ -68,10 +67,7 @@ pub struct AsyncLocks<S> {
     pool: S,
 }
 
-impl<S: AsyncLockPool> AsyncLocks<S>
-where
-    S::Connection: AsyncLockConnection,
-{
+impl<S: AsyncLockPool> AsyncLocks<S> {
     /// Locks whose statements run on connections from `pool` (a bb8 or deadpool pool of
     /// diesel-async connections).
     pub fn new(pool: S) -> Self {
@@ -182,10 +178,7 @@ impl<S> std::ops::Deref for AsyncRenewal<S> {
     }
 }
 
-impl<S: AsyncLockPool> AsyncRenewal<S>
-where
-    S::Connection: AsyncLockConnection,
-{
+impl<S: AsyncLockPool> AsyncRenewal<S> {
     /// Extends the lease and the belief, as the blocking renewal does.
     pub(crate) async fn renew(&self) -> Result<(), Error> {
         let start = Instant::now();
@@ -219,18 +212,12 @@ where
 /// A lock held, on the async path: its fencing token, whether this process may still act
 /// as its holder, and renew and release. Dropping it releases it from a task of its own,
 /// best effort.
-pub struct AsyncLockGuard<S: AsyncLockPool>
-where
-    S::Connection: AsyncLockConnection,
-{
+pub struct AsyncLockGuard<S: AsyncLockPool> {
     renewal: AsyncRenewal<S>,
     released: bool,
 }
 
-impl<S: AsyncLockPool> AsyncLockGuard<S>
-where
-    S::Connection: AsyncLockConnection,
-{
+impl<S: AsyncLockPool> AsyncLockGuard<S> {
     /// The fencing token of this acquisition: larger than every earlier holder's.
     pub fn fence(&self) -> i64 {
         self.renewal.fence
@@ -293,10 +280,7 @@ where
     }
 }
 
-impl<S: AsyncLockPool> Drop for AsyncLockGuard<S>
-where
-    S::Connection: AsyncLockConnection,
-{
+impl<S: AsyncLockPool> Drop for AsyncLockGuard<S> {
     fn drop(&mut self) {
         if self.released {
             return;
@@ -311,10 +295,7 @@ where
     }
 }
 
-impl<S: AsyncLockPool> std::fmt::Debug for AsyncLockGuard<S>
-where
-    S::Connection: AsyncLockConnection,
-{
+impl<S: AsyncLockPool> std::fmt::Debug for AsyncLockGuard<S> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("AsyncLockGuard")
             .field("lock", &self.describe())

@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use diesel_occ::asynchronous::{AsyncLease, AsyncLockGuard, AsyncLockPool, AsyncLocks};
-use diesel_occ::{asynchronous::AsyncLockConnection, RetryPolicy};
+use diesel_occ::RetryPolicy;
 use diesel_occ::{ConnectionSource, Error, Held, Lease, LockConnection, LockGuard, Locks};
 
 /// The lock calls of the shared test bodies.
@@ -90,18 +90,12 @@ where
 }
 
 /// The async locks on pool `S`, driven on `runtime`.
-pub struct AsyncLocksOn<S: AsyncLockPool>
-where
-    S::Connection: AsyncLockConnection,
-{
+pub struct AsyncLocksOn<S: AsyncLockPool> {
     pub locks: AsyncLocks<S>,
     pub runtime: tokio::runtime::Handle,
 }
 
-impl<S: AsyncLockPool> LockPath for AsyncLocksOn<S>
-where
-    S::Connection: AsyncLockConnection,
-{
+impl<S: AsyncLockPool> LockPath for AsyncLocksOn<S> {
     const PATH: &'static str = "async";
     type Guard = AsyncLockGuard<S>;
 
