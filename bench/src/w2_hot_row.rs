@@ -166,6 +166,13 @@ const ASYNC_STRATEGIES: [Strategy; 4] = [
     Strategy::Adaptive,
 ];
 
+/// `{"<key>": count}`: a worker's counter as a merge patch.
+fn patch_of(key: &str, count: u64) -> Value {
+    let mut patch = serde_json::Map::new();
+    patch.insert(key.to_string(), json!(count));
+    Value::Object(patch)
+}
+
 fn round2(v: f64) -> f64 {
     (v * 100.0).round() / 100.0
 }
@@ -200,9 +207,7 @@ per_backend! {
         count: u64,
         policies: &(RetryPolicy, RetryPolicy),
     ) -> Result<u32, Error> {
-        let mut patch = serde_json::Map::new();
-        patch.insert(key.to_string(), json!(count));
-        let patch = Value::Object(patch);
+        let patch = patch_of(key, count);
         match strategy {
             Strategy::HandWritten => {
                 let matched = diesel::sql_query(HAND_MERGE)
@@ -321,9 +326,7 @@ per_backend! {
         policies: &(RetryPolicy, RetryPolicy),
     ) -> Result<u32, Error> {
         use diesel_occ::asynchronous::{AsyncGuardedJson, AsyncGuardedJsonMerge};
-        let mut patch = serde_json::Map::new();
-        patch.insert(key.to_string(), json!(count));
-        let patch = Value::Object(patch);
+        let patch = patch_of(key, count);
         match strategy {
             Strategy::HandWritten => {
                 let query = diesel::sql_query(HAND_MERGE)

@@ -31,6 +31,19 @@ enum Outcome {
     Failed(String),
 }
 
+impl Outcome {
+    /// What the library's transition answered.
+    fn of<T>(moved: Result<T, Error>) -> Outcome {
+        match moved {
+            Ok(_) => Outcome::Won,
+            Err(Error::InvalidTransition(t)) => Outcome::Lost {
+                current: t.from.to_string(),
+            },
+            Err(e) => Outcome::Failed(e.to_string()),
+        }
+    }
+}
+
 /// Whether one race ended right: one winner, the loser told the winner's state, the
 /// order in that state at version 1.
 fn violated(cancel: &Outcome, ship: &Outcome, stored: &str, version: i64) -> bool {
@@ -89,11 +102,7 @@ per_backend! {
     }
 
     fn move_with_library(conn: &mut Conn, id: i64, to: OrderStatus) -> Outcome {
-        match Order::transition_by_key(conn, &id, to, no_extra(), &RetryPolicy::default()) {
-            Ok(_) => Outcome::Won,
-            Err(Error::InvalidTransition(t)) => Outcome::Lost { current: t.from.to_string() },
-            Err(e) => Outcome::Failed(e.to_string()),
-        }
+        Outcome::of(Order::transition_by_key(conn, &id, to, no_extra(), &RetryPolicy::default()))
     }
 
     pub fn run(settings: &Settings, report: &mut Report) -> Result<(), Box<dyn std::error::Error>> {
@@ -224,11 +233,7 @@ per_backend! {
 
     async fn move_with_library_async(conn: &mut AsyncConn, id: i64, to: OrderStatus) -> Outcome {
         use diesel_occ::asynchronous::AsyncGuardedTransition;
-        match <Order as AsyncGuardedTransition>::transition_by_key(conn, &id, to, no_extra(), &RetryPolicy::default()).await {
-            Ok(_) => Outcome::Won,
-            Err(Error::InvalidTransition(t)) => Outcome::Lost { current: t.from.to_string() },
-            Err(e) => Outcome::Failed(e.to_string()),
-        }
+        Outcome::of(<Order as AsyncGuardedTransition>::transition_by_key(conn, &id, to, no_extra(), &RetryPolicy::default()).await)
     }
 
     /// W3 with the two racers as tokio tasks on diesel-async connections.
