@@ -274,8 +274,9 @@ where
 /// moved them, so the first row still holding the token it was locked with was left
 /// alone, at the end of its tokens ([`Error::VersionOverflow`]) or by the database
 /// ([`Error::Refused`]).
-struct ClaimIgnored<'a, T> {
-    locked: &'a [T],
+pub(crate) struct ClaimIgnored<'a, T> {
+    pub(crate) locked: &'a [T],
+    pub(crate) table: &'static str,
 }
 
 impl<T, C> Miss<C> for ClaimIgnored<'_, T>
@@ -287,10 +288,21 @@ where
 {
     fn explain(self, conn: &mut C) -> Error {
         let keys: Vec<T::Key> = self.locked.iter().map(Guarded::key).collect();
-        let mut current = match T::load_by_keys(conn, &keys) {
-            Ok(current) => current,
-            Err(e) => return classify(conn, e),
-        };
+        match T::load_by_keys(conn, &keys) {
+            Ok(current) => self.given(current),
+            Err(e) => classify(conn, e),
+        }
+    }
+}
+
+impl<T> ClaimIgnored<'_, T>
+where
+    T: Guarded,
+    T::Guard: AdvanceInSql,
+{
+    /// The explanation, given the locked rows as they are now.
+    pub(crate) fn given(self, mut current: Vec<T>) -> Error {
+        let keys: Vec<T::Key> = self.locked.iter().map(Guarded::key).collect();
         let ignored = self.locked.iter().position(|locked| {
             let now = current.iter().find(|c| c.key() == locked.key());
             now.is_none_or(|now| now.token() == locked.token())
@@ -298,7 +310,7 @@ where
         let key = &keys[ignored.unwrap_or(0)];
         let found = current.iter().position(|c| c.key() == *key);
         let current = found.map(|i| current.swap_remove(i));
-        RowMoved::<T>::advancing_any(key, T::Guard::at_end).given::<C>(current)
+        RowMoved::<T>::advancing_any(key, T::Guard::at_end).given_in(self.table, current)
     }
 }
 
@@ -319,21 +331,33 @@ where
     C::Backend: OccBackend,
 {
     fn explain(self, conn: &mut C) -> Error {
+        match T::load_by_key(conn, self.key) {
+            Ok(row) => self.given(T::table_name(), row),
+            Err(e) => classify(conn, e),
+        }
+    }
+}
+
+impl<T> ClaimLost<'_, T>
+where
+    T: HasStatus,
+    T::Guard: AdvanceInSql,
+{
+    /// The explanation, given the row (in `table`) as it is now.
+    pub(crate) fn given(self, table: &'static str, row: Option<T>) -> Error {
         let (key, owner) = (self.key, self.owner);
-        match T::load_by_key(conn, key) {
-            Ok(None) => RowMoved::<T>::any(key).given::<C>(None),
-            Ok(Some(row)) if T::Guard::at_end(&row.token()) => {
-                RowMoved::<T>::advancing_any(key, T::Guard::at_end).given::<C>(Some(row))
+        match row {
+            None => RowMoved::<T>::any(key).given_in(table, None),
+            Some(row) if T::Guard::at_end(&row.token()) => {
+                RowMoved::<T>::advancing_any(key, T::Guard::at_end).given_in(table, Some(row))
             }
-            Ok(Some(_)) => Error::LockLost {
+            Some(_) => Error::LockLost {
                 lock: format!(
-                    "claim of `{}` row {key:?} by {owner:?} (in state `{}`)",
-                    T::table_name(),
+                    "claim of `{table}` row {key:?} by {owner:?} (in state `{}`)",
                     self.held.name()
                 ),
                 why: "the row left that state or another owner claimed it".into(),
             },
-            Err(e) => classify(conn, e),
         }
     }
 }
@@ -385,39 +409,112 @@ where
         if request.limit == 0 {
             return Ok(Vec::new());
         }
-        let filter = Claimable::of(request);
-        let limit = i64::try_from(request.limit).unwrap_or(i64::MAX);
         commit_operation(conn, |conn| {
-            let query = LatestRead::locked(
-                LimitDsl::limit(
-                    SelectDsl::select(FilterDsl::filter(T::table(), filter), T::as_select()),
-                    limit,
-                ),
-                RowLock::SkipLocked,
-            );
+            let query = claim_query::<T, AtCol, C::Backend>(request);
             let waiting: Vec<T> = query.load(conn).map_err(|e| classify(conn, e))?;
             if waiting.is_empty() {
                 return Ok(Vec::new());
             }
             write_locked(conn, &waiting, |keys| {
-                ClaimUpdateOf::<T, OwnerCol, AtCol>::new(
-                    T::table(),
-                    Joined(
-                        Joined(
-                            ColumnEq::new(request.to),
-                            ColumnEq::new(Some(request.owner.to_string())),
-                            Comma,
-                        ),
-                        ClockColumn::set(Shift::none()),
-                        Comma,
-                    ),
-                    Joined(T::Guard::advance_any(), T::stamp(), Comma),
-                    keys,
-                    T::Guard::can_advance(),
-                )
+                claim_update::<T, OwnerCol, AtCol>(request, keys)
             })
         })
     }
+}
+
+/// The read of up to `request.limit` rows `request` may claim, locked, skipping rows other
+/// workers hold.
+pub(crate) fn claim_query<T, AtCol, DB>(
+    request: &ClaimRequest<'_, T::Status>,
+) -> ClaimQueryOf<T, AtCol, DB>
+where
+    T: HasStatus + Selectable<DB>,
+    T::SelectExpression: QueryId,
+    DB: diesel::backend::Backend,
+    T::Table: FilterDsl<Claimable<T::StatusColumn, T::Status, AtCol>>,
+    Filter<T::Table, Claimable<T::StatusColumn, T::Status, AtCol>>: SelectDsl<AsSelect<T, DB>>,
+    Select<Filter<T::Table, Claimable<T::StatusColumn, T::Status, AtCol>>, AsSelect<T, DB>>:
+        LimitDsl,
+{
+    let limit = i64::try_from(request.limit).unwrap_or(i64::MAX);
+    LatestRead::locked(
+        LimitDsl::limit(
+            SelectDsl::select(
+                FilterDsl::filter(T::table(), Claimable::of(request)),
+                T::as_select(),
+            ),
+            limit,
+        ),
+        RowLock::SkipLocked,
+    )
+}
+
+/// The `UPDATE` handing the rows with `keys` to `request.owner`, advancing each token.
+pub(crate) fn claim_update<T, OwnerCol, AtCol>(
+    request: &ClaimRequest<'_, T::Status>,
+    keys: AnyOf<T::KeyPredicate>,
+) -> ClaimUpdateOf<T, OwnerCol, AtCol>
+where
+    T: HasStatus,
+    T::Guard: AdvanceInSql,
+{
+    ClaimUpdateOf::<T, OwnerCol, AtCol>::new(
+        T::table(),
+        Joined(
+            Joined(
+                ColumnEq::new(request.to),
+                ColumnEq::new(Some(request.owner.to_string())),
+                Comma,
+            ),
+            ClockColumn::set(Shift::none()),
+            Comma,
+        ),
+        Joined(T::Guard::advance_any(), T::stamp(), Comma),
+        keys,
+        T::Guard::can_advance(),
+    )
+}
+
+/// The owner-checked end of `owner`'s claim on the row with `key`: from `held` to `to`,
+/// the owner set to `next_owner`.
+pub(crate) fn finish_statement<T, OwnerCol>(
+    key: &T::Key,
+    owner: &str,
+    held: T::Status,
+    to: T::Status,
+    next_owner: Option<&str>,
+) -> FinishOf<T, OwnerCol>
+where
+    T: HasStatus,
+    T::Guard: AdvanceInSql,
+{
+    FinishOf::<T, OwnerCol>::new(
+        T::table(),
+        Joined(
+            ColumnEq::new(to),
+            ColumnEq::new(next_owner.map(str::to_string)),
+            Comma,
+        ),
+        Joined(T::Guard::advance_any(), T::stamp(), Comma),
+        T::key_predicate(key),
+        held_by::<T, OwnerCol>(owner, held),
+    )
+}
+
+/// `status = ?held AND owner = ?me AND <the token can advance>`.
+pub(crate) fn held_by<T, OwnerCol>(
+    owner: &str,
+    held: T::Status,
+) -> Joined<HeldBy<T, OwnerCol>, crate::guard::CanAdvanceOf<T>, And>
+where
+    T: HasStatus,
+    T::Guard: AdvanceInSql,
+{
+    Joined(
+        Joined(ColumnEq::new(held), ColumnEq::new(owner.to_string()), And),
+        T::Guard::can_advance(),
+        And,
+    )
 }
 
 /// Runs the `UPDATE` that `update` builds for the keys of the `locked` rows (which the
@@ -441,9 +538,17 @@ where
     crate::guard::stored_precision::check_stored_precision::<T, C>(conn)?;
     let keys: Vec<T::Key> = locked.iter().map(Guarded::key).collect();
     let update = update(AnyOf(keys.iter().map(T::key_predicate).collect()));
-    CompareAndSet::one(update, T::table_name(), &keys, ClaimIgnored { locked })
-        .matching(Matches::All(keys.len()))
-        .run::<C, Counted, ()>(conn)?;
+    CompareAndSet::one(
+        update,
+        T::table_name(),
+        &keys,
+        ClaimIgnored {
+            locked,
+            table: T::table_name(),
+        },
+    )
+    .matching(Matches::All(keys.len()))
+    .run::<C, Counted, ()>(conn)?;
     T::load_by_keys(conn, &keys).map_err(|e| classify(conn, e))
 }
 
@@ -487,21 +592,7 @@ where
         next_owner: Option<&str>,
     ) -> Result<(), Error> {
         crate::guard::stored_precision::check_stored_precision::<T, C>(conn)?;
-        let statement = FinishOf::<T, OwnerCol>::new(
-            T::table(),
-            Joined(
-                ColumnEq::new(to),
-                ColumnEq::new(next_owner.map(str::to_string)),
-                Comma,
-            ),
-            Joined(T::Guard::advance_any(), T::stamp(), Comma),
-            T::key_predicate(key),
-            Joined(
-                Joined(ColumnEq::new(held), ColumnEq::new(owner.to_string()), And),
-                T::Guard::can_advance(),
-                And,
-            ),
-        );
+        let statement = finish_statement::<T, OwnerCol>(key, owner, held, to, next_owner);
         let miss = ClaimLost::<T> { key, owner, held };
         CompareAndSet::one(statement, T::table_name(), key, miss)
             .run::<C, Counted, ()>(conn)

@@ -17,8 +17,8 @@ use crate::error::Error;
 use crate::guard::server_clock::{ClockColumn, Shift};
 use crate::guard::AdvanceInSql;
 use crate::sql::new_token::{Complete, Counted};
-use crate::sql::statement::{And, Assignments, ColumnEq, Comma, Joined};
-use crate::status::claim::{ClaimLost, HeldBy};
+use crate::sql::statement::{Assignments, Comma, Joined};
+use crate::status::claim::{held_by, ClaimLost, HeldBy};
 use crate::status::HasStatus;
 use crate::write::entity::{KeyWriteOf, LoadByKey, RowMoved};
 use crate::write::executor::{classify, CompareAndSet};
@@ -68,17 +68,7 @@ where
         commit_operation(conn, |conn| {
             // Waits here for whoever holds the row, before the claim time is computed.
             T::load_by_key(conn, key).map_err(|e| classify(conn, e))?;
-            let statement = HeartbeatOf::<T, OwnerCol, AtCol>::new(
-                T::table(),
-                ClockColumn::set(Shift::none()),
-                Joined(T::Guard::advance_any(), T::stamp(), Comma),
-                T::key_predicate(key),
-                Joined(
-                    Joined(ColumnEq::new(held), ColumnEq::new(owner.to_string()), And),
-                    T::Guard::can_advance(),
-                    And,
-                ),
-            );
+            let statement = heartbeat_statement::<T, OwnerCol, AtCol>(key, owner, held);
             let miss = ClaimLost::<T> { key, owner, held };
             CompareAndSet::one(statement, T::table_name(), key, miss)
                 .run::<C, Counted, ()>(conn)?;
@@ -89,4 +79,23 @@ where
             }
         })
     }
+}
+
+/// The heartbeat of `owner`'s claim on the row with `key` (in state `held`).
+pub(crate) fn heartbeat_statement<T, OwnerCol, AtCol>(
+    key: &T::Key,
+    owner: &str,
+    held: T::Status,
+) -> HeartbeatOf<T, OwnerCol, AtCol>
+where
+    T: HasStatus,
+    T::Guard: AdvanceInSql,
+{
+    HeartbeatOf::<T, OwnerCol, AtCol>::new(
+        T::table(),
+        ClockColumn::set(Shift::none()),
+        Joined(T::Guard::advance_any(), T::stamp(), Comma),
+        T::key_predicate(key),
+        held_by::<T, OwnerCol>(owner, held),
+    )
 }
