@@ -1,112 +1,55 @@
-//! Task claiming: each task goes to exactly one worker, none is left behind, an abandoned
-//! claim is taken again, and only the holder can finish its claim.
+//! Task claiming on both executors (the blocking API and diesel-async), on every backend:
+//! each task goes to exactly one worker, none is left behind, an abandoned claim is taken
+//! again, only the holder can finish its claim, and a claim future dropped at any point
+//! leaves no half claim and no locked row. End states are read from the database.
 
-#![cfg(feature = "locks")]
+#![cfg(all(
+    feature = "locks",
+    feature = "async",
+    any(not(feature = "mysql"), feature = "async-mysql")
+))]
 
 mod common;
 
 use std::collections::BTreeSet;
 use std::sync::{Barrier, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use chrono::NaiveDateTime;
-use diesel::connection::SimpleConnection;
+use common::claim_paths::{add_jobs, jobs, request, ClaimWorker, Job, JobState};
 use diesel::prelude::*;
-use diesel_occ::{ClaimRequest, GuardedClaim};
-use diesel_occ::{Error, Guarded, Status};
+use diesel_occ::Error;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Status)]
-pub enum TaskState {
-    #[occ(from(Running))]
-    Open,
-    #[occ(from(Open, Running))]
-    Running,
-    #[occ(from(Running))]
-    Done,
-}
-
-diesel::table! {
-    tasks (id) {
-        id -> BigInt,
-        state -> Text,
-        owner -> Nullable<Text>,
-        claimed_at -> Nullable<Timestamp>,
-        version -> BigInt,
-    }
-}
-
-#[derive(Debug, Clone, PartialEq, Queryable, Selectable, Identifiable, Insertable, Guarded)]
-#[diesel(table_name = tasks)]
-pub struct Task {
-    id: i64,
-    #[occ(status)]
-    state: TaskState,
-    owner: Option<String>,
-    claimed_at: Option<NaiveDateTime>,
-    #[occ(version)]
-    version: i64,
-}
-
-fn request(owner: &str, limit: usize) -> ClaimRequest<'_, TaskState> {
-    ClaimRequest {
-        from: TaskState::Open,
-        to: TaskState::Running,
-        owner,
-        limit,
-        reclaim_after: Some(Duration::from_secs(60)),
-    }
-}
+const MINUTE: Duration = Duration::from_secs(60);
 
 for_each_backend! {
-    type Pooled = diesel_occ::Pooled<Conn>;
+    type Db = common::TestDb<Conn>;
 
-    fn setup(count: i64) -> Option<common::TestDb<Conn>> {
-        let db = db()?;
-        let conn = &mut db.conn();
-        let stamp = if BACKEND == "mysql" { "DATETIME(6)" } else { "TIMESTAMP" };
-        conn.batch_execute(&format!(
-            "CREATE TABLE tasks (id BIGINT PRIMARY KEY, state TEXT NOT NULL, owner TEXT, \
-             claimed_at {stamp}, version BIGINT NOT NULL)"
-        ))
-        .unwrap();
-        let rows: Vec<Task> = (1..=count)
-            .map(|id| Task { id, state: TaskState::Open, owner: None, claimed_at: None, version: 0 })
-            .collect();
-        for chunk in rows.chunks(500) {
-            diesel::insert_into(tasks::table).values(chunk).execute(conn).unwrap();
-        }
-        Some(db)
-    }
-
-    fn all(conn: &mut Pooled) -> Vec<Task> {
-        tasks::table.order(tasks::id).select(Task::as_select()).load(conn).unwrap()
+    fn all(db: &Db) -> Vec<Job> {
+        jobs::table.order(jobs::id).select(Job::as_select()).load(&mut db.conn()).unwrap()
     }
 
     /// 4 workers claim 1,000 tasks 25 at a time, each finishing what it claimed.
-    #[test]
-    fn four_workers_claim_every_task_exactly_once() {
+    fn four_workers_claim_every_task_exactly_once<W: ClaimWorker>(db: &Db, worker: impl Fn() -> W + Sync) {
         const TASKS: i64 = 1000;
-        let Some(db) = setup(TASKS) else { return };
+        add_jobs(&mut *db.conn(), 1..=TASKS);
         let start = Barrier::new(4);
         let claimed = Mutex::new(Vec::new());
-        let pool = &db.pool;
-
         std::thread::scope(|s| {
-            for worker in 0..4 {
-                let (start, claimed) = (&start, &claimed);
+            for n in 0..4 {
+                let (start, claimed, worker) = (&start, &claimed, &worker);
                 s.spawn(move || {
-                    let me = format!("worker-{worker}");
-                    let mut conn = pool.get().unwrap();
+                    let me = format!("worker-{n}");
+                    let mut w = worker();
                     start.wait();
                     loop {
-                        let batch = Task::claim(&mut conn, tasks::owner, tasks::claimed_at, &request(&me, 25)).unwrap();
+                        let batch = w.claim(&request(&me, 25, MINUTE)).unwrap();
                         if batch.is_empty() {
                             break;
                         }
                         for task in &batch {
-                            assert_eq!((task.state, task.owner.as_deref()), (TaskState::Running, Some(me.as_str())));
+                            assert_eq!((task.state, task.owner.as_deref()), (JobState::Running, Some(me.as_str())));
                             assert!(task.claimed_at.is_some());
-                            Task::finish_claim(&mut conn, &task.id, tasks::owner, &me, TaskState::Running, TaskState::Done, Some(&me)).unwrap();
+                            w.finish_claim(task.id, &me, JobState::Running, JobState::Done, Some(&me)).unwrap();
                         }
                         claimed.lock().unwrap().extend(batch.iter().map(|t| (t.id, me.clone())));
                     }
@@ -116,73 +59,175 @@ for_each_backend! {
 
         let claimed = claimed.into_inner().unwrap();
         let ids: BTreeSet<i64> = claimed.iter().map(|(id, _)| *id).collect();
-        assert_eq!(claimed.len(), TASKS as usize, "a task was claimed twice");
-        assert_eq!(ids, (1..=TASKS).collect(), "a task was left behind");
-        for task in all(&mut db.conn()) {
+        assert_eq!(claimed.len(), TASKS as usize, "{}: a task was claimed twice", W::PATH);
+        assert_eq!(ids, (1..=TASKS).collect(), "{}: a task was left behind", W::PATH);
+        for task in all(db) {
             let by = claimed.iter().find(|(id, _)| *id == task.id).map(|(_, w)| w.clone());
-            assert_eq!((task.state, task.owner.clone(), task.version), (TaskState::Done, by, 2), "{task:?}");
+            assert_eq!((task.state, task.owner.clone(), task.version), (JobState::Done, by, 2), "{task:?}");
         }
         let per_worker: Vec<usize> = (0..4)
-            .map(|w| claimed.iter().filter(|(_, by)| *by == format!("worker-{w}")).count())
+            .map(|n| claimed.iter().filter(|(_, by)| *by == format!("worker-{n}")).count())
             .collect();
-        println!("{BACKEND}: {TASKS} tasks claimed once each by 4 workers: {per_worker:?}");
+        println!("{BACKEND} {}: {TASKS} tasks claimed once each by 4 workers: {per_worker:?}", W::PATH);
     }
 
     /// A claim whose worker vanished is taken again once it is older than
     /// `reclaim_after` by the database's clock; the first worker can no longer finish it.
-    #[test]
-    fn an_abandoned_claim_is_reclaimed_and_the_old_owner_is_locked_out() {
-        let Some(db) = setup(3) else { return };
-        let conn = &mut db.conn();
-        let first = Task::claim(conn, tasks::owner, tasks::claimed_at, &request("crashed", 10)).unwrap();
+    fn an_abandoned_claim_is_reclaimed_and_the_old_owner_is_locked_out<W: ClaimWorker>(db: &Db, worker: impl Fn() -> W) {
+        add_jobs(&mut *db.conn(), 1..=3);
+        let w = &mut worker();
+        let first = w.claim(&request("crashed", 10, MINUTE)).unwrap();
         assert_eq!(first.len(), 3);
         // Fresh claims are not taken over.
-        assert!(Task::claim(conn, tasks::owner, tasks::claimed_at, &request("rescuer", 10)).unwrap().is_empty());
+        assert!(w.claim(&request("rescuer", 10, MINUTE)).unwrap().is_empty());
 
         let long_ago = chrono::DateTime::UNIX_EPOCH.naive_utc();
-        diesel::update(tasks::table.filter(tasks::id.eq(2)))
-            .set(tasks::claimed_at.eq(Some(long_ago)))
-            .execute(conn)
+        diesel::update(jobs::table.filter(jobs::id.eq(2)))
+            .set(jobs::claimed_at.eq(Some(long_ago)))
+            .execute(&mut db.conn())
             .unwrap();
-        let rescued = Task::claim(conn, tasks::owner, tasks::claimed_at, &request("rescuer", 10)).unwrap();
+        let rescued = w.claim(&request("rescuer", 10, MINUTE)).unwrap();
 
         assert_eq!(rescued.iter().map(|t| (t.id, t.owner.clone().unwrap())).collect::<Vec<_>>(), [(2, "rescuer".to_string())]);
-        let lost = Task::finish_claim(conn, &2, tasks::owner, "crashed", TaskState::Running, TaskState::Done, None).unwrap_err();
+        let lost = w.finish_claim(2, "crashed", JobState::Running, JobState::Done, None).unwrap_err();
         assert!(matches!(lost, Error::LockLost { .. }), "{lost}");
-        Task::finish_claim(conn, &2, tasks::owner, "rescuer", TaskState::Running, TaskState::Open, None).unwrap();
-        let missing = Task::finish_claim(conn, &9, tasks::owner, "rescuer", TaskState::Running, TaskState::Done, None).unwrap_err();
+        w.finish_claim(2, "rescuer", JobState::Running, JobState::Open, None).unwrap();
+        let missing = w.finish_claim(9, "rescuer", JobState::Running, JobState::Done, None).unwrap_err();
         assert!(matches!(missing, Error::NotFound { .. }), "{missing}");
-        let states: Vec<(i64, TaskState, Option<String>)> = all(conn).into_iter().map(|t| (t.id, t.state, t.owner)).collect();
+        let states: Vec<(i64, JobState, Option<String>)> = all(db).into_iter().map(|t| (t.id, t.state, t.owner)).collect();
         assert_eq!(states, [
-            (1, TaskState::Running, Some("crashed".into())),
-            (2, TaskState::Open, None),
-            (3, TaskState::Running, Some("crashed".into())),
-        ]);
+            (1, JobState::Running, Some("crashed".into())),
+            (2, JobState::Open, None),
+            (3, JobState::Running, Some("crashed".into())),
+        ], "{}", W::PATH);
     }
 
-    #[test]
-    fn a_claim_without_work_or_with_a_bad_owner_writes_nothing() {
-        let Some(db) = setup(0) else { return };
-        let conn = &mut db.conn();
-        assert!(Task::claim(conn, tasks::owner, tasks::claimed_at, &request("w", 10)).unwrap().is_empty());
-        let err = Task::claim(conn, tasks::owner, tasks::claimed_at, &request(&"w".repeat(10_000), 10)).unwrap_err();
+    fn a_claim_without_work_or_with_a_bad_owner_writes_nothing<W: ClaimWorker>(db: &Db, worker: impl Fn() -> W) {
+        let w = &mut worker();
+        assert!(w.claim(&request("w", 10, MINUTE)).unwrap().is_empty());
+        add_jobs(&mut *db.conn(), 1..=2);
+        let long = "w".repeat(10_000);
+        let err = w.claim(&request(&long, 10, MINUTE)).unwrap_err();
         assert!(matches!(err, Error::InvalidName { what: "owner", .. }), "{err}");
+        assert!(w.claim(&request("w", 0, MINUTE)).unwrap().is_empty());
+        assert!(all(db).iter().all(|t| t.state == JobState::Open && t.version == 0), "{}", W::PATH);
     }
 
     /// A row whose version cannot advance is not handed out: the claim fails with the
     /// overflow and rolls back, so no row of it is claimed (before, the version wrapped
     /// past its type: an error on PostgreSQL and MySQL, a float on SQLite).
+    fn a_row_at_the_last_version_is_not_claimed_and_nothing_else_is_either<W: ClaimWorker>(db: &Db, worker: impl Fn() -> W) {
+        add_jobs(&mut *db.conn(), 1..=3);
+        diesel::update(jobs::table.filter(jobs::id.eq(2))).set(jobs::version.eq(i64::MAX)).execute(&mut db.conn()).unwrap();
+
+        let err = worker().claim(&request("w", 10, MINUTE)).unwrap_err();
+
+        assert!(matches!(&err, Error::VersionOverflow { key, .. } if key == "2"), "{}: {err}", W::PATH);
+        let rows: Vec<(i64, JobState, Option<String>, i64)> =
+            all(db).into_iter().map(|t| (t.id, t.state, t.owner, t.version)).collect();
+        assert_eq!(rows, [(1, JobState::Open, None, 0), (2, JobState::Open, None, i64::MAX), (3, JobState::Open, None, 0)]);
+    }
+
+    claim_tests_on_both_paths!(
+        four_workers_claim_every_task_exactly_once,
+        an_abandoned_claim_is_reclaimed_and_the_old_owner_is_locked_out,
+        a_claim_without_work_or_with_a_bad_owner_writes_nothing,
+        a_row_at_the_last_version_is_not_claimed_and_nothing_else_is_either,
+    );
+
+    /// Transactions open on the server for this test's database, other than the asking
+    /// session's (none on SQLite: a file has no sessions).
+    fn open_transactions(db: &Db) -> i64 {
+        #[derive(QueryableByName)]
+        struct Count {
+            #[diesel(sql_type = diesel::sql_types::BigInt)]
+            n: i64,
+        }
+        let sql = match BACKEND {
+            "postgres" => "SELECT count(*) AS n FROM pg_stat_activity WHERE datname = current_database() \
+                           AND pid <> pg_backend_pid() AND xact_start IS NOT NULL",
+            "mysql" => "SELECT count(*) AS n FROM information_schema.innodb_trx t \
+                        JOIN information_schema.processlist p ON p.id = t.trx_mysql_thread_id \
+                        WHERE p.db = DATABASE() AND p.id <> CONNECTION_ID()",
+            _ => return 0,
+        };
+        diesel::sql_query(sql).get_result::<Count>(&mut db.conn()).unwrap().n
+    }
+
+    /// Async claims, heartbeats and finishes dropped after 0-1 or 0-15 ms (a fresh PostgreSQL
+    /// connection needs several to prepare its statements), in 600 rounds on one connection: every job ends open, done by a finish that returned, or running under
+    /// the worker (a claim whose answer was dropped after its commit); none is half
+    /// claimed, no transaction stays open, and every job not done is claimable at once.
     #[test]
-    fn a_row_at_the_last_version_is_not_claimed_and_nothing_else_is_either() {
-        let Some(db) = setup(3) else { return };
-        let conn = &mut db.conn();
-        diesel::update(tasks::table.filter(tasks::id.eq(2))).set(tasks::version.eq(i64::MAX)).execute(conn).unwrap();
+    fn dropped_claim_futures_leave_no_half_claim_and_no_locked_row() {
+        use common::paths::AsyncOf;
+        use diesel_occ::asynchronous::AsyncGuardedClaim;
+        const JOBS: i64 = 1_500;
+        let Some(db) = db() else { return };
+        common::claim_paths::create_jobs(&mut *db.conn(), BACKEND);
+        add_jobs(&mut *db.conn(), 1..=JOBS);
+        let runtime = common::paths::runtime();
+        let mut conn = Conn::connect(&db.url, &runtime);
+        let (mut seed, mut dropped, mut refused) = (11_u64, 0, 0);
+        // Finishes that returned, and finishes dropped before they answered.
+        let (mut finished, mut unanswered) = (BTreeSet::new(), BTreeSet::new());
+        let mut next_limit = || {
+            seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            // Half the rounds within a millisecond, half within 15.
+            let range = if seed >> 63 == 0 { 1_000 } else { 15_000 };
+            Duration::from_micros((seed >> 33) % range)
+        };
+        for round in 0..600_u32 {
+            let outcome = (|| {
+                let two = request("w", 2, MINUTE);
+                let claim = Job::claim(&mut conn, jobs::owner, jobs::claimed_at, &two);
+                let rows = runtime.block_on(async { tokio::time::timeout(next_limit(), claim).await }).map_err(|_| None)?.map_err(Some)?;
+                for job in rows {
+                    let beat = Job::extend_claim(&mut conn, &job.id, jobs::owner, jobs::claimed_at, "w", JobState::Running);
+                    runtime.block_on(async { tokio::time::timeout(next_limit(), beat).await }).map_err(|_| None)?.map_err(Some)?;
+                    let end = Job::finish_claim(&mut conn, &job.id, jobs::owner, "w", JobState::Running, JobState::Done, None);
+                    match runtime.block_on(async { tokio::time::timeout(next_limit(), end).await }) {
+                        Ok(Ok(())) => finished.insert(job.id),
+                        Ok(Err(e)) => return Err(Some(e)),
+                        Err(_) => { unanswered.insert(job.id); return Err(None) }
+                    };
+                }
+                Ok(())
+            })();
+            match outcome {
+                Ok(()) => {}
+                Err(None) => dropped += 1,
+                Err(Some(Error::Database(diesel::result::Error::BrokenTransactionManager))) => {
+                    refused += 1;
+                    conn = Conn::connect(&db.url, &runtime);
+                }
+                Err(Some(other)) => panic!("round {round}: {other:?}"),
+            }
+        }
+        drop(conn);
+        eprintln!("{BACKEND}: {} finished, {dropped} dropped, {refused} connections refused", finished.len());
+        assert!(!finished.is_empty() && dropped > 0, "both kinds of round must occur");
 
-        let err = Task::claim(conn, tasks::owner, tasks::claimed_at, &request("w", 10)).unwrap_err();
-
-        assert!(matches!(&err, Error::VersionOverflow { key, .. } if key == "2"), "{err}");
-        let rows: Vec<(i64, TaskState, Option<String>, i64)> =
-            all(conn).into_iter().map(|t| (t.id, t.state, t.owner, t.version)).collect();
-        assert_eq!(rows, [(1, TaskState::Open, None, 0), (2, TaskState::Open, None, i64::MAX), (3, TaskState::Open, None, 0)]);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while open_transactions(&db) > 0 {
+            assert!(Instant::now() < deadline, "a transaction stayed open");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let rows = all(&db);
+        for job in &rows {
+            match job.state {
+                JobState::Open => assert_eq!((job.owner.as_deref(), job.version), (None, 0), "{job:?}"),
+                JobState::Done => assert!((finished.contains(&job.id) || unanswered.contains(&job.id)) && job.owner.is_none(), "{job:?}"),
+                JobState::Running => assert!(job.owner.as_deref() == Some("w") && job.claimed_at.is_some(), "{job:?}"),
+                JobState::Parked => panic!("{job:?}"),
+            }
+        }
+        let done: BTreeSet<i64> = rows.iter().filter(|j| j.state == JobState::Done).map(|j| j.id).collect();
+        assert!(finished.is_subset(&done), "a finish that answered did not land");
+        // Nothing holds a row: a blocking claim taking over every claim at once gets
+        // every job that is not done.
+        let mut check = db.conn();
+        let rest = <Job as diesel_occ::GuardedClaim>::claim(&mut check, jobs::owner, jobs::claimed_at, &common::claim_paths::request("check", JOBS as usize, Duration::ZERO)).unwrap();
+        assert_eq!(rest.len(), rows.len() - done.len(), "a job stayed locked or half claimed");
     }
 }

@@ -14,7 +14,6 @@ use super::executor::{run, AsyncMiss};
 use super::send::AsyncComplete;
 use super::transaction::{Call, OwnTransaction};
 use crate::connect::backend::{Duplicates, OccBackend};
-use crate::connect::transaction::LostCommit;
 use crate::error::Error;
 use crate::locks::backend::ServerLockBackend;
 use crate::locks::lock::{
@@ -214,11 +213,8 @@ where
                 }
             }
         }
-        .await
-        .map_err(LostCommit::rolled_back);
-        let ended = transaction
-            .finish(sent, |e| Error::Database(e).lost_commit())
-            .await;
+        .await;
+        let ended = transaction.settle(sent, Error::Database).await;
         // Whatever the outcome, as the blocking path restores it: a committed grant stays
         // a grant when the restore fails (the connection died right after the commit).
         let _ = setting(conn, bounds.after.as_deref()).await;

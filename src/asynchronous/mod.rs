@@ -1,7 +1,7 @@
 //! The library on diesel-async connections (feature `async`): guarded writes, inserts and
 //! upserts, read-modify-write with retry, JSON edits and merges, status transitions and
-//! (feature `locks`) locks, leases and leader election ([`AsyncLocks`],
-//! [`AsyncCandidate`]), as futures, on `AsyncPgConnection`,
+//! (feature `locks`) task claims ([`AsyncGuardedClaim`]), locks, leases and leader
+//! election ([`AsyncLocks`], [`AsyncCandidate`]), as futures, on `AsyncPgConnection`,
 //! `SyncConnectionWrapper<SqliteConnection>` and (feature `async-mysql`)
 //! `AsyncMysqlConnection`. A connection checked out of a bb8 or deadpool pool is passed
 //! as `&mut *conn`; [`AsyncGuardedModify::modify_pooled`] takes the pool itself
@@ -56,6 +56,8 @@
 //!   tokio's multi-thread runtime).
 
 mod bulk;
+#[cfg(feature = "locks")]
+mod claim;
 mod connection;
 mod entity;
 mod executor;
@@ -78,6 +80,10 @@ mod transaction;
 mod transition;
 
 pub use bulk::{AsyncGuardedBulk, AsyncUpdateBulk};
+#[cfg(feature = "locks")]
+pub use claim::{
+    AsyncClaimCounted, AsyncClaimRows, AsyncExtendClaim, AsyncFinishClaim, AsyncGuardedClaim,
+};
 pub use connection::{NativeAsync, NativeAsyncConnection};
 pub use entity::{
     AsyncDeleteRow, AsyncGuardedWrite, AsyncTouchUpdatedAt, AsyncUpdateExcluded, AsyncUpdateRow,
@@ -101,6 +107,8 @@ pub use transition::{AsyncGuardedTransition, AsyncTransitionByKey, AsyncTransiti
 
 /// The async traits, to import with `use diesel_occ::asynchronous::prelude::*`.
 pub mod prelude {
+    #[cfg(feature = "locks")]
+    pub use super::AsyncGuardedClaim;
     pub use super::{
         AsyncGuardedBulk, AsyncGuardedJson, AsyncGuardedJsonMerge, AsyncGuardedModify,
         AsyncGuardedTransition, AsyncGuardedWrite,

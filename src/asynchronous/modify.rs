@@ -14,7 +14,6 @@ use super::entity::{write_and_record, AsyncUpdateRow};
 use super::send::AsyncLoadByKey;
 use super::source::AsyncConnectionSource;
 use super::transaction::{Call, OwnTransaction};
-use crate::connect::transaction::LostCommit;
 use crate::error::Error;
 use crate::guard::{Guarded, TokenOf};
 use crate::retry::{RetryPolicy, Stop};
@@ -237,7 +236,7 @@ where
         let lock = contended.lock_for(run.number());
         let mut conn = attempts.next().await?;
         let mut call = Call::start(&mut *conn);
-        let result = attempt(call.conn(), key, lock, suspects, nested, &mut step).await;
+        let result = attempt(call.conn(), key, lock, suspects, &mut step).await;
         match call.finish(contended.settle(result, A::FRESH_PER_ATTEMPT)) {
             Ok((row, token, value)) => {
                 return Ok(Modified {
@@ -311,7 +310,6 @@ async fn attempt<T, C, S, R, E>(
     key: &T::Key,
     lock: RowLock,
     suspects: &str,
-    nested: bool,
     step: &mut S,
 ) -> Result<(T, TokenOf<T>, R), Stop<E>>
 where
@@ -332,19 +330,7 @@ where
         Ok(original) => step.apply(conn, &original).await,
         Err(stop) => Err(stop),
     };
-    let result = if nested {
-        result
-    } else {
-        result.map_err(LostCommit::rolled_back)
-    };
     transaction
-        .finish(result, |e| {
-            let stop = Stop::Occ(Error::Database(e));
-            if nested {
-                stop
-            } else {
-                stop.lost_commit()
-            }
-        })
+        .settle(result, |e| Stop::Occ(Error::Database(e)))
         .await
 }

@@ -16,7 +16,8 @@ use super::connection::{in_transaction, NativeAsync, NativeAsyncConnection};
 use crate::guard::Guarded;
 use crate::sql::names::table_name;
 use crate::sql::new_token::{Counted, ReadAfter, ReturnedBy};
-use crate::sql::statement::{LatestRead, RowLock};
+use crate::sql::statement::{AnyOf, LatestRead, RowLock};
+use crate::write::entity::{rows_by_keys, RowsByKeys};
 
 /// The reads of an entity's row by key on async connection `C`, as
 /// [`LoadByKey`](crate::LoadByKey) does them on a blocking one.
@@ -46,6 +47,14 @@ pub trait AsyncLoadByKey<C>: Guarded {
         key: &Self::Key,
         lock: RowLock,
     ) -> impl Future<Output = QueryResult<Option<Self>>> + Send;
+
+    /// The rows with any of `keys` that exist, in one statement (locked inside a
+    /// transaction).
+    #[doc(hidden)]
+    fn load_by_keys(
+        conn: &mut C,
+        keys: &[Self::Key],
+    ) -> impl Future<Output = QueryResult<Vec<Self>>> + Send;
 
     /// The table's SQL name, for messages.
     #[doc(hidden)]
@@ -78,6 +87,9 @@ where
     T::Table: FilterDsl<T::KeyPredicate>,
     Filter<T::Table, T::KeyPredicate>: SelectDsl<AsSelect<T, C::Backend>>,
     ByKey<T, C::Backend>: LoadQuery<'static, C, T> + Send + 'static,
+    T::Table: FilterDsl<AnyOf<T::KeyPredicate>>,
+    Filter<T::Table, AnyOf<T::KeyPredicate>>: SelectDsl<AsSelect<T, C::Backend>>,
+    RowsByKeys<T, C::Backend>: LoadQuery<'static, C, T> + Send + 'static,
 {
     async fn load_by_key(conn: &mut C, key: &T::Key) -> QueryResult<Option<T>> {
         let locking = in_transaction(conn);
@@ -99,6 +111,16 @@ where
             .get_result(conn)
             .await
             .optional()
+    }
+
+    async fn load_by_keys(conn: &mut C, keys: &[T::Key]) -> QueryResult<Vec<T>> {
+        if keys.is_empty() {
+            return Ok(Vec::new());
+        }
+        let locking = in_transaction(conn);
+        rows_by_keys::<T, C::Backend>(keys, locking)
+            .load(conn)
+            .await
     }
 
     fn table_name() -> &'static str {

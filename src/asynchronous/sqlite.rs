@@ -359,3 +359,110 @@ where
         on_thread(conn, move |conn| T::update_bulk(conn, filter, changes))
     }
 }
+
+/// A claim request, owned, for the connection's thread.
+#[cfg(feature = "locks")]
+struct OwnedClaimRequest<S> {
+    owner: String,
+    request: crate::ClaimRequest<'static, S>,
+}
+
+#[cfg(feature = "locks")]
+impl<S: Copy> OwnedClaimRequest<S> {
+    fn of(request: &crate::ClaimRequest<'_, S>) -> Self {
+        OwnedClaimRequest {
+            owner: request.owner.to_string(),
+            request: crate::ClaimRequest {
+                owner: "",
+                ..*request
+            },
+        }
+    }
+
+    /// The request as the blocking claim takes it.
+    fn get(&self) -> crate::ClaimRequest<'_, S> {
+        crate::ClaimRequest {
+            owner: &self.owner,
+            ..self.request
+        }
+    }
+}
+
+#[cfg(feature = "locks")]
+impl<T, OwnerCol, AtCol> super::claim::AsyncClaimRows<AsyncSqlite, OwnerCol, AtCol> for T
+where
+    T: crate::ClaimRows<SqliteConnection, OwnerCol, AtCol> + Send + 'static,
+    OwnerCol: 'static,
+    AtCol: 'static,
+{
+    fn claim_rows<'a>(
+        conn: &'a mut AsyncSqlite,
+        request: &'a crate::ClaimRequest<'a, T::Status>,
+    ) -> impl Future<Output = Result<Vec<T>, Error>> + Send + 'a {
+        let request = OwnedClaimRequest::of(request);
+        on_thread(conn, move |conn| T::claim_rows(conn, &request.get()))
+    }
+}
+
+#[cfg(feature = "locks")]
+impl<T, OwnerCol, AtCol, AttemptsCol>
+    super::claim::AsyncClaimCounted<AsyncSqlite, OwnerCol, AtCol, AttemptsCol> for T
+where
+    T: crate::ClaimCounted<SqliteConnection, OwnerCol, AtCol, AttemptsCol> + Send + 'static,
+    OwnerCol: 'static,
+    AtCol: 'static,
+    AttemptsCol: 'static,
+{
+    fn claim_counted_rows<'a>(
+        conn: &'a mut AsyncSqlite,
+        request: &'a crate::ClaimRequest<'a, T::Status>,
+        limit: &'a crate::AttemptLimit<T::Status>,
+    ) -> impl Future<Output = Result<crate::Claimed<T>, Error>> + Send + 'a {
+        let (request, limit) = (OwnedClaimRequest::of(request), *limit);
+        on_thread(conn, move |conn| {
+            T::claim_counted_rows(conn, &request.get(), &limit)
+        })
+    }
+}
+
+#[cfg(feature = "locks")]
+impl<T, OwnerCol, AtCol> super::claim::AsyncExtendClaim<AsyncSqlite, OwnerCol, AtCol> for T
+where
+    T: crate::ExtendClaim<SqliteConnection, OwnerCol, AtCol> + Send + 'static,
+    OwnerCol: 'static,
+    AtCol: 'static,
+{
+    fn extend_claim_row<'a>(
+        conn: &'a mut AsyncSqlite,
+        key: &'a T::Key,
+        owner: &'a str,
+        held: T::Status,
+    ) -> impl Future<Output = Result<T, Error>> + Send + 'a {
+        let (key, owner) = (key.clone(), owner.to_string());
+        on_thread(conn, move |conn| {
+            T::extend_claim_row(conn, &key, &owner, held)
+        })
+    }
+}
+
+#[cfg(feature = "locks")]
+impl<T, OwnerCol> super::claim::AsyncFinishClaim<AsyncSqlite, OwnerCol> for T
+where
+    T: crate::FinishClaim<SqliteConnection, OwnerCol>,
+    OwnerCol: 'static,
+{
+    fn finish_claim_row<'a>(
+        conn: &'a mut AsyncSqlite,
+        key: &'a T::Key,
+        owner: &'a str,
+        held: T::Status,
+        to: T::Status,
+        next_owner: Option<&'a str>,
+    ) -> impl Future<Output = Result<(), Error>> + Send + 'a {
+        let (key, owner) = (key.clone(), owner.to_string());
+        let next_owner = next_owner.map(str::to_string);
+        on_thread(conn, move |conn| {
+            T::finish_claim_row(conn, &key, &owner, held, to, next_owner.as_deref())
+        })
+    }
+}

@@ -13,6 +13,7 @@ use diesel::QueryResult;
 use diesel_async::{AsyncConnection, TransactionManager};
 
 use super::connection::{classify, NativeAsync};
+use crate::connect::transaction::LostCommit;
 use crate::error::Error;
 
 /// An open transaction (or savepoint, inside the caller's transaction) of the library's
@@ -21,6 +22,8 @@ pub(crate) struct OwnTransaction<'c, C: AsyncConnection> {
     conn: &'c mut C,
     /// Committed, rolled back, or never begun: nothing is left open by this value.
     settled: bool,
+    /// A savepoint inside a transaction that was open before.
+    nested: bool,
 }
 
 impl<'c, C: AsyncConnection> OwnTransaction<'c, C> {
@@ -44,9 +47,11 @@ impl<'c, C: AsyncConnection> OwnTransaction<'c, C> {
     /// Unsettled from the start: a `BEGIN` cancelled on the way may have reached the
     /// server.
     fn unsettled(conn: &'c mut C) -> Self {
+        let nested = super::connection::in_transaction(conn);
         OwnTransaction {
             conn,
             settled: false,
+            nested,
         }
     }
 
@@ -96,6 +101,26 @@ impl<'c, C: AsyncConnection> OwnTransaction<'c, C> {
                 Err(e)
             }
         }
+    }
+}
+
+impl<C: AsyncConnection> OwnTransaction<'_, C> {
+    /// [`finish`](Self::finish), judging an error as the blocking path judges one of its
+    /// operations' transactions: a lost connection before the `COMMIT` was sent rolled
+    /// everything back (a plain database error), one while it was sent is
+    /// [`Error::Ambiguous`]. Inside the caller's transaction nothing is judged: its own
+    /// `COMMIT` decides.
+    pub(crate) async fn settle<T, E: LostCommit>(
+        self,
+        result: Result<T, E>,
+        failed_commit: impl FnOnce(diesel::result::Error) -> E,
+    ) -> Result<T, E> {
+        if self.nested {
+            return self.finish(result, failed_commit).await;
+        }
+        let result = result.map_err(LostCommit::rolled_back);
+        self.finish(result, |e| failed_commit(e).lost_commit())
+            .await
     }
 }
 

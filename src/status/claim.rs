@@ -460,18 +460,25 @@ where
 {
     ClaimUpdateOf::<T, OwnerCol, AtCol>::new(
         T::table(),
-        Joined(
-            Joined(
-                ColumnEq::new(request.to),
-                ColumnEq::new(Some(request.owner.to_string())),
-                Comma,
-            ),
-            ClockColumn::set(Shift::none()),
-            Comma,
-        ),
+        claim_changes::<T, OwnerCol, AtCol>(request),
         Joined(T::Guard::advance_any(), T::stamp(), Comma),
         keys,
         T::Guard::can_advance(),
+    )
+}
+
+/// `status = ?to, owner = ?me, claimed_at = <database now>`.
+pub(crate) fn claim_changes<T: HasStatus, OwnerCol, AtCol>(
+    request: &ClaimRequest<'_, T::Status>,
+) -> ClaimChanges<T, OwnerCol, AtCol> {
+    Joined(
+        Joined(
+            ColumnEq::new(request.to),
+            ColumnEq::new(Some(request.owner.to_string())),
+            Comma,
+        ),
+        ClockColumn::set(Shift::none()),
+        Comma,
     )
 }
 
@@ -537,19 +544,26 @@ where
     }
     crate::guard::stored_precision::check_stored_precision::<T, C>(conn)?;
     let keys: Vec<T::Key> = locked.iter().map(Guarded::key).collect();
-    let update = update(AnyOf(keys.iter().map(T::key_predicate).collect()));
-    CompareAndSet::one(
-        update,
-        T::table_name(),
-        &keys,
-        ClaimIgnored {
-            locked,
-            table: T::table_name(),
-        },
-    )
-    .matching(Matches::All(keys.len()))
-    .run::<C, Counted, ()>(conn)?;
+    claim_write(locked, &keys, T::table_name(), update).run::<C, Counted, ()>(conn)?;
     T::load_by_keys(conn, &keys).map_err(|e| classify(conn, e))
+}
+
+/// The write of the `UPDATE` that `update` builds for the `locked` rows (with `keys`, in
+/// `table`): it must match every one, since the claim's read locked them. `keys` is a
+/// `Vec` because the write names its keys as one `Debug` value, which a slice is not.
+#[allow(clippy::ptr_arg)]
+pub(crate) fn claim_write<'k, T, U>(
+    locked: &'k [T],
+    keys: &'k Vec<T::Key>,
+    table: &'static str,
+    update: impl FnOnce(AnyOf<T::KeyPredicate>) -> U,
+) -> CompareAndSet<'k, U, ClaimIgnored<'k, T>>
+where
+    T: Guarded,
+{
+    let update = update(AnyOf(keys.iter().map(T::key_predicate).collect()));
+    CompareAndSet::one(update, table, keys, ClaimIgnored { locked, table })
+        .matching(Matches::All(keys.len()))
 }
 
 /// The end of a claim of a row of entity `Self` with owner column `OwnerCol` on

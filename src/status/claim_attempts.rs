@@ -18,13 +18,12 @@ use diesel::{Column, RunQueryDsl, Selectable, SelectableHelper};
 use crate::connect::backend::OccBackend;
 use crate::connect::transaction::{commit_operation, WriteTransaction};
 use crate::error::Error;
-use crate::guard::server_clock::{ClockColumn, Shift};
 use crate::guard::{AdvanceInSql, Guarded};
 use crate::sql::new_token::{Complete, Counted};
 use crate::sql::statement::{
     AnyOf, Assignments, ColumnEq, Comma, Increment, Joined, LatestRead, RowLock,
 };
-use crate::status::claim::{write_locked, ClaimChanges, ClaimRequest, Claimable};
+use crate::status::claim::{claim_changes, write_locked, ClaimChanges, ClaimRequest, Claimable};
 use crate::status::{HasStatus, Status};
 use crate::write::bulk::BulkUpdateOf;
 use crate::write::entity::LoadByKey;
@@ -133,38 +132,76 @@ where
         crate::sql::names::check_name("owner", request.owner)?;
         check_limit(request, limit)?;
         if request.limit == 0 {
-            return Ok(Claimed {
-                rows: Vec::new(),
-                parked: Vec::new(),
-            });
+            return Ok(nothing_claimed());
         }
-        let count = i64::try_from(request.limit).unwrap_or(i64::MAX);
         commit_operation(conn, |conn| {
-            let query = LatestRead::locked(
-                LimitDsl::limit(
-                    SelectDsl::select(
-                        FilterDsl::filter(T::table(), Claimable::of(request)),
-                        (T::as_select(), AttemptsCol::default()),
-                    ),
-                    count,
-                ),
-                RowLock::SkipLocked,
-            );
+            let query = counted_claim_query::<T, AtCol, AttemptsCol, C::Backend>(request);
             let waiting: Vec<(T, i32)> = query.load(conn).map_err(|e| classify(conn, e))?;
-            let (spent, fresh): (Vec<_>, Vec<_>) = waiting
-                .into_iter()
-                .partition(|(_, attempts)| *attempts >= limit.max);
-            let spent: Vec<T> = spent.into_iter().map(|(row, _)| row).collect();
-            let fresh: Vec<T> = fresh.into_iter().map(|(row, _)| row).collect();
-            let parked = park::<T, C, OwnerCol>(conn, &spent, limit.park_in)?;
-            let rows = hand_over::<T, C, OwnerCol, AtCol, AttemptsCol>(conn, &fresh, request)?;
+            let (spent, fresh) = split_spent(waiting, limit);
+            let parked = write_locked(conn, &spent, |keys| {
+                park_statement::<T, OwnerCol>(limit.park_in, keys)
+            })?;
+            let rows = write_locked(conn, &fresh, |keys| {
+                hand_over_statement::<T, OwnerCol, AtCol, AttemptsCol>(request, keys)
+            })?;
             Ok(Claimed { rows, parked })
         })
     }
 }
 
+/// The read of up to `request.limit` rows `request` may claim with their attempt counts,
+/// locked, skipping rows other workers hold.
+pub(crate) fn counted_claim_query<T, AtCol, AttemptsCol, DB>(
+    request: &ClaimRequest<'_, T::Status>,
+) -> CountedClaimQueryOf<T, AtCol, AttemptsCol, DB>
+where
+    T: HasStatus + Selectable<DB>,
+    DB: diesel::backend::Backend,
+    AttemptsCol: Default,
+    T::Table: FilterDsl<Claimable<T::StatusColumn, T::Status, AtCol>>,
+    (AsSelect<T, DB>, AttemptsCol): diesel::Expression,
+    Filter<T::Table, Claimable<T::StatusColumn, T::Status, AtCol>>:
+        SelectDsl<(AsSelect<T, DB>, AttemptsCol)>,
+    Select<
+        Filter<T::Table, Claimable<T::StatusColumn, T::Status, AtCol>>,
+        (AsSelect<T, DB>, AttemptsCol),
+    >: LimitDsl,
+{
+    let count = i64::try_from(request.limit).unwrap_or(i64::MAX);
+    LatestRead::locked(
+        LimitDsl::limit(
+            SelectDsl::select(
+                FilterDsl::filter(T::table(), Claimable::of(request)),
+                (T::as_select(), AttemptsCol::default()),
+            ),
+            count,
+        ),
+        RowLock::SkipLocked,
+    )
+}
+
+/// The rows read that used up their attempts, to park, and the others, to hand over.
+pub(crate) fn split_spent<T, S>(
+    waiting: Vec<(T, i32)>,
+    limit: &AttemptLimit<S>,
+) -> (Vec<T>, Vec<T>) {
+    let (spent, fresh): (Vec<_>, Vec<_>) = waiting
+        .into_iter()
+        .partition(|(_, attempts)| *attempts >= limit.max);
+    let rows = |read: Vec<(T, i32)>| read.into_iter().map(|(row, _)| row).collect();
+    (rows(spent), rows(fresh))
+}
+
+/// A counted claim with nothing to do: an empty request.
+pub(crate) fn nothing_claimed<T>() -> Claimed<T> {
+    Claimed {
+        rows: Vec::new(),
+        parked: Vec::new(),
+    }
+}
+
 /// At least one attempt, and a parking state apart from the claim's two states.
-fn check_limit<S: Status>(
+pub(crate) fn check_limit<S: Status>(
     request: &ClaimRequest<'_, S>,
     limit: &AttemptLimit<S>,
 ) -> Result<(), Error> {
@@ -188,63 +225,42 @@ fn check_limit<S: Status>(
     Ok(())
 }
 
-/// Hands the `locked` rows to the request's owner, counting the attempt; the rows as
-/// written.
-fn hand_over<T, C, OwnerCol, AtCol, AttemptsCol>(
-    conn: &mut C,
-    locked: &[T],
+/// The `UPDATE` handing the rows with `keys` to the request's owner, counting the attempt.
+pub(crate) fn hand_over_statement<T, OwnerCol, AtCol, AttemptsCol>(
     request: &ClaimRequest<'_, T::Status>,
-) -> Result<Vec<T>, Error>
+    keys: AnyOf<T::KeyPredicate>,
+) -> CountedClaimOf<T, OwnerCol, AtCol, AttemptsCol>
 where
-    T: HasStatus + LoadByKey<C>,
+    T: HasStatus,
     T::Guard: AdvanceInSql,
-    C: LoadConnection,
-    C::Backend: OccBackend,
-    OwnerCol: Column<Table = T::Table>,
-    CountedClaimOf<T, OwnerCol, AtCol, AttemptsCol>: Assignments<C::Backend>,
-    Counted: Complete<C, CountedClaimOf<T, OwnerCol, AtCol, AttemptsCol>, ()>,
 {
-    write_locked(conn, locked, |keys| {
-        CountedClaimOf::<T, OwnerCol, AtCol, AttemptsCol>::new(
-            T::table(),
-            Joined(
-                Joined(
-                    Joined(
-                        ColumnEq::new(request.to),
-                        ColumnEq::new(Some(request.owner.to_string())),
-                        Comma,
-                    ),
-                    ClockColumn::set(Shift::none()),
-                    Comma,
-                ),
-                Increment::default(),
-                Comma,
-            ),
-            Joined(T::Guard::advance_any(), T::stamp(), Comma),
-            keys,
-            T::Guard::can_advance(),
-        )
-    })
+    CountedClaimOf::<T, OwnerCol, AtCol, AttemptsCol>::new(
+        T::table(),
+        Joined(
+            claim_changes::<T, OwnerCol, AtCol>(request),
+            Increment::default(),
+            Comma,
+        ),
+        Joined(T::Guard::advance_any(), T::stamp(), Comma),
+        keys,
+        T::Guard::can_advance(),
+    )
 }
 
-/// Moves the `locked` rows to `park_in` with their owner cleared; the rows as written.
-fn park<T, C, OwnerCol>(conn: &mut C, locked: &[T], park_in: T::Status) -> Result<Vec<T>, Error>
+/// The `UPDATE` moving the rows with `keys` to `park_in`, their owner cleared.
+pub(crate) fn park_statement<T, OwnerCol>(
+    park_in: T::Status,
+    keys: AnyOf<T::KeyPredicate>,
+) -> ParkOf<T, OwnerCol>
 where
-    T: HasStatus + LoadByKey<C>,
+    T: HasStatus,
     T::Guard: AdvanceInSql,
-    C: LoadConnection,
-    C::Backend: OccBackend,
-    OwnerCol: Column<Table = T::Table>,
-    ParkOf<T, OwnerCol>: Assignments<C::Backend>,
-    Counted: Complete<C, ParkOf<T, OwnerCol>, ()>,
 {
-    write_locked(conn, locked, |keys| {
-        ParkOf::<T, OwnerCol>::new(
-            T::table(),
-            Joined(ColumnEq::new(park_in), ColumnEq::new(None), Comma),
-            Joined(T::Guard::advance_any(), T::stamp(), Comma),
-            keys,
-            T::Guard::can_advance(),
-        )
-    })
+    ParkOf::<T, OwnerCol>::new(
+        T::table(),
+        Joined(ColumnEq::new(park_in), ColumnEq::new(None), Comma),
+        Joined(T::Guard::advance_any(), T::stamp(), Comma),
+        keys,
+        T::Guard::can_advance(),
+    )
 }

@@ -94,8 +94,7 @@ where
         LoadQuery<'static, C, T>,
     T::Table: FilterDsl<AnyOf<T::KeyPredicate>>,
     Filter<T::Table, AnyOf<T::KeyPredicate>>: SelectDsl<AsSelect<T, C::Backend>>,
-    LatestRead<Select<Filter<T::Table, AnyOf<T::KeyPredicate>>, AsSelect<T, C::Backend>>>:
-        LoadQuery<'static, C, T>,
+    RowsByKeys<T, C::Backend>: LoadQuery<'static, C, T>,
 {
     fn load_by_key(conn: &mut C, key: &Self::Key) -> QueryResult<Option<Self>> {
         let locking = in_transaction(conn);
@@ -123,15 +122,31 @@ where
         if keys.is_empty() {
             return Ok(Vec::new());
         }
-        let locking = in_transaction(conn);
-        let any = AnyOf(keys.iter().map(T::key_predicate).collect());
-        let filtered = FilterDsl::filter(T::table(), any);
-        LatestRead::new(SelectDsl::select(filtered, T::as_select()), locking).load(conn)
+        rows_by_keys::<T, C::Backend>(keys, in_transaction(conn)).load(conn)
     }
 
     fn table_name() -> &'static str {
         table_name::<T::Table, C::Backend>(&T::table())
     }
+}
+
+/// The read of entity `T`'s rows by key on backend `DB`.
+pub(crate) type RowsByKeys<T, DB> = LatestRead<
+    Select<Filter<<T as HasTable>::Table, AnyOf<<T as Guarded>::KeyPredicate>>, AsSelect<T, DB>>,
+>;
+
+/// The read of the rows with any of `keys`, one statement, locking them when `locking`.
+pub(crate) fn rows_by_keys<T, DB>(keys: &[T::Key], locking: bool) -> RowsByKeys<T, DB>
+where
+    T: Guarded + Selectable<DB>,
+    DB: diesel::backend::Backend,
+    T::SelectExpression: QueryId,
+    T::Table: FilterDsl<AnyOf<T::KeyPredicate>>,
+    Filter<T::Table, AnyOf<T::KeyPredicate>>: SelectDsl<AsSelect<T, DB>>,
+{
+    let any = AnyOf(keys.iter().map(T::key_predicate).collect());
+    let filtered = FilterDsl::filter(T::table(), any);
+    LatestRead::new(SelectDsl::select(filtered, T::as_select()), locking)
 }
 
 /// Guarded writes for every [`Guarded`] entity.

@@ -8,6 +8,12 @@
 
 #![allow(dead_code)]
 
+#[cfg(all(
+    feature = "locks",
+    feature = "async",
+    any(not(feature = "mysql"), feature = "async-mysql")
+))]
+pub mod claim_paths;
 #[cfg(feature = "deadpool")]
 pub mod deadpool;
 pub mod faults;

@@ -1,0 +1,431 @@
+//! Task claiming on diesel-async connections: the blocking
+//! [`GuardedClaim`](crate::GuardedClaim) as futures, with the same statements (the locked
+//! read that skips other workers' rows, the hand-over, the park, the heartbeat and the
+//! owner-checked end) and the same explanation of a claim that went astray.
+//!
+//! A claim, a counted claim and a heartbeat are each one transaction of the library's: a
+//! future dropped inside it leaves the connection to be discarded (the transaction ends
+//! with it, unapplied), as every transaction of the async path does.
+
+use std::future::Future;
+
+use diesel::dsl::{AsSelect, Filter, Select};
+use diesel::query_builder::QueryId;
+use diesel::query_dsl::methods::{FilterDsl, LimitDsl, SelectDsl};
+use diesel::sql_types::{Integer, Nullable, Text};
+use diesel::{Column, Selectable};
+use diesel_async::methods::LoadQuery;
+use diesel_async::{AsyncConnection, RunQueryDsl};
+
+use super::connection::{classify, refuse_broken, NativeAsync, NativeAsyncConnection};
+use super::entity::check_stored_precision;
+use super::executor::{run, AsyncMiss};
+use super::send::{AsyncComplete, AsyncLoadByKey};
+use super::transaction::{Call, OwnTransaction};
+use crate::error::Error;
+use crate::guard::{AdvanceInSql, Guarded};
+use crate::sql::new_token::Counted;
+use crate::sql::statement::{AnyOf, Assignments};
+use crate::status::claim::{
+    claim_query, claim_update, claim_write, finish_statement, ClaimIgnored, ClaimLost,
+    ClaimQueryOf, ClaimRequest, ClaimUpdateOf, Claimable, FinishOf,
+};
+use crate::status::claim_attempts::{
+    check_limit, counted_claim_query, hand_over_statement, nothing_claimed, park_statement,
+    split_spent, AttemptLimit, Claimed, CountedClaimOf, CountedClaimQueryOf, ParkOf,
+};
+use crate::status::claim_heartbeat::{heartbeat_statement, HeartbeatOf};
+use crate::status::HasStatus;
+use crate::write::entity::RowMoved;
+use crate::write::executor::CompareAndSet;
+
+/// Task claiming on async connections, for entities with a status column, an owner column
+/// and a claim-time column whose guard advances in SQL; see
+/// [`GuardedClaim`](crate::GuardedClaim) for what each call does and answers.
+pub trait AsyncGuardedClaim: HasStatus + Clone
+where
+    Self::Guard: AdvanceInSql,
+{
+    /// Claims up to `request.limit` waiting (or abandoned) rows for `request.owner`, in one
+    /// write transaction; see [`GuardedClaim::claim`](crate::GuardedClaim::claim).
+    fn claim<'a, C, OwnerCol, AtCol>(
+        conn: &'a mut C,
+        owner: OwnerCol,
+        claimed_at: AtCol,
+        request: &'a ClaimRequest<'a, Self::Status>,
+    ) -> impl Future<Output = Result<Vec<Self>, Error>> + Send + 'a
+    where
+        Self: AsyncClaimRows<C, OwnerCol, AtCol>,
+    {
+        let _ = (owner, claimed_at);
+        Self::claim_rows(conn, request)
+    }
+
+    /// [`claim`](Self::claim), counting attempts and parking rows that used them up; see
+    /// [`GuardedClaim::claim_counted`](crate::GuardedClaim::claim_counted).
+    fn claim_counted<'a, C, OwnerCol, AtCol, AttemptsCol>(
+        conn: &'a mut C,
+        owner: OwnerCol,
+        claimed_at: AtCol,
+        attempts: AttemptsCol,
+        request: &'a ClaimRequest<'a, Self::Status>,
+        limit: &'a AttemptLimit<Self::Status>,
+    ) -> impl Future<Output = Result<Claimed<Self>, Error>> + Send + 'a
+    where
+        Self: AsyncClaimCounted<C, OwnerCol, AtCol, AttemptsCol>,
+    {
+        let _ = (owner, claimed_at, attempts);
+        Self::claim_counted_rows(conn, request, limit)
+    }
+
+    /// The heartbeat of a claim `owner` still holds; see
+    /// [`GuardedClaim::extend_claim`](crate::GuardedClaim::extend_claim).
+    fn extend_claim<'a, C, OwnerCol, AtCol>(
+        conn: &'a mut C,
+        key: &'a Self::Key,
+        owner_column: OwnerCol,
+        claimed_at: AtCol,
+        owner: &'a str,
+        held: Self::Status,
+    ) -> impl Future<Output = Result<Self, Error>> + Send + 'a
+    where
+        Self: AsyncExtendClaim<C, OwnerCol, AtCol>,
+    {
+        let _ = (owner_column, claimed_at);
+        Self::extend_claim_row(conn, key, owner, held)
+    }
+
+    /// Ends the claim `owner` holds, owner-checked; see
+    /// [`GuardedClaim::finish_claim`](crate::GuardedClaim::finish_claim).
+    #[allow(clippy::too_many_arguments)]
+    fn finish_claim<'a, C, OwnerCol>(
+        conn: &'a mut C,
+        key: &'a Self::Key,
+        owner_column: OwnerCol,
+        owner: &'a str,
+        held: Self::Status,
+        to: Self::Status,
+        next_owner: Option<&'a str>,
+    ) -> impl Future<Output = Result<(), Error>> + Send + 'a
+    where
+        Self: AsyncFinishClaim<C, OwnerCol>,
+    {
+        let _ = owner_column;
+        Self::finish_claim_row(conn, key, owner, held, to, next_owner)
+    }
+}
+
+impl<T> AsyncGuardedClaim for T
+where
+    T: HasStatus + Clone,
+    T::Guard: AdvanceInSql,
+{
+}
+
+/// A claim of rows of entity `Self` with owner column `OwnerCol` and claim-time column
+/// `AtCol` on async connection `C`, as one bound; not a trait to implement.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot claim rows with `{OwnerCol}` and `{AtCol}` on `{C}`",
+    note = "the owner column must be `Nullable<Text>` and the claim time a timestamp column of the entity's table, the entity `Selectable`, the connection a diesel-async connection of a backend diesel-occ supports, and the guard must advance in SQL"
+)]
+pub trait AsyncClaimRows<C, OwnerCol, AtCol>: HasStatus + Clone {
+    /// Runs the claim.
+    #[doc(hidden)]
+    fn claim_rows<'a>(
+        conn: &'a mut C,
+        request: &'a ClaimRequest<'a, Self::Status>,
+    ) -> impl Future<Output = Result<Vec<Self>, Error>> + Send + 'a;
+}
+
+impl<T, C, OwnerCol, AtCol> AsyncClaimRows<C, OwnerCol, AtCol> for T
+where
+    T: HasStatus + Clone + Sync + AsyncLoadByKey<C> + Selectable<C::Backend>,
+    T::Guard: AdvanceInSql,
+    C: NativeAsyncConnection,
+    C::Backend: NativeAsync,
+    OwnerCol: Column<Table = T::Table, SqlType = Nullable<Text>> + 'static,
+    AtCol: Column<Table = T::Table> + 'static,
+    T::SelectExpression: QueryId,
+    T::Table: FilterDsl<Claimable<T::StatusColumn, T::Status, AtCol>>,
+    Filter<T::Table, Claimable<T::StatusColumn, T::Status, AtCol>>:
+        SelectDsl<AsSelect<T, C::Backend>>,
+    Select<Filter<T::Table, Claimable<T::StatusColumn, T::Status, AtCol>>, AsSelect<T, C::Backend>>:
+        LimitDsl,
+    ClaimQueryOf<T, AtCol, C::Backend>: LoadQuery<'static, C, T> + Send + 'static,
+    ClaimUpdateOf<T, OwnerCol, AtCol>: Assignments<C::Backend> + Send,
+    Counted: AsyncComplete<C, ClaimUpdateOf<T, OwnerCol, AtCol>, ()>,
+{
+    async fn claim_rows<'a>(
+        conn: &'a mut C,
+        request: &'a ClaimRequest<'a, T::Status>,
+    ) -> Result<Vec<T>, Error> {
+        crate::sql::names::check_name("owner", request.owner)?;
+        if request.limit == 0 {
+            return Ok(Vec::new());
+        }
+        refuse_broken(conn)?;
+        let mut transaction = OwnTransaction::begin(conn).await?;
+        let claimed = async {
+            let conn = transaction.conn();
+            let query = claim_query::<T, AtCol, C::Backend>(request);
+            let waiting: Vec<T> = match query.load(conn).await {
+                Ok(rows) => rows,
+                Err(e) => return Err(classify(conn, e)),
+            };
+            write_locked(conn, &waiting, |keys| {
+                claim_update::<T, OwnerCol, AtCol>(request, keys)
+            })
+            .await
+        }
+        .await;
+        transaction.settle(claimed, Error::Database).await
+    }
+}
+
+/// A counted claim of rows of entity `Self` on async connection `C`, as one bound; not a
+/// trait to implement.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot claim rows counting attempts in `{AttemptsCol}` on `{C}`",
+    note = "the owner column must be `Nullable<Text>`, the claim time a timestamp column and the attempt column an `Integer` column of the entity's table, the entity `Selectable`, the connection a diesel-async connection of a backend diesel-occ supports, and the guard must advance in SQL"
+)]
+pub trait AsyncClaimCounted<C, OwnerCol, AtCol, AttemptsCol>: HasStatus + Clone {
+    /// Runs the claim.
+    #[doc(hidden)]
+    fn claim_counted_rows<'a>(
+        conn: &'a mut C,
+        request: &'a ClaimRequest<'a, Self::Status>,
+        limit: &'a AttemptLimit<Self::Status>,
+    ) -> impl Future<Output = Result<Claimed<Self>, Error>> + Send + 'a;
+}
+
+impl<T, C, OwnerCol, AtCol, AttemptsCol> AsyncClaimCounted<C, OwnerCol, AtCol, AttemptsCol> for T
+where
+    T: HasStatus + Clone + Sync + AsyncLoadByKey<C> + Selectable<C::Backend>,
+    T::Guard: AdvanceInSql,
+    C: NativeAsyncConnection,
+    C::Backend: NativeAsync,
+    OwnerCol: Column<Table = T::Table, SqlType = Nullable<Text>> + 'static,
+    AtCol: Column<Table = T::Table> + 'static,
+    AttemptsCol: Column<Table = T::Table, SqlType = Integer> + Default + 'static,
+    T::Table: FilterDsl<Claimable<T::StatusColumn, T::Status, AtCol>>,
+    (AsSelect<T, C::Backend>, AttemptsCol): diesel::Expression,
+    Filter<T::Table, Claimable<T::StatusColumn, T::Status, AtCol>>:
+        SelectDsl<(AsSelect<T, C::Backend>, AttemptsCol)>,
+    Select<
+        Filter<T::Table, Claimable<T::StatusColumn, T::Status, AtCol>>,
+        (AsSelect<T, C::Backend>, AttemptsCol),
+    >: LimitDsl,
+    CountedClaimQueryOf<T, AtCol, AttemptsCol, C::Backend>:
+        LoadQuery<'static, C, (T, i32)> + Send + 'static,
+    CountedClaimOf<T, OwnerCol, AtCol, AttemptsCol>: Assignments<C::Backend> + Send,
+    ParkOf<T, OwnerCol>: Assignments<C::Backend> + Send,
+    Counted: AsyncComplete<C, CountedClaimOf<T, OwnerCol, AtCol, AttemptsCol>, ()>
+        + AsyncComplete<C, ParkOf<T, OwnerCol>, ()>,
+{
+    async fn claim_counted_rows<'a>(
+        conn: &'a mut C,
+        request: &'a ClaimRequest<'a, T::Status>,
+        limit: &'a AttemptLimit<T::Status>,
+    ) -> Result<Claimed<T>, Error> {
+        crate::sql::names::check_name("owner", request.owner)?;
+        check_limit(request, limit)?;
+        if request.limit == 0 {
+            return Ok(nothing_claimed());
+        }
+        refuse_broken(conn)?;
+        let mut transaction = OwnTransaction::begin(conn).await?;
+        let claimed = async {
+            let conn = transaction.conn();
+            let query = counted_claim_query::<T, AtCol, AttemptsCol, C::Backend>(request);
+            let waiting: Vec<(T, i32)> = match query.load(conn).await {
+                Ok(rows) => rows,
+                Err(e) => return Err(classify(conn, e)),
+            };
+            let (spent, fresh) = split_spent(waiting, limit);
+            let parked = write_locked(conn, &spent, |keys| {
+                park_statement::<T, OwnerCol>(limit.park_in, keys)
+            })
+            .await?;
+            let rows = write_locked(conn, &fresh, |keys| {
+                hand_over_statement::<T, OwnerCol, AtCol, AttemptsCol>(request, keys)
+            })
+            .await?;
+            Ok(Claimed { rows, parked })
+        }
+        .await;
+        transaction.settle(claimed, Error::Database).await
+    }
+}
+
+/// A heartbeat of a claim on a row of entity `Self` on async connection `C`, as one bound;
+/// not a trait to implement.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot extend a claim with `{OwnerCol}` and `{AtCol}` on `{C}`",
+    note = "the owner column must be `Nullable<Text>` and the claim time a timestamp column of the entity's table, the connection a diesel-async connection of a backend diesel-occ supports, and the guard must advance in SQL"
+)]
+pub trait AsyncExtendClaim<C, OwnerCol, AtCol>: HasStatus {
+    /// Runs the heartbeat.
+    #[doc(hidden)]
+    fn extend_claim_row<'a>(
+        conn: &'a mut C,
+        key: &'a Self::Key,
+        owner: &'a str,
+        held: Self::Status,
+    ) -> impl Future<Output = Result<Self, Error>> + Send + 'a;
+}
+
+impl<T, C, OwnerCol, AtCol> AsyncExtendClaim<C, OwnerCol, AtCol> for T
+where
+    T: HasStatus + AsyncLoadByKey<C>,
+    T::Guard: AdvanceInSql,
+    C: NativeAsyncConnection,
+    C::Backend: NativeAsync,
+    OwnerCol: Column<Table = T::Table, SqlType = Nullable<Text>> + 'static,
+    AtCol: Column<Table = T::Table> + 'static,
+    HeartbeatOf<T, OwnerCol, AtCol>: Assignments<C::Backend> + Send,
+    Counted: AsyncComplete<C, HeartbeatOf<T, OwnerCol, AtCol>, ()>,
+{
+    async fn extend_claim_row<'a>(
+        conn: &'a mut C,
+        key: &'a T::Key,
+        owner: &'a str,
+        held: T::Status,
+    ) -> Result<T, Error> {
+        crate::sql::names::check_name("owner", owner)?;
+        refuse_broken(conn)?;
+        let table = <T as AsyncLoadByKey<C>>::table_name();
+        let mut transaction = OwnTransaction::begin(conn).await?;
+        let kept = async {
+            let conn = transaction.conn();
+            check_stored_precision::<T, C>(conn, table).await?;
+            // Waits here for whoever holds the row, before the claim time is computed.
+            if let Err(e) = T::load_by_key(conn, key).await {
+                return Err(classify(conn, e));
+            }
+            let statement = heartbeat_statement::<T, OwnerCol, AtCol>(key, owner, held);
+            let miss = ClaimLost::<T> { key, owner, held };
+            let write = CompareAndSet::one(statement, table, key, miss);
+            run::<C, _, _, Counted, ()>(write, conn, true).await?;
+            match T::load_by_key(conn, key).await {
+                Ok(Some(row)) => Ok(row),
+                Ok(None) => Err(RowMoved::<T>::any(key).given_in(table, None)),
+                Err(e) => Err(classify(conn, e)),
+            }
+        }
+        .await;
+        transaction.settle(kept, Error::Database).await
+    }
+}
+
+/// The end of a claim of a row of entity `Self` on async connection `C`, as one bound;
+/// not a trait to implement.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot finish a claim with `{OwnerCol}` on `{C}`",
+    note = "the owner column must be a `Nullable<Text>` column of the entity's table, the connection a diesel-async connection of a backend diesel-occ supports, and the guard must advance in SQL"
+)]
+pub trait AsyncFinishClaim<C, OwnerCol>: HasStatus {
+    /// Runs the end of the claim.
+    #[doc(hidden)]
+    fn finish_claim_row<'a>(
+        conn: &'a mut C,
+        key: &'a Self::Key,
+        owner: &'a str,
+        held: Self::Status,
+        to: Self::Status,
+        next_owner: Option<&'a str>,
+    ) -> impl Future<Output = Result<(), Error>> + Send + 'a;
+}
+
+impl<T, C, OwnerCol> AsyncFinishClaim<C, OwnerCol> for T
+where
+    T: HasStatus + AsyncLoadByKey<C>,
+    T::Guard: AdvanceInSql,
+    C: NativeAsyncConnection,
+    C::Backend: NativeAsync,
+    OwnerCol: Column<Table = T::Table, SqlType = Nullable<Text>> + 'static,
+    FinishOf<T, OwnerCol>: Assignments<C::Backend> + Send,
+    Counted: AsyncComplete<C, FinishOf<T, OwnerCol>, ()>,
+{
+    async fn finish_claim_row<'a>(
+        conn: &'a mut C,
+        key: &'a T::Key,
+        owner: &'a str,
+        held: T::Status,
+        to: T::Status,
+        next_owner: Option<&'a str>,
+    ) -> Result<(), Error> {
+        refuse_broken(conn)?;
+        let table = <T as AsyncLoadByKey<C>>::table_name();
+        let mut call = Call::start(conn);
+        let finished = async {
+            let conn = call.conn();
+            check_stored_precision::<T, C>(conn, table).await?;
+            let statement = finish_statement::<T, OwnerCol>(key, owner, held, to, next_owner);
+            let miss = ClaimLost::<T> { key, owner, held };
+            let write = CompareAndSet::one(statement, table, key, miss);
+            run::<C, _, _, Counted, ()>(write, conn, false)
+                .await
+                .map(drop)
+        }
+        .await;
+        call.finish(finished)
+    }
+}
+
+/// Runs the `UPDATE` that `update` builds for the keys of the `locked` rows, inside the
+/// claim's transaction, and reads them back as written; see the blocking `write_locked`.
+async fn write_locked<T, C, U>(
+    conn: &mut C,
+    locked: &[T],
+    update: impl FnOnce(AnyOf<T::KeyPredicate>) -> U,
+) -> Result<Vec<T>, Error>
+where
+    T: AsyncLoadByKey<C> + Sync,
+    T::Guard: AdvanceInSql,
+    C: NativeAsyncConnection,
+    C::Backend: NativeAsync,
+    U: Assignments<C::Backend> + Send,
+    Counted: AsyncComplete<C, U, ()>,
+{
+    if locked.is_empty() {
+        return Ok(Vec::new());
+    }
+    let table = <T as AsyncLoadByKey<C>>::table_name();
+    check_stored_precision::<T, C>(conn, table).await?;
+    let keys: Vec<T::Key> = locked.iter().map(Guarded::key).collect();
+    let write = claim_write(locked, &keys, table, update);
+    run::<C, _, _, Counted, ()>(write, conn, true).await?;
+    match T::load_by_keys(conn, &keys).await {
+        Ok(rows) => Ok(rows),
+        Err(e) => Err(classify(conn, e)),
+    }
+}
+
+impl<T, C> AsyncMiss<C> for ClaimIgnored<'_, T>
+where
+    T: AsyncLoadByKey<C> + Sync,
+    T::Guard: AdvanceInSql,
+    C: AsyncConnection,
+{
+    async fn explain(self, conn: &mut C) -> Error {
+        let keys: Vec<T::Key> = self.locked.iter().map(Guarded::key).collect();
+        match T::load_by_keys(conn, &keys).await {
+            Ok(current) => self.given(current),
+            Err(e) => classify(conn, e),
+        }
+    }
+}
+
+impl<T, C> AsyncMiss<C> for ClaimLost<'_, T>
+where
+    T: HasStatus + AsyncLoadByKey<C>,
+    T::Guard: AdvanceInSql,
+    C: AsyncConnection,
+{
+    async fn explain(self, conn: &mut C) -> Error {
+        match T::load_by_key(conn, self.key).await {
+            Ok(row) => self.given(<T as AsyncLoadByKey<C>>::table_name(), row),
+            Err(e) => classify(conn, e),
+        }
+    }
+}

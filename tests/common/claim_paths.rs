@@ -1,0 +1,268 @@
+//! One claim test body, two executors: the blocking [`GuardedClaim`] on a connection of
+//! the test's r2d2 pool, and [`AsyncGuardedClaim`] on a diesel-async connection to the same
+//! database, driven from the calling thread. Test bodies take a [`ClaimWorker`] (or a
+//! function making one per thread) and run unchanged on both; the `jobs` table and its
+//! [`Job`] are shared by the claim tests.
+
+use std::time::Duration;
+
+use chrono::NaiveDateTime;
+use diesel::connection::SimpleConnection;
+use diesel::prelude::*;
+use diesel_occ::asynchronous::{
+    AsyncClaimCounted, AsyncClaimRows, AsyncExtendClaim, AsyncFinishClaim, AsyncGuardedClaim,
+};
+use diesel_occ::{
+    AttemptLimit, ClaimCounted, ClaimRequest, ClaimRows, Claimed, Error, ExtendClaim, FinishClaim,
+    GuardedClaim, Status,
+};
+
+use super::paths::{Async, Blocking};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Status)]
+pub enum JobState {
+    #[occ(from(Running))]
+    Open,
+    #[occ(from(Open, Running))]
+    Running,
+    #[occ(from(Running))]
+    Done,
+    #[occ(from(Open, Running))]
+    Parked,
+}
+
+diesel::table! {
+    jobs (id) {
+        id -> BigInt,
+        state -> Text,
+        owner -> Nullable<Text>,
+        claimed_at -> Nullable<Timestamp>,
+        attempts -> Integer,
+        version -> BigInt,
+    }
+}
+
+#[derive(
+    Debug, Clone, PartialEq, Queryable, Selectable, Identifiable, Insertable, diesel_occ::Guarded,
+)]
+#[diesel(table_name = jobs)]
+pub struct Job {
+    pub id: i64,
+    #[occ(status)]
+    pub state: JobState,
+    pub owner: Option<String>,
+    pub claimed_at: Option<NaiveDateTime>,
+    pub attempts: i32,
+    #[occ(version)]
+    pub version: i64,
+}
+
+/// Creates the empty `jobs` table on `conn`, of backend `backend`.
+pub fn create_jobs(conn: &mut impl SimpleConnection, backend: &str) {
+    let stamp = if backend == "mysql" {
+        "DATETIME(6)"
+    } else {
+        "TIMESTAMP"
+    };
+    conn.batch_execute(&format!(
+        "CREATE TABLE jobs (id BIGINT PRIMARY KEY, state VARCHAR(16) NOT NULL, owner VARCHAR(64), \
+         claimed_at {stamp}, attempts INTEGER NOT NULL, version BIGINT NOT NULL)"
+    ))
+    .unwrap();
+}
+
+/// Adds an open job for each of `ids`.
+pub fn add_jobs(conn: &mut impl SimpleConnection, ids: std::ops::RangeInclusive<i64>) {
+    let rows: Vec<String> = ids
+        .map(|id| format!("({id}, 'open', NULL, NULL, 0, 0)"))
+        .collect();
+    for chunk in rows.chunks(500) {
+        conn.batch_execute(&format!(
+            "INSERT INTO jobs (id, state, owner, claimed_at, attempts, version) VALUES {}",
+            chunk.join(", ")
+        ))
+        .unwrap();
+    }
+}
+
+/// A claim from `Open` to `Running` for `owner`, taking over claims older than
+/// `reclaim_after`.
+pub fn request(owner: &str, limit: usize, reclaim_after: Duration) -> ClaimRequest<'_, JobState> {
+    ClaimRequest {
+        from: JobState::Open,
+        to: JobState::Running,
+        owner,
+        limit,
+        reclaim_after: Some(reclaim_after),
+    }
+}
+
+/// The claim calls of the shared test bodies, on the `jobs` table.
+pub trait ClaimWorker {
+    /// Which executor, for messages.
+    const PATH: &'static str;
+    fn claim(&mut self, request: &ClaimRequest<'_, JobState>) -> Result<Vec<Job>, Error>;
+    fn claim_counted(
+        &mut self,
+        request: &ClaimRequest<'_, JobState>,
+        limit: &AttemptLimit<JobState>,
+    ) -> Result<Claimed<Job>, Error>;
+    fn extend_claim(&mut self, id: i64, owner: &str, held: JobState) -> Result<Job, Error>;
+    fn finish_claim(
+        &mut self,
+        id: i64,
+        owner: &str,
+        held: JobState,
+        to: JobState,
+        next_owner: Option<&str>,
+    ) -> Result<(), Error>;
+}
+
+impl<C> ClaimWorker for Blocking<C>
+where
+    Job: ClaimRows<C, jobs::owner, jobs::claimed_at>
+        + ClaimCounted<C, jobs::owner, jobs::claimed_at, jobs::attempts>
+        + ExtendClaim<C, jobs::owner, jobs::claimed_at>
+        + FinishClaim<C, jobs::owner>,
+{
+    const PATH: &'static str = "blocking";
+    fn claim(&mut self, request: &ClaimRequest<'_, JobState>) -> Result<Vec<Job>, Error> {
+        <Job as GuardedClaim>::claim(&mut self.0, jobs::owner, jobs::claimed_at, request)
+    }
+    fn claim_counted(
+        &mut self,
+        request: &ClaimRequest<'_, JobState>,
+        limit: &AttemptLimit<JobState>,
+    ) -> Result<Claimed<Job>, Error> {
+        <Job as GuardedClaim>::claim_counted(
+            &mut self.0,
+            jobs::owner,
+            jobs::claimed_at,
+            jobs::attempts,
+            request,
+            limit,
+        )
+    }
+    fn extend_claim(&mut self, id: i64, owner: &str, held: JobState) -> Result<Job, Error> {
+        <Job as GuardedClaim>::extend_claim(
+            &mut self.0,
+            &id,
+            jobs::owner,
+            jobs::claimed_at,
+            owner,
+            held,
+        )
+    }
+    fn finish_claim(
+        &mut self,
+        id: i64,
+        owner: &str,
+        held: JobState,
+        to: JobState,
+        next_owner: Option<&str>,
+    ) -> Result<(), Error> {
+        <Job as GuardedClaim>::finish_claim(
+            &mut self.0,
+            &id,
+            jobs::owner,
+            owner,
+            held,
+            to,
+            next_owner,
+        )
+    }
+}
+
+impl<A> ClaimWorker for Async<A>
+where
+    Job: AsyncClaimRows<A, jobs::owner, jobs::claimed_at>
+        + AsyncClaimCounted<A, jobs::owner, jobs::claimed_at, jobs::attempts>
+        + AsyncExtendClaim<A, jobs::owner, jobs::claimed_at>
+        + AsyncFinishClaim<A, jobs::owner>,
+{
+    const PATH: &'static str = "async";
+    fn claim(&mut self, request: &ClaimRequest<'_, JobState>) -> Result<Vec<Job>, Error> {
+        self.runtime.block_on(<Job as AsyncGuardedClaim>::claim(
+            &mut self.conn,
+            jobs::owner,
+            jobs::claimed_at,
+            request,
+        ))
+    }
+    fn claim_counted(
+        &mut self,
+        request: &ClaimRequest<'_, JobState>,
+        limit: &AttemptLimit<JobState>,
+    ) -> Result<Claimed<Job>, Error> {
+        self.runtime
+            .block_on(<Job as AsyncGuardedClaim>::claim_counted(
+                &mut self.conn,
+                jobs::owner,
+                jobs::claimed_at,
+                jobs::attempts,
+                request,
+                limit,
+            ))
+    }
+    fn extend_claim(&mut self, id: i64, owner: &str, held: JobState) -> Result<Job, Error> {
+        self.runtime
+            .block_on(<Job as AsyncGuardedClaim>::extend_claim(
+                &mut self.conn,
+                &id,
+                jobs::owner,
+                jobs::claimed_at,
+                owner,
+                held,
+            ))
+    }
+    fn finish_claim(
+        &mut self,
+        id: i64,
+        owner: &str,
+        held: JobState,
+        to: JobState,
+        next_owner: Option<&str>,
+    ) -> Result<(), Error> {
+        self.runtime
+            .block_on(<Job as AsyncGuardedClaim>::finish_claim(
+                &mut self.conn,
+                &id,
+                jobs::owner,
+                owner,
+                held,
+                to,
+                next_owner,
+            ))
+    }
+}
+
+/// Writes each claim test body once per executor, as `#[test]`s in modules `blocking` and
+/// `on_async` of a `for_each_backend!` module: each gets a fresh database with the `jobs`
+/// table and a function that makes a worker (one per thread, for the racing bodies).
+#[macro_export]
+macro_rules! claim_tests_on_both_paths {
+    ($($body:ident),* $(,)?) => {
+        mod blocking {
+            use super::*;
+            $(#[test] fn $body() {
+                let Some(db) = db() else { return };
+                common::claim_paths::create_jobs(&mut *db.conn(), BACKEND);
+                let pool = &db.pool;
+                super::$body(&db, || common::paths::Blocking(pool.get().unwrap()));
+            })*
+        }
+        mod on_async {
+            use super::*;
+            $(#[test] fn $body() {
+                use common::paths::AsyncOf;
+                let Some(db) = db() else { return };
+                common::claim_paths::create_jobs(&mut *db.conn(), BACKEND);
+                let url = &db.url;
+                super::$body(&db, || {
+                    let runtime = common::paths::runtime();
+                    common::paths::Async { conn: Conn::connect(url, &runtime), runtime }
+                });
+            })*
+        }
+    };
+}
