@@ -43,25 +43,6 @@ fn next_timeout(seed: &mut u64) -> Duration {
 for_each_backend! {
     type Async_ = <Conn as AsyncOf>::Async;
 
-    /// Transactions open on the server for this test's database, other than the asking
-    /// session's (none on SQLite: a file has no sessions; its writes are checked below).
-    fn open_transactions(conn: &mut Conn) -> i64 {
-        #[derive(QueryableByName)]
-        struct Count {
-            #[diesel(sql_type = diesel::sql_types::BigInt)]
-            n: i64,
-        }
-        let sql = match BACKEND {
-            "postgres" => "SELECT count(*) AS n FROM pg_stat_activity WHERE datname = current_database() \
-                           AND pid <> pg_backend_pid() AND xact_start IS NOT NULL",
-            "mysql" => "SELECT count(*) AS n FROM information_schema.innodb_trx t \
-                        JOIN information_schema.processlist p ON p.id = t.trx_mysql_thread_id \
-                        WHERE p.db = DATABASE() AND p.id <> CONNECTION_ID()",
-            _ => return 0,
-        };
-        diesel::sql_query(sql).get_result::<Count>(conn).unwrap().n
-    }
-
     #[test]
     fn dropped_futures_leave_no_half_change_and_no_open_transaction() {
         let Some(db) = db() else { return };
@@ -113,7 +94,7 @@ for_each_backend! {
         // Closed connections end their transactions; none is left open (the server sees a
         // closed socket a moment later, so this waits for it, bounded).
         let deadline = Instant::now() + Duration::from_secs(20);
-        while open_transactions(check) > 0 {
+        while common::open_transactions(check, BACKEND) > 0 {
             assert!(Instant::now() < deadline, "a transaction stayed open");
             std::thread::sleep(Duration::from_millis(50));
         }

@@ -135,25 +135,6 @@ for_each_backend! {
         a_row_at_the_last_version_is_not_claimed_and_nothing_else_is_either,
     );
 
-    /// Transactions open on the server for this test's database, other than the asking
-    /// session's (none on SQLite: a file has no sessions).
-    fn open_transactions(db: &Db) -> i64 {
-        #[derive(QueryableByName)]
-        struct Count {
-            #[diesel(sql_type = diesel::sql_types::BigInt)]
-            n: i64,
-        }
-        let sql = match BACKEND {
-            "postgres" => "SELECT count(*) AS n FROM pg_stat_activity WHERE datname = current_database() \
-                           AND pid <> pg_backend_pid() AND xact_start IS NOT NULL",
-            "mysql" => "SELECT count(*) AS n FROM information_schema.innodb_trx t \
-                        JOIN information_schema.processlist p ON p.id = t.trx_mysql_thread_id \
-                        WHERE p.db = DATABASE() AND p.id <> CONNECTION_ID()",
-            _ => return 0,
-        };
-        diesel::sql_query(sql).get_result::<Count>(&mut db.conn()).unwrap().n
-    }
-
     /// Async claims, heartbeats and finishes dropped after 0-1 or 0-15 ms (a fresh PostgreSQL
     /// connection needs several to prepare its statements), in 600 rounds on one connection: every job ends open, done by a finish that returned, or running under
     /// the worker (a claim whose answer was dropped after its commit); none is half
@@ -209,7 +190,7 @@ for_each_backend! {
         assert!(!finished.is_empty() && dropped > 0, "both kinds of round must occur");
 
         let deadline = Instant::now() + Duration::from_secs(20);
-        while open_transactions(&db) > 0 {
+        while common::open_transactions(&mut db.conn(), BACKEND) > 0 {
             assert!(Instant::now() < deadline, "a transaction stayed open");
             std::thread::sleep(Duration::from_millis(50));
         }

@@ -333,6 +333,40 @@ fn with_database(url: &str, database: &str) -> String {
     format!("{host_part}/{database}{query}")
 }
 
+/// The count of [`open_transactions`].
+#[derive(diesel::QueryableByName)]
+pub struct OpenTransactions {
+    #[diesel(sql_type = diesel::sql_types::BigInt)]
+    n: i64,
+}
+
+/// Transactions open on the server for the test's database (on `conn`, of backend
+/// `backend`), other than the asking session's; none on SQLite, where a file has no
+/// sessions.
+pub fn open_transactions<C>(conn: &mut C, backend: &str) -> i64
+where
+    C: diesel::connection::LoadConnection,
+    diesel::query_builder::SqlQuery: diesel::query_dsl::LoadQuery<'static, C, OpenTransactions>,
+{
+    use diesel::RunQueryDsl;
+    let sql = match backend {
+        "postgres" => {
+            "SELECT count(*) AS n FROM pg_stat_activity WHERE datname = current_database() \
+             AND pid <> pg_backend_pid() AND xact_start IS NOT NULL"
+        }
+        "mysql" => {
+            "SELECT count(*) AS n FROM information_schema.innodb_trx t \
+             JOIN information_schema.processlist p ON p.id = t.trx_mysql_thread_id \
+             WHERE p.db = DATABASE() AND p.id <> CONNECTION_ID()"
+        }
+        _ => return 0,
+    };
+    diesel::sql_query(sql)
+        .get_result::<OpenTransactions>(conn)
+        .unwrap()
+        .n
+}
+
 /// Writes each item once per backend, in modules `sqlite`, `postgres` and `mysql`, each
 /// with `Conn` (the backend's connection type), `BACKEND` (its name) and `db()` (a fresh database, or `None`
 /// when that server is not configured outside CI).
