@@ -442,6 +442,16 @@ pub enum Stop<E> {
     Occ(Error),
 }
 
+impl<E: From<Error>> Stop<E> {
+    /// The error the caller sees: its own unchanged, or the library's converted.
+    pub(crate) fn into_error(self) -> E {
+        match self {
+            Stop::Caller(e) => e,
+            Stop::Occ(e) => e.into(),
+        }
+    }
+}
+
 impl<E> From<Error> for Stop<E> {
     fn from(error: Error) -> Self {
         Stop::Occ(error)

@@ -10,10 +10,10 @@
 mod common;
 
 use common::models::{Order, OrderPatch, OrderState};
-use common::paths::{Async, AsyncOf, Blocking, Writes};
+use common::paths::{Async, AsyncOf, Blocking, HookError, Writes};
 use common::schema::orders;
 use diesel::prelude::*;
-use diesel_occ::{Error, RetryPolicy, Upserted};
+use diesel_occ::{Error, LockWait, RetryPolicy, Upserted};
 
 fn patch(note: &str) -> OrderPatch {
     OrderPatch {
@@ -294,6 +294,128 @@ fn bulk_updates_advance_every_changed_row<W: Writes>(w: &mut W) {
     assert_eq!(w.load(1).unwrap(), one, "{}", W::PATH);
 }
 
+/// A hook records the move on its transaction: a failing hook rolls the move and its
+/// history row back and leaves the copy as it was; a refused move never runs its hook.
+fn hooks_commit_or_roll_back_with_the_transition<W: Writes>(w: &mut W) {
+    let moved = w
+        .transition_by_key_recorded(1, OrderState::Shipped, "operator-7", false)
+        .unwrap();
+    assert_eq!(
+        (moved.status, moved.version),
+        (OrderState::Shipped, 1),
+        "{}",
+        W::PATH
+    );
+    assert_eq!(w.load_tracked(1).unwrap(), moved);
+
+    w.insert(&mut Order::new(2, "second")).unwrap();
+    let mut second = w.load_tracked(2).unwrap();
+    let before = second.clone();
+    let failed = w.transition_recorded(&mut second, OrderState::Shipped, "operator-8", true);
+    assert!(
+        matches!(failed, Err(HookError::LabelPrinterDown)),
+        "{failed:?}"
+    );
+    assert_eq!(second, before, "{}: the copy is as it was", W::PATH);
+    let failed = w.transition_by_key_recorded(2, OrderState::Held, "operator-8", true);
+    assert!(
+        matches!(failed, Err(HookError::LabelPrinterDown)),
+        "{failed:?}"
+    );
+    assert_eq!(
+        w.load_tracked(2).unwrap(),
+        before,
+        "{}: rolled back",
+        W::PATH
+    );
+
+    let refused = w.transition_by_key_recorded(1, OrderState::Held, "operator-9", false);
+    assert!(
+        matches!(refused, Err(HookError::Occ(Error::InvalidTransition(_)))),
+        "{refused:?}"
+    );
+    let missing = w.transition_by_key_recorded(9, OrderState::Held, "operator-9", false);
+    assert!(
+        matches!(missing, Err(HookError::Occ(Error::NotFound { .. }))),
+        "{missing:?}"
+    );
+    let mut stale = before.clone();
+    w.transition(&mut second, OrderState::Held).unwrap();
+    let conflict = w.transition_recorded(&mut stale, OrderState::Cancelled, "operator-9", false);
+    assert!(
+        matches!(conflict, Err(HookError::Occ(Error::Conflict(_)))),
+        "{conflict:?}"
+    );
+    assert_eq!(stale, before);
+    let mut held = w.load_tracked(2).unwrap();
+    w.transition_recorded(&mut held, OrderState::Cancelled, "operator-10", false)
+        .unwrap();
+    assert_eq!(
+        (held.status, held.version),
+        (OrderState::Cancelled, before.version + 2)
+    );
+
+    let history = w.history();
+    let expected: Vec<(String, String, String, Option<String>)> = vec![
+        (
+            "1".into(),
+            "valid".into(),
+            "shipped".into(),
+            Some("operator-7".into()),
+        ),
+        (
+            "2".into(),
+            "held".into(),
+            "canceled".into(),
+            Some("operator-10".into()),
+        ),
+    ];
+    assert_eq!(history, expected, "{}", W::PATH);
+}
+
+/// Work on a locked copy runs only while the row holds the copy's token; a missing row
+/// is `NotFound` for both forms.
+fn locked_work_runs_only_on_the_current_row<W: Writes>(w: &mut W) {
+    let copy = w.load(1).unwrap();
+    assert_eq!(
+        w.note_if_current(&copy, "confirmed").unwrap(),
+        copy,
+        "{}",
+        W::PATH
+    );
+    let now = w.load(1).unwrap();
+    assert_eq!(
+        (now.note.as_str(), now.version),
+        ("confirmed", copy.version),
+        "unguarded write"
+    );
+    w.update(&now, patch("moved on")).unwrap();
+    let stale = w.note_if_current(&now, "stale");
+    let current = conflict_current(stale.unwrap_err());
+    assert_eq!(current, w.load(1).unwrap());
+    assert_eq!(
+        current.note,
+        "moved on",
+        "{}: the stale work never ran",
+        W::PATH
+    );
+    assert_eq!(
+        w.add_locked(1, 2, LockWait::NoWait).unwrap(),
+        current.quantity + 2
+    );
+    let missing = w.add_locked(9, 1, LockWait::Wait);
+    assert!(
+        matches!(missing, Err(Error::NotFound { .. })),
+        "{missing:?}"
+    );
+    let mut gone = current.clone();
+    gone.id = 9;
+    assert!(matches!(
+        w.note_if_current(&gone, "x"),
+        Err(Error::NotFound { .. })
+    ));
+}
+
 for_each_backend! {
     type Async_ = <Conn as AsyncOf>::Async;
     type Pool = r2d2::Pool<diesel_occ::CheckedManager<Conn>>;
@@ -339,7 +461,9 @@ for_each_backend! {
         excluded_fields_never_conflict_and_nothing_else_passes,
         upserts_save_insert_and_never_overwrite,
         a_stale_copy_in_an_allowed_state_conflicts,
-        bulk_updates_advance_every_changed_row
+        bulk_updates_advance_every_changed_row,
+        hooks_commit_or_roll_back_with_the_transition,
+        locked_work_runs_only_on_the_current_row
     );
 
     /// A cancel and a ship race on each of 20 orders, on two writers of a kind: exactly
@@ -433,5 +557,80 @@ for_each_backend! {
             let runtime = common::paths::runtime();
             Async { conn: Conn::connect(url, &runtime), runtime }
         });
+    }
+
+    /// 8 writers add one to the same locked row 10 times each by an unguarded
+    /// read-then-write: nothing is lost, and the version never moved.
+    fn eight_locked_writers_lose_nothing<W: Writes>(pool: &Pool, writer: impl Fn() -> W + Sync) {
+        let start = std::sync::Barrier::new(8);
+        std::thread::scope(|s| {
+            for _ in 0..8 {
+                s.spawn(|| {
+                    let mut w = writer();
+                    start.wait();
+                    for _ in 0..10 {
+                        w.add_locked(1, 1, LockWait::Wait).unwrap();
+                    }
+                });
+            }
+        });
+        let row = Blocking(pool.get().unwrap()).load(1).unwrap();
+        assert_eq!((row.quantity, row.version), (81, 0), "{}", W::PATH);
+    }
+
+    #[test]
+    fn eight_blocking_locked_writers_lose_nothing() {
+        let Some(db) = seeded() else { return };
+        let pool = &db.pool;
+        eight_locked_writers_lose_nothing(pool, || Blocking(pool.get().unwrap()));
+    }
+
+    #[test]
+    fn eight_async_locked_writers_lose_nothing() {
+        let Some(db) = seeded() else { return };
+        let (pool, url) = (&db.pool, &db.url);
+        eight_locked_writers_lose_nothing(pool, || {
+            let runtime = common::paths::runtime();
+            Async { conn: Conn::connect(url, &runtime), runtime }
+        });
+    }
+
+    /// While another transaction holds the row, `NoWait` is refused at once with
+    /// `LockHeld` (PostgreSQL, MySQL; SQLite's write transaction waits instead), and the
+    /// refused work never ran.
+    fn no_wait_is_refused_while_the_row_is_held<W: Writes>(pool: &Pool, mut w: W) {
+        if BACKEND == "sqlite" {
+            return;
+        }
+        let (held, checked) = (std::sync::Barrier::new(2), std::sync::Barrier::new(2));
+        let refused = std::thread::scope(|s| {
+            s.spawn(|| {
+                let mut conn = pool.get().unwrap();
+                <Order as diesel_occ::Pessimistic>::with_row_locked(&mut conn, &1, LockWait::Wait, |_, _| {
+                    held.wait();
+                    checked.wait();
+                    Ok::<_, Error>(())
+                })
+                .unwrap();
+            });
+            held.wait();
+            let refused = w.add_locked(1, 1, LockWait::NoWait);
+            checked.wait();
+            refused
+        });
+        assert!(matches!(refused, Err(Error::LockHeld { .. })), "{}: {refused:?}", W::PATH);
+        assert_eq!(Blocking(pool.get().unwrap()).load(1).unwrap().quantity, 1);
+    }
+
+    #[test]
+    fn no_wait_is_refused_on_the_blocking_path_while_the_row_is_held() {
+        let Some(db) = seeded() else { return };
+        no_wait_is_refused_while_the_row_is_held(&db.pool, Blocking(db.pool.get().unwrap()));
+    }
+
+    #[test]
+    fn no_wait_is_refused_on_the_async_path_while_the_row_is_held() {
+        let Some(db) = seeded() else { return };
+        no_wait_is_refused_while_the_row_is_held(&db.pool, async_writer(&db));
     }
 }

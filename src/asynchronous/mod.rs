@@ -1,6 +1,6 @@
 //! The library on diesel-async connections (feature `async`): guarded writes, inserts and
-//! upserts, read-modify-write with retry, JSON edits and merges, status transitions and
-//! (feature `locks`) task claims ([`AsyncGuardedClaim`]), locks, leases and leader
+//! upserts, read-modify-write with retry, JSON edits and merges, status transitions (with
+//! hooks), work on a locked row ([`AsyncPessimistic`]) and (feature `locks`) task claims ([`AsyncGuardedClaim`]), locks, leases and leader
 //! election ([`AsyncLocks`], [`AsyncCandidate`]), as futures, on `AsyncPgConnection`,
 //! `SyncConnectionWrapper<SqliteConnection>` and (feature `async-mysql`)
 //! `AsyncMysqlConnection`. A connection checked out of a bb8 or deadpool pool is passed
@@ -72,12 +72,14 @@ mod lock_connection;
 #[cfg(feature = "locks")]
 mod locks;
 mod modify;
+mod pessimistic;
 mod send;
 mod source;
 #[cfg(feature = "sqlite")]
 mod sqlite;
 mod transaction;
 mod transition;
+mod write_transaction;
 
 pub use bulk::{AsyncGuardedBulk, AsyncUpdateBulk};
 #[cfg(feature = "locks")]
@@ -101,9 +103,11 @@ pub use lock_connection::AsyncLockConnection;
 #[cfg(feature = "locks")]
 pub use locks::{AsyncLockGuard, AsyncLockPool, AsyncLocks};
 pub use modify::{AsyncGuardedModify, AsyncModifyRow};
+pub use pessimistic::AsyncPessimistic;
 pub use send::{AsyncComplete, AsyncLoadByKey, AsyncReadsBack};
 pub use source::AsyncConnectionSource;
-pub use transition::{AsyncGuardedTransition, AsyncTransitionByKey, AsyncTransitionRow};
+pub use transition::{record, AsyncGuardedTransition, AsyncTransitionByKey, AsyncTransitionRow};
+pub use write_transaction::{AsyncWriteConnection, LockedWork, TransitionHook, WriteTurn};
 
 /// The async traits, to import with `use diesel_occ::asynchronous::prelude::*`.
 pub mod prelude {
@@ -111,6 +115,6 @@ pub mod prelude {
     pub use super::AsyncGuardedClaim;
     pub use super::{
         AsyncGuardedBulk, AsyncGuardedJson, AsyncGuardedJsonMerge, AsyncGuardedModify,
-        AsyncGuardedTransition, AsyncGuardedWrite,
+        AsyncGuardedTransition, AsyncGuardedWrite, AsyncPessimistic,
     };
 }

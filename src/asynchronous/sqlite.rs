@@ -466,3 +466,68 @@ where
         })
     }
 }
+
+/// The blocking path's write transaction: this process's earlier writers first, then
+/// `BEGIN IMMEDIATE` (a savepoint inside an open transaction).
+impl super::write_transaction::AsyncWriteConnection for AsyncSqlite {
+    async fn begin_write(&mut self) -> diesel::QueryResult<super::write_transaction::WriteTurn> {
+        use diesel::connection::{AnsiTransactionManager, TransactionManager};
+        self.spawn_blocking(|conn| {
+            let open = AnsiTransactionManager::transaction_manager_status_mut(conn)
+                .transaction_depth()?
+                .is_some();
+            if open {
+                AnsiTransactionManager::begin_transaction(conn)?;
+                return Ok(Default::default());
+            }
+            let turn =
+                crate::connect::write_gate::wait_for_turn(crate::connect::write_gate::MAX_WAIT);
+            AnsiTransactionManager::begin_transaction_sql(conn, "BEGIN IMMEDIATE")?;
+            Ok(super::write_transaction::WriteTurn { _turn: turn })
+        })
+        .await
+    }
+}
+
+/// Reads by key on the connection's thread, as the blocking path reads.
+impl<T> super::send::AsyncLoadByKey<AsyncSqlite> for T
+where
+    T: crate::write::entity::LoadByKey<SqliteConnection> + Send + 'static,
+{
+    fn load_by_key(
+        conn: &mut AsyncSqlite,
+        key: &T::Key,
+    ) -> impl Future<Output = diesel::QueryResult<Option<T>>> + Send {
+        let key = key.clone();
+        conn.spawn_blocking(move |conn| T::load_by_key(conn, &key))
+    }
+
+    fn read_by_key(
+        conn: &mut AsyncSqlite,
+        key: &T::Key,
+    ) -> impl Future<Output = diesel::QueryResult<Option<T>>> + Send {
+        let key = key.clone();
+        conn.spawn_blocking(move |conn| T::read_by_key(conn, &key))
+    }
+
+    fn lock_by_key(
+        conn: &mut AsyncSqlite,
+        key: &T::Key,
+        lock: crate::sql::statement::RowLock,
+    ) -> impl Future<Output = diesel::QueryResult<Option<T>>> + Send {
+        let key = key.clone();
+        conn.spawn_blocking(move |conn| T::lock_by_key(conn, &key, lock))
+    }
+
+    fn load_by_keys(
+        conn: &mut AsyncSqlite,
+        keys: &[T::Key],
+    ) -> impl Future<Output = diesel::QueryResult<Vec<T>>> + Send {
+        let keys = keys.to_vec();
+        conn.spawn_blocking(move |conn| T::load_by_keys(conn, &keys))
+    }
+
+    fn table_name() -> &'static str {
+        <T as crate::write::entity::LoadByKey<SqliteConnection>>::table_name()
+    }
+}

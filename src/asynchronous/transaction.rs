@@ -24,6 +24,8 @@ pub(crate) struct OwnTransaction<'c, C: AsyncConnection> {
     settled: bool,
     /// A savepoint inside a transaction that was open before.
     nested: bool,
+    /// SQLite's write turn, held until the transaction ends.
+    _turn: super::write_transaction::WriteTurn,
 }
 
 impl<'c, C: AsyncConnection> OwnTransaction<'c, C> {
@@ -34,6 +36,26 @@ impl<'c, C: AsyncConnection> OwnTransaction<'c, C> {
         match transaction.start().await {
             Ok(()) => Ok(transaction),
             Err(e) => Err(classify(transaction.conn, e)),
+        }
+    }
+
+    /// Begins the write transaction of an operation that runs caller code (see
+    /// [`AsyncWriteConnection`](super::write_transaction::AsyncWriteConnection)).
+    pub(crate) async fn begin_write(conn: &'c mut C) -> Result<Self, Error>
+    where
+        C: super::write_transaction::AsyncWriteConnection,
+    {
+        let mut transaction = OwnTransaction::unsettled(conn);
+        match transaction.conn.begin_write().await {
+            Ok(turn) => {
+                transaction._turn = turn;
+                Ok(transaction)
+            }
+            Err(e) => {
+                // Nothing was begun (or the connection is left broken by diesel-async).
+                transaction.settled = true;
+                Err(classify(transaction.conn, e))
+            }
         }
     }
 
@@ -52,6 +74,7 @@ impl<'c, C: AsyncConnection> OwnTransaction<'c, C> {
             conn,
             settled: false,
             nested,
+            _turn: Default::default(),
         }
     }
 

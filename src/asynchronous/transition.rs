@@ -14,15 +14,18 @@ use super::connection::{
 };
 use super::entity::{check_stored_precision, write_by_key};
 use super::executor::{run, AsyncMiss};
+use super::pessimistic::read_locked;
 use super::send::{AsyncComplete, AsyncLoadByKey};
-use super::transaction::Call;
+use super::transaction::{Call, OwnTransaction};
+use super::write_transaction::{AsyncWriteConnection, TransitionHook};
 use crate::error::Error;
 use crate::guard::{AdvanceInSql, CompletionOf, ReturnedTokenOf, TokenOf};
 use crate::retry::{RetryPolicy, Stop};
-use crate::sql::statement::{Assignments, Unguarded};
+use crate::sql::statement::{Assignments, RowLock, Unguarded};
 use crate::status::condition::{TransitionCondition, When};
 use crate::status::transition::{
-    key_transition_parts, CopyMove, KeyTransitionOf, TransitionMiss, TransitionOf,
+    history_insert, key_transition_parts, CopyMove, HistoryEntry, KeyTransitionOf, RecordHistory,
+    TransitionMiss, TransitionOf,
 };
 use crate::status::{HasStatus, Status};
 use crate::write::executor::CompareAndSet;
@@ -30,7 +33,8 @@ use crate::write::executor::CompareAndSet;
 /// Guarded transitions for every entity with a `#[occ(status)]` field, on a diesel-async
 /// connection; see [`GuardedTransition`](crate::GuardedTransition) and
 /// [`GuardedStatusTransition`](crate::GuardedStatusTransition) for what each does and
-/// answers. Hooks (`..._then`) are the blocking API's only, for now.
+/// answers. The hooks of the `..._then` forms are `async` closures given the connection,
+/// on the move's write transaction.
 pub trait AsyncGuardedTransition: HasStatus + Clone {
     /// Moves this row to `to` (with the `extra` assignments) if its state allows it and it
     /// still holds this copy's token; records the new state, token and stamp in the copy.
@@ -113,6 +117,121 @@ pub trait AsyncGuardedTransition: HasStatus + Clone {
         Ch: 'a,
     {
         Self::transition_by_key_row(conn, key, to, extra, When(condition), policy)
+    }
+
+    /// [`transition`](Self::transition) and then `hook` (given the connection, the state
+    /// the row left and the row as moved) on the same write transaction; when the hook
+    /// fails, the move is rolled back, the copy left as it was, and the hook's error comes
+    /// back unchanged. See
+    /// [`GuardedTransition::transition_then`](crate::GuardedTransition::transition_then).
+    ///
+    /// ```
+    /// # #[cfg(feature = "postgres")]
+    /// # mod example {
+    /// # use diesel::prelude::*;
+    /// # diesel::table! { orders (id) { id -> BigInt, status -> Text, version -> BigInt } }
+    /// # #[derive(Debug, Clone, Copy, PartialEq, Eq, diesel_occ::Status)]
+    /// # enum OrderStatus { Valid, #[occ(from(Valid))] Shipped }
+    /// # #[derive(Debug, Clone, Queryable, Selectable, Identifiable, diesel_occ::Guarded)]
+    /// # #[diesel(table_name = orders)]
+    /// # struct Order { id: i64, #[occ(status)] status: OrderStatus, #[occ(version)] version: i64 }
+    /// use diesel_async::AsyncPgConnection;
+    /// use diesel_occ::asynchronous::{prelude::*, record};
+    /// use diesel_occ::{no_extra, Error, HistoryEntry, Status};
+    ///
+    /// async fn ship(conn: &mut AsyncPgConnection, order: &mut Order) -> Result<i64, Error> {
+    ///     order
+    ///         .transition_then(
+    ///             conn,
+    ///             OrderStatus::Shipped,
+    ///             no_extra(),
+    ///             async |conn: &mut AsyncPgConnection, from: OrderStatus, row: &Order| {
+    ///                 let key = row.id.to_string();
+    ///                 let (from, to) = (from.name(), row.status.name());
+    ///                 let entry = HistoryEntry { entity: "orders", key: &key, from, to, actor: None };
+    ///                 record(conn, &entry).await
+    ///             },
+    ///         )
+    ///         .await
+    /// }
+    /// # }
+    /// ```
+    fn transition_then<'a, C, Ch, E, H>(
+        &'a mut self,
+        conn: &'a mut C,
+        to: Self::Status,
+        extra: Ch,
+        hook: H,
+    ) -> impl Future<Output = Result<TokenOf<Self>, E>> + Send + 'a
+    where
+        C: AsyncWriteConnection,
+        Self: AsyncTransitionRow<C, Ch> + Send,
+        H: for<'r> TransitionHook<'r, C, Self, E> + Send + 'a,
+        E: From<Error> + Send + 'a,
+        Ch: Send + 'a,
+    {
+        async move {
+            refuse_broken(conn)?;
+            let (before, from) = (self.clone(), self.status());
+            let mut transaction = OwnTransaction::begin_write(conn).await?;
+            let result = async {
+                let conn = transaction.conn();
+                let sources = Self::Status::sources(to);
+                let token = self
+                    .transition_row(conn, to, extra, sources, Unguarded)
+                    .await?;
+                hook(conn, from, self).await.map_err(Stop::Caller)?;
+                Ok(token)
+            }
+            .await;
+            let result = transaction
+                .settle(result, |e| Stop::Occ(Error::Database(e)))
+                .await;
+            result.map_err(|stop| {
+                *self = before;
+                stop.into_error()
+            })
+        }
+    }
+
+    /// Moves the row with `key` to `to` and runs `hook` (given the connection, the state
+    /// the row left and the row as moved) on the same write transaction; the row is read
+    /// with a lock first. Returns the row as moved. See
+    /// [`GuardedStatusTransition::transition_by_key_then`](crate::GuardedStatusTransition::transition_by_key_then).
+    fn transition_by_key_then<'a, C, Ch, E, H>(
+        conn: &'a mut C,
+        key: &'a Self::Key,
+        to: Self::Status,
+        extra: Ch,
+        hook: H,
+    ) -> impl Future<Output = Result<Self, E>> + Send + 'a
+    where
+        Self::Guard: AdvanceInSql,
+        C: AsyncWriteConnection,
+        Self: AsyncTransitionRow<C, Ch> + AsyncLoadByKey<C> + Send + Sync,
+        H: for<'r> TransitionHook<'r, C, Self, E> + Send + 'a,
+        E: From<Error> + Send + 'a,
+        Ch: Send + 'a,
+    {
+        async move {
+            refuse_broken(conn)?;
+            let mut transaction = OwnTransaction::begin_write(conn).await?;
+            let result = async {
+                let conn = transaction.conn();
+                // Inside the transaction this read locks the row until it ends.
+                let mut row = read_locked::<Self, C>(conn, key, RowLock::ForUpdate).await?;
+                let from = row.status();
+                row.transition_row(conn, to, extra, Self::Status::sources(to), Unguarded)
+                    .await?;
+                hook(conn, from, &row).await.map_err(Stop::Caller)?;
+                Ok(row)
+            }
+            .await;
+            let result = transaction
+                .settle(result, |e| Stop::Occ(Error::Database(e)))
+                .await;
+            result.map_err(Stop::into_error)
+        }
     }
 }
 
@@ -284,4 +403,18 @@ where
 {
     let (changes, condition, miss) = key_transition_parts::<T, Ch, G>(key, to, extra, condition);
     write_by_key::<T, C, _, _, _>(conn, key, changes, condition, miss, 1).await
+}
+
+/// Appends `entry` to the library's transition history on an async connection, for a
+/// transition hook; see [`record`](crate::record).
+pub async fn record<C>(conn: &mut C, entry: &HistoryEntry<'_>) -> Result<(), Error>
+where
+    C: AsyncConnection,
+    C::Backend: crate::connect::backend::OccBackend,
+    RecordHistory: Assignments<C::Backend> + diesel_async::methods::ExecuteDsl<C> + Send + 'static,
+{
+    let write = history_insert(entry)?;
+    run::<C, _, _, crate::sql::new_token::Counted, ()>(write, conn, false)
+        .await
+        .map(drop)
 }

@@ -162,10 +162,7 @@ pub trait GuardedTransition: HasStatus + Clone {
         });
         result.map_err(|stop| {
             *self = before;
-            match stop {
-                Stop::Caller(e) => e,
-                Stop::Occ(e) => e.into(),
-            }
+            stop.into_error()
         })
     }
 }
@@ -387,10 +384,7 @@ where
             as_caller(conn, |conn| hook(conn, from, &row)).map_err(Stop::Caller)?;
             Ok(row)
         });
-        result.map_err(|stop| match stop {
-            Stop::Caller(e) => e,
-            Stop::Occ(e) => e.into(),
-        })
+        result.map_err(Stop::into_error)
     }
 }
 
@@ -668,6 +662,13 @@ where
     C::Backend: OccBackend,
     RecordHistory: Assignments<C::Backend> + ExecuteDsl<C>,
 {
+    history_insert(entry)?.run::<C, Counted, ()>(conn).map(drop)
+}
+
+/// The insert of `entry`'s history row, its texts checked.
+pub(crate) fn history_insert<'e>(
+    entry: &'e HistoryEntry<'_>,
+) -> Result<CompareAndSet<'e, RecordHistory, CannotMiss>, Error> {
     use crate::sql::names::check_name;
     check_name("entity", entry.entity)?;
     check_name("key", entry.key)?;
@@ -684,8 +685,8 @@ where
         actor: entry.actor.map(str::to_string),
     };
     let insert = diesel::insert_into(occ_transitions::table).values(row);
-    CompareAndSet::one(insert, "occ_transitions", &entry.key, CannotMiss)
-        .matching(Matches::Any)
-        .run::<C, Counted, ()>(conn)
-        .map(drop)
+    Ok(
+        CompareAndSet::one(insert, "occ_transitions", &entry.key, CannotMiss)
+            .matching(Matches::Any),
+    )
 }

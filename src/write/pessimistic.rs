@@ -16,7 +16,7 @@ use crate::connect::backend::OccBackend;
 use crate::connect::caller_transaction::as_caller;
 use crate::connect::transaction::{commit_operation, WriteTransaction};
 use crate::error::Error;
-use crate::guard::TokenOf;
+use crate::guard::{Guarded, TokenOf};
 use crate::retry::Stop;
 use crate::sql::statement::RowLock;
 use crate::write::entity::{unreadable_in, LoadByKey, RowMoved};
@@ -91,46 +91,65 @@ where
     T: LoadByKey<C>,
     E: From<Error>,
 {
-    let lock = match wait {
-        LockWait::Wait => RowLock::ForUpdate,
-        LockWait::NoWait => RowLock::SkipLocked,
-    };
+    let lock = row_lock(wait);
     let result = commit_operation(conn, |conn| -> Result<R, Stop<E>> {
         let unreadable = |conn: &mut C, e| {
             let columns = T::GUARD_COLUMNS.join(", ");
             unreadable_in::<T, C>(key, e, columns).unwrap_or_else(|e| classify(conn, e))
         };
+        let table = T::table_name();
         let row = match T::lock_by_key(conn, key, lock) {
             Ok(Some(row)) => row,
             Ok(None) => {
                 let exists = T::read_by_key(conn, key).map_err(|e| unreadable(conn, e))?;
-                return Err(Stop::Occ(match exists {
-                    Some(_) => Error::LockHeld {
-                        lock: format!("`{}` row {key:?}", T::table_name()),
-                        holder: None,
-                        until: None,
-                    },
-                    None => Error::NotFound {
-                        table: T::table_name(),
-                        key: format!("{key:?}"),
-                    },
-                }));
+                return Err(Stop::Occ(skipped(table, key, exists.is_some())));
             }
             Err(e) => return Err(Stop::Occ(unreadable(conn, e))),
         };
-        if let Some(expected) = expected {
-            if row.token() != *expected {
-                // The locked read returned the latest row: it explains the miss as a
-                // guarded write's re-read would.
-                return Err(Stop::Occ(
-                    RowMoved::<T>::expecting(key, expected).given::<C>(Some(row)),
-                ));
-            }
-        }
+        let row = still_expected::<T>(table, key, expected, row)?;
         as_caller(conn, |conn| work(conn, row)).map_err(Stop::Caller)
     });
-    result.map_err(|stop| match stop {
-        Stop::Caller(e) => e,
-        Stop::Occ(e) => e.into(),
-    })
+    result.map_err(Stop::into_error)
+}
+
+/// The row lock to read with for `wait`.
+pub(crate) fn row_lock(wait: LockWait) -> RowLock {
+    match wait {
+        LockWait::Wait => RowLock::ForUpdate,
+        LockWait::NoWait => RowLock::SkipLocked,
+    }
+}
+
+/// Why the locked read of the row with `key` in `table` found nothing: another
+/// transaction holds the row (it `exists`), or there is no such row.
+pub(crate) fn skipped(table: &'static str, key: &impl std::fmt::Debug, exists: bool) -> Error {
+    if exists {
+        Error::LockHeld {
+            lock: format!("`{table}` row {key:?}"),
+            holder: None,
+            until: None,
+        }
+    } else {
+        Error::NotFound {
+            table,
+            key: format!("{key:?}"),
+        }
+    }
+}
+
+/// The locked `row`, or, when it no longer holds the token `expected`, the conflict with
+/// it: the locked read returned the latest row, which explains the miss as a guarded
+/// write's re-read would.
+pub(crate) fn still_expected<T: Guarded>(
+    table: &'static str,
+    key: &T::Key,
+    expected: Option<&TokenOf<T>>,
+    row: T,
+) -> Result<T, Error> {
+    match expected {
+        Some(expected) if row.token() != *expected => {
+            Err(RowMoved::<T>::expecting(key, expected).given_in(table, Some(row)))
+        }
+        _ => Ok(row),
+    }
 }

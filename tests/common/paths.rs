@@ -10,7 +10,10 @@ use diesel_occ::{
 
 use super::models::{Order, OrderPatch, OrderState, TrackedOrder, ViewedOrder};
 use super::schema::orders;
-use diesel_occ::{no_extra, GuardedStatusTransition, GuardedTransition};
+use diesel_occ::{
+    no_extra, GuardedStatusTransition, GuardedTransition, HistoryEntry, LockWait, Pessimistic,
+    Status,
+};
 
 /// The writes of the shared test bodies, on the `orders` table's [`Order`].
 pub trait Writes {
@@ -56,6 +59,90 @@ pub trait Writes {
     /// Sets the note of every order whose quantity is at least `min`, advancing each
     /// changed row's version.
     fn bulk_note(&mut self, min: i32, note: &'static str) -> Result<BulkReport, Error>;
+    /// Moves a loaded copy to `to` with a hook that records the move in the history
+    /// (actor `by`) and then fails when `fail`.
+    fn transition_recorded(
+        &mut self,
+        row: &mut TrackedOrder,
+        to: OrderState,
+        by: &'static str,
+        fail: bool,
+    ) -> Result<i64, HookError>;
+    /// Moves the row with `id` to `to` with the same hook; the row as moved.
+    fn transition_by_key_recorded(
+        &mut self,
+        id: i64,
+        to: OrderState,
+        by: &'static str,
+        fail: bool,
+    ) -> Result<TrackedOrder, HookError>;
+    /// Adds `n` to the quantity of the row with `id`, locked, by an unguarded
+    /// read-then-write; the quantity written.
+    fn add_locked(&mut self, id: i64, n: i32, wait: LockWait) -> Result<i32, Error>;
+    /// Sets the note of `copy`'s row, locked, if the row still holds the copy's token; the
+    /// row as it was locked.
+    fn note_if_current(&mut self, copy: &Order, note: &'static str) -> Result<Order, Error>;
+    /// The transition history: key, from, to, actor, in order.
+    fn history(&mut self) -> Vec<(String, String, String, Option<String>)>;
+}
+
+/// A row of the transition history, as [`Writes::history`] reads it.
+#[derive(diesel::QueryableByName)]
+pub struct HistoryRow {
+    #[diesel(sql_type = diesel::sql_types::Text)]
+    entity_key: String,
+    #[diesel(sql_type = diesel::sql_types::Text)]
+    from_status: String,
+    #[diesel(sql_type = diesel::sql_types::Text)]
+    to_status: String,
+    #[diesel(sql_type = diesel::sql_types::Nullable<diesel::sql_types::Text>)]
+    actor: Option<String>,
+}
+
+/// The read of [`Writes::history`].
+fn history_query() -> diesel::query_builder::SqlQuery {
+    diesel::sql_query(
+        "SELECT entity_key, from_status, to_status, actor FROM occ_transitions ORDER BY id",
+    )
+}
+
+fn history_rows(rows: Vec<HistoryRow>) -> Vec<(String, String, String, Option<String>)> {
+    rows.into_iter()
+        .map(|r| (r.entity_key, r.from_status, r.to_status, r.actor))
+        .collect()
+}
+
+/// A transition hook's own failure, or the library's.
+#[derive(Debug)]
+pub enum HookError {
+    Occ(Error),
+    LabelPrinterDown,
+}
+
+impl From<Error> for HookError {
+    fn from(error: Error) -> Self {
+        HookError::Occ(error)
+    }
+}
+
+/// The history entry of a recorded move of `row` from `from`, by `by`.
+fn entry<'a>(key: &'a str, from: OrderState, row: &TrackedOrder, by: &'a str) -> HistoryEntry<'a> {
+    HistoryEntry {
+        entity: "orders",
+        key,
+        from: from.name(),
+        to: row.status.name(),
+        actor: Some(by),
+    }
+}
+
+/// What a recorded move's hook returns after the history row is written.
+fn hook_outcome(fail: bool) -> Result<(), HookError> {
+    if fail {
+        Err(HookError::LabelPrinterDown)
+    } else {
+        Ok(())
+    }
 }
 
 /// The change of [`Writes::add_one`].
@@ -228,6 +315,68 @@ macro_rules! writes_for {
                     &policy,
                 )
             }
+            fn transition_recorded(
+                &mut self,
+                row: &mut TrackedOrder,
+                to: OrderState,
+                by: &'static str,
+                fail: bool,
+            ) -> Result<i64, HookError> {
+                GuardedTransition::transition_then(
+                    row,
+                    &mut self.0,
+                    to,
+                    no_extra(),
+                    |conn, from, row| {
+                        let key = row.id.to_string();
+                        diesel_occ::record(conn, &entry(&key, from, row, by))?;
+                        hook_outcome(fail)
+                    },
+                )
+            }
+            fn transition_by_key_recorded(
+                &mut self,
+                id: i64,
+                to: OrderState,
+                by: &'static str,
+                fail: bool,
+            ) -> Result<TrackedOrder, HookError> {
+                <TrackedOrder as GuardedStatusTransition>::transition_by_key_then(
+                    &mut self.0,
+                    &id,
+                    to,
+                    no_extra(),
+                    |conn, from, row| {
+                        let key = row.id.to_string();
+                        diesel_occ::record(conn, &entry(&key, from, row, by))?;
+                        hook_outcome(fail)
+                    },
+                )
+            }
+            fn add_locked(&mut self, id: i64, n: i32, wait: LockWait) -> Result<i32, Error> {
+                <Order as Pessimistic>::with_row_locked(&mut self.0, &id, wait, |conn, row| {
+                    let quantity = row.quantity + n;
+                    diesel::update(orders::table.find(id))
+                        .set(orders::quantity.eq(quantity))
+                        .execute(conn)?;
+                    Ok(quantity)
+                })
+            }
+            fn note_if_current(
+                &mut self,
+                copy: &Order,
+                note: &'static str,
+            ) -> Result<Order, Error> {
+                Pessimistic::with_copy_locked(copy, &mut self.0, LockWait::Wait, |conn, row| {
+                    diesel::update(orders::table.find(row.id))
+                        .set(orders::note.eq(note))
+                        .execute(conn)?;
+                    Ok(row)
+                })
+            }
+            fn history(&mut self) -> Vec<(String, String, String, Option<String>)> {
+                history_rows(history_query().load(&mut self.0).unwrap())
+            }
             fn bulk_note(&mut self, min: i32, note: &'static str) -> Result<BulkReport, Error> {
                 <Order as GuardedBulk>::guarded_bulk_update(
                     &mut self.0,
@@ -370,6 +519,88 @@ macro_rules! writes_for {
                         no_extra(),
                         &policy,
                     ))
+            }
+            fn transition_recorded(
+                &mut self,
+                row: &mut TrackedOrder,
+                to: OrderState,
+                by: &'static str,
+                fail: bool,
+            ) -> Result<i64, HookError> {
+                let moved = AsyncGuardedTransition::transition_then(
+                    row,
+                    &mut self.conn,
+                    to,
+                    no_extra(),
+                    async move |conn: &mut $async, from, row: &TrackedOrder| {
+                        let key = row.id.to_string();
+                        diesel_occ::asynchronous::record(conn, &entry(&key, from, row, by)).await?;
+                        hook_outcome(fail)
+                    },
+                );
+                self.runtime.block_on(moved)
+            }
+            fn transition_by_key_recorded(
+                &mut self,
+                id: i64,
+                to: OrderState,
+                by: &'static str,
+                fail: bool,
+            ) -> Result<TrackedOrder, HookError> {
+                let moved = <TrackedOrder as AsyncGuardedTransition>::transition_by_key_then(
+                    &mut self.conn,
+                    &id,
+                    to,
+                    no_extra(),
+                    async move |conn: &mut $async, from, row: &TrackedOrder| {
+                        let key = row.id.to_string();
+                        diesel_occ::asynchronous::record(conn, &entry(&key, from, row, by)).await?;
+                        hook_outcome(fail)
+                    },
+                );
+                self.runtime.block_on(moved)
+            }
+            fn add_locked(&mut self, id: i64, n: i32, wait: LockWait) -> Result<i32, Error> {
+                let work = <Order as AsyncPessimistic>::with_row_locked(
+                    &mut self.conn,
+                    &id,
+                    wait,
+                    async move |conn: &mut $async, row: Order| {
+                        let quantity = row.quantity + n;
+                        diesel_async::RunQueryDsl::execute(
+                            diesel::update(orders::table.find(id))
+                                .set(orders::quantity.eq(quantity)),
+                            conn,
+                        )
+                        .await?;
+                        Ok::<_, Error>(quantity)
+                    },
+                );
+                self.runtime.block_on(work)
+            }
+            fn note_if_current(
+                &mut self,
+                copy: &Order,
+                note: &'static str,
+            ) -> Result<Order, Error> {
+                let work = AsyncPessimistic::with_copy_locked(
+                    copy,
+                    &mut self.conn,
+                    LockWait::Wait,
+                    async move |conn: &mut $async, row: Order| {
+                        diesel_async::RunQueryDsl::execute(
+                            diesel::update(orders::table.find(row.id)).set(orders::note.eq(note)),
+                            conn,
+                        )
+                        .await?;
+                        Ok::<_, Error>(row)
+                    },
+                );
+                self.runtime.block_on(work)
+            }
+            fn history(&mut self) -> Vec<(String, String, String, Option<String>)> {
+                let rows = diesel_async::RunQueryDsl::load(history_query(), &mut self.conn);
+                history_rows(self.runtime.block_on(rows).unwrap())
             }
             fn bulk_note(&mut self, min: i32, note: &'static str) -> Result<BulkReport, Error> {
                 self.runtime
