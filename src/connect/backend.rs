@@ -37,9 +37,9 @@ pub trait OccBackend: Backend + Default {
     /// How an `INSERT` says "unless a row with this key exists".
     const DUPLICATES: Duplicates = Duplicates::OnConflict;
 
-    /// Whether several updates can be sent as one statement
-    /// (PostgreSQL's data-modifying `WITH`), so
-    /// that a batch costs a constant number of round trips.
+    /// Whether the guarded updates of many rows can be sent as one statement
+    /// (PostgreSQL's `UPDATE ... FROM (VALUES ...)`), so that a batch costs a constant
+    /// number of round trips.
     const COMBINES_UPDATES: bool = false;
 
     /// Whether a failed statement aborts its whole transaction (PostgreSQL), rather than

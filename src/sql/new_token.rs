@@ -12,12 +12,14 @@ use std::marker::PhantomData;
 #[cfg(any(feature = "postgres", feature = "sqlite"))]
 use diesel::backend::Backend;
 use diesel::connection::Connection;
+use diesel::query_builder::QueryFragment;
 #[cfg(any(feature = "postgres", feature = "sqlite"))]
-use diesel::query_builder::{AstPass, Query, QueryFragment, QueryId};
+use diesel::query_builder::{AstPass, Query, QueryId};
 use diesel::query_dsl::methods::ExecuteDsl;
 use diesel::{Column, QueryResult, RunQueryDsl};
 
-use crate::sql::combined_updates::{Combined, RowAndToken, RowOnly};
+use crate::connect::backend::OccBackend;
+use crate::sql::values_update::{RowAndToken, RowOnly, Template, ValuesUpdate};
 
 /// Runs a guarded statement on connection `C`: the rows it matched and, for kinds whose
 /// next token only the database knows, that token.
@@ -225,22 +227,28 @@ reads_after_triggers_by_reading!(diesel::mysql::Mysql);
 #[cfg(feature = "sqlite")]
 reads_after_triggers_by_reading!(diesel::sqlite::Sqlite);
 
-/// Runs guarded statements as one on connection `C` ([`Combined`]): the index of each
-/// statement that wrote its row and, for kinds whose next token only the database knows,
-/// that token.
+/// Runs guarded statements of distinct rows in as few statements as the backend allows
+/// ([`ValuesUpdate`]): the index of each statement that wrote its row and, for kinds
+/// whose next token only the database knows, that token.
 pub trait CompleteEach<C, S, Tok> {
-    /// Runs `updates` on `conn` as one statement; they must not share a key.
+    /// Runs `updates` on `conn`; they must not share a key.
     fn run_each(conn: &mut C, updates: Vec<S>) -> QueryResult<Vec<(usize, Option<Tok>)>>;
 }
 
 impl<C, S, Tok> CompleteEach<C, S, Tok> for Counted
 where
     C: Connection,
-    Combined<S, RowOnly>: diesel::query_dsl::LoadQuery<'static, C, i32>,
+    C::Backend: OccBackend,
+    S: QueryFragment<C::Backend> + Template<C::Backend>,
+    ValuesUpdate<S, RowOnly>: diesel::query_dsl::LoadQuery<'static, C, i32>,
 {
     fn run_each(conn: &mut C, updates: Vec<S>) -> QueryResult<Vec<(usize, Option<Tok>)>> {
-        let rows: Vec<i32> = Combined::<S, RowOnly>::new(updates).load(conn)?;
-        Ok(rows.into_iter().map(|row| (row as usize, None)).collect())
+        let mut written = Vec::new();
+        for statement in ValuesUpdate::<S, RowOnly>::group::<C::Backend>(updates)? {
+            let rows: Vec<i32> = statement.load(conn)?;
+            written.extend(rows.into_iter().map(|row| (row as usize, None)));
+        }
+        Ok(written)
     }
 }
 
@@ -249,8 +257,10 @@ where
 impl<C, S, Col, Tok> CompleteEach<C, S, Tok> for ReadAfter<Col>
 where
     C: Connection,
+    C::Backend: OccBackend,
     Col: Column,
-    Combined<S, RowAndToken<Col>>: diesel::query_dsl::LoadQuery<'static, C, (i32, Tok)>,
+    S: QueryFragment<C::Backend> + Template<C::Backend>,
+    ValuesUpdate<S, RowAndToken<Col>>: diesel::query_dsl::LoadQuery<'static, C, (i32, Tok)>,
 {
     fn run_each(conn: &mut C, updates: Vec<S>) -> QueryResult<Vec<(usize, Option<Tok>)>> {
         ReturnedBy::<Col>::run_each(conn, updates)
@@ -260,15 +270,21 @@ where
 impl<C, S, Col, Tok> CompleteEach<C, S, Tok> for ReturnedBy<Col>
 where
     C: Connection,
+    C::Backend: OccBackend,
     Col: Column,
-    Combined<S, RowAndToken<Col>>: diesel::query_dsl::LoadQuery<'static, C, (i32, Tok)>,
+    S: QueryFragment<C::Backend> + Template<C::Backend>,
+    ValuesUpdate<S, RowAndToken<Col>>: diesel::query_dsl::LoadQuery<'static, C, (i32, Tok)>,
 {
     fn run_each(conn: &mut C, updates: Vec<S>) -> QueryResult<Vec<(usize, Option<Tok>)>> {
-        let rows: Vec<(i32, Tok)> = Combined::<S, RowAndToken<Col>>::new(updates).load(conn)?;
-        Ok(rows
-            .into_iter()
-            .map(|(row, token)| (row as usize, Some(token)))
-            .collect())
+        let mut written = Vec::new();
+        for statement in ValuesUpdate::<S, RowAndToken<Col>>::group::<C::Backend>(updates)? {
+            let rows: Vec<(i32, Tok)> = statement.load(conn)?;
+            written.extend(
+                rows.into_iter()
+                    .map(|(row, token)| (row as usize, Some(token))),
+            );
+        }
+        Ok(written)
     }
 }
 

@@ -17,6 +17,8 @@ use diesel::query_dsl::RunQueryDsl;
 use diesel::sql_types::{Bool, HasSqlType};
 use diesel::{Column, QueryResult, Table};
 
+use crate::sql::values_update::Template;
+
 /// `"column" = ?`: an assignment after `SET`, an equality test after `WHERE`.
 #[derive(Debug, Clone, Copy)]
 pub struct ColumnEq<Col, V> {
@@ -102,12 +104,28 @@ where
     // type with n optional fields makes at most 2^n entries; fragments whose SQL depends
     // on their values (`IN` lists) mark themselves uncacheable as they walk.
     fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, DB>) -> QueryResult<()> {
+        self.walk_head(out.reborrow())?;
+        self.walk_filter(out)
+    }
+}
+
+impl<T, Changes, Advance, Key, Guard> GuardedUpdate<T, Changes, Advance, Key, Guard>
+where
+    T: Table,
+{
+    /// `UPDATE <table> SET <changes>, <advance>`: the statement up to its filter.
+    fn walk_head<'b, DB>(&'b self, mut out: AstPass<'_, 'b, DB>) -> QueryResult<()>
+    where
+        DB: Backend,
+        T::FromClause: QueryFragment<DB>,
+        Changes: QueryFragment<DB>,
+        Advance: QueryFragment<DB>,
+    {
         let backend = out.backend();
         let (changes, advance) = (
             !self.changes.is_noop(backend)?,
             !self.advance.is_noop(backend)?,
         );
-        let guarded = !self.guard.is_noop(backend)?;
         if !changes && !advance {
             return Err(diesel::result::Error::QueryBuilderError(
                 "a guarded update with nothing to set: the changeset is empty and the guard \
@@ -127,14 +145,57 @@ where
         if advance {
             self.advance.walk_ast(out.reborrow())?;
         }
+        Ok(())
+    }
+
+    /// ` WHERE (<key>) AND <guard>`: the statement's filter.
+    fn walk_filter<'b, DB>(&'b self, mut out: AstPass<'_, 'b, DB>) -> QueryResult<()>
+    where
+        DB: Backend,
+        Key: QueryFragment<DB>,
+        Guard: QueryFragment<DB>,
+    {
         out.push_sql(" WHERE (");
         self.key.walk_ast(out.reborrow())?;
         out.push_sql(")");
-        if guarded {
+        if !self.guard.is_noop(out.backend())? {
             out.push_sql(" AND ");
             self.guard.walk_ast(out.reborrow())?;
         }
         Ok(())
+    }
+}
+
+/// [`GuardedUpdate::walk_head`] as a fragment of its own, to learn where the filter starts.
+struct UpdateHead<'a, S>(&'a S);
+
+impl<T, Changes, Advance, Key, Guard, DB> QueryFragment<DB>
+    for UpdateHead<'_, GuardedUpdate<T, Changes, Advance, Key, Guard>>
+where
+    DB: Backend,
+    T: Table,
+    T::FromClause: QueryFragment<DB>,
+    Changes: QueryFragment<DB>,
+    Advance: QueryFragment<DB>,
+{
+    fn walk_ast<'b>(&'b self, out: AstPass<'_, 'b, DB>) -> QueryResult<()> {
+        self.0.walk_head(out)
+    }
+}
+
+impl<T, Changes, Advance, Key, Guard, DB> Template<DB>
+    for GuardedUpdate<T, Changes, Advance, Key, Guard>
+where
+    DB: OccBackend,
+    T: Table,
+    T::FromClause: QueryFragment<DB>,
+    Changes: QueryFragment<DB>,
+    Advance: QueryFragment<DB>,
+    Key: QueryFragment<DB>,
+    Guard: QueryFragment<DB>,
+{
+    fn filter_at(&self) -> QueryResult<usize> {
+        Ok(DB::render(&UpdateHead(self))?.len())
     }
 }
 

@@ -8,15 +8,17 @@
 //! [`BatchMode::Partial`] each written row stays written.
 //!
 //! Cost, plus the transaction's `BEGIN` and `COMMIT` in all-or-nothing mode:
-//! - PostgreSQL: one statement for all the rows ([`Combined`](crate::sql::combined_updates::Combined): each row's guarded
-//!   `UPDATE` in one `WITH`), plus one read of all the rows that missed. A statement holds
-//!   at most [`ROWS_PER_STATEMENT`] rows and [`BINDS_PER_STATEMENT`] bound values, and a
-//!   key that comes again starts the next statement (two updates of one row in one
-//!   statement would race), so a batch of n distinct keys costs 2 * ceil(n / 20) round
-//!   trips at most: about 2.5x faster than one statement per row (BENCHMARKS.md, W5).
+//! - PostgreSQL: one statement for up to [`ROWS_PER_STATEMENT`] rows that set the same
+//!   columns (an `UPDATE ... FROM (VALUES ...)` with each row's values and expected token
+//!   in the list), plus one read of all the rows that missed. Rows that set other columns
+//!   (a changeset whose `None` fields leave some out) go in a statement of their own
+//!   shape, and a key that comes again starts the next statement (two updates of one row
+//!   in one statement would race). A batch of 1,000 rows of one shape is one `UPDATE`:
+//!   about 6x faster than one statement per row (BENCHMARKS.md, W5).
 //! - MySQL / MariaDB and SQLite: one statement per row, plus one read per row that
-//!   missed. Neither can put several updates in one statement; SQLite runs in-process, so
-//!   its round trips are function calls.
+//!   missed. Neither can update rows with different values in one statement while
+//!   checking each row's own guard; SQLite runs in-process, so its round trips are
+//!   function calls.
 //!
 //! A database error (a deadlock, a lost connection) ends the batch with that error. On
 //! PostgreSQL it undoes the whole statement it hit, so in a partial batch the rows of
@@ -36,7 +38,7 @@ use crate::write::entity::{
     guarded_statement, unreadable, DeleteRow, GuardedWrite, LoadByKey, RowMoved, UpdateOf,
     UpdateRow,
 };
-use crate::write::executor::{classify, refuse_double_assignment, run_each};
+use crate::write::executor::{classify, refuse_double_assignment, run_each, Written};
 
 /// Whether a batch keeps the rows it could write when others miss.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -222,27 +224,117 @@ where
     }
 }
 
-/// The most rows one combined statement holds. PostgreSQL's planning of a `WITH` grows
-/// faster than its parts: measured on PostgreSQL 15 (1,000 guarded updates in one
-/// transaction), one part per statement took 180-230 ms, 10 or 25 parts 60-80 ms, 100
-/// parts 95-110 ms, and all 1,000 in one statement 470-590 ms.
-pub const ROWS_PER_STATEMENT: usize = 20;
+/// The most rows one PostgreSQL batch statement holds (fewer when the rows bind more
+/// than 65,535 values in all); the batch holds this many rows' statements in memory
+/// before it sends them. Measured with W5 on PostgreSQL 15 on localhost (a batch of 1,000
+/// rows, median of three runs): 50 rows per statement 14.4 ms, 100 rows 11.1 ms, 250 rows
+/// 8.7 ms, 500 rows 9.2 ms, 1,000 rows 8.6 ms. Flat beyond 250; the largest size saves
+/// the most round trips where the server is farther away.
+pub const ROWS_PER_STATEMENT: usize = 1000;
 
-/// The most bound values one statement may carry: PostgreSQL's wire protocol counts them
-/// in 16 bits.
-pub(crate) const BINDS_PER_STATEMENT: usize = u16::MAX as usize;
-
-/// One row of a combined statement: its key, the token it expects, the token a written
-/// row holds when the guard computes it, and how many values it binds.
-struct Pending<T: Guarded> {
+/// One row of a batch statement: its key, the token it expects, and the token a written
+/// row holds when the guard computes it.
+pub(crate) struct Pending<T: Guarded> {
     key: T::Key,
     expected: TokenOf<T>,
     next: TokenOf<T>,
-    binds: usize,
 }
 
-/// The batch as [`Combined`](crate::sql::combined_updates::Combined) statements: each row's guarded update, sent a statement
-/// at a time, then one read of the rows each statement missed.
+impl<T: Guarded> Pending<T> {
+    /// The row with `key`, expected at `expected`, that a write leaves at `next`.
+    pub(crate) fn new(key: T::Key, expected: TokenOf<T>, next: TokenOf<T>) -> Self {
+        Pending {
+            key,
+            expected,
+            next,
+        }
+    }
+}
+
+/// The rows one round of a batch sends: at most [`ROWS_PER_STATEMENT`] rows, no key
+/// twice, with their statements in the same order.
+pub(crate) struct Chunk<T: Guarded, S> {
+    pub(crate) rows: Vec<Pending<T>>,
+    pub(crate) updates: Vec<S>,
+}
+
+impl<T: Guarded, S> Chunk<T, S> {
+    /// The next round's rows taken from `rows`, built as they are taken: `None` when none
+    /// is left, the first build error as it comes.
+    pub(crate) fn next<I>(rows: &mut std::iter::Peekable<I>) -> Result<Option<Self>, Error>
+    where
+        I: Iterator<Item = Result<(Pending<T>, S), Error>>,
+    {
+        let mut chunk = Chunk {
+            rows: Vec::new(),
+            updates: Vec::new(),
+        };
+        while chunk.rows.len() < ROWS_PER_STATEMENT {
+            // A key that comes again waits for the next round, which sees this one's write.
+            let again = |next: &Result<(Pending<T>, S), Error>| {
+                next.as_ref()
+                    .is_ok_and(|(row, _)| chunk.rows.iter().any(|r| r.key == row.key))
+            };
+            match rows.next_if(|next| !again(next)) {
+                Some(row) => {
+                    let (row, update) = row?;
+                    chunk.rows.push(row);
+                    chunk.updates.push(update);
+                }
+                None => break,
+            }
+        }
+        Ok((!chunk.rows.is_empty()).then_some(chunk))
+    }
+
+    /// The statements with each one's key, for the executor's messages.
+    pub(crate) fn writes(&mut self) -> (Vec<S>, Vec<&dyn std::fmt::Debug>) {
+        let keys = self
+            .rows
+            .iter()
+            .map(|row| &row.key as &dyn std::fmt::Debug)
+            .collect();
+        (std::mem::take(&mut self.updates), keys)
+    }
+
+    /// The keys of the rows that `written` says were not written.
+    pub(crate) fn missed<Tok>(&self, written: &[Option<Written<Tok>>]) -> Vec<T::Key> {
+        self.rows
+            .iter()
+            .zip(written)
+            .filter(|(_, written)| written.is_none())
+            .map(|(row, _)| row.key.clone())
+            .collect()
+    }
+
+    /// Each row's outcome: its new token where `written` says it was written, else the
+    /// explanation of its miss given the missed rows as they are now (`current`, read by
+    /// key), as a single write explains one ([`RowMoved`]).
+    pub(crate) fn outcomes(
+        self,
+        table: &'static str,
+        written: Vec<Option<Written<TokenOf<T>>>>,
+        mut current: Vec<T>,
+    ) -> Result<Vec<RowOutcome<TokenOf<T>>>, Error> {
+        self.rows
+            .into_iter()
+            .zip(written)
+            .map(|(row, written)| {
+                if let Some(written) = written {
+                    return Ok(RowOutcome::Written(written.token.unwrap_or(row.next)));
+                }
+                let found = current.iter().position(|c| c.key() == row.key);
+                let current = found.map(|i| current.swap_remove(i));
+                let miss = RowMoved::<T>::expecting(&row.key, &row.expected);
+                outcome::<TokenOf<T>>(Err(miss.given_in(table, current)))
+            })
+            .collect()
+    }
+}
+
+/// The batch as PostgreSQL batch statements ([`ValuesUpdate`](crate::sql::values_update::ValuesUpdate)):
+/// each row's guarded update, [`ROWS_PER_STATEMENT`] rows at a time, then one read of the
+/// rows they missed.
 fn combined<T, C, Ch>(
     conn: &mut C,
     rows: impl IntoIterator<Item = (T::Key, TokenOf<T>, Ch)>,
@@ -256,90 +348,35 @@ where
     CompletionOf<T>: CompleteEach<C, UpdateOf<T, Ch::Changeset>, TokenOf<T>>,
 {
     check_stored_precision::<T, C>(conn)?;
+    let table = T::table_name();
+    let mut rows = rows
+        .into_iter()
+        .map(|(key, expected, changes)| {
+            let (update, next) =
+                guarded_statement::<T, C, Ch>(&key, &expected, changes, T::stamp(), None)?;
+            // Refused before the row's statement is sent, as a single write is.
+            refuse_double_assignment(table, &update)?;
+            Ok((Pending::new(key, expected, next), update))
+        })
+        .peekable();
     let mut outcomes = Vec::new();
-    let (mut pending, mut updates) = (Vec::<Pending<T>>::new(), Vec::new());
-    for (key, expected, changes) in rows {
-        let (update, next) =
-            guarded_statement::<T, C, Ch>(&key, &expected, changes, T::stamp(), None)?;
-        // Refused before any statement of the batch is sent, as a single write is.
-        refuse_double_assignment(T::table_name(), &update)?;
-        // PostgreSQL numbers its parameters `$1`, `$2`, ...; a `$` in a quoted name only
-        // makes the count, and so the statement, smaller.
-        let binds = C::Backend::render(&update)?.matches('$').count();
-        let bound: usize = pending.iter().map(|row| row.binds).sum();
-        let full = pending.len() == ROWS_PER_STATEMENT || bound + binds > BINDS_PER_STATEMENT;
-        if full || pending.iter().any(|row| row.key == key) {
-            outcomes.extend(run_combined::<T, C, _>(
-                conn,
-                pending.drain(..),
-                updates.drain(..),
-            )?);
-        }
-        pending.push(Pending {
-            key,
-            expected,
-            next,
-            binds,
-        });
-        updates.push(update);
+    while let Some(mut chunk) = Chunk::next(&mut rows)? {
+        let (updates, keys) = chunk.writes();
+        let written = run_each::<C, _, CompletionOf<T>, TokenOf<T>>(conn, table, updates, &keys)?;
+        let missed = chunk.missed(&written);
+        let current = match T::load_by_keys(conn, &missed) {
+            Ok(current) => current,
+            Err(e) => {
+                return Err(unreadable::<T, C>(&missed, e).unwrap_or_else(|e| classify(conn, e)))
+            }
+        };
+        outcomes.extend(chunk.outcomes(table, written, current)?);
     }
-    outcomes.extend(run_combined::<T, C, _>(
-        conn,
-        pending.drain(..),
-        updates.drain(..),
-    )?);
     Ok(outcomes)
 }
 
-/// Sends `updates` (of the `pending` rows, in order) as one statement and reads back the
-/// rows it missed, all at once, to explain each miss as a single write does ([`RowMoved`]).
-fn run_combined<T, C, S>(
-    conn: &mut C,
-    pending: impl Iterator<Item = Pending<T>>,
-    updates: impl Iterator<Item = S>,
-) -> Result<Vec<RowOutcome<TokenOf<T>>>, Error>
-where
-    T: LoadByKey<C>,
-    C: LoadConnection,
-    C::Backend: OccBackend,
-    S: Assignments<C::Backend>,
-    CompletionOf<T>: CompleteEach<C, S, TokenOf<T>>,
-{
-    let pending: Vec<_> = pending.collect();
-    let writes = updates
-        .zip(&pending)
-        .map(|(update, row)| (update, &row.key as &dyn std::fmt::Debug))
-        .collect();
-    let written = run_each::<C, S, CompletionOf<T>, TokenOf<T>>(conn, T::table_name(), writes)?;
-    let missed: Vec<T::Key> = pending
-        .iter()
-        .zip(&written)
-        .filter(|(_, written)| written.is_none())
-        .map(|(row, _)| row.key.clone())
-        .collect();
-    let mut current = match T::load_by_keys(conn, &missed) {
-        Ok(current) => current,
-        Err(e) => return Err(unreadable::<T, C>(&missed, e).unwrap_or_else(|e| classify(conn, e))),
-    };
-    pending
-        .iter()
-        .zip(written)
-        .map(|(row, written)| {
-            if let Some(written) = written {
-                return Ok(RowOutcome::Written(
-                    written.token.unwrap_or_else(|| row.next.clone()),
-                ));
-            }
-            let found = current.iter().position(|c| c.key() == row.key);
-            let current = found.map(|i| current.swap_remove(i));
-            let miss = RowMoved::<T>::expecting(&row.key, &row.expected);
-            outcome::<TokenOf<T>>(Err(miss.given::<C>(current)))
-        })
-        .collect()
-}
-
 /// A row's write result as an outcome; errors that are not about the row end the batch.
-fn outcome<T>(result: Result<T, Error>) -> Result<RowOutcome<T>, Error> {
+pub(crate) fn outcome<T>(result: Result<T, Error>) -> Result<RowOutcome<T>, Error> {
     match result {
         Ok(token) => Ok(RowOutcome::Written(token)),
         Err(Error::Conflict(conflict)) => Ok(RowOutcome::Conflict(conflict)),

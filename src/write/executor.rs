@@ -176,33 +176,38 @@ impl<M> Judge<'_, M> {
     }
 }
 
-/// Runs `writes` as one statement where the backend can ([`CompleteEach`]), each of which
-/// must match one row: per write, `Some` with its token when it wrote its row, `None`
-/// when it missed. The caller explains the misses, with one read for all of them. The
-/// writes must not share a key.
+/// Runs `statements` (of the rows with `keys`) in as few statements as the backend
+/// allows ([`CompleteEach`]), each of which must match one row: per statement, `Some`
+/// with its token when it wrote its row, `None` when it missed. The caller explains the
+/// misses, with one read for all of them. The statements must not share a key, and have
+/// passed [`refuse_double_assignment`].
 pub(crate) fn run_each<C, S, K, Tok>(
     conn: &mut C,
     table: &'static str,
-    writes: Vec<(S, &dyn Debug)>,
+    statements: Vec<S>,
+    keys: &[&dyn Debug],
 ) -> Result<Vec<Option<Written<Tok>>>, Error>
 where
     C: LoadConnection,
     C::Backend: OccBackend,
-    S: Assignments<C::Backend>,
     K: CompleteEach<C, S, Tok>,
 {
-    let mut statements = Vec::with_capacity(writes.len());
-    let mut keys = Vec::with_capacity(writes.len());
-    for (statement, key) in writes {
-        refuse_double_assignment(table, &statement)?;
-        statements.push(statement);
-        keys.push(key);
-    }
     if statements.is_empty() {
         return Ok(Vec::new());
     }
     let returned = protect_caller(conn, |conn| K::run_each(conn, statements))
         .map_err(|e| classify(conn, e))?;
+    written_each(table, keys, returned)
+}
+
+/// Per statement of a batch of rows with `keys`, whether and how it wrote its row, from
+/// the indexes (and tokens) of the rows written that the batch statements `returned`: a
+/// statement that wrote two rows had a key that is not unique.
+pub(crate) fn written_each<Tok>(
+    table: &'static str,
+    keys: &[&dyn Debug],
+    returned: Vec<(usize, Option<Tok>)>,
+) -> Result<Vec<Option<Written<Tok>>>, Error> {
     let mut outcomes: Vec<Option<Written<Tok>>> = keys.iter().map(|_| None).collect();
     for (index, token) in returned {
         let rows = outcomes[index].as_ref().map_or(0, |w| w.rows) + 1;
