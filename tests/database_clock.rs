@@ -140,6 +140,35 @@ for_each_backend! {
         }
     }
 
+    /// The same on diesel-async, with a stale row between: PostgreSQL's batch statement
+    /// returns each written row's stamp; elsewhere each row's write reads its own.
+    #[cfg(all(feature = "async", any(not(feature = "mysql"), feature = "async-mysql")))]
+    #[test]
+    fn an_async_batch_returns_each_written_rows_stamp() {
+        use common::paths::AsyncOf;
+        use diesel_occ::asynchronous::AsyncGuardedBatch;
+        let Some(db) = setup(DateTime::UNIX_EPOCH.naive_utc()) else { return };
+        let conn = &mut db.conn();
+        let stale = load(conn);
+        let second = Note { id: 2, ..stale.clone() };
+        diesel::insert_into(notes::table).values(&second).execute(conn).unwrap();
+        second.guarded_update(conn, notes::hits.eq(1)).unwrap();
+        let runtime = common::paths::runtime();
+        let mut async_conn = Conn::connect(&db.url, &runtime);
+
+        let rows = vec![(1, stale.changed_at, notes::hits.eq(3)), (2, stale.changed_at, notes::hits.eq(3))];
+        let batch = <Note as AsyncGuardedBatch>::guarded_update_batch(&mut async_conn, rows, BatchMode::Partial);
+        let report = runtime.block_on(batch).unwrap();
+
+        match (&report.rows[0], &report.rows[1]) {
+            (RowOutcome::Written(stamp), RowOutcome::Conflict(conflict)) => {
+                assert_eq!(*stamp, load(conn).changed_at, "the returned stamp is the row's");
+                assert_eq!(conflict.current::<Note>().unwrap().hits, 1);
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
     /// Inside the caller's transaction (MySQL's read-back is then a savepoint), a stale
     /// write is still a conflict and the caller's transaction goes on.
     #[test]

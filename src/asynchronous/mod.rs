@@ -1,5 +1,5 @@
-//! The library on diesel-async connections (feature `async`): guarded writes, inserts and
-//! upserts, read-modify-write with retry, JSON edits and merges, status transitions (with
+//! The library on diesel-async connections (feature `async`): guarded writes, batches,
+//! inserts and upserts, read-modify-write with retry, JSON edits and merges, status transitions (with
 //! hooks), work on a locked row ([`AsyncPessimistic`]) and (feature `locks`) task claims ([`AsyncGuardedClaim`]), locks, leases and leader
 //! election ([`AsyncLocks`], [`AsyncCandidate`]), as futures, on `AsyncPgConnection`,
 //! `SyncConnectionWrapper<SqliteConnection>` and (feature `async-mysql`)
@@ -55,6 +55,7 @@
 //!   dropped (diesel-async waits for that thread when the future is dropped, which needs
 //!   tokio's multi-thread runtime).
 
+mod batch;
 mod bulk;
 #[cfg(feature = "locks")]
 mod claim;
@@ -81,6 +82,7 @@ mod transaction;
 mod transition;
 mod write_transaction;
 
+pub use batch::{AsyncDeleteBatch, AsyncGuardedBatch, AsyncUpdateBatch};
 pub use bulk::{AsyncGuardedBulk, AsyncUpdateBulk};
 #[cfg(feature = "locks")]
 pub use claim::{
@@ -104,7 +106,7 @@ pub use lock_connection::AsyncLockConnection;
 pub use locks::{AsyncLockGuard, AsyncLockPool, AsyncLocks};
 pub use modify::{AsyncGuardedModify, AsyncModifyRow};
 pub use pessimistic::AsyncPessimistic;
-pub use send::{AsyncComplete, AsyncLoadByKey, AsyncReadsBack};
+pub use send::{AsyncComplete, AsyncCompleteEach, AsyncLoadByKey, AsyncReadsBack};
 pub use source::AsyncConnectionSource;
 pub use transition::{record, AsyncGuardedTransition, AsyncTransitionByKey, AsyncTransitionRow};
 pub use write_transaction::{AsyncWriteConnection, LockedWork, TransitionHook, WriteTurn};
@@ -114,7 +116,7 @@ pub mod prelude {
     #[cfg(feature = "locks")]
     pub use super::AsyncGuardedClaim;
     pub use super::{
-        AsyncGuardedBulk, AsyncGuardedJson, AsyncGuardedJsonMerge, AsyncGuardedModify,
-        AsyncGuardedTransition, AsyncGuardedWrite, AsyncPessimistic,
+        AsyncGuardedBatch, AsyncGuardedBulk, AsyncGuardedJson, AsyncGuardedJsonMerge,
+        AsyncGuardedModify, AsyncGuardedTransition, AsyncGuardedWrite, AsyncPessimistic,
     };
 }

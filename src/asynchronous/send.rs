@@ -13,10 +13,12 @@ use diesel_async::methods::{ExecuteDsl, LoadQuery};
 use diesel_async::{AsyncConnection, RunQueryDsl};
 
 use super::connection::{in_transaction, NativeAsync, NativeAsyncConnection};
+use crate::connect::backend::OccBackend;
 use crate::guard::Guarded;
 use crate::sql::names::table_name;
 use crate::sql::new_token::{Counted, ReadAfter, ReturnedBy};
 use crate::sql::statement::{AnyOf, LatestRead, RowLock};
+use crate::sql::values_update::{RowAndToken, RowOnly, Template, ValuesUpdate};
 use crate::write::entity::{rows_by_keys, RowsByKeys};
 
 /// The reads of an entity's row by key on async connection `C`, as
@@ -199,6 +201,75 @@ where
         <C::Backend as AsyncReadsBack<C, S, Col, Tok>>::run(conn, statement)
     }
 }
+
+/// Sends guarded statements of distinct rows on async connection `C` in as few statements
+/// as the backend allows, as the blocking path's batches do: the index of each statement
+/// that wrote its row and, for kinds whose next token only the database knows, that
+/// token.
+#[diagnostic::on_unimplemented(
+    message = "this guard cannot run a batch of its statements on `{C}`",
+    note = "the statement, its guard's assignments or the token's column type do not fit this connection's backend"
+)]
+pub trait AsyncCompleteEach<C, S, Tok> {
+    /// Sends `updates` on `conn`; they must not share a key.
+    fn run_each(
+        conn: &mut C,
+        updates: Vec<S>,
+    ) -> impl Future<Output = QueryResult<Vec<(usize, Option<Tok>)>>> + Send;
+}
+
+impl<C, S, Tok> AsyncCompleteEach<C, S, Tok> for Counted
+where
+    C: AsyncConnection,
+    C::Backend: OccBackend,
+    S: QueryFragment<C::Backend> + Template<C::Backend> + Send,
+    ValuesUpdate<S, RowOnly>: LoadQuery<'static, C, i32> + Send + 'static,
+    Tok: Send,
+{
+    async fn run_each(conn: &mut C, updates: Vec<S>) -> QueryResult<Vec<(usize, Option<Tok>)>> {
+        let mut written = Vec::new();
+        for statement in ValuesUpdate::<S, RowOnly>::group::<C::Backend>(updates)? {
+            let rows: Vec<i32> = statement.load(conn).await?;
+            written.extend(rows.into_iter().map(|row| (row as usize, None)));
+        }
+        Ok(written)
+    }
+}
+
+/// The blocking path's batches with their tokens: PostgreSQL's `RETURNING` sees what
+/// `BEFORE` triggers set, and only PostgreSQL sends batches.
+macro_rules! complete_each_returning {
+    ($kind:ident) => {
+        impl<C, S, Col, Tok> AsyncCompleteEach<C, S, Tok> for $kind<Col>
+        where
+            C: AsyncConnection,
+            C::Backend: OccBackend,
+            Col: diesel::Column,
+            S: QueryFragment<C::Backend> + Template<C::Backend> + Send,
+            ValuesUpdate<S, RowAndToken<Col>>: LoadQuery<'static, C, (i32, Tok)> + Send + 'static,
+            Tok: Send,
+        {
+            async fn run_each(
+                conn: &mut C,
+                updates: Vec<S>,
+            ) -> QueryResult<Vec<(usize, Option<Tok>)>> {
+                let mut written = Vec::new();
+                for statement in ValuesUpdate::<S, RowAndToken<Col>>::group::<C::Backend>(updates)?
+                {
+                    let rows: Vec<(i32, Tok)> = statement.load(conn).await?;
+                    written.extend(
+                        rows.into_iter()
+                            .map(|(row, token)| (row as usize, Some(token))),
+                    );
+                }
+                Ok(written)
+            }
+        }
+    };
+}
+
+complete_each_returning!(ReturnedBy);
+complete_each_returning!(ReadAfter);
 
 /// How backend `Self` sends `statement` and reads back the column `Col` it set.
 #[diagnostic::on_unimplemented(

@@ -9,6 +9,7 @@ use std::future::Future;
 use diesel::SqliteConnection;
 use diesel_async::sync_connection_wrapper::SyncConnectionWrapper;
 
+use super::batch::{AsyncDeleteBatch, AsyncUpdateBatch};
 use super::entity::{AsyncDeleteRow, AsyncUpdateExcluded, AsyncUpdateRow};
 use super::insert::{AsyncInsertRow, AsyncUpsertRow};
 use super::json::{AsyncEditJson, AsyncMergeInPlace};
@@ -21,6 +22,7 @@ use crate::json::document::EditJson;
 use crate::json::merge_in_place::MergeInPlace;
 use crate::retry::RetryPolicy;
 use crate::status::transition::{retried_by_key, TransitionByKey, TransitionRow};
+use crate::write::batch::{BatchMode, BatchReport, GuardedBatch, UpdateBatch};
 use crate::write::entity::{DeleteRow, UpdateExcluded, UpdateRow};
 use crate::write::insert::InsertRow;
 use crate::write::modify::{GuardedModify, Modified};
@@ -84,6 +86,37 @@ where
     ) -> impl Future<Output = Result<(), Error>> + Send + 'a {
         let (key, expected) = (key.clone(), expected.clone());
         on_thread(conn, move |conn| T::delete_row(conn, &key, &expected))
+    }
+}
+
+impl<T, Ch> AsyncUpdateBatch<AsyncSqlite, Ch> for T
+where
+    T: UpdateBatch<SqliteConnection, Ch>,
+    TokenOf<T>: Send,
+    Ch: Send + 'static,
+{
+    fn update_batch<'a>(
+        conn: &'a mut AsyncSqlite,
+        rows: Vec<(T::Key, TokenOf<T>, Ch)>,
+        mode: BatchMode,
+    ) -> impl Future<Output = Result<BatchReport<TokenOf<T>>, Error>> + Send + 'a
+    where
+        Ch: 'a,
+    {
+        on_thread(conn, move |conn| T::guarded_update_batch(conn, rows, mode))
+    }
+}
+
+impl<T> AsyncDeleteBatch<AsyncSqlite> for T
+where
+    T: DeleteRow<SqliteConnection>,
+{
+    fn delete_batch<'a>(
+        conn: &'a mut AsyncSqlite,
+        rows: Vec<(T::Key, TokenOf<T>)>,
+        mode: BatchMode,
+    ) -> impl Future<Output = Result<BatchReport<()>, Error>> + Send + 'a {
+        on_thread(conn, move |conn| T::guarded_delete_batch(conn, rows, mode))
     }
 }
 

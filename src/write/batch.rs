@@ -82,6 +82,14 @@ pub struct BatchReport<T> {
 }
 
 impl<T> BatchReport<T> {
+    /// The report of a batch of no rows, which sends nothing.
+    pub(crate) fn empty() -> Self {
+        BatchReport {
+            rows: Vec::new(),
+            applied: true,
+        }
+    }
+
     /// Whether every row was written (and so the batch applied).
     pub fn all_written(&self) -> bool {
         self.rows.iter().all(RowOutcome::is_written)
@@ -105,6 +113,10 @@ pub trait GuardedBatch: GuardedWrite {
         I: IntoIterator<Item = (Self::Key, TokenOf<Self>, Ch)>,
         Self: UpdateBatch<C, Ch>,
     {
+        let mut rows = rows.into_iter().peekable();
+        if rows.peek().is_none() {
+            return Ok(BatchReport::empty());
+        }
         in_mode(conn, mode, |conn| Self::update_rows(conn, rows))
     }
 
@@ -123,9 +135,12 @@ pub trait GuardedBatch: GuardedWrite {
         I: IntoIterator<Item = (Self::Key, TokenOf<Self>)>,
         Self: DeleteRow<C>,
     {
+        let mut rows = rows.into_iter().peekable();
+        if rows.peek().is_none() {
+            return Ok(BatchReport::empty());
+        }
         in_mode(conn, mode, |conn| {
-            rows.into_iter()
-                .map(|(key, expected)| outcome(Self::delete_row(conn, &key, &expected)))
+            rows.map(|(key, expected)| outcome(Self::delete_row(conn, &key, &expected)))
                 .collect()
         })
     }
@@ -249,6 +264,12 @@ impl<T: Guarded> Pending<T> {
             next,
         }
     }
+
+    /// The key, the expected token and the token a written row holds when the guard
+    /// computes it.
+    pub(crate) fn into_parts(self) -> (T::Key, TokenOf<T>, TokenOf<T>) {
+        (self.key, self.expected, self.next)
+    }
 }
 
 /// The rows one round of a batch sends: at most [`ROWS_PER_STATEMENT`] rows, no key
@@ -287,14 +308,32 @@ impl<T: Guarded, S> Chunk<T, S> {
         Ok((!chunk.rows.is_empty()).then_some(chunk))
     }
 
-    /// The statements with each one's key, for the executor's messages.
-    pub(crate) fn writes(&mut self) -> (Vec<S>, Vec<&dyn std::fmt::Debug>) {
-        let keys = self
-            .rows
-            .iter()
-            .map(|row| &row.key as &dyn std::fmt::Debug)
-            .collect();
-        (std::mem::take(&mut self.updates), keys)
+    /// The rows' statements, to send.
+    pub(crate) fn take_updates(&mut self) -> Vec<S> {
+        std::mem::take(&mut self.updates)
+    }
+
+    /// Per row, whether and how its statement wrote it, from the indexes (and tokens) of
+    /// the rows written that the batch statements `returned`: a statement that wrote two
+    /// rows had a key that is not unique.
+    pub(crate) fn written<Tok>(
+        &self,
+        table: &'static str,
+        returned: Vec<(usize, Option<Tok>)>,
+    ) -> Result<Vec<Option<Written<Tok>>>, Error> {
+        let mut written: Vec<Option<Written<Tok>>> = self.rows.iter().map(|_| None).collect();
+        for (index, token) in returned {
+            let rows = written[index].as_ref().map_or(0, |w| w.rows) + 1;
+            if rows > 1 {
+                return Err(Error::KeyNotUnique {
+                    table,
+                    key: format!("{:?}", self.rows[index].key),
+                    rows,
+                });
+            }
+            written[index] = Some(Written { rows, token });
+        }
+        Ok(written)
     }
 
     /// The keys of the rows that `written` says were not written.
@@ -320,12 +359,13 @@ impl<T: Guarded, S> Chunk<T, S> {
             .into_iter()
             .zip(written)
             .map(|(row, written)| {
+                let (key, expected, next) = row.into_parts();
                 if let Some(written) = written {
-                    return Ok(RowOutcome::Written(written.token.unwrap_or(row.next)));
+                    return Ok(RowOutcome::Written(written.token.unwrap_or(next)));
                 }
-                let found = current.iter().position(|c| c.key() == row.key);
+                let found = current.iter().position(|c| c.key() == key);
                 let current = found.map(|i| current.swap_remove(i));
-                let miss = RowMoved::<T>::expecting(&row.key, &row.expected);
+                let miss = RowMoved::<T>::expecting(&key, &expected);
                 outcome::<TokenOf<T>>(Err(miss.given_in(table, current)))
             })
             .collect()
@@ -361,8 +401,8 @@ where
         .peekable();
     let mut outcomes = Vec::new();
     while let Some(mut chunk) = Chunk::next(&mut rows)? {
-        let (updates, keys) = chunk.writes();
-        let written = run_each::<C, _, CompletionOf<T>, TokenOf<T>>(conn, table, updates, &keys)?;
+        let returned = run_each::<C, _, CompletionOf<T>, _>(conn, chunk.take_updates())?;
+        let written = chunk.written(table, returned)?;
         let missed = chunk.missed(&written);
         let current = match T::load_by_keys(conn, &missed) {
             Ok(current) => current,

@@ -176,17 +176,15 @@ impl<M> Judge<'_, M> {
     }
 }
 
-/// Runs `statements` (of the rows with `keys`) in as few statements as the backend
-/// allows ([`CompleteEach`]), each of which must match one row: per statement, `Some`
-/// with its token when it wrote its row, `None` when it missed. The caller explains the
-/// misses, with one read for all of them. The statements must not share a key, and have
-/// passed [`refuse_double_assignment`].
+/// Runs `statements` in as few statements as the backend allows ([`CompleteEach`]):
+/// the index of each one that wrote its row, with its token where the database computed
+/// it. The statements must not share a key, and have passed [`refuse_double_assignment`];
+/// the caller judges the answer and explains the misses
+/// ([`Chunk`](crate::write::batch::Chunk)).
 pub(crate) fn run_each<C, S, K, Tok>(
     conn: &mut C,
-    table: &'static str,
     statements: Vec<S>,
-    keys: &[&dyn Debug],
-) -> Result<Vec<Option<Written<Tok>>>, Error>
+) -> Result<Vec<(usize, Option<Tok>)>, Error>
 where
     C: LoadConnection,
     C::Backend: OccBackend,
@@ -195,32 +193,7 @@ where
     if statements.is_empty() {
         return Ok(Vec::new());
     }
-    let returned = protect_caller(conn, |conn| K::run_each(conn, statements))
-        .map_err(|e| classify(conn, e))?;
-    written_each(table, keys, returned)
-}
-
-/// Per statement of a batch of rows with `keys`, whether and how it wrote its row, from
-/// the indexes (and tokens) of the rows written that the batch statements `returned`: a
-/// statement that wrote two rows had a key that is not unique.
-pub(crate) fn written_each<Tok>(
-    table: &'static str,
-    keys: &[&dyn Debug],
-    returned: Vec<(usize, Option<Tok>)>,
-) -> Result<Vec<Option<Written<Tok>>>, Error> {
-    let mut outcomes: Vec<Option<Written<Tok>>> = keys.iter().map(|_| None).collect();
-    for (index, token) in returned {
-        let rows = outcomes[index].as_ref().map_or(0, |w| w.rows) + 1;
-        if rows > 1 {
-            return Err(Error::KeyNotUnique {
-                table,
-                key: format!("{:?}", keys[index]),
-                rows,
-            });
-        }
-        outcomes[index] = Some(Written { rows, token });
-    }
-    Ok(outcomes)
+    protect_caller(conn, |conn| K::run_each(conn, statements)).map_err(|e| classify(conn, e))
 }
 
 /// [`Error::ChangesetAssignsGuard`] when `statement` assigns a column twice (the caller's

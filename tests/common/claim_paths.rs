@@ -236,33 +236,14 @@ where
     }
 }
 
-/// Writes each claim test body once per executor, as `#[test]`s in modules `blocking` and
-/// `on_async` of a `for_each_backend!` module: each gets a fresh database with the `jobs`
-/// table and a function that makes a worker (one per thread, for the racing bodies).
+/// Writes each claim test body once per executor (see `tests_on_both_paths!`), each on a
+/// fresh database with the `jobs` table.
 #[macro_export]
 macro_rules! claim_tests_on_both_paths {
     ($($body:ident),* $(,)?) => {
-        mod blocking {
-            use super::*;
-            $(#[test] fn $body() {
-                let Some(db) = db() else { return };
-                common::claim_paths::create_jobs(&mut *db.conn(), BACKEND);
-                let pool = &db.pool;
-                super::$body(&db, || common::paths::Blocking(pool.get().unwrap()));
-            })*
-        }
-        mod on_async {
-            use super::*;
-            $(#[test] fn $body() {
-                use common::paths::AsyncOf;
-                let Some(db) = db() else { return };
-                common::claim_paths::create_jobs(&mut *db.conn(), BACKEND);
-                let url = &db.url;
-                super::$body(&db, || {
-                    let runtime = common::paths::runtime();
-                    common::paths::Async { conn: Conn::connect(url, &runtime), runtime }
-                });
-            })*
-        }
+        tests_on_both_paths!(
+            |db: &common::TestDb<Conn>| common::claim_paths::create_jobs(&mut *db.conn(), BACKEND);
+            $($body),*
+        );
     };
 }

@@ -9,6 +9,11 @@
 #![allow(dead_code)]
 
 #[cfg(all(
+    feature = "async",
+    any(not(feature = "mysql"), feature = "async-mysql")
+))]
+pub mod batch_paths;
+#[cfg(all(
     feature = "locks",
     feature = "async",
     any(not(feature = "mysql"), feature = "async-mysql")

@@ -633,6 +633,38 @@ writes_for!(
 /// Inside a `for_each_backend!` module: `Async_` (the backend's diesel-async connection),
 /// `manager(url)` (its pool manager; SQLite's connections wait for the write lock, as the
 /// test pools' do) and `bb8_pool(url, max, runtime)`.
+/// Writes each test body `fn(db, make_executor)` once per executor, as `#[test]`s in
+/// modules `blocking` and `on_async` of a `for_each_backend!` module: each gets a fresh
+/// database, prepared by `$prepare(&db)`, and a function that makes the executor (one per
+/// thread, for the racing bodies).
+#[macro_export]
+macro_rules! tests_on_both_paths {
+    ($prepare:expr; $($body:ident),* $(,)?) => {
+        mod blocking {
+            use super::*;
+            $(#[test] fn $body() {
+                let Some(db) = db() else { return };
+                ($prepare)(&db);
+                let pool = &db.pool;
+                super::$body(&db, || common::paths::Blocking(pool.get().unwrap()));
+            })*
+        }
+        mod on_async {
+            use super::*;
+            $(#[test] fn $body() {
+                use common::paths::AsyncOf;
+                let Some(db) = db() else { return };
+                ($prepare)(&db);
+                let url = &db.url;
+                super::$body(&db, || {
+                    let runtime = common::paths::runtime();
+                    common::paths::Async { conn: Conn::connect(url, &runtime), runtime }
+                });
+            })*
+        }
+    };
+}
+
 #[macro_export]
 macro_rules! async_pools {
     () => {
