@@ -7,11 +7,9 @@ use std::future::Future;
 
 use diesel::query_builder::AsChangeset;
 
-use super::connection::{
-    classify, in_transaction, refuse_broken, NativeAsync, NativeAsyncConnection,
-};
+use super::connection::{classify, refuse_broken, NativeAsync, NativeAsyncConnection};
 use super::entity::check_stored_precision;
-use super::executor::run;
+use super::executor::{protect_caller, run};
 use super::send::{AsyncComplete, AsyncCompleteEach, AsyncLoadByKey};
 use super::transaction::{Call, OwnTransaction};
 use crate::connect::backend::OccBackend;
@@ -261,15 +259,11 @@ where
     let mut rows = rows.into_iter().map(Ok).peekable();
     while let Some(mut chunk) = Chunk::next(&mut rows)? {
         let updates = chunk.take_updates();
-        let returned = if !own && in_transaction(conn) {
-            // The caller's transaction: a failure must leave it usable.
-            let mut savepoint = OwnTransaction::begin(conn).await?;
-            let sent = CompletionOf::<T>::run_each(savepoint.conn(), updates).await;
-            savepoint.finish(sent, |e| e).await
-        } else {
+        let returned = protect_caller(conn, own, async |conn| {
             CompletionOf::<T>::run_each(conn, updates).await
-        };
-        let returned = returned.map_err(|e| classify(conn, e))?;
+        })
+        .await?
+        .map_err(|e| classify(conn, e))?;
         let written = chunk.written(table, returned)?;
         let missed = chunk.missed(&written);
         let current = if missed.is_empty() {

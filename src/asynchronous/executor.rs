@@ -5,6 +5,7 @@
 use std::future::Future;
 
 use diesel::result::Error as DieselError;
+use diesel::QueryResult;
 use diesel_async::AsyncConnection;
 
 use super::connection::{classify, in_transaction};
@@ -56,15 +57,30 @@ where
     M: AsyncMiss<C>,
 {
     let (statement, judge) = write.checked::<C::Backend>()?;
-    let sent = if !own && C::Backend::FAILURE_ABORTS_TRANSACTION && in_transaction(conn) {
-        let mut savepoint = OwnTransaction::begin(conn).await?;
-        let sent = K::run(savepoint.conn(), statement).await;
-        savepoint.finish(sent, |e: DieselError| e).await
-    } else {
-        K::run(conn, statement).await
-    };
+    let sent = protect_caller(conn, own, async |conn| K::run(conn, statement).await).await?;
     match judge.sent(sent.map_err(|e| classify(conn, e))?)? {
         Judged::Written(written) => Ok(written),
         Judged::Missed(miss) => Err(miss.explain(conn).await),
+    }
+}
+
+/// Runs the statements of `send` on `conn`; on PostgreSQL, inside a transaction the caller
+/// controls (`own` false), under a savepoint that a failure rolls back to, so that the
+/// caller's transaction stays usable. The blocking path's `protect_caller`, awaited.
+pub(crate) async fn protect_caller<C, T>(
+    conn: &mut C,
+    own: bool,
+    send: impl AsyncFnOnce(&mut C) -> QueryResult<T>,
+) -> Result<QueryResult<T>, Error>
+where
+    C: AsyncConnection,
+    C::Backend: OccBackend,
+{
+    if !own && C::Backend::FAILURE_ABORTS_TRANSACTION && in_transaction(conn) {
+        let mut savepoint = OwnTransaction::begin(conn).await?;
+        let sent = send(savepoint.conn()).await;
+        Ok(savepoint.finish(sent, |e: DieselError| e).await)
+    } else {
+        Ok(send(conn).await)
     }
 }
