@@ -7,31 +7,42 @@
 //! `Ambiguous` one is found applied once or not at all (never twice: nothing retried it
 //! blindly). The pool replaces the killed connections by itself.
 //!
+//! The workload and its checks are one body, run on both executors: the blocking API on
+//! an r2d2 pool, and the async API (diesel-async) on a bb8 pool, each pool registering
+//! the server sessions it opens so that the killer ends only those.
+//!
 //! SQLite has no server sessions to kill; a process that dies mid-write is covered by
 //! `tests/killed_writer.rs`. `scripts/faults.sh` runs the same workload from several
 //! processes, with a restart of the server halfway through (`fault_soak` below, which
 //! does nothing unless `OCC_SOAK_SECONDS` is set).
 
-// Locks and leases need the `chrono` feature.
-#![cfg(feature = "locks")]
+// Locks and leases need the `chrono` feature; the async path, diesel-async's bb8 pools.
+#![cfg(all(
+    feature = "locks",
+    feature = "bb8",
+    any(not(feature = "mysql"), feature = "async-mysql")
+))]
 
 mod common;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
-use common::faults::{self, Kind, Op, Outcome, Tally};
+use common::faults::{self, Kind, Op, Outcome, Sessions, Tally};
+use common::lock_paths::{AsyncLocksOn, BlockingLocks, LockPath};
 use common::HistoryRow;
 use common::{KillOnDrop, PoolByUrl};
 use diesel::connection::SimpleConnection;
 use diesel::prelude::*;
 use diesel::r2d2::Pool;
+use diesel_occ::asynchronous::{AsyncConnectionSource, AsyncGuardedJson, AsyncGuardedJsonMerge};
+use diesel_occ::asynchronous::{AsyncGuardedModify, AsyncGuardedTransition};
 use diesel_occ::GuardedJson;
 use diesel_occ::GuardedJsonMerge;
 use diesel_occ::Locks;
 use diesel_occ::{no_extra, record, GuardedTransition, HistoryEntry};
 use diesel_occ::{CheckedManager, Error, GuardedModify, RetryPolicy, Status};
-use serde_json::json;
+use serde_json::{json, Value};
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Command, Stdio};
 
@@ -51,7 +62,7 @@ const ROWS: i64 = 3;
 const LEASE: Duration = Duration::from_secs(1);
 /// The shared lock's row, as [`LockRow`].
 const SHARED_LOCK_ROW: &str =
-    "SELECT label, fence, holder_changes FROM occ_locks WHERE lock_name = 'faults' AND resource = 'shared'";
+    "SELECT label, fence, holder_changes FROM occ_locks WHERE lock_name = 'faults' AND resource = 'main'";
 
 #[derive(QueryableByName)]
 struct SessionId {
@@ -124,13 +135,205 @@ for_each_backend! {
 
     type Manager = CheckedManager<Conn>;
 
-    /// This server's id of the session `conn` is.
-    fn session_id(conn: &mut Conn) -> QueryResult<i64> {
-        let sql = match BACKEND {
+    async_pools!();
+
+    /// The query of the server's id of the session it runs on.
+    fn session_id_query() -> diesel::query_builder::SqlQuery {
+        diesel::sql_query(match BACKEND {
             "postgres" => "SELECT CAST(pg_backend_pid() AS BIGINT) AS value",
             _ => "SELECT CAST(CONNECTION_ID() AS SIGNED) AS value",
-        };
-        diesel::sql_query(sql).get_result::<SessionId>(conn).map(|row| row.value)
+        })
+    }
+
+    /// This server's id of the session `conn` is.
+    fn session_id(conn: &mut Conn) -> QueryResult<i64> {
+        session_id_query().get_result::<SessionId>(conn).map(|row| row.value)
+    }
+
+    /// The operations of the workload, on one executor: [`work`] and the tests run
+    /// unchanged on both.
+    trait FaultPath: Send + Sync + Sized + 'static {
+        /// Which executor, for messages.
+        const PATH: &'static str;
+        type Locks: LockPath;
+        /// The executor on a pool of `size` connections to `url`, and the sessions the
+        /// pool opens (registered as it opens them).
+        fn open(url: &str, size: u32) -> (Self, Sessions);
+        fn locks(&self) -> &Self::Locks;
+        /// `merge_json` of `patch` into profile `target`, on a pooled connection.
+        fn merge(&self, target: i64, patch: &Value, policy: &RetryPolicy) -> Result<(), Error>;
+        /// `modify_pooled` setting key `key` of profile `target` to `value`.
+        fn modify(&self, target: i64, key: &str, value: usize, policy: &RetryPolicy) -> Result<(), Error>;
+        /// `merge_json_in_place` of `patch` into profile `target`, on a pooled connection.
+        fn merge_in_place(&self, target: i64, patch: &Value) -> Result<(), Error>;
+        /// Reads task `target` and moves it to its other state, recording the move
+        /// (actor `actor`) in the history from the transition's hook.
+        fn transition(&self, target: i64, actor: &str) -> Result<(), Error>;
+        /// Checks `size` connections out of the pool at once and asks each for its session.
+        fn every_connection_answers(&self, size: u32);
+    }
+
+    /// The blocking API on an r2d2 pool built as diesel-occ builds its pools.
+    struct BlockingFaults {
+        pool: Pool<Manager>,
+        locks: BlockingLocks<Pool<Manager>>,
+    }
+
+    impl FaultPath for BlockingFaults {
+        const PATH: &'static str = "blocking";
+        type Locks = BlockingLocks<Pool<Manager>>;
+
+        fn open(url: &str, size: u32) -> (Self, Sessions) {
+            let (pool, sessions) = faults::pool_with_sessions::<Conn>(url, size, session_id);
+            let locks = BlockingLocks(Locks::new(pool.clone()));
+            (BlockingFaults { pool, locks }, sessions)
+        }
+        fn locks(&self) -> &Self::Locks {
+            &self.locks
+        }
+        fn merge(&self, target: i64, patch: &Value, policy: &RetryPolicy) -> Result<(), Error> {
+            let mut conn = self.pool.get()?;
+            <Profile as GuardedJson>::merge_json(&mut conn, &target, profiles::ext, patch, policy).map(drop)
+        }
+        fn modify(&self, target: i64, key: &str, value: usize, policy: &RetryPolicy) -> Result<(), Error> {
+            let modified = <Profile as GuardedModify>::modify_pooled(&self.pool, &target, policy, |profile| {
+                profile.ext[key] = json!(value);
+                Ok::<_, Error>(())
+            });
+            modified.map(drop)
+        }
+        fn merge_in_place(&self, target: i64, patch: &Value) -> Result<(), Error> {
+            let mut conn = self.pool.get()?;
+            <Profile as GuardedJsonMerge>::merge_json_in_place(&mut conn, &target, profiles::ext, patch).map(drop)
+        }
+        fn transition(&self, target: i64, actor: &str) -> Result<(), Error> {
+            let mut conn = self.pool.get()?;
+            let mut task: Task = fault_tasks::table.find(target).select(Task::as_select()).first(&mut conn)?;
+            let key = target.to_string();
+            let to = other(task.state);
+            let moved = GuardedTransition::transition_then(&mut task, &mut conn, to, no_extra(), |conn, from, row| {
+                record(conn, &history_entry(&key, from, row, actor))
+            });
+            moved.map(drop)
+        }
+        fn every_connection_answers(&self, size: u32) {
+            let all: Vec<_> = (0..size).map(|_| self.pool.get().expect("a working connection")).collect();
+            for mut conn in all {
+                session_id(&mut conn).expect("a live session");
+            }
+        }
+    }
+
+    type AsyncPool = diesel_async::pooled_connection::bb8::Pool<Async_>;
+
+    /// The async API on a bb8 pool of diesel-async connections, driven from the calling
+    /// thread (each worker thread blocks on its own operation, as a request task would
+    /// await it).
+    struct AsyncFaults {
+        pool: AsyncPool,
+        locks: AsyncLocksOn<AsyncPool>,
+        runtime: tokio::runtime::Runtime,
+    }
+
+    impl FaultPath for AsyncFaults {
+        const PATH: &'static str = "async";
+        type Locks = AsyncLocksOn<AsyncPool>;
+
+        fn open(url: &str, size: u32) -> (Self, Sessions) {
+            let sessions = Sessions::default();
+            let registered = sessions.clone();
+            let mut config = diesel_async::pooled_connection::ManagerConfig::default();
+            config.custom_setup = Box::new(move |url| {
+                let registered = registered.clone();
+                Box::pin(async move {
+                    let mut conn = <Async_ as diesel_async::AsyncConnection>::establish(url).await?;
+                    let id = diesel_async::RunQueryDsl::get_result::<SessionId>(session_id_query(), &mut conn)
+                        .await
+                        .map_err(diesel::ConnectionError::CouldntSetupConfiguration)?;
+                    registered.0.lock().unwrap().push(id.value);
+                    Ok(conn)
+                })
+            });
+            let manager = diesel_async::pooled_connection::AsyncDieselConnectionManager::new_with_config(url, config);
+            let runtime = common::paths::runtime();
+            let pool = runtime.block_on(
+                AsyncPool::builder()
+                    .max_size(size)
+                    .min_idle(Some(1))
+                    .connection_timeout(std::time::Duration::from_secs(20))
+                    .build(manager),
+            );
+            let pool = pool.expect("a bb8 pool with registered sessions");
+            let locks = AsyncLocksOn { locks: diesel_occ::asynchronous::AsyncLocks::new(pool.clone()), runtime: runtime.handle().clone() };
+            (AsyncFaults { pool, locks, runtime }, sessions)
+        }
+        fn locks(&self) -> &Self::Locks {
+            &self.locks
+        }
+        fn merge(&self, target: i64, patch: &Value, policy: &RetryPolicy) -> Result<(), Error> {
+            self.runtime.block_on(async {
+                let mut conn = self.pool.checkout().await?;
+                let merged = <Profile as AsyncGuardedJson>::merge_json(&mut *conn, &target, profiles::ext, patch, policy);
+                merged.await.map(drop)
+            })
+        }
+        fn modify(&self, target: i64, key: &str, value: usize, policy: &RetryPolicy) -> Result<(), Error> {
+            // Owned: SQLite's async connection runs the change on its own thread.
+            let key = key.to_string();
+            let modified = <Profile as AsyncGuardedModify>::modify_pooled(&self.pool, &target, policy, move |profile: &mut Profile| {
+                profile.ext[&key] = json!(value);
+                Ok::<_, Error>(())
+            });
+            self.runtime.block_on(modified).map(drop)
+        }
+        fn merge_in_place(&self, target: i64, patch: &Value) -> Result<(), Error> {
+            self.runtime.block_on(async {
+                let mut conn = self.pool.checkout().await?;
+                let merged = <Profile as AsyncGuardedJsonMerge>::merge_json_in_place(&mut *conn, &target, profiles::ext, patch);
+                merged.await.map(drop)
+            })
+        }
+        fn transition(&self, target: i64, actor: &str) -> Result<(), Error> {
+            self.runtime.block_on(async {
+                let mut conn = self.pool.checkout().await?;
+                let read = fault_tasks::table.find(target).select(Task::as_select());
+                let mut task: Task = diesel_async::RunQueryDsl::first(read, &mut *conn).await?;
+                let (key, to) = (target.to_string(), other(task.state));
+                let moved = AsyncGuardedTransition::transition_then(
+                    &mut task,
+                    &mut *conn,
+                    to,
+                    no_extra(),
+                    async |conn: &mut Async_, from, row: &Task| {
+                        diesel_occ::asynchronous::record(conn, &history_entry(&key, from, row, actor)).await
+                    },
+                );
+                moved.await.map(drop)
+            })
+        }
+        fn every_connection_answers(&self, size: u32) {
+            self.runtime.block_on(async {
+                let mut all = Vec::new();
+                for _ in 0..size {
+                    all.push(self.pool.checkout().await.expect("a working connection"));
+                }
+                for conn in &mut all {
+                    diesel_async::RunQueryDsl::get_result::<SessionId>(session_id_query(), &mut **conn)
+                        .await
+                        .expect("a live session");
+                }
+            });
+        }
+    }
+
+    /// The state a task moves to from `state`.
+    fn other(state: Shift) -> Shift {
+        if state == Shift::Idle { Shift::Busy } else { Shift::Idle }
+    }
+
+    /// The history entry of a task's move by `actor`.
+    fn history_entry<'a>(key: &'a str, from: Shift, row: &Task, actor: &'a str) -> HistoryEntry<'a> {
+        HistoryEntry { entity: "fault_tasks", key, from: from.name(), to: row.state.name(), actor: Some(actor) }
     }
 
     /// Ends session `id` from `admin`; whether it was still there to end.
@@ -157,10 +360,11 @@ for_each_backend! {
         }
     }
 
-    /// Runs `count` operations (or until `until`), cycling through the kinds, on random
-    /// rows; `name` makes the operation ids unique.
-    fn work(pool: &Pool<Manager>, name: &str, count: usize, until: Option<Instant>) -> Vec<Op> {
-        let locks = Locks::new(pool.clone());
+    /// Runs `count` operations (or until `until`) on `path`, cycling through the kinds, on
+    /// random rows; `name` makes the operation ids unique. `reader` (a pool nobody kills)
+    /// reads the lock row after an ambiguous acquisition.
+    fn work<P: FaultPath>(path: &P, reader: &Pool<Manager>, name: &str, count: usize, until: Option<Instant>) -> Vec<Op> {
+        let locks = path.locks();
         let policy = RetryPolicy::default();
         let mut log = Vec::new();
         for i in 0..count {
@@ -173,63 +377,29 @@ for_each_backend! {
             let op = |kind, outcome| Op { id: id.clone(), kind, target, outcome, fence: None, landed: None, at_ms: faults::now_ms() };
             let patch = json!({ &id: i });
             match kind {
-                Kind::Merge => {
-                    let result = pool.get().map_err(Error::from).and_then(|mut conn| {
-                        Profile::merge_json(&mut conn, &target, profiles::ext, &patch, &policy)
-                    });
-                    log.push(op(kind, Outcome::of(&result)));
-                }
-                Kind::ModifyPooled => {
-                    let result = Profile::modify_pooled(pool, &target, &policy, |profile| {
-                        profile.ext[&id] = json!(i);
-                        Ok::<_, Error>(())
-                    });
-                    log.push(op(kind, Outcome::of(&result)));
-                }
-                Kind::MergeInPlace => {
-                    let result = pool.get().map_err(Error::from).and_then(|mut conn| {
-                        Profile::merge_json_in_place(&mut conn, &target, profiles::ext, &patch)
-                    });
-                    log.push(op(kind, Outcome::of(&result)));
-                }
-                Kind::Transition => {
-                    let result = pool.get().map_err(Error::from).and_then(|mut conn| {
-                        let mut task: Task =
-                            fault_tasks::table.find(target).select(Task::as_select()).first(&mut conn)?;
-                        let to = if task.state == Shift::Idle { Shift::Busy } else { Shift::Idle };
-                        let key = target.to_string();
-                        task.transition_then(&mut conn, to, no_extra(), |conn, from, row| {
-                            let entry = HistoryEntry {
-                                entity: "fault_tasks",
-                                key: &key,
-                                from: from.name(),
-                                to: row.state.name(),
-                                actor: Some(&id),
-                            };
-                            record(conn, &entry)
-                        })
-                    });
-                    log.push(op(kind, Outcome::of(&result)));
-                }
+                Kind::Merge => log.push(op(kind, Outcome::of(&path.merge(target, &patch, &policy)))),
+                Kind::ModifyPooled => log.push(op(kind, Outcome::of(&path.modify(target, &id, i, &policy)))),
+                Kind::MergeInPlace => log.push(op(kind, Outcome::of(&path.merge_in_place(target, &patch)))),
+                Kind::Transition => log.push(op(kind, Outcome::of(&path.transition(target, &id)))),
                 _ => {
                     let asked = Instant::now();
-                    let acquired = locks.try_lock("faults", "shared", LEASE, Some(&id));
+                    let acquired = locks.try_lock("faults", LEASE, &id);
                     let mut acquisition = op(Kind::Acquire, Outcome::of(&acquired));
                     match acquired {
                         Ok(mut guard) => {
-                            acquisition.fence = Some(guard.fence());
+                            acquisition.fence = Some(P::Locks::fence(&guard));
                             log.push(acquisition);
                             for _ in 0..2 {
-                                log.push(op(Kind::Renew, Outcome::of(&guard.renew())));
+                                log.push(op(Kind::Renew, Outcome::of(&locks.renew(&mut guard))));
                             }
-                            log.push(op(Kind::Release, Outcome::of(&guard.release())));
+                            log.push(op(Kind::Release, Outcome::of(&locks.release(guard))));
                         }
                         Err(Error::Ambiguous { .. }) => {
                             // Read before deciding, as the error says: the label is this
                             // acquisition's own. Its lease, if it landed, keeps the label in
                             // place for LEASE from `asked`; a read after that (a slow server,
                             // a restart) cannot tell, and the op stays unresolved.
-                            let label = lock_row(pool).map(|row| row.label.as_deref() == Some(id.as_str()));
+                            let label = lock_row(reader).map(|row| row.label.as_deref() == Some(id.as_str()));
                             acquisition.landed = match label {
                                 Some(true) => Some(true),
                                 Some(false) if asked.elapsed() < LEASE / 2 => Some(false),
@@ -245,7 +415,8 @@ for_each_backend! {
         log
     }
 
-    /// The shared lock's row, read with a few fresh connections in case one is killed.
+    /// The shared lock's row, read with a few tries (a restart of the server may be
+    /// under way).
     fn lock_row(pool: &Pool<Manager>) -> Option<LockRow> {
         (0..20).find_map(|_| {
             let mut conn = pool.get().ok()?;
@@ -344,37 +515,38 @@ for_each_backend! {
         anomalies
     }
 
-    /// Prints the figures of a run and fails on any anomaly.
-    fn report(ops: &[Op], kills: u64, took: Duration, anomalies: &Anomalies) {
+    /// Prints the figures of a run on `path` and fails on any anomaly.
+    fn report(path: &str, ops: &[Op], kills: u64, took: Duration, anomalies: &Anomalies) {
         let mut tally = Tally::default();
         tally.add(ops);
         println!(
-            "{BACKEND}: {} operations in {:.1} s ({:.0}/s), {kills} sessions killed, {} anomalies\n{}",
+            "{BACKEND} ({path}): {} operations in {:.1} s ({:.0}/s), {kills} sessions killed, {} anomalies\n{}",
             ops.len(),
             took.as_secs_f64(),
             ops.len() as f64 / took.as_secs_f64(),
             anomalies.0.len(),
             tally.report()
         );
-        assert!(anomalies.0.is_empty(), "{BACKEND}: {:#?}", anomalies.0);
+        assert!(anomalies.0.is_empty(), "{BACKEND} ({path}): {:#?}", anomalies.0);
     }
 
-    #[test]
-    fn sessions_killed_at_random_lose_nothing_and_apply_nothing_twice() {
+    /// Three workers on a pool of four connections whose sessions are killed every 5-30 ms.
+    fn sessions_killed_at_random<P: FaultPath>() {
         if BACKEND == "sqlite" {
             return; // no server sessions; see the module documentation
         }
         let Some(db) = db() else { return };
         set_up(&mut db.conn());
-        let (pool, sessions) = faults::pool_with_sessions::<Conn>(&db.url, 4, session_id);
+        let (path, sessions) = P::open(&db.url, 4);
+        let path = std::sync::Arc::new(path);
         let mut admin = db.conn();
         let killer = faults::Killer::start(sessions, 5..30, move |id| kill_session(&mut admin, id));
 
         let started = Instant::now();
         let (done, finished) = std::sync::mpsc::channel();
         for worker in 0..3 {
-            let (pool, done) = (pool.clone(), done.clone());
-            std::thread::spawn(move || done.send(work(&pool, &format!("w{worker}"), 600, None)));
+            let (path, reader, done) = (path.clone(), db.pool.clone(), done.clone());
+            std::thread::spawn(move || done.send(work(&*path, &reader, &format!("w{worker}"), 600, None)));
         }
         let mut ops = Vec::new();
         for _ in 0..3 {
@@ -385,61 +557,89 @@ for_each_backend! {
         let kills = killer.stop();
 
         let anomalies = check(&mut db.conn(), &mut ops);
-        report(&ops, kills, took, &anomalies);
+        report(P::PATH, &ops, kills, took, &anomalies);
         assert!(kills >= 10, "too few faults to mean anything: {kills}");
         for kind in [Kind::Merge, Kind::ModifyPooled, Kind::MergeInPlace, Kind::Transition, Kind::Acquire] {
-            assert!(ops.iter().any(|op| op.kind == kind && op.outcome == Outcome::Done), "no {kind:?} succeeded");
+            assert!(ops.iter().any(|op| op.kind == kind && op.outcome == Outcome::Done), "no {kind:?} succeeded on {}", P::PATH);
         }
         // The pool recovered: once its connections have been idle for longer than the
         // window after which a checkout checks them, it hands out only live ones, all at once.
         std::thread::sleep(diesel_occ::PoolConfig::default().check_after_idle * 2);
-        let all: Vec<_> = (0..4).map(|_| pool.get().expect("a working connection")).collect();
-        for mut conn in all {
-            session_id(&mut conn).expect("a live session");
-        }
+        path.every_connection_answers(4);
     }
 
-    /// A release whose connection was killed fails (the client cannot know whether it
-    /// landed), and the guard's drop releases again on a new connection: the lock is free
-    /// at once, not when its lease ends.
-    #[test]
-    fn a_release_that_loses_its_connection_is_retried_by_the_drop() {
+    /// A release whose connection was killed while idle: the blocking pool hands the dead
+    /// connection out (it was idle for less than its check window), the release fails (the
+    /// client cannot know whether it landed) and the guard's drop releases again on a new
+    /// connection; bb8 tests the connection on checkout and replaces it, and the release
+    /// succeeds. Either way the lock is free at once, not when its hour-long lease ends.
+    fn a_release_that_loses_its_connection_frees_the_lock<P: FaultPath>() {
         if BACKEND == "sqlite" {
             return;
         }
         let Some(db) = db() else { return };
-        let (pool, sessions) = faults::pool_with_sessions::<Conn>(&db.url, 1, session_id);
-        let locks = Locks::new(pool.clone());
-        let guard = locks.try_lock("faults", "release", Duration::from_secs(3600), None).unwrap();
+        let (path, sessions) = P::open(&db.url, 1);
+        let locks = path.locks();
+        let guard = locks.try_lock("release", Duration::from_secs(3600), "first").unwrap();
         // The pool's one connection, which the release will get, is killed while idle.
         let victim = *sessions.0.lock().unwrap().last().unwrap();
         assert!(kill_session(&mut db.conn(), victim));
 
-        let err = guard.release().unwrap_err();
-        assert!(matches!(err, Error::Ambiguous { .. } | Error::Database(_)), "{err:?}");
-        let successor = locks.try_lock("faults", "release", Duration::from_secs(60), None);
-        assert!(successor.is_ok(), "the lock is still held: {successor:?}");
+        match locks.release(guard) {
+            Ok(()) => assert_eq!(P::PATH, "async", "the blocking pool checked a connection idle for a moment"),
+            Err(Error::Ambiguous { .. } | Error::Database(_)) => {}
+            Err(other) => panic!("{}: {other:?}", P::PATH),
+        }
+        let policy = RetryPolicy::default();
+        let successor = locks.lock("release", Duration::from_secs(60), "second", Duration::from_secs(10), &policy);
+        assert!(successor.is_ok(), "{}: the lock is still held: {:?}", P::PATH, successor.err());
     }
 
-    /// A process of the soak: runs the workload on two threads on the shared database
-    /// until `OCC_FAULT_SECONDS` are over, killing its own sessions at random, then prints
-    /// its operation log (`OP <json>` lines) and how many sessions it killed.
-    #[test]
-    fn fault_worker() {
-        let Ok(url) = std::env::var(format!("OCC_FAULT_WORKER_{BACKEND}")) else { return };
-        let seconds: u64 = std::env::var("OCC_FAULT_SECONDS").unwrap().parse().unwrap();
-        let name = std::env::var("OCC_FAULT_NAME").unwrap();
-        let (pool, sessions) = faults::pool_with_sessions::<Conn>(&url, 3, session_id);
+    mod blocking {
+        use super::*;
+
+        #[test]
+        fn sessions_killed_at_random_lose_nothing_and_apply_nothing_twice() {
+            sessions_killed_at_random::<BlockingFaults>();
+        }
+
+        #[test]
+        fn a_release_that_loses_its_connection_frees_the_lock() {
+            super::a_release_that_loses_its_connection_frees_the_lock::<BlockingFaults>();
+        }
+    }
+
+    mod on_async {
+        use super::*;
+
+        #[test]
+        fn sessions_killed_at_random_lose_nothing_and_apply_nothing_twice() {
+            sessions_killed_at_random::<AsyncFaults>();
+        }
+
+        #[test]
+        fn a_release_that_loses_its_connection_frees_the_lock() {
+            super::a_release_that_loses_its_connection_frees_the_lock::<AsyncFaults>();
+        }
+    }
+
+    /// A process of the soak: runs the workload on two threads on `path` until
+    /// `OCC_FAULT_SECONDS` are over, killing its own sessions at random, then prints its
+    /// operation log (`OP <json>` lines) and how many sessions it killed.
+    fn soak_worker<P: FaultPath>(url: &str, seconds: u64, name: &str) {
+        let (path, sessions) = P::open(url, 3);
+        let path = std::sync::Arc::new(path);
         // The killer's own connections, not registered: it never kills itself.
-        let admin = <Conn as PoolByUrl>::pool(&url);
+        let admin = <Conn as PoolByUrl>::pool(url);
+        let reader = admin.clone();
         let killer = faults::Killer::start(sessions, 20..80, move |id| {
             admin.get().is_ok_and(|mut conn| kill_session(&mut conn, id))
         });
         let until = Instant::now() + Duration::from_secs(seconds);
         let threads: Vec<_> = (0..2)
             .map(|t| {
-                let (pool, name) = (pool.clone(), format!("{name}t{t}"));
-                std::thread::spawn(move || work(&pool, &name, usize::MAX, Some(until)))
+                let (path, reader, name) = (path.clone(), reader.clone(), format!("{name}t{t}"));
+                std::thread::spawn(move || work(&*path, &reader, &name, usize::MAX, Some(until)))
             })
             .collect();
         let ops: Vec<Op> = threads.into_iter().flat_map(|t| t.join().unwrap()).collect();
@@ -449,6 +649,19 @@ for_each_backend! {
             writeln!(out, "OP {}", serde_json::to_string(op).unwrap()).unwrap();
         }
         writeln!(out, "KILLS {kills}").unwrap();
+    }
+
+    /// The soak's worker process (run by [`fault_soak`]), on the executor that
+    /// `OCC_FAULT_PATH` names.
+    #[test]
+    fn fault_worker() {
+        let Ok(url) = std::env::var(format!("OCC_FAULT_WORKER_{BACKEND}")) else { return };
+        let seconds: u64 = std::env::var("OCC_FAULT_SECONDS").unwrap().parse().unwrap();
+        let name = std::env::var("OCC_FAULT_NAME").unwrap();
+        match std::env::var("OCC_FAULT_PATH").as_deref() {
+            Ok("async") => soak_worker::<AsyncFaults>(&url, seconds, &name),
+            _ => soak_worker::<BlockingFaults>(&url, seconds, &name),
+        }
     }
 
     /// With the soak's restarts (`scripts/faults.sh`): a lock's fence keeps rising across
@@ -479,8 +692,8 @@ for_each_backend! {
         assert!(before[0] < before[1] && before[1] < restarted && restarted < purged);
     }
 
-    /// The soak (`scripts/faults.sh`): `OCC_SOAK_PROCESSES` worker processes for
-    /// `OCC_SOAK_SECONDS` on one database, the server restarted halfway through by the
+    /// The soak (`scripts/faults.sh`): `OCC_SOAK_PROCESSES` worker processes (every other
+    /// one on the async executor) for `OCC_SOAK_SECONDS` on one database, the server restarted halfway through by the
     /// shell command in `OCC_SOAK_RESTART_<BACKEND>`. Every process must finish (none
     /// stuck), succeed again after the restart, and the end state must match every log.
     #[test]
@@ -504,6 +717,8 @@ for_each_backend! {
                         .env(format!("OCC_FAULT_WORKER_{BACKEND}"), &db.url)
                         .env("OCC_FAULT_SECONDS", seconds.to_string())
                         .env("OCC_FAULT_NAME", format!("p{p}"))
+                        // Every other process runs the async executor.
+                        .env("OCC_FAULT_PATH", if p % 2 == 1 { "async" } else { "blocking" })
                         .stdout(Stdio::piped())
                         .spawn()
                         .unwrap(),
@@ -554,6 +769,6 @@ for_each_backend! {
         let took = started.elapsed();
         let anomalies = check(&mut db.conn(), &mut ops);
         println!("{BACKEND}: {processes} processes, {} server restart(s)", u8::from(back_at.is_some()));
-        report(&ops, kills, took, &anomalies);
+        report("both executors", &ops, kills, took, &anomalies);
     }
 }
