@@ -1,6 +1,7 @@
 //! A writer process killed with SIGKILL in the middle of its work (a merge, a transition
 //! with its history hook): the database rolls its open transaction back, nothing is
-//! half-applied, and the others carry on at once.
+//! half-applied, and the others carry on at once. The killed writer runs the blocking API
+//! and, in alternate rounds, the async one (diesel-async).
 
 #![cfg(unix)]
 
@@ -27,10 +28,31 @@ pub enum Switch {
     On,
 }
 
-/// Starts this test binary's `test` in a child process with `var` set to `url`; the last
-/// number it printed after `marker` comes back when it is killed.
+/// The executors the killed writers run on, round by round: both where the async API is
+/// built.
+const CHILD_PATHS: &[&str] = if cfg!(all(
+    feature = "async",
+    any(not(feature = "mysql"), feature = "async-mysql")
+)) {
+    &["blocking", "async"]
+} else {
+    &["blocking"]
+};
+
+/// Whether this child process runs the async API.
+#[cfg(all(
+    feature = "async",
+    any(not(feature = "mysql"), feature = "async-mysql")
+))]
+fn child_on_async() -> bool {
+    std::env::var("OCC_CHILD_PATH").as_deref() == Ok("async")
+}
+
+/// Starts this test binary's `test` in a child process on executor `path` with `var` set
+/// to `url`; the last number it printed after `marker` comes back when it is killed.
 fn start_child(
     test: &str,
+    path: &str,
     var: &str,
     url: &str,
     marker: &'static str,
@@ -39,6 +61,7 @@ fn start_child(
         Command::new(std::env::current_exe().unwrap())
             .args([test, "--exact", "--nocapture", "--test-threads=1"])
             .env(var, url)
+            .env("OCC_CHILD_PATH", path)
             .stdout(Stdio::piped())
             .spawn()
             .unwrap(),
@@ -66,6 +89,10 @@ for_each_backend! {
     #[test]
     fn merging_child() {
         let Ok(url) = std::env::var(format!("OCC_MERGING_CHILD_{BACKEND}")) else { return };
+        #[cfg(all(feature = "async", any(not(feature = "mysql"), feature = "async-mysql")))]
+        if child_on_async() {
+            return on_async::merging(&url);
+        }
         let mut conn = <Conn as PoolByUrl>::pool(&url).get().unwrap();
         for n in 1.. {
             Profile::merge_json(&mut conn, &1, profiles::ext, &json!({ "count": n }), &RetryPolicy::default()).unwrap();
@@ -83,9 +110,11 @@ for_each_backend! {
         diesel::insert_into(profiles::table).values(&row).execute(&mut db.conn()).unwrap();
         // The version before the child starts: each of its merges moves it by exactly one.
         let mut start_version = 0;
-        for round in 0..3 {
+        for (round, path) in CHILD_PATHS.iter().cycle().take(4).enumerate() {
+            let round = round as u64;
             let (mut child, reader) = start_child(
                 &format!("{BACKEND}::merging_child"),
+                path,
                 &format!("OCC_MERGING_CHILD_{BACKEND}"),
                 &db.url,
                 "MERGED ",
@@ -99,7 +128,7 @@ for_each_backend! {
             let conn = &mut db.conn();
             let stored: Profile = profiles::table.find(1).select(Profile::as_select()).first(conn).unwrap();
             let count = stored.ext["count"].as_i64().unwrap();
-            assert!(count == reported || count == reported + 1, "round {round}: reported {reported}, stored {count}");
+            assert!(count == reported || count == reported + 1, "round {round} ({path}): reported {reported}, stored {count}");
             assert_eq!(stored.version, start_version + count, "round {round}: the count and the version move together");
             // The parent goes on at once: no lock is left behind, no retry needed.
             let done = Profile::merge_json(conn, &1, profiles::ext, &json!({ "count": 0 }), &RetryPolicy::never())
@@ -132,6 +161,10 @@ for_each_backend! {
     #[test]
     fn switching_child() {
         let Ok(url) = std::env::var(format!("OCC_SWITCHING_CHILD_{BACKEND}")) else { return };
+        #[cfg(all(feature = "async", any(not(feature = "mysql"), feature = "async-mysql")))]
+        if child_on_async() {
+            return on_async::switching(&url);
+        }
         let mut conn = <Conn as PoolByUrl>::pool(&url).get().unwrap();
         loop {
             let mut light: Light = switches::table.find(1).select(Light::as_select()).first(&mut conn).unwrap();
@@ -156,9 +189,11 @@ for_each_backend! {
             .execute(conn)
             .unwrap();
         diesel::insert_into(switches::table).values(&Light { id: 1, state: Switch::Off, version: 0 }).execute(conn).unwrap();
-        for round in 0..3 {
+        for (round, path) in CHILD_PATHS.iter().cycle().take(4).enumerate() {
+            let round = round as u64;
             let (mut child, reader) = start_child(
                 &format!("{BACKEND}::switching_child"),
+                path,
                 &format!("OCC_SWITCHING_CHILD_{BACKEND}"),
                 &db.url,
                 "MOVED ",
@@ -171,7 +206,7 @@ for_each_backend! {
             let stored: Light = switches::table.find(1).select(Light::as_select()).first(conn).unwrap();
             assert!(
                 stored.version == reported || stored.version == reported + 1,
-                "round {round}: reported version {reported}, stored {}", stored.version
+                "round {round} ({path}): reported version {reported}, stored {}", stored.version
             );
             let moves: Vec<HistoryRow> = diesel::sql_query("SELECT entity_key, from_status, to_status, actor FROM occ_transitions WHERE entity = 'switches' ORDER BY id")
                 .load(conn)
@@ -192,6 +227,51 @@ for_each_backend! {
                 })
                 .map_err(|e: Error| e.to_string())
                 .unwrap();
+        }
+    }
+
+    /// The children on the async path: the same loops on a diesel-async connection.
+    #[cfg(all(feature = "async", any(not(feature = "mysql"), feature = "async-mysql")))]
+    mod on_async {
+        use super::*;
+        use common::paths::AsyncOf;
+
+        type Async = <Conn as AsyncOf>::Async;
+
+        pub fn merging(url: &str) {
+            let runtime = common::paths::runtime();
+            let mut conn = Conn::connect(url, &runtime);
+            let policy = RetryPolicy::default();
+            for n in 1.. {
+                let patch = json!({ "count": n });
+                let merge = <Profile as diesel_occ::asynchronous::AsyncGuardedJson>::merge_json(
+                    &mut conn, &1, profiles::ext, &patch, &policy,
+                );
+                runtime.block_on(merge).unwrap();
+                println!("MERGED {n}");
+            }
+        }
+
+        pub fn switching(url: &str) {
+            let runtime = common::paths::runtime();
+            let mut conn = Conn::connect(url, &runtime);
+            loop {
+                let read = switches::table.find(1).select(Light::as_select());
+                let mut light: Light = runtime.block_on(diesel_async::RunQueryDsl::first(read, &mut conn)).unwrap();
+                let to = if light.state == Switch::Off { Switch::On } else { Switch::Off };
+                let moved = diesel_occ::asynchronous::AsyncGuardedTransition::transition_then(
+                    &mut light,
+                    &mut conn,
+                    to,
+                    no_extra(),
+                    async |conn: &mut Async, from: Switch, row: &Light| {
+                        let entry = HistoryEntry { entity: "switches", key: "1", from: from.name(), to: row.state.name(), actor: None };
+                        diesel_occ::asynchronous::record(conn, &entry).await
+                    },
+                );
+                runtime.block_on(moved).unwrap();
+                println!("MOVED {}", light.version);
+            }
         }
     }
 }
