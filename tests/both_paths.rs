@@ -466,6 +466,31 @@ for_each_backend! {
         locked_work_runs_only_on_the_current_row
     );
 
+    /// A move by key hands its new version back for what its backend needs and no more:
+    /// one statement (`UPDATE ... RETURNING`) on PostgreSQL and SQLite; on MySQL the
+    /// `UPDATE` and one `SELECT` of the version it noted, no transaction.
+    fn a_move_by_key_sends_at_most_two_statements<W: Writes>(w: &mut W) {
+        assert_eq!(w.transition_by_key(1, OrderState::Held).unwrap(), 1, "{}", W::PATH);
+        let statements = w.record_statements();
+        assert_eq!(w.transition_by_key(1, OrderState::Valid).unwrap(), 2, "{}", W::PATH);
+        let sent = std::mem::take(&mut *statements.lock().unwrap());
+        assert_eq!(sent.len(), if BACKEND == "mysql" { 2 } else { 1 }, "{}: {sent:#?}", W::PATH);
+        let row = w.load_tracked(1).unwrap();
+        assert_eq!((row.status, row.version), (OrderState::Valid, 2), "{}", W::PATH);
+    }
+
+    #[test]
+    fn a_blocking_move_by_key_sends_at_most_two_statements() {
+        let Some(db) = seeded() else { return };
+        a_move_by_key_sends_at_most_two_statements(&mut Blocking(db.conn()));
+    }
+
+    #[test]
+    fn an_async_move_by_key_sends_at_most_two_statements() {
+        let Some(db) = seeded() else { return };
+        a_move_by_key_sends_at_most_two_statements(&mut async_writer(&db));
+    }
+
     /// A cancel and a ship race on each of 20 orders, on two writers of a kind: exactly
     /// one wins each race, and the row is in the winner's state at version 1.
     fn cancel_vs_ship<W: Writes + Send>(pool: &Pool, writer: impl Fn() -> W + Sync) {

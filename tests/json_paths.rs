@@ -9,11 +9,12 @@
 
 mod common;
 
-use common::paths::{Async, AsyncOf, Blocking};
+use common::paths::{recorder, Async, AsyncOf, Blocking};
 use diesel::prelude::*;
 use diesel_occ::asynchronous::prelude::*;
 use diesel_occ::{Error, GuardedJson, GuardedJsonMerge, Modified, RetryPolicy};
 use serde_json::{json, Value};
+use std::sync::{Arc, Mutex};
 
 /// A typed view of part of a profile's document.
 #[derive(Debug, serde::Serialize, serde::Deserialize)]
@@ -41,7 +42,23 @@ for_each_backend! {
         fn set(&mut self, id: i64, pointer: &str, value: Value) -> Result<Modified<Profile, ()>, Error>;
         fn remove(&mut self, id: i64, pointer: &str) -> Result<Modified<Profile, ()>, Error>;
         fn move_city(&mut self, id: i64, city: &'static str) -> Result<Modified<Profile, ()>, Error>;
+        /// Runs `sql` on this executor's connection.
+        fn execute(&mut self, sql: &str);
+        /// The session's `LAST_INSERT_ID()` (MySQL).
+        fn last_insert_id(&mut self) -> i64;
+        /// Records every statement this executor's connection sends from now on.
+        fn record_statements(&mut self) -> Arc<Mutex<Vec<String>>>;
     }
+
+    /// A row of `SELECT LAST_INSERT_ID() AS id`.
+    #[derive(QueryableByName)]
+    struct LastInsertId {
+        #[diesel(sql_type = diesel::sql_types::BigInt)]
+        id: i64,
+    }
+
+    const LAST_INSERT_ID: &str = "SELECT CAST(LAST_INSERT_ID() AS SIGNED) AS id";
+
 
     fn to_city(city: &'static str) -> impl FnMut(&mut WithAddress) -> Result<(), Error> + Send + 'static {
         move |typed| {
@@ -52,6 +69,17 @@ for_each_backend! {
 
     impl Edits for Blocking<diesel_occ::Pooled<Conn>> {
         const PATH: &'static str = "blocking";
+        fn execute(&mut self, sql: &str) {
+            diesel::connection::SimpleConnection::batch_execute(&mut *self.0, sql).unwrap();
+        }
+        fn last_insert_id(&mut self) -> i64 {
+            diesel::sql_query(LAST_INSERT_ID).get_result::<LastInsertId>(&mut self.0).unwrap().id
+        }
+        fn record_statements(&mut self) -> Arc<Mutex<Vec<String>>> {
+            let statements = Arc::new(Mutex::new(Vec::new()));
+            self.0.set_instrumentation(recorder(&statements));
+            statements
+        }
         fn merge(&mut self, id: i64, patch: &Value) -> Result<Modified<Profile, ()>, Error> {
             <Profile as GuardedJson>::merge_json(&mut self.0, &id, profiles::ext, patch, &RetryPolicy::default())
         }
@@ -73,6 +101,18 @@ for_each_backend! {
     }
 
     impl Edits for Async<Async_> {
+        fn execute(&mut self, sql: &str) {
+            self.runtime.block_on(diesel_async::SimpleAsyncConnection::batch_execute(&mut self.conn, sql)).unwrap();
+        }
+        fn last_insert_id(&mut self) -> i64 {
+            let read = diesel_async::RunQueryDsl::get_result::<LastInsertId>(diesel::sql_query(LAST_INSERT_ID), &mut self.conn);
+            self.runtime.block_on(read).unwrap().id
+        }
+        fn record_statements(&mut self) -> Arc<Mutex<Vec<String>>> {
+            let statements = Arc::new(Mutex::new(Vec::new()));
+            diesel_async::AsyncConnection::set_instrumentation(&mut self.conn, recorder(&statements));
+            statements
+        }
         const PATH: &'static str = "async";
         fn merge(&mut self, id: i64, patch: &Value) -> Result<Modified<Profile, ()>, Error> {
             let policy = RetryPolicy::default();
@@ -146,6 +186,39 @@ for_each_backend! {
         assert_eq!(load(pool, 1), before);
     }
 
+    /// A one-statement merge sends what its backend needs to hand the new version back
+    /// and no more: one statement (`UPDATE ... RETURNING`) on PostgreSQL and SQLite; on
+    /// MySQL the `UPDATE` and one `SELECT` of the version it noted, no transaction. The
+    /// version it returns is the row's. On MySQL the caller's `LAST_INSERT_ID()` is the
+    /// same after it, whether the merge wrote, missed its row, or ran inside the
+    /// caller's transaction.
+    fn a_merge_in_place_sends_at_most_two_statements<E: Edits>(e: &mut E, pool: &Pool) {
+        let mysql = BACKEND == "mysql";
+        if mysql {
+            e.execute("CREATE TABLE occ_ids (id BIGINT AUTO_INCREMENT PRIMARY KEY, n INT)");
+            e.execute("INSERT INTO occ_ids (n) VALUES (1)");
+            e.execute("INSERT INTO occ_ids (n) VALUES (2)");
+            assert_eq!(e.last_insert_id(), 2);
+        }
+        let statements = e.record_statements();
+        let token = e.merge_in_place(1, &json!({"n": 1})).unwrap();
+        let sent = std::mem::take(&mut *statements.lock().unwrap());
+        assert_eq!(sent.len(), if mysql { 2 } else { 1 }, "{}: {sent:#?}", E::PATH);
+        assert_eq!((token, load(pool, 1).version), (1, 1), "{}", E::PATH);
+        if !mysql {
+            return;
+        }
+        assert_eq!(e.last_insert_id(), 2, "{}: the caller's last insert id after a write", E::PATH);
+        assert!(matches!(e.merge_in_place(9, &json!({"n": 2})), Err(Error::NotFound { .. })));
+        assert_eq!(e.last_insert_id(), 2, "{}: the caller's last insert id after a miss", E::PATH);
+        e.execute("BEGIN");
+        e.execute("INSERT INTO occ_ids (n) VALUES (3)");
+        assert_eq!(e.merge_in_place(1, &json!({"n": 3})).unwrap(), 2);
+        assert_eq!(e.last_insert_id(), 3, "{}: inside the caller's transaction", E::PATH);
+        e.execute("COMMIT");
+        assert_eq!(load(pool, 1).ext["n"], json!(3));
+    }
+
     macro_rules! on_both_paths {
         ($($body:ident),*) => {
             mod blocking {
@@ -167,7 +240,11 @@ for_each_backend! {
         };
     }
 
-    on_both_paths!(every_edit_lands_as_its_rfc_says, bad_input_is_refused_with_nothing_written);
+    on_both_paths!(
+        every_edit_lands_as_its_rfc_says,
+        bad_input_is_refused_with_nothing_written,
+        a_merge_in_place_sends_at_most_two_statements
+    );
 
     /// 8 writers, each merging its own 10 keys into one row, half by read-merge-write and
     /// half in one statement: every key is there, and every merge moved the version once.

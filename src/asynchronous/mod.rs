@@ -106,7 +106,9 @@ pub use lock_connection::AsyncLockConnection;
 pub use locks::{AsyncLockGuard, AsyncLockPool, AsyncLocks};
 pub use modify::{AsyncGuardedModify, AsyncModifyRow};
 pub use pessimistic::AsyncPessimistic;
-pub use send::{AsyncComplete, AsyncCompleteEach, AsyncLoadByKey, AsyncReadsBack};
+pub use send::{
+    AsyncComplete, AsyncCompleteEach, AsyncLoadByKey, AsyncReadsBack, AsyncReadsVersionBack,
+};
 pub use source::AsyncConnectionSource;
 pub use transition::{record, AsyncGuardedTransition, AsyncTransitionByKey, AsyncTransitionRow};
 pub use write_transaction::{AsyncWriteConnection, LockedWork, TransitionHook, WriteTurn};

@@ -16,7 +16,7 @@ use super::connection::{in_transaction, NativeAsync, NativeAsyncConnection};
 use crate::connect::backend::OccBackend;
 use crate::guard::Guarded;
 use crate::sql::names::table_name;
-use crate::sql::new_token::{Counted, ReadAfter, ReturnedBy};
+use crate::sql::new_token::{Counted, ReadAfter, ReturnedBy, ReturnedVersion};
 use crate::sql::statement::{AnyOf, LatestRead, RowLock};
 use crate::sql::values_update::{RowAndToken, RowOnly, Template, ValuesUpdate};
 use crate::write::entity::{rows_by_keys, RowsByKeys};
@@ -184,6 +184,83 @@ where
         statement: S,
     ) -> impl Future<Output = QueryResult<(usize, Option<Tok>)>> + Send {
         <C::Backend as AsyncReadsBack<C, S, Col, Tok>>::run(conn, statement)
+    }
+}
+
+/// A version advanced in SQL: PostgreSQL returns it; MySQL notes it in the session's
+/// `LAST_INSERT_ID` and reads the note, as the blocking path does.
+impl<C, S, Col, Tok> AsyncComplete<C, S, Tok> for ReturnedVersion<Col>
+where
+    C: AsyncConnection,
+    C::Backend: AsyncReadsVersionBack<C, S, Col, Tok>,
+{
+    fn run(
+        conn: &mut C,
+        statement: S,
+    ) -> impl Future<Output = QueryResult<(usize, Option<Tok>)>> + Send {
+        <C::Backend as AsyncReadsVersionBack<C, S, Col, Tok>>::run(conn, statement)
+    }
+}
+
+/// How backend `Self` sends `statement` and reads back the version it left in `Col`; see
+/// [`ReturnedVersion`].
+#[diagnostic::on_unimplemented(
+    message = "this version guard cannot read its new version back on `{Self}`",
+    note = "the statement, its guard's assignments or the version's column type do not fit this connection's backend"
+)]
+pub trait AsyncReadsVersionBack<C, S, Col, Tok> {
+    /// Sends `statement` on `conn`: the rows it matched and the version it left.
+    fn run(
+        conn: &mut C,
+        statement: S,
+    ) -> impl Future<Output = QueryResult<(usize, Option<Tok>)>> + Send;
+}
+
+#[cfg(feature = "postgres")]
+impl<C, S, Col, Tok> AsyncReadsVersionBack<C, S, Col, Tok> for diesel::pg::Pg
+where
+    diesel::pg::Pg: AsyncReadsBack<C, S, Col, Tok>,
+{
+    fn run(
+        conn: &mut C,
+        statement: S,
+    ) -> impl Future<Output = QueryResult<(usize, Option<Tok>)>> + Send {
+        <diesel::pg::Pg as AsyncReadsBack<C, S, Col, Tok>>::run(conn, statement)
+    }
+}
+
+/// The statement noting its version, then the read of the note, as the blocking path.
+#[cfg(feature = "async-mysql")]
+impl<C, T, Changes, Advance, Key, Guard, Col, Tok>
+    AsyncReadsVersionBack<
+        C,
+        crate::sql::statement::GuardedUpdate<T, Changes, Advance, Key, Guard>,
+        Col,
+        Tok,
+    > for diesel::mysql::Mysql
+where
+    C: AsyncConnection<Backend = Self>,
+    T: diesel::Table,
+    Tok: crate::guard::version::VersionNumber,
+    crate::sql::statement::GuardedUpdate<T, Changes, Advance, Key, Guard>: Send,
+    crate::sql::statement::NotingVersion<T, Changes, Advance, Key, Guard, Col>:
+        ExecuteDsl<C> + Send + 'static,
+    diesel::query_builder::SqlQuery: LoadQuery<'static, C, crate::sql::statement::NotedVersion>,
+{
+    async fn run(
+        conn: &mut C,
+        statement: crate::sql::statement::GuardedUpdate<T, Changes, Advance, Key, Guard>,
+    ) -> QueryResult<(usize, Option<Tok>)> {
+        use crate::sql::statement::{NotedVersion, READ_NOTED_VERSION};
+        match ExecuteDsl::execute(statement.noting_version::<Col>(), conn).await? {
+            1 => {
+                let noted: NotedVersion = diesel::sql_query(READ_NOTED_VERSION)
+                    .get_result(conn)
+                    .await?;
+                Ok((1, Some(noted.version()?)))
+            }
+            rows => Ok((rows, None)),
+        }
     }
 }
 

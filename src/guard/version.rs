@@ -53,7 +53,7 @@ where
     type AdvanceAny = Increment<Col>;
     type CanAdvance = BelowMaximum<Col, V>;
     type TokenColumn = Col;
-    type ReadBack = crate::sql::new_token::ReturnedBy<Col>;
+    type ReadBack = crate::sql::new_token::ReturnedVersion<Col>;
 
     fn advance_any() -> Increment<Col> {
         Increment::default()
@@ -91,10 +91,16 @@ pub trait VersionNumber: Copy + Debug + PartialEq + Send + Sync + 'static {
 
     /// Widened for messages and [`Token`].
     fn widen(self) -> i128;
+
+    /// The version MySQL's `LAST_INSERT_ID(version)` noted: the session keeps it as an
+    /// unsigned 64-bit value (a negative one in two's complement); `None` if it does not
+    /// fit this type.
+    #[doc(hidden)]
+    fn from_noted(noted: u64) -> Option<Self>;
 }
 
 macro_rules! version_number {
-    ($($t:ty => $sql:ty),*) => {$(
+    ($($t:ty => $sql:ty, $noted:ty);*) => {$(
         impl VersionNumber for $t {
             type SqlType = $sql;
             const MAX: Self = <$t>::MAX;
@@ -104,16 +110,20 @@ macro_rules! version_number {
             fn widen(self) -> i128 {
                 i128::from(self)
             }
+            fn from_noted(noted: u64) -> Option<Self> {
+                // Reinterpreted, not converted: the session stores a signed value's bits.
+                <$t>::try_from(noted as $noted).ok()
+            }
         }
     )*};
 }
 
-version_number!(i16 => SmallInt, i32 => Integer, i64 => BigInt);
+version_number!(i16 => SmallInt, i64; i32 => Integer, i64; i64 => BigInt, i64);
 #[cfg(feature = "mysql")]
 version_number!(
-    u16 => diesel::sql_types::Unsigned<SmallInt>,
-    u32 => diesel::sql_types::Unsigned<Integer>,
-    u64 => diesel::sql_types::Unsigned<BigInt>
+    u16 => diesel::sql_types::Unsigned<SmallInt>, u64;
+    u32 => diesel::sql_types::Unsigned<Integer>, u64;
+    u64 => diesel::sql_types::Unsigned<BigInt>, u64
 );
 
 /// A column that can hold versions of type `V`: NOT NULL and of `V`'s SQL type. A

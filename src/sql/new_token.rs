@@ -151,6 +151,88 @@ where
     })
 }
 
+/// The next token is version column `Col` as the statement advanced it: `... RETURNING
+/// <Col>` on PostgreSQL and SQLite; on MySQL, which has no `RETURNING`, the statement
+/// notes the version in the session's `LAST_INSERT_ID` and one `SELECT` reads it and puts
+/// the caller's last insert id back ([`NoteVersion`](crate::sql::statement::NoteVersion)).
+/// Two round trips and no transaction, where reading the row back takes four (`BEGIN`,
+/// the statement, the read, `COMMIT`): the session's own value cannot be changed by
+/// another writer.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ReturnedVersion<Col>(PhantomData<Col>);
+
+impl<C, S, Col, Tok> Complete<C, S, Tok> for ReturnedVersion<Col>
+where
+    C: Connection,
+    C::Backend: ReadsVersionBack<C, S, Col, Tok>,
+{
+    fn run(conn: &mut C, statement: S) -> QueryResult<(usize, Option<Tok>)> {
+        <C::Backend as ReadsVersionBack<C, S, Col, Tok>>::run(conn, statement)
+    }
+}
+
+/// How backend `Self` runs `statement` and reads back the version it left in `Col`.
+#[diagnostic::on_unimplemented(
+    message = "this version guard cannot read its new version back on `{Self}`",
+    note = "the statement, its guard's assignments or the version's column type do not fit this connection's backend"
+)]
+pub trait ReadsVersionBack<C, S, Col, Tok> {
+    /// Runs `statement` on `conn`: the rows it matched and the version it left.
+    fn run(conn: &mut C, statement: S) -> QueryResult<(usize, Option<Tok>)>;
+}
+
+/// `RETURNING`, as any other column read back.
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
+macro_rules! reads_version_by_returning {
+    ($backend:ty) => {
+        impl<C, S, Col, Tok> ReadsVersionBack<C, S, Col, Tok> for $backend
+        where
+            C: Connection<Backend = Self>,
+            Returning<S, Col>: diesel::query_dsl::LoadQuery<'static, C, Tok>,
+        {
+            fn run(conn: &mut C, statement: S) -> QueryResult<(usize, Option<Tok>)> {
+                load_returning::<C, S, Col, Tok>(conn, statement)
+            }
+        }
+    };
+}
+
+#[cfg(feature = "postgres")]
+reads_version_by_returning!(diesel::pg::Pg);
+#[cfg(feature = "sqlite")]
+reads_version_by_returning!(diesel::sqlite::Sqlite);
+
+/// The statement noting its version, then the read of the note (skipped when it wrote
+/// nothing: then nothing was noted and the caller's value was never touched).
+#[cfg(feature = "mysql")]
+impl<C, T, Changes, Advance, Key, Guard, Col, Tok>
+    ReadsVersionBack<
+        C,
+        crate::sql::statement::GuardedUpdate<T, Changes, Advance, Key, Guard>,
+        Col,
+        Tok,
+    > for diesel::mysql::Mysql
+where
+    C: Connection<Backend = Self> + diesel::connection::LoadConnection,
+    T: diesel::Table,
+    Tok: crate::guard::version::VersionNumber,
+    crate::sql::statement::NotingVersion<T, Changes, Advance, Key, Guard, Col>: ExecuteDsl<C>,
+{
+    fn run(
+        conn: &mut C,
+        statement: crate::sql::statement::GuardedUpdate<T, Changes, Advance, Key, Guard>,
+    ) -> QueryResult<(usize, Option<Tok>)> {
+        use crate::sql::statement::{NotedVersion, READ_NOTED_VERSION};
+        match ExecuteDsl::execute(statement.noting_version::<Col>(), conn)? {
+            1 => {
+                let noted: NotedVersion = diesel::sql_query(READ_NOTED_VERSION).get_result(conn)?;
+                Ok((1, Some(noted.version()?)))
+            }
+            rows => Ok((rows, None)),
+        }
+    }
+}
+
 /// The next token is column `Col` as the database left it after the statement and its
 /// triggers (a token other code maintains): `RETURNING` on PostgreSQL, where a `BEFORE`
 /// trigger's value is the returned one; on SQLite, whose `RETURNING` reports the values

@@ -228,6 +228,78 @@ where
     }
 }
 
+#[cfg(feature = "mysql")]
+impl<T: Table, Changes, Advance, Key, Guard> GuardedUpdate<T, Changes, Advance, Key, Guard> {
+    /// This statement, also noting the version it leaves in column `Col` in the
+    /// session's `LAST_INSERT_ID` ([`NoteVersion`]), for MySQL to read it back without
+    /// `RETURNING` and without a transaction.
+    pub(crate) fn noting_version<Col>(self) -> NotingVersion<T, Changes, Advance, Key, Guard, Col> {
+        GuardedUpdate {
+            from: self.from,
+            changes: self.changes,
+            advance: Joined(self.advance, NoteVersion(PhantomData), Comma),
+            key: self.key,
+            guard: self.guard,
+        }
+    }
+}
+
+/// A guarded update that also notes the version it leaves in `Col`.
+#[cfg(feature = "mysql")]
+pub(crate) type NotingVersion<T, Changes, Advance, Key, Guard, Col> =
+    GuardedUpdate<T, Changes, AlsoSet<Advance, NoteVersion<Col>>, Key, Guard>;
+
+/// MySQL: `` `v` = LAST_INSERT_ID(`v` + 0 * (@occ_prev := LAST_INSERT_ID())) `` after the
+/// assignments: MySQL assigns from left to right, so this sets the version column to
+/// the value the statement just gave it, and notes that value in the session's
+/// `LAST_INSERT_ID`, after keeping the caller's last insert id in `@occ_prev`.
+/// [`READ_NOTED_VERSION`] reads the note and puts the caller's value back. A row the
+/// statement does not match evaluates none of it.
+#[cfg(feature = "mysql")]
+#[derive(Debug, Clone, Copy)]
+pub struct NoteVersion<Col>(PhantomData<Col>);
+
+#[cfg(feature = "mysql")]
+impl<Col: Column> QueryFragment<diesel::mysql::Mysql> for NoteVersion<Col> {
+    fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, diesel::mysql::Mysql>) -> QueryResult<()> {
+        out.push_identifier(Col::NAME)?;
+        out.push_sql(" = LAST_INSERT_ID(");
+        out.push_identifier(Col::NAME)?;
+        out.push_sql(" + 0 * (@occ_prev := LAST_INSERT_ID()))");
+        Ok(())
+    }
+}
+
+/// The version a [`NoteVersion`] statement noted, and the caller's last insert id put
+/// back (`LAST_INSERT_ID(expr)` makes `expr` the session's value again).
+#[cfg(feature = "mysql")]
+pub(crate) const READ_NOTED_VERSION: &str =
+    "SELECT LAST_INSERT_ID() AS noted, LAST_INSERT_ID(@occ_prev) AS restored";
+
+/// A row of [`READ_NOTED_VERSION`].
+#[cfg(feature = "mysql")]
+#[derive(diesel::QueryableByName)]
+pub(crate) struct NotedVersion {
+    #[diesel(sql_type = diesel::sql_types::Unsigned<diesel::sql_types::BigInt>)]
+    pub(crate) noted: u64,
+}
+
+#[cfg(feature = "mysql")]
+impl NotedVersion {
+    /// The noted version as version type `V`.
+    pub(crate) fn version<V: crate::guard::version::VersionNumber>(self) -> QueryResult<V> {
+        V::from_noted(self.noted).ok_or_else(|| {
+            diesel::result::Error::DeserializationError(
+                format!(
+                    "the noted version {} does not fit the version's type",
+                    self.noted
+                )
+                .into(),
+            )
+        })
+    }
+}
+
 /// `SELECT <Col> FROM <table> WHERE (<key>)`; see [`GuardedUpdate::read_back`].
 #[derive(Debug, Clone)]
 pub struct ColumnOfRow<T: Table, Key, Col> {

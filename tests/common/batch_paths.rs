@@ -5,7 +5,7 @@
 
 use std::sync::{Arc, Mutex};
 
-use diesel::connection::{Connection, InstrumentationEvent};
+use diesel::connection::Connection;
 use diesel::prelude::*;
 use diesel_occ::asynchronous::{
     AsyncDeleteBatch, AsyncGuardedBatch, AsyncGuardedWrite, AsyncUpdateBatch, AsyncUpdateRow,
@@ -18,7 +18,7 @@ use diesel_occ::{
 type QuantityIs = diesel::dsl::Eq<orders::quantity, i32>;
 
 use super::models::Order;
-use super::paths::{Async, Blocking};
+use super::paths::{recorder, Async, Blocking};
 use super::schema::orders;
 
 /// A batch row's changes: only `Some` fields are written, and `gift_message: Some(None)`
@@ -71,16 +71,6 @@ pub trait Batcher {
     ) -> Result<BatchReport<i64>, Error>;
     /// From now on, the SQL of every statement this executor's connection sends.
     fn record_statements(&mut self) -> Arc<Mutex<Vec<String>>>;
-}
-
-/// Records the SQL of each statement started, `BEGIN` and savepoints included.
-fn recorder(statements: &Arc<Mutex<Vec<String>>>) -> impl diesel::connection::Instrumentation {
-    let statements = Arc::clone(statements);
-    move |event: InstrumentationEvent<'_>| {
-        if let InstrumentationEvent::StartQuery { query, .. } = event {
-            statements.lock().unwrap().push(query.to_string());
-        }
-    }
 }
 
 impl<C> Batcher for Blocking<C>

@@ -7,6 +7,7 @@ use diesel_occ::asynchronous::prelude::*;
 use diesel_occ::{
     BulkReport, Error, GuardedBulk, GuardedModify, GuardedWrite, Modified, RetryPolicy, Upserted,
 };
+use std::sync::{Arc, Mutex};
 
 use super::models::{Order, OrderPatch, OrderState, TrackedOrder, ViewedOrder};
 use super::schema::orders;
@@ -84,6 +85,18 @@ pub trait Writes {
     fn note_if_current(&mut self, copy: &Order, note: &'static str) -> Result<Order, Error>;
     /// The transition history: key, from, to, actor, in order.
     fn history(&mut self) -> Vec<(String, String, String, Option<String>)>;
+    /// Records the text of every statement this executor's connection sends from now on.
+    fn record_statements(&mut self) -> Arc<Mutex<Vec<String>>>;
+}
+
+/// An instrumentation that keeps the text of every statement a connection sends.
+pub fn recorder(statements: &Arc<Mutex<Vec<String>>>) -> impl diesel::connection::Instrumentation {
+    let statements = Arc::clone(statements);
+    move |event: diesel::connection::InstrumentationEvent<'_>| {
+        if let diesel::connection::InstrumentationEvent::StartQuery { query, .. } = event {
+            statements.lock().unwrap().push(query.to_string());
+        }
+    }
 }
 
 /// A row of the transition history, as [`Writes::history`] reads it.
@@ -225,6 +238,11 @@ macro_rules! writes_for {
     ($sync:ty, $async:ty) => {
         impl Writes for Blocking<$sync> {
             const PATH: &'static str = "blocking";
+            fn record_statements(&mut self) -> Arc<Mutex<Vec<String>>> {
+                let statements = Arc::new(Mutex::new(Vec::new()));
+                self.0.set_instrumentation(recorder(&statements));
+                statements
+            }
             fn update(&mut self, row: &Order, patch: OrderPatch) -> Result<i64, Error> {
                 GuardedWrite::guarded_update(row, &mut self.0, patch)
             }
@@ -388,6 +406,14 @@ macro_rules! writes_for {
 
         impl Writes for Async<$async> {
             const PATH: &'static str = "async";
+            fn record_statements(&mut self) -> Arc<Mutex<Vec<String>>> {
+                let statements = Arc::new(Mutex::new(Vec::new()));
+                diesel_async::AsyncConnection::set_instrumentation(
+                    &mut self.conn,
+                    recorder(&statements),
+                );
+                statements
+            }
             fn update(&mut self, row: &Order, patch: OrderPatch) -> Result<i64, Error> {
                 self.runtime.block_on(AsyncGuardedWrite::guarded_update(
                     row,
