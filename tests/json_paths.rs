@@ -38,6 +38,7 @@ for_each_backend! {
         const PATH: &'static str;
         fn merge(&mut self, id: i64, patch: &Value) -> Result<Modified<Profile, ()>, Error>;
         fn merge_in_place(&mut self, id: i64, patch: &Value) -> Result<i64, Error>;
+        fn merge_without_token(&mut self, id: i64, patch: &Value) -> Result<(), Error>;
         fn patch(&mut self, id: i64, patch: &json_patch::Patch) -> Result<Modified<Profile, ()>, Error>;
         fn set(&mut self, id: i64, pointer: &str, value: Value) -> Result<Modified<Profile, ()>, Error>;
         fn remove(&mut self, id: i64, pointer: &str) -> Result<Modified<Profile, ()>, Error>;
@@ -86,6 +87,9 @@ for_each_backend! {
         fn merge_in_place(&mut self, id: i64, patch: &Value) -> Result<i64, Error> {
             <Profile as GuardedJsonMerge>::merge_json_in_place(&mut self.0, &id, profiles::ext, patch)
         }
+        fn merge_without_token(&mut self, id: i64, patch: &Value) -> Result<(), Error> {
+            <Profile as GuardedJsonMerge>::merge_json_in_place_without_token(&mut self.0, &id, profiles::ext, patch)
+        }
         fn patch(&mut self, id: i64, patch: &json_patch::Patch) -> Result<Modified<Profile, ()>, Error> {
             <Profile as GuardedJson>::patch_json(&mut self.0, &id, profiles::ext, patch, &RetryPolicy::default())
         }
@@ -120,6 +124,9 @@ for_each_backend! {
         }
         fn merge_in_place(&mut self, id: i64, patch: &Value) -> Result<i64, Error> {
             self.runtime.block_on(<Profile as AsyncGuardedJsonMerge>::merge_json_in_place(&mut self.conn, &id, profiles::ext, patch))
+        }
+        fn merge_without_token(&mut self, id: i64, patch: &Value) -> Result<(), Error> {
+            self.runtime.block_on(<Profile as AsyncGuardedJsonMerge>::merge_json_in_place_without_token(&mut self.conn, &id, profiles::ext, patch))
         }
         fn patch(&mut self, id: i64, patch: &json_patch::Patch) -> Result<Modified<Profile, ()>, Error> {
             let policy = RetryPolicy::default();
@@ -219,6 +226,37 @@ for_each_backend! {
         assert_eq!(load(pool, 1).ext["n"], json!(3));
     }
 
+    /// The merge without its token sends one statement on every backend, merges and
+    /// advances the version as the other does, reports a missing row, refuses a bad patch
+    /// before sending anything, and leaves MySQL's `LAST_INSERT_ID()` alone.
+    fn a_merge_without_token_sends_one_statement<E: Edits>(e: &mut E, pool: &Pool) {
+        let mysql = BACKEND == "mysql";
+        if mysql {
+            e.execute("CREATE TABLE occ_ids (id BIGINT AUTO_INCREMENT PRIMARY KEY, n INT)");
+            e.execute("INSERT INTO occ_ids (n) VALUES (1)");
+            assert_eq!(e.last_insert_id(), 1);
+        }
+        let statements = e.record_statements();
+        e.merge_without_token(1, &json!({"n": 1, "tier": null})).unwrap();
+        let sent = std::mem::take(&mut *statements.lock().unwrap());
+        assert_eq!(sent.len(), 1, "{}: {sent:#?}", E::PATH);
+        let row = load(pool, 1);
+        assert_eq!(row.version, 1, "{}", E::PATH);
+        assert_eq!(row.ext, json!({"n": 1, "address": {"city": "Oslo"}}), "{}", E::PATH);
+        assert!(
+            matches!(e.merge_without_token(9, &json!({"n": 2})), Err(Error::NotFound { .. })),
+            "{}",
+            E::PATH
+        );
+        statements.lock().unwrap().clear();
+        assert!(matches!(e.merge_without_token(1, &json!([1])), Err(Error::InvalidPatch { .. })));
+        assert!(statements.lock().unwrap().is_empty(), "{}: a refused patch sent SQL", E::PATH);
+        assert_eq!(e.merge_in_place(1, &json!({"n": 2})).unwrap(), 2, "{}", E::PATH);
+        if mysql {
+            assert_eq!(e.last_insert_id(), 1, "{}: the caller's last insert id", E::PATH);
+        }
+    }
+
     macro_rules! on_both_paths {
         ($($body:ident),*) => {
             mod blocking {
@@ -243,11 +281,13 @@ for_each_backend! {
     on_both_paths!(
         every_edit_lands_as_its_rfc_says,
         bad_input_is_refused_with_nothing_written,
-        a_merge_in_place_sends_at_most_two_statements
+        a_merge_in_place_sends_at_most_two_statements,
+        a_merge_without_token_sends_one_statement
     );
 
-    /// 8 writers, each merging its own 10 keys into one row, half by read-merge-write and
-    /// half in one statement: every key is there, and every merge moved the version once.
+    /// 8 writers, each merging its own 10 keys into one row by read-merge-write, in one
+    /// statement, and in one statement without the token, in turn: every key is there,
+    /// and every merge moved the version once.
     fn eight_writers_keep_every_key<E: Edits + Send>(pool: &Pool, edits: impl Fn() -> E + Sync) {
         let start = std::sync::Barrier::new(8);
         std::thread::scope(|s| {
@@ -258,10 +298,10 @@ for_each_backend! {
                     start.wait();
                     for n in 0..10 {
                         let patch = json!({ format!("w{writer}k{n}"): n });
-                        if n % 2 == 0 {
-                            e.merge(1, &patch).unwrap();
-                        } else {
-                            e.merge_in_place(1, &patch).unwrap();
+                        match n % 3 {
+                            0 => drop(e.merge(1, &patch).unwrap()),
+                            1 => drop(e.merge_in_place(1, &patch).unwrap()),
+                            _ => e.merge_without_token(1, &patch).unwrap(),
                         }
                     }
                 });

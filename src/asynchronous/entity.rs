@@ -428,6 +428,30 @@ where
     ReturnedTokenOf<T>: AsyncComplete<C, KeyWriteOf<T, Ch, G>, TokenOf<T>>,
     M: AsyncMiss<C> + Send + 'a,
 {
+    let write = write_by_key_completed::<ReturnedTokenOf<T>, T, C, Ch, G, M>;
+    let written = write(conn, key, changes, condition, miss, status_assignments);
+    async move { token_read_back(written.await?) }
+}
+
+/// [`write_by_key`], run and completed by `Done`: with [`Counted`](crate::sql::new_token::Counted)
+/// it reads no token back (`None`), which spares MySQL its second round trip.
+pub(crate) fn write_by_key_completed<'a, Done, T, C, Ch, G, M>(
+    conn: &'a mut C,
+    key: &'a T::Key,
+    changes: Ch,
+    condition: G,
+    miss: M,
+    status_assignments: usize,
+) -> impl Future<Output = Result<Option<TokenOf<T>>, Error>> + Send + 'a
+where
+    T: AsyncLoadByKey<C>,
+    T::Guard: AdvanceInSql,
+    C: NativeAsyncConnection,
+    C::Backend: NativeAsync,
+    KeyWriteOf<T, Ch, G>: Assignments<C::Backend> + Send + 'a,
+    Done: AsyncComplete<C, KeyWriteOf<T, Ch, G>, TokenOf<T>>,
+    M: AsyncMiss<C> + Send + 'a,
+{
     let table = <T as AsyncLoadByKey<C>>::table_name();
     // Built and checked before the future: the changes need not be `Send`.
     let statement =
@@ -436,8 +460,8 @@ where
         let statement = statement?;
         check_stored_precision::<T, C>(conn, table).await?;
         let write = CompareAndSet::one(statement, table, key, miss);
-        let written = run::<C, _, _, ReturnedTokenOf<T>, TokenOf<T>>(write, conn, false).await?;
-        token_read_back(written.token)
+        let written = run::<C, _, _, Done, TokenOf<T>>(write, conn, false).await?;
+        Ok(written.token)
     }
 }
 

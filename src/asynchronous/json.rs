@@ -14,7 +14,7 @@ use serde_json::Value;
 use diesel_async::AsyncConnection;
 
 use super::connection::{in_transaction, refuse_broken, NativeAsync, NativeAsyncConnection};
-use super::entity::{write_by_key, AsyncUpdateRow};
+use super::entity::{write_by_key_completed, AsyncUpdateRow};
 use super::modify::{modify_with, Caller, Step};
 use super::send::{AsyncComplete, AsyncLoadByKey};
 use crate::error::Error;
@@ -25,8 +25,9 @@ use crate::json::document::{
 };
 use crate::json::merge_in_place::{MergeInPlaceOf, MergePatch};
 use crate::retry::{RetryPolicy, Stop};
+use crate::sql::new_token::Counted;
 use crate::sql::statement::{Assignments, Unguarded};
-use crate::write::entity::RowMoved;
+use crate::write::entity::{token_read_back, RowMoved};
 use crate::write::modify::Modified;
 
 /// An edit of a document as the async variants hand it over: owned, so that it can go to
@@ -311,6 +312,21 @@ where
         let _ = column;
         Self::merge_in_place(conn, key, patch)
     }
+
+    /// [`merge_json_in_place`](Self::merge_json_in_place) without reading the new token
+    /// back; see [`GuardedJsonMerge::merge_json_in_place_without_token`](crate::GuardedJsonMerge::merge_json_in_place_without_token).
+    fn merge_json_in_place_without_token<'a, C, Col>(
+        conn: &'a mut C,
+        key: &'a Self::Key,
+        column: Col,
+        patch: &Value,
+    ) -> impl Future<Output = Result<(), Error>> + Send + 'a
+    where
+        Self: AsyncMergeInPlace<C, Col>,
+    {
+        let _ = column;
+        Self::merge_in_place_without_token(conn, key, patch)
+    }
 }
 
 impl<T> AsyncGuardedJsonMerge for T
@@ -334,6 +350,14 @@ pub trait AsyncMergeInPlace<C, Col>: JsonDocument<Col> {
         key: &'a Self::Key,
         patch: &Value,
     ) -> impl Future<Output = Result<TokenOf<Self>, Error>> + Send + 'a;
+
+    /// Runs the merge without reading the new token back.
+    #[doc(hidden)]
+    fn merge_in_place_without_token<'a>(
+        conn: &'a mut C,
+        key: &'a Self::Key,
+        patch: &Value,
+    ) -> impl Future<Output = Result<(), Error>> + Send + 'a;
 }
 
 impl<T, C, Col> AsyncMergeInPlace<C, Col> for T
@@ -345,20 +369,49 @@ where
     Col: Column + Send + 'static,
     MergeInPlaceOf<T, Col>: Assignments<C::Backend> + Send,
     ReturnedTokenOf<T>: AsyncComplete<C, MergeInPlaceOf<T, Col>, TokenOf<T>>,
+    Counted: AsyncComplete<C, MergeInPlaceOf<T, Col>, TokenOf<T>>,
 {
     fn merge_in_place<'a>(
         conn: &'a mut C,
         key: &'a T::Key,
         patch: &Value,
     ) -> impl Future<Output = Result<TokenOf<T>, Error>> + Send + 'a {
-        let checked = Place::<T, Col>::new(<T as AsyncLoadByKey<C>>::table_name(), key)
-            .check_merge_patch(patch)
-            .map(|()| patch.clone());
-        async move {
-            refuse_broken(conn)?;
-            let miss = RowMoved::<T>::advancing_any(key, T::Guard::at_end);
-            let changes = MergePatch::<Col>::new(checked?);
-            write_by_key::<T, C, _, _, _>(conn, key, changes, Unguarded, miss, 0).await
-        }
+        let merged = merge_completed::<ReturnedTokenOf<T>, T, C, Col>(conn, key, patch);
+        async move { token_read_back(merged.await?) }
+    }
+
+    fn merge_in_place_without_token<'a>(
+        conn: &'a mut C,
+        key: &'a T::Key,
+        patch: &Value,
+    ) -> impl Future<Output = Result<(), Error>> + Send + 'a {
+        let merged = merge_completed::<Counted, T, C, Col>(conn, key, patch);
+        async move { merged.await.map(drop) }
+    }
+}
+
+/// The checked patch merged by one statement run and completed by `Done`.
+fn merge_completed<'a, Done, T, C, Col>(
+    conn: &'a mut C,
+    key: &'a T::Key,
+    patch: &Value,
+) -> impl Future<Output = Result<Option<TokenOf<T>>, Error>> + Send + 'a
+where
+    T: JsonDocument<Col> + AsyncLoadByKey<C>,
+    T::Guard: AdvanceInSql,
+    C: NativeAsyncConnection,
+    C::Backend: NativeAsync,
+    Col: Column + Send + 'static,
+    MergeInPlaceOf<T, Col>: Assignments<C::Backend> + Send,
+    Done: AsyncComplete<C, MergeInPlaceOf<T, Col>, TokenOf<T>>,
+{
+    let checked = Place::<T, Col>::new(<T as AsyncLoadByKey<C>>::table_name(), key)
+        .check_merge_patch(patch)
+        .map(|()| patch.clone());
+    async move {
+        refuse_broken(conn)?;
+        let miss = RowMoved::<T>::advancing_any(key, T::Guard::at_end);
+        let changes = MergePatch::<Col>::new(checked?);
+        write_by_key_completed::<Done, T, C, _, _, _>(conn, key, changes, Unguarded, miss, 0).await
     }
 }

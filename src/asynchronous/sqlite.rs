@@ -252,6 +252,17 @@ where
         let (key, patch) = (key.clone(), patch.clone());
         on_thread(conn, move |conn| T::merge_in_place(conn, &key, &patch))
     }
+
+    fn merge_in_place_without_token<'a>(
+        conn: &'a mut AsyncSqlite,
+        key: &'a T::Key,
+        patch: &serde_json::Value,
+    ) -> impl Future<Output = Result<(), Error>> + Send + 'a {
+        let (key, patch) = (key.clone(), patch.clone());
+        on_thread(conn, move |conn| {
+            T::merge_in_place_without_token(conn, &key, &patch)
+        })
+    }
 }
 
 /// Runs `write` on a copy of `row` on `conn`'s thread and takes the copy back when it

@@ -22,8 +22,12 @@
 //!
 //! The statement also advances the row's token, so optimistic readers of the row see
 //! that it changed, and hands the new token back: with `RETURNING` on PostgreSQL and
-//! SQLite, by a read in the same transaction on MySQL. Offered for every guard whose token
-//! advances in SQL (a version, a timestamp, `xmin`); a pre-image has no token to advance.
+//! SQLite. MySQL has no `RETURNING`: a version is noted by the statement in the session's
+//! `LAST_INSERT_ID` and read by one `SELECT` that also puts the caller's value back (two
+//! round trips, no transaction); other tokens are read back in a transaction. Callers
+//! that do not need the token use the `_without_token` form: one round trip everywhere.
+//! Offered for every guard whose token advances in SQL (a version, a timestamp, `xmin`);
+//! a pre-image has no token to advance.
 
 use std::marker::PhantomData;
 
@@ -36,9 +40,11 @@ use crate::connect::backend::OccBackend;
 use crate::error::Error;
 use crate::guard::{AdvanceInSql, Guarded, ReturnedTokenOf, TokenOf};
 use crate::json::document::{JsonDocument, Place};
-use crate::sql::new_token::Complete;
+use crate::sql::new_token::{Complete, Counted};
 use crate::sql::statement::{Assignments, Unguarded};
-use crate::write::entity::{write_by_key, KeyWriteOf, LoadByKey, RowMoved};
+use crate::write::entity::{
+    token_read_back, write_by_key_completed, KeyWriteOf, LoadByKey, RowMoved,
+};
 
 /// `"col" = <the document of "col" merged with ?patch>`, in the backend's SQL.
 #[derive(Debug, Clone)]
@@ -251,6 +257,23 @@ where
         let _ = column;
         Self::merge_in_place(conn, key, patch)
     }
+
+    /// [`merge_json_in_place`](Self::merge_json_in_place) without reading the new token
+    /// back, for callers that do not need it: the same statement, the same errors. On
+    /// MySQL, which has no `RETURNING`, this saves the second round trip (and leaves the
+    /// session's last insert id alone); elsewhere it is the same one round trip.
+    fn merge_json_in_place_without_token<C, Col>(
+        conn: &mut C,
+        key: &Self::Key,
+        column: Col,
+        patch: &Value,
+    ) -> Result<(), Error>
+    where
+        Self: MergeInPlace<C, Col>,
+    {
+        let _ = column;
+        Self::merge_in_place_without_token(conn, key, patch)
+    }
 }
 
 impl<T> GuardedJsonMerge for T
@@ -271,6 +294,14 @@ pub trait MergeInPlace<C, Col>: JsonDocument<Col> + LoadByKey<C> {
     #[doc(hidden)]
     fn merge_in_place(conn: &mut C, key: &Self::Key, patch: &Value)
         -> Result<TokenOf<Self>, Error>;
+
+    /// Runs the merge without reading the new token back.
+    #[doc(hidden)]
+    fn merge_in_place_without_token(
+        conn: &mut C,
+        key: &Self::Key,
+        patch: &Value,
+    ) -> Result<(), Error>;
 }
 
 impl<T, C, Col> MergeInPlace<C, Col> for T
@@ -282,17 +313,45 @@ where
     Col: Column,
     MergeInPlaceOf<T, Col>: Assignments<C::Backend>,
     ReturnedTokenOf<T>: Complete<C, MergeInPlaceOf<T, Col>, TokenOf<T>>,
+    Counted: Complete<C, MergeInPlaceOf<T, Col>, TokenOf<T>>,
 {
     fn merge_in_place(conn: &mut C, key: &T::Key, patch: &Value) -> Result<TokenOf<T>, Error> {
-        Place::<T, Col>::new(T::table_name(), key).check_merge_patch(patch)?;
-        let miss = RowMoved::<T>::advancing_any(key, T::Guard::at_end);
-        write_by_key::<T, C, _, _, _>(
-            conn,
-            key,
-            MergePatch::new(patch.clone()),
-            Unguarded,
-            miss,
-            0,
-        )
+        let token = merge_completed::<ReturnedTokenOf<T>, T, C, Col>(conn, key, patch)?;
+        token_read_back(token)
     }
+
+    fn merge_in_place_without_token(
+        conn: &mut C,
+        key: &T::Key,
+        patch: &Value,
+    ) -> Result<(), Error> {
+        merge_completed::<Counted, T, C, Col>(conn, key, patch).map(drop)
+    }
+}
+
+/// The checked patch merged by one statement run and completed by `Done`.
+fn merge_completed<Done, T, C, Col>(
+    conn: &mut C,
+    key: &T::Key,
+    patch: &Value,
+) -> Result<Option<TokenOf<T>>, Error>
+where
+    T: JsonDocument<Col> + LoadByKey<C>,
+    T::Guard: AdvanceInSql,
+    C: LoadConnection,
+    C::Backend: OccBackend,
+    Col: Column,
+    MergeInPlaceOf<T, Col>: Assignments<C::Backend>,
+    Done: Complete<C, MergeInPlaceOf<T, Col>, TokenOf<T>>,
+{
+    Place::<T, Col>::new(T::table_name(), key).check_merge_patch(patch)?;
+    let miss = RowMoved::<T>::advancing_any(key, T::Guard::at_end);
+    write_by_key_completed::<Done, T, C, _, _, _>(
+        conn,
+        key,
+        MergePatch::new(patch.clone()),
+        Unguarded,
+        miss,
+        0,
+    )
 }

@@ -672,6 +672,36 @@ where
     ReturnedTokenOf<T>: Complete<C, KeyWriteOf<T, Ch, G>, TokenOf<T>>,
     M: Miss<C>,
 {
+    let token = write_by_key_completed::<ReturnedTokenOf<T>, T, C, Ch, G, M>(
+        conn,
+        key,
+        changes,
+        condition,
+        miss,
+        status_assignments,
+    )?;
+    token_read_back(token)
+}
+
+/// [`write_by_key`], run and completed by `Done`: with [`Counted`](crate::sql::new_token::Counted)
+/// it reads no token back (`None`), which spares MySQL its second round trip.
+pub(crate) fn write_by_key_completed<Done, T, C, Ch, G, M>(
+    conn: &mut C,
+    key: &T::Key,
+    changes: Ch,
+    condition: G,
+    miss: M,
+    status_assignments: usize,
+) -> Result<Option<TokenOf<T>>, Error>
+where
+    T: LoadByKey<C>,
+    T::Guard: AdvanceInSql,
+    C: LoadConnection,
+    C::Backend: OccBackend,
+    KeyWriteOf<T, Ch, G>: Assignments<C::Backend>,
+    Done: Complete<C, KeyWriteOf<T, Ch, G>, TokenOf<T>>,
+    M: Miss<C>,
+{
     check_stored_precision::<T, C>(conn)?;
     let statement = key_write::<T, C::Backend, Ch, G>(
         T::table_name(),
@@ -681,8 +711,8 @@ where
         status_assignments,
     )?;
     let written = CompareAndSet::one(statement, T::table_name(), key, miss)
-        .run::<C, ReturnedTokenOf<T>, TokenOf<T>>(conn)?;
-    token_read_back(written.token)
+        .run::<C, Done, TokenOf<T>>(conn)?;
+    Ok(written.token)
 }
 
 /// The write by key alone of [`write_by_key`] (of `table`), checked before anything is
