@@ -13,8 +13,9 @@ use crate::Settings;
 
 /// Compiles `items` into modules `sqlite`, `postgres` and `mysql`, each with:
 /// `Conn`, `AsyncConn` (its diesel-async connection), `Pool`, `JsonSql` (the JSON column's SQL type), `BACKEND`, `JSON_DDL` (the
-/// JSON column's type in `CREATE TABLE`), `HAND_MERGE` (the hand-written one-statement
-/// merge of `bench_docs.ext`, binding the patch then the id) and `pool(url, size)`.
+/// JSON column's type in `CREATE TABLE`), `merge_patch(document, patch)` (the SQL
+/// function a hand-written one-statement merge calls: `json_patch`, `JSON_MERGE_PATCH`,
+/// and PostgreSQL's shallow `||`) and `pool(url, size)`.
 macro_rules! per_backend {
     ($($item:item)*) => {
         pub mod sqlite {
@@ -26,8 +27,11 @@ macro_rules! per_backend {
             pub type JsonSql = diesel::sql_types::Json;
             pub const BACKEND: &str = "sqlite";
             pub const JSON_DDL: &str = "TEXT";
-            pub const HAND_MERGE: &str =
-                "UPDATE bench_docs SET ext = json_patch(ext, ?), version = version + 1 WHERE id = ?";
+            diesel::define_sql_function! {
+                /// SQLite's RFC 7396 merge.
+                #[sql_name = "json_patch"]
+                fn merge_patch(document: diesel::sql_types::Json, patch: diesel::sql_types::Json) -> diesel::sql_types::Json;
+            }
             pub fn pool(url: &str, size: u32) -> Result<Pool, diesel_occ::Error> {
                 diesel_occ::sqlite_pool(url, &$crate::backend::pool_config(size))
             }
@@ -42,8 +46,11 @@ macro_rules! per_backend {
             pub type JsonSql = diesel::sql_types::Jsonb;
             pub const BACKEND: &str = "postgres";
             pub const JSON_DDL: &str = "JSONB";
-            pub const HAND_MERGE: &str =
-                "UPDATE bench_docs SET ext = ext || $1, version = version + 1 WHERE id = $2";
+            diesel::define_sql_function! {
+                /// The function behind `jsonb || jsonb`.
+                #[sql_name = "jsonb_concat"]
+                fn merge_patch(document: diesel::sql_types::Jsonb, patch: diesel::sql_types::Jsonb) -> diesel::sql_types::Jsonb;
+            }
             pub fn pool(url: &str, size: u32) -> Result<Pool, diesel_occ::Error> {
                 diesel_occ::postgres_pool(url, &$crate::backend::pool_config(size))
             }
@@ -58,8 +65,11 @@ macro_rules! per_backend {
             pub type JsonSql = diesel::sql_types::Json;
             pub const BACKEND: &str = "mysql";
             pub const JSON_DDL: &str = "JSON";
-            pub const HAND_MERGE: &str =
-                "UPDATE bench_docs SET ext = JSON_MERGE_PATCH(ext, ?), version = version + 1 WHERE id = ?";
+            diesel::define_sql_function! {
+                /// MySQL's and MariaDB's RFC 7396 merge.
+                #[sql_name = "JSON_MERGE_PATCH"]
+                fn merge_patch(document: diesel::sql_types::Json, patch: diesel::sql_types::Json) -> diesel::sql_types::Json;
+            }
             pub fn pool(url: &str, size: u32) -> Result<Pool, diesel_occ::Error> {
                 diesel_occ::mysql_pool(url, &$crate::backend::pool_config(size))
             }

@@ -245,18 +245,17 @@ where
     crate::sql::statement::GuardedUpdate<T, Changes, Advance, Key, Guard>: Send,
     crate::sql::statement::NotingVersion<T, Changes, Advance, Key, Guard, Col>:
         ExecuteDsl<C> + Send + 'static,
-    diesel::query_builder::SqlQuery: LoadQuery<'static, C, crate::sql::statement::NotedVersion>,
+    crate::sql::statement::ReadNotedVersion:
+        LoadQuery<'static, C, crate::sql::statement::NotedVersion>,
 {
     async fn run(
         conn: &mut C,
         statement: crate::sql::statement::GuardedUpdate<T, Changes, Advance, Key, Guard>,
     ) -> QueryResult<(usize, Option<Tok>)> {
-        use crate::sql::statement::{NotedVersion, READ_NOTED_VERSION};
+        use crate::sql::statement::{NotedVersion, ReadNotedVersion};
         match ExecuteDsl::execute(statement.noting_version::<Col>(), conn).await? {
             1 => {
-                let noted: NotedVersion = diesel::sql_query(READ_NOTED_VERSION)
-                    .get_result(conn)
-                    .await?;
+                let noted: NotedVersion = ReadNotedVersion.get_result(conn).await?;
                 Ok((1, Some(noted.version()?)))
             }
             rows => Ok((rows, None)),

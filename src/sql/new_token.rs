@@ -222,10 +222,10 @@ where
         conn: &mut C,
         statement: crate::sql::statement::GuardedUpdate<T, Changes, Advance, Key, Guard>,
     ) -> QueryResult<(usize, Option<Tok>)> {
-        use crate::sql::statement::{NotedVersion, READ_NOTED_VERSION};
+        use crate::sql::statement::{NotedVersion, ReadNotedVersion};
         match ExecuteDsl::execute(statement.noting_version::<Col>(), conn)? {
             1 => {
-                let noted: NotedVersion = diesel::sql_query(READ_NOTED_VERSION).get_result(conn)?;
+                let noted: NotedVersion = ReadNotedVersion.get_result(conn)?;
                 Ok((1, Some(noted.version()?)))
             }
             rows => Ok((rows, None)),

@@ -253,7 +253,7 @@ pub(crate) type NotingVersion<T, Changes, Advance, Key, Guard, Col> =
 /// assignments: MySQL assigns from left to right, so this sets the version column to
 /// the value the statement just gave it, and notes that value in the session's
 /// `LAST_INSERT_ID`, after keeping the caller's last insert id in `@occ_prev`.
-/// [`READ_NOTED_VERSION`] reads the note and puts the caller's value back. A row the
+/// [`ReadNotedVersion`] reads the note and puts the caller's value back. A row the
 /// statement does not match evaluates none of it.
 #[cfg(feature = "mysql")]
 #[derive(Debug, Clone, Copy)]
@@ -270,18 +270,40 @@ impl<Col: Column> QueryFragment<diesel::mysql::Mysql> for NoteVersion<Col> {
     }
 }
 
-/// The version a [`NoteVersion`] statement noted, and the caller's last insert id put
-/// back (`LAST_INSERT_ID(expr)` makes `expr` the session's value again).
+/// `SELECT LAST_INSERT_ID(), LAST_INSERT_ID(@occ_prev)`: the version a [`NoteVersion`]
+/// statement noted, and the caller's last insert id put back (`LAST_INSERT_ID(expr)`
+/// makes `expr` the session's value again). A query type of its own, not `sql_query`,
+/// so that diesel prepares it once per connection: a raw query is prepared and closed
+/// on every call, a round trip more each time.
 #[cfg(feature = "mysql")]
-pub(crate) const READ_NOTED_VERSION: &str =
-    "SELECT LAST_INSERT_ID() AS noted, LAST_INSERT_ID(@occ_prev) AS restored";
+#[derive(Debug, Clone, Copy, diesel::query_builder::QueryId)]
+pub(crate) struct ReadNotedVersion;
 
-/// A row of [`READ_NOTED_VERSION`].
 #[cfg(feature = "mysql")]
-#[derive(diesel::QueryableByName)]
+impl diesel::query_builder::Query for ReadNotedVersion {
+    type SqlType = (
+        diesel::sql_types::Unsigned<diesel::sql_types::BigInt>,
+        diesel::sql_types::Unsigned<diesel::sql_types::BigInt>,
+    );
+}
+
+#[cfg(feature = "mysql")]
+impl QueryFragment<diesel::mysql::Mysql> for ReadNotedVersion {
+    fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, diesel::mysql::Mysql>) -> QueryResult<()> {
+        out.push_sql("SELECT LAST_INSERT_ID(), LAST_INSERT_ID(@occ_prev)");
+        Ok(())
+    }
+}
+
+#[cfg(feature = "mysql")]
+impl<C> diesel::RunQueryDsl<C> for ReadNotedVersion {}
+
+/// A row of [`ReadNotedVersion`].
+#[cfg(feature = "mysql")]
+#[derive(diesel::Queryable)]
 pub(crate) struct NotedVersion {
-    #[diesel(sql_type = diesel::sql_types::Unsigned<diesel::sql_types::BigInt>)]
     pub(crate) noted: u64,
+    pub(crate) _restored: u64,
 }
 
 #[cfg(feature = "mysql")]
