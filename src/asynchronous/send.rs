@@ -202,8 +202,9 @@ where
     }
 }
 
-/// How backend `Self` sends `statement` and reads back the version it left in `Col`; see
-/// [`ReturnedVersion`].
+/// How backend `Self` sends `statement` and reads back the version it left in `Col`:
+/// `RETURNING` on PostgreSQL; on MySQL the statement notes the version in the session's
+/// `LAST_INSERT_ID` and one read takes the note and restores the caller's value.
 #[diagnostic::on_unimplemented(
     message = "this version guard cannot read its new version back on `{Self}`",
     note = "the statement, its guard's assignments or the version's column type do not fit this connection's backend"

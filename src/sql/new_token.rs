@@ -50,6 +50,7 @@ where
 /// PostgreSQL and SQLite; on MySQL, which has no `RETURNING`, the statement and a read of
 /// the column in one transaction ([`ReadsBack`]).
 #[derive(Debug, Clone, Copy, Default)]
+#[allow(unreachable_pub)] // reached through the guards of features `chrono` and `postgres`
 pub struct ReturnedBy<Col>(PhantomData<Col>);
 
 impl<C, S, Col, Tok> Complete<C, S, Tok> for ReturnedBy<Col>
@@ -67,6 +68,7 @@ where
     message = "this guard cannot read its new token back on `{Self}`",
     note = "an `xmin` guard is PostgreSQL's; a last-modified guard on the database's clock reads its stamp back on every backend"
 )]
+#[allow(unreachable_pub)] // reached through the guards of features `chrono` and `postgres`
 pub trait ReadsBack<C, S, Col, Tok> {
     /// Runs `statement` on `conn`: the rows it matched and the token it left.
     fn run(conn: &mut C, statement: S) -> QueryResult<(usize, Option<Tok>)>;
