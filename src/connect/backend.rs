@@ -46,6 +46,11 @@ pub trait OccBackend: Backend + Default {
     /// being undone alone (MySQL, SQLite).
     const FAILURE_ABORTS_TRANSACTION: bool = false;
 
+    /// Whether one connection writes at a time (SQLite): then a write statement sent
+    /// outside a transaction also takes its turn in this process's queue of writers
+    /// ([`write_gate`](crate::connect::write_gate)), as write transactions do.
+    const ONE_WRITER: bool = false;
+
     /// Why `error`, just returned by a statement on `conn`, can be fixed by running the
     /// transaction again; `None` for every other error.
     ///
@@ -195,6 +200,7 @@ impl OccBackend for diesel::sqlite::Sqlite {
     const NULL_SAFE_EQ: &'static str = " IS ";
     const SKIP_LOCKED: &'static str = "";
     const FOR_UPDATE: &'static str = "";
+    const ONE_WRITER: bool = true;
 
     fn render<F: QueryFragment<Self> + ?Sized>(fragment: &F) -> QueryResult<String> {
         render_with(fragment)

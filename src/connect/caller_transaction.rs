@@ -17,6 +17,7 @@ use diesel::connection::Connection;
 use diesel::QueryResult;
 
 use crate::connect::backend::OccBackend;
+use crate::connect::write_gate;
 use crate::write::executor::in_transaction;
 
 thread_local! {
@@ -51,8 +52,14 @@ pub(crate) fn as_caller<C, R>(conn: &mut C, f: impl FnOnce(&mut C) -> R) -> R {
     f(conn)
 }
 
-/// Runs the statement `f` on `conn`; on PostgreSQL, inside a transaction the caller
-/// controls, under a savepoint that a failure rolls back to.
+/// Runs the write statement `f` on `conn`; on PostgreSQL, inside a transaction the
+/// caller controls, under a savepoint that a failure rolls back to. On SQLite, outside
+/// any transaction, after this process's earlier writers
+/// ([`write_gate`](crate::connect::write_gate)): without the queue, a writer that has
+/// just written usually takes SQLite's lock again before the writers asleep in its busy
+/// handler wake, and some of them starve. Inside a transaction the turn is its own
+/// (the library's write transactions took theirs at `BEGIN`; the caller's are not in the
+/// queue, and waiting there while holding SQLite's lock would hold up the queue).
 pub(crate) fn protect_caller<C, T>(
     conn: &mut C,
     f: impl FnOnce(&mut C) -> QueryResult<T>,
@@ -61,6 +68,13 @@ where
     C: Connection,
     C::Backend: OccBackend,
 {
+    if C::Backend::ONE_WRITER {
+        if in_transaction(conn) {
+            return f(conn);
+        }
+        let _turn = write_gate::wait_for_turn(write_gate::MAX_WAIT);
+        return f(conn);
+    }
     let callers = C::Backend::FAILURE_ABORTS_TRANSACTION
         && OWN.with(|own| own.get()) != address(conn)
         && in_transaction(conn);
