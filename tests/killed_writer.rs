@@ -48,15 +48,22 @@ fn child_on_async() -> bool {
     std::env::var("OCC_CHILD_PATH").as_deref() == Ok("async")
 }
 
+/// What a killed child had said: the server id of its session (none on SQLite) and the
+/// last number it printed after its marker.
+struct ChildSaid {
+    session: Option<i64>,
+    last: Option<i64>,
+}
+
 /// Starts this test binary's `test` in a child process on executor `path` with `var` set
-/// to `url`; the last number it printed after `marker` comes back when it is killed.
+/// to `url`; what it said comes back when it is killed.
 fn start_child(
     test: &str,
     path: &str,
     var: &str,
     url: &str,
     marker: &'static str,
-) -> (KillOnDrop, std::thread::JoinHandle<Option<i64>>) {
+) -> (KillOnDrop, std::thread::JoinHandle<ChildSaid>) {
     let mut child = KillOnDrop(
         Command::new(std::env::current_exe().unwrap())
             .args([test, "--exact", "--nocapture", "--test-threads=1"])
@@ -68,21 +75,45 @@ fn start_child(
     );
     let stdout = child.0.stdout.take().unwrap();
     let reader = std::thread::spawn(move || {
-        BufReader::new(stdout)
-            .lines()
-            .map_while(Result::ok)
-            .filter_map(|line| {
-                line.split(marker)
-                    .nth(1)
-                    .and_then(|n| n.trim().parse::<i64>().ok())
-            })
-            .last()
+        let number_after = |line: &str, marker: &str| {
+            line.split(marker)
+                .nth(1)
+                .and_then(|n| n.trim().parse::<i64>().ok())
+        };
+        let mut said = ChildSaid {
+            session: None,
+            last: None,
+        };
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            said.session = said.session.or(number_after(&line, SESSION));
+            said.last = number_after(&line, marker).or(said.last);
+        }
+        said
     });
     (child, reader)
 }
 
+/// What a child prints before the server id of its session.
+const SESSION: &str = "SESSION ";
+
 for_each_backend! {
     json_profiles!();
+
+    /// Prints the server id of the child's session, for the parent to wait on.
+    fn say_session(conn: &mut Conn) {
+        if let Some(sql) = common::session_id_sql(BACKEND) {
+            println!("{SESSION}{}", diesel::sql_query(sql).get_result::<common::Value>(conn).unwrap().value);
+        }
+    }
+
+    /// Waits until the killed child's session has ended on the server, so that nothing it
+    /// had already sent lands after the parent has looked.
+    fn outlive(conn: &mut Conn, said: &ChildSaid) {
+        if common::session_id_sql(BACKEND).is_some() {
+            let session = said.session.expect("the child said its session");
+            common::wait_until_session_ends(conn, BACKEND, session);
+        }
+    }
 
     /// The child: merges `{"count": n}` for n = 1, 2, ... into profile 1 as fast as it can,
     /// printing each n once it is committed.
@@ -94,6 +125,7 @@ for_each_backend! {
             return on_async::merging(&url);
         }
         let mut conn = <Conn as PoolByUrl>::pool(&url).get().unwrap();
+        say_session(&mut conn);
         for n in 1.. {
             Profile::merge_json(&mut conn, &1, profiles::ext, &json!({ "count": n }), &RetryPolicy::default()).unwrap();
             println!("MERGED {n}");
@@ -123,9 +155,11 @@ for_each_backend! {
             std::thread::sleep(Duration::from_millis(300 + 170 * round));
             child.0.kill().unwrap(); // SIGKILL
             child.0.wait().unwrap();
-            let reported = reader.join().unwrap().expect("the child merged before it was killed");
+            let said = reader.join().unwrap();
+            let reported = said.last.expect("the child merged before it was killed");
 
             let conn = &mut db.conn();
+            outlive(conn, &said);
             let stored: Profile = profiles::table.find(1).select(Profile::as_select()).first(conn).unwrap();
             let count = stored.ext["count"].as_i64().unwrap();
             assert!(count == reported || count == reported + 1, "round {round} ({path}): reported {reported}, stored {count}");
@@ -166,6 +200,7 @@ for_each_backend! {
             return on_async::switching(&url);
         }
         let mut conn = <Conn as PoolByUrl>::pool(&url).get().unwrap();
+        say_session(&mut conn);
         loop {
             let mut light: Light = switches::table.find(1).select(Light::as_select()).first(&mut conn).unwrap();
             let to = if light.state == Switch::Off { Switch::On } else { Switch::Off };
@@ -201,7 +236,9 @@ for_each_backend! {
             std::thread::sleep(Duration::from_millis(300 + 170 * round));
             child.0.kill().unwrap(); // SIGKILL
             child.0.wait().unwrap();
-            let reported = reader.join().unwrap().expect("the child moved the switch before it was killed");
+            let said = reader.join().unwrap();
+            let reported = said.last.expect("the child moved the switch before it was killed");
+            outlive(conn, &said);
 
             let stored: Light = switches::table.find(1).select(Light::as_select()).first(conn).unwrap();
             assert!(
@@ -238,9 +275,18 @@ for_each_backend! {
 
         type Async = <Conn as AsyncOf>::Async;
 
+        /// Prints the server id of the child's session, as the blocking child does.
+        fn say_session(conn: &mut Async, runtime: &tokio::runtime::Runtime) {
+            if let Some(sql) = common::session_id_sql(BACKEND) {
+                let id = runtime.block_on(diesel_async::RunQueryDsl::get_result::<common::Value>(diesel::sql_query(sql), conn));
+                println!("{SESSION}{}", id.unwrap().value);
+            }
+        }
+
         pub fn merging(url: &str) {
             let runtime = common::paths::runtime();
             let mut conn = Conn::connect(url, &runtime);
+            say_session(&mut conn, &runtime);
             let policy = RetryPolicy::default();
             for n in 1.. {
                 let patch = json!({ "count": n });
@@ -255,6 +301,7 @@ for_each_backend! {
         pub fn switching(url: &str) {
             let runtime = common::paths::runtime();
             let mut conn = Conn::connect(url, &runtime);
+            say_session(&mut conn, &runtime);
             loop {
                 let read = switches::table.find(1).select(Light::as_select());
                 let mut light: Light = runtime.block_on(diesel_async::RunQueryDsl::first(read, &mut conn)).unwrap();

@@ -338,6 +338,52 @@ fn with_database(url: &str, database: &str) -> String {
     format!("{host_part}/{database}{query}")
 }
 
+/// A number a test query returns as `value`.
+#[derive(diesel::QueryableByName)]
+pub struct Value {
+    #[diesel(sql_type = diesel::sql_types::BigInt)]
+    pub value: i64,
+}
+
+/// The query of the asking session's server id on `backend`; `None` on SQLite, where a
+/// file has no sessions.
+pub fn session_id_sql(backend: &str) -> Option<&'static str> {
+    match backend {
+        "postgres" => Some("SELECT CAST(pg_backend_pid() AS BIGINT) AS value"),
+        "mysql" => Some("SELECT CAST(CONNECTION_ID() AS SIGNED) AS value"),
+        _ => None,
+    }
+}
+
+/// Waits until the server of `backend` no longer lists session `id`: whatever a killed
+/// client had sent (a `COMMIT` in the socket, say) has then been applied or rolled back.
+pub fn wait_until_session_ends<C>(conn: &mut C, backend: &str, id: i64)
+where
+    C: diesel::connection::LoadConnection,
+    diesel::query_builder::SqlQuery: diesel::query_dsl::LoadQuery<'static, C, Value>,
+{
+    use diesel::RunQueryDsl;
+    let listed = match backend {
+        "postgres" => format!("SELECT COUNT(*) AS value FROM pg_stat_activity WHERE pid = {id}"),
+        _ => format!(
+            "SELECT CAST(COUNT(*) AS SIGNED) AS value FROM information_schema.PROCESSLIST WHERE ID = {id}"
+        ),
+    };
+    let asked = std::time::Instant::now();
+    while diesel::sql_query(&listed)
+        .get_result::<Value>(conn)
+        .unwrap()
+        .value
+        > 0
+    {
+        assert!(
+            asked.elapsed() < std::time::Duration::from_secs(30),
+            "session {id} outlived its client"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+}
+
 /// The count of [`open_transactions`].
 #[derive(diesel::QueryableByName)]
 pub struct OpenTransactions {
