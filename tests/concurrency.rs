@@ -145,3 +145,66 @@ for_each_backend! {
         }
     }
 }
+
+/// SQLite: a guarded write sent outside a transaction takes its turn behind the library's
+/// write transaction in progress in this process (on another row), instead of meeting
+/// SQLite's lock: with a busy timeout of 0, SQLite itself would refuse it at once
+/// ("database is locked").
+#[cfg(feature = "sqlite")]
+#[test]
+fn sqlite_a_single_write_takes_its_turn_behind_a_write_transaction() {
+    use diesel::connection::SimpleConnection;
+    let Some(db) = common::sqlite() else { return };
+    for name in ["held", "other"] {
+        let counter = Counter {
+            name: name.into(),
+            value: 0,
+            rev: 0,
+        };
+        diesel::insert_into(counters::table)
+            .values(&counter)
+            .execute(&mut db.conn())
+            .unwrap();
+    }
+    let (began, wrote) = (Barrier::new(2), AtomicUsize::new(0));
+    let mut holder = db.conn();
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            holder
+                .write_transaction(|conn| {
+                    let held: Counter = counters::table
+                        .find("held")
+                        .select(Counter::as_select())
+                        .first(conn)?;
+                    held.guarded_update(conn, counters::value.eq(1))?;
+                    began.wait();
+                    // Still holding SQLite's write lock when the other write arrives.
+                    std::thread::sleep(std::time::Duration::from_millis(300));
+                    wrote.store(1, Ordering::SeqCst);
+                    Ok::<_, Error>(())
+                })
+                .unwrap();
+        });
+        began.wait();
+        let mut single = diesel::SqliteConnection::establish(&db.url).unwrap();
+        single.batch_execute("PRAGMA busy_timeout = 0").unwrap();
+        Counter::guarded_update_by_key(
+            &mut single,
+            &"other".to_string(),
+            &0,
+            counters::value.eq(2),
+        )
+        .expect("the write waited for its turn");
+        assert_eq!(
+            wrote.load(Ordering::SeqCst),
+            1,
+            "the write went before the transaction ended"
+        );
+    });
+    let other: Counter = counters::table
+        .find("other")
+        .select(Counter::as_select())
+        .first(&mut db.conn())
+        .unwrap();
+    assert_eq!((other.value, other.rev), (2, 1));
+}
