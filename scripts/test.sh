@@ -57,11 +57,16 @@ step "the benchmark program: clippy, unit tests, and a smoke run on each backend
 # exactness check holds (no lost or doubled update, one winner per race, no two lock
 # holders); it asserts no speed.
 cargo clippy -p diesel-occ-bench --all-targets -- -D warnings
-cargo test -p diesel-occ-bench
+cargo clippy -p diesel-occ-bench --all-targets --features all-backends -- -D warnings
+cargo test -p diesel-occ-bench --features all-backends
+# The default build (SQLite) must need no database client library.
+if cargo tree -p diesel-occ-bench -e normal | grep -E "pq-sys|mysqlclient-sys"; then
+    echo "the benchmark's default build links a database client library"; exit 1
+fi
 for url in "" "$PG_DATABASE_URL" "$MYSQL_DATABASE_URL"; do
     name=${url%%:*}
     name=${name:-sqlite}
-    cargo run -q -p diesel-occ-bench -- --smoke ${url:+--url "$url"} \
+    cargo run -q -p diesel-occ-bench --features all-backends -- --smoke ${url:+--url "$url"} \
         --out "target/bench-smoke/$name" >"target/bench-smoke-$name.log" ||
         { tail -n 20 "target/bench-smoke-$name.log"; exit 1; }
     echo "$name: smoke run passed its exactness checks"

@@ -18,6 +18,7 @@ use crate::Settings;
 /// and PostgreSQL's shallow `||`) and `pool(url, size)`.
 macro_rules! per_backend {
     ($($item:item)*) => {
+        #[cfg(feature = "sqlite")]
         pub mod sqlite {
             #![allow(dead_code, unused_imports)]
             use super::*;
@@ -37,6 +38,7 @@ macro_rules! per_backend {
             }
             $($item)*
         }
+        #[cfg(feature = "postgres")]
         pub mod postgres {
             #![allow(dead_code, unused_imports)]
             use super::*;
@@ -56,6 +58,7 @@ macro_rules! per_backend {
             }
             $($item)*
         }
+        #[cfg(feature = "mysql")]
         pub mod mysql {
             #![allow(dead_code, unused_imports)]
             use super::*;
@@ -115,9 +118,14 @@ macro_rules! dispatch {
     };
     ($self:expr, $workload:ident, $run:ident, $settings:expr, $report:expr) => {
         match $self {
+            #[cfg(feature = "sqlite")]
             Backend::Sqlite { .. } => crate::$workload::sqlite::$run($settings, $report),
+            #[cfg(feature = "postgres")]
             Backend::Postgres => crate::$workload::postgres::$run($settings, $report),
+            #[cfg(feature = "mysql")]
             Backend::Mysql => crate::$workload::mysql::$run($settings, $report),
+            #[allow(unreachable_patterns)]
+            other => Err(other.not_built().into()),
         }
     };
 }
@@ -128,6 +136,14 @@ impl Backend {
     /// The backend a URL names, and the URL to connect with (a fresh temporary SQLite
     /// file when none is given).
     pub fn from_url(url: Option<&str>) -> Result<(Backend, String), Box<dyn Error>> {
+        let (backend, url) = Self::named_by(url)?;
+        if !backend.built() {
+            return Err(backend.not_built().into());
+        }
+        Ok((backend, url))
+    }
+
+    fn named_by(url: Option<&str>) -> Result<(Backend, String), Box<dyn Error>> {
         Ok(match url {
             Some(url) if url.starts_with("postgres://") || url.starts_with("postgresql://") => {
                 (Backend::Postgres, url.to_string())
@@ -145,6 +161,23 @@ impl Backend {
         })
     }
 
+    /// Whether this build has the backend (its feature of the bench crate).
+    fn built(self) -> bool {
+        match self {
+            Backend::Sqlite { .. } => cfg!(feature = "sqlite"),
+            Backend::Postgres => cfg!(feature = "postgres"),
+            Backend::Mysql => cfg!(feature = "mysql"),
+        }
+    }
+
+    /// What to run instead, for a backend this build does not have.
+    fn not_built(self) -> String {
+        format!(
+            "this occ-bench was built without {0}: run it with `cargo run --release -p diesel-occ-bench --features {0} -- ...`",
+            self.name()
+        )
+    }
+
     pub fn name(self) -> &'static str {
         match self {
             Backend::Sqlite { .. } => "sqlite",
@@ -159,6 +192,7 @@ impl Backend {
         diesel::define_sql_function!(fn version() -> Text);
         diesel::define_sql_function!(fn sqlite_version() -> Text);
         let version = match self {
+            #[cfg(feature = "sqlite")]
             Backend::Sqlite { .. } => SqliteConnection::establish(url)
                 .map_err(|e| e.to_string())
                 .and_then(|mut c| {
@@ -167,6 +201,7 @@ impl Backend {
                         .map_err(|e| e.to_string())
                 })
                 .map(|v| format!("SQLite {v}")),
+            #[cfg(feature = "postgres")]
             Backend::Postgres => PgConnection::establish(url)
                 .map_err(|e| e.to_string())
                 .and_then(|mut c| {
@@ -174,6 +209,7 @@ impl Backend {
                         .get_result::<String>(&mut c)
                         .map_err(|e| e.to_string())
                 }),
+            #[cfg(feature = "mysql")]
             Backend::Mysql => MysqlConnection::establish(url)
                 .map_err(|e| e.to_string())
                 .and_then(|mut c| {
@@ -181,6 +217,8 @@ impl Backend {
                         .get_result::<String>(&mut c)
                         .map_err(|e| e.to_string())
                 }),
+            #[allow(unreachable_patterns)]
+            other => Err(other.not_built()),
         };
         version.unwrap_or_else(|e| format!("version unknown: {e}"))
     }

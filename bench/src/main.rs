@@ -17,7 +17,8 @@
 //! summary with the ratios (`summary.md`), and a chart of W2 (`w2-<backend>.svg`), all in
 //! `--out`. Nothing here asserts a speed: the figures are for people to read.
 //!
-//! Run: `cargo run --release -p diesel-occ-bench -- [--url postgres://...] [--smoke]`
+//! Run: `cargo run --release -p diesel-occ-bench [--features postgres,mysql] -- [--url postgres://...] [--smoke]`
+//! (SQLite by default, with nothing to install; each server backend is a feature).
 
 mod backend;
 mod chart;
