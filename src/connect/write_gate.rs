@@ -16,7 +16,10 @@
 //! and keeps handing it down the queue while the next has waited as long. No writer waits
 //! much longer than that plus the turns queued before it. A strict first-come queue was
 //! as fair and cost a thread switch per statement: a third of the throughput of
-//! one-statement merges with 16 writers on 2 cores.
+//! one-statement merges with 16 writers on 2 cores. Measured on that machine (W2 on
+//! SQLite, BENCHMARKS.md): 1 ms kept the slowest writer at 0.89-0.99 of the mean and
+//! 0.70-0.83 of the unfair hand-written statement's goodput, 5 ms at 0.59-0.95 and
+//! 0.83-0.93, 2 ms in between.
 //!
 //! The gate is one per process, for every SQLite file: writers to different files take
 //! turns too, which costs only when both are busy at once. A writer that waits longer
@@ -35,7 +38,7 @@ use std::time::{Duration, Instant};
 pub(crate) const MAX_WAIT: Duration = Duration::from_secs(1);
 
 /// How long a queued writer waits before releases hand it the gate rather than free it.
-pub(crate) const STARVING_AFTER: Duration = Duration::from_millis(1);
+pub(crate) const STARVING_AFTER: Duration = Duration::from_millis(2);
 
 /// A writer in the queue.
 struct Waiter {
@@ -53,6 +56,9 @@ struct Gate {
     handed_to: Option<u64>,
     /// The ticket the next queued writer draws.
     next: u64,
+    /// Whether a queued writer was woken and has not looked at the gate yet: one woken
+    /// writer is enough, more would only switch threads to find the gate taken.
+    woken: bool,
 }
 
 static GATE: Mutex<Gate> = Mutex::new(Gate {
@@ -60,6 +66,7 @@ static GATE: Mutex<Gate> = Mutex::new(Gate {
     queue: VecDeque::new(),
     handed_to: None,
     next: 0,
+    woken: false,
 });
 
 fn lock_gate() -> MutexGuard<'static, Gate> {
@@ -92,6 +99,7 @@ pub(crate) fn wait_for_turn(max_wait: Duration) -> Option<Turn> {
         // Woken by a release (or spuriously); the gate's state says which.
         std::thread::park_timeout(deadline.saturating_duration_since(Instant::now()));
         gate = lock_gate();
+        gate.woken = false;
         if gate.handed_to == Some(ticket) {
             gate.handed_to = None;
             return Some(Turn(()));
@@ -122,8 +130,11 @@ impl Drop for Turn {
             first.thread.unpark();
         } else {
             gate.held = false;
-            if let Some(first) = gate.queue.front() {
-                first.thread.unpark();
+            if !gate.woken {
+                if let Some(first) = gate.queue.front() {
+                    first.thread.unpark();
+                    gate.woken = true;
+                }
             }
         }
     }
