@@ -48,7 +48,7 @@ pub trait OccBackend: Backend + Default {
 
     /// Whether one connection writes at a time (SQLite): then a write statement sent
     /// outside a transaction also takes its turn in this process's queue of writers
-    /// ([`write_gate`](crate::connect::write_gate)), as write transactions do.
+    /// (see the module `connect::write_gate`), as write transactions do.
     const ONE_WRITER: bool = false;
 
     /// Why `error`, just returned by a statement on `conn`, can be fixed by running the
