@@ -257,6 +257,16 @@ for_each_backend! {
         }
     }
 
+    /// A version below zero advances like any other (MySQL notes it through the unsigned
+    /// `LAST_INSERT_ID`), with the token handed back and without it.
+    fn a_negative_version_advances<E: Edits>(e: &mut E, pool: &Pool) {
+        diesel::update(profiles::table.find(1)).set(profiles::version.eq(-3_i64)).execute(&mut pool.get().unwrap()).unwrap();
+        assert_eq!(e.merge_in_place(1, &json!({"n": 1})).unwrap(), -2, "{}", E::PATH);
+        e.merge_without_token(1, &json!({"n": 2})).unwrap();
+        let row = load(pool, 1);
+        assert_eq!((row.version, &row.ext["n"]), (-1, &json!(2)), "{}", E::PATH);
+    }
+
     macro_rules! on_both_paths {
         ($($body:ident),*) => {
             mod blocking {
@@ -282,7 +292,8 @@ for_each_backend! {
         every_edit_lands_as_its_rfc_says,
         bad_input_is_refused_with_nothing_written,
         a_merge_in_place_sends_at_most_two_statements,
-        a_merge_without_token_sends_one_statement
+        a_merge_without_token_sends_one_statement,
+        a_negative_version_advances
     );
 
     /// 8 writers, each merging its own 10 keys into one row by read-merge-write, in one

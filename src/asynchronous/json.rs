@@ -17,6 +17,7 @@ use super::connection::{in_transaction, refuse_broken, NativeAsync, NativeAsyncC
 use super::entity::{write_by_key_completed, AsyncUpdateRow};
 use super::modify::{modify_with, Caller, Step};
 use super::send::{AsyncComplete, AsyncLoadByKey};
+use super::transaction::Call;
 use crate::error::Error;
 use crate::guard::{AdvanceInSql, Guarded, ReturnedTokenOf, TokenOf};
 use crate::json::document::{
@@ -412,6 +413,11 @@ where
         refuse_broken(conn)?;
         let miss = RowMoved::<T>::advancing_any(key, T::Guard::at_end);
         let changes = MergePatch::<Col>::new(checked?);
-        write_by_key_completed::<Done, T, C, _, _, _>(conn, key, changes, Unguarded, miss, 0).await
+        // Dropped half way (on MySQL, a reply half read, or the version noted and not yet
+        // read back), the call marks the connection broken.
+        let mut call = Call::start(conn);
+        let merge = write_by_key_completed::<Done, T, C, _, _, _>;
+        let merged = merge(call.conn(), key, changes, Unguarded, miss, 0).await;
+        call.finish(merged)
     }
 }

@@ -85,15 +85,17 @@ pub(crate) fn wait_for_turn(max_wait: Duration) -> Option<Turn> {
         gate.held = true;
         return Some(Turn(()));
     }
+    let arrived = Instant::now();
+    // Computed before queueing: a writer must never leave the queue by a panic, or the
+    // gate could be handed to it and never taken.
+    let deadline = arrived.checked_add(max_wait).unwrap_or(arrived + MAX_WAIT);
     let ticket = gate.next;
     gate.next += 1;
-    let arrived = Instant::now();
     gate.queue.push_back(Waiter {
         ticket,
         arrived,
         thread: std::thread::current(),
     });
-    let deadline = arrived + max_wait;
     loop {
         drop(gate);
         // Woken by a release (or spuriously); the gate's state says which.

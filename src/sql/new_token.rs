@@ -226,11 +226,15 @@ where
     ) -> QueryResult<(usize, Option<Tok>)> {
         use crate::sql::statement::{NotedVersion, ReadNotedVersion};
         match ExecuteDsl::execute(statement.noting_version::<Col>(), conn)? {
+            0 => Ok((0, None)),
             1 => {
                 let noted: NotedVersion = ReadNotedVersion.get_result(conn)?;
                 Ok((1, Some(noted.version()?)))
             }
-            rows => Ok((rows, None)),
+            // A key of several rows (the write is then refused): restore the caller's value too.
+            rows => ReadNotedVersion
+                .get_result::<NotedVersion>(conn)
+                .map(|_| (rows, None)),
         }
     }
 }

@@ -249,7 +249,8 @@ impl<T: Table, Changes, Advance, Key, Guard> GuardedUpdate<T, Changes, Advance, 
 pub(crate) type NotingVersion<T, Changes, Advance, Key, Guard, Col> =
     GuardedUpdate<T, Changes, AlsoSet<Advance, NoteVersion<Col>>, Key, Guard>;
 
-/// MySQL: `` `v` = LAST_INSERT_ID(`v` + 0 * (@occ_prev := LAST_INSERT_ID())) `` after the
+/// MySQL: `` `v` = CAST(LAST_INSERT_ID(`v` + CAST(0 * (@occ_prev := LAST_INSERT_ID()) AS
+/// SIGNED)) AS SIGNED) `` after the
 /// assignments: MySQL assigns from left to right, so this sets the version column to
 /// the value the statement just gave it, and notes that value in the session's
 /// `LAST_INSERT_ID`, after keeping the caller's last insert id in `@occ_prev`.
@@ -263,9 +264,11 @@ pub struct NoteVersion<Col>(PhantomData<Col>);
 impl<Col: Column> QueryFragment<diesel::mysql::Mysql> for NoteVersion<Col> {
     fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, diesel::mysql::Mysql>) -> QueryResult<()> {
         out.push_identifier(Col::NAME)?;
-        out.push_sql(" = LAST_INSERT_ID(");
+        // `LAST_INSERT_ID` is unsigned: without the casts a negative version would make
+        // the sum unsigned and fail the statement (out of range).
+        out.push_sql(" = CAST(LAST_INSERT_ID(");
         out.push_identifier(Col::NAME)?;
-        out.push_sql(" + 0 * (@occ_prev := LAST_INSERT_ID()))");
+        out.push_sql(" + CAST(0 * (@occ_prev := LAST_INSERT_ID()) AS SIGNED)) AS SIGNED)");
         Ok(())
     }
 }
@@ -283,7 +286,7 @@ pub(crate) struct ReadNotedVersion;
 impl diesel::query_builder::Query for ReadNotedVersion {
     type SqlType = (
         diesel::sql_types::Unsigned<diesel::sql_types::BigInt>,
-        diesel::sql_types::Unsigned<diesel::sql_types::BigInt>,
+        diesel::sql_types::Nullable<diesel::sql_types::Unsigned<diesel::sql_types::BigInt>>,
     );
 }
 
@@ -303,7 +306,8 @@ impl<C> diesel::RunQueryDsl<C> for ReadNotedVersion {}
 #[derive(diesel::Queryable)]
 pub(crate) struct NotedVersion {
     pub(crate) noted: u64,
-    pub(crate) _restored: u64,
+    /// NULL only if something else set `@occ_prev` to NULL; nothing to report then.
+    pub(crate) _restored: Option<u64>,
 }
 
 #[cfg(feature = "mysql")]
