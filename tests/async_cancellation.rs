@@ -42,6 +42,51 @@ fn next_timeout(seed: &mut u64) -> Duration {
 
 for_each_backend! {
     type Async_ = <Conn as AsyncOf>::Async;
+    json_profiles!();
+
+    /// One-statement merges (with the token back and without it) dropped at random
+    /// points: each merge that landed added its key and moved the version by one, both or
+    /// neither; a connection a dropped merge left half read (MySQL) is refused, never
+    /// read from again.
+    #[test]
+    fn dropped_one_statement_merges_land_whole_or_not_at_all() {
+        let Some(db) = db() else { return };
+        let row = Profile { id: 1, name: "p".into(), ext: serde_json::json!({}), version: 0 };
+        diesel::insert_into(profiles::table).values(&row).execute(&mut db.conn()).unwrap();
+        let runtime = common::paths::runtime();
+        let mut conn: Async_ = Conn::connect(&db.url, &runtime);
+        let (mut seed, mut tally) = (11_u64, Tally::default());
+        for round in 0..ROUNDS / 2 {
+            let limit = next_timeout(&mut seed);
+            let patch = serde_json::json!({ format!("k{round}"): round });
+            let outcome = if round % 2 == 0 {
+                let call = Profile::merge_json_in_place(&mut conn, &1, profiles::ext, &patch);
+                runtime.block_on(async { tokio::time::timeout(limit, call).await }).map(|r| r.map(drop))
+            } else {
+                let call = Profile::merge_json_in_place_without_token(&mut conn, &1, profiles::ext, &patch);
+                runtime.block_on(async { tokio::time::timeout(limit, call).await })
+            };
+            match outcome {
+                Ok(Ok(())) => tally.written += 1,
+                Ok(Err(Error::Database(DieselError::BrokenTransactionManager))) => {
+                    tally.refused_broken += 1;
+                    conn = Conn::connect(&db.url, &runtime);
+                }
+                Ok(Err(other)) => panic!("round {round}: {other:?}"),
+                Err(_elapsed) => tally.dropped += 1,
+            }
+        }
+        drop(conn);
+        eprintln!("{BACKEND}: {tally:?}");
+        assert!(tally.written > 0 && tally.dropped > 0, "{tally:?}: both kinds of round must occur");
+        let row = profiles::table.find(1).select(Profile::as_select()).first(&mut db.conn()).unwrap();
+        let keys = row.ext.as_object().unwrap();
+        assert_eq!(keys.len() as i64, row.version, "a merge landed in half: {row:?}");
+        assert!(row.version >= i64::from(tally.written), "{row:?} {tally:?}");
+        for (key, value) in keys {
+            assert_eq!(key, &format!("k{value}"), "{row:?}");
+        }
+    }
 
     #[test]
     fn dropped_futures_leave_no_half_change_and_no_open_transaction() {
