@@ -524,8 +524,10 @@ impl super::write_transaction::AsyncWriteConnection for AsyncSqlite {
                 AnsiTransactionManager::begin_transaction(conn)?;
                 return Ok(Default::default());
             }
-            let turn =
-                crate::connect::write_gate::wait_for_turn(crate::connect::write_gate::MAX_WAIT);
+            // Ended by the transaction's future, wherever it runs then.
+            let turn = crate::connect::write_gate::wait_for_turn_to_send(
+                crate::connect::write_gate::MAX_WAIT,
+            );
             AnsiTransactionManager::begin_transaction_sql(conn, "BEGIN IMMEDIATE")?;
             Ok(super::write_transaction::WriteTurn { _turn: turn })
         })

@@ -22,13 +22,15 @@
 //! 0.83-0.93, 2 ms in between.
 //!
 //! The gate is one per process, for every SQLite file: writers to different files take
-//! turns too, which costs only when both are busy at once. A writer that waits longer
-//! than [`MAX_WAIT`] (a transaction on another file holding the gate for long, or a thread
-//! that opens a second write transaction while holding one) stops waiting and goes on to
-//! SQLite, where its busy timeout applies: the gate orders writers, it never blocks one
-//! for good. Writers outside the library (and in other processes) do not pass it and
+//! turns too, which costs only when both are busy at once. A thread that holds a turn
+//! and writes again (on another connection, from a transition hook say) goes on at once:
+//! that write is part of its turn. A writer that waits longer than [`MAX_WAIT`] (a
+//! transaction on another file holding the gate for long, an async write transaction
+//! whose task opens a second one) stops waiting and goes on to SQLite, where its busy
+//! timeout applies: the gate orders writers, it never blocks one for good. Writers outside the library (and in other processes) do not pass it and
 //! wait in SQLite's busy handler as before.
 
+use std::cell::Cell;
 use std::collections::VecDeque;
 use std::sync::{Mutex, MutexGuard};
 use std::thread::Thread;
@@ -74,16 +76,55 @@ fn lock_gate() -> MutexGuard<'static, Gate> {
     GATE.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// A writer's turn: the gate passes on when it is dropped (on any thread).
-#[must_use = "the turn ends when this is dropped"]
-pub(crate) struct Turn(());
+thread_local! {
+    /// The turns this thread holds through [`wait_for_turn`]: while it holds one, its
+    /// other writes (on another connection, say from a transition hook) are part of that
+    /// turn, and do not queue behind it.
+    static HELD_HERE: Cell<usize> = const { Cell::new(0) };
+}
 
-/// Waits for this writer's turn, at most `max_wait`; `None` when the wait ran out.
+/// A writer's turn: the gate passes on when it is dropped.
+#[must_use = "the turn ends when this is dropped"]
+pub(crate) struct Turn(Held);
+
+enum Held {
+    /// Taken by [`wait_for_turn`]: dropped on the thread that took it.
+    Here,
+    /// A write of a thread that already holds a turn: dropping it releases nothing.
+    Nested,
+    /// Taken by [`wait_for_turn_to_send`]: may be dropped on any thread.
+    Anywhere,
+}
+
+/// Waits for this thread's turn, at most `max_wait`; `None` when the wait ran out. The
+/// turn must be dropped on this thread; a thread that already holds one gets its turn
+/// at once.
 pub(crate) fn wait_for_turn(max_wait: Duration) -> Option<Turn> {
+    let held_here = HELD_HERE.get();
+    let held = if held_here > 0 {
+        Held::Nested
+    } else {
+        take_gate(max_wait)?;
+        Held::Here
+    };
+    HELD_HERE.set(held_here + 1);
+    Some(Turn(held))
+}
+
+/// [`wait_for_turn`] for a turn that may end on another thread (an async write
+/// transaction, whose future moves between threads). Such a turn does not count as this
+/// thread's.
+pub(crate) fn wait_for_turn_to_send(max_wait: Duration) -> Option<Turn> {
+    take_gate(max_wait)?;
+    Some(Turn(Held::Anywhere))
+}
+
+/// Takes the gate, waiting at most `max_wait`; `None` when the wait ran out.
+fn take_gate(max_wait: Duration) -> Option<()> {
     let mut gate = lock_gate();
     if !gate.held {
         gate.held = true;
-        return Some(Turn(()));
+        return Some(());
     }
     let arrived = Instant::now();
     // Computed before queueing: a writer must never leave the queue by a panic, or the
@@ -104,12 +145,12 @@ pub(crate) fn wait_for_turn(max_wait: Duration) -> Option<Turn> {
         gate.woken = false;
         if gate.handed_to == Some(ticket) {
             gate.handed_to = None;
-            return Some(Turn(()));
+            return Some(());
         }
         if !gate.held {
             gate.held = true;
             gate.queue.retain(|waiter| waiter.ticket != ticket);
-            return Some(Turn(()));
+            return Some(());
         }
         if Instant::now() >= deadline {
             gate.queue.retain(|waiter| waiter.ticket != ticket);
@@ -120,6 +161,12 @@ pub(crate) fn wait_for_turn(max_wait: Duration) -> Option<Turn> {
 
 impl Drop for Turn {
     fn drop(&mut self) {
+        if matches!(self.0, Held::Here | Held::Nested) {
+            HELD_HERE.set(HELD_HERE.get().saturating_sub(1));
+        }
+        if matches!(self.0, Held::Nested) {
+            return;
+        }
         let mut gate = lock_gate();
         let starving = gate
             .queue
@@ -179,11 +226,41 @@ mod tests {
     fn a_writer_that_gives_up_does_not_hold_up_the_next() {
         let _alone = alone();
         let first = wait_for_turn(Duration::from_secs(30)).expect("a turn");
-        assert!(wait_for_turn(Duration::from_millis(20)).is_none());
+        let other = std::thread::spawn(|| wait_for_turn(Duration::from_millis(20)).is_none());
+        assert!(
+            other.join().unwrap(),
+            "another thread got a turn while this one held it"
+        );
         drop(first);
         // The writer that gave up left the queue: the next one gets its turn at once.
         let next = wait_for_turn(Duration::from_millis(500));
         assert!(next.is_some());
+    }
+
+    /// A thread that holds a turn writes again at once; the gate passes on only when its
+    /// outer turn ends, and a turn taken to be sent does not count as the thread's.
+    #[test]
+    fn a_thread_holding_a_turn_writes_again_at_once() {
+        let _alone = alone();
+        let others_wait = || {
+            std::thread::spawn(|| wait_for_turn(Duration::from_millis(20)).is_none())
+                .join()
+                .unwrap()
+        };
+        let outer = wait_for_turn(Duration::from_secs(30)).expect("a turn");
+        let inner = wait_for_turn(Duration::from_millis(1)).expect("the same thread's turn");
+        assert!(others_wait());
+        drop(inner);
+        assert!(others_wait(), "the inner turn released the gate");
+        drop(outer);
+        let sent = wait_for_turn_to_send(Duration::from_secs(30)).expect("a turn");
+        assert!(others_wait());
+        assert!(
+            wait_for_turn(Duration::from_millis(20)).is_none(),
+            "a sent turn counted as this thread's"
+        );
+        std::thread::spawn(move || drop(sent)).join().unwrap();
+        assert!(wait_for_turn(Duration::from_millis(500)).is_some());
     }
 
     /// A writer queued past the starving time gets the next turn: the holder, releasing
