@@ -190,6 +190,8 @@ pub use status::claim_attempts::{AttemptLimit, ClaimCounted, Claimed};
 #[cfg(feature = "locks")]
 pub use status::claim_heartbeat::ExtendClaim;
 pub use status::condition::{TransitionCondition, When};
+#[cfg(feature = "locks")]
+pub use status::finish_claims::{FinishClaims, FinishedClaims};
 pub use status::transition::{
     no_extra, occ_transitions, record, GuardedStatusTransition, GuardedTransition, HistoryEntry,
     TransitionByKey, TransitionRow,

@@ -13,31 +13,38 @@ use diesel::dsl::{AsSelect, Filter, Select};
 use diesel::query_builder::QueryId;
 use diesel::query_dsl::methods::{FilterDsl, LimitDsl, SelectDsl};
 use diesel::sql_types::{Integer, Nullable, Text};
-use diesel::{Column, Selectable};
-use diesel_async::methods::LoadQuery;
+use diesel::{Column, Selectable, SelectableHelper};
+use diesel_async::methods::{ExecuteDsl, LoadQuery};
 use diesel_async::{AsyncConnection, RunQueryDsl};
 
 use super::connection::{classify, refuse_broken, NativeAsync, NativeAsyncConnection};
 use super::entity::check_stored_precision;
-use super::executor::{run, AsyncMiss};
+use super::executor::{protect_caller, run, AsyncMiss};
 use super::send::{AsyncComplete, AsyncLoadByKey};
 use super::transaction::{Call, OwnTransaction};
+use crate::connect::backend::OccBackend;
 use crate::error::Error;
 use crate::guard::{AdvanceInSql, Guarded};
 use crate::sql::new_token::Counted;
+use crate::sql::statement::Returning;
 use crate::sql::statement::{AnyOf, Assignments};
 use crate::status::claim::{
     claim_query, claim_update, claim_write, finish_statement, ClaimIgnored, ClaimLost,
-    ClaimQueryOf, ClaimRequest, ClaimUpdateOf, Claimable, FinishOf,
+    ClaimQueryOf, ClaimRequest, ClaimUpdateOf, ClaimableOf, FinishOf,
 };
 use crate::status::claim_attempts::{
     check_limit, counted_claim_query, hand_over_statement, nothing_claimed, park_statement,
     split_spent, AttemptLimit, Claimed, CountedClaimOf, CountedClaimQueryOf, ParkOf,
 };
 use crate::status::claim_heartbeat::{heartbeat_statement, HeartbeatOf};
+use crate::status::claim_in_one::{claim_in_one, ClaimInOneOf, ClaimInOneUpdateOf};
+use crate::status::finish_claims::{
+    distinct, finish_many_statement, FinishManyOf, FinishManyReturningOf, FinishedClaims,
+    KEYS_PER_STATEMENT,
+};
 use crate::status::HasStatus;
 use crate::write::entity::RowMoved;
-use crate::write::executor::CompareAndSet;
+use crate::write::executor::{refuse_double_assignment, CompareAndSet};
 
 /// Task claiming on async connections, for entities with a status column, an owner column
 /// and a claim-time column whose guard advances in SQL; see
@@ -113,6 +120,25 @@ where
         let _ = owner_column;
         Self::finish_claim_row(conn, key, owner, held, to, next_owner)
     }
+
+    /// Ends `owner`'s claims on the rows of many `keys` at once; see
+    /// [`GuardedClaim::finish_claims`](crate::GuardedClaim::finish_claims).
+    #[allow(clippy::too_many_arguments)]
+    fn finish_claims<'a, C, OwnerCol>(
+        conn: &'a mut C,
+        keys: &'a [Self::Key],
+        owner_column: OwnerCol,
+        owner: &'a str,
+        held: Self::Status,
+        to: Self::Status,
+        next_owner: Option<&'a str>,
+    ) -> impl Future<Output = Result<FinishedClaims<Self::Key>, Error>> + Send + 'a
+    where
+        Self: AsyncFinishClaims<C, OwnerCol>,
+    {
+        let _ = owner_column;
+        Self::finish_claims_rows(conn, keys, owner, held, to, next_owner)
+    }
 }
 
 impl<T> AsyncGuardedClaim for T
@@ -146,14 +172,14 @@ where
     OwnerCol: Column<Table = T::Table, SqlType = Nullable<Text>> + 'static,
     AtCol: Column<Table = T::Table> + 'static,
     T::SelectExpression: QueryId,
-    T::Table: FilterDsl<Claimable<T::StatusColumn, T::Status, AtCol>>,
-    Filter<T::Table, Claimable<T::StatusColumn, T::Status, AtCol>>:
-        SelectDsl<AsSelect<T, C::Backend>>,
-    Select<Filter<T::Table, Claimable<T::StatusColumn, T::Status, AtCol>>, AsSelect<T, C::Backend>>:
-        LimitDsl,
+    T::Table: FilterDsl<ClaimableOf<T, AtCol>>,
+    Filter<T::Table, ClaimableOf<T, AtCol>>: SelectDsl<AsSelect<T, C::Backend>>,
+    Select<Filter<T::Table, ClaimableOf<T, AtCol>>, AsSelect<T, C::Backend>>: LimitDsl,
     ClaimQueryOf<T, AtCol, C::Backend>: LoadQuery<'static, C, T> + Send + 'static,
     ClaimUpdateOf<T, OwnerCol, AtCol>: Assignments<C::Backend> + Send,
     Counted: AsyncComplete<C, ClaimUpdateOf<T, OwnerCol, AtCol>, ()>,
+    ClaimInOneOf<T, OwnerCol, AtCol, C::Backend>: LoadQuery<'static, C, T> + Send + 'static,
+    ClaimInOneUpdateOf<T, OwnerCol, AtCol>: Assignments<C::Backend>,
 {
     async fn claim_rows<'a>(
         conn: &'a mut C,
@@ -164,6 +190,14 @@ where
             return Ok(Vec::new());
         }
         refuse_broken(conn)?;
+        if C::Backend::RETURNING {
+            let table = <T as AsyncLoadByKey<C>>::table_name();
+            check_stored_precision::<T, C>(conn, table).await?;
+            let claim = claim_in_one::<T, OwnerCol, AtCol, C::Backend>(request);
+            refuse_double_assignment(table, &claim.statement().update)?;
+            let loaded = protect_caller(conn, false, async |conn| claim.load(conn).await).await?;
+            return loaded.map_err(|e| classify(conn, e));
+        }
         let mut transaction = OwnTransaction::begin(conn).await?;
         let claimed = async {
             let conn = transaction.conn();
@@ -173,7 +207,7 @@ where
                 Err(e) => return Err(classify(conn, e)),
             };
             write_locked(conn, &waiting, |keys| {
-                claim_update::<T, OwnerCol, AtCol>(request, keys)
+                claim_update::<T, OwnerCol, AtCol, _>(request, keys)
             })
             .await
         }
@@ -207,14 +241,11 @@ where
     OwnerCol: Column<Table = T::Table, SqlType = Nullable<Text>> + 'static,
     AtCol: Column<Table = T::Table> + 'static,
     AttemptsCol: Column<Table = T::Table, SqlType = Integer> + Default + 'static,
-    T::Table: FilterDsl<Claimable<T::StatusColumn, T::Status, AtCol>>,
+    T::Table: FilterDsl<ClaimableOf<T, AtCol>>,
     (AsSelect<T, C::Backend>, AttemptsCol): diesel::Expression,
-    Filter<T::Table, Claimable<T::StatusColumn, T::Status, AtCol>>:
-        SelectDsl<(AsSelect<T, C::Backend>, AttemptsCol)>,
-    Select<
-        Filter<T::Table, Claimable<T::StatusColumn, T::Status, AtCol>>,
-        (AsSelect<T, C::Backend>, AttemptsCol),
-    >: LimitDsl,
+    Filter<T::Table, ClaimableOf<T, AtCol>>: SelectDsl<(AsSelect<T, C::Backend>, AttemptsCol)>,
+    Select<Filter<T::Table, ClaimableOf<T, AtCol>>, (AsSelect<T, C::Backend>, AttemptsCol)>:
+        LimitDsl,
     CountedClaimQueryOf<T, AtCol, AttemptsCol, C::Backend>:
         LoadQuery<'static, C, (T, i32)> + Send + 'static,
     CountedClaimOf<T, OwnerCol, AtCol, AttemptsCol>: Assignments<C::Backend> + Send,
@@ -369,6 +400,112 @@ where
         }
         .await;
         call.finish(finished)
+    }
+}
+
+/// Ending many claims of rows of entity `Self` on async connection `C`, as one bound; not
+/// a trait to implement.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot finish claims with `{OwnerCol}` on `{C}`",
+    note = "the owner column must be a `Nullable<Text>` column of the entity's table, the entity `Selectable`, the connection a diesel-async connection of a backend diesel-occ supports, and the guard must advance in SQL"
+)]
+pub trait AsyncFinishClaims<C, OwnerCol>: HasStatus {
+    /// Runs the end of the claims.
+    #[doc(hidden)]
+    fn finish_claims_rows<'a>(
+        conn: &'a mut C,
+        keys: &'a [Self::Key],
+        owner: &'a str,
+        held: Self::Status,
+        to: Self::Status,
+        next_owner: Option<&'a str>,
+    ) -> impl Future<Output = Result<FinishedClaims<Self::Key>, Error>> + Send + 'a;
+}
+
+impl<T, C, OwnerCol> AsyncFinishClaims<C, OwnerCol> for T
+where
+    T: HasStatus + Clone + Sync + AsyncLoadByKey<C> + AsyncFinishClaim<C, OwnerCol>,
+    T: Selectable<C::Backend>,
+    T::Guard: AdvanceInSql,
+    C: NativeAsyncConnection,
+    C::Backend: NativeAsync,
+    OwnerCol: Column<Table = T::Table, SqlType = Nullable<Text>> + 'static,
+    FinishManyOf<T, OwnerCol>: Assignments<C::Backend> + ExecuteDsl<C> + Send + 'static,
+    FinishManyReturningOf<T, OwnerCol, C::Backend>: LoadQuery<'static, C, T> + Send + 'static,
+{
+    async fn finish_claims_rows<'a>(
+        conn: &'a mut C,
+        keys: &'a [T::Key],
+        owner: &'a str,
+        held: T::Status,
+        to: T::Status,
+        next_owner: Option<&'a str>,
+    ) -> Result<FinishedClaims<T::Key>, Error> {
+        let mut report = FinishedClaims::default();
+        if keys.is_empty() {
+            return Ok(report);
+        }
+        refuse_broken(conn)?;
+        let table = <T as AsyncLoadByKey<C>>::table_name();
+        check_stored_precision::<T, C>(conn, table).await?;
+        for chunk in distinct(keys).chunks(KEYS_PER_STATEMENT) {
+            let statement =
+                finish_many_statement::<T, OwnerCol>(chunk, owner, held, to, next_owner);
+            refuse_double_assignment(table, &statement)?;
+            if C::Backend::RETURNING {
+                let returning = Returning::new(statement, T::as_select());
+                let sent = protect_caller(conn, false, async |conn| returning.load(conn).await);
+                let rows: Vec<T> = sent.await?.map_err(|e| classify(conn, e))?;
+                let ended: Vec<T::Key> = rows.iter().map(Guarded::key).collect();
+                let current = if ended.len() == chunk.len() {
+                    Vec::new()
+                } else {
+                    let missed: Vec<T::Key> = chunk
+                        .iter()
+                        .filter(|k| !ended.contains(k))
+                        .cloned()
+                        .collect();
+                    T::load_by_keys(conn, &missed)
+                        .await
+                        .map_err(|e| classify(conn, e))?
+                };
+                report.add_returned(table, chunk, &ended, current, (owner, held));
+            } else if every_claim_ended(conn, statement, chunk.len()).await? {
+                report.finished.extend_from_slice(chunk);
+            } else {
+                for key in chunk {
+                    let ended = T::finish_claim_row(conn, key, owner, held, to, next_owner).await;
+                    report.add_alone(key, ended)?;
+                }
+            }
+        }
+        Ok(report)
+    }
+}
+
+/// Sends `statement` in a transaction and commits it when it matched all `keys` rows;
+/// otherwise rolls it back (`false`); see the blocking path's.
+async fn every_claim_ended<C, S>(conn: &mut C, statement: S, keys: usize) -> Result<bool, Error>
+where
+    C: NativeAsyncConnection,
+    C::Backend: NativeAsync,
+    S: ExecuteDsl<C> + Send,
+{
+    let mut transaction = OwnTransaction::begin(conn).await?;
+    let matched = {
+        let conn = transaction.conn();
+        match ExecuteDsl::execute(statement, conn).await {
+            Ok(matched) => Ok(matched),
+            Err(e) => Err(classify(conn, e)),
+        }
+    };
+    match matched {
+        Ok(matched) if matched == keys => transaction.settle(Ok(true), Error::Database).await,
+        Ok(_) => {
+            transaction.rollback().await.map_err(Error::Database)?;
+            Ok(false)
+        }
+        Err(e) => transaction.settle(Err(e), Error::Database).await,
     }
 }
 

@@ -86,7 +86,8 @@ pub use batch::{AsyncDeleteBatch, AsyncGuardedBatch, AsyncUpdateBatch};
 pub use bulk::{AsyncGuardedBulk, AsyncUpdateBulk};
 #[cfg(feature = "locks")]
 pub use claim::{
-    AsyncClaimCounted, AsyncClaimRows, AsyncExtendClaim, AsyncFinishClaim, AsyncGuardedClaim,
+    AsyncClaimCounted, AsyncClaimRows, AsyncExtendClaim, AsyncFinishClaim, AsyncFinishClaims,
+    AsyncGuardedClaim,
 };
 pub use connection::{NativeAsync, NativeAsyncConnection};
 pub use entity::{

@@ -511,6 +511,28 @@ where
     }
 }
 
+#[cfg(feature = "locks")]
+impl<T, OwnerCol> super::claim::AsyncFinishClaims<AsyncSqlite, OwnerCol> for T
+where
+    T: crate::FinishClaims<SqliteConnection, OwnerCol>,
+    OwnerCol: 'static,
+{
+    fn finish_claims_rows<'a>(
+        conn: &'a mut AsyncSqlite,
+        keys: &'a [T::Key],
+        owner: &'a str,
+        held: T::Status,
+        to: T::Status,
+        next_owner: Option<&'a str>,
+    ) -> impl Future<Output = Result<crate::FinishedClaims<T::Key>, Error>> + Send + 'a {
+        let (keys, owner) = (keys.to_vec(), owner.to_string());
+        let next_owner = next_owner.map(str::to_string);
+        on_thread(conn, move |conn| {
+            T::finish_claims_rows(conn, &keys, &owner, held, to, next_owner.as_deref())
+        })
+    }
+}
+
 /// The blocking path's write transaction: this process's earlier writers first, then
 /// `BEGIN IMMEDIATE` (a savepoint inside an open transaction).
 impl super::write_transaction::AsyncWriteConnection for AsyncSqlite {

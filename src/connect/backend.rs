@@ -42,6 +42,10 @@ pub trait OccBackend: Backend + Default {
     /// number of round trips.
     const COMBINES_UPDATES: bool = false;
 
+    /// Whether an `UPDATE` can hand back the rows it wrote (`RETURNING`: PostgreSQL, and
+    /// SQLite since 3.35), so that a write that must answer with them is one statement.
+    const RETURNING: bool = true;
+
     /// Whether a failed statement aborts its whole transaction (PostgreSQL), rather than
     /// being undone alone (MySQL, SQLite).
     const FAILURE_ABORTS_TRANSACTION: bool = false;
@@ -241,6 +245,7 @@ impl OccBackend for diesel::mysql::Mysql {
     const LOCKING_READ: &'static str = " FOR UPDATE";
     const NULL_SAFE_EQ: &'static str = " <=> ";
     const DUPLICATES: Duplicates = Duplicates::OnDuplicateKey;
+    const RETURNING: bool = false;
 
     fn retry_reason<C>(conn: &mut C, error: &DieselError) -> Option<RetryReason>
     where

@@ -923,3 +923,47 @@ mod tests {
         assert!(assignment_targets("").is_empty());
     }
 }
+
+/// `<statement> RETURNING <row>`: a write that answers with the rows it wrote
+/// (PostgreSQL, SQLite; see [`OccBackend::RETURNING`]).
+#[derive(Debug, Clone)]
+pub struct Returning<S, Row> {
+    statement: S,
+    row: Row,
+}
+
+impl<S, Row> Returning<S, Row> {
+    /// `statement`, answering with `row` of each row it wrote.
+    pub fn new(statement: S, row: Row) -> Self {
+        Returning { statement, row }
+    }
+
+    /// The write, without its `RETURNING`.
+    pub(crate) fn statement(&self) -> &S {
+        &self.statement
+    }
+}
+
+impl<S, Row, DB> QueryFragment<DB> for Returning<S, Row>
+where
+    DB: Backend,
+    S: QueryFragment<DB>,
+    Row: QueryFragment<DB>,
+{
+    fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, DB>) -> QueryResult<()> {
+        self.statement.walk_ast(out.reborrow())?;
+        out.push_sql(" RETURNING ");
+        self.row.walk_ast(out)
+    }
+}
+
+impl<S, Row: Expression> diesel::query_builder::Query for Returning<S, Row> {
+    type SqlType = Row::SqlType;
+}
+
+impl<S, Row> QueryId for Returning<S, Row> {
+    type QueryId = ();
+    const HAS_STATIC_QUERY_ID: bool = false;
+}
+
+impl<S, Row, Conn> RunQueryDsl<Conn> for Returning<S, Row> {}

@@ -37,6 +37,7 @@ use diesel::sql_types::{Bool, HasSqlType, Nullable, Text};
 use diesel::{Column, QueryResult, RunQueryDsl, Selectable, SelectableHelper};
 
 use crate::connect::backend::OccBackend;
+use crate::connect::caller_transaction::protect_caller;
 use crate::connect::transaction::{commit_operation, WriteTransaction};
 use crate::error::Error;
 use crate::guard::server_clock::{ClockColumn, ServerClock, Shift};
@@ -47,10 +48,12 @@ use crate::sql::statement::{
 };
 use crate::status::claim_attempts::{AttemptLimit, ClaimCounted, Claimed};
 use crate::status::claim_heartbeat::ExtendClaim;
+use crate::status::claim_in_one::{claim_in_one, ClaimInOneOf, ClaimInOneUpdateOf};
+use crate::status::finish_claims::{FinishClaims, FinishedClaims};
 use crate::status::{HasStatus, Status};
 use crate::write::bulk::BulkUpdateOf;
 use crate::write::entity::{KeyWriteOf, LoadByKey, RowMoved};
-use crate::write::executor::{classify, CompareAndSet, Matches, Miss};
+use crate::write::executor::{classify, refuse_double_assignment, CompareAndSet, Matches, Miss};
 
 /// What a worker asks for.
 #[derive(Debug, Clone, Copy)]
@@ -71,52 +74,71 @@ pub struct ClaimRequest<'a, S> {
     pub reclaim_after: Option<Duration>,
 }
 
-/// `status = ?from OR (status = ?to AND claimed_at < <database now> - ?age)`.
+/// `(status = ?from OR (status = ?to AND claimed_at < <database now> - ?age)) AND <the
+/// token can advance>`: a row whose token is at its end (a version at its type's maximum)
+/// cannot be written, so it is never handed out and never holds up the rows behind it.
 #[derive(Debug, Clone)]
-pub struct Claimable<StatusCol, S, AtCol> {
+pub struct Claimable<StatusCol, S, AtCol, CanAdvance> {
     from: S,
     to: S,
     /// The database's now minus the age after which a claim is abandoned.
     abandoned_before: Option<Shift>,
+    can_advance: CanAdvance,
     columns: std::marker::PhantomData<(StatusCol, AtCol)>,
 }
 
-impl<StatusCol, S: Copy, AtCol> Claimable<StatusCol, S, AtCol> {
-    /// The rows `request` may claim.
-    pub(crate) fn of(request: &ClaimRequest<'_, S>) -> Self {
+/// The rows of entity `T` a claim may take, by claim-time column `AtCol`.
+pub(crate) type ClaimableOf<T, AtCol> = Claimable<
+    <T as HasStatus>::StatusColumn,
+    <T as HasStatus>::Status,
+    AtCol,
+    crate::guard::CanAdvanceOf<T>,
+>;
+
+impl<StatusCol, S: Copy, AtCol, CanAdvance> Claimable<StatusCol, S, AtCol, CanAdvance> {
+    /// The rows `request` may claim, of those whose token `can_advance`.
+    pub(crate) fn of(request: &ClaimRequest<'_, S>, can_advance: CanAdvance) -> Self {
         Claimable {
             from: request.from,
             to: request.to,
             abandoned_before: request.reclaim_after.map(Shift::earlier),
+            can_advance,
             columns: std::marker::PhantomData,
         }
     }
 }
 
-impl<StatusCol, S, AtCol> Expression for Claimable<StatusCol, S, AtCol> {
+impl<StatusCol, S, AtCol, CanAdvance> Expression for Claimable<StatusCol, S, AtCol, CanAdvance> {
     type SqlType = Bool;
 }
 
-impl<StatusCol, S, AtCol, QS> AppearsOnTable<QS> for Claimable<StatusCol, S, AtCol> {}
+impl<StatusCol, S, AtCol, CanAdvance, QS> AppearsOnTable<QS>
+    for Claimable<StatusCol, S, AtCol, CanAdvance>
+{
+}
 
-impl<StatusCol, S, AtCol> ValidGrouping<()> for Claimable<StatusCol, S, AtCol> {
+impl<StatusCol, S, AtCol, CanAdvance> ValidGrouping<()>
+    for Claimable<StatusCol, S, AtCol, CanAdvance>
+{
     type IsAggregate = diesel::expression::is_aggregate::Never;
 }
 
-impl<StatusCol, S, AtCol> QueryId for Claimable<StatusCol, S, AtCol> {
+impl<StatusCol, S, AtCol, CanAdvance> QueryId for Claimable<StatusCol, S, AtCol, CanAdvance> {
     type QueryId = ();
     const HAS_STATIC_QUERY_ID: bool = false;
 }
 
-impl<StatusCol, S, AtCol, DB> QueryFragment<DB> for Claimable<StatusCol, S, AtCol>
+impl<StatusCol, S, AtCol, CanAdvance, DB> QueryFragment<DB>
+    for Claimable<StatusCol, S, AtCol, CanAdvance>
 where
     DB: ServerClock + HasSqlType<StatusCol::SqlType>,
     StatusCol: Column,
     AtCol: Column,
     S: ToSql<StatusCol::SqlType, DB>,
+    CanAdvance: QueryFragment<DB>,
 {
     fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, DB>) -> QueryResult<()> {
-        out.push_sql("(");
+        out.push_sql("((");
         out.push_identifier(StatusCol::NAME)?;
         out.push_sql(" = ");
         out.push_bind_param::<StatusCol::SqlType, S>(&self.from)?;
@@ -132,6 +154,11 @@ where
             out.push_sql(")");
         }
         out.push_sql(")");
+        if !self.can_advance.is_noop(out.backend())? {
+            out.push_sql(" AND ");
+            self.can_advance.walk_ast(out.reborrow())?;
+        }
+        out.push_sql(")");
         Ok(())
     }
 }
@@ -140,10 +167,7 @@ where
 pub(crate) type ClaimQueryOf<T, AtCol, DB> = LatestRead<
     Limit<
         Select<
-            Filter<
-                <T as diesel::associations::HasTable>::Table,
-                Claimable<<T as HasStatus>::StatusColumn, <T as HasStatus>::Status, AtCol>,
-            >,
+            Filter<<T as diesel::associations::HasTable>::Table, ClaimableOf<T, AtCol>>,
             AsSelect<T, DB>,
         >,
     >,
@@ -267,6 +291,28 @@ where
     {
         let _ = owner_column;
         Self::finish_claim_row(conn, key, owner, held, to, next_owner)
+    }
+
+    /// [`finish_claim`](Self::finish_claim) for the rows of many `keys` at once: one
+    /// statement per 1,000 keys on PostgreSQL and SQLite, one transaction per 1,000 keys
+    /// on MySQL. Each claim still this worker's ends; the others are answered one by one
+    /// in [`FinishedClaims::lost`] (nothing about them is written). An error that is not
+    /// about a row (a lost connection, say) ends the call; the statements sent before it
+    /// stay done.
+    fn finish_claims<C, OwnerCol>(
+        conn: &mut C,
+        keys: &[Self::Key],
+        owner_column: OwnerCol,
+        owner: &str,
+        held: Self::Status,
+        to: Self::Status,
+        next_owner: Option<&str>,
+    ) -> Result<FinishedClaims<Self::Key>, Error>
+    where
+        Self: FinishClaims<C, OwnerCol>,
+    {
+        let _ = owner_column;
+        Self::finish_claims_rows(conn, keys, owner, held, to, next_owner)
     }
 }
 
@@ -395,19 +441,25 @@ where
     AtCol: Column<Table = T::Table>,
     T: LoadByKey<C> + Selectable<C::Backend>,
     T::SelectExpression: QueryId,
-    T::Table: FilterDsl<Claimable<T::StatusColumn, T::Status, AtCol>>,
-    Filter<T::Table, Claimable<T::StatusColumn, T::Status, AtCol>>:
-        SelectDsl<AsSelect<T, C::Backend>>,
-    Select<Filter<T::Table, Claimable<T::StatusColumn, T::Status, AtCol>>, AsSelect<T, C::Backend>>:
-        LimitDsl,
+    T::Table: FilterDsl<ClaimableOf<T, AtCol>>,
+    Filter<T::Table, ClaimableOf<T, AtCol>>: SelectDsl<AsSelect<T, C::Backend>>,
+    Select<Filter<T::Table, ClaimableOf<T, AtCol>>, AsSelect<T, C::Backend>>: LimitDsl,
     ClaimQueryOf<T, AtCol, C::Backend>: LoadQuery<'static, C, Self>,
     ClaimUpdateOf<T, OwnerCol, AtCol>: Assignments<C::Backend>,
     Counted: Complete<C, ClaimUpdateOf<T, OwnerCol, AtCol>, ()>,
+    ClaimInOneOf<T, OwnerCol, AtCol, C::Backend>: LoadQuery<'static, C, T>,
+    ClaimInOneUpdateOf<T, OwnerCol, AtCol>: Assignments<C::Backend>,
 {
     fn claim_rows(conn: &mut C, request: &ClaimRequest<'_, T::Status>) -> Result<Vec<T>, Error> {
         crate::sql::names::check_name("owner", request.owner)?;
         if request.limit == 0 {
             return Ok(Vec::new());
+        }
+        if C::Backend::RETURNING {
+            crate::guard::stored_precision::check_stored_precision::<T, C>(conn)?;
+            let claim = claim_in_one::<T, OwnerCol, AtCol, C::Backend>(request);
+            refuse_double_assignment(T::table_name(), &claim.statement().update)?;
+            return protect_caller(conn, |conn| claim.load(conn)).map_err(|e| classify(conn, e));
         }
         commit_operation(conn, |conn| {
             let query = claim_query::<T, AtCol, C::Backend>(request);
@@ -416,7 +468,7 @@ where
                 return Ok(Vec::new());
             }
             write_locked(conn, &waiting, |keys| {
-                claim_update::<T, OwnerCol, AtCol>(request, keys)
+                claim_update::<T, OwnerCol, AtCol, _>(request, keys)
             })
         })
     }
@@ -428,19 +480,19 @@ pub(crate) fn claim_query<T, AtCol, DB>(
     request: &ClaimRequest<'_, T::Status>,
 ) -> ClaimQueryOf<T, AtCol, DB>
 where
+    T::Guard: AdvanceInSql,
     T: HasStatus + Selectable<DB>,
     T::SelectExpression: QueryId,
     DB: diesel::backend::Backend,
-    T::Table: FilterDsl<Claimable<T::StatusColumn, T::Status, AtCol>>,
-    Filter<T::Table, Claimable<T::StatusColumn, T::Status, AtCol>>: SelectDsl<AsSelect<T, DB>>,
-    Select<Filter<T::Table, Claimable<T::StatusColumn, T::Status, AtCol>>, AsSelect<T, DB>>:
-        LimitDsl,
+    T::Table: FilterDsl<ClaimableOf<T, AtCol>>,
+    Filter<T::Table, ClaimableOf<T, AtCol>>: SelectDsl<AsSelect<T, DB>>,
+    Select<Filter<T::Table, ClaimableOf<T, AtCol>>, AsSelect<T, DB>>: LimitDsl,
 {
     let limit = i64::try_from(request.limit).unwrap_or(i64::MAX);
     LatestRead::locked(
         LimitDsl::limit(
             SelectDsl::select(
-                FilterDsl::filter(T::table(), Claimable::of(request)),
+                FilterDsl::filter(T::table(), Claimable::of(request, T::Guard::can_advance())),
                 T::as_select(),
             ),
             limit,
@@ -449,16 +501,16 @@ where
     )
 }
 
-/// The `UPDATE` handing the rows with `keys` to `request.owner`, advancing each token.
-pub(crate) fn claim_update<T, OwnerCol, AtCol>(
+/// The `UPDATE` handing the rows `keys` selects to `request.owner`, advancing each token.
+pub(crate) fn claim_update<T, OwnerCol, AtCol, Keys>(
     request: &ClaimRequest<'_, T::Status>,
-    keys: AnyOf<T::KeyPredicate>,
-) -> ClaimUpdateOf<T, OwnerCol, AtCol>
+    keys: Keys,
+) -> BulkUpdateOf<T, ClaimChanges<T, OwnerCol, AtCol>, Keys>
 where
     T: HasStatus,
     T::Guard: AdvanceInSql,
 {
-    ClaimUpdateOf::<T, OwnerCol, AtCol>::new(
+    BulkUpdateOf::<T, ClaimChanges<T, OwnerCol, AtCol>, Keys>::new(
         T::table(),
         claim_changes::<T, OwnerCol, AtCol>(request),
         Joined(T::Guard::advance_any(), T::stamp(), Comma),

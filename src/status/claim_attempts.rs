@@ -23,7 +23,9 @@ use crate::sql::new_token::{Complete, Counted};
 use crate::sql::statement::{
     AnyOf, Assignments, ColumnEq, Comma, Increment, Joined, LatestRead, RowLock,
 };
-use crate::status::claim::{claim_changes, write_locked, ClaimChanges, ClaimRequest, Claimable};
+use crate::status::claim::{
+    claim_changes, write_locked, ClaimChanges, ClaimRequest, Claimable, ClaimableOf,
+};
 use crate::status::{HasStatus, Status};
 use crate::write::bulk::BulkUpdateOf;
 use crate::write::entity::LoadByKey;
@@ -55,10 +57,7 @@ pub struct Claimed<T> {
 pub(crate) type CountedClaimQueryOf<T, AtCol, AttemptsCol, DB> = LatestRead<
     Limit<
         Select<
-            Filter<
-                <T as diesel::associations::HasTable>::Table,
-                Claimable<<T as HasStatus>::StatusColumn, <T as HasStatus>::Status, AtCol>,
-            >,
+            Filter<<T as diesel::associations::HasTable>::Table, ClaimableOf<T, AtCol>>,
             (AsSelect<T, DB>, AttemptsCol),
         >,
     >,
@@ -110,14 +109,11 @@ where
     AtCol: Column<Table = T::Table>,
     AttemptsCol: Column<Table = T::Table, SqlType = Integer> + Default,
     T: LoadByKey<C> + Selectable<C::Backend>,
-    T::Table: FilterDsl<Claimable<T::StatusColumn, T::Status, AtCol>>,
+    T::Table: FilterDsl<ClaimableOf<T, AtCol>>,
     (AsSelect<T, C::Backend>, AttemptsCol): diesel::Expression,
-    Filter<T::Table, Claimable<T::StatusColumn, T::Status, AtCol>>:
-        SelectDsl<(AsSelect<T, C::Backend>, AttemptsCol)>,
-    Select<
-        Filter<T::Table, Claimable<T::StatusColumn, T::Status, AtCol>>,
-        (AsSelect<T, C::Backend>, AttemptsCol),
-    >: LimitDsl,
+    Filter<T::Table, ClaimableOf<T, AtCol>>: SelectDsl<(AsSelect<T, C::Backend>, AttemptsCol)>,
+    Select<Filter<T::Table, ClaimableOf<T, AtCol>>, (AsSelect<T, C::Backend>, AttemptsCol)>:
+        LimitDsl,
     CountedClaimQueryOf<T, AtCol, AttemptsCol, C::Backend>: LoadQuery<'static, C, (T, i32)>,
     CountedClaimOf<T, OwnerCol, AtCol, AttemptsCol>: Assignments<C::Backend>,
     ParkOf<T, OwnerCol>: Assignments<C::Backend>,
@@ -155,23 +151,20 @@ pub(crate) fn counted_claim_query<T, AtCol, AttemptsCol, DB>(
     request: &ClaimRequest<'_, T::Status>,
 ) -> CountedClaimQueryOf<T, AtCol, AttemptsCol, DB>
 where
+    T::Guard: AdvanceInSql,
     T: HasStatus + Selectable<DB>,
     DB: diesel::backend::Backend,
     AttemptsCol: Default,
-    T::Table: FilterDsl<Claimable<T::StatusColumn, T::Status, AtCol>>,
+    T::Table: FilterDsl<ClaimableOf<T, AtCol>>,
     (AsSelect<T, DB>, AttemptsCol): diesel::Expression,
-    Filter<T::Table, Claimable<T::StatusColumn, T::Status, AtCol>>:
-        SelectDsl<(AsSelect<T, DB>, AttemptsCol)>,
-    Select<
-        Filter<T::Table, Claimable<T::StatusColumn, T::Status, AtCol>>,
-        (AsSelect<T, DB>, AttemptsCol),
-    >: LimitDsl,
+    Filter<T::Table, ClaimableOf<T, AtCol>>: SelectDsl<(AsSelect<T, DB>, AttemptsCol)>,
+    Select<Filter<T::Table, ClaimableOf<T, AtCol>>, (AsSelect<T, DB>, AttemptsCol)>: LimitDsl,
 {
     let count = i64::try_from(request.limit).unwrap_or(i64::MAX);
     LatestRead::locked(
         LimitDsl::limit(
             SelectDsl::select(
-                FilterDsl::filter(T::table(), Claimable::of(request)),
+                FilterDsl::filter(T::table(), Claimable::of(request, T::Guard::can_advance())),
                 (T::as_select(), AttemptsCol::default()),
             ),
             count,

@@ -25,7 +25,9 @@ pub(crate) mod claim;
 pub(crate) mod claim_attempts;
 #[cfg(feature = "locks")]
 pub(crate) mod claim_heartbeat;
+pub(crate) mod claim_in_one;
 pub(crate) mod condition;
+pub(crate) mod finish_claims;
 pub(crate) mod transition;
 
 use std::fmt::Debug;

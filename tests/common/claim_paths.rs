@@ -10,14 +10,17 @@ use chrono::NaiveDateTime;
 use diesel::connection::SimpleConnection;
 use diesel::prelude::*;
 use diesel_occ::asynchronous::{
-    AsyncClaimCounted, AsyncClaimRows, AsyncExtendClaim, AsyncFinishClaim, AsyncGuardedClaim,
+    AsyncClaimCounted, AsyncClaimRows, AsyncExtendClaim, AsyncFinishClaim, AsyncFinishClaims,
+    AsyncGuardedClaim,
 };
 use diesel_occ::{
     AttemptLimit, ClaimCounted, ClaimRequest, ClaimRows, Claimed, Error, ExtendClaim, FinishClaim,
-    GuardedClaim, Status,
+    FinishClaims, FinishedClaims, GuardedClaim, Status,
 };
 
-use super::paths::{Async, Blocking};
+use std::sync::{Arc, Mutex};
+
+use super::paths::{recorder, Async, Blocking};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Status)]
 pub enum JobState {
@@ -116,14 +119,26 @@ pub trait ClaimWorker {
         to: JobState,
         next_owner: Option<&str>,
     ) -> Result<(), Error>;
+    fn finish_claims(
+        &mut self,
+        ids: &[i64],
+        owner: &str,
+        held: JobState,
+        to: JobState,
+        next_owner: Option<&str>,
+    ) -> Result<FinishedClaims<i64>, Error>;
+    /// Records the text of every statement the worker's connection sends from now on.
+    fn record_statements(&mut self) -> Arc<Mutex<Vec<String>>>;
 }
 
 impl<C> ClaimWorker for Blocking<C>
 where
+    C: diesel::Connection,
     Job: ClaimRows<C, jobs::owner, jobs::claimed_at>
         + ClaimCounted<C, jobs::owner, jobs::claimed_at, jobs::attempts>
         + ExtendClaim<C, jobs::owner, jobs::claimed_at>
-        + FinishClaim<C, jobs::owner>,
+        + FinishClaim<C, jobs::owner>
+        + FinishClaims<C, jobs::owner>,
 {
     const PATH: &'static str = "blocking";
     fn claim(&mut self, request: &ClaimRequest<'_, JobState>) -> Result<Vec<Job>, Error> {
@@ -171,14 +186,39 @@ where
             next_owner,
         )
     }
+    fn finish_claims(
+        &mut self,
+        ids: &[i64],
+        owner: &str,
+        held: JobState,
+        to: JobState,
+        next_owner: Option<&str>,
+    ) -> Result<FinishedClaims<i64>, Error> {
+        <Job as GuardedClaim>::finish_claims(
+            &mut self.0,
+            ids,
+            jobs::owner,
+            owner,
+            held,
+            to,
+            next_owner,
+        )
+    }
+    fn record_statements(&mut self) -> Arc<Mutex<Vec<String>>> {
+        let statements = Arc::new(Mutex::new(Vec::new()));
+        self.0.set_instrumentation(recorder(&statements));
+        statements
+    }
 }
 
 impl<A> ClaimWorker for Async<A>
 where
+    A: diesel_async::AsyncConnection,
     Job: AsyncClaimRows<A, jobs::owner, jobs::claimed_at>
         + AsyncClaimCounted<A, jobs::owner, jobs::claimed_at, jobs::attempts>
         + AsyncExtendClaim<A, jobs::owner, jobs::claimed_at>
-        + AsyncFinishClaim<A, jobs::owner>,
+        + AsyncFinishClaim<A, jobs::owner>
+        + AsyncFinishClaims<A, jobs::owner>,
 {
     const PATH: &'static str = "async";
     fn claim(&mut self, request: &ClaimRequest<'_, JobState>) -> Result<Vec<Job>, Error> {
@@ -233,6 +273,30 @@ where
                 to,
                 next_owner,
             ))
+    }
+    fn finish_claims(
+        &mut self,
+        ids: &[i64],
+        owner: &str,
+        held: JobState,
+        to: JobState,
+        next_owner: Option<&str>,
+    ) -> Result<FinishedClaims<i64>, Error> {
+        self.runtime
+            .block_on(<Job as AsyncGuardedClaim>::finish_claims(
+                &mut self.conn,
+                ids,
+                jobs::owner,
+                owner,
+                held,
+                to,
+                next_owner,
+            ))
+    }
+    fn record_statements(&mut self) -> Arc<Mutex<Vec<String>>> {
+        let statements = Arc::new(Mutex::new(Vec::new()));
+        diesel_async::AsyncConnection::set_instrumentation(&mut self.conn, recorder(&statements));
+        statements
     }
 }
 
