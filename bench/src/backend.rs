@@ -255,6 +255,10 @@ impl Backend {
         dispatch!(self, w5_batch, settings, report)
     }
 
+    pub fn run_w6(self, settings: &Settings, report: &mut Report) -> Outcome {
+        dispatch!(self, w6_task_claiming, settings, report)
+    }
+
     pub fn run_w7(self, settings: &Settings, report: &mut Report) -> Outcome {
         dispatch!(self, w7_insert_upsert, settings, report)
     }

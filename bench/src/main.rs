@@ -10,6 +10,8 @@
 //!   the same with tokio tasks on diesel-async connections;
 //! - W4 locks: acquire + release, alone and with contenders; leader failover time;
 //! - W5 batch: guarded updates of many rows as one batch, one by one, and by hand;
+//! - W6 task claiming: 8 workers draining a queue of 10,000 or 1,000,000 tasks in
+//!   batches, the library's claims against each backend's hand-written queue statements;
 //! - W7 inserts and upserts: one row per call, beside diesel's insert, the hand-written
 //!   guarded update and the one-statement `ON CONFLICT` upsert.
 //!
@@ -29,6 +31,7 @@ mod w2_hot_row;
 mod w3_cancel_vs_ship;
 mod w4_locks;
 mod w5_batch;
+mod w6_task_claiming;
 mod w7_insert_upsert;
 
 use std::path::PathBuf;
@@ -56,7 +59,7 @@ struct Options {
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "w1,w1-async,w2,w2-async,w3,w3-async,w4,w5,w7"
+        default_value = "w1,w1-async,w2,w2-async,w3,w3-async,w4,w5,w6,w7"
     )]
     workloads: Vec<Workload>,
 
@@ -95,6 +98,7 @@ enum Workload {
     W3Async,
     W4,
     W5,
+    W6,
     W7,
 }
 
@@ -116,6 +120,9 @@ pub struct Settings {
     /// W5: batch sizes and how many batches of each strategy.
     pub batch_sizes: Vec<usize>,
     pub batch_rounds: usize,
+    /// W6: queue lengths, and the tasks a worker claims at once.
+    pub queue_sizes: Vec<usize>,
+    pub claim_batches: Vec<usize>,
 }
 
 impl Settings {
@@ -140,6 +147,16 @@ impl Settings {
                 vec![100, 1_000]
             },
             batch_rounds: if options.smoke { 2 } else { 7 },
+            queue_sizes: if options.smoke {
+                vec![300, 3_000]
+            } else {
+                vec![10_000, 1_000_000]
+            },
+            claim_batches: if options.smoke {
+                vec![1, 10]
+            } else {
+                vec![1, 10, 100]
+            },
         }
     }
 }
@@ -171,6 +188,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             Workload::W3Async => backend.run_w3_async(&settings, &mut report)?,
             Workload::W4 => backend.run_w4(&settings, &mut report)?,
             Workload::W5 => backend.run_w5(&settings, &mut report)?,
+            Workload::W6 => backend.run_w6(&settings, &mut report)?,
             Workload::W7 => backend.run_w7(&settings, &mut report)?,
         }
     }

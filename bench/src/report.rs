@@ -13,8 +13,11 @@ use serde_json::{json, Map, Value};
 use crate::measure::Latencies;
 
 /// Counts that must be zero in every measurement that reports them.
-const EXACTNESS_CHECKS: [&str; 7] = [
+const EXACTNESS_CHECKS: [&str; 10] = [
     "lost",
+    "claimed_twice",
+    "claimed_not_done",
+    "wrong_owner",
     "wrong_counters",
     "version_drift",
     "violations",
@@ -97,6 +100,8 @@ struct Section {
     workload: &'static str,
     title: String,
     ratio_meaning: String,
+    /// Text printed after the table as is (query plans).
+    notes: Vec<String>,
 }
 
 pub struct Report {
@@ -125,7 +130,15 @@ impl Report {
             workload,
             title: title.to_string(),
             ratio_meaning: ratio_meaning.to_string(),
+            notes: Vec::new(),
         });
+    }
+
+    /// Adds `text` after the table of `workload`'s section, as a preformatted block.
+    pub fn note(&mut self, workload: &str, text: &str) {
+        if let Some(section) = self.sections.iter_mut().find(|s| s.workload == workload) {
+            section.notes.push(text.to_string());
+        }
     }
 
     /// A progress bar of `len` steps for a workload (drawn on stderr when it is a
@@ -252,6 +265,9 @@ impl Report {
                 ));
             }
             out.push_str(&format!("\nratio: {}\n\n", section.ratio_meaning));
+            for note in &section.notes {
+                out.push_str(&format!("```text\n{}```\n\n", note));
+            }
         }
         out
     }

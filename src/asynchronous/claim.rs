@@ -1,11 +1,14 @@
 //! Task claiming on diesel-async connections: the blocking
-//! [`GuardedClaim`](crate::GuardedClaim) as futures, with the same statements (the locked
-//! read that skips other workers' rows, the hand-over, the park, the heartbeat and the
-//! owner-checked end) and the same explanation of a claim that went astray.
+//! [`GuardedClaim`](crate::GuardedClaim) as futures, with the same statements (the
+//! one-statement claim on PostgreSQL, the locked read that skips other workers' rows and
+//! the hand-over on MySQL, the park, the heartbeat and the owner-checked ends) and the same
+//! explanation of a claim that went astray.
 //!
-//! A claim, a counted claim and a heartbeat are each one transaction of the library's: a
-//! future dropped inside it leaves the connection to be discarded (the transaction ends
-//! with it, unapplied), as every transaction of the async path does.
+//! A claim on MySQL, a counted claim and a heartbeat are each one transaction of the
+//! library's: a future dropped inside it leaves the connection to be discarded (the
+//! transaction ends with it, unapplied). A claim on PostgreSQL is one statement: dropped
+//! after it was sent, it may still be applied, and its rows come back to the queue once
+//! `reclaim_after` has passed, as a crashed worker's do.
 
 use std::future::Future;
 
@@ -29,8 +32,8 @@ use crate::sql::new_token::Counted;
 use crate::sql::statement::Returning;
 use crate::sql::statement::{AnyOf, Assignments};
 use crate::status::claim::{
-    claim_query, claim_update, claim_write, finish_statement, ClaimIgnored, ClaimLost,
-    ClaimQueryOf, ClaimRequest, ClaimUpdateOf, ClaimableOf, FinishOf,
+    check_owners, claim_query, claim_update, claim_write, finish_statement, ClaimIgnored,
+    ClaimLost, ClaimQueryOf, ClaimRequest, ClaimUpdateOf, ClaimableOf, FinishOf,
 };
 use crate::status::claim_attempts::{
     check_limit, counted_claim_query, hand_over_statement, nothing_claimed, park_statement,
@@ -38,6 +41,7 @@ use crate::status::claim_attempts::{
 };
 use crate::status::claim_heartbeat::{heartbeat_statement, HeartbeatOf};
 use crate::status::claim_in_one::{claim_in_one, ClaimInOneOf, ClaimInOneUpdateOf};
+use crate::status::claim_retry::retried_async;
 use crate::status::finish_claims::{
     distinct, finish_many_statement, FinishManyOf, FinishManyReturningOf, FinishedClaims,
     KEYS_PER_STATEMENT,
@@ -53,8 +57,8 @@ pub trait AsyncGuardedClaim: HasStatus + Clone
 where
     Self::Guard: AdvanceInSql,
 {
-    /// Claims up to `request.limit` waiting (or abandoned) rows for `request.owner`, in one
-    /// write transaction; see [`GuardedClaim::claim`](crate::GuardedClaim::claim).
+    /// Claims up to `request.limit` waiting (or abandoned) rows for `request.owner`; see
+    /// [`GuardedClaim::claim`](crate::GuardedClaim::claim).
     fn claim<'a, C, OwnerCol, AtCol>(
         conn: &'a mut C,
         owner: OwnerCol,
@@ -63,9 +67,10 @@ where
     ) -> impl Future<Output = Result<Vec<Self>, Error>> + Send + 'a
     where
         Self: AsyncClaimRows<C, OwnerCol, AtCol>,
+        C: AsyncConnection,
     {
         let _ = (owner, claimed_at);
-        Self::claim_rows(conn, request)
+        async move { retried_async!(conn, Self::claim_rows(conn, request)) }
     }
 
     /// [`claim`](Self::claim), counting attempts and parking rows that used them up; see
@@ -80,9 +85,10 @@ where
     ) -> impl Future<Output = Result<Claimed<Self>, Error>> + Send + 'a
     where
         Self: AsyncClaimCounted<C, OwnerCol, AtCol, AttemptsCol>,
+        C: AsyncConnection,
     {
         let _ = (owner, claimed_at, attempts);
-        Self::claim_counted_rows(conn, request, limit)
+        async move { retried_async!(conn, Self::claim_counted_rows(conn, request, limit)) }
     }
 
     /// The heartbeat of a claim `owner` still holds; see
@@ -97,9 +103,10 @@ where
     ) -> impl Future<Output = Result<Self, Error>> + Send + 'a
     where
         Self: AsyncExtendClaim<C, OwnerCol, AtCol>,
+        C: AsyncConnection,
     {
         let _ = (owner_column, claimed_at);
-        Self::extend_claim_row(conn, key, owner, held)
+        async move { retried_async!(conn, Self::extend_claim_row(conn, key, owner, held)) }
     }
 
     /// Ends the claim `owner` holds, owner-checked; see
@@ -116,9 +123,15 @@ where
     ) -> impl Future<Output = Result<(), Error>> + Send + 'a
     where
         Self: AsyncFinishClaim<C, OwnerCol>,
+        C: AsyncConnection,
     {
         let _ = owner_column;
-        Self::finish_claim_row(conn, key, owner, held, to, next_owner)
+        async move {
+            retried_async!(
+                conn,
+                Self::finish_claim_row(conn, key, owner, held, to, next_owner)
+            )
+        }
     }
 
     /// Ends `owner`'s claims on the rows of many `keys` at once; see
@@ -385,6 +398,7 @@ where
         to: T::Status,
         next_owner: Option<&'a str>,
     ) -> Result<(), Error> {
+        check_owners(owner, next_owner)?;
         refuse_broken(conn)?;
         let table = <T as AsyncLoadByKey<C>>::table_name();
         let mut call = Call::start(conn);
@@ -441,6 +455,7 @@ where
         to: T::Status,
         next_owner: Option<&'a str>,
     ) -> Result<FinishedClaims<T::Key>, Error> {
+        check_owners(owner, next_owner)?;
         let mut report = FinishedClaims::default();
         if keys.is_empty() {
             return Ok(report);
@@ -450,31 +465,37 @@ where
         check_stored_precision::<T, C>(conn, table).await?;
         for chunk in distinct(keys).chunks(KEYS_PER_STATEMENT) {
             let statement =
-                finish_many_statement::<T, OwnerCol>(chunk, owner, held, to, next_owner);
-            refuse_double_assignment(table, &statement)?;
+                || finish_many_statement::<T, OwnerCol>(chunk, owner, held, to, next_owner);
+            refuse_double_assignment(table, &statement())?;
             if C::Backend::RETURNING {
-                let returning = Returning::new(statement, T::as_select());
-                let sent = protect_caller(conn, false, async |conn| returning.load(conn).await);
-                let rows: Vec<T> = sent.await?.map_err(|e| classify(conn, e))?;
+                let rows: Vec<T> = retried_async!(conn, async {
+                    let returning = Returning::new(statement(), T::as_select());
+                    let sent = protect_caller(conn, false, async |conn| returning.load(conn).await);
+                    sent.await?.map_err(|e| classify(conn, e))
+                })?;
                 let ended: Vec<T::Key> = rows.iter().map(Guarded::key).collect();
-                let current = if ended.len() == chunk.len() {
-                    Vec::new()
-                } else {
-                    let missed: Vec<T::Key> = chunk
-                        .iter()
-                        .filter(|k| !ended.contains(k))
-                        .cloned()
-                        .collect();
-                    T::load_by_keys(conn, &missed)
-                        .await
-                        .map_err(|e| classify(conn, e))?
-                };
-                report.add_returned(table, chunk, &ended, current, (owner, held));
-            } else if every_claim_ended(conn, statement, chunk.len()).await? {
+                for key in chunk {
+                    // Looked up by the database when not among the keys as stored; see
+                    // the blocking path's.
+                    let row = if ended.contains(key) {
+                        None
+                    } else {
+                        Some(
+                            T::load_by_key(conn, key)
+                                .await
+                                .map_err(|e| classify(conn, e))?,
+                        )
+                    };
+                    report.add_returned(table, key, &ended, row, (owner, held));
+                }
+            } else if retried_async!(conn, every_claim_ended(conn, statement(), chunk.len()))? {
                 report.finished.extend_from_slice(chunk);
             } else {
                 for key in chunk {
-                    let ended = T::finish_claim_row(conn, key, owner, held, to, next_owner).await;
+                    let ended = retried_async!(
+                        conn,
+                        T::finish_claim_row(conn, key, owner, held, to, next_owner)
+                    );
                     report.add_alone(key, ended)?;
                 }
             }

@@ -59,7 +59,7 @@ mod batch;
 mod bulk;
 #[cfg(feature = "locks")]
 mod claim;
-mod connection;
+pub(crate) mod connection;
 mod entity;
 mod executor;
 mod insert;

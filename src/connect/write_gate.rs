@@ -93,7 +93,8 @@ enum Held {
     /// A write of a thread that already holds a turn: dropping it releases nothing.
     Nested,
     /// Taken by [`wait_for_turn_to_send`]: may be dropped on any thread.
-    #[cfg_attr(not(feature = "async"), allow(dead_code))] // the async path's
+    #[cfg_attr(not(all(feature = "async", feature = "sqlite")), allow(dead_code))]
+    // the async SQLite path's
     Anywhere,
 }
 
@@ -115,7 +116,7 @@ pub(crate) fn wait_for_turn(max_wait: Duration) -> Option<Turn> {
 /// [`wait_for_turn`] for a turn that may end on another thread (an async write
 /// transaction, whose future moves between threads). Such a turn does not count as this
 /// thread's.
-#[cfg_attr(not(feature = "async"), allow(dead_code))] // the async path's
+#[cfg_attr(not(all(feature = "async", feature = "sqlite")), allow(dead_code))] // the async SQLite path's
 pub(crate) fn wait_for_turn_to_send(max_wait: Duration) -> Option<Turn> {
     take_gate(max_wait)?;
     Some(Turn(Held::Anywhere))

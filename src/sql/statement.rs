@@ -926,12 +926,14 @@ mod tests {
 
 /// `<statement> RETURNING <row>`: a write that answers with the rows it wrote
 /// (PostgreSQL, SQLite; see [`OccBackend::RETURNING`]).
+#[cfg(feature = "locks")]
 #[derive(Debug, Clone)]
 pub struct Returning<S, Row> {
     statement: S,
     row: Row,
 }
 
+#[cfg(feature = "locks")]
 impl<S, Row> Returning<S, Row> {
     /// `statement`, answering with `row` of each row it wrote.
     pub fn new(statement: S, row: Row) -> Self {
@@ -944,6 +946,7 @@ impl<S, Row> Returning<S, Row> {
     }
 }
 
+#[cfg(feature = "locks")]
 impl<S, Row, DB> QueryFragment<DB> for Returning<S, Row>
 where
     DB: Backend,
@@ -957,13 +960,16 @@ where
     }
 }
 
+#[cfg(feature = "locks")]
 impl<S, Row: Expression> diesel::query_builder::Query for Returning<S, Row> {
     type SqlType = Row::SqlType;
 }
 
+#[cfg(feature = "locks")]
 impl<S, Row> QueryId for Returning<S, Row> {
     type QueryId = ();
     const HAS_STATIC_QUERY_ID: bool = false;
 }
 
+#[cfg(feature = "locks")]
 impl<S, Row, Conn> RunQueryDsl<Conn> for Returning<S, Row> {}

@@ -1,29 +1,36 @@
 //! Task claiming: workers take up to N rows in one state and move them to
 //! another with their owner id and a claim time; each row goes to exactly one worker.
 //!
-//! One write transaction per claim:
+//! Where an `UPDATE` can return the rows it wrote (PostgreSQL, SQLite), a claim is one
+//! statement (see `claim_in_one`):
 //!
 //! ```sql
-//! SELECT ... FROM tasks
-//! WHERE state = ?open OR (state = ?running AND claimed_at < <database now> - ?reclaim_after)
-//! LIMIT ? FOR UPDATE SKIP LOCKED          -- PostgreSQL, MySQL 8, MariaDB 10.6+
-//! UPDATE tasks SET state = ?running, owner = ?me, claimed_at = <database now>,
-//!                  version = version + 1
-//! WHERE (<key 1>) OR (<key 2>) ...
+//! WITH "occ_claimable" AS (SELECT id FROM tasks
+//!     WHERE (state = ?open OR (state = ?running AND claimed_at < <database now> - ?reclaim_after))
+//!       AND version < ?max
+//!     LIMIT ? FOR UPDATE SKIP LOCKED)
+//! UPDATE tasks SET state = ?running, owner = ?me, claimed_at = <database now>, version = version + 1
+//! WHERE (id) IN (SELECT * FROM "occ_claimable") AND version < ?max RETURNING ...
 //! ```
 //!
+//! MySQL has no `RETURNING`: there a claim is one write transaction of the locked read,
+//! the `UPDATE` of the rows it locked, and a read of them as written.
+//!
 //! `SKIP LOCKED` lets concurrent workers pass over each other's rows instead of waiting:
-//! no sleeps, no busy loops. SQLite has no row locks; its immediate write transaction
-//! makes claims take turns. A claim whose owner vanished is taken again once its claim time
-//! is older than `reclaim_after`, judged by the database's clock, never a worker's.
-//! Finishing or releasing a claim is owner-checked: only the worker that holds it can.
-//! A slow worker keeps its claim with heartbeats ([`GuardedClaim::extend_claim`]); a row
-//! that keeps failing is parked after a number of attempts
-//! ([`GuardedClaim::claim_counted`]).
+//! no sleeps, no busy loops. SQLite has no row locks; its writers take turns (the
+//! process's write queue, then SQLite's lock). A claim whose owner vanished is taken again
+//! once its claim time is older than `reclaim_after`, judged by the database's clock,
+//! never a worker's. A row whose version is at its type's maximum cannot be written, so
+//! it is never claimed and never holds up the rows behind it. Finishing or releasing a
+//! claim is owner-checked: only the worker that holds it can, one row at a time or a
+//! whole batch at once ([`GuardedClaim::finish_claims`]). A slow worker keeps its claim
+//! with heartbeats ([`GuardedClaim::extend_claim`]); a row that keeps failing is parked
+//! after a number of attempts ([`GuardedClaim::claim_counted`]). Each of these runs again
+//! after a deadlock or another transient failure (see `claim_retry`).
 //!
 //! No claim statement waits on another worker's row: the read skips locked rows and the
 //! `UPDATE` writes only rows the read locked, so the claim time is computed after every
-//! wait of the transaction, and no bound is needed to keep it true.
+//! wait, and no bound is needed to keep it true.
 
 use std::time::Duration;
 
@@ -49,6 +56,7 @@ use crate::sql::statement::{
 use crate::status::claim_attempts::{AttemptLimit, ClaimCounted, Claimed};
 use crate::status::claim_heartbeat::ExtendClaim;
 use crate::status::claim_in_one::{claim_in_one, ClaimInOneOf, ClaimInOneUpdateOf};
+use crate::status::claim_retry::retried;
 use crate::status::finish_claims::{FinishClaims, FinishedClaims};
 use crate::status::{HasStatus, Status};
 use crate::write::bulk::BulkUpdateOf;
@@ -217,8 +225,10 @@ where
 {
     /// Claims up to `request.limit` rows in state `from` (and abandoned claims, with
     /// `reclaim_after`), moving them to `to` with `request.owner` in `owner` and the
-    /// database's now in `claimed_at`, in one write transaction. Returns the claimed rows
-    /// as written; none when nothing is waiting. Each row goes to one worker.
+    /// database's now in `claimed_at`: one statement on PostgreSQL and SQLite, one write
+    /// transaction on MySQL. Returns the claimed rows as written; none when nothing is
+    /// waiting. Each row goes to one worker. Run again after a deadlock, outside the
+    /// caller's transaction.
     fn claim<C, OwnerCol, AtCol>(
         conn: &mut C,
         owner: OwnerCol,
@@ -227,9 +237,10 @@ where
     ) -> Result<Vec<Self>, Error>
     where
         Self: ClaimRows<C, OwnerCol, AtCol>,
+        C: diesel::Connection,
     {
         let _ = (owner, claimed_at);
-        Self::claim_rows(conn, request)
+        retried(conn, |conn| Self::claim_rows(conn, request))
     }
 
     /// [`claim`](Self::claim), counting attempts in the `Integer` column `attempts`: each
@@ -247,9 +258,10 @@ where
     ) -> Result<Claimed<Self>, Error>
     where
         Self: ClaimCounted<C, OwnerCol, AtCol, AttemptsCol>,
+        C: diesel::Connection,
     {
         let _ = (owner, claimed_at, attempts);
-        Self::claim_counted_rows(conn, request, limit)
+        retried(conn, |conn| Self::claim_counted_rows(conn, request, limit))
     }
 
     /// The heartbeat of a claim `owner` still holds on the row with `key` (in state
@@ -268,9 +280,10 @@ where
     ) -> Result<Self, Error>
     where
         Self: ExtendClaim<C, OwnerCol, AtCol>,
+        C: diesel::Connection,
     {
         let _ = (owner_column, claimed_at);
-        Self::extend_claim_row(conn, key, owner, held)
+        retried(conn, |conn| Self::extend_claim_row(conn, key, owner, held))
     }
 
     /// Ends the claim `owner` holds on the row with `key`: from state `held` to `to`, the
@@ -288,9 +301,12 @@ where
     ) -> Result<(), Error>
     where
         Self: FinishClaim<C, OwnerCol>,
+        C: diesel::Connection,
     {
         let _ = owner_column;
-        Self::finish_claim_row(conn, key, owner, held, to, next_owner)
+        retried(conn, |conn| {
+            Self::finish_claim_row(conn, key, owner, held, to, next_owner)
+        })
     }
 
     /// [`finish_claim`](Self::finish_claim) for the rows of many `keys` at once: one
@@ -534,6 +550,15 @@ pub(crate) fn claim_changes<T: HasStatus, OwnerCol, AtCol>(
     )
 }
 
+/// Refuses an owner (and a next owner) the owner column cannot hold or compare: empty,
+/// with a NUL, or longer than the name limit.
+pub(crate) fn check_owners(owner: &str, next_owner: Option<&str>) -> Result<(), Error> {
+    crate::sql::names::check_name("owner", owner)?;
+    next_owner.map_or(Ok(()), |next| {
+        crate::sql::names::check_name("next owner", next)
+    })
+}
+
 /// The owner-checked end of `owner`'s claim on the row with `key`: from `held` to `to`,
 /// the owner set to `next_owner`.
 pub(crate) fn finish_statement<T, OwnerCol>(
@@ -657,6 +682,7 @@ where
         to: T::Status,
         next_owner: Option<&str>,
     ) -> Result<(), Error> {
+        check_owners(owner, next_owner)?;
         crate::guard::stored_precision::check_stored_precision::<T, C>(conn)?;
         let statement = finish_statement::<T, OwnerCol>(key, owner, held, to, next_owner);
         let miss = ClaimLost::<T> { key, owner, held };

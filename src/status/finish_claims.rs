@@ -29,7 +29,8 @@ use crate::retry::Stop;
 use crate::sql::statement::{
     And, AnyOf, Assignments, ColumnEq, Comma, GuardedUpdate, Joined, Returning,
 };
-use crate::status::claim::{held_by, ClaimLost, FinishClaim, HeldBy};
+use crate::status::claim::{check_owners, held_by, ClaimLost, FinishClaim, HeldBy};
+use crate::status::claim_retry::retried;
 use crate::status::HasStatus;
 use crate::write::entity::LoadByKey;
 use crate::write::executor::{classify, refuse_double_assignment};
@@ -61,9 +62,10 @@ impl<K> Default for FinishedClaims<K> {
     }
 }
 
-/// Keys per statement: far below every backend's limit on bound parameters (65,535 on
-/// PostgreSQL and MySQL, 32,766 on SQLite) for keys of up to 16 columns.
-pub(crate) const KEYS_PER_STATEMENT: usize = 1_000;
+/// Keys per statement. The keys are one `OR` chain, which SQLite parses as an expression
+/// tree as deep as the chain (at most 1,000 by default: 996 keys fail); the bound
+/// parameters stay far below every backend's limit for keys of up to 16 columns.
+pub(crate) const KEYS_PER_STATEMENT: usize = 500;
 
 /// `status = ?to, owner = ?next`.
 pub(crate) type FinishChanges<T, OwnerCol> = Joined<
@@ -124,25 +126,26 @@ pub(crate) fn distinct<K: PartialEq + Clone>(keys: &[K]) -> Vec<K> {
 }
 
 impl<K: PartialEq + Clone + std::fmt::Debug> FinishedClaims<K> {
-    /// Adds a statement's outcome for `keys`: those among `ended` finished; each other is
-    /// lost, explained by its row as it is now (`current`, in `table`).
+    /// Adds a statement's outcome for `key`, given the keys of the rows it wrote
+    /// (`ended`): finished if among them; otherwise `current` is the row the database
+    /// finds by `key` now (in `table`), finished if it is one of them after all, or the
+    /// explanation of the lost claim.
     pub(crate) fn add_returned<T>(
         &mut self,
         table: &'static str,
-        keys: &[K],
+        key: &K,
         ended: &[K],
-        current: Vec<T>,
+        current: Option<Option<T>>,
         claim: (&str, T::Status),
     ) where
-        T: HasStatus<Key = K> + Clone,
+        T: HasStatus<Key = K>,
         T::Guard: AdvanceInSql,
     {
         let (owner, held) = claim;
-        for key in keys {
-            if ended.contains(key) {
-                self.finished.push(key.clone());
-            } else {
-                let row = current.iter().find(|row| row.key() == *key).cloned();
+        match current {
+            None => self.finished.push(key.clone()),
+            Some(Some(row)) if ended.contains(&row.key()) => self.finished.push(key.clone()),
+            Some(row) => {
                 let why = ClaimLost::<T> { key, owner, held }.given(table, row);
                 self.lost.push((key.clone(), why));
             }
@@ -203,6 +206,7 @@ where
         to: T::Status,
         next_owner: Option<&str>,
     ) -> Result<FinishedClaims<T::Key>, Error> {
+        check_owners(owner, next_owner)?;
         let mut report = FinishedClaims::default();
         if keys.is_empty() {
             return Ok(report);
@@ -210,29 +214,34 @@ where
         crate::guard::stored_precision::check_stored_precision::<T, C>(conn)?;
         for chunk in distinct(keys).chunks(KEYS_PER_STATEMENT) {
             let statement =
-                finish_many_statement::<T, OwnerCol>(chunk, owner, held, to, next_owner);
-            refuse_double_assignment(T::table_name(), &statement)?;
+                || finish_many_statement::<T, OwnerCol>(chunk, owner, held, to, next_owner);
+            refuse_double_assignment(T::table_name(), &statement())?;
             if C::Backend::RETURNING {
-                let returning = Returning::new(statement, T::as_select());
-                let rows: Vec<T> = protect_caller(conn, |conn| returning.load(conn))
-                    .map_err(|e| classify(conn, e))?;
+                let rows: Vec<T> = retried(conn, |conn| {
+                    let returning = Returning::new(statement(), T::as_select());
+                    protect_caller(conn, |conn| returning.load(conn)).map_err(|e| classify(conn, e))
+                })?;
                 let ended: Vec<T::Key> = rows.iter().map(Guarded::key).collect();
-                let current = if ended.len() == chunk.len() {
-                    Vec::new()
-                } else {
-                    let missed: Vec<T::Key> = chunk
-                        .iter()
-                        .filter(|k| !ended.contains(k))
-                        .cloned()
-                        .collect();
-                    T::load_by_keys(conn, &missed).map_err(|e| classify(conn, e))?
-                };
-                report.add_returned(T::table_name(), chunk, &ended, current, (owner, held));
-            } else if every_claim_ended(conn, statement, chunk.len())? {
+                for key in chunk {
+                    // The rows come back with their keys as stored, which the database
+                    // may compare more loosely than `==` (padding, collations): a key not
+                    // found among them is looked up by the database itself.
+                    let row = if ended.contains(key) {
+                        None
+                    } else {
+                        Some(T::load_by_key(conn, key).map_err(|e| classify(conn, e))?)
+                    };
+                    report.add_returned(T::table_name(), key, &ended, row, (owner, held));
+                }
+            } else if retried(conn, |conn| {
+                every_claim_ended(conn, statement(), chunk.len())
+            })? {
                 report.finished.extend_from_slice(chunk);
             } else {
                 for key in chunk {
-                    let ended = T::finish_claim_row(conn, key, owner, held, to, next_owner);
+                    let ended = retried(conn, |conn| {
+                        T::finish_claim_row(conn, key, owner, held, to, next_owner)
+                    });
                     report.add_alone(key, ended)?;
                 }
             }

@@ -25,8 +25,12 @@ pub(crate) mod claim;
 pub(crate) mod claim_attempts;
 #[cfg(feature = "locks")]
 pub(crate) mod claim_heartbeat;
+#[cfg(feature = "locks")]
 pub(crate) mod claim_in_one;
+#[cfg(feature = "locks")]
+pub(crate) mod claim_retry;
 pub(crate) mod condition;
+#[cfg(feature = "locks")]
 pub(crate) mod finish_claims;
 pub(crate) mod transition;
 

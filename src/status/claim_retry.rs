@@ -1,0 +1,69 @@
+//! Claims, heartbeats and ends of claims run again after a transient failure.
+//!
+//! Workers taking rows from one queue deadlock now and then on MySQL: InnoDB locks the
+//! entries of the state index as rows move between states, in the order each statement
+//! meets them. None of these operations runs code of the caller's, so running one again
+//! is always safe; each runs again under the default [`RetryPolicy`] while it fails for
+//! a transient reason (a deadlock, a serialization failure, a busy database). Inside a
+//! transaction of the caller's it runs once: the failure rolled that transaction back (or
+//! left it aborted), and only the caller can run it again.
+
+use std::sync::LazyLock;
+
+use diesel::Connection;
+
+use crate::error::Error;
+use crate::retry::{RetryPolicy, Run, Stop};
+use crate::write::executor::in_transaction;
+
+/// The policy of a claim operation outside the caller's transaction.
+static AGAIN: LazyLock<RetryPolicy> = LazyLock::new(RetryPolicy::default);
+
+/// The policy of one inside it.
+static ONCE: LazyLock<RetryPolicy> = LazyLock::new(RetryPolicy::never);
+
+/// A run of the policy of a claim operation on a connection that is (or is not) inside
+/// the caller's transaction.
+pub(crate) fn claim_run(in_callers_transaction: bool) -> Run<'static> {
+    if in_callers_transaction {
+        ONCE.start()
+    } else {
+        AGAIN.start()
+    }
+}
+
+/// Runs `op` on `conn`, again while it fails for a transient reason.
+pub(crate) fn retried<C: Connection, T>(
+    conn: &mut C,
+    mut op: impl FnMut(&mut C) -> Result<T, Error>,
+) -> Result<T, Error> {
+    let mut run = claim_run(in_transaction(conn));
+    loop {
+        match op(conn) {
+            Ok(value) => return Ok(value),
+            Err(error) => std::thread::sleep(run.wait_after::<Error>(Stop::Occ(error))?),
+        }
+    }
+}
+
+/// [`retried`] on diesel-async connection `$conn` for the future `$attempt` makes (made
+/// again for each attempt), its waits on tokio's timer.
+#[cfg(feature = "async")]
+macro_rules! retried_async {
+    ($conn:expr, $attempt:expr) => {{
+        let mut run = $crate::status::claim_retry::claim_run(
+            $crate::asynchronous::connection::in_transaction($conn),
+        );
+        loop {
+            match $attempt.await {
+                Ok(value) => break Ok(value),
+                Err(error) => match run.wait_after::<$crate::Error>($crate::Stop::Occ(error)) {
+                    Ok(pause) => tokio::time::sleep(pause).await,
+                    Err(error) => break Err(error),
+                },
+            }
+        }
+    }};
+}
+#[cfg(feature = "async")]
+pub(crate) use retried_async;
