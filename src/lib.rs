@@ -240,7 +240,7 @@ pub mod __private {
     pub use crate::guard::Unusable;
     pub use crate::json::document::{field, field_mut};
     pub use crate::sql::new_token::Counted;
-    pub use crate::sql::statement::{ColumnEq, NoChanges, Unguarded};
+    pub use crate::sql::statement::{AnyOf, ColumnEq, NoChanges, Unguarded};
 }
 
 /// Derives [`Guarded`] for an entity struct; see the crate docs for its attributes.

@@ -82,6 +82,31 @@ pub fn guarded(entity: &Entity<'_>, guard: &Guard<'_, '_>) -> TokenStream {
         });
     }
     let (predicate_type, predicate) = predicate.expect("validated: at least one key column");
+    // The rows of many keys: `key IN (...)` for one key column (`= ANY(?)` on PostgreSQL),
+    // the keys' own predicates joined by `OR` for several.
+    let (keys_predicate_type, keys_predicate) = if keys.len() == 1 {
+        let col = column(keys[0]);
+        let (bound_ty, bound) = value(keys[0], quote!(key));
+        (
+            quote!(::diesel_occ::diesel::dsl::EqAny<#col, ::std::vec::Vec<#bound_ty>>),
+            quote!(::diesel_occ::diesel::ExpressionMethods::eq_any(
+                #col,
+                ::std::iter::Iterator::collect::<::std::vec::Vec<_>>(
+                    ::std::iter::Iterator::map(keys.iter(), |key| #bound)
+                ),
+            )),
+        )
+    } else {
+        (
+            quote!(::diesel_occ::__private::AnyOf<Self::KeyPredicate>),
+            quote!(::diesel_occ::__private::AnyOf(
+                ::std::iter::Iterator::collect(::std::iter::Iterator::map(
+                    keys.iter(),
+                    <Self as ::diesel_occ::Guarded>::key_predicate
+                ))
+            )),
+        )
+    };
 
     let changed: Vec<&Field<'_>> = entity
         .fields
@@ -169,6 +194,12 @@ pub fn guarded(entity: &Entity<'_>, guard: &Guard<'_, '_>) -> TokenStream {
 
                 fn key_predicate(key: &Self::Key) -> Self::KeyPredicate {
                     #predicate
+                }
+
+                type KeysPredicate = #keys_predicate_type;
+
+                fn keys_predicate(keys: &[Self::Key]) -> Self::KeysPredicate {
+                    #keys_predicate
                 }
 
                 fn changes(&self) -> Self::Changes {

@@ -32,6 +32,14 @@ pub fn stub(input: &DeriveInput) -> TokenStream {
                     ::diesel_occ::diesel::dsl::sql("FALSE")
                 }
 
+                type KeysPredicate = ::diesel_occ::diesel::expression::SqlLiteral<
+                    ::diesel_occ::diesel::sql_types::Bool,
+                >;
+
+                fn keys_predicate(_: &[()]) -> Self::KeysPredicate {
+                    ::diesel_occ::diesel::dsl::sql("FALSE")
+                }
+
                 fn token(&self) {}
 
                 fn set_token(&mut self, _: ()) {}

@@ -16,7 +16,7 @@ use diesel::dsl::{AsSelect, Filter, Select};
 use diesel::query_builder::QueryId;
 use diesel::query_dsl::methods::{FilterDsl, LimitDsl, SelectDsl};
 use diesel::sql_types::{Integer, Nullable, Text};
-use diesel::{Column, Selectable, SelectableHelper};
+use diesel::{Column, Selectable};
 use diesel_async::methods::{ExecuteDsl, LoadQuery};
 use diesel_async::{AsyncConnection, RunQueryDsl};
 
@@ -445,7 +445,7 @@ where
     C::Backend: NativeAsync,
     OwnerCol: Column<Table = T::Table, SqlType = Nullable<Text>> + 'static,
     FinishManyOf<T, OwnerCol>: Assignments<C::Backend> + ExecuteDsl<C> + Send + 'static,
-    FinishManyReturningOf<T, OwnerCol, C::Backend>: LoadQuery<'static, C, T> + Send + 'static,
+    FinishManyReturningOf<T, OwnerCol>: LoadQuery<'static, C, T::Key> + Send + 'static,
 {
     async fn finish_claims_rows<'a>(
         conn: &'a mut C,
@@ -468,12 +468,12 @@ where
                 || finish_many_statement::<T, OwnerCol>(chunk, owner, held, to, next_owner);
             refuse_double_assignment(table, &statement())?;
             if C::Backend::RETURNING {
-                let rows: Vec<T> = retried_async!(conn, async {
-                    let returning = Returning::new(statement(), T::as_select());
+                let ended: Vec<T::Key> = retried_async!(conn, async {
+                    let returning =
+                        Returning::new(statement(), diesel::Table::primary_key(&T::table()));
                     let sent = protect_caller(conn, false, async |conn| returning.load(conn).await);
                     sent.await?.map_err(|e| classify(conn, e))
                 })?;
-                let ended: Vec<T::Key> = rows.iter().map(Guarded::key).collect();
                 for key in chunk {
                     // Looked up by the database when not among the keys as stored; see
                     // the blocking path's.
@@ -488,7 +488,9 @@ where
                     };
                     report.add_returned(table, key, &ended, row, (owner, held));
                 }
-            } else if retried_async!(conn, every_claim_ended(conn, statement(), chunk.len()))? {
+            } else if chunk.len() > 1
+                && retried_async!(conn, every_claim_ended(conn, statement(), chunk.len()))?
+            {
                 report.finished.extend_from_slice(chunk);
             } else {
                 for key in chunk {

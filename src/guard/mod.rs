@@ -84,6 +84,15 @@ pub trait Guarded: HasTable + Debug + Send + Sync + Sized + 'static {
     /// The predicate that selects the row with `key`.
     fn key_predicate(key: &Self::Key) -> Self::KeyPredicate;
 
+    /// The predicate that selects the rows of many keys: `key IN (...)` for a key of one
+    /// column (`key = ANY(?)` on PostgreSQL, one bound array, so the statement is
+    /// prepared once whatever the count), the keys' own predicates joined by `OR` for a
+    /// key of several.
+    type KeysPredicate;
+
+    /// The predicate that selects the rows with `keys` (not empty).
+    fn keys_predicate(keys: &[Self::Key]) -> Self::KeysPredicate;
+
     /// The token this copy was read with.
     fn token(&self) -> TokenOf<Self>;
 

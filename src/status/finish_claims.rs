@@ -7,18 +7,18 @@
 //! RETURNING <the entity's columns>          -- PostgreSQL, SQLite
 //! ```
 //!
-//! The rows it hands back are the claims that ended; any other key's claim was lost (or
-//! its row is gone), and one more read says why, row by row. MySQL has no `RETURNING`, so
-//! the statement runs in a transaction that commits when it matched every key, the usual
+//! The keys it hands back are the claims that ended; any other key's claim was lost (or
+//! its row is gone), and one more read per such key says why. The keys are one `IN` list
+//! (`= ANY(?)` on PostgreSQL) for a key of one column. MySQL has no `RETURNING`, so the
+//! statement runs in a transaction that commits when it matched every key, the usual
 //! case; otherwise it rolls back and each claim is ended on its own, which tells exactly
-//! which ones were still this worker's.
+//! which ones were still this worker's. A single key is ended on its own at once: its
+//! one statement says by itself whether it matched.
 
 use diesel::connection::LoadConnection;
-use diesel::dsl::AsSelect;
-use diesel::query_builder::QueryId;
 use diesel::query_dsl::methods::{ExecuteDsl, LoadQuery};
 use diesel::sql_types::{Nullable, Text};
-use diesel::{Column, RunQueryDsl, Selectable, SelectableHelper};
+use diesel::{Column, RunQueryDsl};
 
 use crate::connect::backend::OccBackend;
 use crate::connect::caller_transaction::protect_caller;
@@ -26,9 +26,7 @@ use crate::connect::transaction::{commit_operation, WriteTransaction};
 use crate::error::Error;
 use crate::guard::{AdvanceAnyOf, AdvanceInSql, CanAdvanceOf, Guarded};
 use crate::retry::Stop;
-use crate::sql::statement::{
-    And, AnyOf, Assignments, ColumnEq, Comma, GuardedUpdate, Joined, Returning,
-};
+use crate::sql::statement::{And, Assignments, ColumnEq, Comma, GuardedUpdate, Joined, Returning};
 use crate::status::claim::{check_owners, held_by, ClaimLost, FinishClaim, HeldBy};
 use crate::status::claim_retry::retried;
 use crate::status::HasStatus;
@@ -79,13 +77,17 @@ pub(crate) type FinishManyOf<T, OwnerCol> = GuardedUpdate<
     <T as diesel::associations::HasTable>::Table,
     FinishChanges<T, OwnerCol>,
     AdvanceAnyOf<T>,
-    AnyOf<<T as Guarded>::KeyPredicate>,
+    <T as Guarded>::KeysPredicate,
     Joined<HeldBy<T, OwnerCol>, CanAdvanceOf<T>, And>,
 >;
 
-/// [`FinishManyOf`], answering with the rows it wrote.
-pub(crate) type FinishManyReturningOf<T, OwnerCol, DB> =
-    Returning<FinishManyOf<T, OwnerCol>, AsSelect<T, DB>>;
+/// The key columns of entity `T`'s table.
+pub(crate) type KeyColumnsOf<T> =
+    <<T as diesel::associations::HasTable>::Table as diesel::Table>::PrimaryKey;
+
+/// [`FinishManyOf`], answering with the keys of the rows it wrote.
+pub(crate) type FinishManyReturningOf<T, OwnerCol> =
+    Returning<FinishManyOf<T, OwnerCol>, KeyColumnsOf<T>>;
 
 /// The end of `owner`'s claims on the rows with `keys`: from `held` to `to`, the owner
 /// set to `next_owner`.
@@ -108,7 +110,7 @@ where
             Comma,
         ),
         Joined(T::Guard::advance_any(), T::stamp(), Comma),
-        AnyOf(keys.iter().map(T::key_predicate).collect()),
+        T::keys_predicate(keys),
         held_by::<T, OwnerCol>(owner, held),
     )
 }
@@ -189,14 +191,13 @@ pub trait FinishClaims<C, OwnerCol>: HasStatus + LoadByKey<C> {
 
 impl<T, C, OwnerCol> FinishClaims<C, OwnerCol> for T
 where
-    T: HasStatus + Clone + FinishClaim<C, OwnerCol> + Selectable<C::Backend>,
+    T: HasStatus + Clone + FinishClaim<C, OwnerCol>,
     T::Guard: AdvanceInSql,
-    T::SelectExpression: QueryId,
     C: LoadConnection + WriteTransaction,
     C::Backend: OccBackend,
     OwnerCol: Column<Table = T::Table, SqlType = Nullable<Text>>,
     FinishManyOf<T, OwnerCol>: Assignments<C::Backend> + ExecuteDsl<C>,
-    FinishManyReturningOf<T, OwnerCol, C::Backend>: LoadQuery<'static, C, T>,
+    FinishManyReturningOf<T, OwnerCol>: LoadQuery<'static, C, T::Key>,
 {
     fn finish_claims_rows(
         conn: &mut C,
@@ -217,11 +218,11 @@ where
                 || finish_many_statement::<T, OwnerCol>(chunk, owner, held, to, next_owner);
             refuse_double_assignment(T::table_name(), &statement())?;
             if C::Backend::RETURNING {
-                let rows: Vec<T> = retried(conn, |conn| {
-                    let returning = Returning::new(statement(), T::as_select());
+                let ended: Vec<T::Key> = retried(conn, |conn| {
+                    let returning =
+                        Returning::new(statement(), diesel::Table::primary_key(&T::table()));
                     protect_caller(conn, |conn| returning.load(conn)).map_err(|e| classify(conn, e))
                 })?;
-                let ended: Vec<T::Key> = rows.iter().map(Guarded::key).collect();
                 for key in chunk {
                     // The rows come back with their keys as stored, which the database
                     // may compare more loosely than `==` (padding, collations): a key not
@@ -233,9 +234,11 @@ where
                     };
                     report.add_returned(T::table_name(), key, &ended, row, (owner, held));
                 }
-            } else if retried(conn, |conn| {
-                every_claim_ended(conn, statement(), chunk.len())
-            })? {
+            } else if chunk.len() > 1
+                && retried(conn, |conn| {
+                    every_claim_ended(conn, statement(), chunk.len())
+                })?
+            {
                 report.finished.extend_from_slice(chunk);
             } else {
                 for key in chunk {
