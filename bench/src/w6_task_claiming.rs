@@ -33,12 +33,7 @@ const STRATEGIES: [&str; 2] = [
 ];
 
 /// Workers claiming at once.
-static WORKERS: std::sync::LazyLock<usize> = std::sync::LazyLock::new(|| {
-    std::env::var("W6_WORKERS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(8)
-});
+const WORKERS: usize = 8;
 
 diesel::table! {
     bench_tasks (id) {
@@ -420,7 +415,7 @@ per_backend! {
             "task claiming: 8 workers claim N tasks of a queue of Q, finish them, and claim again",
             "rows finished per second ÷ the hand-written queue statements' (same Q and N); above 1 is faster",
         );
-        let pool = pool(&settings.url, *WORKERS as u32)?;
+        let pool = pool(&settings.url, WORKERS as u32)?;
         let sizes = &settings.queue_sizes;
         let bar = report.progress("W6", (settings.claim_batches.len() * sizes.len() * STRATEGIES.len()) as u64);
         for &n in &settings.claim_batches {
@@ -431,10 +426,10 @@ per_backend! {
                 for (s, strategy) in STRATEGIES.iter().enumerate() {
                     bar.set_message(format!("N={n} Q={q} {strategy}"));
                     fresh_queue(&mut *pool.get()?, q)?;
-                    let start = Barrier::new(*WORKERS + 1);
+                    let start = Barrier::new(WORKERS + 1);
                     let deadline = Mutex::new(None);
                     let works: Vec<(String, Work)> = std::thread::scope(|scope| {
-                        let workers: Vec<_> = (0..*WORKERS)
+                        let workers: Vec<_> = (0..WORKERS)
                             .map(|w| {
                                 let (start, deadline, pool) = (&start, &deadline, &pool);
                                 scope.spawn(move || -> Result<(String, Work), String> {
@@ -466,7 +461,7 @@ per_backend! {
                         .ops(rows as u64, elapsed)
                         .latencies(&claims)
                         .ratio(rate / base_rate)
-                        .with("workers", *WORKERS)
+                        .with("workers", WORKERS)
                         .with("claimed_twice", twice)
                         .with("claimed_not_done", running)
                         .with("wrong_owner", wrong_owner)
