@@ -274,7 +274,14 @@ per_backend! {
         // rows pile up. InnoDB needs its statistics, or it may end a batch by the state
         // index instead of the key, locking every running row on the way.
         if BACKEND == "mysql" {
-            conn.batch_execute("ANALYZE TABLE bench_tasks")?;
+            // Read as the result set it is: left unread, it would desynchronise the
+            // connection's protocol for the next statement.
+            #[derive(QueryableByName)]
+            struct Analyzed {
+                #[diesel(sql_type = diesel::sql_types::Text, column_name = "Msg_text")]
+                _message: String,
+            }
+            diesel::sql_query("ANALYZE TABLE bench_tasks").load::<Analyzed>(conn)?;
         }
         Ok(())
     }
@@ -341,8 +348,9 @@ per_backend! {
         Ok([twice, running, wrong_owner, wrong_version])
     }
 
-    /// The plans of both strategies' claim statements on a fresh queue of `q`, batch 10.
-    fn plans(pool: &Pool, q: usize) -> Result<String, Box<dyn std::error::Error>> {
+    /// The plans of both strategies' claim statements on a fresh queue of `q`, claiming
+    /// `n` at once (the planner's choice depends on the limit).
+    fn plans(pool: &Pool, q: usize, n: usize) -> Result<String, Box<dyn std::error::Error>> {
         let mut conn = pool.get()?;
         fresh_queue(&mut conn, q)?;
         let statements = Arc::new(Mutex::new(Vec::new()));
@@ -351,15 +359,15 @@ per_backend! {
         for (s, strategy) in STRATEGIES.iter().enumerate() {
             statements.lock().expect("not poisoned").clear();
             if s == 0 {
-                (*conn).claim_by_hand("plan", 10)?;
+                (*conn).claim_by_hand("plan", n as i64)?;
             } else {
-                let request = ClaimRequest { from: TaskState::Open, to: TaskState::Running, owner: "plan", limit: 10, reclaim_after: None };
+                let request = ClaimRequest { from: TaskState::Open, to: TaskState::Running, owner: "plan", limit: n, reclaim_after: None };
                 Task::claim(&mut *conn, bench_tasks::owner, bench_tasks::claimed_at, &request)?;
             }
             let sent: Vec<String> = statements.lock().expect("not poisoned").clone();
             for statement in sent.iter().filter(|s| s.starts_with("SELECT") || s.starts_with("UPDATE") || s.starts_with("WITH")) {
                 let Some(sql) = inline_binds(statement) else { continue };
-                out.push_str(&format!("-- {strategy}, Q={q}\n{sql}\n"));
+                out.push_str(&format!("-- {strategy}, Q={q} N={n}\n{sql}\n"));
                 for line in explain(&mut conn, &sql)? {
                     out.push_str(&format!("    {line}\n"));
                 }
@@ -477,7 +485,9 @@ per_backend! {
         }
         bar.finish_and_clear();
         let largest = *sizes.iter().max().unwrap_or(&0);
-        report.note("W6", &plans(&pool, largest)?);
+        for &n in &settings.claim_batches {
+            report.note("W6", &plans(&pool, largest, n)?);
+        }
         Ok(())
     }
 }
