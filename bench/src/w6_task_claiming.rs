@@ -442,6 +442,12 @@ per_backend! {
                                 let (start, deadline, pool) = (&start, &deadline, &pool);
                                 scope.spawn(move || -> Result<(String, Work), String> {
                                     let mut conn = pool.get().map_err(|e| e.to_string())?;
+                                    if BACKEND == "mysql" {
+                                        // What MySQL queues run at: REPEATABLE READ's gap
+                                        // locks on the state index deadlock the workers.
+                                        conn.batch_execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
+                                            .map_err(|e| e.to_string())?;
+                                    }
                                     let me = format!("worker-{w}");
                                     start.wait();
                                     let until = deadline.lock().expect("not poisoned").expect("set before the start");
