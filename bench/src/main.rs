@@ -19,12 +19,16 @@
 //! summary with the ratios (`summary.md`), and a chart of W2 (`w2-<backend>.svg`), all in
 //! `--out`. Nothing here asserts a speed: the figures are for people to read.
 //!
+//! `--medians-of A/results.jsonl B/results.jsonl ...` folds several runs into medians
+//! and ranges.
+//!
 //! Run: `cargo run --release -p diesel-occ-bench [--features postgres,mysql] -- [--url postgres://...] [--smoke]`
 //! (SQLite by default, with nothing to install; each server backend is a feature).
 
 mod backend;
 mod chart;
 mod measure;
+mod medians;
 mod report;
 mod w1_uncontended;
 mod w2_hot_row;
@@ -83,6 +87,11 @@ struct Options {
     /// (into `--out`).
     #[arg(long, value_name = "RESULTS_JSONL")]
     chart_from: Option<PathBuf>,
+
+    /// Measure nothing: fold the `results.jsonl` of several runs into medians and ranges
+    /// per measurement (printed, and written to `medians.md` in `--out`).
+    #[arg(long, value_name = "RESULTS_JSONL", num_args = 1..)]
+    medians_of: Vec<PathBuf>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -163,6 +172,13 @@ impl Settings {
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let options = Options::parse();
+    if !options.medians_of.is_empty() {
+        let table = medians::of_runs(&options.medians_of)?;
+        std::fs::create_dir_all(&options.out)?;
+        std::fs::write(options.out.join("medians.md"), &table)?;
+        println!("{table}");
+        return Ok(());
+    }
     if let Some(results) = &options.chart_from {
         std::fs::create_dir_all(&options.out)?;
         return chart::redraw(results, &options.out);
