@@ -10,6 +10,7 @@ use std::path::Path;
 use serde_json::Value;
 
 use crate::measure::median;
+use crate::report::EXACTNESS_CHECKS;
 
 /// One measurement across the runs: (backend, workload, case, strategy), in first-seen
 /// order, and its values per run.
@@ -26,20 +27,6 @@ struct Series {
 
 /// Details folded like the figures; everything else in a line is left out.
 const DETAILS: [&str; 2] = ["rate_vs_smallest_queue", "statements_per_batch"];
-
-/// Counts that must be zero (the report's exactness checks).
-const CHECKS: [&str; 10] = [
-    "lost",
-    "claimed_twice",
-    "claimed_not_done",
-    "wrong_owner",
-    "wrong_counters",
-    "version_drift",
-    "violations",
-    "overlaps",
-    "repeated_fences",
-    "rows_with_wrong_version",
-];
 
 /// The Markdown of the medians of the runs in `results` (each a `results.jsonl`).
 pub fn of_runs(results: &[impl AsRef<Path>]) -> Result<String, Box<dyn Error>> {
@@ -72,7 +59,7 @@ pub fn of_runs(results: &[impl AsRef<Path>]) -> Result<String, Box<dyn Error>> {
                     s.details.entry(detail.to_string()).or_default().push(v);
                 }
             }
-            s.broken += CHECKS
+            s.broken += EXACTNESS_CHECKS
                 .iter()
                 .filter_map(|c| value[*c].as_i64())
                 .sum::<i64>();

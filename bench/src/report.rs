@@ -13,7 +13,7 @@ use serde_json::{json, Map, Value};
 use crate::measure::Latencies;
 
 /// Counts that must be zero in every measurement that reports them.
-const EXACTNESS_CHECKS: [&str; 10] = [
+pub const EXACTNESS_CHECKS: [&str; 10] = [
     "lost",
     "claimed_twice",
     "claimed_not_done",

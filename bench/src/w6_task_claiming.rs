@@ -77,6 +77,26 @@ pub struct Task {
     pub payload: String,
 }
 
+/// What the hand-written claim writes: running, the owner, the database's now, the next
+/// version.
+#[allow(clippy::type_complexity)]
+fn claimed_by(
+    me: &str,
+) -> (
+    diesel::dsl::Eq<bench_tasks::state, &'static str>,
+    diesel::dsl::Eq<bench_tasks::owner, &str>,
+    diesel::dsl::Eq<bench_tasks::claimed_at, diesel::dsl::Nullable<diesel::dsl::now>>,
+    diesel::dsl::Eq<bench_tasks::version, diesel::dsl::Add<bench_tasks::version, i64>>,
+) {
+    use bench_tasks as t;
+    (
+        t::state.eq("running"),
+        t::owner.eq(me),
+        t::claimed_at.eq(diesel::dsl::now.nullable()),
+        t::version.eq(t::version + 1),
+    )
+}
+
 /// The hand-written claim of each backend: what its users write.
 trait HandQueue {
     fn claim_by_hand(&mut self, me: &str, n: i64) -> QueryResult<Vec<Task>>;
@@ -95,12 +115,7 @@ impl HandQueue for PgConnection {
             .for_update()
             .skip_locked();
         diesel::update(t::table.filter(t::id.eq_any(open)))
-            .set((
-                t::state.eq("running"),
-                t::owner.eq(me),
-                t::claimed_at.eq(diesel::dsl::now.nullable()),
-                t::version.eq(t::version + 1),
-            ))
+            .set(claimed_by(me))
             .returning(Task::as_returning())
             .get_results(self)
     }
@@ -116,12 +131,7 @@ impl HandQueue for SqliteConnection {
             .filter(waiting.field(t::state).eq("open"))
             .limit(n);
         diesel::update(t::table.filter(t::id.eq_any(open)))
-            .set((
-                t::state.eq("running"),
-                t::owner.eq(me),
-                t::claimed_at.eq(diesel::dsl::now.nullable()),
-                t::version.eq(t::version + 1),
-            ))
+            .set(claimed_by(me))
             .returning(Task::as_returning())
             .get_results(self)
     }
@@ -161,12 +171,7 @@ impl HandQueue for MysqlConnection {
                 if !rows.is_empty() {
                     let ids: Vec<i64> = rows.iter().map(|t| t.id).collect();
                     diesel::update(t::table.filter(t::id.eq_any(ids)))
-                        .set((
-                            t::state.eq("running"),
-                            t::owner.eq(me),
-                            t::claimed_at.eq(diesel::dsl::now.nullable()),
-                            t::version.eq(t::version + 1),
-                        ))
+                        .set(claimed_by(me))
                         .execute(conn)?;
                 }
                 Ok(rows)

@@ -51,7 +51,7 @@ use crate::guard::server_clock::{ClockColumn, ServerClock, Shift};
 use crate::guard::{AdvanceInSql, Guarded};
 use crate::sql::new_token::{Complete, Counted};
 use crate::sql::statement::{
-    And, AnyOf, Assignments, ColumnEq, Comma, Joined, LatestRead, RowLock,
+    And, AnyOf, Assignments, ColumnEq, Comma, GuardedUpdate, Joined, LatestRead, RowLock,
 };
 use crate::status::claim_attempts::{AttemptLimit, ClaimCounted, Claimed};
 use crate::status::claim_heartbeat::ExtendClaim;
@@ -60,7 +60,7 @@ use crate::status::claim_retry::retried;
 use crate::status::finish_claims::{FinishClaims, FinishedClaims};
 use crate::status::{HasStatus, Status};
 use crate::write::bulk::BulkUpdateOf;
-use crate::write::entity::{KeyWriteOf, LoadByKey, RowMoved};
+use crate::write::entity::{LoadByKey, RowMoved};
 use crate::write::executor::{classify, refuse_double_assignment, CompareAndSet, Matches, Miss};
 
 /// What a worker asks for.
@@ -206,15 +206,7 @@ pub(crate) type HeldBy<T, OwnerCol> = Joined<
 
 /// `UPDATE ... SET status = ?to, owner = ?, <token advanced> WHERE key AND status = ?held
 /// AND owner = ?me`: the owner-checked end of a claim.
-pub(crate) type FinishOf<T, OwnerCol> = KeyWriteOf<
-    T,
-    Joined<
-        ColumnEq<<T as HasStatus>::StatusColumn, <T as HasStatus>::Status>,
-        ColumnEq<OwnerCol, Option<String>>,
-        Comma,
-    >,
-    HeldBy<T, OwnerCol>,
->;
+pub(crate) type FinishOf<T, OwnerCol> = FinishWhere<T, OwnerCol, <T as Guarded>::KeyPredicate>;
 
 /// Task claiming for entities with a status column, an owner column (`Nullable<Text>`)
 /// and a claim-time column (`Nullable<Timestamp>`), whose guard advances in SQL (a
@@ -559,8 +551,49 @@ pub(crate) fn check_owners(owner: &str, next_owner: Option<&str>) -> Result<(), 
     })
 }
 
-/// The owner-checked end of `owner`'s claim on the row with `key`: from `held` to `to`,
-/// the owner set to `next_owner`.
+/// `status = ?to, owner = ?next`: what the end of a claim writes.
+pub(crate) type FinishChanges<T, OwnerCol> = Joined<
+    ColumnEq<<T as HasStatus>::StatusColumn, <T as HasStatus>::Status>,
+    ColumnEq<OwnerCol, Option<String>>,
+    Comma,
+>;
+
+/// The owner-checked end of `owner`'s claims on the rows `keys` selects.
+pub(crate) type FinishWhere<T, OwnerCol, Keys> = GuardedUpdate<
+    <T as diesel::associations::HasTable>::Table,
+    FinishChanges<T, OwnerCol>,
+    crate::guard::AdvanceAnyOf<T>,
+    Keys,
+    Joined<HeldBy<T, OwnerCol>, crate::guard::CanAdvanceOf<T>, And>,
+>;
+
+/// The owner-checked end of `owner`'s claims on the rows `keys` selects: from `held` to
+/// `to`, the owner set to `next_owner`.
+pub(crate) fn finish_where<T, OwnerCol, Keys>(
+    keys: Keys,
+    owner: &str,
+    held: T::Status,
+    to: T::Status,
+    next_owner: Option<&str>,
+) -> FinishWhere<T, OwnerCol, Keys>
+where
+    T: HasStatus,
+    T::Guard: AdvanceInSql,
+{
+    FinishWhere::<T, OwnerCol, Keys>::new(
+        T::table(),
+        Joined(
+            ColumnEq::new(to),
+            ColumnEq::new(next_owner.map(str::to_string)),
+            Comma,
+        ),
+        Joined(T::Guard::advance_any(), T::stamp(), Comma),
+        keys,
+        held_by::<T, OwnerCol>(owner, held),
+    )
+}
+
+/// The owner-checked end of `owner`'s claim on the row with `key`.
 pub(crate) fn finish_statement<T, OwnerCol>(
     key: &T::Key,
     owner: &str,
@@ -572,17 +605,7 @@ where
     T: HasStatus,
     T::Guard: AdvanceInSql,
 {
-    FinishOf::<T, OwnerCol>::new(
-        T::table(),
-        Joined(
-            ColumnEq::new(to),
-            ColumnEq::new(next_owner.map(str::to_string)),
-            Comma,
-        ),
-        Joined(T::Guard::advance_any(), T::stamp(), Comma),
-        T::key_predicate(key),
-        held_by::<T, OwnerCol>(owner, held),
-    )
+    finish_where::<T, OwnerCol, _>(T::key_predicate(key), owner, held, to, next_owner)
 }
 
 /// `status = ?held AND owner = ?me AND <the token can advance>`.

@@ -24,10 +24,10 @@ use crate::connect::backend::OccBackend;
 use crate::connect::caller_transaction::protect_caller;
 use crate::connect::transaction::{commit_operation, WriteTransaction};
 use crate::error::Error;
-use crate::guard::{AdvanceAnyOf, AdvanceInSql, CanAdvanceOf, Guarded};
+use crate::guard::{AdvanceInSql, Guarded};
 use crate::retry::Stop;
-use crate::sql::statement::{And, Assignments, ColumnEq, Comma, GuardedUpdate, Joined, Returning};
-use crate::status::claim::{check_owners, held_by, ClaimLost, FinishClaim, HeldBy};
+use crate::sql::statement::{Assignments, Returning};
+use crate::status::claim::{check_owners, finish_where, ClaimLost, FinishClaim, FinishWhere};
 use crate::status::claim_retry::retried;
 use crate::status::HasStatus;
 use crate::write::entity::LoadByKey;
@@ -65,21 +65,8 @@ impl<K> Default for FinishedClaims<K> {
 /// parameters stay far below every backend's limit for keys of up to 16 columns.
 pub(crate) const KEYS_PER_STATEMENT: usize = 500;
 
-/// `status = ?to, owner = ?next`.
-pub(crate) type FinishChanges<T, OwnerCol> = Joined<
-    ColumnEq<<T as HasStatus>::StatusColumn, <T as HasStatus>::Status>,
-    ColumnEq<OwnerCol, Option<String>>,
-    Comma,
->;
-
 /// The owner-checked end of the claims on the rows of many keys.
-pub(crate) type FinishManyOf<T, OwnerCol> = GuardedUpdate<
-    <T as diesel::associations::HasTable>::Table,
-    FinishChanges<T, OwnerCol>,
-    AdvanceAnyOf<T>,
-    <T as Guarded>::KeysPredicate,
-    Joined<HeldBy<T, OwnerCol>, CanAdvanceOf<T>, And>,
->;
+pub(crate) type FinishManyOf<T, OwnerCol> = FinishWhere<T, OwnerCol, <T as Guarded>::KeysPredicate>;
 
 /// The key columns of entity `T`'s table.
 pub(crate) type KeyColumnsOf<T> =
@@ -89,8 +76,7 @@ pub(crate) type KeyColumnsOf<T> =
 pub(crate) type FinishManyReturningOf<T, OwnerCol> =
     Returning<FinishManyOf<T, OwnerCol>, KeyColumnsOf<T>>;
 
-/// The end of `owner`'s claims on the rows with `keys`: from `held` to `to`, the owner
-/// set to `next_owner`.
+/// The end of `owner`'s claims on the rows with `keys`.
 pub(crate) fn finish_many_statement<T, OwnerCol>(
     keys: &[T::Key],
     owner: &str,
@@ -102,17 +88,7 @@ where
     T: HasStatus,
     T::Guard: AdvanceInSql,
 {
-    FinishManyOf::<T, OwnerCol>::new(
-        T::table(),
-        Joined(
-            ColumnEq::new(to),
-            ColumnEq::new(next_owner.map(str::to_string)),
-            Comma,
-        ),
-        Joined(T::Guard::advance_any(), T::stamp(), Comma),
-        T::keys_predicate(keys),
-        held_by::<T, OwnerCol>(owner, held),
-    )
+    finish_where::<T, OwnerCol, _>(T::keys_predicate(keys), owner, held, to, next_owner)
 }
 
 /// `keys` without repeats, in their first order. Keys are only `PartialEq`, so this is
