@@ -37,7 +37,7 @@ for backend in ${backends//,/ }; do
   for run in $(seq 1 "$runs"); do
     step "$backend: run $run of $runs ($workloads)"
     out=target/bench-runs/$backend-$run
-    "$bench" "${url[@]}" --workloads "$workloads" --out "$out" > "$out.log" 2>&1 ||
+    "$bench" ${url[@]+"${url[@]}"} --workloads "$workloads" --out "$out" > "$out.log" 2>&1 ||
       { tail -20 "$out.log"; exit 1; }
     results+=("$out/results.jsonl")
   done

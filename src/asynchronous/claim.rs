@@ -7,8 +7,9 @@
 //! A claim on MySQL, a counted claim and a heartbeat are each one transaction of the
 //! library's: a future dropped inside it leaves the connection to be discarded (the
 //! transaction ends with it, unapplied). A claim on PostgreSQL is one statement: dropped
-//! after it was sent, it may still be applied, and its rows come back to the queue once
-//! `reclaim_after` has passed, as a crashed worker's do.
+//! after it was sent, it may still be applied, and its rows stay claimed under the
+//! worker's owner id until `reclaim_after` has passed (for good without one), as a
+//! crashed worker's do.
 
 use std::future::Future;
 
@@ -462,7 +463,10 @@ where
         }
         refuse_broken(conn)?;
         let table = <T as AsyncLoadByKey<C>>::table_name();
-        check_stored_precision::<T, C>(conn, table).await?;
+        // In a call: a read dropped half way on MySQL leaves its reply on the socket.
+        let mut call = Call::start(conn);
+        let checked = check_stored_precision::<T, C>(call.conn(), table).await;
+        call.finish(checked)?;
         for chunk in distinct(keys).chunks(KEYS_PER_STATEMENT) {
             let statement =
                 || finish_many_statement::<T, OwnerCol>(chunk, owner, held, to, next_owner);

@@ -44,7 +44,7 @@ pub trait OccBackend: Backend + Default {
 
     /// Whether an `UPDATE` can hand back the rows it wrote (`RETURNING`: PostgreSQL, and
     /// SQLite since 3.35), so that a write that must answer with them is one statement.
-    const RETURNING: bool = true;
+    const RETURNING: bool = false;
 
     /// Whether a failed statement aborts its whole transaction (PostgreSQL), rather than
     /// being undone alone (MySQL, SQLite).
@@ -205,6 +205,7 @@ impl OccBackend for diesel::sqlite::Sqlite {
     const SKIP_LOCKED: &'static str = "";
     const FOR_UPDATE: &'static str = "";
     const ONE_WRITER: bool = true;
+    const RETURNING: bool = true;
 
     fn render<F: QueryFragment<Self> + ?Sized>(fragment: &F) -> QueryResult<String> {
         render_with(fragment)
@@ -220,6 +221,7 @@ impl OccBackend for diesel::pg::Pg {
     const NULL_SAFE_EQ: &'static str = " IS NOT DISTINCT FROM ";
     const COMBINES_UPDATES: bool = true;
     const FAILURE_ABORTS_TRANSACTION: bool = true;
+    const RETURNING: bool = true;
 
     fn render<F: QueryFragment<Self> + ?Sized>(fragment: &F) -> QueryResult<String> {
         render_with(fragment)
@@ -245,7 +247,6 @@ impl OccBackend for diesel::mysql::Mysql {
     const LOCKING_READ: &'static str = " FOR UPDATE";
     const NULL_SAFE_EQ: &'static str = " <=> ";
     const DUPLICATES: Duplicates = Duplicates::OnDuplicateKey;
-    const RETURNING: bool = false;
 
     fn retry_reason<C>(conn: &mut C, error: &DieselError) -> Option<RetryReason>
     where

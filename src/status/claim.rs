@@ -28,9 +28,15 @@
 //! after a number of attempts ([`GuardedClaim::claim_counted`]). Each of these runs again
 //! after a deadlock or another transient failure (see `claim_retry`).
 //!
-//! No claim statement waits on another worker's row: the read skips locked rows and the
-//! `UPDATE` writes only rows the read locked, so the claim time is computed after every
-//! wait, and no bound is needed to keep it true.
+//! A claim's read skips locked rows and its `UPDATE` writes only rows the read locked, so
+//! the claim time is computed after the read's locks are taken, and no bound is needed to
+//! keep it true. (On MySQL the `UPDATE` may still wait on, or deadlock over, locks of the
+//! state index; the claim then runs again, with a new claim time.)
+//!
+//! A row the database refuses to write (a trigger that skips it) is not claimed: on
+//! MySQL the claim fails with [`Error::Refused`], since it sees that its `UPDATE` wrote
+//! fewer rows than its read locked; the one statement of PostgreSQL and SQLite cannot
+//! see it, and passes the row over.
 
 use std::time::Duration;
 
@@ -302,7 +308,7 @@ where
     }
 
     /// [`finish_claim`](Self::finish_claim) for the rows of many `keys` at once: one
-    /// statement per 1,000 keys on PostgreSQL and SQLite, one transaction per 1,000 keys
+    /// statement per 500 keys on PostgreSQL and SQLite, one transaction per 500 keys
     /// on MySQL. Each claim still this worker's ends; the others are answered one by one
     /// in [`FinishedClaims::lost`] (nothing about them is written). An error that is not
     /// about a row (a lost connection, say) ends the call; the statements sent before it
@@ -324,7 +330,8 @@ where
     }
 }
 
-/// A claim's update matched fewer rows than its read had locked: nobody else can have
+/// A claim's update (MySQL's, after its locked read) matched fewer rows than its read had
+/// locked: nobody else can have
 /// moved them, so the first row still holding the token it was locked with was left
 /// alone, at the end of its tokens ([`Error::VersionOverflow`]) or by the database
 /// ([`Error::Refused`]).

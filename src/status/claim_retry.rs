@@ -5,8 +5,9 @@
 //! meets them. None of these operations runs code of the caller's, so running one again
 //! is always safe; each runs again under the default [`RetryPolicy`] while it fails for
 //! a transient reason (a deadlock, a serialization failure, a busy database). Inside a
-//! transaction of the caller's it runs once: the failure rolled that transaction back (or
-//! left it aborted), and only the caller can run it again.
+//! transaction of the caller's it runs once: a deadlock or serialization failure ends the
+//! caller's whole attempt (MySQL rolls the transaction back, and a snapshot that went
+//! stale stays stale), so only the caller can run it again.
 
 use std::sync::LazyLock;
 

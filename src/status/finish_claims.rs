@@ -60,9 +60,11 @@ impl<K> Default for FinishedClaims<K> {
     }
 }
 
-/// Keys per statement. The keys are one `OR` chain, which SQLite parses as an expression
-/// tree as deep as the chain (at most 1,000 by default: 996 keys fail); the bound
-/// parameters stay far below every backend's limit for keys of up to 16 columns.
+/// Keys per statement. A key of several columns is an `OR` chain of the keys, which
+/// SQLite parses as an expression tree as deep as the chain (at most 1,000 by default: 996
+/// keys fail); the bound parameters stay far below every backend's limit for keys of up
+/// to 16 columns. A one-column key needs no split (an `IN` list, one array on
+/// PostgreSQL), but the same size keeps each statement's locks and reply short.
 pub(crate) const KEYS_PER_STATEMENT: usize = 500;
 
 /// The owner-checked end of the claims on the rows of many keys.
@@ -92,7 +94,7 @@ where
 }
 
 /// `keys` without repeats, in their first order. Keys are only `PartialEq`, so this is
-/// quadratic: a few milliseconds for 10,000 keys, far below the statements they make.
+/// quadratic: meant for a batch a worker claimed (hundreds of keys), not for a table.
 pub(crate) fn distinct<K: PartialEq + Clone>(keys: &[K]) -> Vec<K> {
     let mut seen: Vec<K> = Vec::with_capacity(keys.len());
     for key in keys {
