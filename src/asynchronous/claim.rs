@@ -481,16 +481,14 @@ where
                 for key in chunk {
                     // Looked up by the database when not among the keys as stored; see
                     // the blocking path's.
-                    let row = if ended.contains(key) {
-                        None
-                    } else {
-                        Some(
-                            T::load_by_key(conn, key)
-                                .await
-                                .map_err(|e| classify(conn, e))?,
-                        )
-                    };
-                    report.add_returned(table, key, &ended, row, (owner, held));
+                    if ended.contains(key) {
+                        report.finished.push(key.clone());
+                        continue;
+                    }
+                    let row = T::load_by_key(conn, key)
+                        .await
+                        .map_err(|e| classify(conn, e))?;
+                    report.add_looked_up(table, key, &ended, row, (owner, held));
                 }
             } else if chunk.len() > 1
                 && retried_async!(conn, every_claim_ended(conn, statement(), chunk.len()))?

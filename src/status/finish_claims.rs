@@ -106,16 +106,16 @@ pub(crate) fn distinct<K: PartialEq + Clone>(keys: &[K]) -> Vec<K> {
 }
 
 impl<K: PartialEq + Clone + std::fmt::Debug> FinishedClaims<K> {
-    /// Adds a statement's outcome for `key`, given the keys of the rows it wrote
-    /// (`ended`): finished if among them; otherwise `current` is the row the database
-    /// finds by `key` now (in `table`), finished if it is one of them after all, or the
-    /// explanation of the lost claim.
-    pub(crate) fn add_returned<T>(
+    /// Adds the outcome for `key`, which is not among the keys of the rows the statement
+    /// wrote (`ended`, as stored): `current` is the row the database finds by `key` now
+    /// (in `table`). It is finished if that row is one of them after all (a key the
+    /// database compares more loosely than `==`), otherwise lost, and why.
+    pub(crate) fn add_looked_up<T>(
         &mut self,
         table: &'static str,
         key: &K,
         ended: &[K],
-        current: Option<Option<T>>,
+        current: Option<T>,
         claim: (&str, T::Status),
     ) where
         T: HasStatus<Key = K>,
@@ -123,9 +123,8 @@ impl<K: PartialEq + Clone + std::fmt::Debug> FinishedClaims<K> {
     {
         let (owner, held) = claim;
         match current {
-            None => self.finished.push(key.clone()),
-            Some(Some(row)) if ended.contains(&row.key()) => self.finished.push(key.clone()),
-            Some(row) => {
+            Some(row) if ended.contains(&row.key()) => self.finished.push(key.clone()),
+            row => {
                 let why = ClaimLost::<T> { key, owner, held }.given(table, row);
                 self.lost.push((key.clone(), why));
             }
@@ -202,15 +201,15 @@ where
                     protect_caller(conn, |conn| returning.load(conn)).map_err(|e| classify(conn, e))
                 })?;
                 for key in chunk {
-                    // The rows come back with their keys as stored, which the database
-                    // may compare more loosely than `==` (padding, collations): a key not
-                    // found among them is looked up by the database itself.
-                    let row = if ended.contains(key) {
-                        None
-                    } else {
-                        Some(T::load_by_key(conn, key).map_err(|e| classify(conn, e))?)
-                    };
-                    report.add_returned(T::table_name(), key, &ended, row, (owner, held));
+                    // The keys come back as stored, which the database may compare more
+                    // loosely than `==` (padding, collations): a key not among them is
+                    // looked up by the database itself.
+                    if ended.contains(key) {
+                        report.finished.push(key.clone());
+                        continue;
+                    }
+                    let row = T::load_by_key(conn, key).map_err(|e| classify(conn, e))?;
+                    report.add_looked_up(T::table_name(), key, &ended, row, (owner, held));
                 }
             } else if chunk.len() > 1
                 && retried(conn, |conn| {
