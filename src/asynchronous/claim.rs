@@ -30,8 +30,8 @@ use crate::connect::backend::OccBackend;
 use crate::error::Error;
 use crate::guard::{AdvanceInSql, Guarded};
 use crate::sql::new_token::Counted;
+use crate::sql::statement::Assignments;
 use crate::sql::statement::Returning;
-use crate::sql::statement::{AnyOf, Assignments};
 use crate::status::claim::{
     check_owners, claim_query, claim_update, claim_write, finish_statement, ClaimIgnored,
     ClaimLost, ClaimQueryOf, ClaimRequest, ClaimUpdateOf, ClaimableOf, FinishOf,
@@ -539,7 +539,7 @@ where
 async fn write_locked<T, C, U>(
     conn: &mut C,
     locked: &[T],
-    update: impl FnOnce(AnyOf<T::KeyPredicate>) -> U,
+    update: impl FnOnce(T::KeysPredicate) -> U,
 ) -> Result<Vec<T>, Error>
 where
     T: AsyncLoadByKey<C> + Sync,

@@ -57,7 +57,7 @@ use crate::guard::server_clock::{ClockColumn, ServerClock, Shift};
 use crate::guard::{AdvanceInSql, Guarded};
 use crate::sql::new_token::{Complete, Counted};
 use crate::sql::statement::{
-    And, AnyOf, Assignments, ColumnEq, Comma, GuardedUpdate, Joined, LatestRead, RowLock,
+    And, Assignments, ColumnEq, Comma, GuardedUpdate, Joined, LatestRead, RowLock,
 };
 use crate::status::claim_attempts::{AttemptLimit, ClaimCounted, Claimed};
 use crate::status::claim_heartbeat::ExtendClaim;
@@ -201,7 +201,7 @@ pub(crate) type ClaimChanges<T, OwnerCol, AtCol> = Joined<
 /// The `UPDATE` that hands the selected rows of `T` to their new owner, advancing each
 /// one's token.
 pub(crate) type ClaimUpdateOf<T, OwnerCol, AtCol> =
-    BulkUpdateOf<T, ClaimChanges<T, OwnerCol, AtCol>, AnyOf<<T as Guarded>::KeyPredicate>>;
+    BulkUpdateOf<T, ClaimChanges<T, OwnerCol, AtCol>, <T as Guarded>::KeysPredicate>;
 
 /// `status = ?held AND owner = ?me`: the claim is still this owner's.
 pub(crate) type HeldBy<T, OwnerCol> = Joined<
@@ -636,7 +636,7 @@ where
 pub(crate) fn write_locked<T, C, U>(
     conn: &mut C,
     locked: &[T],
-    update: impl FnOnce(AnyOf<T::KeyPredicate>) -> U,
+    update: impl FnOnce(T::KeysPredicate) -> U,
 ) -> Result<Vec<T>, Error>
 where
     T: LoadByKey<C>,
@@ -663,12 +663,12 @@ pub(crate) fn claim_write<'k, T, U>(
     locked: &'k [T],
     keys: &'k Vec<T::Key>,
     table: &'static str,
-    update: impl FnOnce(AnyOf<T::KeyPredicate>) -> U,
+    update: impl FnOnce(T::KeysPredicate) -> U,
 ) -> CompareAndSet<'k, U, ClaimIgnored<'k, T>>
 where
     T: Guarded,
 {
-    let update = update(AnyOf(keys.iter().map(T::key_predicate).collect()));
+    let update = update(T::keys_predicate(keys));
     CompareAndSet::one(update, table, keys, ClaimIgnored { locked, table })
         .matching(Matches::All(keys.len()))
 }

@@ -20,9 +20,7 @@ use crate::connect::transaction::{commit_operation, WriteTransaction};
 use crate::error::Error;
 use crate::guard::{AdvanceInSql, Guarded};
 use crate::sql::new_token::{Complete, Counted};
-use crate::sql::statement::{
-    AnyOf, Assignments, ColumnEq, Comma, Increment, Joined, LatestRead, RowLock,
-};
+use crate::sql::statement::{Assignments, ColumnEq, Comma, Increment, Joined, LatestRead, RowLock};
 use crate::status::claim::{
     claim_changes, write_locked, ClaimChanges, ClaimRequest, Claimable, ClaimableOf,
 };
@@ -67,7 +65,7 @@ pub(crate) type CountedClaimQueryOf<T, AtCol, AttemptsCol, DB> = LatestRead<
 pub(crate) type CountedClaimOf<T, OwnerCol, AtCol, AttemptsCol> = BulkUpdateOf<
     T,
     Joined<ClaimChanges<T, OwnerCol, AtCol>, Increment<AttemptsCol>, Comma>,
-    AnyOf<<T as Guarded>::KeyPredicate>,
+    <T as Guarded>::KeysPredicate,
 >;
 
 /// `UPDATE ... SET status = ?parked, owner = NULL, <token advanced>` of rows out of
@@ -79,7 +77,7 @@ pub(crate) type ParkOf<T, OwnerCol> = BulkUpdateOf<
         ColumnEq<OwnerCol, Option<String>>,
         Comma,
     >,
-    AnyOf<<T as Guarded>::KeyPredicate>,
+    <T as Guarded>::KeysPredicate,
 >;
 
 /// A counted claim of rows of entity `Self` with owner column `OwnerCol`, claim-time
@@ -221,7 +219,7 @@ pub(crate) fn check_limit<S: Status>(
 /// The `UPDATE` handing the rows with `keys` to the request's owner, counting the attempt.
 pub(crate) fn hand_over_statement<T, OwnerCol, AtCol, AttemptsCol>(
     request: &ClaimRequest<'_, T::Status>,
-    keys: AnyOf<T::KeyPredicate>,
+    keys: T::KeysPredicate,
 ) -> CountedClaimOf<T, OwnerCol, AtCol, AttemptsCol>
 where
     T: HasStatus,
@@ -243,7 +241,7 @@ where
 /// The `UPDATE` moving the rows with `keys` to `park_in`, their owner cleared.
 pub(crate) fn park_statement<T, OwnerCol>(
     park_in: T::Status,
-    keys: AnyOf<T::KeyPredicate>,
+    keys: T::KeysPredicate,
 ) -> ParkOf<T, OwnerCol>
 where
     T: HasStatus,
