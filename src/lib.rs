@@ -239,6 +239,7 @@ pub mod __private {
     pub use crate::guard::timestamp::stamp_now;
     pub use crate::guard::Unusable;
     pub use crate::json::document::{field, field_mut};
+    pub use crate::sql::key_list::KeyIn;
     pub use crate::sql::new_token::Counted;
     pub use crate::sql::statement::{AnyOf, ColumnEq, NoChanges, Unguarded};
 }

@@ -210,6 +210,38 @@ for_each_backend! {
         assert_eq!(done, 3, "{}", W::PATH);
     }
 
+    /// Batches of 3, 4 and 5 claims end as they should (the `IN` list of the end is padded
+    /// to a power of two by repeating a key, which must select no other row and count no
+    /// row twice), and after one batch of each size class the worker's connection prepares
+    /// nothing more: its claims and ends are taken from its statement cache.
+    fn batches_of_any_size_reuse_a_few_prepared_statements<W: ClaimWorker>(db: &Db, worker: impl Fn() -> W) {
+        add_jobs(&mut *db.conn(), 1..=40);
+        let w = &mut worker();
+        let cached = w.record_cached();
+        let round = |w: &mut W| {
+            for size in [3, 4, 5] {
+                let batch = w.claim(&request("me", size, MINUTE)).unwrap();
+                assert_eq!(batch.len(), size, "{}", W::PATH);
+                let ids: Vec<i64> = batch.iter().map(|t| t.id).collect();
+                let ended = w.finish_claims(&ids, "me", JobState::Running, JobState::Done, None).unwrap();
+                assert_eq!((ended.finished, ended.lost.len()), (ids, 0), "{}", W::PATH);
+            }
+        };
+        round(w);
+        let first: Vec<String> = std::mem::take(&mut *cached.lock().unwrap());
+        let ends = first.iter().filter(|sql| sql.starts_with("UPDATE") && sql.contains("RETURNING") == (BACKEND != "mysql") && !sql.contains("claimed_at")).count();
+        assert!(ends >= 1, "{}: the end of a batch was not cached: {first:#?}", W::PATH);
+        round(w);
+        let second: Vec<String> = std::mem::take(&mut *cached.lock().unwrap());
+        assert!(second.is_empty(), "{}: prepared again: {second:#?}", W::PATH);
+        // From the database: the 24 claimed rows are done, once each, the rest untouched.
+        let rows = all(db);
+        let done: Vec<i64> = rows.iter().filter(|j| j.state == JobState::Done).map(|j| j.id).collect();
+        assert_eq!(done.len(), 24, "{}", W::PATH);
+        assert!(rows.iter().filter(|j| j.state == JobState::Done).all(|j| j.version == 2 && j.owner.is_none()), "{}", W::PATH);
+        assert!(rows.iter().filter(|j| j.state != JobState::Done).all(|j| j.state == JobState::Open && j.version == 0), "{}", W::PATH);
+    }
+
     claim_tests_on_both_paths!(
         four_workers_claim_every_task_exactly_once,
         an_abandoned_claim_is_reclaimed_and_the_old_owner_is_locked_out,
@@ -217,6 +249,7 @@ for_each_backend! {
         a_row_at_the_last_version_is_passed_over,
         finish_claims_ends_the_held_claims_and_explains_the_rest,
         a_claim_and_a_batch_end_are_one_statement_where_update_returns_rows,
+        batches_of_any_size_reuse_a_few_prepared_statements,
     );
 
     /// Async claims, heartbeats and finishes dropped after 0-1 or 0-15 ms (a fresh PostgreSQL

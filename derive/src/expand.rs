@@ -82,14 +82,14 @@ pub fn guarded(entity: &Entity<'_>, guard: &Guard<'_, '_>) -> TokenStream {
         });
     }
     let (predicate_type, predicate) = predicate.expect("validated: at least one key column");
-    // The rows of many keys: `key IN (...)` for one key column (`= ANY(?)` on PostgreSQL),
-    // the keys' own predicates joined by `OR` for several.
+    // The rows of many keys: `key IN (...)` padded to a power of two for one key column
+    // (`= ANY(?)` on PostgreSQL), the keys' own predicates joined by `OR` for several.
     let (keys_predicate_type, keys_predicate) = if keys.len() == 1 {
         let col = column(keys[0]);
         let (bound_ty, bound) = value(keys[0], quote!(key));
         (
-            quote!(::diesel_occ::diesel::dsl::EqAny<#col, ::std::vec::Vec<#bound_ty>>),
-            quote!(::diesel_occ::diesel::ExpressionMethods::eq_any(
+            quote!(::diesel_occ::__private::KeyIn<#col, #bound_ty>),
+            quote!(::diesel_occ::__private::KeyIn::new(
                 #col,
                 ::std::iter::Iterator::collect::<::std::vec::Vec<_>>(
                     ::std::iter::Iterator::map(keys.iter(), |key| #bound)

@@ -17,7 +17,7 @@ use crate::connect::backend::OccBackend;
 use crate::guard::Guarded;
 use crate::sql::names::table_name;
 use crate::sql::new_token::{Counted, ReadAfter, ReturnedBy, ReturnedVersion};
-use crate::sql::statement::{AnyOf, LatestRead, RowLock};
+use crate::sql::statement::{LatestRead, RowLock};
 use crate::sql::values_update::{RowAndToken, RowOnly, Template, ValuesUpdate};
 use crate::write::entity::{rows_by_keys, RowsByKeys};
 
@@ -89,8 +89,8 @@ where
     T::Table: FilterDsl<T::KeyPredicate>,
     Filter<T::Table, T::KeyPredicate>: SelectDsl<AsSelect<T, C::Backend>>,
     ByKey<T, C::Backend>: LoadQuery<'static, C, T> + Send + 'static,
-    T::Table: FilterDsl<AnyOf<T::KeyPredicate>>,
-    Filter<T::Table, AnyOf<T::KeyPredicate>>: SelectDsl<AsSelect<T, C::Backend>>,
+    T::Table: FilterDsl<T::KeysPredicate>,
+    Filter<T::Table, T::KeysPredicate>: SelectDsl<AsSelect<T, C::Backend>>,
     RowsByKeys<T, C::Backend>: LoadQuery<'static, C, T> + Send + 'static,
 {
     async fn load_by_key(conn: &mut C, key: &T::Key) -> QueryResult<Option<T>> {

@@ -55,6 +55,13 @@ pub trait OccBackend: Backend + Default {
     /// (see the module `connect::write_gate`), as write transactions do.
     const ONE_WRITER: bool = false;
 
+    /// Whether a `LIMIT` is written into the SQL as a number rather than bound. SQLite
+    /// (3.46 and later) recompiles a prepared statement whenever the value bound to its
+    /// `LIMIT` changes, and diesel binds every parameter again on every run, so a bound
+    /// limit costs a full parse and plan per statement even when the statement is cached;
+    /// written in, each limit is its own cached statement, parsed once.
+    const LIMIT_IN_SQL: bool = false;
+
     /// Why `error`, just returned by a statement on `conn`, can be fixed by running the
     /// transaction again; `None` for every other error.
     ///
@@ -206,6 +213,7 @@ impl OccBackend for diesel::sqlite::Sqlite {
     const FOR_UPDATE: &'static str = "";
     const ONE_WRITER: bool = true;
     const RETURNING: bool = true;
+    const LIMIT_IN_SQL: bool = true;
 
     fn render<F: QueryFragment<Self> + ?Sized>(fragment: &F) -> QueryResult<String> {
         render_with(fragment)

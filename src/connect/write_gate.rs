@@ -175,19 +175,27 @@ impl Drop for Turn {
             .queue
             .front()
             .is_some_and(|first| first.arrived.elapsed() >= STARVING_AFTER);
-        if starving {
+        let wake = if starving {
             // Handed over: the gate stays held, so no one arriving now can take it first.
             let first = gate.queue.pop_front().expect("a queued writer");
             gate.handed_to = Some(first.ticket);
-            first.thread.unpark();
+            Some(first.thread)
         } else {
             gate.held = false;
-            if !gate.woken {
-                if let Some(first) = gate.queue.front() {
-                    first.thread.unpark();
+            match gate.queue.front() {
+                Some(first) if !gate.woken => {
+                    let thread = first.thread.clone();
                     gate.woken = true;
+                    Some(thread)
                 }
+                _ => None,
             }
+        };
+        // Woken after the gate's lock is let go, so that the writer woken does not
+        // find it still held and sleep once more.
+        drop(gate);
+        if let Some(thread) = wake {
+            thread.unpark();
         }
     }
 }

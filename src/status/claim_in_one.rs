@@ -70,7 +70,12 @@ where
         out.push_sql(" WHERE ");
         self.filter.walk_ast(out.reborrow())?;
         out.push_sql(" LIMIT ");
-        out.push_bind_param::<BigInt, i64>(&self.limit)?;
+        if DB::LIMIT_IN_SQL {
+            // A number the library formats itself: nothing of the caller's reaches the SQL.
+            out.push_sql(&self.limit.to_string());
+        } else {
+            out.push_bind_param::<BigInt, i64>(&self.limit)?;
+        }
         out.push_sql(DB::SKIP_LOCKED);
         Ok(())
     }

@@ -19,8 +19,8 @@ use crate::guard::{
 use crate::sql::names::table_name;
 use crate::sql::new_token::{Complete, Counted};
 use crate::sql::statement::{
-    assigned_columns, And, AnyOf, Assignments, Comma, GuardedDelete, GuardedUpdate, Joined,
-    LatestRead, NoChanges, RowLock, Unguarded,
+    assigned_columns, And, Assignments, Comma, GuardedDelete, GuardedUpdate, Joined, LatestRead,
+    NoChanges, RowLock, Unguarded,
 };
 use crate::write::executor::{classify, in_transaction, refuse_status_write, CompareAndSet, Miss};
 
@@ -92,8 +92,8 @@ where
     Filter<T::Table, T::KeyPredicate>: SelectDsl<AsSelect<T, C::Backend>>,
     LatestRead<Select<Filter<T::Table, T::KeyPredicate>, AsSelect<T, C::Backend>>>:
         LoadQuery<'static, C, T>,
-    T::Table: FilterDsl<AnyOf<T::KeyPredicate>>,
-    Filter<T::Table, AnyOf<T::KeyPredicate>>: SelectDsl<AsSelect<T, C::Backend>>,
+    T::Table: FilterDsl<T::KeysPredicate>,
+    Filter<T::Table, T::KeysPredicate>: SelectDsl<AsSelect<T, C::Backend>>,
     RowsByKeys<T, C::Backend>: LoadQuery<'static, C, T>,
 {
     fn load_by_key(conn: &mut C, key: &Self::Key) -> QueryResult<Option<Self>> {
@@ -132,7 +132,7 @@ where
 
 /// The read of entity `T`'s rows by key on backend `DB`.
 pub(crate) type RowsByKeys<T, DB> = LatestRead<
-    Select<Filter<<T as HasTable>::Table, AnyOf<<T as Guarded>::KeyPredicate>>, AsSelect<T, DB>>,
+    Select<Filter<<T as HasTable>::Table, <T as Guarded>::KeysPredicate>, AsSelect<T, DB>>,
 >;
 
 /// The read of the rows with any of `keys`, one statement, locking them when `locking`.
@@ -141,11 +141,10 @@ where
     T: Guarded + Selectable<DB>,
     DB: diesel::backend::Backend,
     T::SelectExpression: QueryId,
-    T::Table: FilterDsl<AnyOf<T::KeyPredicate>>,
-    Filter<T::Table, AnyOf<T::KeyPredicate>>: SelectDsl<AsSelect<T, DB>>,
+    T::Table: FilterDsl<T::KeysPredicate>,
+    Filter<T::Table, T::KeysPredicate>: SelectDsl<AsSelect<T, DB>>,
 {
-    let any = AnyOf(keys.iter().map(T::key_predicate).collect());
-    let filtered = FilterDsl::filter(T::table(), any);
+    let filtered = FilterDsl::filter(T::table(), T::keys_predicate(keys));
     LatestRead::new(SelectDsl::select(filtered, T::as_select()), locking)
 }
 

@@ -20,7 +20,7 @@ use diesel_occ::{
 
 use std::sync::{Arc, Mutex};
 
-use super::paths::{recorder, Async, Blocking};
+use super::paths::{cache_recorder, recorder, Async, Blocking};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Status)]
 pub enum JobState {
@@ -129,6 +129,9 @@ pub trait ClaimWorker {
     ) -> Result<FinishedClaims<i64>, Error>;
     /// Records the text of every statement the worker's connection sends from now on.
     fn record_statements(&mut self) -> Arc<Mutex<Vec<String>>>;
+    /// Records the text of every statement the worker's connection prepares and keeps
+    /// in its cache from now on.
+    fn record_cached(&mut self) -> Arc<Mutex<Vec<String>>>;
 }
 
 impl<C> ClaimWorker for Blocking<C>
@@ -207,6 +210,11 @@ where
     fn record_statements(&mut self) -> Arc<Mutex<Vec<String>>> {
         let statements = Arc::new(Mutex::new(Vec::new()));
         self.0.set_instrumentation(recorder(&statements));
+        statements
+    }
+    fn record_cached(&mut self) -> Arc<Mutex<Vec<String>>> {
+        let statements = Arc::new(Mutex::new(Vec::new()));
+        self.0.set_instrumentation(cache_recorder(&statements));
         statements
     }
 }
@@ -296,6 +304,14 @@ where
     fn record_statements(&mut self) -> Arc<Mutex<Vec<String>>> {
         let statements = Arc::new(Mutex::new(Vec::new()));
         diesel_async::AsyncConnection::set_instrumentation(&mut self.conn, recorder(&statements));
+        statements
+    }
+    fn record_cached(&mut self) -> Arc<Mutex<Vec<String>>> {
+        let statements = Arc::new(Mutex::new(Vec::new()));
+        diesel_async::AsyncConnection::set_instrumentation(
+            &mut self.conn,
+            cache_recorder(&statements),
+        );
         statements
     }
 }

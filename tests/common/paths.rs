@@ -99,6 +99,18 @@ pub fn recorder(statements: &Arc<Mutex<Vec<String>>>) -> impl diesel::connection
     }
 }
 
+/// Keeps the text of every statement a connection prepares and keeps for reuse.
+pub fn cache_recorder(
+    statements: &Arc<Mutex<Vec<String>>>,
+) -> impl diesel::connection::Instrumentation {
+    let statements = Arc::clone(statements);
+    move |event: diesel::connection::InstrumentationEvent<'_>| {
+        if let diesel::connection::InstrumentationEvent::CacheQuery { sql, .. } = event {
+            statements.lock().unwrap().push(sql.to_string());
+        }
+    }
+}
+
 /// A row of the transition history, as [`Writes::history`] reads it.
 #[derive(diesel::QueryableByName)]
 pub struct HistoryRow {
