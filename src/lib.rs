@@ -184,7 +184,7 @@ pub use json::merge_in_place::{GuardedJsonMerge, MergeInPlace};
 
 // Status transitions and claims.
 #[cfg(feature = "locks")]
-pub use status::claim::{ClaimRequest, ClaimRows, FinishClaim, GuardedClaim};
+pub use status::claim::{ClaimOrder, ClaimRequest, ClaimRows, FinishClaim, GuardedClaim};
 #[cfg(feature = "locks")]
 pub use status::claim_attempts::{AttemptLimit, ClaimCounted, Claimed};
 #[cfg(feature = "locks")]

@@ -19,7 +19,7 @@ use diesel::connection::SimpleConnection;
 use diesel::prelude::*;
 use diesel_occ::GuardedJsonMerge;
 use diesel_occ::{no_extra, GuardedStatusTransition};
-use diesel_occ::{ClaimRequest, GuardedClaim};
+use diesel_occ::{ClaimOrder, ClaimRequest, GuardedClaim};
 use diesel_occ::{Error, Guarded, GuardedBulk, GuardedWrite, RetryPolicy, Status};
 use serde_json::json;
 
@@ -245,7 +245,7 @@ for_each_backend! {
                 let (pool, start, claimed) = (&db.pool, &start, &claimed);
                 s.spawn(move || {
                     let me = format!("worker-{worker}");
-                    let request = ClaimRequest { from: Stage::Open, to: Stage::Running, owner: &me, limit: 5, reclaim_after: None };
+                    let request = ClaimRequest { from: Stage::Open, to: Stage::Running, owner: &me, limit: 5, reclaim_after: None, order: ClaimOrder::Any };
                     let mut conn = pool.get().unwrap();
                     start.wait();
                     loop {

@@ -18,6 +18,7 @@ use std::time::{Duration, Instant};
 use common::claim_paths::{add_jobs, jobs, request, ClaimWorker, Job, JobState};
 use diesel::prelude::*;
 use diesel_occ::Error;
+use diesel_occ::{AttemptLimit, ClaimOrder, ClaimRequest};
 
 const MINUTE: Duration = Duration::from_secs(60);
 
@@ -242,6 +243,41 @@ for_each_backend! {
         assert!(rows.iter().filter(|j| j.state != JobState::Done).all(|j| j.state == JobState::Open && j.version == 0), "{}", W::PATH);
     }
 
+    /// A claim in key order takes the lowest open keys first, whatever order the rows were
+    /// written in (here the higher keys first, and the first ones rewritten after), and so
+    /// does a counted claim; only that order puts `ORDER BY` in the claim's read.
+    fn a_claim_in_key_order_takes_the_lowest_keys_first<W: ClaimWorker>(db: &Db, worker: impl Fn() -> W) {
+        add_jobs(&mut *db.conn(), 11..=20);
+        add_jobs(&mut *db.conn(), 1..=10);
+        diesel::update(jobs::table.filter(jobs::id.le(3))).set(jobs::attempts.eq(0)).execute(&mut db.conn()).unwrap();
+        let w = &mut worker();
+        let statements = w.record_statements();
+        let by_key = |limit| ClaimRequest { order: ClaimOrder::ByKey, ..request("me", limit, MINUTE) };
+        let ids = |jobs: &[Job]| jobs.iter().map(|j| j.id).collect::<Vec<_>>();
+
+        let mut first = ids(&w.claim(&by_key(3)).unwrap());
+        first.sort();
+        assert_eq!(first, [1, 2, 3], "{}", W::PATH);
+        let sent: Vec<String> = std::mem::take(&mut *statements.lock().unwrap());
+        assert!(sent.iter().any(|sql| sql.contains("ORDER BY")), "{}: {sent:#?}", W::PATH);
+
+        let limit = AttemptLimit { max: 5, park_in: JobState::Parked };
+        let counted = w.claim_counted(&by_key(4), &limit).unwrap();
+        let mut next = ids(&counted.rows);
+        next.sort();
+        assert_eq!(next, [4, 5, 6, 7], "{}", W::PATH);
+        statements.lock().unwrap().clear();
+
+        w.claim(&request("other", 2, MINUTE)).unwrap();
+        let sent: Vec<String> = std::mem::take(&mut *statements.lock().unwrap());
+        assert!(sent.iter().all(|sql| !sql.contains("ORDER BY")), "{}: {sent:#?}", W::PATH);
+        // From the database: the seven lowest keys are `me`'s, two others `other`'s.
+        let rows = all(db);
+        let mine: Vec<i64> = rows.iter().filter(|j| j.owner.as_deref() == Some("me")).map(|j| j.id).collect();
+        assert_eq!(mine, [1, 2, 3, 4, 5, 6, 7], "{}", W::PATH);
+        assert_eq!(rows.iter().filter(|j| j.owner.as_deref() == Some("other")).count(), 2, "{}", W::PATH);
+    }
+
     claim_tests_on_both_paths!(
         four_workers_claim_every_task_exactly_once,
         an_abandoned_claim_is_reclaimed_and_the_old_owner_is_locked_out,
@@ -250,6 +286,7 @@ for_each_backend! {
         finish_claims_ends_the_held_claims_and_explains_the_rest,
         a_claim_and_a_batch_end_are_one_statement_where_update_returns_rows,
         batches_of_any_size_reuse_a_few_prepared_statements,
+        a_claim_in_key_order_takes_the_lowest_keys_first,
     );
 
     /// Async claims, heartbeats and finishes dropped after 0-1 or 0-15 ms (a fresh PostgreSQL

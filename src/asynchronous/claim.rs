@@ -13,9 +13,7 @@
 
 use std::future::Future;
 
-use diesel::dsl::{AsSelect, Filter, Select};
 use diesel::query_builder::QueryId;
-use diesel::query_dsl::methods::{FilterDsl, LimitDsl, SelectDsl};
 use diesel::sql_types::{Integer, Nullable, Text};
 use diesel::{Column, Selectable};
 use diesel_async::methods::{ExecuteDsl, LoadQuery};
@@ -34,7 +32,7 @@ use crate::sql::statement::Assignments;
 use crate::sql::statement::Returning;
 use crate::status::claim::{
     check_owners, claim_query, claim_update, claim_write, finish_statement, ClaimIgnored,
-    ClaimLost, ClaimQueryOf, ClaimRequest, ClaimUpdateOf, ClaimableOf, FinishOf,
+    ClaimLost, ClaimQueryOf, ClaimRequest, ClaimUpdateOf, FinishOf,
 };
 use crate::status::claim_attempts::{
     check_limit, counted_claim_query, hand_over_statement, nothing_claimed, park_statement,
@@ -186,9 +184,6 @@ where
     OwnerCol: Column<Table = T::Table, SqlType = Nullable<Text>> + 'static,
     AtCol: Column<Table = T::Table> + 'static,
     T::SelectExpression: QueryId,
-    T::Table: FilterDsl<ClaimableOf<T, AtCol>>,
-    Filter<T::Table, ClaimableOf<T, AtCol>>: SelectDsl<AsSelect<T, C::Backend>>,
-    Select<Filter<T::Table, ClaimableOf<T, AtCol>>, AsSelect<T, C::Backend>>: LimitDsl,
     ClaimQueryOf<T, AtCol, C::Backend>: LoadQuery<'static, C, T> + Send + 'static,
     ClaimUpdateOf<T, OwnerCol, AtCol>: Assignments<C::Backend> + Send,
     Counted: AsyncComplete<C, ClaimUpdateOf<T, OwnerCol, AtCol>, ()>,
@@ -255,11 +250,6 @@ where
     OwnerCol: Column<Table = T::Table, SqlType = Nullable<Text>> + 'static,
     AtCol: Column<Table = T::Table> + 'static,
     AttemptsCol: Column<Table = T::Table, SqlType = Integer> + Default + 'static,
-    T::Table: FilterDsl<ClaimableOf<T, AtCol>>,
-    (AsSelect<T, C::Backend>, AttemptsCol): diesel::Expression,
-    Filter<T::Table, ClaimableOf<T, AtCol>>: SelectDsl<(AsSelect<T, C::Backend>, AttemptsCol)>,
-    Select<Filter<T::Table, ClaimableOf<T, AtCol>>, (AsSelect<T, C::Backend>, AttemptsCol)>:
-        LimitDsl,
     CountedClaimQueryOf<T, AtCol, AttemptsCol, C::Backend>:
         LoadQuery<'static, C, (T, i32)> + Send + 'static,
     CountedClaimOf<T, OwnerCol, AtCol, AttemptsCol>: Assignments<C::Backend> + Send,

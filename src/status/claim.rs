@@ -8,7 +8,7 @@
 //! WITH "occ_claimable" AS (SELECT id FROM tasks
 //!     WHERE (state = ?open OR (state = ?running AND claimed_at < <database now> - ?reclaim_after))
 //!       AND version < ?max
-//!     LIMIT ? FOR UPDATE SKIP LOCKED)
+//!     [ORDER BY id] LIMIT ? FOR UPDATE SKIP LOCKED)
 //! UPDATE tasks SET state = ?running, owner = ?me, claimed_at = <database now>, version = version + 1
 //! WHERE (id) IN (SELECT * FROM "occ_claimable") AND version < ?max RETURNING ...
 //! ```
@@ -41,10 +41,10 @@
 use std::time::Duration;
 
 use diesel::connection::LoadConnection;
-use diesel::dsl::{AsSelect, Filter, Limit, Select};
+use diesel::dsl::AsSelect;
 use diesel::expression::{AppearsOnTable, Expression, ValidGrouping};
 use diesel::query_builder::{AstPass, QueryFragment, QueryId};
-use diesel::query_dsl::methods::{FilterDsl, LimitDsl, LoadQuery, SelectDsl};
+use diesel::query_dsl::methods::LoadQuery;
 use diesel::serialize::ToSql;
 use diesel::sql_types::{Bool, HasSqlType, Nullable, Text};
 use diesel::{Column, QueryResult, RunQueryDsl, Selectable, SelectableHelper};
@@ -56,13 +56,12 @@ use crate::error::Error;
 use crate::guard::server_clock::{ClockColumn, ServerClock, Shift};
 use crate::guard::{AdvanceInSql, Guarded};
 use crate::sql::new_token::{Complete, Counted};
-use crate::sql::statement::{
-    And, Assignments, ColumnEq, Comma, GuardedUpdate, Joined, LatestRead, RowLock,
-};
+use crate::sql::statement::{And, Assignments, ColumnEq, Comma, GuardedUpdate, Joined};
 use crate::status::claim_attempts::{AttemptLimit, ClaimCounted, Claimed};
 use crate::status::claim_heartbeat::ExtendClaim;
 use crate::status::claim_in_one::{claim_in_one, ClaimInOneOf, ClaimInOneUpdateOf};
 use crate::status::claim_retry::retried;
+use crate::status::claimable_rows::ClaimableRows;
 use crate::status::finish_claims::{FinishClaims, FinishedClaims};
 use crate::status::{HasStatus, Status};
 use crate::write::bulk::BulkUpdateOf;
@@ -86,6 +85,24 @@ pub struct ClaimRequest<'a, S> {
     /// A claimed row whose claim is older than this (by the database's clock) is taken
     /// again, as abandoned; `None` never takes a claimed row.
     pub reclaim_after: Option<Duration>,
+    /// Which of the claimable rows are taken first.
+    pub order: ClaimOrder,
+}
+
+/// Which claimable rows a claim takes first.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum ClaimOrder {
+    /// Whichever the database finds first: no sort, the cheapest plan with an index on
+    /// the status column alone. A row may wait behind rows queued after it.
+    #[default]
+    Any,
+    /// The lowest keys first (`ORDER BY <key>`): first come, first served where keys rise
+    /// with time (an auto-increment id, a time-ordered UUID). Give the table an index on
+    /// the status column followed by the key columns, `(state, id)`, and a claim stays a
+    /// walk of that index that stops after the limit at any queue length; without one,
+    /// every claim sorts all claimable rows. (On MySQL an index on the status column
+    /// alone is one: InnoDB ends each secondary index with the primary key.)
+    ByKey,
 }
 
 /// `(status = ?from OR (status = ?to AND claimed_at < <database now> - ?age)) AND <the
@@ -178,13 +195,10 @@ where
 }
 
 /// The claimable rows of entity `T`, at most a limit, locked and skipping locked ones.
-pub(crate) type ClaimQueryOf<T, AtCol, DB> = LatestRead<
-    Limit<
-        Select<
-            Filter<<T as diesel::associations::HasTable>::Table, ClaimableOf<T, AtCol>>,
-            AsSelect<T, DB>,
-        >,
-    >,
+pub(crate) type ClaimQueryOf<T, AtCol, DB> = ClaimableRows<
+    <T as diesel::associations::HasTable>::Table,
+    AsSelect<T, DB>,
+    ClaimableOf<T, AtCol>,
 >;
 
 /// `status = ?to, owner = ?, claimed_at = <database now>`: a row handed to its owner.
@@ -456,9 +470,6 @@ where
     AtCol: Column<Table = T::Table>,
     T: LoadByKey<C> + Selectable<C::Backend>,
     T::SelectExpression: QueryId,
-    T::Table: FilterDsl<ClaimableOf<T, AtCol>>,
-    Filter<T::Table, ClaimableOf<T, AtCol>>: SelectDsl<AsSelect<T, C::Backend>>,
-    Select<Filter<T::Table, ClaimableOf<T, AtCol>>, AsSelect<T, C::Backend>>: LimitDsl,
     ClaimQueryOf<T, AtCol, C::Backend>: LoadQuery<'static, C, Self>,
     ClaimUpdateOf<T, OwnerCol, AtCol>: Assignments<C::Backend>,
     Counted: Complete<C, ClaimUpdateOf<T, OwnerCol, AtCol>, ()>,
@@ -497,22 +508,15 @@ pub(crate) fn claim_query<T, AtCol, DB>(
 where
     T::Guard: AdvanceInSql,
     T: HasStatus + Selectable<DB>,
-    T::SelectExpression: QueryId,
     DB: diesel::backend::Backend,
-    T::Table: FilterDsl<ClaimableOf<T, AtCol>>,
-    Filter<T::Table, ClaimableOf<T, AtCol>>: SelectDsl<AsSelect<T, DB>>,
-    Select<Filter<T::Table, ClaimableOf<T, AtCol>>, AsSelect<T, DB>>: LimitDsl,
 {
-    let limit = i64::try_from(request.limit).unwrap_or(i64::MAX);
-    LatestRead::locked(
-        LimitDsl::limit(
-            SelectDsl::select(
-                FilterDsl::filter(T::table(), Claimable::of(request, T::Guard::can_advance())),
-                T::as_select(),
-            ),
-            limit,
-        ),
-        RowLock::SkipLocked,
+    let filter = Claimable::of(request, T::Guard::can_advance());
+    ClaimableRows::new(
+        T::table(),
+        T::as_select(),
+        filter,
+        request.order,
+        request.limit,
     )
 }
 

@@ -10,8 +10,8 @@
 //! to log or alert on; call again for more work.
 
 use diesel::connection::LoadConnection;
-use diesel::dsl::{AsSelect, Filter, Limit, Select};
-use diesel::query_dsl::methods::{FilterDsl, LimitDsl, LoadQuery, SelectDsl};
+use diesel::dsl::AsSelect;
+use diesel::query_dsl::methods::LoadQuery;
 use diesel::sql_types::{Integer, Nullable, Text};
 use diesel::{Column, RunQueryDsl, Selectable, SelectableHelper};
 
@@ -20,10 +20,11 @@ use crate::connect::transaction::{commit_operation, WriteTransaction};
 use crate::error::Error;
 use crate::guard::{AdvanceInSql, Guarded};
 use crate::sql::new_token::{Complete, Counted};
-use crate::sql::statement::{Assignments, ColumnEq, Comma, Increment, Joined, LatestRead, RowLock};
+use crate::sql::statement::{Assignments, ColumnEq, Comma, Increment, Joined};
 use crate::status::claim::{
     claim_changes, write_locked, ClaimChanges, ClaimRequest, Claimable, ClaimableOf,
 };
+use crate::status::claimable_rows::ClaimableRows;
 use crate::status::{HasStatus, Status};
 use crate::write::bulk::BulkUpdateOf;
 use crate::write::entity::LoadByKey;
@@ -52,13 +53,10 @@ pub struct Claimed<T> {
 
 /// The claimable rows of `T` with their attempt counts, at most a limit, locked and
 /// skipping locked ones.
-pub(crate) type CountedClaimQueryOf<T, AtCol, AttemptsCol, DB> = LatestRead<
-    Limit<
-        Select<
-            Filter<<T as diesel::associations::HasTable>::Table, ClaimableOf<T, AtCol>>,
-            (AsSelect<T, DB>, AttemptsCol),
-        >,
-    >,
+pub(crate) type CountedClaimQueryOf<T, AtCol, AttemptsCol, DB> = ClaimableRows<
+    <T as diesel::associations::HasTable>::Table,
+    (AsSelect<T, DB>, AttemptsCol),
+    ClaimableOf<T, AtCol>,
 >;
 
 /// The claim's `UPDATE`, counting the attempt.
@@ -107,11 +105,6 @@ where
     AtCol: Column<Table = T::Table>,
     AttemptsCol: Column<Table = T::Table, SqlType = Integer> + Default,
     T: LoadByKey<C> + Selectable<C::Backend>,
-    T::Table: FilterDsl<ClaimableOf<T, AtCol>>,
-    (AsSelect<T, C::Backend>, AttemptsCol): diesel::Expression,
-    Filter<T::Table, ClaimableOf<T, AtCol>>: SelectDsl<(AsSelect<T, C::Backend>, AttemptsCol)>,
-    Select<Filter<T::Table, ClaimableOf<T, AtCol>>, (AsSelect<T, C::Backend>, AttemptsCol)>:
-        LimitDsl,
     CountedClaimQueryOf<T, AtCol, AttemptsCol, C::Backend>: LoadQuery<'static, C, (T, i32)>,
     CountedClaimOf<T, OwnerCol, AtCol, AttemptsCol>: Assignments<C::Backend>,
     ParkOf<T, OwnerCol>: Assignments<C::Backend>,
@@ -153,22 +146,10 @@ where
     T: HasStatus + Selectable<DB>,
     DB: diesel::backend::Backend,
     AttemptsCol: Default,
-    T::Table: FilterDsl<ClaimableOf<T, AtCol>>,
-    (AsSelect<T, DB>, AttemptsCol): diesel::Expression,
-    Filter<T::Table, ClaimableOf<T, AtCol>>: SelectDsl<(AsSelect<T, DB>, AttemptsCol)>,
-    Select<Filter<T::Table, ClaimableOf<T, AtCol>>, (AsSelect<T, DB>, AttemptsCol)>: LimitDsl,
 {
-    let count = i64::try_from(request.limit).unwrap_or(i64::MAX);
-    LatestRead::locked(
-        LimitDsl::limit(
-            SelectDsl::select(
-                FilterDsl::filter(T::table(), Claimable::of(request, T::Guard::can_advance())),
-                (T::as_select(), AttemptsCol::default()),
-            ),
-            count,
-        ),
-        RowLock::SkipLocked,
-    )
+    let filter = Claimable::of(request, T::Guard::can_advance());
+    let select = (T::as_select(), AttemptsCol::default());
+    ClaimableRows::new(T::table(), select, filter, request.order, request.limit)
 }
 
 /// The rows read that used up their attempts, to park, and the others, to hand over.

@@ -3,7 +3,8 @@
 //!
 //! ```sql
 //! WITH "occ_claimable" AS (
-//!     SELECT <key columns> FROM tasks WHERE <claimable> LIMIT ? FOR UPDATE SKIP LOCKED)
+//!     SELECT <key columns> FROM tasks WHERE <claimable> [ORDER BY <key columns>]
+//!     LIMIT ? FOR UPDATE SKIP LOCKED)
 //! UPDATE tasks SET state = ?running, owner = ?me, claimed_at = <database now>,
 //!                  version = version + 1
 //! WHERE ((<key columns>) IN (SELECT * FROM "occ_claimable")) AND version < ?max
@@ -23,15 +24,13 @@
 
 use diesel::backend::Backend;
 use diesel::query_builder::{AstPass, QueryFragment};
-use diesel::query_source::QuerySource;
-use diesel::serialize::ToSql;
-use diesel::sql_types::{BigInt, HasSqlType};
 use diesel::{QueryResult, Selectable, SelectableHelper, Table};
 
 use crate::connect::backend::OccBackend;
 use crate::guard::AdvanceInSql;
 use crate::sql::statement::Returning;
 use crate::status::claim::{claim_update, ClaimChanges, ClaimRequest, Claimable, ClaimableOf};
+use crate::status::claimable_rows::ClaimableRows;
 use crate::status::HasStatus;
 use crate::write::bulk::BulkUpdateOf;
 
@@ -43,43 +42,8 @@ fn in_cte<DB: OccBackend>() -> bool {
     !DB::SKIP_LOCKED.is_empty()
 }
 
-/// `SELECT <key> FROM <table> WHERE <filter> LIMIT ?<lock>`: the keys of the rows a claim
-/// takes.
-#[derive(Debug, Clone)]
-pub struct ClaimableKeys<T: Table, Filter> {
-    from: T::FromClause,
-    key: T::PrimaryKey,
-    filter: Filter,
-    limit: i64,
-}
-
-impl<T, Filter, DB> QueryFragment<DB> for ClaimableKeys<T, Filter>
-where
-    DB: OccBackend + HasSqlType<BigInt>,
-    i64: ToSql<BigInt, DB>,
-    T: Table,
-    T::FromClause: QueryFragment<DB>,
-    T::PrimaryKey: QueryFragment<DB>,
-    Filter: QueryFragment<DB>,
-{
-    fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, DB>) -> QueryResult<()> {
-        out.push_sql("SELECT ");
-        self.key.walk_ast(out.reborrow())?;
-        out.push_sql(" FROM ");
-        self.from.walk_ast(out.reborrow())?;
-        out.push_sql(" WHERE ");
-        self.filter.walk_ast(out.reborrow())?;
-        out.push_sql(" LIMIT ");
-        if DB::LIMIT_IN_SQL {
-            // A number the library formats itself: nothing of the caller's reaches the SQL.
-            out.push_sql(&self.limit.to_string());
-        } else {
-            out.push_bind_param::<BigInt, i64>(&self.limit)?;
-        }
-        out.push_sql(DB::SKIP_LOCKED);
-        Ok(())
-    }
-}
+/// The keys of the rows a claim takes.
+type ClaimableKeys<T, Filter> = ClaimableRows<T, <T as Table>::PrimaryKey, Filter>;
 
 /// `WITH "occ_claimable" AS (<keys>) <update>` where the read locks rows; the `<update>`
 /// alone elsewhere (its `IN` holds the read).
@@ -163,13 +127,14 @@ where
 {
     // Built twice: the CTE or the `IN` renders it, by backend.
     let keys = || {
-        let table = T::table();
-        ClaimableKeys {
-            from: table.from_clause(),
-            key: table.primary_key(),
-            filter: Claimable::of(request, T::Guard::can_advance()),
-            limit: i64::try_from(request.limit).unwrap_or(i64::MAX),
-        }
+        let filter = Claimable::of(request, T::Guard::can_advance());
+        ClaimableRows::new(
+            T::table(),
+            T::table().primary_key(),
+            filter,
+            request.order,
+            request.limit,
+        )
     };
     let taken = InClaimable {
         key: T::table().primary_key(),

@@ -29,6 +29,8 @@ pub(crate) mod claim_heartbeat;
 pub(crate) mod claim_in_one;
 #[cfg(feature = "locks")]
 pub(crate) mod claim_retry;
+#[cfg(feature = "locks")]
+pub(crate) mod claimable_rows;
 pub(crate) mod condition;
 #[cfg(feature = "locks")]
 pub(crate) mod finish_claims;

@@ -14,8 +14,8 @@ use diesel_occ::asynchronous::{
     AsyncGuardedClaim,
 };
 use diesel_occ::{
-    AttemptLimit, ClaimCounted, ClaimRequest, ClaimRows, Claimed, Error, ExtendClaim, FinishClaim,
-    FinishClaims, FinishedClaims, GuardedClaim, Status,
+    AttemptLimit, ClaimCounted, ClaimOrder, ClaimRequest, ClaimRows, Claimed, Error, ExtendClaim,
+    FinishClaim, FinishClaims, FinishedClaims, GuardedClaim, Status,
 };
 
 use std::sync::{Arc, Mutex};
@@ -97,6 +97,7 @@ pub fn request(owner: &str, limit: usize, reclaim_after: Duration) -> ClaimReque
         owner,
         limit,
         reclaim_after: Some(reclaim_after),
+        order: ClaimOrder::Any,
     }
 }
 
