@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs occ-bench several times on each backend and folds the runs into medians and
-# ranges, the figures BENCHMARKS.md quotes: bench/results/medians-<backend>.md, with each
-# run's own output under target/bench-runs/.
+# ranges, the figures BENCHMARKS.md quotes: bench/results/medians-<backend>.md, the same
+# tables written into BENCHMARKS.md's generated blocks (one per backend and workload),
+# and each run's own output (summaries with query plans) under target/bench-runs/.
 #
 #   scripts/benchmarks.sh [RUNS] [WORKLOADS] [BACKENDS]
 #   scripts/benchmarks.sh 3 w6 sqlite,postgres,mysql
@@ -41,8 +42,8 @@ for backend in ${backends//,/ }; do
       { tail -20 "$out.log"; exit 1; }
     results+=("$out/results.jsonl")
   done
-  "$bench" --medians-of "${results[@]}" --out target/bench-runs > /dev/null
+  "$bench" --medians-of "${results[@]}" --out target/bench-runs --into BENCHMARKS.md > /dev/null
   mv target/bench-runs/medians.md "bench/results/medians-$backend.md"
-  step "$backend: bench/results/medians-$backend.md"
+  step "$backend: bench/results/medians-$backend.md, and its blocks in BENCHMARKS.md"
   cat "bench/results/medians-$backend.md"
 done

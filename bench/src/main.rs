@@ -27,6 +27,7 @@
 
 mod backend;
 mod chart;
+mod doc_blocks;
 mod measure;
 mod medians;
 mod report;
@@ -92,6 +93,12 @@ struct Options {
     /// per measurement (printed, and written to `medians.md` in `--out`).
     #[arg(long, value_name = "RESULTS_JSONL", num_args = 1..)]
     medians_of: Vec<PathBuf>,
+
+    /// With `--medians-of`: also write each backend's and workload's table into this
+    /// Markdown file, in place of its block `<!-- medians <backend> <workload> -->` ...
+    /// `<!-- /medians -->` (added at the end when missing): BENCHMARKS.md.
+    #[arg(long, value_name = "MARKDOWN", requires = "medians_of")]
+    into: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -173,9 +180,14 @@ impl Settings {
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let options = Options::parse();
     if !options.medians_of.is_empty() {
-        let table = medians::of_runs(&options.medians_of)?;
+        let sections = medians::sections_of_runs(&options.medians_of)?;
+        let table: String = sections.iter().map(|(_, table)| table.as_str()).collect();
         std::fs::create_dir_all(&options.out)?;
         std::fs::write(options.out.join("medians.md"), &table)?;
+        if let Some(doc) = &options.into {
+            let written = doc_blocks::write_into(&std::fs::read_to_string(doc)?, &sections)?;
+            std::fs::write(doc, written)?;
+        }
         println!("{table}");
         return Ok(());
     }

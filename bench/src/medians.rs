@@ -28,8 +28,12 @@ struct Series {
 /// Details folded like the figures; everything else in a line is left out.
 const DETAILS: [&str; 2] = ["rate_vs_smallest_queue", "statements_per_batch"];
 
-/// The Markdown of the medians of the runs in `results` (each a `results.jsonl`).
-pub fn of_runs(results: &[impl AsRef<Path>]) -> Result<String, Box<dyn Error>> {
+/// The Markdown of the medians of the runs in `results` (each a `results.jsonl`): one
+/// table per backend and workload, each with its key (`"<backend> <workload>"`), in the
+/// order the runs measured them.
+pub fn sections_of_runs(
+    results: &[impl AsRef<Path>],
+) -> Result<Vec<(String, String)>, Box<dyn Error>> {
     let mut order: Vec<(String, String, String, String)> = Vec::new();
     let mut series: BTreeMap<(String, String, String, String), Series> = BTreeMap::new();
     for path in results {
@@ -65,11 +69,15 @@ pub fn of_runs(results: &[impl AsRef<Path>]) -> Result<String, Box<dyn Error>> {
                 .sum::<i64>();
         }
     }
-    let mut out = String::new();
+    let mut sections: Vec<(String, String)> = Vec::new();
     let mut heading = None;
     for key in &order {
         let (backend, workload, case, strategy) = key;
         let s = &series[key];
+        if heading.as_ref() != Some(&(backend, workload)) {
+            sections.push((format!("{backend} {workload}"), String::new()));
+        }
+        let out = &mut sections.last_mut().expect("a section per heading").1;
         if heading.as_ref() != Some(&(backend, workload)) {
             writeln!(
                 out,
@@ -98,7 +106,7 @@ pub fn of_runs(results: &[impl AsRef<Path>]) -> Result<String, Box<dyn Error>> {
             details.join(", ")
         )?;
     }
-    Ok(out)
+    Ok(sections)
 }
 
 /// `median (min-max)` of `values`, `-` without any.
@@ -139,7 +147,10 @@ mod tests {
                 path
             })
             .collect();
-        let table = of_runs(&runs).unwrap();
+        let sections = sections_of_runs(&runs).unwrap();
+        assert_eq!(sections.len(), 1);
+        let (key, table) = &sections[0];
+        assert_eq!(key, "sqlite W6");
         assert!(table.contains("medians of 3 runs"), "{table}");
         assert!(
             table.contains("| N=1 | library | 200 (100-300) | 10 (10-10) | 1.00 (0.90-1.10) |"),
