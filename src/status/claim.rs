@@ -101,7 +101,8 @@ pub enum ClaimOrder {
     /// the status column followed by the key columns, `(state, id)`, and a claim stays a
     /// walk of that index that stops after the limit at any queue length; without one,
     /// every claim sorts all claimable rows. (On MySQL an index on the status column
-    /// alone is one: InnoDB ends each secondary index with the primary key.)
+    /// alone is one, since InnoDB ends each secondary index with the primary key; so it
+    /// is on SQLite when the key is the table's `INTEGER PRIMARY KEY`, its rowid.)
     ByKey,
 }
 

@@ -9,9 +9,10 @@
 //! The one-statement claim selects the keys alone (as its CTE or `IN` subquery); MySQL's
 //! claim transaction, and counted claims on every backend, select whole rows. A claim in
 //! key order stays an index walk that stops after N entries at any queue length when the
-//! table has an index on the status column followed by the key columns (InnoDB's index on
-//! the status column alone is one, since it ends with the primary key); without it, the
-//! database sorts every claimable row to take the first N.
+//! table has an index on the status column followed by the key columns (an index on the
+//! status column alone is one on InnoDB, which ends it with the primary key, and on SQLite
+//! when the key is the rowid); without it, the database sorts every claimable row to take
+//! the first N.
 
 use diesel::expression::Expression;
 use diesel::query_builder::{AstPass, Query, QueryFragment, QueryId};
