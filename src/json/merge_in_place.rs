@@ -4,7 +4,7 @@
 //!
 //! ```sql
 //! UPDATE t SET ext = <merge(ext, ?patch)>, version = version + 1
-//! WHERE (<key>) AND version < ?max [RETURNING version]
+//! WHERE (<key>) AND version <> ?max [RETURNING version]
 //! ```
 //!
 //! - SQLite: `json_patch(ext, ?)`, SQLite's own RFC 7396 merge.

@@ -7,10 +7,10 @@
 //! ```sql
 //! WITH "occ_claimable" AS (SELECT id FROM tasks
 //!     WHERE (state = ?open OR (state = ?running AND claimed_at < <database now> - ?reclaim_after))
-//!       AND version < ?max
+//!       AND version <> ?max
 //!     [ORDER BY id] LIMIT ? FOR UPDATE SKIP LOCKED)
 //! UPDATE tasks SET state = ?running, owner = ?me, claimed_at = <database now>, version = version + 1
-//! WHERE (id) IN (SELECT * FROM "occ_claimable") AND version < ?max RETURNING ...
+//! WHERE (id) IN (SELECT * FROM "occ_claimable") AND version <> ?max RETURNING ...
 //! ```
 //!
 //! MySQL has no `RETURNING`: there a claim is one write transaction of the locked read,

@@ -7,7 +7,7 @@
 //!     LIMIT ? FOR UPDATE SKIP LOCKED)
 //! UPDATE tasks SET state = ?running, owner = ?me, claimed_at = <database now>,
 //!                  version = version + 1
-//! WHERE ((<key columns>) IN (SELECT * FROM "occ_claimable")) AND version < ?max
+//! WHERE ((<key columns>) IN (SELECT * FROM "occ_claimable")) AND version <> ?max
 //! RETURNING <the entity's columns>
 //! ```
 //!

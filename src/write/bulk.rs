@@ -1,6 +1,6 @@
 //! Bulk updates by filter that advance the token of every row they change.
 //!
-//! `UPDATE t SET <changes>, version = version + 1 WHERE (<filter>) AND version < ?max`:
+//! `UPDATE t SET <changes>, version = version + 1 WHERE (<filter>) AND version <> ?max`:
 //! one statement, however many rows match. JPA's, SQLAlchemy's and EF Core's bulk updates
 //! leave the version alone, so copies read before the bulk update still save over it;
 //! here every changed row's version moves on, so those copies conflict as they should.
