@@ -16,6 +16,9 @@ use diesel::serialize::ToSql;
 use diesel::sql_types::{Bool, HasSqlType};
 use diesel::{Column, QueryResult};
 
+/// The longest list that is padded: the library's batches are at most 500 keys.
+const PAD_UP_TO: usize = 512;
+
 /// `<column> IN (<keys>, padded)`, or `<column> = ANY(?)` on PostgreSQL: the rows whose
 /// key is one of `values`. An empty list selects nothing.
 #[derive(Debug, Clone)]
@@ -43,8 +46,15 @@ impl<Col, V> KeyIn<Col, V> {
             return Ok(());
         };
         // The statement's text depends only on the padded size: it stays cacheable, and
-        // a connection holds at most one statement per power of two.
-        let padded = self.values.len().next_power_of_two();
+        // a connection holds at most one statement per power of two. Past `PAD_UP_TO` keys
+        // the list is sent as it is, so that padding never nears the backends' limits on
+        // bound values (32,766 on SQLite, 65,535 on MySQL).
+        let count = self.values.len();
+        let padded = if count <= PAD_UP_TO {
+            count.next_power_of_two()
+        } else {
+            count
+        };
         self.column.walk_ast(out.reborrow())?;
         out.push_sql(" IN (");
         for (i, value) in self

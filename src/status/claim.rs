@@ -8,7 +8,7 @@
 //! WITH "occ_claimable" AS (SELECT id FROM tasks
 //!     WHERE (state = ?open OR (state = ?running AND claimed_at < <database now> - ?reclaim_after))
 //!       AND version <> ?max
-//!     [ORDER BY id] LIMIT ? FOR UPDATE SKIP LOCKED)
+//!     [ORDER BY id] LIMIT <n> FOR UPDATE SKIP LOCKED)
 //! UPDATE tasks SET state = ?running, owner = ?me, claimed_at = <database now>, version = version + 1
 //! WHERE (id) IN (SELECT * FROM "occ_claimable") AND version <> ?max RETURNING ...
 //! ```
@@ -98,9 +98,11 @@ pub enum ClaimOrder {
     Any,
     /// The lowest keys first (`ORDER BY <key>`): first come, first served where keys rise
     /// with time (an auto-increment id, a time-ordered UUID). Give the table an index on
-    /// the status column followed by the key columns, `(state, id)`, and a claim stays a
-    /// walk of that index that stops after the limit at any queue length; without one,
-    /// every claim sorts all claimable rows. (On MySQL an index on the status column
+    /// the status column followed by the key columns, `(state, id)`, and a claim without
+    /// `reclaim_after` stays a walk of that index that stops after the limit at any queue
+    /// length; without one, or with `reclaim_after` (whose `OR` of two states no one index
+    /// walk serves in key order), every claim sorts all claimable rows. The rows come back
+    /// in no particular order either way. (On MySQL an index on the status column
     /// alone is one, since InnoDB ends each secondary index with the primary key; so it
     /// is on SQLite when the key is the table's `INTEGER PRIMARY KEY`, its rowid.)
     ByKey,

@@ -4,7 +4,7 @@
 //! ```sql
 //! WITH "occ_claimable" AS (
 //!     SELECT <key columns> FROM tasks WHERE <claimable> [ORDER BY <key columns>]
-//!     LIMIT ? FOR UPDATE SKIP LOCKED)
+//!     LIMIT <n> FOR UPDATE SKIP LOCKED)
 //! UPDATE tasks SET state = ?running, owner = ?me, claimed_at = <database now>,
 //!                  version = version + 1
 //! WHERE ((<key columns>) IN (SELECT * FROM "occ_claimable")) AND version <> ?max

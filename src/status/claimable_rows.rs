@@ -3,13 +3,14 @@
 //! hold.
 //!
 //! ```sql
-//! SELECT <columns> FROM tasks WHERE <claimable> [ORDER BY <key>] LIMIT ? FOR UPDATE SKIP LOCKED
+//! SELECT <columns> FROM tasks WHERE <claimable> [ORDER BY <key>] LIMIT <n> FOR UPDATE SKIP LOCKED
 //! ```
 //!
 //! The one-statement claim selects the keys alone (as its CTE or `IN` subquery); MySQL's
 //! claim transaction, and counted claims on every backend, select whole rows. A claim in
-//! key order stays an index walk that stops after N entries at any queue length when the
-//! table has an index on the status column followed by the key columns (an index on the
+//! key order (without `reclaim_after`, whose `OR` no one index serves in key order) stays
+//! an index walk that stops after N entries at any queue length when the table has an
+//! index on the status column followed by the key columns (an index on the
 //! status column alone is one on InnoDB, which ends it with the primary key, and on SQLite
 //! when the key is the rowid); without it, the database sorts every claimable row to take
 //! the first N.
@@ -23,7 +24,12 @@ use diesel::{QueryResult, RunQueryDsl, Table};
 use crate::connect::backend::OccBackend;
 use crate::status::claim::ClaimOrder;
 
-/// `SELECT <select> FROM <table> WHERE <filter> [ORDER BY <key>] LIMIT ?<skip locked>`.
+/// The largest limit written into the SQL where the backend wants it there: each limit is
+/// its own cached statement (for each kind of claim), so a worker that varies its limit
+/// adds at most this many per kind to its connection's cache; larger limits are bound.
+const LIMITS_IN_SQL_UP_TO: i64 = 1000;
+
+/// `SELECT <select> FROM <table> WHERE <filter> [ORDER BY <key>] LIMIT <n>|?<skip locked>`.
 #[derive(Debug, Clone)]
 pub struct ClaimableRows<T: Table, Select, Filter> {
     from: T::FromClause,
@@ -76,7 +82,7 @@ where
             self.key.walk_ast(out.reborrow())?;
         }
         out.push_sql(" LIMIT ");
-        if DB::LIMIT_IN_SQL {
+        if DB::LIMIT_IN_SQL && self.limit <= LIMITS_IN_SQL_UP_TO {
             // A number the library formats itself: nothing of the caller's reaches the SQL.
             out.push_sql(&self.limit.to_string());
         } else {
@@ -91,7 +97,7 @@ impl<T: Table, Select: Expression, Filter> Query for ClaimableRows<T, Select, Fi
     type SqlType = Select::SqlType;
 }
 
-// The order and the limit (on SQLite) are in the text: the text keys the statement cache.
+// The order and (up to a size) the limit are in the text: the text keys the statement cache.
 impl<T: Table, Select, Filter> QueryId for ClaimableRows<T, Select, Filter> {
     type QueryId = ();
     const HAS_STATIC_QUERY_ID: bool = false;

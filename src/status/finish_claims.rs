@@ -3,7 +3,7 @@
 //!
 //! ```sql
 //! UPDATE tasks SET state = ?done, owner = ?next, version = version + 1
-//! WHERE ((id = ?) OR (id = ?) ...) AND state = ?running AND owner = ?me AND version <> ?max
+//! WHERE id IN (?, ?, ...) AND state = ?running AND owner = ?me AND version <> ?max
 //! RETURNING <the entity's columns>          -- PostgreSQL, SQLite
 //! ```
 //!
