@@ -80,6 +80,14 @@ struct Options {
     #[arg(long)]
     smoke: bool,
 
+    /// W6 queue lengths, in place of the default (or `--smoke`) ones: to measure one point.
+    #[arg(long, value_delimiter = ',')]
+    queue_sizes: Option<Vec<usize>>,
+
+    /// W6 tasks a worker claims at once, in place of the default (or `--smoke`) ones.
+    #[arg(long, value_delimiter = ',')]
+    claim_batches: Option<Vec<usize>>,
+
     /// Where the JSON lines, the summary and the chart go.
     #[arg(long, default_value = "target/bench")]
     out: PathBuf,
@@ -163,16 +171,16 @@ impl Settings {
                 vec![100, 1_000]
             },
             batch_rounds: if options.smoke { 2 } else { 7 },
-            queue_sizes: if options.smoke {
+            queue_sizes: options.queue_sizes.clone().unwrap_or(if options.smoke {
                 vec![300, 3_000]
             } else {
                 vec![10_000, 1_000_000]
-            },
-            claim_batches: if options.smoke {
+            }),
+            claim_batches: options.claim_batches.clone().unwrap_or(if options.smoke {
                 vec![1, 10]
             } else {
                 vec![1, 10, 100]
-            },
+            }),
         }
     }
 }

@@ -13,13 +13,25 @@
 //! it free takes it at once, even past queued writers (so a thread writing in a loop keeps
 //! its CPU and its cache, with no thread switch per statement), but a release hands the
 //! gate straight to the first queued writer once that one has waited [`STARVING_AFTER`],
-//! and keeps handing it down the queue while the next has waited as long. No writer waits
-//! much longer than that plus the turns queued before it. A strict first-come queue was
-//! as fair and cost a thread switch per statement: a third of the throughput of
-//! one-statement merges with 16 writers on 2 cores. Measured on that machine (W2 on
-//! SQLite, BENCHMARKS.md): 1 ms kept the slowest writer at 0.89-0.99 of the mean and
-//! 0.70-0.83 of the unfair hand-written statement's goodput, 5 ms at 0.59-0.95 and
-//! 0.83-0.93, 2 ms in between.
+//! and keeps handing it down the queue while the next has waited as long. A strict
+//! first-come queue was as fair and cost a thread switch per statement: a third of the
+//! throughput of one-statement merges with 16 writers on 2 cores. Measured on that
+//! machine (W2 on SQLite, BENCHMARKS.md): 1 ms kept the slowest writer at 0.89-0.99 of
+//! the mean and 0.70-0.83 of the unfair hand-written statement's goodput, 5 ms at
+//! 0.59-0.95 and 0.83-0.93, 2 ms in between.
+//!
+//! Once every queued writer starves, handing the gate on at each release would pass it
+//! round the queue one statement at a time. Each of those statements then starts on a
+//! connection whose page cache SQLite has dropped (another connection wrote since), and
+//! after a thread switch. So a writer that was handed the gate, or took it, keeps it for
+//! its next turns too while they follow each other within [`SLICE`]: the queue is served
+//! in slices of up to 2 ms rather than single statements, and no writer waits much longer
+//! than a slice per writer queued before it. Measured on 2 cores (`occ-bench --workloads
+//! w6 --queue-sizes 1000000 --claim-batches 100`, 8 workers, and W2 at 16 writers): the
+//! claim and end of 100 tasks went from 0.85x (median of 3) to 0.98x the hand-written
+//! queue's rate, one-statement merges from 0.71x to 0.93x, with the slowest writer still
+//! at 0.83-0.94 of the mean; the p99 wait of 16 writers on one row grew from 18 ms to
+//! 40 ms.
 //!
 //! The gate is one per process, for every SQLite file: writers to different files take
 //! turns too, which costs only when both are busy at once. A thread that holds a turn
@@ -33,7 +45,7 @@
 use std::cell::Cell;
 use std::collections::VecDeque;
 use std::sync::{Mutex, MutexGuard};
-use std::thread::Thread;
+use std::thread::{Thread, ThreadId};
 use std::time::{Duration, Instant};
 
 /// The longest a writer waits for its turn before going on without it.
@@ -41,6 +53,10 @@ pub(crate) const MAX_WAIT: Duration = Duration::from_secs(1);
 
 /// How long a queued writer waits before releases hand it the gate rather than free it.
 pub(crate) const STARVING_AFTER: Duration = Duration::from_millis(2);
+
+/// How long a writer's run of turns, one straight after the other, goes on before a
+/// release hands the gate to a starving writer.
+pub(crate) const SLICE: Duration = Duration::from_millis(2);
 
 /// A writer in the queue.
 struct Waiter {
@@ -61,6 +77,9 @@ struct Gate {
     /// Whether a queued writer was woken and has not looked at the gate yet: one woken
     /// writer is enough, more would only switch threads to find the gate taken.
     woken: bool,
+    /// The writer whose turns have followed each other since when: the thread that took
+    /// the gate last, and when it took it from another.
+    run: Option<(ThreadId, Instant)>,
 }
 
 static GATE: Mutex<Gate> = Mutex::new(Gate {
@@ -69,6 +88,7 @@ static GATE: Mutex<Gate> = Mutex::new(Gate {
     handed_to: None,
     next: 0,
     woken: false,
+    run: None,
 });
 
 fn lock_gate() -> MutexGuard<'static, Gate> {
@@ -127,6 +147,7 @@ fn take_gate(max_wait: Duration) -> Option<()> {
     let mut gate = lock_gate();
     if !gate.held {
         gate.held = true;
+        gate.taken_here();
         return Some(());
     }
     let arrived = Instant::now();
@@ -148,10 +169,12 @@ fn take_gate(max_wait: Duration) -> Option<()> {
         gate.woken = false;
         if gate.handed_to == Some(ticket) {
             gate.handed_to = None;
+            gate.taken_here();
             return Some(());
         }
         if !gate.held {
             gate.held = true;
+            gate.taken_here();
             gate.queue.retain(|waiter| waiter.ticket != ticket);
             return Some(());
         }
@@ -160,6 +183,30 @@ fn take_gate(max_wait: Duration) -> Option<()> {
             return None;
         }
     }
+}
+
+impl Gate {
+    /// Notes that this thread took the gate: its run of turns goes on, or begins.
+    fn taken_here(&mut self) {
+        let me = std::thread::current().id();
+        if self.run.is_none_or(|(writer, _)| writer != me) {
+            self.run = Some((me, Instant::now()));
+        }
+    }
+
+    /// Whether a release now hands the gate to the first queued writer.
+    fn hands_over(&self) -> bool {
+        let first_waited = self.queue.front().map(|first| first.arrived.elapsed());
+        let run_lasted = self.run.map(|(_, began)| began.elapsed());
+        hands_over(first_waited, run_lasted)
+    }
+}
+
+/// The release policy: hand over to a queued writer that starves, unless the writer
+/// releasing is still within its slice.
+fn hands_over(first_waited: Option<Duration>, run_lasted: Option<Duration>) -> bool {
+    first_waited.is_some_and(|waited| waited >= STARVING_AFTER)
+        && run_lasted.is_none_or(|lasted| lasted >= SLICE)
 }
 
 impl Drop for Turn {
@@ -171,11 +218,7 @@ impl Drop for Turn {
             return;
         }
         let mut gate = lock_gate();
-        let starving = gate
-            .queue
-            .front()
-            .is_some_and(|first| first.arrived.elapsed() >= STARVING_AFTER);
-        let wake = if starving {
+        let wake = if gate.hands_over() {
             // Handed over: the gate stays held, so no one arriving now can take it first.
             let first = gate.queue.pop_front().expect("a queued writer");
             gate.handed_to = Some(first.ticket);
@@ -274,8 +317,28 @@ mod tests {
         assert!(wait_for_turn(Duration::from_millis(500)).is_some());
     }
 
-    /// A writer queued past the starving time gets the next turn: the holder, releasing
-    /// and coming straight back, finds the gate handed over and has to queue behind it.
+    /// A release hands the gate over only to a writer that starves, and only once the
+    /// writer releasing has had its slice.
+    #[test]
+    fn a_release_hands_over_to_a_starving_writer_after_a_slice() {
+        let ms = Duration::from_millis;
+        assert!(!hands_over(None, Some(ms(50))), "no one is queued");
+        assert!(
+            !hands_over(Some(ms(1)), Some(ms(50))),
+            "the first queued does not starve yet"
+        );
+        assert!(
+            !hands_over(Some(ms(50)), Some(ms(1))),
+            "the run is within its slice"
+        );
+        assert!(hands_over(Some(ms(50)), Some(ms(50))));
+        assert!(hands_over(Some(STARVING_AFTER), Some(SLICE)));
+        assert!(hands_over(Some(ms(50)), None), "no run known");
+    }
+
+    /// A writer queued past the starving time gets the next turn once the holder's slice
+    /// is over: the holder, releasing and coming straight back, finds the gate handed
+    /// over and has to queue behind it.
     #[test]
     fn a_starving_writer_is_handed_the_next_turn() {
         let _alone = alone();
@@ -287,12 +350,9 @@ mod tests {
                 order.lock().unwrap().push("queued");
                 drop(turn);
             });
-            // Until the queued writer is in the queue and has waited long enough.
-            while lock_gate()
-                .queue
-                .front()
-                .is_none_or(|w| w.arrived.elapsed() < STARVING_AFTER)
-            {
+            // Until the queued writer is in the queue and has waited long enough, and
+            // this thread's run of turns has lasted its slice.
+            while !lock_gate().hands_over() {
                 std::thread::yield_now();
             }
             drop(first);
