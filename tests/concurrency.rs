@@ -155,17 +155,7 @@ for_each_backend! {
 fn sqlite_a_single_write_takes_its_turn_behind_a_write_transaction() {
     use diesel::connection::SimpleConnection;
     let Some(db) = common::sqlite() else { return };
-    for name in ["held", "other"] {
-        let counter = Counter {
-            name: name.into(),
-            value: 0,
-            rev: 0,
-        };
-        diesel::insert_into(counters::table)
-            .values(&counter)
-            .execute(&mut db.conn())
-            .unwrap();
-    }
+    insert_sqlite_counters(&db, ["held", "other"]);
     let (began, wrote) = (Barrier::new(2), AtomicUsize::new(0));
     let mut holder = db.conn();
     std::thread::scope(|s| {
@@ -224,17 +214,7 @@ fn sqlite_writers_of_one_file_all_get_their_turns() {
     const WRITES: usize = 6_400;
     let Some(db) = common::sqlite() else { return };
     let names: Vec<String> = (0..WRITERS).map(|w| format!("writer-{w}")).collect();
-    for name in &names {
-        let counter = Counter {
-            name: name.clone(),
-            value: 0,
-            rev: 0,
-        };
-        diesel::insert_into(counters::table)
-            .values(&counter)
-            .execute(&mut db.conn())
-            .unwrap();
-    }
+    insert_sqlite_counters(&db, names.iter().map(String::as_str));
     let pool = db.pool_with(&diesel_occ::PoolConfig {
         max_size: WRITERS as u32,
         ..common::pool_config()
@@ -283,4 +263,24 @@ fn sqlite_writers_of_one_file_all_get_their_turns() {
         slowest >= mean / 4.0,
         "a writer got {slowest} writes against a mean of {mean}: {counts:?}"
     );
+}
+
+/// Counters at 0, one per name, in a SQLite test database.
+#[cfg(feature = "sqlite")]
+fn insert_sqlite_counters<'a>(
+    db: &common::TestDb<diesel::SqliteConnection>,
+    names: impl IntoIterator<Item = &'a str>,
+) {
+    let counters: Vec<Counter> = names
+        .into_iter()
+        .map(|name| Counter {
+            name: name.into(),
+            value: 0,
+            rev: 0,
+        })
+        .collect();
+    diesel::insert_into(counters::table)
+        .values(&counters)
+        .execute(&mut db.conn())
+        .unwrap();
 }
