@@ -150,6 +150,124 @@ for_each_backend! {
         assert_eq!((row.quantity as i64, row.note.len() as i64), (row.version + 1, row.version + 3), "{row:?}");
     }
 
+    /// Waits up to 30 s for `done`, then fails with `what`.
+    fn wait_for(what: &str, mut done: impl FnMut() -> bool) {
+        let asked = std::time::Instant::now();
+        while !done() {
+            assert!(asked.elapsed() < Duration::from_secs(30), "{what}");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    /// Starts `modify_pooled` under `policy` while `holder` holds row 1's lock, and once
+    /// its statement waits for that lock, runs `meanwhile` (cancelling the call, say) and
+    /// commits the holder's transaction (with `holder_writes` in it).
+    fn while_the_row_is_locked<S>(
+        db: &common::TestDb<Conn>,
+        runtime: &tokio::runtime::Runtime,
+        pool: &std::sync::Arc<S>,
+        policy: RetryPolicy,
+        holder_writes: Option<&str>,
+        meanwhile: impl FnOnce(tokio::task::JoinHandle<Result<diesel_occ::Modified<Order, ()>, Error>>),
+    ) where
+        S: AsyncConnectionSource + Send + Sync + 'static,
+        Order: diesel_occ::asynchronous::AsyncModifyRow<S::Connection, fn(&mut Order) -> Result<(), Error>, (), Error>,
+    {
+        use diesel::connection::SimpleConnection;
+        let change: fn(&mut Order) -> Result<(), Error> = |o| add_one_to(o, "x");
+        let (mut holder, mut watcher) = (db.conn(), db.conn());
+        let sql = common::session_id_sql(BACKEND).expect("a server backend");
+        let holder_id = diesel::sql_query(sql).get_result::<common::Value>(&mut holder).unwrap().value;
+        holder.batch_execute("BEGIN; SELECT id FROM orders WHERE id = 1 FOR UPDATE").unwrap();
+        let call = {
+            let pool = pool.clone();
+            runtime.spawn(async move { Order::modify_pooled(&*pool, &1, &policy, change).await })
+        };
+        wait_for("the call never waited for the row lock", || {
+            assert!(!call.is_finished(), "the call ended while the row was locked");
+            common::statements_waiting_for(&mut watcher, BACKEND, holder_id) == 1
+        });
+        if let Some(writes) = holder_writes {
+            holder.batch_execute(writes).unwrap();
+        }
+        meanwhile(call);
+        holder.batch_execute("COMMIT").unwrap();
+    }
+
+    /// A call cancelled inside its transaction, its statement waiting for a row lock held
+    /// elsewhere, leaves no transaction open on the server once that lock is freed, with no
+    /// further checkout from `pool`: a pool that kept the broken connection idle would keep
+    /// its transaction, and the row lock its statement then took, until it handed that
+    /// connection out again. Cancelled once in its `UPDATE` (lock-free reads), once in its
+    /// locking read (the row counts as contended after a conflict). Nothing of a cancelled
+    /// call is written (its `COMMIT` was never sent), and the next call lands. Not on
+    /// SQLite: its async calls run whole on the connection's own thread, so cancelling one
+    /// never leaves a transaction behind.
+    fn cancelled_in_its_transaction<S>(db: &common::TestDb<Conn>, runtime: &tokio::runtime::Runtime, pool: S)
+    where
+        S: AsyncConnectionSource + Send + Sync + 'static,
+        Order: diesel_occ::asynchronous::AsyncModifyRow<S::Connection, fn(&mut Order) -> Result<(), Error>, (), Error>,
+    {
+        use diesel::connection::SimpleConnection;
+        use diesel_occ::Contention;
+        let pool = std::sync::Arc::new(pool);
+        let mut watcher = db.conn();
+        let row = || orders::table.find(1).select(Order::as_select()).first(&mut db.conn()).unwrap();
+        let cancel = |call: tokio::task::JoinHandle<_>| {
+            call.abort();
+            assert!(runtime.block_on(call).unwrap_err().is_cancelled());
+        };
+        let mut row_is_free = || {
+            // Free once no transaction holds it: the cancelled call's, whose statement went
+            // on once the holder committed, must end with its connection.
+            wait_for("the cancelled call's transaction kept the row locked", || {
+                watcher.batch_execute("BEGIN").unwrap();
+                let free = diesel::sql_query("SELECT id FROM orders WHERE id = 1 FOR UPDATE NOWAIT").execute(&mut watcher).is_ok();
+                watcher.batch_execute("ROLLBACK").unwrap();
+                free
+            });
+        };
+        let optimistic = RetryPolicy::default().contention(Contention::Optimistic);
+        while_the_row_is_locked(db, runtime, &pool, optimistic, None, cancel);
+        row_is_free();
+        assert_eq!(row().version, 0);
+
+        // The holder's write makes the call conflict: the row is contended from then on.
+        let hot = RetryPolicy::default().contention(Contention::LockWhenContended { hot_for: Duration::from_secs(600) });
+        let bump = Some("UPDATE orders SET version = version + 1 WHERE id = 1");
+        while_the_row_is_locked(db, runtime, &pool, hot.clone(), bump, |call| {
+            runtime.spawn(async move { call.await.unwrap().unwrap() });
+        });
+        wait_for("the contended call never landed", || row().version == 2);
+
+        while_the_row_is_locked(db, runtime, &pool, hot.clone(), None, cancel);
+        row_is_free();
+        assert_eq!(row().version, 2);
+
+        let change: fn(&mut Order) -> Result<(), Error> = |o| add_one_to(o, "x");
+        runtime.block_on(Order::modify_pooled(&*pool, &1, &hot, change)).unwrap();
+        let row = row();
+        assert_eq!((row.version, row.quantity), (3, 3), "{row:?}");
+    }
+
+    #[test]
+    fn a_call_cancelled_in_its_transaction_leaves_nothing_open_in_a_bb8_pool() {
+        if BACKEND == "sqlite" { return }
+        let Some(db) = seeded() else { return };
+        let runtime = common::paths::runtime();
+        let pool = bb8_pool(&db.url, 2, &runtime);
+        cancelled_in_its_transaction(&db, &runtime, pool);
+    }
+
+    #[test]
+    fn a_call_cancelled_in_its_transaction_leaves_nothing_open_in_a_deadpool_pool() {
+        if BACKEND == "sqlite" { return }
+        let Some(db) = seeded() else { return };
+        let runtime = common::paths::runtime();
+        let pool = diesel_async::pooled_connection::deadpool::Pool::builder(manager(&db.url)).max_size(2).build().unwrap();
+        cancelled_in_its_transaction(&db, &runtime, pool);
+    }
+
     #[test]
     fn calls_dropped_at_random_points_leave_a_bb8_pool_whole() {
         let Some(db) = seeded() else { return };

@@ -45,10 +45,16 @@
 //! - a write that is one statement either reached the database whole or not at all;
 //! - a transaction the library opened (a read-modify-write attempt, MySQL's read-back of
 //!   a new token, a savepoint in the caller's PostgreSQL transaction) that is dropped
-//!   before it ended marks the connection's transaction manager broken: bb8 and
-//!   deadpool discard such a connection (closing it ends the transaction on the server),
-//!   and the library sends nothing more on it ([`Error::Database`](crate::Error) with
-//!   diesel's `BrokenTransactionManager`). A connection of your own must then be dropped.
+//!   before it ended marks the connection's transaction manager broken, and the library
+//!   sends nothing more on it ([`Error::Database`](crate::Error) with diesel's
+//!   `BrokenTransactionManager`). Closing the connection ends the transaction on the
+//!   server. bb8 closes a broken connection when it comes back; deadpool only when it
+//!   would hand it out again, so until then the transaction stays open and keeps its row
+//!   locks. Connections the library checks out of a deadpool pool (and those you check
+//!   out with [`AsyncConnectionSource::checkout`], a [`DeadpoolCheckout`]) leave the pool
+//!   and close when put back broken; a connection you got from deadpool's `Pool::get`
+//!   must be taken out of the pool by you (`Object::take`) when a call on it was
+//!   cancelled.
 //! - on MySQL, whose client cannot drop a statement half read, any call dropped before it
 //!   ended marks the connection broken the same way;
 //! - on SQLite the call runs to its end on the connection's thread, then the result is
@@ -111,6 +117,8 @@ pub use send::{
     AsyncComplete, AsyncCompleteEach, AsyncLoadByKey, AsyncReadsBack, AsyncReadsVersionBack,
 };
 pub use source::AsyncConnectionSource;
+#[cfg(feature = "async-deadpool")]
+pub use source::DeadpoolCheckout;
 pub use transition::{record, AsyncGuardedTransition, AsyncTransitionByKey, AsyncTransitionRow};
 pub use write_transaction::{AsyncWriteConnection, LockedWork, TransitionHook, WriteTurn};
 

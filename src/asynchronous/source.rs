@@ -21,7 +21,9 @@ pub trait AsyncConnectionSource: Sync {
     where
         Self: 'a;
 
-    /// Checks a connection out.
+    /// Checks a connection out. Use it in your own handlers too: a connection that a
+    /// cancelled call left broken (inside an open transaction) never goes back into the
+    /// pool, on deadpool as on bb8.
     fn checkout(&self) -> impl Future<Output = Result<Self::Checkout<'_>, Error>> + Send;
 }
 
@@ -43,14 +45,62 @@ macro_rules! pools_of {
         #[cfg(feature = "async-deadpool")]
         impl AsyncConnectionSource for diesel_async::pooled_connection::deadpool::Pool<$conn> {
             type Connection = $conn;
-            type Checkout<'a> = diesel_async::pooled_connection::deadpool::Object<$conn>;
+            type Checkout<'a> =
+                DeadpoolCheckout<diesel_async::pooled_connection::deadpool::Object<$conn>>;
 
             async fn checkout(&self) -> Result<Self::Checkout<'_>, Error> {
+                use diesel_async::pooled_connection::{deadpool::Object, PoolableConnection};
                 let pool = self.clone();
-                in_own_task(async move { pool.get().await }).await
+                let object = in_own_task(async move { pool.get().await }).await?;
+                Ok(DeadpoolCheckout {
+                    object: Some(object),
+                    put_back: |mut object: Object<$conn>| {
+                        if PoolableConnection::is_broken(&mut *object) {
+                            drop(Object::take(object));
+                        }
+                    },
+                })
             }
         }
     };
+}
+
+/// A connection checked out of a deadpool pool that leaves the pool when it is put back
+/// broken. deadpool tests a connection only when it hands it out again: one that a
+/// cancelled call left inside an open transaction would wait idle in the pool with that
+/// transaction open on the server, its row locks held against every other writer, until
+/// its next checkout. Dropped broken, this one is taken out of the pool and closed, which
+/// ends the transaction on the server. (bb8 tests a connection when it comes back.)
+#[cfg(feature = "async-deadpool")]
+pub struct DeadpoolCheckout<O> {
+    object: Option<O>,
+    /// Returns the object to its pool, or takes it out and closes it when broken.
+    put_back: fn(O),
+}
+
+#[cfg(feature = "async-deadpool")]
+impl<O: std::ops::Deref> std::ops::Deref for DeadpoolCheckout<O> {
+    type Target = O::Target;
+
+    fn deref(&self) -> &O::Target {
+        self.object.as_ref().expect("held until dropped")
+    }
+}
+
+#[cfg(feature = "async-deadpool")]
+impl<O: DerefMut> DerefMut for DeadpoolCheckout<O> {
+    fn deref_mut(&mut self) -> &mut O::Target {
+        self.object.as_mut().expect("held until dropped")
+    }
+}
+
+#[cfg(feature = "async-deadpool")]
+impl<O> Drop for DeadpoolCheckout<O> {
+    fn drop(&mut self) {
+        if let Some(object) = self.object.take() {
+            (self.put_back)(object);
+        }
+    }
 }
 
 /// Runs a pool's checkout as a task of its own, so that it ends whole even when its caller
