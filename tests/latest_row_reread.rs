@@ -202,7 +202,8 @@ mod postgres {
     helpers!();
 
     const WAITING: &str = "SELECT COUNT(*) AS n FROM pg_stat_activity \
-                           WHERE wait_event_type = 'Lock' AND datname = current_database()";
+                           WHERE wait_event_type = 'Lock' AND datname = current_database() \
+                           AND application_name = current_setting('application_name')";
 
     #[test]
     fn stale_writers_merge_in_turn_at_read_committed() {
