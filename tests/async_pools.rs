@@ -161,7 +161,8 @@ for_each_backend! {
 
     /// Starts `modify_pooled` under `policy` while `holder` holds row 1's lock, and once
     /// its statement waits for that lock, runs `meanwhile` (cancelling the call, say) and
-    /// commits the holder's transaction (with `holder_writes` in it).
+    /// commits the holder's transaction (with `holder_writes` in it). Returns the session
+    /// that waited.
     fn while_the_row_is_locked<S>(
         db: &common::TestDb<Conn>,
         runtime: &tokio::runtime::Runtime,
@@ -169,7 +170,8 @@ for_each_backend! {
         policy: RetryPolicy,
         holder_writes: Option<&str>,
         meanwhile: impl FnOnce(tokio::task::JoinHandle<Result<diesel_occ::Modified<Order, ()>, Error>>),
-    ) where
+    ) -> i64
+    where
         S: AsyncConnectionSource + Send + Sync + 'static,
         Order: diesel_occ::asynchronous::AsyncModifyRow<S::Connection, fn(&mut Order) -> Result<(), Error>, (), Error>,
     {
@@ -183,15 +185,18 @@ for_each_backend! {
             let pool = pool.clone();
             runtime.spawn(async move { Order::modify_pooled(&*pool, &1, &policy, change).await })
         };
+        let mut waiting = Vec::new();
         wait_for("the call never waited for the row lock", || {
             assert!(!call.is_finished(), "the call ended while the row was locked");
-            common::statements_waiting_for(&mut watcher, BACKEND, holder_id) == 1
+            waiting = common::sessions_waiting_for(&mut watcher, BACKEND, holder_id);
+            waiting.len() == 1
         });
         if let Some(writes) = holder_writes {
             holder.batch_execute(writes).unwrap();
         }
         meanwhile(call);
         holder.batch_execute("COMMIT").unwrap();
+        waiting[0]
     }
 
     /// A call cancelled inside its transaction, its statement waiting for a row lock held
@@ -217,19 +222,13 @@ for_each_backend! {
             call.abort();
             assert!(runtime.block_on(call).unwrap_err().is_cancelled());
         };
-        let mut row_is_free = || {
-            // Free once no transaction holds it: the cancelled call's, whose statement went
-            // on once the holder committed, must end with its connection.
-            wait_for("the cancelled call's transaction kept the row locked", || {
-                watcher.batch_execute("BEGIN").unwrap();
-                let free = diesel::sql_query("SELECT id FROM orders WHERE id = 1 FOR UPDATE NOWAIT").execute(&mut watcher).is_ok();
-                watcher.batch_execute("ROLLBACK").unwrap();
-                free
-            });
-        };
+        // The cancelled call's session ends, and its transaction with it, with no further
+        // checkout: a pool that kept the connection would keep the session, its
+        // transaction and the row lock its statement took once the holder committed.
+        let mut session_ends = |id| common::wait_until_session_ends(&mut watcher, BACKEND, id);
         let optimistic = RetryPolicy::default().contention(Contention::Optimistic);
-        while_the_row_is_locked(db, runtime, &pool, optimistic, None, cancel);
-        row_is_free();
+        let cancelled = while_the_row_is_locked(db, runtime, &pool, optimistic, None, cancel);
+        session_ends(cancelled);
         assert_eq!(row().version, 0);
 
         // The holder's write makes the call conflict: the row is contended from then on.
@@ -240,14 +239,123 @@ for_each_backend! {
         });
         wait_for("the contended call never landed", || row().version == 2);
 
-        while_the_row_is_locked(db, runtime, &pool, hot.clone(), None, cancel);
-        row_is_free();
+        let cancelled = while_the_row_is_locked(db, runtime, &pool, hot.clone(), None, cancel);
+        session_ends(cancelled);
         assert_eq!(row().version, 2);
 
         let change: fn(&mut Order) -> Result<(), Error> = |o| add_one_to(o, "x");
         runtime.block_on(Order::modify_pooled(&*pool, &1, &hot, change)).unwrap();
         let row = row();
         assert_eq!((row.version, row.quantity), (3, 3), "{row:?}");
+    }
+
+    /// Runs `leave_broken` (a call that leaves the only connection of `pool` broken), then
+    /// checks that nothing of that call is left open: the connection was closed as it
+    /// went back, so its session ended (on SQLite, another connection gets the database's
+    /// write lock at once), and the pool serves the next call, the only one that lands.
+    fn nothing_left_open_after<S>(
+        db: &common::TestDb<Conn>,
+        runtime: &tokio::runtime::Runtime,
+        pool: &std::sync::Arc<S>,
+        leave_broken: impl FnOnce(),
+    ) where
+        S: AsyncConnectionSource<Connection = Async_> + Send + Sync + 'static,
+    {
+        use diesel::connection::SimpleConnection;
+        let session = common::session_id_sql(BACKEND).map(|sql| {
+            runtime.block_on(async {
+                let mut conn = pool.checkout().await.unwrap();
+                diesel_async::RunQueryDsl::get_result::<common::Value>(diesel::sql_query(sql), &mut *conn).await.unwrap().value
+            })
+        });
+        leave_broken();
+        let mut check = db.conn();
+        match session {
+            Some(id) => common::wait_until_session_ends(&mut check, BACKEND, id),
+            None => check.batch_execute("BEGIN IMMEDIATE; ROLLBACK").unwrap(),
+        }
+        let change: fn(&mut Order) -> Result<(), Error> = |o| add_one_to(o, "x");
+        runtime.block_on(Order::modify_pooled(&**pool, &1, &RetryPolicy::default(), change)).unwrap();
+        let row = orders::table.find(1).select(Order::as_select()).first(&mut check).unwrap();
+        assert_eq!((row.version, row.quantity), (1, 2), "{row:?}");
+    }
+
+    /// A panic in the caller's change, inside the library's transaction, reaches the
+    /// caller as a panic and leaves nothing open (on SQLite, where the change runs on the
+    /// connection's thread, the transaction is rolled back there).
+    fn a_panicking_change_leaves_nothing_open<S>(db: &common::TestDb<Conn>, runtime: &tokio::runtime::Runtime, pool: S)
+    where
+        S: AsyncConnectionSource<Connection = Async_> + Send + Sync + 'static,
+    {
+        let pool = std::sync::Arc::new(pool);
+        nothing_left_open_after(db, runtime, &pool, || {
+            let panics: fn(&mut Order) -> Result<(), Error> = |_| panic!("a bug in the caller's change");
+            let pool = pool.clone();
+            let call = runtime.spawn(async move { Order::modify_pooled(&*pool, &1, &RetryPolicy::default(), panics).await });
+            let panicked = runtime.block_on(call).map(drop).unwrap_err();
+            assert!(panicked.is_panic(), "{panicked:?}");
+        });
+    }
+
+    #[test]
+    fn a_panicking_change_leaves_nothing_open_in_a_bb8_pool() {
+        let Some(db) = seeded() else { return };
+        let runtime = common::paths::runtime();
+        let pool = bb8_pool(&db.url, 1, &runtime);
+        a_panicking_change_leaves_nothing_open(&db, &runtime, pool);
+    }
+
+    #[test]
+    fn a_panicking_change_leaves_nothing_open_in_a_deadpool_pool() {
+        let Some(db) = seeded() else { return };
+        let runtime = common::paths::runtime();
+        let pool = diesel_async::pooled_connection::deadpool::Pool::builder(manager(&db.url)).max_size(1).build().unwrap();
+        a_panicking_change_leaves_nothing_open(&db, &runtime, pool);
+    }
+
+    /// Work on a locked row (`with_row_locked`) cancelled while it holds the row leaves
+    /// nothing open (on SQLite the library's write transaction holds the database's write
+    /// lock).
+    fn cancelled_locked_work_leaves_nothing_open<S>(db: &common::TestDb<Conn>, runtime: &tokio::runtime::Runtime, pool: S)
+    where
+        S: AsyncConnectionSource<Connection = Async_> + Send + Sync + 'static,
+    {
+        use diesel_occ::asynchronous::AsyncPessimistic;
+        use diesel_occ::LockWait;
+        let pool = std::sync::Arc::new(pool);
+        nothing_left_open_after(db, runtime, &pool, || {
+            let holding = std::sync::Arc::new(tokio::sync::Notify::new());
+            let work = {
+                let (pool, holding) = (pool.clone(), holding.clone());
+                runtime.spawn(async move {
+                    let mut conn = pool.checkout().await?;
+                    <Order as AsyncPessimistic>::with_row_locked(&mut *conn, &1, LockWait::Wait, async move |_: &mut Async_, _: Order| {
+                        holding.notify_one();
+                        std::future::pending::<Result<(), Error>>().await
+                    })
+                    .await
+                })
+            };
+            runtime.block_on(holding.notified());
+            work.abort();
+            assert!(runtime.block_on(work).unwrap_err().is_cancelled());
+        });
+    }
+
+    #[test]
+    fn cancelled_locked_work_leaves_nothing_open_in_a_bb8_pool() {
+        let Some(db) = seeded() else { return };
+        let runtime = common::paths::runtime();
+        let pool = bb8_pool(&db.url, 1, &runtime);
+        cancelled_locked_work_leaves_nothing_open(&db, &runtime, pool);
+    }
+
+    #[test]
+    fn cancelled_locked_work_leaves_nothing_open_in_a_deadpool_pool() {
+        let Some(db) = seeded() else { return };
+        let runtime = common::paths::runtime();
+        let pool = diesel_async::pooled_connection::deadpool::Pool::builder(manager(&db.url)).max_size(1).build().unwrap();
+        cancelled_locked_work_leaves_nothing_open(&db, &runtime, pool);
     }
 
     #[test]

@@ -179,6 +179,46 @@ for_each_backend! {
         assert_eq!(held, 0, "every lock was released");
     }
 
+    /// A panic in the caller's change inside `modify_pooled`'s transaction reaches the
+    /// caller and leaves nothing open: the connection it ran on (the only one of `pool`)
+    /// is closed as it goes back, so its session ends (on SQLite another connection gets
+    /// the write lock at once), and the pool serves the next call.
+    fn a_panicking_change_leaves_nothing_open<S>(db: &common::TestDb<Conn>, pool: S)
+    where
+        S: ConnectionSource<Connection = Conn>,
+    {
+        let session = (BACKEND != "sqlite").then(|| pool.on_connection(session_id).unwrap());
+        let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            Order::modify_pooled(&pool, &1, &patient(), |_: &mut Order| -> Result<(), Error> {
+                panic!("a bug in the caller's change")
+            })
+        }));
+        assert!(panicked.is_err(), "the panic did not reach the caller");
+        let mut check = db.conn();
+        match session {
+            Some(id) => common::wait_until_session_ends(&mut check, BACKEND, id),
+            None => check.batch_execute("BEGIN IMMEDIATE; ROLLBACK").unwrap(),
+        }
+        let bump = |order: &mut Order| {
+            order.quantity += 1;
+            Ok::<_, Error>(())
+        };
+        assert_eq!(Order::modify_pooled(&pool, &1, &patient(), bump).unwrap().attempts, 1);
+        let order: Order = orders::table.find(1).select(Order::as_select()).first(&mut check).unwrap();
+        assert_eq!((order.quantity, order.version), (2, 1));
+    }
+
+    #[test]
+    fn a_panicking_change_leaves_nothing_open_in_either_pool() {
+        common::deadpool::in_runtime(|| {
+            let Some(db) = setup() else { return };
+            let one = diesel_occ::PoolConfig { max_size: 1, ..common::pool_config() };
+            a_panicking_change_leaves_nothing_open(&db, db.pool_with(&one));
+            diesel::update(orders::table).set((orders::quantity.eq(1), orders::version.eq(0))).execute(&mut db.conn()).unwrap();
+            a_panicking_change_leaves_nothing_open(&db, Conn::deadpool(&db.url, 1, Duration::from_secs(30)));
+        });
+    }
+
     /// SQLite has no server session to kill; its connection faults are a locked or
     /// missing file (tests/lock_stalls.rs, tests/pool.rs).
     #[test]

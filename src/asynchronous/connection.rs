@@ -95,8 +95,9 @@ pub(crate) fn in_transaction<C: AsyncConnection>(conn: &mut C) -> bool {
 
 /// [`Error::Database`] with diesel's `BrokenTransactionManager` when an earlier call on
 /// `conn` was cancelled inside a transaction of the library's and left it open: nothing is
-/// sent on such a connection (a pool discards it; a connection of the caller's must be
-/// dropped, which ends the transaction on the server).
+/// sent on such a connection (bb8 and the library's deadpool checkouts close it when it
+/// goes back; a connection of the caller's must be dropped, which ends the transaction on
+/// the server).
 pub(crate) fn refuse_broken<C: AsyncConnection>(conn: &mut C) -> Result<(), Error> {
     C::TransactionManager::transaction_manager_status_mut(conn)
         .transaction_depth()

@@ -165,58 +165,62 @@ where
     let result = async {
         let conn = call.conn();
         setting(conn, bounds.before.as_deref()).await?;
-        let mut transaction = OwnTransaction::begin(conn).await?;
-        let sent = async {
-            let conn = transaction.conn();
-            setting(conn, bounds.inside.as_deref()).await?;
-            // The same statements, in the same order, as the blocking `LockConnection`.
-            match step {
-                Step::Acquire { label, ttl } => {
-                    // Every wait happens here, before the expiry below is computed.
-                    lock_row(conn, key).await?;
-                    let write = CompareAndSet::one(
-                        acquire_statement(key, holder, label, ttl),
-                        "occ_locks",
-                        key,
-                        LockTaken { key },
-                    );
-                    run::<C, _, _, ReturnedBy<occ_locks::fence>, i64>(write, conn, true)
-                        .await?
-                        .token
-                        .ok_or_else(|| {
-                            Error::Database(diesel::result::Error::QueryBuilderError(
-                                "the lock was taken but its fence was not read back".into(),
-                            ))
-                        })
-                }
-                Step::Renew { fence, ttl } => {
-                    // Waits here, so that the lease is checked and extended after them.
-                    lock_row(conn, key).await?;
-                    let write = CompareAndSet::one(
-                        renew_statement(key, holder, fence, ttl),
-                        "occ_locks",
-                        key,
-                        LeaseLost { key, holder, fence },
-                    );
-                    run::<C, _, _, Counted, i64>(write, conn, true).await?;
-                    Ok(fence)
-                }
-                Step::Release { fence } => {
-                    let write = CompareAndSet::one(
-                        release_statement(key, holder, fence),
-                        "occ_locks",
-                        key,
-                        LeaseLost { key, holder, fence },
-                    );
-                    run::<C, _, _, Counted, i64>(write, conn, true).await?;
-                    Ok(fence)
+        let ended = async {
+            let mut transaction = OwnTransaction::begin(&mut *conn).await?;
+            let sent = async {
+                let conn = transaction.conn();
+                setting(conn, bounds.inside.as_deref()).await?;
+                // The same statements, in the same order, as the blocking `LockConnection`.
+                match step {
+                    Step::Acquire { label, ttl } => {
+                        // Every wait happens here, before the expiry below is computed.
+                        lock_row(conn, key).await?;
+                        let write = CompareAndSet::one(
+                            acquire_statement(key, holder, label, ttl),
+                            "occ_locks",
+                            key,
+                            LockTaken { key },
+                        );
+                        run::<C, _, _, ReturnedBy<occ_locks::fence>, i64>(write, conn, true)
+                            .await?
+                            .token
+                            .ok_or_else(|| {
+                                Error::Database(diesel::result::Error::QueryBuilderError(
+                                    "the lock was taken but its fence was not read back".into(),
+                                ))
+                            })
+                    }
+                    Step::Renew { fence, ttl } => {
+                        // Waits here, so that the lease is checked and extended after them.
+                        lock_row(conn, key).await?;
+                        let write = CompareAndSet::one(
+                            renew_statement(key, holder, fence, ttl),
+                            "occ_locks",
+                            key,
+                            LeaseLost { key, holder, fence },
+                        );
+                        run::<C, _, _, Counted, i64>(write, conn, true).await?;
+                        Ok(fence)
+                    }
+                    Step::Release { fence } => {
+                        let write = CompareAndSet::one(
+                            release_statement(key, holder, fence),
+                            "occ_locks",
+                            key,
+                            LeaseLost { key, holder, fence },
+                        );
+                        run::<C, _, _, Counted, i64>(write, conn, true).await?;
+                        Ok(fence)
+                    }
                 }
             }
+            .await;
+            transaction.settle(sent, Error::Database).await
         }
         .await;
-        let ended = transaction.settle(sent, Error::Database).await;
-        // Whatever the outcome, as the blocking path restores it: a committed grant stays
-        // a grant when the restore fails (the connection died right after the commit).
+        // Whatever the outcome (a failed `BEGIN` too), as the blocking path restores it: a
+        // committed grant stays a grant when the restore fails (the connection died right
+        // after the commit).
         let _ = setting(conn, bounds.after.as_deref()).await;
         ended
     }

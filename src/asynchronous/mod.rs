@@ -3,9 +3,10 @@
 //! hooks), work on a locked row ([`AsyncPessimistic`]) and (feature `locks`) task claims ([`AsyncGuardedClaim`]), locks, leases and leader
 //! election ([`AsyncLocks`], [`AsyncCandidate`]), as futures, on `AsyncPgConnection`,
 //! `SyncConnectionWrapper<SqliteConnection>` and (feature `async-mysql`)
-//! `AsyncMysqlConnection`. A connection checked out of a bb8 or deadpool pool is passed
-//! as `&mut *conn`; [`AsyncGuardedModify::modify_pooled`] takes the pool itself
-//! (features `bb8`, `async-deadpool`) and checks a connection out per attempt.
+//! `AsyncMysqlConnection`. A connection checked out of a bb8 or deadpool pool with
+//! [`AsyncConnectionSource::checkout`] is passed as `&mut *conn`;
+//! [`AsyncGuardedModify::modify_pooled`] takes the pool itself (features `bb8`,
+//! `async-deadpool`) and checks a connection out per attempt.
 //!
 //! ```
 //! # #[cfg(all(feature = "bb8", feature = "postgres"))]
@@ -50,11 +51,12 @@
 //!   `BrokenTransactionManager`). Closing the connection ends the transaction on the
 //!   server. bb8 closes a broken connection when it comes back; deadpool only when it
 //!   would hand it out again, so until then the transaction stays open and keeps its row
-//!   locks. Connections the library checks out of a deadpool pool (and those you check
-//!   out with [`AsyncConnectionSource::checkout`], a [`DeadpoolCheckout`]) leave the pool
-//!   and close when put back broken; a connection you got from deadpool's `Pool::get`
-//!   must be taken out of the pool by you (`Object::take`) when a call on it was
-//!   cancelled.
+//!   locks (on SQLite the database's write lock). Connections the library checks out of
+//!   a deadpool pool, and those you check out with [`AsyncConnectionSource::checkout`]
+//!   (a [`DeadpoolCheckout`]), leave the pool and close when put back broken; wrap a
+//!   connection from deadpool's own `Pool::get` with `DeadpoolCheckout::from` to get the
+//!   same. A transaction you began yourself with a raw `BEGIN` is not seen by either
+//!   pool.
 //! - on MySQL, whose client cannot drop a statement half read, any call dropped before it
 //!   ended marks the connection broken the same way;
 //! - on SQLite the call runs to its end on the connection's thread, then the result is

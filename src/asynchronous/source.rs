@@ -49,17 +49,34 @@ macro_rules! pools_of {
                 DeadpoolCheckout<diesel_async::pooled_connection::deadpool::Object<$conn>>;
 
             async fn checkout(&self) -> Result<Self::Checkout<'_>, Error> {
-                use diesel_async::pooled_connection::{deadpool::Object, PoolableConnection};
                 let pool = self.clone();
                 let object = in_own_task(async move { pool.get().await }).await?;
-                Ok(DeadpoolCheckout {
+                Ok(object.into())
+            }
+        }
+
+        #[cfg(feature = "async-deadpool")]
+        impl From<diesel_async::pooled_connection::deadpool::Object<$conn>>
+            for DeadpoolCheckout<diesel_async::pooled_connection::deadpool::Object<$conn>>
+        {
+            fn from(object: diesel_async::pooled_connection::deadpool::Object<$conn>) -> Self {
+                use diesel_async::pooled_connection::{deadpool::Object, PoolableConnection};
+                DeadpoolCheckout {
                     object: Some(object),
                     put_back: |mut object: Object<$conn>| {
-                        if PoolableConnection::is_broken(&mut *object) {
+                        // As bb8 judges it: dropped in a panic, or broken. A check that
+                        // panics itself (SQLite's connection mutex poisoned by a panic in
+                        // caller code on its thread) counts as broken.
+                        let broken = std::thread::panicking()
+                            || std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                                PoolableConnection::is_broken(&mut *object)
+                            }))
+                            .unwrap_or(true);
+                        if broken {
                             drop(Object::take(object));
                         }
                     },
-                })
+                }
             }
         }
     };
@@ -68,9 +85,15 @@ macro_rules! pools_of {
 /// A connection checked out of a deadpool pool that leaves the pool when it is put back
 /// broken. deadpool tests a connection only when it hands it out again: one that a
 /// cancelled call left inside an open transaction would wait idle in the pool with that
-/// transaction open on the server, its row locks held against every other writer, until
-/// its next checkout. Dropped broken, this one is taken out of the pool and closed, which
-/// ends the transaction on the server. (bb8 tests a connection when it comes back.)
+/// transaction open on the server (its row locks; on SQLite the database's write lock)
+/// held against every other writer, until its next checkout. Dropped broken, or during a
+/// panic, this one is taken out of the pool and closed, which ends the transaction once
+/// any statement still running on the server has finished. (bb8 tests a connection when
+/// it comes back.)
+///
+/// [`AsyncConnectionSource::checkout`] returns one; a connection from deadpool's own
+/// `Pool::get` becomes one with `DeadpoolCheckout::from(object)`, for a handler that may be
+/// cancelled while it holds it.
 #[cfg(feature = "async-deadpool")]
 pub struct DeadpoolCheckout<O> {
     object: Option<O>,

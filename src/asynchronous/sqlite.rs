@@ -31,8 +31,12 @@ use crate::write::upsert::{UpsertRow, Upserted};
 /// diesel-async's SQLite connection.
 type AsyncSqlite = SyncConnectionWrapper<SqliteConnection>;
 
-/// Runs `call` on `conn`'s thread and hands back its result; a failure of the thread
-/// itself (a panic in `call`) is [`Error::Database`].
+/// Runs `call` on `conn`'s thread and hands back its result. A panic in `call` (the
+/// caller's code panicked) is resumed in the awaiting task, as on the other backends,
+/// after the transactions it left open on the connection were rolled back: the
+/// connection goes back to its pool clean, neither inside a transaction (holding the
+/// database's write lock) nor poisoned (diesel-async's check of a poisoned connection
+/// panics, and bb8 loses the connection's place when it does).
 fn on_thread<R, E>(
     conn: &mut AsyncSqlite,
     call: impl FnOnce(&mut SqliteConnection) -> Result<R, E> + Send + 'static,
@@ -41,8 +45,40 @@ where
     R: Send + 'static,
     E: From<Error> + Send + 'static,
 {
-    let task = conn.spawn_blocking(move |conn| Ok(call(conn)));
-    async move { task.await.map_err(|e| E::from(Error::Database(e)))? }
+    let task = conn.spawn_blocking(move |conn| Ok(rolled_back_on_panic(conn, call)));
+    async move {
+        match task.await.map_err(|e| E::from(Error::Database(e)))? {
+            Ok(result) => result,
+            Err(panic) => std::panic::resume_unwind(panic),
+        }
+    }
+}
+
+/// Runs `call` on `conn`, catching a panic: the transactions opened in `call` and left
+/// open by it are rolled back before the panic is handed on. A rollback that fails
+/// leaves the transaction manager broken, so that pools discard the connection.
+fn rolled_back_on_panic<R>(
+    conn: &mut SqliteConnection,
+    call: impl FnOnce(&mut SqliteConnection) -> R,
+) -> std::thread::Result<R> {
+    use diesel::connection::{AnsiTransactionManager, TransactionManager};
+    let depth = |conn: &mut SqliteConnection| {
+        AnsiTransactionManager::transaction_manager_status_mut(conn)
+            .transaction_depth()
+            .ok()
+            .flatten()
+            .map_or(0, u32::from)
+    };
+    let before = depth(conn);
+    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| call(conn)));
+    if outcome.is_err() {
+        while depth(conn) > before {
+            if AnsiTransactionManager::rollback_transaction(conn).is_err() {
+                break;
+            }
+        }
+    }
+    outcome
 }
 
 impl<T, Ch> AsyncUpdateRow<AsyncSqlite, Ch> for T

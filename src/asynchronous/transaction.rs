@@ -5,9 +5,10 @@
 //! `transaction` then leaves the transaction open on the connection, and the next
 //! statement on it runs inside that transaction. Here a transaction that was neither
 //! committed nor rolled back when dropped marks the connection's transaction manager
-//! broken: diesel-async's pools (bb8, deadpool) discard such a connection instead of
-//! handing it out again, closing it ends the transaction on the server, and the library
-//! sends nothing more on it ([`refuse_broken`](super::connection::refuse_broken)).
+//! broken: bb8 closes such a connection when it comes back, and so do the library's
+//! deadpool checkouts ([`DeadpoolCheckout`](super::DeadpoolCheckout)); closing it ends the
+//! transaction on the server, and the library sends nothing more on it
+//! ([`refuse_broken`](super::connection::refuse_broken)).
 
 use diesel::QueryResult;
 use diesel_async::{AsyncConnection, TransactionManager};
@@ -159,7 +160,8 @@ impl<C: AsyncConnection> Drop for OwnTransaction<'_, C> {
 /// half read ([`NativeAsync::STATEMENTS_SURVIVE_CANCELLATION`]: MySQL's leaves the rest of
 /// the reply on the socket, and the connection's next statement reads garbage). Dropped
 /// before it finished, the call marks the connection's transaction manager broken, as a
-/// dropped transaction does, so that pools discard it and the library refuses it.
+/// dropped transaction does, so that it is closed when it goes back to its pool and the
+/// library refuses it.
 pub(crate) struct Call<'c, C: AsyncConnection> {
     conn: &'c mut C,
     finished: bool,

@@ -50,7 +50,7 @@ where
 /// thread to run the checkout on, tokio panics.
 #[cfg(feature = "deadpool")]
 macro_rules! deadpool_source {
-    ($backend:literal, $connection:ty) => {
+    ($backend:literal, $connection:ty, $module:ident) => {
         #[cfg(feature = $backend)]
         impl ConnectionSource for deadpool_diesel::Pool<deadpool_diesel::Manager<$connection>> {
             type Connection = $connection;
@@ -64,12 +64,34 @@ macro_rules! deadpool_source {
                         "a deadpool-diesel pool hands out connections on its tokio runtime: call from inside it (spawn_blocking, with_connection, interact)",
                     )
                 })?;
+                use diesel::connection::{Connection, TransactionManager};
                 let object = checkout_on(&runtime, self.get()).map_err(Error::pool)?;
-                // Poisoned: an earlier `interact` panicked while holding this connection.
-                let mut conn = object.lock().map_err(|_| {
-                    Error::pool("the pooled connection was poisoned by a panic in an earlier use")
-                })?;
-                Ok(work(&mut conn))
+                let (worked, broken) = {
+                    // Poisoned: an earlier `interact` panicked while holding this connection.
+                    let mut conn = object.lock().map_err(|_| {
+                        Error::pool(
+                            "the pooled connection was poisoned by a panic in an earlier use",
+                        )
+                    })?;
+                    let worked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        work(&mut conn)
+                    }));
+                    let broken = worked.is_err()
+                        || <$connection as Connection>::TransactionManager::is_broken_transaction_manager(&mut *conn);
+                    (worked, broken)
+                };
+                // deadpool-diesel tests a connection only when it hands it out again: one
+                // left inside a transaction (a panic in the caller's code, a failed
+                // `ROLLBACK`) would wait idle in the pool with that transaction, and its
+                // locks, open on the server. Taken out of the pool, it closes, which ends
+                // the transaction (r2d2 tests a connection when it comes back).
+                if broken {
+                    drop(deadpool_diesel::$module::Object::take(object));
+                }
+                match worked {
+                    Ok(value) => Ok(value),
+                    Err(panic) => std::panic::resume_unwind(panic),
+                }
             }
         }
     };
@@ -89,11 +111,11 @@ fn checkout_on<F: std::future::Future>(runtime: &tokio::runtime::Handle, checkou
 }
 
 #[cfg(feature = "deadpool")]
-deadpool_source!("sqlite", diesel::SqliteConnection);
+deadpool_source!("sqlite", diesel::SqliteConnection, sqlite);
 #[cfg(feature = "deadpool")]
-deadpool_source!("postgres", diesel::PgConnection);
+deadpool_source!("postgres", diesel::PgConnection, postgres);
 #[cfg(feature = "deadpool")]
-deadpool_source!("mysql", diesel::MysqlConnection);
+deadpool_source!("mysql", diesel::MysqlConnection, mysql);
 
 /// Starts a thread that runs `work` in the tokio runtime of the caller, if there is one,
 /// so that pools reached through that runtime (deadpool-diesel) serve it too.

@@ -424,12 +424,13 @@ where
         .n
 }
 
-/// Statements (seen on `conn`, of backend `backend`) waiting for a lock that session
-/// `holder` holds; none on SQLite, where a file has no sessions. On MariaDB every statement
-/// running in the test's database: its `information_schema.innodb_trx` did not list the
-/// waiting transaction of a diesel-async connection (10.11, while `SHOW ENGINE INNODB
-/// STATUS` showed it waiting), so the process list is read instead.
-pub fn statements_waiting_for<C>(conn: &mut C, backend: &str, holder: i64) -> i64
+/// The sessions (seen on `conn`, of backend `backend`) whose statement waits for a lock
+/// that session `holder` holds; none on SQLite, where a file has no sessions. On MariaDB
+/// the sessions whose statement in the test's database has run for over 200 ms: its
+/// `information_schema.innodb_trx` did not list the waiting transaction of a diesel-async
+/// connection (10.11, while `SHOW ENGINE INNODB STATUS` showed it waiting), so the process
+/// list is read instead.
+pub fn sessions_waiting_for<C>(conn: &mut C, backend: &str, holder: i64) -> Vec<i64>
 where
     C: diesel::connection::LoadConnection,
     diesel::query_builder::SqlQuery: diesel::query_dsl::LoadQuery<'static, C, Value>,
@@ -437,19 +438,18 @@ where
     use diesel::RunQueryDsl;
     let sql = match backend {
         "postgres" => format!(
-            "SELECT count(*) AS value FROM pg_stat_activity WHERE {holder} = ANY(pg_blocking_pids(pid))"
+            "SELECT CAST(pid AS BIGINT) AS value FROM pg_stat_activity \
+             WHERE {holder} = ANY(pg_blocking_pids(pid))"
         ),
         "mysql" => format!(
-            "SELECT CAST(count(*) AS SIGNED) AS value FROM information_schema.processlist \
+            "SELECT CAST(id AS SIGNED) AS value FROM information_schema.processlist \
              WHERE db = DATABASE() AND id NOT IN ({holder}, CONNECTION_ID()) \
-             AND command IN ('Query', 'Execute')"
+             AND command IN ('Query', 'Execute') AND time_ms > 200"
         ),
-        _ => return 0,
+        _ => return Vec::new(),
     };
-    diesel::sql_query(sql)
-        .get_result::<Value>(conn)
-        .unwrap()
-        .value
+    let found = diesel::sql_query(sql).load::<Value>(conn).unwrap();
+    found.into_iter().map(|row| row.value).collect()
 }
 
 /// Writes each item once per backend, in modules `sqlite`, `postgres` and `mysql`, each
