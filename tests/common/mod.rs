@@ -275,9 +275,10 @@ pub fn postgres() -> Option<TestDb<diesel::PgConnection>> {
         .expect("create test schema");
     let separator = if base.contains('?') { '&' } else { '?' };
     // The schema names the test's sessions too, so that a test can tell its own apart
-    // from those of tests running beside it in the same database.
+    // from those of tests running beside it in the same database. `options` stays last:
+    // tests append settings of their own to it.
     let url =
-        format!("{base}{separator}options=-csearch_path%3D{schema}&application_name={schema}");
+        format!("{base}{separator}application_name={schema}&options=-csearch_path%3D{schema}");
     let pool = diesel_occ::postgres_pool(&url, &pool_config()).expect("PostgreSQL pool");
     migrate(&mut pool.get().expect("connection"), MIGRATIONS);
     Some(TestDb {
