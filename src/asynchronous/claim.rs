@@ -6,10 +6,10 @@
 //!
 //! A claim on MySQL, a counted claim and a heartbeat are each one transaction of the
 //! library's: a future dropped inside it leaves the connection broken, to be closed when
-//! it goes back to its pool (the transaction ends with it, unapplied). A claim on PostgreSQL is one statement: dropped
-//! after it was sent, it may still be applied, and its rows stay claimed under the
-//! worker's owner id until `reclaim_after` has passed (for good without one), as a
-//! crashed worker's do.
+//! it goes back to its pool (the transaction ends with it, unapplied). A claim on
+//! PostgreSQL is one statement: dropped after it was sent, it may still be applied, and
+//! its rows stay claimed under the worker's owner id until `reclaim_after` has passed
+//! (for good without one), as a crashed worker's do.
 
 use std::future::Future;
 
