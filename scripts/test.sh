@@ -2,8 +2,9 @@
 # The whole check of diesel-occ: formatting, clippy, unit, integration (SQLite,
 # PostgreSQL, MySQL/MariaDB), doc and compile-fail tests, docs as docs.rs builds them, a
 # publishing dry run, the demos, a smoke run of the benchmark program on each backend, an
-# advisory check of the dependencies, and a short run of scripts/faults.sh (session kills
-# and a restart of each local server).
+# advisory check of the dependencies, a short run of scripts/faults.sh (session kills
+# and a restart of each local server), and the cluster tests on a 3-node MariaDB Galera
+# cluster it starts on loopback (scripts/galera.sh).
 #
 # Run it as root on a Debian machine (or with sudo available). It installs what is missing
 # (postgresql, mariadb-server, libpq-dev, default-libmysqlclient-dev, pkg-config), starts
@@ -77,4 +78,11 @@ if [ -z "$preset" ]; then
 else
     bash scripts/faults.sh 20 2
 fi
+step "a 3-node MariaDB Galera cluster on loopback: read-modify-writes, merges and lock rounds across its nodes"
+# 8 threads x 50 operations per round, OCC_CLUSTER_ROUNDS rounds (20 unless set), exact end
+# states read on every node. The cluster is stopped afterwards.
+bash scripts/galera.sh start
+GALERA_URLS=$(bash scripts/galera.sh urls) OCC_REQUIRE_CLUSTER=1 \
+    cargo test --all-features --test galera -- --test-threads=1
+bash scripts/galera.sh stop
 step "all checks passed"

@@ -219,7 +219,7 @@ pub use connect::backend::OccBackend;
 #[cfg(feature = "tokio")]
 pub use connect::blocking::with_connection;
 #[cfg(feature = "mysql")]
-pub use connect::pool::{mysql_pool, MysqlPool};
+pub use connect::pool::{mysql_pool, MysqlPool, MysqlSettings};
 #[cfg(feature = "postgres")]
 pub use connect::pool::{postgres_pool, PgPool};
 #[cfg(feature = "sqlite")]

@@ -271,11 +271,13 @@ impl OccBackend for diesel::mysql::Mysql {
                 Some(RetryReason::Deadlock)
             }
             DieselError::DatabaseError(DatabaseErrorKind::Unknown, _) => {
-                match mysql_error_number(conn) {
-                    Some(number) => mysql_retry_reason(number),
-                    // The connection could not tell (it is gone, say): fall back to text.
-                    None => retry_reason_of(error),
-                }
+                // The server's own text first, compared whole: the number read afterwards is
+                // the diagnostics area's, which a Galera node that aborted the transaction
+                // for a conflicting write leaves at 1317 (interrupted) under a reply that
+                // says 1213, and which a failed savepoint rollback since then overwrites.
+                // The number decides where the text is in another language.
+                retry_reason_of(error)
+                    .or_else(|| mysql_error_number(conn).and_then(mysql_retry_reason))
             }
             _ => None,
         }
@@ -313,6 +315,14 @@ fn mysql_retry_reason(number: u32) -> Option<RetryReason> {
         1969 => Some(RetryReason::LockTimeout),
         // ER_CHECKREAD: MariaDB's snapshot isolation found the row changed since the read
         1020 => Some(RetryReason::SerializationFailure),
+        // ER_QUERY_INTERRUPTED: what a Galera node's diagnostics area keeps for a
+        // transaction it aborted for a conflicting write from another node (the reply says
+        // 1213); elsewhere a `KILL QUERY`. Either way the statement did nothing, and the
+        // library rolls its transaction back before running the operation again.
+        1317 => Some(RetryReason::SerializationFailure),
+        // ER_TRANSACTION_ROLLBACK_DURING_COMMIT: MySQL Group Replication rolled the
+        // transaction back at its COMMIT (it lost certification)
+        3101 => Some(RetryReason::SerializationFailure),
         _ => None,
     }
 }

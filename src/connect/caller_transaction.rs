@@ -39,6 +39,12 @@ fn address<C>(conn: &C) -> usize {
     std::ptr::from_ref(conn) as usize
 }
 
+/// Whether `conn`'s open transaction is one the library opened for its own statements.
+#[cfg(any(feature = "mysql", feature = "sqlite"))]
+pub(crate) fn in_own_transaction<C: Connection>(conn: &mut C) -> bool {
+    OWN.with(|own| own.get()) == address(conn) && in_transaction(conn)
+}
+
 /// Runs `f` with `conn`'s open transaction marked as the library's own.
 pub(crate) fn as_library<C, R>(conn: &mut C, f: impl FnOnce(&mut C) -> R) -> R {
     let _restore = Restore(OWN.with(|own| own.replace(address(conn))));

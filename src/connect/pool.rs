@@ -22,6 +22,8 @@ use crate::error::{connection_lost, Error};
 ///   [`Error::Retryable`] with [`RetryReason::Busy`](crate::RetryReason::Busy)
 /// - `check_after_idle`: 500 ms; a connection idle for longer is checked with a round
 ///   trip before it is handed out (HikariCP's default window), a busier one is not
+/// - `idle_session_timeout` (MySQL only): 60 s, after which the server closes a session
+///   that sent nothing; see [`MysqlSettings`]
 #[derive(Debug, Clone)]
 pub struct PoolConfig {
     /// Most connections the pool opens.
@@ -35,6 +37,9 @@ pub struct PoolConfig {
     /// How long a connection may have gone without a successful statement before a
     /// checkout checks it with a round trip. `Duration::ZERO` checks every checkout.
     pub check_after_idle: Duration,
+    /// How long a MySQL / MariaDB server keeps a session that sends nothing
+    /// ([`MysqlSettings`]).
+    pub idle_session_timeout: Duration,
 }
 
 impl Default for PoolConfig {
@@ -45,6 +50,7 @@ impl Default for PoolConfig {
             connection_timeout: Duration::from_secs(30),
             busy_timeout: Duration::from_secs(5),
             check_after_idle: Duration::from_millis(500),
+            idle_session_timeout: Duration::from_secs(60),
         }
     }
 }
@@ -228,7 +234,48 @@ pub fn postgres_pool(url: &str, config: &PoolConfig) -> Result<PgPool, Error> {
 #[cfg(feature = "mysql")]
 pub fn mysql_pool(url: &str, config: &PoolConfig) -> Result<MysqlPool, Error> {
     let (builder, manager) = builder(url, config);
-    Ok(builder.build(manager)?)
+    let settings = MysqlSettings {
+        idle_session_timeout: config.idle_session_timeout,
+    };
+    Ok(builder
+        .connection_customizer(Box::new(settings))
+        .build(manager)?)
+}
+
+/// Sets up each new MySQL / MariaDB connection: the server ends the session once it has
+/// sent nothing for `idle_session_timeout` (`wait_timeout`, whole seconds, at least 1).
+///
+/// diesel's MySQL client waits for a reply without a time limit, and a server can leave
+/// it waiting for ever: a MariaDB Galera node that aborts a transaction for a conflicting
+/// write from another node can, with prepared statements, end the command without
+/// sending its reply (the session shows as idle, `Sleep`, while the client waits). A
+/// session that stays idle that long is then closed by the server, and the waiting call
+/// fails with a lost connection instead of hanging: [`Error::Retryable`] through
+/// [`modify_pooled`](crate::GuardedModify::modify_pooled) and the other calls that take a
+/// connection per attempt, a plain database error on a connection of the caller's (whose
+/// transaction the server has rolled back), [`Error::Ambiguous`] when it was the
+/// `COMMIT` that got no reply. Pooled connections that sat idle past it are replaced at
+/// their next checkout (see [`CheckedManager`]). Keep it above the longest time your own
+/// code keeps a checked-out connection without sending anything (an open transaction
+/// waiting on a remote call, say): the server ends that session too. Use it with your own
+/// pool builder through `connection_customizer`.
+#[cfg(feature = "mysql")]
+#[derive(Debug, Clone, Copy)]
+pub struct MysqlSettings {
+    /// How long the server keeps a session that sends nothing.
+    pub idle_session_timeout: Duration,
+}
+
+#[cfg(feature = "mysql")]
+impl diesel::r2d2::CustomizeConnection<diesel::MysqlConnection, diesel::r2d2::Error>
+    for MysqlSettings
+{
+    fn on_acquire(&self, conn: &mut diesel::MysqlConnection) -> Result<(), diesel::r2d2::Error> {
+        use diesel::connection::SimpleConnection;
+        let seconds = self.idle_session_timeout.as_secs().max(1);
+        conn.batch_execute(&format!("SET SESSION wait_timeout = {seconds}"))
+            .map_err(diesel::r2d2::Error::QueryError)
+    }
 }
 
 /// Sets up each new SQLite connection: busy timeout, WAL, `synchronous = NORMAL` (safe

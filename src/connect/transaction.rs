@@ -7,12 +7,26 @@
 //! writers queue behind the busy timeout instead; and the writers of this process take
 //! turns in arrival order before that ([`write_gate`](crate::connect::write_gate)), since SQLite's
 //! busy handler would let a few of them win nearly every time. PostgreSQL and MySQL need nothing
-//! special: their write transactions are ordinary ones.
+//! special to begin: their write transactions are ordinary ones.
+//!
+//! How a transaction ends matters on MySQL: a cluster (MariaDB Galera, MySQL Group
+//! Replication) aborts a transaction that lost certification at its `COMMIT`, or at the
+//! statement after the abort, `ROLLBACK` included. The library's SQLite and MySQL write
+//! transactions are therefore ended here rather than by diesel's `transaction`, see
+//! `begin_with`: a failed `COMMIT` is classified by its error number before anything else
+//! is sent, and a `ROLLBACK` that fails leaves a connection whose transaction state is
+//! known again, or one the pool throws away.
 
-use diesel::connection::{AnsiTransactionManager, Connection, TransactionManager};
+use diesel::connection::{
+    AnsiTransactionManager, Connection, LoadConnection, TransactionManager,
+    TransactionManagerStatus,
+};
 use diesel::r2d2::{ManageConnection, PooledConnection, R2D2Connection};
-use diesel::result::Error as DieselError;
+use diesel::result::{DatabaseErrorKind, Error as DieselError};
 use std::time::Duration;
+
+use crate::connect::backend::OccBackend;
+use crate::error::RetryReason;
 
 use crate::connect::caller_transaction::as_library;
 use crate::connect::write_gate::MAX_WAIT;
@@ -26,6 +40,11 @@ pub trait WriteTransaction: Connection {
     /// The statement that begins a write transaction where the backend needs a special
     /// one (SQLite: `BEGIN IMMEDIATE`); `None` for an ordinary `BEGIN`.
     const BEGIN_WRITE: Option<&'static str> = None;
+
+    /// Whether the library begins and ends this connection's write transactions itself
+    /// (`begin_with`) instead of through diesel's `transaction`.
+    #[doc(hidden)]
+    const OWN_TRANSACTIONS: bool = false;
 
     /// Runs `f` in a transaction that takes the write lock up front where the backend
     /// needs it (SQLite: `BEGIN IMMEDIATE`). Commits on `Ok`, rolls back on `Err`. Inside
@@ -57,11 +76,22 @@ pub trait WriteTransaction: Connection {
 impl WriteTransaction for diesel::PgConnection {}
 
 #[cfg(feature = "mysql")]
-impl WriteTransaction for diesel::MysqlConnection {}
+impl WriteTransaction for diesel::MysqlConnection {
+    const OWN_TRANSACTIONS: bool = true;
+
+    fn write_transaction<T, E, F>(&mut self, f: F) -> Result<T, E>
+    where
+        F: FnOnce(&mut Self) -> Result<T, E>,
+        E: From<DieselError>,
+    {
+        begin_with(self, |conn| conn, "BEGIN", MAX_WAIT, f)
+    }
+}
 
 #[cfg(feature = "sqlite")]
 impl WriteTransaction for diesel::SqliteConnection {
     const BEGIN_WRITE: Option<&'static str> = Some("BEGIN IMMEDIATE");
+    const OWN_TRANSACTIONS: bool = true;
 
     fn write_transaction<T, E, F>(&mut self, f: F) -> Result<T, E>
     where
@@ -85,8 +115,10 @@ where
     M: ManageConnection,
     M::Connection: WriteTransaction<TransactionManager = AnsiTransactionManager>
         + R2D2Connection
+        + LoadConnection
         + Send
         + 'static,
+    <M::Connection as Connection>::Backend: OccBackend,
 {
     fn write_transaction<T, E, F>(&mut self, f: F) -> Result<T, E>
     where
@@ -101,12 +133,13 @@ where
         F: FnOnce(&mut Self) -> Result<T, E>,
         E: From<DieselError>,
     {
-        match M::Connection::BEGIN_WRITE {
-            None => self.transaction(f),
-            // The pool's transaction manager keeps its state in the inner connection, so
-            // the transaction is begun and ended there while `f` gets the pooled one.
-            Some(begin) => begin_with(self, |pooled| &mut **pooled, begin, turn, f),
+        if !M::Connection::OWN_TRANSACTIONS {
+            return self.transaction(f);
         }
+        // The pool's transaction manager keeps its state in the inner connection, so
+        // the transaction is begun and ended there while `f` gets the pooled one.
+        let begin = M::Connection::BEGIN_WRITE.unwrap_or("BEGIN");
+        begin_with(self, |pooled| &mut **pooled, begin, turn, f)
     }
 }
 
@@ -197,7 +230,8 @@ impl<E> LostCommit for Stop<E> {
 }
 
 /// `begin` on the connection inside `conn` (or a savepoint when a transaction is already
-/// open), `f`, then commit or roll back.
+/// open), `f`, then commit or roll back. On a backend with one writer at a time (SQLite)
+/// it first waits its turn among this process's writers.
 fn begin_with<C, Inner, T, E, F>(
     conn: &mut C,
     inner: impl Fn(&mut C) -> &mut Inner,
@@ -207,7 +241,8 @@ fn begin_with<C, Inner, T, E, F>(
 ) -> Result<T, E>
 where
     C: Connection,
-    Inner: Connection<TransactionManager = AnsiTransactionManager>,
+    Inner: LoadConnection<TransactionManager = AnsiTransactionManager>,
+    Inner::Backend: OccBackend,
     F: FnOnce(&mut C) -> Result<T, E>,
     E: From<DieselError>,
 {
@@ -219,20 +254,95 @@ where
     }
     // Held until the transaction has ended (see `write_gate`); `None` after a long wait:
     // then SQLite's own busy timeout decides.
-    let _turn = crate::connect::write_gate::wait_for_turn(turn);
+    let _turn = Inner::Backend::ONE_WRITER.then(|| crate::connect::write_gate::wait_for_turn(turn));
     AnsiTransactionManager::begin_transaction_sql(inner(conn), begin)?;
     match f(conn) {
-        Ok(value) => match AnsiTransactionManager::commit_transaction(inner(conn)) {
-            Ok(()) => Ok(value),
-            Err(commit_error) => {
-                // A failed COMMIT can leave the transaction open; end it, report the cause.
-                let _ = AnsiTransactionManager::rollback_transaction(inner(conn));
-                Err(commit_error.into())
-            }
-        },
+        Ok(value) => commit_top_level(inner(conn))
+            .map(|()| value)
+            .map_err(E::from),
         Err(e) => {
-            AnsiTransactionManager::rollback_transaction(inner(conn))?;
+            roll_back_top_level(inner(conn));
             Err(e)
         }
     }
+}
+
+/// Commits the top-level transaction on `conn`. diesel's own commit answers a failed
+/// `COMMIT` with a `ROLLBACK` at once, which on MySQL wipes the error number that says
+/// whether the server rolled the transaction back: a certification failure in a cluster
+/// is error 1213 at `COMMIT`, which diesel reports as `Unknown` with a text in the
+/// server's language. So the `COMMIT` is sent here, its number is read first, and a
+/// number that means "rolled back, run it again" comes back with the kind diesel gives
+/// 1213 on any other statement.
+fn commit_top_level<C>(conn: &mut C) -> Result<(), DieselError>
+where
+    C: LoadConnection<TransactionManager = AnsiTransactionManager>,
+    C::Backend: OccBackend,
+{
+    match conn.batch_execute("COMMIT") {
+        Ok(()) => {
+            // The transaction this function's caller began at the top level has ended.
+            *AnsiTransactionManager::transaction_manager_status_mut(conn) =
+                TransactionManagerStatus::default();
+            Ok(())
+        }
+        Err(error) => {
+            let rolled_back = matches!(
+                C::Backend::retry_reason(conn, &error),
+                Some(RetryReason::Deadlock | RetryReason::SerializationFailure)
+            );
+            // A failed COMMIT can leave the transaction open; end it, report the cause.
+            roll_back_top_level(conn);
+            Err(match error {
+                DieselError::DatabaseError(DatabaseErrorKind::Unknown, info) if rolled_back => {
+                    DieselError::DatabaseError(DatabaseErrorKind::SerializationFailure, info)
+                }
+                other => other,
+            })
+        }
+    }
+}
+
+/// Rolls the top-level transaction on `conn` back. When the `ROLLBACK` fails (a cluster
+/// reports an abort at the next statement, `ROLLBACK` included), diesel marks the
+/// connection broken for good; one more `ROLLBACK` that succeeds proves the server holds
+/// no transaction for it, and the connection is usable again. A connection that cannot
+/// answer even that stays marked broken, so the pool closes it instead of handing it out.
+fn roll_back_top_level<C>(conn: &mut C)
+where
+    C: Connection<TransactionManager = AnsiTransactionManager>,
+{
+    if AnsiTransactionManager::rollback_transaction(conn).is_ok() {
+        return;
+    }
+    let status = if conn.batch_execute("ROLLBACK").is_ok() {
+        TransactionManagerStatus::default()
+    } else {
+        TransactionManagerStatus::InError
+    };
+    *AnsiTransactionManager::transaction_manager_status_mut(conn) = status;
+}
+
+/// [`Connection::transaction`] (a savepoint inside an open transaction), answering with
+/// the error that made it roll back even when the rollback fails too: diesel would answer
+/// with the rollback's error instead, and when a cluster has aborted the whole transaction
+/// (a Galera node, for a conflicting write from another node), that is "SAVEPOINT ...
+/// does not exist", which hides the conflict a retry would get past. The transaction
+/// itself is then rolled back by whoever opened it.
+#[cfg(any(feature = "mysql", feature = "sqlite"))]
+pub(crate) fn nested<C, T>(
+    conn: &mut C,
+    f: impl FnOnce(&mut C) -> Result<T, DieselError>,
+) -> Result<T, DieselError>
+where
+    C: Connection,
+{
+    let mut cause = None;
+    let result = conn.transaction(|conn| {
+        f(conn).map_err(|error| {
+            cause = Some(error);
+            DieselError::RollbackTransaction
+        })
+    });
+    result.map_err(|error| cause.take().unwrap_or(error))
 }

@@ -411,7 +411,7 @@ where
         ttl: Duration,
         wait: Duration,
     ) -> Result<i64, Error> {
-        C::Backend::bounded(self, wait, |conn| {
+        let fence = C::Backend::bounded(self, wait, |conn| {
             // Every wait happens here, before the expiry below is computed.
             lock_row(conn, key)?;
             C::Backend::draw_fence(conn).map_err(|e| classify(conn, e))?;
@@ -424,7 +424,11 @@ where
                         "the lock was taken but its fence was not read back".into(),
                     ))
                 })
-        })
+        })?;
+        if C::Backend::CONFIRMS_GRANTS {
+            confirm_grant(self, key, holder, fence)?;
+        }
+        Ok(fence)
     }
 
     fn renew_lock(
@@ -480,6 +484,30 @@ where
                 .run::<C, Counted, i64>(conn)
                 .map(drop)
         })
+    }
+}
+
+/// Reads the grant of `fence` to `holder` back after its `COMMIT` (see
+/// [`LockBackend::CONFIRMS_GRANTS`]): a grant the row does not show never happened, and
+/// the attempt is [`Error::Retryable`], as the transaction was rolled back.
+fn confirm_grant<C: LockConnection>(
+    conn: &mut C,
+    key: &LockKey,
+    holder: &str,
+    fence: i64,
+) -> Result<(), Error> {
+    match conn.check_held(key, holder, fence) {
+        Err(Error::LockLost { lock, why }) => Err(Error::Retryable {
+            reason: crate::RetryReason::SerializationFailure,
+            source: diesel::result::Error::DatabaseError(
+                diesel::result::DatabaseErrorKind::SerializationFailure,
+                Box::new(format!(
+                    "the grant of {lock} with fence {fence} was not in its row after its COMMIT \
+                     ({why}): the server had rolled it back"
+                )),
+            ),
+        }),
+        other => other,
     }
 }
 

@@ -144,13 +144,30 @@ where
     crate::sql::statement::GuardedUpdate<T, Changes, Advance, Key, Guard>: ExecuteDsl<C>,
     crate::sql::statement::ColumnOfRow<T, Key, Col>: diesel::query_dsl::LoadQuery<'static, C, Tok>,
 {
-    conn.transaction(|conn| {
-        let read = statement.read_back::<Col>();
-        match ExecuteDsl::execute(statement, conn)? {
-            1 => Ok((1, Some(read.get_result(conn)?))),
-            rows => Ok((rows, None)),
-        }
-    })
+    let read = statement.read_back::<Col>();
+    let write_then_read = |conn: &mut C| match ExecuteDsl::execute(statement, conn)? {
+        1 => match read.get_result(conn) {
+            Ok(token) => Ok((1, Some(token))),
+            // The row the statement wrote a moment ago in this transaction is gone: the
+            // server aborted the transaction under it (a Galera node, for a conflicting
+            // write from another node, whose reply to the write claimed success).
+            Err(diesel::result::Error::NotFound) => Err(diesel::result::Error::DatabaseError(
+                diesel::result::DatabaseErrorKind::SerializationFailure,
+                Box::new(
+                    "the row just written is not there: the server aborted the transaction"
+                        .to_string(),
+                ),
+            )),
+            Err(other) => Err(other),
+        },
+        rows => Ok((rows, None)),
+    };
+    // Inside a transaction the library opened, the two already go or stay together; a
+    // savepoint would only add a statement a cluster's abort can fail in (see `nested`).
+    if crate::connect::caller_transaction::in_own_transaction(conn) {
+        return write_then_read(conn);
+    }
+    crate::connect::transaction::nested(conn, write_then_read)
 }
 
 /// The next token is version column `Col` as the statement advanced it: `... RETURNING

@@ -197,7 +197,7 @@ pub fn pool_config() -> PoolConfig {
 }
 
 /// A name no other test of any process uses at the same time.
-fn unique_name() -> String {
+pub fn unique_name() -> String {
     static NEXT: AtomicU32 = AtomicU32::new(0);
     let nanos = SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -327,9 +327,16 @@ pub fn mysql() -> Option<TestDb<diesel::MysqlConnection>> {
     })
 }
 
+/// The example tables and the library's own, on a MySQL connection to an empty database.
+#[cfg(feature = "mysql")]
+pub fn migrate_mysql(conn: &mut diesel::MysqlConnection) {
+    const MIGRATIONS: EmbeddedMigrations = diesel_migrations::embed_migrations!("migrations/mysql");
+    migrate(conn, MIGRATIONS);
+}
+
 /// `mysql://u@h:3306/base?x` with the database replaced: `mysql://u@h:3306/<database>?x`.
 #[cfg(feature = "mysql")]
-fn with_database(url: &str, database: &str) -> String {
+pub fn with_database(url: &str, database: &str) -> String {
     let (before_query, query) = match url.split_once('?') {
         Some((u, q)) => (u, format!("?{q}")),
         None => (url, String::new()),

@@ -1,0 +1,359 @@
+//! A MariaDB Galera cluster of three nodes (`scripts/galera.sh`): the library's promises
+//! when each writer talks to another node. A transaction that loses certification is
+//! aborted at its `COMMIT` (or at the statement after the abort), and must come back as a
+//! retry, never as a raw error or a connection whose transaction manager is broken.
+//!
+//! The URLs of the nodes come from `GALERA_URLS` (comma-separated); without it the tests
+//! are skipped, unless `OCC_REQUIRE_CLUSTER` is set. Each test runs `OCC_CLUSTER_ROUNDS`
+//! rounds (default 20) of 8 threads x 50 operations, spread over the nodes, and checks
+//! the end state exactly on every node.
+
+#![cfg(feature = "mysql")]
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Barrier;
+use std::time::Duration;
+
+use common::models::{Counter, Order};
+use common::schema::{counters, orders};
+use diesel::connection::SimpleConnection;
+use diesel::prelude::*;
+use diesel::MysqlConnection;
+use diesel_occ::{CheckedManager, Error, GuardedJson, GuardedModify, PoolConfig, RetryPolicy};
+use serde_json::json;
+
+type Pool = diesel::r2d2::Pool<CheckedManager<MysqlConnection>>;
+type JsonSql = diesel::sql_types::Json;
+
+json_profiles!();
+
+const THREADS: usize = 8;
+const OPERATIONS: usize = 50;
+
+/// Rounds per test: `OCC_CLUSTER_ROUNDS`, 20 unless set.
+fn rounds() -> usize {
+    std::env::var("OCC_CLUSTER_ROUNDS")
+        .ok()
+        .and_then(|r| r.parse().ok())
+        .unwrap_or(20)
+}
+
+/// A database of its own on the cluster, with a pool on each node.
+struct Cluster {
+    pools: Vec<Pool>,
+    database: String,
+    admin: MysqlConnection,
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        let _ = self
+            .admin
+            .batch_execute(&format!("DROP DATABASE {}", self.database));
+    }
+}
+
+/// The cluster in `GALERA_URLS`, with a fresh migrated database, or `None` (skip).
+fn cluster() -> Option<Cluster> {
+    let urls = match std::env::var("GALERA_URLS") {
+        Ok(urls) if !urls.is_empty() => urls,
+        _ if std::env::var_os("OCC_REQUIRE_CLUSTER").is_some() => {
+            panic!("GALERA_URLS is not set, but OCC_REQUIRE_CLUSTER is")
+        }
+        _ => {
+            eprintln!("skipped: GALERA_URLS is not set (scripts/galera.sh start)");
+            return None;
+        }
+    };
+    let urls: Vec<&str> = urls.split(',').collect();
+    let database = common::unique_name();
+    let mut admin = MysqlConnection::establish(urls[0]).expect("node 1 answers");
+    // DDL runs on every node before it returns (total order isolation).
+    admin
+        .batch_execute(&format!("CREATE DATABASE {database}"))
+        .expect("create the test database");
+    let config = PoolConfig {
+        max_size: THREADS as u32,
+        // A call a node leaves waiting for a reply ends this soon (see `MysqlSettings`).
+        idle_session_timeout: Duration::from_secs(2),
+        ..common::pool_config()
+    };
+    let pools: Vec<Pool> = urls
+        .iter()
+        .map(|url| {
+            diesel_occ::mysql_pool(&common::with_database(url, &database), &config)
+                .expect("a pool on each node")
+        })
+        .collect();
+    common::migrate_mysql(&mut pools[0].get().expect("node 1"));
+    Some(Cluster {
+        pools,
+        database,
+        admin,
+    })
+}
+
+impl Cluster {
+    /// Runs `op(thread, i, conn)` until it succeeds `OPERATIONS` times in each of
+    /// `THREADS` threads, thread `t` on node `t % 3`. A retryable error counts as a
+    /// retry. Any other error fails the test, unless the connection is gone (a call the
+    /// node left waiting, ended by the server's idle bound): then the thread takes
+    /// another connection, as a web back end's next request would. Returns the retries
+    /// and the connections lost.
+    fn run(
+        &self,
+        op: impl Fn(usize, usize, &mut diesel_occ::Pooled<MysqlConnection>) -> Result<(), Error> + Sync,
+    ) -> (usize, usize) {
+        let (retries, lost) = (AtomicUsize::new(0), AtomicUsize::new(0));
+        let start = Barrier::new(THREADS);
+        std::thread::scope(|s| {
+            for t in 0..THREADS {
+                let (op, retries, lost, start) = (&op, &retries, &lost, &start);
+                let pool = &self.pools[t % self.pools.len()];
+                s.spawn(move || {
+                    let mut conn = pool.get().expect("a connection");
+                    start.wait();
+                    let mut i = 0;
+                    while i < OPERATIONS {
+                        match op(t, i, &mut conn) {
+                            Ok(()) => i += 1,
+                            Err(e)
+                                if e.is_retryable()
+                                    || matches!(e, Error::RetriesExhausted { .. }) =>
+                            {
+                                retries.fetch_add(1, Ordering::Relaxed);
+                            }
+                            Err(e) => {
+                                let alive =
+                                    diesel::sql_query("SELECT 1").execute(&mut conn).is_ok();
+                                assert!(!alive, "thread {t}, operation {i}: {e:?}");
+                                lost.fetch_add(1, Ordering::Relaxed);
+                                conn = pool.get().expect("a connection");
+                            }
+                        }
+                    }
+                });
+            }
+        });
+        (retries.into_inner(), lost.into_inner())
+    }
+
+    /// Reads `query` on every node after the node has applied everything committed
+    /// before (`wsrep_sync_wait`).
+    fn on_every_node<T>(&self, query: impl Fn(&mut MysqlConnection) -> QueryResult<T>) -> Vec<T> {
+        self.pools
+            .iter()
+            .map(|pool| {
+                let mut conn = pool.get().expect("a connection");
+                conn.batch_execute("SET SESSION wsrep_sync_wait = 1")
+                    .unwrap();
+                let value = query(&mut conn).unwrap();
+                conn.batch_execute("SET SESSION wsrep_sync_wait = 0")
+                    .unwrap();
+                value
+            })
+            .collect()
+    }
+}
+
+fn quick() -> RetryPolicy {
+    RetryPolicy::default()
+        .max_attempts(50)
+        .first_delay(Duration::from_millis(1))
+        .max_delay(Duration::from_millis(20))
+}
+
+#[test]
+fn read_modify_writes_on_three_nodes_lose_nothing() {
+    let Some(cluster) = cluster() else { return };
+    for round in 0..rounds() {
+        let name = format!("hits-{round}");
+        let counter = Counter {
+            name: name.clone(),
+            value: 0,
+            rev: 0,
+        };
+        diesel::insert_into(counters::table)
+            .values(&counter)
+            .execute(&mut cluster.pools[0].get().unwrap())
+            .unwrap();
+        let retries = cluster.run(|_, _, conn| {
+            Counter::modify(conn, &name, &quick(), |c| {
+                c.value += 1;
+                Ok::<_, Error>(())
+            })
+            .map(drop)
+        });
+        let ends = cluster.on_every_node(|conn| {
+            counters::table
+                .find(&name)
+                .select((counters::value, counters::revision))
+                .first::<(i64, i16)>(conn)
+        });
+        for end in ends {
+            assert_eq!(
+                end,
+                ((THREADS * OPERATIONS) as i64, (THREADS * OPERATIONS) as i16),
+                "round {round}"
+            );
+        }
+        eprintln!(
+            "round {round}: {} read-modify-writes, {retries:?} (retried, connections lost)",
+            THREADS * OPERATIONS
+        );
+    }
+}
+
+#[test]
+fn pooled_read_modify_writes_with_the_default_policy_lose_nothing() {
+    let Some(cluster) = cluster() else { return };
+    for round in 0..rounds() {
+        let id = round as i64 + 1;
+        diesel::sql_query(format!(
+            "INSERT INTO orders (id, customer, note, status, quantity, version) VALUES ({id}, 'c', '', 'valid', 0, 0)"
+        ))
+        .execute(&mut cluster.pools[0].get().unwrap())
+        .unwrap();
+        let retries = cluster.run(|t, _, _| {
+            let pool = &cluster.pools[t % cluster.pools.len()];
+            Order::modify_pooled(pool, &id, &RetryPolicy::default(), |o| {
+                o.quantity += 1;
+                Ok::<_, Error>(())
+            })
+            .map(drop)
+        });
+        let ends = cluster.on_every_node(|conn| {
+            orders::table
+                .find(id)
+                .select((orders::quantity, orders::version))
+                .first::<(i32, i64)>(conn)
+        });
+        for end in ends {
+            assert_eq!(
+                end,
+                ((THREADS * OPERATIONS) as i32, (THREADS * OPERATIONS) as i64),
+                "round {round}"
+            );
+        }
+        eprintln!(
+            "round {round}: {} pooled read-modify-writes, {retries:?} (retried, connections lost)",
+            THREADS * OPERATIONS
+        );
+    }
+}
+
+#[test]
+fn json_merges_on_three_nodes_keep_every_key() {
+    let Some(cluster) = cluster() else { return };
+    for round in 0..rounds() {
+        let id = round as i64 + 1;
+        let row = Profile {
+            id,
+            name: "ada".into(),
+            ext: json!({}),
+            version: 0,
+        };
+        diesel::insert_into(profiles::table)
+            .values(&row)
+            .execute(&mut cluster.pools[0].get().unwrap())
+            .unwrap();
+        let retries = cluster.run(|t, i, conn| {
+            let patch = json!({ format!("t{t}-{i}"): i });
+            Profile::merge_json(conn, &id, profiles::ext, &patch, &quick()).map(drop)
+        });
+        let ends = cluster.on_every_node(|conn| {
+            profiles::table
+                .find(id)
+                .select((profiles::ext, profiles::version))
+                .first::<(serde_json::Value, i64)>(conn)
+        });
+        for (ext, version) in ends {
+            let keys: BTreeSet<&String> = ext.as_object().expect("an object").keys().collect();
+            assert_eq!(
+                keys.len(),
+                THREADS * OPERATIONS,
+                "round {round}: a merge lost keys"
+            );
+            assert_eq!(version as usize, THREADS * OPERATIONS, "round {round}");
+        }
+        eprintln!(
+            "round {round}: {} merges, {retries:?} (retried, connections lost)",
+            THREADS * OPERATIONS
+        );
+    }
+}
+
+/// A lock row's fence.
+#[derive(diesel::QueryableByName)]
+struct FenceRow {
+    #[diesel(sql_type = diesel::sql_types::BigInt)]
+    value: i64,
+}
+
+/// 8 threads on three nodes take one lock 50 times each (waiting for it with
+/// `Locks::lock`): never two holders at once, and the fences rise with every grant, in
+/// the order the grants happened.
+#[cfg(feature = "locks")]
+#[test]
+fn lock_rounds_on_three_nodes_have_one_holder_and_rising_fences() {
+    use diesel_occ::Locks;
+    use std::sync::atomic::AtomicBool;
+    use std::sync::Mutex;
+
+    let Some(cluster) = cluster() else { return };
+    let locks: Vec<Locks<Pool>> = cluster
+        .pools
+        .iter()
+        .map(|pool| Locks::new(pool.clone()))
+        .collect();
+    for round in 0..rounds() {
+        let resource = format!("round-{round}");
+        let inside = AtomicBool::new(false);
+        let fences = Mutex::new(Vec::new());
+        let retries = cluster.run(|t, _, _| {
+            let locks = &locks[t % locks.len()];
+            let guard = locks.lock(
+                "cluster",
+                &resource,
+                Duration::from_secs(30),
+                Some("test"),
+                Duration::from_secs(60),
+                &quick(),
+            )?;
+            assert!(
+                !inside.swap(true, Ordering::SeqCst),
+                "round {round}: two holders at once"
+            );
+            fences.lock().unwrap().push(guard.fence());
+            // From the database: the node this thread talks to shows the grant (no phantom
+            // grant of a transaction the node had aborted).
+            let mut check = cluster.pools[t % cluster.pools.len()].get().unwrap();
+            let row: FenceRow = diesel::sql_query(
+                "SELECT fence AS value FROM occ_locks WHERE lock_name = 'cluster' AND resource = ?",
+            )
+            .bind::<diesel::sql_types::Text, _>(&resource)
+            .get_result(&mut check)
+            .unwrap();
+            assert_eq!(
+                row.value,
+                guard.fence(),
+                "round {round}: thread {t} was granted a fence its node's row does not show"
+            );
+            inside.store(false, Ordering::SeqCst);
+            guard.release()
+        });
+        let fences = fences.into_inner().unwrap();
+        assert_eq!(fences.len(), THREADS * OPERATIONS);
+        assert!(
+            fences.windows(2).all(|pair| pair[0] < pair[1]),
+            "round {round}: fences that do not rise with each grant: {fences:?}"
+        );
+        eprintln!(
+            "round {round}: {} grants, {retries:?} (retried, connections lost)",
+            fences.len()
+        );
+    }
+}
