@@ -271,13 +271,12 @@ impl OccBackend for diesel::mysql::Mysql {
                 Some(RetryReason::Deadlock)
             }
             DieselError::DatabaseError(DatabaseErrorKind::Unknown, _) => {
-                // The server's own text first, compared whole: the number read afterwards is
-                // the diagnostics area's, which a Galera node that aborted the transaction
-                // for a conflicting write leaves at 1317 (interrupted) under a reply that
-                // says 1213, and which a failed savepoint rollback since then overwrites.
-                // The number decides where the text is in another language.
-                retry_reason_of(error)
-                    .or_else(|| mysql_error_number(conn).and_then(mysql_retry_reason))
+                // The number decides (a trigger may `SIGNAL` the very text of a lock wait
+                // timeout); the text only where the connection cannot say.
+                match mysql_error_number(conn) {
+                    Some(number) => mysql_retry_reason(number),
+                    None => retry_reason_of(error),
+                }
             }
             _ => None,
         }
