@@ -23,7 +23,7 @@ use crate::error::{connection_lost, Error};
 /// - `check_after_idle`: 500 ms; a connection idle for longer is checked with a round
 ///   trip before it is handed out (HikariCP's default window), a busier one is not
 /// - `idle_session_timeout` (MySQL only): 60 s, after which the server closes a session
-///   that sent nothing; see [`MysqlSettings`]
+///   that sent nothing; see `MysqlSettings` (feature `mysql`)
 #[derive(Debug, Clone)]
 pub struct PoolConfig {
     /// Most connections the pool opens.
@@ -38,7 +38,7 @@ pub struct PoolConfig {
     /// checkout checks it with a round trip. `Duration::ZERO` checks every checkout.
     pub check_after_idle: Duration,
     /// How long a MySQL / MariaDB server keeps a session that sends nothing
-    /// ([`MysqlSettings`]).
+    /// (`MysqlSettings`, feature `mysql`).
     pub idle_session_timeout: Duration,
 }
 
