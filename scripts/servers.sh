@@ -52,10 +52,7 @@ start_postgres() {
 start_mariadb() {
     if ! mariadb-admin ping >/dev/null 2>&1; then
         step "starting MariaDB"
-        as_root mkdir -p /run/mysqld
-        as_root chown mysql:mysql /run/mysqld
-        as_root start-stop-daemon --start --oknodo --background --exec /usr/sbin/mariadbd -- --user=mysql
-        wait_for "MariaDB" mariadb-admin ping
+        start_mariadbd
     fi
     if ! mariadb -h 127.0.0.1 -u root -e 'SELECT 1' >/dev/null 2>&1; then
         step "allowing root over 127.0.0.1 with an empty password (test machine)"
@@ -90,10 +87,25 @@ restart_postgres() {
 
 # A shutdown and start of the local MariaDB, back when it answers.
 restart_mariadb() {
+    local pid
+    pid=$(cat "$mariadb_pid" 2>/dev/null || true)
     as_root mariadb-admin shutdown
-    for _ in $(seq 1 60); do pgrep -x mariadbd >/dev/null || break; sleep 0.5; done
+    # Gone when its process has ended (or, without a pid file, when it stops answering).
+    for _ in $(seq 1 60); do
+        if [ -n "$pid" ]; then kill -0 "$pid" 2>/dev/null || break
+        else mariadb-admin ping >/dev/null 2>&1 || break; fi
+        sleep 0.5
+    done
+    start_mariadbd
+}
+
+# The machine's own MariaDB, told apart from other mariadbd processes (the Galera test
+# nodes of scripts/galera.sh) by its pid file.
+mariadb_pid=/run/mysqld/mysqld.pid
+start_mariadbd() {
     as_root mkdir -p /run/mysqld
     as_root chown mysql:mysql /run/mysqld
-    as_root start-stop-daemon --start --oknodo --background --exec /usr/sbin/mariadbd -- --user=mysql
+    as_root start-stop-daemon --start --oknodo --background --pidfile "$mariadb_pid" \
+        --exec /usr/sbin/mariadbd -- --user=mysql --pid-file="$mariadb_pid"
     wait_for "MariaDB" mariadb-admin ping
 }

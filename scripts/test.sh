@@ -80,9 +80,10 @@ else
 fi
 step "a 3-node MariaDB Galera cluster on loopback: read-modify-writes, merges and lock rounds across its nodes"
 # 8 threads x 50 operations per round, OCC_CLUSTER_ROUNDS rounds (20 unless set), exact end
-# states read on every node. The cluster is stopped afterwards.
+# states read on every node.
+# The cluster is stopped however the step ends, so that it does not outlive the run.
+trap 'bash scripts/galera.sh stop' EXIT
 bash scripts/galera.sh start
 GALERA_URLS=$(bash scripts/galera.sh urls) OCC_REQUIRE_CLUSTER=1 \
     cargo test --all-features --test galera -- --test-threads=1
-bash scripts/galera.sh stop
 step "all checks passed"
