@@ -3,8 +3,9 @@
 # PostgreSQL, MySQL/MariaDB), doc and compile-fail tests, docs as docs.rs builds them, a
 # publishing dry run, the demos, a smoke run of the benchmark program on each backend, an
 # advisory check of the dependencies, a short run of scripts/faults.sh (session kills
-# and a restart of each local server), and the cluster tests on a 3-node MariaDB Galera
-# cluster it starts on loopback (scripts/galera.sh).
+# and a restart of each local server), and the cluster tests on a PostgreSQL primary with
+# a streaming standby (scripts/pg-replica.sh) and a 3-node MariaDB Galera cluster
+# (scripts/galera.sh), both started on loopback.
 #
 # Run it as root on a Debian machine (or with sudo available). It installs what is missing
 # (postgresql, mariadb-server, libpq-dev, default-libmysqlclient-dev, pkg-config), starts
@@ -78,11 +79,16 @@ if [ -z "$preset" ]; then
 else
     bash scripts/faults.sh 20 2
 fi
+step "a PostgreSQL primary and an asynchronous standby on loopback: stale copies, writes sent to the standby, a failover that loses commits"
+# Each test starts a fresh pair (scripts/pg-replica.sh); the pair is removed however the
+# step ends.
+trap 'bash scripts/pg-replica.sh stop' EXIT
+OCC_PG_REPLICA=1 OCC_REQUIRE_CLUSTER=1 cargo test --all-features --test pg_replica -- --test-threads=1
 step "a 3-node MariaDB Galera cluster on loopback: read-modify-writes, merges and lock rounds across its nodes"
 # 8 threads x 50 operations per round, OCC_CLUSTER_ROUNDS rounds (20 unless set), exact end
 # states read on every node.
 # The cluster is stopped however the step ends, so that it does not outlive the run.
-trap 'bash scripts/galera.sh stop' EXIT
+trap 'bash scripts/galera.sh stop; bash scripts/pg-replica.sh stop' EXIT
 bash scripts/galera.sh start
 GALERA_URLS=$(bash scripts/galera.sh urls) OCC_REQUIRE_CLUSTER=1 \
     cargo test --all-features --test galera -- --test-threads=1

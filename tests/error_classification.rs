@@ -103,6 +103,52 @@ for_each_backend! {
         let stored: Order = orders::table.find(1).select(Order::as_select()).first(conn).unwrap();
         assert_eq!(stored, order, "nothing was written");
     }
+
+    /// A server or session that accepts no writes (a standby, a replica, a READ ONLY
+    /// transaction) refuses a guarded write, a retried read-modify-write and a lock as
+    /// `ReadOnly` at once, not retried and not raw, and nothing is written.
+    #[test]
+    fn writes_refused_by_a_read_only_session_are_read_only_and_write_nothing() {
+        let Some(db) = db() else { return };
+        let order = insert(&mut db.conn(), 1, "new");
+        let pool = db.pool_with(&diesel_occ::PoolConfig { max_size: 1, ..common::pool_config() });
+        let read_only = match BACKEND {
+            "postgres" => "SET SESSION CHARACTERISTICS AS TRANSACTION READ ONLY",
+            "mysql" => "SET SESSION TRANSACTION READ ONLY",
+            _ => "PRAGMA query_only = ON",
+        };
+        pool.get().unwrap().batch_execute(read_only).unwrap();
+        let refused = |err: Error| {
+            assert!(matches!(err, Error::ReadOnly { .. }), "{err:?}");
+            assert!(!err.is_retryable(), "{err:?}");
+            assert!(err.to_string().contains("send writes to the primary"), "{err}");
+        };
+
+        {
+            let conn = &mut pool.get().unwrap();
+            refused(order.guarded_update(conn, orders::note.eq("changed")).unwrap_err());
+            let attempts = std::sync::atomic::AtomicUsize::new(0);
+            let modified = diesel_occ::GuardedModify::modify(conn, &1i64, &diesel_occ::RetryPolicy::default(), |o: &mut Order| {
+                attempts.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                o.note = "modified".into();
+                Ok::<_, Error>(())
+            });
+            refused(modified.unwrap_err());
+            // SQLite refuses the write transaction's `BEGIN IMMEDIATE`, before the read.
+            assert!(attempts.into_inner() <= 1, "a read-only refusal is not retried");
+        }
+
+        #[cfg(feature = "locks")]
+        {
+            let locks = diesel_occ::Locks::new(pool.clone());
+            refused(locks.try_lock("read-only", "r", std::time::Duration::from_secs(30), None).map(drop).unwrap_err());
+            let lock_rows: i64 = diesel_occ::occ_locks::table.count().get_result(&mut db.conn()).unwrap();
+            assert_eq!(lock_rows, 0, "no lock row was created");
+        }
+
+        let stored: Order = orders::table.find(1).select(Order::as_select()).first(&mut db.conn()).unwrap();
+        assert_eq!(stored, order, "nothing was written");
+    }
 }
 
 /// A real lock wait timeout (1205) is recognised by its number, whatever language the

@@ -15,10 +15,11 @@ use super::send::AsyncComplete;
 use super::transaction::{Call, OwnTransaction};
 use crate::connect::backend::{Duplicates, OccBackend};
 use crate::error::Error;
-use crate::locks::backend::ServerLockBackend;
+use crate::locks::backend::{LockBackend, ServerLockBackend};
 use crate::locks::lock::{
-    acquire_statement, occ_locks, release_statement, renew_statement, AcquireLock, CreateLock,
-    LeaseLost, LockHolder, LockKey, LockOwner, LockRow, LockTaken, ReleaseLock, RenewLock,
+    acquire_statement, grant_in_row, occ_locks, release_statement, renew_statement, AcquireLock,
+    CreateLock, LeaseLost, LockHolder, LockKey, LockOwner, LockRow, LockTaken, ReleaseLock,
+    RenewLock,
 };
 use crate::sql::new_token::{Counted, ReturnedBy};
 use crate::sql::statement::Assignments;
@@ -222,7 +223,19 @@ where
         // committed grant stays a grant when the restore fails (the connection died right
         // after the commit).
         let _ = setting(conn, bounds.after.as_deref()).await;
-        ended
+        match (ended, step) {
+            (Ok(fence), Step::Acquire { .. }) if C::Backend::CONFIRMS_GRANTS => {
+                // The blocking path's read-back of the grant after its `COMMIT`.
+                let row = key
+                    .owner_read()
+                    .get_result(conn)
+                    .await
+                    .optional()
+                    .map_err(|e| classify(conn, e))?;
+                grant_in_row(key, holder, fence, row).map(|()| fence)
+            }
+            (ended, _) => ended,
+        }
     }
     .await;
     call.finish(result).map_err(C::Backend::bounded_error)

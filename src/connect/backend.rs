@@ -80,6 +80,18 @@ pub trait OccBackend: Backend + Default {
         retry_reason_of(error)
     }
 
+    /// Whether `conn`'s server may apply other servers' commits after its own statements
+    /// ran (a MariaDB Galera node): there a write that matched nothing while its re-read
+    /// shows the expected token was applied against the node's older copy of the row,
+    /// and a fresh attempt can succeed. Asked only after such a miss.
+    fn applies_writes_late<C>(conn: &mut C) -> bool
+    where
+        C: LoadConnection<Backend = Self>,
+    {
+        let _ = conn;
+        false
+    }
+
     /// The SQL text of `fragment` as this backend writes it, without bind values.
     fn render<F: QueryFragment<Self> + ?Sized>(fragment: &F) -> QueryResult<String>;
 
@@ -280,6 +292,17 @@ impl OccBackend for diesel::mysql::Mysql {
             }
             _ => None,
         }
+    }
+
+    fn applies_writes_late<C>(conn: &mut C) -> bool
+    where
+        C: LoadConnection<Backend = Self>,
+    {
+        use diesel::RunQueryDsl;
+        // MySQL has no such variable (an error): not a Galera node.
+        diesel::select(diesel::dsl::sql::<diesel::sql_types::Bool>("@@wsrep_on"))
+            .get_result::<bool>(conn)
+            .unwrap_or(false)
     }
 
     fn render<F: QueryFragment<Self> + ?Sized>(fragment: &F) -> QueryResult<String> {

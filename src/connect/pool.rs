@@ -257,8 +257,13 @@ pub fn mysql_pool(url: &str, config: &PoolConfig) -> Result<MysqlPool, Error> {
 /// `COMMIT` that got no reply. Pooled connections that sat idle past it are replaced at
 /// their next checkout (see [`CheckedManager`]). Keep it above the longest time your own
 /// code keeps a checked-out connection without sending anything (an open transaction
-/// waiting on a remote call, say): the server ends that session too. Use it with your own
-/// pool builder through `connection_customizer`.
+/// waiting on a remote call, say): the server ends that session too.
+///
+/// On a Galera node it also makes the session's reads causal (`wsrep_sync_wait` gains
+/// its read bit): a read waits until the node has applied every commit the cluster made
+/// before it, so that a loaded copy, and the re-read that explains a conflict, show the
+/// cluster's latest row rather than a node's older one. Use it with your own pool builder
+/// through `connection_customizer`.
 #[cfg(feature = "mysql")]
 #[derive(Debug, Clone, Copy)]
 pub struct MysqlSettings {
@@ -274,7 +279,12 @@ impl diesel::r2d2::CustomizeConnection<diesel::MysqlConnection, diesel::r2d2::Er
         use diesel::connection::SimpleConnection;
         let seconds = self.idle_session_timeout.as_secs().max(1);
         conn.batch_execute(&format!("SET SESSION wait_timeout = {seconds}"))
-            .map_err(diesel::r2d2::Error::QueryError)
+            .map_err(diesel::r2d2::Error::QueryError)?;
+        // MySQL has no wsrep variables (an error, ignored); elsewhere off Galera a no-op.
+        let _ = conn.batch_execute(
+            "SET SESSION wsrep_sync_wait = IF(@@wsrep_on, @@wsrep_sync_wait | 1, @@wsrep_sync_wait)",
+        );
+        Ok(())
     }
 }
 

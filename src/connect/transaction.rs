@@ -31,7 +31,7 @@ use crate::error::RetryReason;
 use crate::connect::caller_transaction::as_library;
 use crate::connect::write_gate::MAX_WAIT;
 
-use crate::error::{connection_lost, Error};
+use crate::error::{connection_lost, retry_reason_of, Error};
 use crate::retry::Stop;
 use crate::write::executor::in_transaction;
 
@@ -194,10 +194,14 @@ where
 /// An error of an operation's transaction, which [`commit_operation`] judges by whether
 /// the `COMMIT` was sent.
 pub(crate) trait LostCommit: Sized {
-    /// `self`, or [`Error::Ambiguous`] if it is a lost connection.
+    /// `self` as the error of a failed `COMMIT`: [`Error::Ambiguous`] if it is a lost
+    /// connection, [`Error::Retryable`] if the server refused the commit for a conflict
+    /// (a serialization failure, a Galera certification abort reported as a deadlock),
+    /// which rolled the transaction back.
     fn lost_commit(self) -> Self {
         self.map_occ(|error| match error {
             Error::Database(source) if connection_lost(&source) => Error::Ambiguous { source },
+            Error::Database(source) => Error::classified(source, retry_reason_of),
             other => other,
         })
     }

@@ -260,6 +260,18 @@ pub enum Error {
         source: DieselError,
     },
 
+    /// The server refused a write because it accepts none: a PostgreSQL hot standby, a
+    /// MySQL / MariaDB replica with `read_only`, or a transaction opened `READ ONLY`.
+    /// Nothing was written; retrying on the same server cannot help, so it is not
+    /// retryable: send the write to the primary (after a failover, to the new one).
+    #[error("the server is read-only (a standby or replica, or a READ ONLY transaction) and refused the write: send writes to the primary; nothing was written: {source}")]
+    ReadOnly {
+        /// The database's own report (PostgreSQL `25006`, MySQL `1792` or `1290` for
+        /// `--read-only`).
+        #[source]
+        source: DieselError,
+    },
+
     /// The library's migrations could not be applied.
     #[error("cannot apply diesel-occ's migrations: {0}")]
     Migration(#[source] Box<dyn std::error::Error + Send + Sync>),
@@ -535,6 +547,9 @@ impl Error {
         source: DieselError,
         retry_reason: impl FnOnce(&DieselError) -> Option<RetryReason>,
     ) -> Self {
+        if read_only_refusal(&source) {
+            return Error::ReadOnly { source };
+        }
         match retry_reason(&source) {
             Some(reason) => Error::Retryable { reason, source },
             None => Error::Database(source),
@@ -571,6 +586,25 @@ pub(crate) fn missing_library_table(error: &DieselError) -> Option<&'static str>
             || (message.starts_with("Table '")
                 && message.ends_with(&format!(".{table}' doesn't exist")))
     })
+}
+
+/// Whether `error` is a read-only server's or transaction's refusal of a write. diesel
+/// maps PostgreSQL's `25006` and MySQL's `1792` (a `READ ONLY` transaction) to
+/// `ReadOnlyTransaction`. A server started or set `read_only` answers `1290`, which
+/// MySQL and MariaDB use for every option that prevents a statement, so the option's
+/// name in its fixed text tells read-only apart. SQLite's text is fixed too.
+pub(crate) fn read_only_refusal(error: &DieselError) -> bool {
+    match error {
+        DieselError::DatabaseError(DatabaseErrorKind::ReadOnlyTransaction, _) => true,
+        DieselError::DatabaseError(DatabaseErrorKind::Unknown, info) => {
+            let message = info.message();
+            message.contains("running with the --read-only option")
+                || message.contains("running with the --super-read-only option")
+                // SQLite's SQLITE_READONLY: a file opened read-only, `PRAGMA query_only`.
+                || message == "attempt to write a readonly database"
+        }
+        _ => false,
+    }
 }
 
 /// Whether the connection died.

@@ -14,6 +14,7 @@
 //! | `InvalidPatch` | 422 | the patch is well-formed JSON that does not apply to the document |
 //! | `InvalidName`, `InvalidSetting` | 400 | an input the client chose (a lock name) is refused |
 //! | `RetriesExhausted`, `Retryable`, no pooled connection | 503 + `Retry-After: 1` | the row or the database is busy; a later try can succeed |
+//! | `ReadOnly` | 503 + `Retry-After: 1` | the write reached a standby or replica; the primary (after a failover, the new one) takes it |
 //! | `Ambiguous` | 500, no `Retry-After` | the write may have landed: the client must read before trying again |
 //! | anything else | 500 | a server fault; the body says no more than that |
 
@@ -106,6 +107,8 @@ impl Problem {
             Error::RetriesExhausted { .. } => busy("busy"),
             Error::Retryable { .. } => busy("busy"),
             Error::Pool(_) => busy("unavailable"),
+            // A standby or replica took the write: in a failover the primary is back soon.
+            Error::ReadOnly { .. } => busy("read-only"),
             Error::Ambiguous { .. } => Problem::new(
                 S::INTERNAL_SERVER_ERROR,
                 "outcome-unknown",

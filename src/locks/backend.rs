@@ -15,7 +15,9 @@
 //!   wait for this process's other SQLite writers to take their turns bounded the same.
 //!
 //! Fences come from a source that never goes back (migration `occ_fence_source`), not from
-//! the lock row, which an operator may delete or truncate.
+//! the lock row, which an operator may delete or truncate. On PostgreSQL they carry the
+//! server's timeline as an epoch in their high bits, so that they keep rising across a
+//! failover to a standby that lost the old primary's last commits.
 
 use std::time::Duration;
 
@@ -102,7 +104,15 @@ impl LockBackend for diesel::pg::Pg {
     }
 
     fn push_next_fence(out: &mut AstPass<'_, '_, Self>) {
-        out.push_sql("nextval('occ_fence_source')");
+        // The server's timeline above the sequence's value: a promoted standby starts a
+        // new, higher timeline, so its fences exceed every fence the old primary handed
+        // out, including those lost with its last unreplicated commits (the sequence
+        // alone may repeat them). The timeline is the first 8 hex digits of the current
+        // WAL file's name; migration `occ_fence_epoch` keeps the sequence below 2^44.
+        out.push_sql(
+            "(('x' || left(pg_walfile_name(pg_current_wal_lsn()), 8))::bit(32)::bigint << 44) \
+             + nextval('occ_fence_source')",
+        );
     }
 }
 

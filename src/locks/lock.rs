@@ -488,26 +488,47 @@ where
 }
 
 /// Reads the grant of `fence` to `holder` back after its `COMMIT` (see
-/// [`LockBackend::CONFIRMS_GRANTS`]): a grant the row does not show never happened, and
-/// the attempt is [`Error::Retryable`], as the transaction was rolled back.
-fn confirm_grant<C: LockConnection>(
-    conn: &mut C,
+/// [`LockBackend::CONFIRMS_GRANTS`]): one plain read, which sees this session's own
+/// commit.
+fn confirm_grant<C>(conn: &mut C, key: &LockKey, holder: &str, fence: i64) -> Result<(), Error>
+where
+    C: LoadConnection,
+    C::Backend: OccBackend,
+    LockOwner: LoadQuery<'static, C, (Option<String>, Option<String>, i64)>,
+{
+    let row = key
+        .owner_read()
+        .get_result(conn)
+        .optional()
+        .map_err(|e| classify(conn, e))?;
+    grant_in_row(key, holder, fence, row)
+}
+
+/// Judges a grant's read-back: a grant the row does not show never happened, and the
+/// attempt is [`Error::Retryable`], as the server rolled its transaction back.
+pub(crate) fn grant_in_row(
     key: &LockKey,
     holder: &str,
     fence: i64,
+    row: Option<(Option<String>, Option<String>, i64)>,
 ) -> Result<(), Error> {
-    match conn.check_held(key, holder, fence) {
-        Err(Error::LockLost { lock, why }) => Err(Error::Retryable {
+    match row {
+        Some((Some(owner), _, in_row)) if owner == holder && in_row == fence => Ok(()),
+        other => Err(Error::Retryable {
             reason: crate::RetryReason::SerializationFailure,
             source: diesel::result::Error::DatabaseError(
                 diesel::result::DatabaseErrorKind::SerializationFailure,
                 Box::new(format!(
-                    "the grant of {lock} with fence {fence} was not in its row after its COMMIT \
-                     ({why}): the server had rolled it back"
+                    "the grant of {} with fence {fence} was not in its row after its COMMIT \
+                     (the row: {}): the server had rolled it back",
+                    key.describe(),
+                    match other {
+                        Some((_, _, in_row)) => format!("fence {in_row}, another holder or none"),
+                        None => "missing".into(),
+                    }
                 )),
             ),
         }),
-        other => other,
     }
 }
 

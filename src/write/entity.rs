@@ -870,9 +870,31 @@ where
 {
     fn explain(self, conn: &mut C) -> Error {
         match T::load_by_key(conn, self.key) {
-            Ok(current) => self.given::<C>(current),
+            Ok(current) => match self.given::<C>(current) {
+                Error::Refused { table, key, token } if C::Backend::applies_writes_late(conn) => {
+                    behind_the_cluster(table, &key, &token)
+                }
+                explained => explained,
+            },
             Err(e) => unreadable::<T, C>(self.key, e).unwrap_or_else(|e| classify(conn, e)),
         }
+    }
+}
+
+/// A write that matched nothing on a Galera node while the row holds the expected token:
+/// the node ran the `UPDATE` against its copy before it had applied the commit that the
+/// caller's copy was read after (the re-read, later, sees it). Retryable: the next attempt
+/// finds the row applied.
+fn behind_the_cluster(table: &str, key: &str, token: &crate::error::Token) -> Error {
+    Error::Retryable {
+        reason: crate::RetryReason::SerializationFailure,
+        source: DieselError::DatabaseError(
+            diesel::result::DatabaseErrorKind::SerializationFailure,
+            Box::new(format!(
+                "the write to `{table}` row {key} matched nothing on a cluster node that had \
+                 not yet applied the commit at {token} when it ran"
+            )),
+        ),
     }
 }
 

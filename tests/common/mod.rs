@@ -196,6 +196,15 @@ pub fn pool_config() -> PoolConfig {
     }
 }
 
+/// How many fences the fence source has handed out up to `fence`: the fence itself, but
+/// on PostgreSQL fences carry the server's timeline above 2^44, which must be 1 here
+/// (the test servers never failed over).
+pub fn fences_issued(fence: i64) -> i64 {
+    let timeline = fence >> 44;
+    assert!(timeline <= 1, "fence {fence:#x} has timeline {timeline}");
+    fence & ((1 << 44) - 1)
+}
+
 /// A name no other test of any process uses at the same time.
 pub fn unique_name() -> String {
     static NEXT: AtomicU32 = AtomicU32::new(0);
@@ -331,6 +340,14 @@ pub fn mysql() -> Option<TestDb<diesel::MysqlConnection>> {
 #[cfg(feature = "mysql")]
 pub fn migrate_mysql(conn: &mut diesel::MysqlConnection) {
     const MIGRATIONS: EmbeddedMigrations = diesel_migrations::embed_migrations!("migrations/mysql");
+    migrate(conn, MIGRATIONS);
+}
+
+/// The example tables and the library's own, on a PostgreSQL connection.
+#[cfg(feature = "postgres")]
+pub fn migrate_postgres(conn: &mut diesel::PgConnection) {
+    const MIGRATIONS: EmbeddedMigrations =
+        diesel_migrations::embed_migrations!("migrations/postgres");
     migrate(conn, MIGRATIONS);
 }
 

@@ -1,0 +1,1 @@
+ALTER SEQUENCE occ_fence_source NO MAXVALUE;
