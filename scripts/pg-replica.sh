@@ -5,6 +5,7 @@
 # primary on port 5441, standby on 5442, replication asynchronous (the default).
 #
 #   bash scripts/pg-replica.sh start      # a fresh pair (any earlier one is removed); prints the URLs
+#   bash scripts/pg-replica.sh start-sync # the same, replication synchronous (remote_apply)
 #   bash scripts/pg-replica.sh stop       # both servers down, data removed
 #   bash scripts/pg-replica.sh urls       # primary URL,standby URL
 #   bash scripts/pg-replica.sh detach     # the standby stops: what the primary commits next is not replicated
@@ -66,6 +67,9 @@ init_standby() {
 streaming() {
     [ "$(sql $primary_port "SELECT count(*) FROM pg_stat_replication WHERE state = 'streaming'")" = 1 ]
 }
+synchronous() {
+    [ "$(sql $primary_port "SELECT count(*) FROM pg_stat_replication WHERE sync_state = 'sync'")" = 1 ]
+}
 promoted() { [ "$(sql $standby_port "SELECT pg_is_in_recovery()")" = f ]; }
 
 stop_all() {
@@ -75,12 +79,20 @@ stop_all() {
 }
 
 case ${1:-} in
-start)
+start | start-sync)
     stop_all
     as_root mkdir -p "$dir"
     as_root chown postgres "$dir"
     init_primary
     init_standby
+    if [ "$1" = start-sync ]; then
+        # Once the standby streams: any standby counts, and a COMMIT returns once it has
+        # applied the commit.
+        sql $primary_port "ALTER SYSTEM SET synchronous_standby_names = '*'" >/dev/null
+        sql $primary_port "ALTER SYSTEM SET synchronous_commit = remote_apply" >/dev/null
+        sql $primary_port "SELECT pg_reload_conf()" >/dev/null
+        wait_for "the standby synchronous" synchronous
+    fi
     echo "$(url $primary_port),$(url $standby_port)"
     ;;
 stop) stop_all ;;
@@ -94,7 +106,7 @@ fail-over)
     wait_for "the promoted standby accepting writes" promoted
     ;;
 *)
-    echo "usage: $0 start|stop|urls|detach|fail-over" >&2
+    echo "usage: $0 start|start-sync|stop|urls|detach|fail-over" >&2
     exit 2
     ;;
 esac

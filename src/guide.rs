@@ -13,7 +13,8 @@
 //! 8. [The derive](mod@derive): every attribute.
 //! 9. [Choosing a guard and a retry policy](choosing).
 //! 10. [When connections fail, and bad input](failures): what each outcome means.
-//! 11. [Compared with other tools](comparison).
+//! 11. [Clusters and replicas](clusters): Galera, PostgreSQL standbys, failover.
+//! 12. [Compared with other tools](comparison).
 
 #[doc = include_str!("docs/guarded_writes.md")]
 pub mod guarded_writes {}
@@ -45,6 +46,9 @@ pub mod choosing {}
 
 #[doc = include_str!("docs/failures.md")]
 pub mod failures {}
+
+#[doc = include_str!("docs/clusters.md")]
+pub mod clusters {}
 
 #[doc = include_str!("docs/comparison.md")]
 pub mod comparison {}

@@ -335,6 +335,80 @@ fn json_merges_on_three_nodes_keep_every_key() {
     }
 }
 
+/// A node set `read_only` (as a replica would be) refuses a writer without the admin
+/// privilege with 1290: a guarded read-modify-write and a lock come back as
+/// `Error::ReadOnly` at once, in any message language, and nothing is written.
+#[test]
+fn writes_on_a_read_only_node_are_read_only() {
+    let Some(cluster) = cluster() else { return };
+    let urls = std::env::var("GALERA_URLS").expect("set, as cluster() found");
+    let node = urls.split(',').nth(2).expect("three nodes");
+    let admin = &mut MysqlConnection::establish(node).expect("node 3 answers");
+    let user = common::unique_name();
+    admin
+        .batch_execute(&format!(
+            "CREATE USER '{user}'@'%'; GRANT ALL ON {}.* TO '{user}'@'%'; SET GLOBAL read_only = 1",
+            cluster.database
+        ))
+        .unwrap();
+    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        diesel::sql_query(
+            "INSERT INTO orders (id, customer, note, status, quantity, version) VALUES (1, 'c', '', 'valid', 0, 0)",
+        )
+        .execute(&mut cluster.pools[0].get().unwrap())
+        .unwrap();
+        let url = common::with_database(
+            &node.replacen("root@", &format!("{user}@"), 1),
+            &cluster.database,
+        );
+        let pool = diesel_occ::mysql_pool(
+            &url,
+            &PoolConfig {
+                max_size: 1,
+                ..common::pool_config()
+            },
+        )
+        .expect("a pool of the unprivileged user");
+        for language in ["de_DE", "en_US"] {
+            let mut conn = pool.get().unwrap();
+            conn.batch_execute(&format!("SET lc_messages = '{language}'"))
+                .unwrap();
+            let mut attempts = 0;
+            let err = Order::modify(&mut conn, &1, &RetryPolicy::default(), |o| {
+                attempts += 1;
+                o.quantity += 1;
+                Ok::<_, Error>(())
+            })
+            .map(drop)
+            .unwrap_err();
+            assert!(matches!(err, Error::ReadOnly { .. }), "{language}: {err:?}");
+            assert_eq!(attempts, 1, "{language}: not retried");
+            drop(conn);
+            #[cfg(feature = "locks")]
+            {
+                let locks = diesel_occ::Locks::new(pool.clone());
+                let err = locks
+                    .try_lock("read-only", language, Duration::from_secs(30), None)
+                    .map(drop)
+                    .unwrap_err();
+                assert!(matches!(err, Error::ReadOnly { .. }), "{language}: {err:?}");
+            }
+        }
+        let quantity: i32 = orders::table
+            .find(1)
+            .select(orders::quantity)
+            .first(&mut cluster.pools[2].get().unwrap())
+            .unwrap();
+        assert_eq!(quantity, 0, "nothing was written");
+    }));
+    admin
+        .batch_execute(&format!("SET GLOBAL read_only = 0; DROP USER '{user}'@'%'"))
+        .unwrap();
+    if let Err(panic) = outcome {
+        std::panic::resume_unwind(panic);
+    }
+}
+
 /// A lock row's fence.
 #[derive(diesel::QueryableByName)]
 struct FenceRow {

@@ -60,6 +60,11 @@ impl Drop for Pair {
 }
 
 fn pair() -> Option<Pair> {
+    pair_started("start")
+}
+
+/// [`pair`], the pair started by the script's `action` (`start`, `start-sync`).
+fn pair_started(action: &str) -> Option<Pair> {
     if std::env::var_os("OCC_PG_REPLICA").is_none() {
         if std::env::var_os("OCC_REQUIRE_CLUSTER").is_some() {
             panic!("OCC_PG_REPLICA is not set, but OCC_REQUIRE_CLUSTER is");
@@ -67,7 +72,7 @@ fn pair() -> Option<Pair> {
         eprintln!("skipped: OCC_PG_REPLICA is not set (scripts/pg-replica.sh)");
         return None;
     }
-    let urls = script("start");
+    let urls = script(action);
     let (primary_url, standby_url) = urls.trim().split_once(',').expect("two URLs");
     let config = PoolConfig {
         max_size: 4,
@@ -335,4 +340,85 @@ fn fences_keep_rising_across_a_failover_that_loses_commits() {
     assert_eq!(stale_on_new, 0);
     std::mem::forget(stale); // its connection's server is gone; nothing to release
     holder.release().unwrap();
+}
+
+/// With synchronous replication (`synchronous_commit = remote_apply`), a failover right
+/// after acknowledged grants, fenced writes and guarded writes loses none of them: the
+/// promoted server shows each, and its next fence is above them all.
+#[test]
+fn a_failover_under_synchronous_replication_loses_no_acknowledged_write() {
+    let _one = PAIR.lock().unwrap_or_else(|p| p.into_inner());
+    let Some(pair) = pair_started("start-sync") else {
+        return;
+    };
+    let old = Locks::new(pair.primary.clone());
+    let ttl = Duration::from_secs(60);
+    let conn = &mut pair.primary.get().unwrap();
+    diesel::insert_into(orders::table)
+        .values(&Order::new(1, "first"))
+        .execute(conn)
+        .unwrap();
+    let mut last = 0;
+    for i in 1..=40 {
+        let guard = old.try_lock("job", "nightly", ttl, Some("holder")).unwrap();
+        Protected::write_fenced(
+            conn,
+            &1,
+            protected::last_fence,
+            guard.fence(),
+            protected::value.eq(i),
+        )
+        .unwrap();
+        Order::modify(conn, &1, &RetryPolicy::default(), |o| {
+            o.quantity += 1;
+            Ok::<_, Error>(())
+        })
+        .unwrap();
+        last = guard.fence();
+        if i < 40 {
+            guard.release().unwrap();
+        } else {
+            std::mem::forget(guard); // held when the primary dies
+        }
+    }
+
+    script("fail-over");
+    let promoted = &mut pair.standby.get().unwrap();
+    let fenced: (i64, i64) = protected::table
+        .find(1)
+        .select((protected::value, protected::last_fence))
+        .first(promoted)
+        .unwrap();
+    assert_eq!(
+        fenced,
+        (40, last),
+        "every acknowledged fenced write is on the promoted server"
+    );
+    let quantity: i32 = orders::table
+        .find(1)
+        .select(orders::quantity)
+        .first(promoted)
+        .unwrap();
+    assert_eq!(
+        quantity,
+        1 + 40,
+        "every acknowledged read-modify-write is there"
+    );
+    let (holder, fence): (Option<String>, i64) = diesel_occ::occ_locks::table
+        .select((diesel_occ::occ_locks::label, diesel_occ::occ_locks::fence))
+        .first(promoted)
+        .unwrap();
+    assert_eq!(
+        (holder.as_deref(), fence),
+        (Some("holder"), last),
+        "the last grant is there"
+    );
+    let new = Locks::new(pair.standby.clone());
+    match new.try_lock("job", "nightly", ttl, Some("successor")) {
+        Err(Error::LockHeld { .. }) => {}
+        other => panic!(
+            "the held grant survived the failover, so: {:?}",
+            other.map(|g| g.fence())
+        ),
+    }
 }

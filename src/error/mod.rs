@@ -592,14 +592,14 @@ pub(crate) fn missing_library_table(error: &DieselError) -> Option<&'static str>
 /// maps PostgreSQL's `25006` and MySQL's `1792` (a `READ ONLY` transaction) to
 /// `ReadOnlyTransaction`. A server started or set `read_only` answers `1290`, which
 /// MySQL and MariaDB use for every option that prevents a statement, so the option's
-/// name in its fixed text tells read-only apart. SQLite's text is fixed too.
+/// name in its text (kept as it is in every message language) tells read-only apart. SQLite's text is fixed too.
 pub(crate) fn read_only_refusal(error: &DieselError) -> bool {
     match error {
         DieselError::DatabaseError(DatabaseErrorKind::ReadOnlyTransaction, _) => true,
         DieselError::DatabaseError(DatabaseErrorKind::Unknown, info) => {
             let message = info.message();
-            message.contains("running with the --read-only option")
-                || message.contains("running with the --super-read-only option")
+            // The option's name stays as it is in every translation of the message.
+            message.contains("--read-only") || message.contains("--super-read-only")
                 // SQLite's SQLITE_READONLY: a file opened read-only, `PRAGMA query_only`.
                 || message == "attempt to write a readonly database"
         }
