@@ -30,7 +30,7 @@ ready() { "$bin/pg_isready" -q -h 127.0.0.1 -p "$1"; }
 sql() { psql -h 127.0.0.1 -p "$1" -U postgres -d postgres -Atc "$2"; }
 
 server_down() { # data folder
-    if [ -f "$1/postmaster.pid" ]; then
+    if as_root test -f "$1/postmaster.pid"; then
         as_postgres "$bin/pg_ctl" -D "$1" -m "${2:-fast}" -w stop >/dev/null 2>&1 || true
     fi
 }
@@ -42,7 +42,7 @@ start_server() { # data folder, port
 
 init_primary() {
     as_postgres "$bin/initdb" -D "$dir/primary" -U postgres --auth=trust >/dev/null
-    cat >>"$dir/primary/postgresql.conf" <<EOF
+    as_postgres tee -a "$dir/primary/postgresql.conf" >/dev/null <<EOF
 listen_addresses = '127.0.0.1'
 unix_socket_directories = '$dir'
 wal_level = replica
@@ -51,7 +51,8 @@ hot_standby = on
 fsync = off
 synchronous_commit = local
 EOF
-    echo "host replication postgres 127.0.0.1/32 trust" >>"$dir/primary/pg_hba.conf"
+    echo "host replication postgres 127.0.0.1/32 trust" |
+        as_postgres tee -a "$dir/primary/pg_hba.conf" >/dev/null
     start_server "$dir/primary" $primary_port
     sql $primary_port "CREATE DATABASE diesel_occ_test" >/dev/null
 }
@@ -101,7 +102,7 @@ detach) server_down "$dir/standby" fast ;;
 fail-over)
     server_down "$dir/primary" immediate
     # Without its primary the standby replays what it holds, then is promoted.
-    [ -f "$dir/standby/postmaster.pid" ] || start_server "$dir/standby" $standby_port
+    as_root test -f "$dir/standby/postmaster.pid" || start_server "$dir/standby" $standby_port
     as_postgres "$bin/pg_ctl" -D "$dir/standby" -w promote >/dev/null
     wait_for "the promoted standby accepting writes" promoted
     ;;

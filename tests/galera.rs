@@ -383,6 +383,12 @@ fn writes_on_a_read_only_node_are_read_only() {
             .unwrap_err();
             assert!(matches!(err, Error::ReadOnly { .. }), "{language}: {err:?}");
             assert_eq!(attempts, 1, "{language}: not retried");
+            if language == "de_DE" {
+                assert!(
+                    err.to_string().contains("Anweisung"),
+                    "the server answered in German: {err}"
+                );
+            }
             drop(conn);
             #[cfg(feature = "locks")]
             {

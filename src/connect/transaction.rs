@@ -197,11 +197,17 @@ pub(crate) trait LostCommit: Sized {
     /// `self` as the error of a failed `COMMIT`: [`Error::Ambiguous`] if it is a lost
     /// connection, [`Error::Retryable`] if the server refused the commit for a conflict
     /// (a serialization failure, a Galera certification abort reported as a deadlock),
-    /// which rolled the transaction back.
+    /// which rolled the transaction back. A timeout at `COMMIT` stays as it is: a commit
+    /// interrupted while it waited (for a semi-synchronous replica, say) may have landed.
     fn lost_commit(self) -> Self {
         self.map_occ(|error| match error {
             Error::Database(source) if connection_lost(&source) => Error::Ambiguous { source },
-            Error::Database(source) => Error::classified(source, retry_reason_of),
+            Error::Database(source) => match retry_reason_of(&source) {
+                Some(reason @ (RetryReason::SerializationFailure | RetryReason::Deadlock)) => {
+                    Error::Retryable { reason, source }
+                }
+                _ => Error::Database(source),
+            },
             other => other,
         })
     }

@@ -598,8 +598,9 @@ pub(crate) fn read_only_refusal(error: &DieselError) -> bool {
         DieselError::DatabaseError(DatabaseErrorKind::ReadOnlyTransaction, _) => true,
         DieselError::DatabaseError(DatabaseErrorKind::Unknown, info) => {
             let message = info.message();
-            // The option's name stays as it is in every translation of the message.
-            message.contains("--read-only") || message.contains("--super-read-only")
+            // The option's name stays as it is, between spaces, in every translation of
+            // the message; a value quoted in another error's text is not between spaces.
+            message.contains(" --read-only ") || message.contains(" --super-read-only ")
                 // SQLite's SQLITE_READONLY: a file opened read-only, `PRAGMA query_only`.
                 || message == "attempt to write a readonly database"
         }
