@@ -491,8 +491,9 @@ fn lock_rounds_on_three_nodes_have_one_holder_and_rising_fences() {
 }
 
 /// The async API on the cluster: diesel-async's MySQL client (mysql_async), a bb8 pool
-/// per node, tasks on a multi-thread runtime. A reply a node never sends ends with the
-/// session's `wait_timeout`, set through the URL (mysql_async's `wait_timeout` parameter).
+/// per node set up by `MysqlSettings::async_manager_config` (a reply a node never sends
+/// ends with the session's `wait_timeout`; reads are causal), tasks on a multi-thread
+/// runtime.
 #[cfg(all(feature = "async-mysql", feature = "bb8"))]
 mod on_async {
     use super::*;
@@ -515,11 +516,14 @@ mod on_async {
         let pools = urls
             .split(',')
             .map(|url| {
-                let url = format!(
-                    "{}?wait_timeout=2",
-                    common::with_database(url, &cluster.database)
+                let url = common::with_database(url, &cluster.database);
+                let settings = diesel_occ::MysqlSettings {
+                    idle_session_timeout: Duration::from_secs(2),
+                };
+                let manager = AsyncDieselConnectionManager::<AsyncMysqlConnection>::new_with_config(
+                    url,
+                    settings.async_manager_config(),
                 );
-                let manager = AsyncDieselConnectionManager::<AsyncMysqlConnection>::new(url);
                 runtime
                     .block_on(bb8::Pool::builder().max_size(THREADS as u32).build(manager))
                     .expect("a bb8 pool on each node")

@@ -57,7 +57,7 @@ where
     M: AsyncMiss<C>,
 {
     let (statement, judge) = write.checked::<C::Backend>()?;
-    let sent = protect_caller(conn, own, async |conn| K::run(conn, statement).await).await?;
+    let sent = protect_caller(conn, own, async |conn| K::run(conn, statement, own).await).await?;
     match judge.sent(sent.map_err(|e| classify(conn, e))?)? {
         Judged::Written(written) => Ok(written),
         Judged::Missed(miss) => Err(miss.explain(conn).await),

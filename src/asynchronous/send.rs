@@ -155,10 +155,12 @@ where
     note = "the statement, its guard's assignments or the token's column type do not fit this connection's backend"
 )]
 pub trait AsyncComplete<C, S, Tok> {
-    /// Sends `statement` on `conn`.
+    /// Sends `statement` on `conn`; `own` says whether `conn`'s open transaction, if any,
+    /// is the library's.
     fn run(
         conn: &mut C,
         statement: S,
+        own: bool,
     ) -> impl Future<Output = QueryResult<(usize, Option<Tok>)>> + Send;
 }
 
@@ -167,7 +169,7 @@ where
     C: AsyncConnection,
     S: ExecuteDsl<C> + Send + 'static,
 {
-    async fn run(conn: &mut C, statement: S) -> QueryResult<(usize, Option<Tok>)> {
+    async fn run(conn: &mut C, statement: S, _own: bool) -> QueryResult<(usize, Option<Tok>)> {
         ExecuteDsl::execute(statement, conn)
             .await
             .map(|rows| (rows, None))
@@ -182,8 +184,9 @@ where
     fn run(
         conn: &mut C,
         statement: S,
+        own: bool,
     ) -> impl Future<Output = QueryResult<(usize, Option<Tok>)>> + Send {
-        <C::Backend as AsyncReadsBack<C, S, Col, Tok>>::run(conn, statement)
+        <C::Backend as AsyncReadsBack<C, S, Col, Tok>>::run(conn, statement, own)
     }
 }
 
@@ -197,8 +200,9 @@ where
     fn run(
         conn: &mut C,
         statement: S,
+        own: bool,
     ) -> impl Future<Output = QueryResult<(usize, Option<Tok>)>> + Send {
-        <C::Backend as AsyncReadsVersionBack<C, S, Col, Tok>>::run(conn, statement)
+        <C::Backend as AsyncReadsVersionBack<C, S, Col, Tok>>::run(conn, statement, own)
     }
 }
 
@@ -210,10 +214,12 @@ where
     note = "the statement, its guard's assignments or the version's column type do not fit this connection's backend"
 )]
 pub trait AsyncReadsVersionBack<C, S, Col, Tok> {
-    /// Sends `statement` on `conn`: the rows it matched and the version it left.
+    /// Sends `statement` on `conn`: the rows it matched and the version it left. `own`:
+    /// whether `conn`'s open transaction, if any, is the library's.
     fn run(
         conn: &mut C,
         statement: S,
+        own: bool,
     ) -> impl Future<Output = QueryResult<(usize, Option<Tok>)>> + Send;
 }
 
@@ -225,8 +231,9 @@ where
     fn run(
         conn: &mut C,
         statement: S,
+        own: bool,
     ) -> impl Future<Output = QueryResult<(usize, Option<Tok>)>> + Send {
-        <diesel::pg::Pg as AsyncReadsBack<C, S, Col, Tok>>::run(conn, statement)
+        <diesel::pg::Pg as AsyncReadsBack<C, S, Col, Tok>>::run(conn, statement, own)
     }
 }
 
@@ -252,6 +259,7 @@ where
     async fn run(
         conn: &mut C,
         statement: crate::sql::statement::GuardedUpdate<T, Changes, Advance, Key, Guard>,
+        _own: bool,
     ) -> QueryResult<(usize, Option<Tok>)> {
         use crate::sql::statement::{NotedVersion, ReadNotedVersion};
         match ExecuteDsl::execute(statement.noting_version::<Col>(), conn).await? {
@@ -279,8 +287,9 @@ where
     fn run(
         conn: &mut C,
         statement: S,
+        own: bool,
     ) -> impl Future<Output = QueryResult<(usize, Option<Tok>)>> + Send {
-        <C::Backend as AsyncReadsBack<C, S, Col, Tok>>::run(conn, statement)
+        <C::Backend as AsyncReadsBack<C, S, Col, Tok>>::run(conn, statement, own)
     }
 }
 
@@ -359,10 +368,12 @@ complete_each_returning!(ReadAfter);
     note = "an `xmin` guard is PostgreSQL's; a last-modified guard on the database's clock reads its stamp back on every backend"
 )]
 pub trait AsyncReadsBack<C, S, Col, Tok> {
-    /// Sends `statement` on `conn`: the rows it matched and the token it left.
+    /// Sends `statement` on `conn`: the rows it matched and the token it left. `own`:
+    /// whether `conn`'s open transaction, if any, is the library's.
     fn run(
         conn: &mut C,
         statement: S,
+        own: bool,
     ) -> impl Future<Output = QueryResult<(usize, Option<Tok>)>> + Send;
 }
 
@@ -375,7 +386,7 @@ where
     S: Send,
     Tok: Send,
 {
-    async fn run(conn: &mut C, statement: S) -> QueryResult<(usize, Option<Tok>)> {
+    async fn run(conn: &mut C, statement: S, _own: bool) -> QueryResult<(usize, Option<Tok>)> {
         let tokens: Vec<Tok> = crate::sql::new_token::Returning::new(statement)
             .load(conn)
             .await?;
@@ -405,9 +416,25 @@ where
     async fn run(
         conn: &mut C,
         statement: crate::sql::statement::GuardedUpdate<T, Changes, Advance, Key, Guard>,
+        own: bool,
     ) -> QueryResult<(usize, Option<Tok>)> {
-        let mut transaction = super::transaction::OwnTransaction::begin_raw(conn).await?;
         let read = statement.read_back::<Col>();
+        // Inside a transaction the library opened, the two already go or stay together; a
+        // savepoint would only add a statement a cluster's abort can fail in (a Galera
+        // node that aborted the transaction answers `SAVEPOINT ... does not exist`).
+        if own && super::connection::in_transaction(conn) {
+            return match ExecuteDsl::execute(statement, conn).await? {
+                1 => match read.get_result(conn).await {
+                    Ok(token) => Ok((1, Some(token))),
+                    Err(diesel::result::Error::NotFound) => {
+                        Err(crate::sql::new_token::aborted_under_write())
+                    }
+                    Err(other) => Err(other),
+                },
+                rows => Ok((rows, None)),
+            };
+        }
+        let mut transaction = super::transaction::OwnTransaction::begin_raw(conn).await?;
         let written = match ExecuteDsl::execute(statement, transaction.conn()).await {
             Ok(1) => read
                 .get_result(transaction.conn())

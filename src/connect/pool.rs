@@ -263,7 +263,8 @@ pub fn mysql_pool(url: &str, config: &PoolConfig) -> Result<MysqlPool, Error> {
 /// its read bit): a read waits until the node has applied every commit the cluster made
 /// before it, so that a loaded copy, and the re-read that explains a conflict, show the
 /// cluster's latest row rather than a node's older one. Use it with your own pool builder
-/// through `connection_customizer`.
+/// through `connection_customizer`, or on a diesel-async pool through
+/// `async_manager_config`.
 #[cfg(feature = "mysql")]
 #[derive(Debug, Clone, Copy)]
 pub struct MysqlSettings {
@@ -277,14 +278,50 @@ impl diesel::r2d2::CustomizeConnection<diesel::MysqlConnection, diesel::r2d2::Er
 {
     fn on_acquire(&self, conn: &mut diesel::MysqlConnection) -> Result<(), diesel::r2d2::Error> {
         use diesel::connection::SimpleConnection;
-        let seconds = self.idle_session_timeout.as_secs().max(1);
-        conn.batch_execute(&format!("SET SESSION wait_timeout = {seconds}"))
+        conn.batch_execute(&self.idle_bound())
             .map_err(diesel::r2d2::Error::QueryError)?;
         // MySQL has no wsrep variables (an error, ignored); elsewhere off Galera a no-op.
-        let _ = conn.batch_execute(
-            "SET SESSION wsrep_sync_wait = IF(@@wsrep_on, @@wsrep_sync_wait | 1, @@wsrep_sync_wait)",
-        );
+        let _ = conn.batch_execute(CAUSAL_READS_ON_GALERA);
         Ok(())
+    }
+}
+
+/// Gives a Galera node's session causal reads (see [`MysqlSettings`]).
+#[cfg(feature = "mysql")]
+const CAUSAL_READS_ON_GALERA: &str =
+    "SET SESSION wsrep_sync_wait = IF(@@wsrep_on, @@wsrep_sync_wait | 1, @@wsrep_sync_wait)";
+
+#[cfg(feature = "mysql")]
+impl MysqlSettings {
+    /// `SET SESSION wait_timeout = <idle_session_timeout in whole seconds, at least 1>`.
+    fn idle_bound(&self) -> String {
+        let seconds = self.idle_session_timeout.as_secs().max(1);
+        format!("SET SESSION wait_timeout = {seconds}")
+    }
+
+    /// The same settings for a pool of diesel-async MySQL connections (bb8 or deadpool):
+    /// a manager configuration whose setup applies them to each new connection. Use it
+    /// with `AsyncDieselConnectionManager::new_with_config`.
+    #[cfg(all(
+        feature = "async-mysql",
+        any(feature = "bb8", feature = "async-deadpool")
+    ))]
+    pub fn async_manager_config(
+        self,
+    ) -> diesel_async::pooled_connection::ManagerConfig<diesel_async::AsyncMysqlConnection> {
+        let mut config = diesel_async::pooled_connection::ManagerConfig::default();
+        config.custom_setup = Box::new(move |url| {
+            Box::pin(async move {
+                use diesel_async::{AsyncConnection, SimpleAsyncConnection};
+                let mut conn = diesel_async::AsyncMysqlConnection::establish(url).await?;
+                conn.batch_execute(&self.idle_bound())
+                    .await
+                    .map_err(diesel::ConnectionError::CouldntSetupConfiguration)?;
+                let _ = conn.batch_execute(CAUSAL_READS_ON_GALERA).await;
+                Ok(conn)
+            })
+        });
+        config
     }
 }
 

@@ -128,6 +128,19 @@ where
     }
 }
 
+/// The row a statement wrote a moment ago in this transaction is gone: the server aborted
+/// the transaction under it (a Galera node, for a conflicting write from another node,
+/// whose reply to the write claimed success). Retryable: nothing of it stays.
+#[cfg(any(feature = "mysql", feature = "sqlite"))]
+pub(crate) fn aborted_under_write() -> diesel::result::Error {
+    diesel::result::Error::DatabaseError(
+        diesel::result::DatabaseErrorKind::SerializationFailure,
+        Box::new(
+            "the row just written is not there: the server aborted the transaction".to_string(),
+        ),
+    )
+}
+
 /// The statement, then `SELECT <Col>` of the row it wrote, in one transaction (a
 /// savepoint inside the caller's): the value the row holds after the statement and its
 /// triggers, with no other writer's in between.
@@ -151,13 +164,7 @@ where
             // The row the statement wrote a moment ago in this transaction is gone: the
             // server aborted the transaction under it (a Galera node, for a conflicting
             // write from another node, whose reply to the write claimed success).
-            Err(diesel::result::Error::NotFound) => Err(diesel::result::Error::DatabaseError(
-                diesel::result::DatabaseErrorKind::SerializationFailure,
-                Box::new(
-                    "the row just written is not there: the server aborted the transaction"
-                        .to_string(),
-                ),
-            )),
+            Err(diesel::result::Error::NotFound) => Err(aborted_under_write()),
             Err(other) => Err(other),
         },
         rows => Ok((rows, None)),
