@@ -189,6 +189,33 @@ impl Cluster {
     }
 }
 
+impl Cluster {
+    /// Order `id`'s end state on every node after `THREADS * OPERATIONS` successful
+    /// increments of its quantity: every success landed once (an ambiguous call may have
+    /// landed too), one version per landed write.
+    fn assert_order_landed(&self, id: i64, round: usize, outcomes: &Outcomes) {
+        let ends = self.on_every_node(|conn| {
+            orders::table
+                .find(id)
+                .select((orders::quantity, orders::version))
+                .first::<(i32, i64)>(conn)
+        });
+        let done = THREADS * OPERATIONS;
+        for (quantity, version) in ends {
+            let landed = done..=done + outcomes.ambiguous();
+            assert!(
+                landed.contains(&(quantity as usize)),
+                "round {round}: {quantity} after {done} successes, {outcomes:?}"
+            );
+            assert_eq!(
+                i64::from(quantity),
+                version,
+                "round {round}: one version per landed write"
+            );
+        }
+    }
+}
+
 fn quick() -> RetryPolicy {
     RetryPolicy::default()
         .max_attempts(50)
@@ -262,25 +289,7 @@ fn pooled_read_modify_writes_with_the_default_policy_lose_nothing() {
             })
             .map(drop)
         });
-        let ends = cluster.on_every_node(|conn| {
-            orders::table
-                .find(id)
-                .select((orders::quantity, orders::version))
-                .first::<(i32, i64)>(conn)
-        });
-        let done = THREADS * OPERATIONS;
-        for (quantity, version) in ends {
-            let landed = done..=done + retries.ambiguous();
-            assert!(
-                landed.contains(&(quantity as usize)),
-                "round {round}: {quantity} after {done} successes, {retries:?}"
-            );
-            assert_eq!(
-                i64::from(quantity),
-                version,
-                "round {round}: one version per landed write"
-            );
-        }
+        cluster.assert_order_landed(id, round, &retries);
         eprintln!(
             "round {round}: {} pooled read-modify-writes, {retries:?}",
             THREADS * OPERATIONS
@@ -605,26 +614,11 @@ fn async_read_modify_writes_on_three_nodes_lose_nothing() {
             .await
             .map(drop)
         });
-        let ends = cluster.on_every_node(|conn| {
-            orders::table
-                .find(id)
-                .select((orders::quantity, orders::version))
-                .first::<(i32, i64)>(conn)
-        });
-        let done = THREADS * OPERATIONS;
-        for (quantity, version) in ends {
-            let landed = done..=done + outcomes.ambiguous();
-            assert!(
-                landed.contains(&(quantity as usize)),
-                "round {round}: {quantity} after {done} successes, {outcomes:?}"
-            );
-            assert_eq!(
-                i64::from(quantity),
-                version,
-                "round {round}: one version per landed write"
-            );
-        }
-        eprintln!("round {round}: {done} async read-modify-writes, {outcomes:?}");
+        cluster.assert_order_landed(id, round, &outcomes);
+        eprintln!(
+            "round {round}: {} async read-modify-writes, {outcomes:?}",
+            THREADS * OPERATIONS
+        );
     }
 }
 

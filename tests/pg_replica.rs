@@ -123,6 +123,17 @@ fn order(pool: &Pool, id: i64) -> Order {
         .unwrap()
 }
 
+/// The current row of the `Conflict` that `result` must be.
+fn conflicting_row<T: std::fmt::Debug>(result: Result<T, Error>) -> Order {
+    match result {
+        Err(Error::Conflict(conflict)) => conflict
+            .current::<Order>()
+            .expect("the current row")
+            .clone(),
+        other => panic!("not a conflict: {other:?}"),
+    }
+}
+
 /// A copy read on the standby and written on the primary after someone else's write is a
 /// `Conflict` whose current row is the primary's, whether the standby had replayed that
 /// write (a stale read) or not (a lagging standby).
@@ -142,13 +153,7 @@ fn a_copy_read_on_the_standby_is_checked_against_the_primary() {
     order(&pair.primary, 1)
         .guarded_update(conn, orders::note.eq("by another writer"))
         .unwrap();
-    let err = copy
-        .guarded_update(conn, orders::note.eq("from the copy"))
-        .unwrap_err();
-    let Error::Conflict(conflict) = &err else {
-        panic!("{err:?}")
-    };
-    let current = conflict.current::<Order>().expect("the current row");
+    let current = conflicting_row(copy.guarded_update(conn, orders::note.eq("from the copy")));
     assert_eq!(
         (current.note.as_str(), current.version),
         ("by another writer", 1)
@@ -166,22 +171,13 @@ fn a_copy_read_on_the_standby_is_checked_against_the_primary() {
         .unwrap();
     let lagging = order(&pair.standby, 1);
     assert_eq!(lagging.version, 1, "the standby is behind");
-    let err = lagging
-        .guarded_update(conn, orders::note.eq("from the lagging copy"))
-        .unwrap_err();
-    let Error::Conflict(conflict) = &err else {
-        panic!("{err:?}")
-    };
-    let current = conflict.current::<Order>().expect("the current row");
+    let current =
+        conflicting_row(lagging.guarded_update(conn, orders::note.eq("from the lagging copy")));
     assert_eq!(
         (current.note.as_str(), current.version),
         ("unseen by the standby", 2)
     );
-    assert_eq!(
-        order(&pair.primary, 1),
-        current.clone(),
-        "nothing else was written"
-    );
+    assert_eq!(order(&pair.primary, 1), current, "nothing else was written");
 }
 
 /// Every kind of write sent to the standby is `ReadOnly`, at once and unretried.
