@@ -424,6 +424,22 @@ fn writes_on_a_read_only_node_are_read_only() {
     }
 }
 
+/// A round's grants: one per operation, none ambiguous (an ambiguous grant may have left
+/// the lock held by nobody for its lease), fences rising with each grant.
+#[cfg(feature = "locks")]
+fn assert_grants(round: usize, fences: &[i64], outcomes: &Outcomes) {
+    assert_eq!(fences.len(), THREADS * OPERATIONS);
+    assert_eq!(
+        outcomes.ambiguous(),
+        0,
+        "round {round}: ambiguous grants, {outcomes:?}"
+    );
+    assert!(
+        fences.windows(2).all(|pair| pair[0] < pair[1]),
+        "round {round}: fences that do not rise with each grant: {fences:?}"
+    );
+}
+
 /// A lock row's fence.
 #[derive(diesel::QueryableByName)]
 struct FenceRow {
@@ -484,17 +500,7 @@ fn lock_rounds_on_three_nodes_have_one_holder_and_rising_fences() {
             guard.release()
         });
         let fences = fences.into_inner().unwrap();
-        assert_eq!(fences.len(), THREADS * OPERATIONS);
-        // An ambiguous grant may have left the lock held by nobody for its lease.
-        assert_eq!(
-            retries.ambiguous(),
-            0,
-            "round {round}: ambiguous grants, {retries:?}"
-        );
-        assert!(
-            fences.windows(2).all(|pair| pair[0] < pair[1]),
-            "round {round}: fences that do not rise with each grant: {fences:?}"
-        );
+        assert_grants(round, &fences, &retries);
         eprintln!("round {round}: {} grants, {retries:?}", fences.len());
     }
 }
@@ -676,16 +682,7 @@ fn async_lock_rounds_on_three_nodes_have_one_holder_and_rising_fences() {
             }
         });
         let fences = Arc::into_inner(fences).unwrap().into_inner().unwrap();
-        assert_eq!(fences.len(), THREADS * OPERATIONS);
-        assert_eq!(
-            outcomes.ambiguous(),
-            0,
-            "round {round}: ambiguous grants, {outcomes:?}"
-        );
-        assert!(
-            fences.windows(2).all(|pair| pair[0] < pair[1]),
-            "round {round}: fences that do not rise with each grant: {fences:?}"
-        );
+        assert_grants(round, &fences, &outcomes);
         eprintln!("round {round}: {} async grants, {outcomes:?}", fences.len());
     }
 }
