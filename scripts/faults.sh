@@ -28,4 +28,4 @@ if [ -z "$preset" ]; then
 else
     echo "faults: server URLs preset, so the servers are not restarted (session kills only)"
 fi
-cargo test --all-features --test connection_faults fault_soak -- --nocapture --test-threads=1
+cargo test --all-features --test connections fault_soak -- --nocapture --test-threads=1

@@ -83,7 +83,7 @@ step "a PostgreSQL primary and an asynchronous standby on loopback: stale copies
 # Each test starts a fresh pair (scripts/pg-replica.sh); the pair is removed however the
 # step ends.
 trap 'bash scripts/pg-replica.sh stop' EXIT
-OCC_PG_REPLICA=1 OCC_REQUIRE_CLUSTER=1 cargo test --all-features --test pg_replica -- --test-threads=1
+OCC_PG_REPLICA=1 OCC_REQUIRE_CLUSTER=1 cargo test --all-features --test clusters pg_replica:: -- --test-threads=1
 step "a 3-node MariaDB Galera cluster on loopback: read-modify-writes, merges and lock rounds across its nodes"
 # 8 threads x 50 operations per round, OCC_CLUSTER_ROUNDS rounds (20 unless set), exact end
 # states read on every node.
@@ -91,5 +91,5 @@ step "a 3-node MariaDB Galera cluster on loopback: read-modify-writes, merges an
 trap 'bash scripts/galera.sh stop; bash scripts/pg-replica.sh stop' EXIT
 bash scripts/galera.sh start
 GALERA_URLS=$(bash scripts/galera.sh urls) OCC_REQUIRE_CLUSTER=1 \
-    cargo test --all-features --test galera -- --test-threads=1
+    cargo test --all-features --test clusters galera:: -- --test-threads=1
 step "all checks passed"

@@ -1,6 +1,6 @@
 //! The orders API of the example service, for each backend (`sqlite`, `postgres`,
 //! `mysql` modules with the same items), on diesel-async connections from a bb8 pool;
-//! `main.rs` serves it and the end-to-end tests (`tests/http_service.rs`) drive it over
+//! `main.rs` serves it and the end-to-end tests (`tests/connections/http_service.rs`) drive it over
 //! HTTP.
 //!
 //! - `POST /orders/{id}`: create, 201 with its `ETag`;

@@ -18,8 +18,10 @@ pub mod batch_paths;
     feature = "async",
     any(not(feature = "mysql"), feature = "async-mysql")
 ))]
+#[macro_use]
 pub mod claim_paths;
 #[cfg(feature = "deadpool")]
+#[macro_use]
 pub mod deadpool;
 pub mod faults;
 pub mod fenced;
@@ -34,6 +36,7 @@ pub mod models;
     feature = "async",
     any(not(feature = "mysql"), feature = "async-mysql")
 ))]
+#[macro_use]
 pub mod paths;
 pub mod schema;
 pub mod slow_link;
@@ -556,4 +559,14 @@ macro_rules! json_profiles {
             version: i64,
         }
     };
+}
+
+/// The name the test harness knows the test `item` of module `module` by (give it
+/// `module_path!()`): the module's path without the binary's crate name, so that a test
+/// can start its own binary on one test of its module (`--exact`), in any binary.
+pub fn test_name(module: &str, item: &str) -> String {
+    match module.split_once("::") {
+        Some((_crate, path)) => format!("{path}::{item}"),
+        None => item.to_string(),
+    }
 }

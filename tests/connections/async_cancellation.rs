@@ -1,0 +1,151 @@
+//! Async guarded writes and read-modify-writes dropped at random points (a tokio timeout
+//! of 0-3 ms, two thousand times on one connection): no change lands in half, no
+//! transaction stays open on the server, and a connection left inside a transaction is
+//! refused by the library, never written on. Checked from the database.
+
+#![cfg(all(
+    feature = "async",
+    any(not(feature = "mysql"), feature = "async-mysql")
+))]
+
+use crate::common;
+
+use std::time::{Duration, Instant};
+
+use common::models::{Order, OrderPatch};
+use common::paths::{add_one_to, AsyncOf};
+use common::schema::orders;
+use diesel::prelude::*;
+use diesel::result::Error as DieselError;
+use diesel_occ::asynchronous::prelude::*;
+use diesel_occ::{Error, RetryPolicy};
+
+/// Rounds of the test, each a call dropped after a random time unless it finished.
+const ROUNDS: u32 = 2_000;
+
+/// What the rounds came to.
+#[derive(Debug, Default)]
+struct Tally {
+    written: u32,
+    conflicts: u32,
+    dropped: u32,
+    refused_broken: u32,
+}
+
+/// The next of a small deterministic sequence of timeouts (0 to 2,999 µs).
+fn next_timeout(seed: &mut u64) -> Duration {
+    *seed = seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
+    Duration::from_micros((*seed >> 33) % 3_000)
+}
+
+for_each_backend! {
+    type Async_ = <Conn as AsyncOf>::Async;
+    json_profiles!();
+
+    /// One-statement merges (with the token back and without it) dropped at random
+    /// points: each merge that landed added its key and moved the version by one, both or
+    /// neither; a connection a dropped merge left half read (MySQL) is refused, never
+    /// read from again.
+    #[test]
+    fn dropped_one_statement_merges_land_whole_or_not_at_all() {
+        let Some(db) = db() else { return };
+        let row = Profile { id: 1, name: "p".into(), ext: serde_json::json!({}), version: 0 };
+        diesel::insert_into(profiles::table).values(&row).execute(&mut db.conn()).unwrap();
+        let runtime = common::paths::runtime();
+        let mut conn: Async_ = Conn::connect(&db.url, &runtime);
+        let (mut seed, mut tally) = (11_u64, Tally::default());
+        for round in 0..ROUNDS / 2 {
+            let limit = next_timeout(&mut seed);
+            let patch = serde_json::json!({ format!("k{round}"): round });
+            let outcome = if round % 2 == 0 {
+                let call = Profile::merge_json_in_place(&mut conn, &1, profiles::ext, &patch);
+                runtime.block_on(async { tokio::time::timeout(limit, call).await }).map(|r| r.map(drop))
+            } else {
+                let call = Profile::merge_json_in_place_without_token(&mut conn, &1, profiles::ext, &patch);
+                runtime.block_on(async { tokio::time::timeout(limit, call).await })
+            };
+            match outcome {
+                Ok(Ok(())) => tally.written += 1,
+                Ok(Err(Error::Database(DieselError::BrokenTransactionManager))) => {
+                    tally.refused_broken += 1;
+                    conn = Conn::connect(&db.url, &runtime);
+                }
+                Ok(Err(other)) => panic!("round {round}: {other:?}"),
+                Err(_elapsed) => tally.dropped += 1,
+            }
+        }
+        drop(conn);
+        eprintln!("{BACKEND}: {tally:?}");
+        assert!(tally.written > 0 && tally.dropped > 0, "{tally:?}: both kinds of round must occur");
+        let row = profiles::table.find(1).select(Profile::as_select()).first(&mut db.conn()).unwrap();
+        let keys = row.ext.as_object().unwrap();
+        assert_eq!(keys.len() as i64, row.version, "a merge landed in half: {row:?}");
+        assert!(row.version >= i64::from(tally.written), "{row:?} {tally:?}");
+        for (key, value) in keys {
+            assert_eq!(key, &format!("k{value}"), "{row:?}");
+        }
+    }
+
+    #[test]
+    fn dropped_futures_leave_no_half_change_and_no_open_transaction() {
+        let Some(db) = db() else { return };
+        diesel::insert_into(orders::table).values(&Order::new(1, "new")).execute(&mut db.conn()).unwrap();
+        let runtime = common::paths::runtime();
+        let mut conn: Async_ = Conn::connect(&db.url, &runtime);
+        let policy = RetryPolicy::default().max_attempts(3);
+        let (mut seed, mut tally) = (7_u64, Tally::default());
+        for round in 0..ROUNDS {
+            let limit = next_timeout(&mut seed);
+            let outcome = if round % 2 == 0 {
+                let call = Order::modify(&mut conn, &1, &policy, |o| add_one_to(o, "x"));
+                runtime.block_on(async { tokio::time::timeout(limit, call).await }).map(|r| r.map(drop))
+            } else {
+                let read = orders::table.find(1).select(Order::as_select());
+                let Ok(copy) = runtime.block_on(diesel_async::RunQueryDsl::first(read, &mut conn)) else {
+                    // The connection is busy with a dropped call's leftovers or broken: the
+                    // next write tells which.
+                    continue;
+                };
+                let patch = OrderPatch { note: Some(format!("{}x", copy.note)), quantity: Some(copy.quantity + 1) };
+                let call = AsyncGuardedWrite::guarded_update(&copy, &mut conn, patch);
+                runtime.block_on(async { tokio::time::timeout(limit, call).await }).map(|r| r.map(drop))
+            };
+            match outcome {
+                Ok(Ok(())) => tally.written += 1,
+                Ok(Err(Error::Conflict(_) | Error::RetriesExhausted { .. })) => tally.conflicts += 1,
+                Ok(Err(Error::Database(DieselError::BrokenTransactionManager))) => {
+                    // A call dropped inside the library's transaction: nothing more is sent
+                    // on this connection; a pool would discard it, the test replaces it.
+                    tally.refused_broken += 1;
+                    conn = Conn::connect(&db.url, &runtime);
+                }
+                Ok(Err(other)) => panic!("round {round}: {other:?}"),
+                Err(_elapsed) => tally.dropped += 1,
+            }
+        }
+        drop(conn);
+        eprintln!("{BACKEND}: {tally:?}");
+        assert!(tally.written > 0 && tally.dropped > 0, "{tally:?}: both kinds of round must occur");
+
+        // Every change that landed moved the note, the quantity and the version together.
+        let check = &mut db.conn();
+        let row = orders::table.find(1).select(Order::as_select()).first(check).unwrap();
+        assert_eq!(row.note.len() as i64 - 3, i64::from(row.quantity) - 1, "{row:?}");
+        assert_eq!(row.version, i64::from(row.quantity) - 1, "{row:?}");
+        assert!(row.version >= i64::from(tally.written), "{row:?} {tally:?}");
+
+        // Closed connections end their transactions; none is left open (the server sees a
+        // closed socket a moment later, so this waits for it, bounded).
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while common::open_transactions(check, BACKEND) > 0 {
+            assert!(Instant::now() < deadline, "a transaction stayed open");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        // And nothing holds the row: a write from another connection lands at once.
+        let mut fresh = row.clone();
+        fresh.note.push('!');
+        diesel_occ::GuardedWrite::guarded_save(&mut fresh, check).unwrap();
+    }
+}

@@ -1,0 +1,444 @@
+//! Work guarded by the lock itself: writes that commit only while the lock is held by the
+//! database's clock (`write_while_held`), `with_lock` that renews while the work runs and
+//! tells it when the lock is lost, and a leader's job that is stopped and awaited before
+//! the lock is freed.
+//!
+//! Checked from the database side: a ledger row counts the protected writes and the fence
+//! each carried, and counts a "regression" whenever a write lands with a fence older than
+//! the one before it (a write of a holder that was already replaced).
+
+#![cfg(feature = "locks")]
+
+use crate::common;
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Barrier};
+use std::time::{Duration, Instant};
+
+use diesel::connection::SimpleConnection;
+use diesel::prelude::*;
+use diesel_occ::{
+    occ_locks, Candidate, ElectionTiming, Error, Held, LeaderEvent, Lease, Locks, RetryPolicy,
+};
+
+diesel::table! {
+    ledger (id) {
+        id -> BigInt,
+        writes -> BigInt,
+        last_fence -> BigInt,
+        regressions -> BigInt,
+    }
+}
+
+diesel::table! {
+    job_exits (term) {
+        term -> BigInt,
+        lock_still_held -> BigInt,
+    }
+}
+
+const TABLES: &str = "CREATE TABLE ledger (id BIGINT PRIMARY KEY, writes BIGINT NOT NULL, \
+     last_fence BIGINT NOT NULL, regressions BIGINT NOT NULL); \
+     INSERT INTO ledger VALUES (1, 0, 0, 0); \
+     CREATE TABLE job_exits (term BIGINT PRIMARY KEY, lock_still_held BIGINT NOT NULL)";
+
+/// A time long past, by every backend's clock and in SQLite's text form.
+const LONG_AGO: &str = "2000-01-01 00:00:00.000";
+
+fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+fn quick() -> RetryPolicy {
+    RetryPolicy::default().first_delay(ms(1)).max_delay(ms(10))
+}
+
+/// Fast election timings: lease 1 s, renew deadline 700 ms, retries every 100 ms.
+fn timing() -> ElectionTiming {
+    ElectionTiming {
+        lease: ms(1000),
+        renew_deadline: ms(700),
+        retry_period: ms(100),
+    }
+}
+
+/// The protected write: one more write, carrying `fence`; a fence older than the last
+/// one recorded counts as a regression.
+fn record<C>(conn: &mut C, fence: i64) -> Result<usize, Error>
+where
+    C: diesel::Connection,
+    C::Backend: diesel::backend::Backend,
+    diesel::query_builder::SqlQuery: diesel::query_dsl::methods::ExecuteDsl<C>,
+{
+    diesel::sql_query(format!(
+        "UPDATE ledger SET writes = writes + 1, \
+         regressions = regressions + CASE WHEN last_fence > {fence} THEN 1 ELSE 0 END, \
+         last_fence = {fence} WHERE id = 1"
+    ))
+    .execute(conn)
+    .map_err(Error::from)
+}
+
+/// A job's own error, or diesel-occ's.
+#[derive(Debug, PartialEq)]
+enum JobError {
+    Occ(String),
+    Refused,
+}
+
+impl From<Error> for JobError {
+    fn from(e: Error) -> Self {
+        JobError::Occ(e.to_string())
+    }
+}
+
+fn lost_why(result: Result<impl std::fmt::Debug, Error>) -> String {
+    match result {
+        Err(Error::LockLost { why, .. }) => why,
+        other => panic!("expected LockLost, got {other:?}"),
+    }
+}
+
+for_each_backend! {
+    type Pooled = diesel_occ::Pooled<Conn>;
+
+    fn setup() -> Option<common::TestDb<Conn>> {
+        let db = db()?;
+        db.conn().batch_execute(TABLES).unwrap();
+        Some(db)
+    }
+
+    /// (writes, last fence, regressions) of the ledger.
+    fn ledger_row(conn: &mut Pooled) -> (i64, i64, i64) {
+        ledger::table.find(1).select((ledger::writes, ledger::last_fence, ledger::regressions)).first(conn).unwrap()
+    }
+
+    fn expire_by_hand(conn: &mut Pooled, name: &str) {
+        diesel::sql_query(format!("UPDATE occ_locks SET expires_at = '{LONG_AGO}' WHERE lock_name = '{name}'"))
+            .execute(conn)
+            .unwrap();
+    }
+
+    fn holder_of(conn: &mut Pooled, name: &str) -> Option<String> {
+        occ_locks::table.find((name, "main")).select(occ_locks::holder).first(conn).unwrap()
+    }
+
+    /// A holder whose lease ended by the database's clock (its own belief still says held)
+    /// and was taken over: its protected write is rolled back and names the new holder;
+    /// the new holder's lands. A write's own error rolls back and comes back unchanged.
+    #[test]
+    fn a_protected_write_lands_only_while_the_lock_is_held() {
+        let Some(db) = setup() else { return };
+        let conn = &mut db.conn();
+        let locks = Locks::new(db.pool.clone());
+        let old = locks.try_lock("report", "main", Duration::from_secs(60), Some("host-a")).unwrap();
+        old.write_while_held(conn, |c| record(c, old.fence())).unwrap();
+        assert_eq!(ledger_row(conn), (1, old.fence(), 0));
+
+        let refused: Result<(), JobError> = old.write_while_held(conn, |c| {
+            record(c, old.fence()).unwrap();
+            Err(JobError::Refused)
+        });
+        assert_eq!(refused, Err(JobError::Refused));
+        assert_eq!(ledger_row(conn), (1, old.fence(), 0), "rolled back");
+
+        expire_by_hand(conn, "report");
+        let new = locks.try_lock("report", "main", Duration::from_secs(60), Some("host-b")).unwrap();
+        assert!(old.is_held(), "the old holder's belief still says held: only the database knows");
+        let why = lost_why(old.write_while_held(conn, |c| record(c, old.fence())));
+        assert!(why.contains("host-b holds it now"), "{why}");
+        assert!(!old.is_held(), "a refused write ends the belief");
+        assert_eq!(ledger_row(conn), (1, old.fence(), 0), "the stale write was rolled back");
+        // Refused at once now, without a round trip.
+        assert!(matches!(old.write_while_held(conn, |c| record(c, old.fence())), Err(Error::LockLost { .. })));
+
+        new.write_while_held(conn, |c| record(c, new.fence())).unwrap();
+        assert_eq!(ledger_row(conn), (2, new.fence(), 0));
+        new.release().unwrap();
+        assert!(matches!(old.release(), Err(Error::LockLost { .. })));
+    }
+
+    /// Refused when the lease ended by the database's clock with nobody after it, when the
+    /// lock row was deleted, and after a release; nothing written each time.
+    #[test]
+    fn a_protected_write_is_refused_when_the_lease_ended_or_the_row_is_gone() {
+        let Some(db) = setup() else { return };
+        let conn = &mut db.conn();
+        let locks = Locks::new(db.pool.clone());
+
+        let lapsed = locks.try_lock("report", "main", Duration::from_secs(60), None).unwrap();
+        expire_by_hand(conn, "report");
+        let why = lost_why(lapsed.write_while_held(conn, |c| record(c, 1)));
+        assert_eq!(why, "its lease ended");
+
+        let purged = locks.try_lock("report", "main", Duration::from_secs(60), None).unwrap();
+        diesel::delete(occ_locks::table).execute(conn).unwrap();
+        let why = lost_why(purged.write_while_held(conn, |c| record(c, 1)));
+        assert_eq!(why, "its row was deleted");
+
+        let guard = locks.try_lock("report", "main", Duration::from_secs(60), None).unwrap();
+        let held = Lease::keep_alive(guard);
+        let handle = held.held().clone();
+        held.release().unwrap();
+        assert!(matches!(handle.write_while_held(conn, |c| record(c, 1)), Err(Error::LockLost { .. })));
+        assert_eq!(ledger_row(conn), (0, 0, 0));
+    }
+
+    /// The database-side check reads the lease in UTC whatever the session's time zone:
+    /// from sessions 13 or 14 hours ahead of UTC and 11 behind it, a held lease lets the write
+    /// through and an ended one refuses it (SQLite sessions have no time zone).
+    #[test]
+    fn the_lease_check_does_not_depend_on_the_sessions_time_zone() {
+        let Some(db) = setup() else { return };
+        let zones: [&str; 2] = match BACKEND {
+            "postgres" => ["SET TIME ZONE 'Pacific/Kiritimati'", "SET TIME ZONE 'Pacific/Pago_Pago'"],
+            "mysql" => ["SET time_zone = '+13:00'", "SET time_zone = '-11:00'"],
+            _ => return,
+        };
+        let locks = Locks::new(db.pool.clone());
+        let guard = locks.try_lock("report", "main", Duration::from_secs(60), None).unwrap();
+        for zone in zones {
+            let conn = &mut Conn::establish(&db.url).unwrap();
+            conn.batch_execute(zone).unwrap();
+            guard.write_while_held(conn, |c| record(c, guard.fence())).unwrap();
+        }
+        guard.release().unwrap();
+        for zone in zones {
+            let lapsed = locks.try_lock("report", "main", Duration::from_secs(60), None).unwrap();
+            expire_by_hand(&mut db.conn(), "report");
+            let conn = &mut Conn::establish(&db.url).unwrap();
+            conn.batch_execute(zone).unwrap();
+            assert_eq!(lost_why(lapsed.write_while_held(conn, |c| record(c, lapsed.fence()))), "its lease ended", "{zone}");
+        }
+        assert_eq!(ledger_row(&mut db.conn()).0, 2);
+    }
+
+    /// Four holders take turns on one lock while a saboteur keeps ending the current
+    /// lease by the database's clock (the holders' beliefs never notice): every
+    /// protected write that reports success landed, in fence order, and no write of a
+    /// replaced holder landed.
+    #[test]
+    fn replaced_holders_never_land_a_write_under_racing_takeovers() {
+        const HOLDERS: usize = 4;
+        const ROUNDS: usize = 15;
+        let Some(db) = setup() else { return };
+        let locks = Locks::new(db.pool.clone());
+        let (landed, refused) = (AtomicUsize::new(0), AtomicUsize::new(0));
+        let done = AtomicBool::new(false);
+        let start = &Barrier::new(HOLDERS + 1);
+        std::thread::scope(|s| {
+            let workers: Vec<_> = (0..HOLDERS)
+                .map(|h| {
+                    let (locks, landed, refused, pool) = (&locks, &landed, &refused, &db.pool);
+                    s.spawn(move || {
+                        let mut conn = pool.get().unwrap();
+                        start.wait();
+                        for _ in 0..ROUNDS {
+                            let guard = locks.lock("ledger", "main", Duration::from_secs(60), Some(&format!("holder {h}")), Duration::from_secs(120), &quick()).unwrap();
+                            for _ in 0..4 {
+                                match guard.write_while_held(&mut conn, |c| record(c, guard.fence())) {
+                                    Ok(_) => landed.fetch_add(1, Ordering::SeqCst),
+                                    Err(Error::LockLost { .. }) => {
+                                        refused.fetch_add(1, Ordering::SeqCst);
+                                        break;
+                                    }
+                                    Err(e) if e.is_retryable() => continue,
+                                    Err(e) => panic!("{e}"),
+                                };
+                            }
+                            let _ = guard.release();
+                        }
+                    })
+                })
+                .collect();
+            let (saboteur_done, pool) = (&done, &db.pool);
+            let saboteur = s.spawn(move || {
+                let mut conn = pool.get().unwrap();
+                start.wait();
+                let mut takeovers = 0;
+                while !saboteur_done.load(Ordering::SeqCst) {
+                    if diesel::sql_query(format!("UPDATE occ_locks SET expires_at = '{LONG_AGO}' WHERE holder IS NOT NULL")).execute(&mut conn).is_ok() {
+                        takeovers += 1;
+                    }
+                    std::thread::sleep(ms(3));
+                }
+                takeovers
+            });
+            for worker in workers {
+                worker.join().unwrap();
+            }
+            done.store(true, Ordering::SeqCst);
+            let takeovers = saboteur.join().unwrap();
+            println!("{BACKEND}: {} writes landed, {} refused, {takeovers} leases ended by hand", landed.load(Ordering::SeqCst), refused.load(Ordering::SeqCst));
+        });
+        let (writes, _, regressions) = ledger_row(&mut db.conn());
+        assert_eq!(regressions, 0, "a replaced holder's write landed after its successor's");
+        assert_eq!(writes as usize, landed.load(Ordering::SeqCst), "every write reported landed did, and no other");
+    }
+
+    /// `with_lock`: the work outlives the TTL while the lease renews itself, others are
+    /// refused meanwhile, and the lock is freed after; an error of the work comes back
+    /// unchanged after the release; a held lock runs nothing.
+    #[test]
+    fn with_lock_renews_while_the_work_runs_then_releases() {
+        let Some(db) = setup() else { return };
+        let locks = Locks::new(db.pool.clone());
+        let conn = &mut db.conn();
+        let ran = locks.with_lock("report", "main", ms(300), Some("worker"), |held| {
+            let mut conn = db.conn();
+            for _ in 0..5 {
+                held.sleep(ms(200))?;
+                held.write_while_held(&mut conn, |c| record(c, held.fence()))?;
+            }
+            assert!(matches!(locks.try_lock("report", "main", ms(300), None), Err(Error::LockHeld { .. })));
+            Ok::<_, Error>(held.fence())
+        });
+        let fence = ran.unwrap();
+        assert_eq!(ledger_row(conn), (5, fence, 0));
+        assert_eq!(holder_of(conn, "report"), None, "released");
+        let (acquired, renewed): (Option<chrono::NaiveDateTime>, Option<chrono::NaiveDateTime>) = occ_locks::table
+            .find(("report", "main"))
+            .select((occ_locks::acquired_at, occ_locks::renewed_at))
+            .first(conn)
+            .unwrap();
+        assert!(renewed > acquired, "renewed while the work ran");
+        assert_eq!(locks.with_lock("report", "main", ms(300), None, |_| Err::<(), _>(JobError::Refused)), Err(JobError::Refused));
+        assert_eq!(holder_of(conn, "report"), None, "released after an error too");
+
+        let other = locks.try_lock("report", "main", Duration::from_secs(60), Some("other")).unwrap();
+        let mut ran = false;
+        let held = locks.with_lock("report", "main", ms(300), None, |_| {
+            ran = true;
+            Ok::<_, Error>(())
+        });
+        assert!(matches!(held, Err(Error::LockHeld { .. })) && !ran);
+        other.release().unwrap();
+    }
+
+    /// The lock is taken over while the work sleeps: the renewal finds it lost, the sleep
+    /// ends at once with `LockLost`, and `with_lock` answers `LockLost` though the work
+    /// then returned `Ok`.
+    #[test]
+    fn with_lock_tells_the_work_when_the_lock_is_lost() {
+        let Some(db) = setup() else { return };
+        let locks = Locks::new(db.pool.clone());
+        let conn = &mut db.conn();
+        let slept = Instant::now();
+        let mut sleep_ended = None;
+        let outcome = locks.with_lock("report", "main", ms(300), None, |held| {
+            diesel::update(occ_locks::table).set(occ_locks::holder.eq("intruder")).execute(&mut db.conn()).unwrap();
+            sleep_ended = Some(held.sleep(Duration::from_secs(60)));
+            assert!(held.write_while_held(&mut db.conn(), |c| record(c, held.fence())).is_err());
+            Ok::<_, Error>("done")
+        });
+        assert!(slept.elapsed() < Duration::from_secs(60), "the sleep ended when the lock was lost, not at its end");
+        let why = lost_why(sleep_ended.unwrap());
+        assert!(why.contains("another holder holds it now"), "{why}");
+        assert!(matches!(outcome, Err(Error::LockLost { .. })), "{outcome:?}");
+        assert_eq!(ledger_row(conn), (0, 0, 0));
+        assert_eq!(holder_of(conn, "report").as_deref(), Some("intruder"), "nobody released the intruder's lock");
+    }
+
+    /// A leader's job writes while it leads; on `stop()` it is told, awaited, and only
+    /// then is the lock freed (the job saw the lock still held as it exited).
+    #[test]
+    fn a_leaders_job_is_stopped_and_awaited_before_the_lock_is_freed() {
+        let Some(db) = setup() else { return };
+        let pool = db.pool.clone();
+        let candidate = Candidate::start_with_job(Locks::new(db.pool.clone()), "scheduler", "main", "leader", timing(), move |held: &Held| {
+            let mut conn = pool.get().unwrap();
+            while held.sleep(ms(20)).is_ok() {
+                let _ = held.write_while_held(&mut conn, |c| record(c, held.fence()));
+            }
+            // A slow shutdown step: the lock must stay ours until it is over.
+            std::thread::sleep(ms(300));
+            let holder: Option<String> = occ_locks::table.find(("scheduler", "main")).select(occ_locks::holder).first(&mut conn).unwrap();
+            diesel::insert_into(job_exits::table)
+                .values((job_exits::term.eq(held.fence()), job_exits::lock_still_held.eq(i64::from(holder.is_some()))))
+                .execute(&mut conn)
+                .unwrap();
+        })
+        .unwrap();
+        let Ok(LeaderEvent::Elected { fence }) = candidate.events().recv_timeout(Duration::from_secs(10)) else { panic!("not elected") };
+        let conn = &mut db.conn();
+        while ledger_row(conn).0 < 5 {
+            std::thread::sleep(ms(10));
+        }
+        assert_eq!(candidate.stop(), [LeaderEvent::SteppedDown]);
+        let exits: Vec<(i64, i64)> = job_exits::table.select((job_exits::term, job_exits::lock_still_held)).load(conn).unwrap();
+        assert_eq!(exits, [(fence, 1)], "the job ended while the lock was still held");
+        assert_eq!(holder_of(conn, "scheduler"), None, "freed after the job ended");
+        let (writes, last_fence, regressions) = ledger_row(conn);
+        assert!(writes >= 5);
+        assert_eq!((last_fence, regressions), (fence, 0));
+    }
+
+    /// Another holder takes the leader's lock: the leader's job writes nothing after the
+    /// takeover, `Lost` names the new holder, the job is told and awaited, and the
+    /// candidate then campaigns (the intruder keeps its lock).
+    #[test]
+    fn a_leaders_job_stops_writing_when_the_lead_is_lost() {
+        let Some(db) = setup() else { return };
+        let pool = db.pool.clone();
+        let candidate = Candidate::start_with_job(Locks::new(db.pool.clone()), "scheduler", "main", "leader", timing(), move |held: &Held| {
+            let mut conn = pool.get().unwrap();
+            while held.sleep(ms(10)).is_ok() {
+                let _ = held.write_while_held(&mut conn, |c| record(c, held.fence()));
+            }
+            diesel::insert_into(job_exits::table).values((job_exits::term.eq(held.fence()), job_exits::lock_still_held.eq(0))).execute(&mut conn).unwrap();
+        })
+        .unwrap();
+        let Ok(LeaderEvent::Elected { fence }) = candidate.events().recv_timeout(Duration::from_secs(10)) else { panic!("not elected") };
+        let conn = &mut db.conn();
+        while ledger_row(conn).0 < 3 {
+            std::thread::sleep(ms(10));
+        }
+        // The intruder takes the lock for a long lease: from its commit on, no write of the
+        // old term can commit (each locks the lock row before committing).
+        diesel::sql_query("UPDATE occ_locks SET holder = 'intruder', label = 'intruder', fence = fence + 1000, \
+                           expires_at = '2999-01-01 00:00:00.000'")
+            .execute(conn)
+            .unwrap();
+        let at_takeover = ledger_row(conn).0;
+        match candidate.events().recv_timeout(Duration::from_secs(10)) {
+            Ok(LeaderEvent::Lost { reason }) => assert!(reason.contains("intruder holds it now"), "{reason}"),
+            other => panic!("{other:?}"),
+        }
+        // The job's exit is recorded before the runner goes on (awaited), so it is here now
+        // or very soon; wait for it on the database.
+        let waited = Instant::now();
+        while job_exits::table.count().get_result::<i64>(conn).unwrap() == 0 {
+            assert!(waited.elapsed() < Duration::from_secs(10), "the job never ended");
+            std::thread::sleep(ms(10));
+        }
+        assert!(!candidate.is_leader());
+        assert_eq!(candidate.stop(), [], "it did not lead again: the intruder holds the lock");
+        let (writes, last_fence, regressions) = ledger_row(conn);
+        assert_eq!((writes, last_fence, regressions), (at_takeover, fence, 0), "nothing landed after the takeover");
+        assert_eq!(holder_of(conn, "scheduler").as_deref(), Some("intruder"));
+    }
+
+    /// A job that returns, or panics, ends its term: `JobEnded`, the lock freed, and the
+    /// candidate leads again with a higher fence (running the job again).
+    #[test]
+    fn a_job_that_returns_or_panics_ends_its_term_and_the_candidate_campaigns_again() {
+        let Some(db) = setup() else { return };
+        let terms = Arc::new(AtomicUsize::new(0));
+        let counted = Arc::clone(&terms);
+        let candidate = Candidate::start_with_job(Locks::new(db.pool.clone()), "scheduler", "main", "leader", timing(), move |_held: &Held| {
+            if counted.fetch_add(1, Ordering::SeqCst) == 0 {
+                panic!("boom");
+            }
+        })
+        .unwrap();
+        let events: Vec<LeaderEvent> = candidate.events().iter().take(4).collect();
+        let fences: Vec<i64> = events.iter().filter_map(|e| match e { LeaderEvent::Elected { fence } => Some(*fence), _ => None }).collect();
+        assert_eq!(events.len(), 4);
+        assert_eq!(events[1], LeaderEvent::JobEnded { panic: Some("boom".into()) });
+        assert_eq!(events[3], LeaderEvent::JobEnded { panic: None });
+        assert!(fences.len() == 2 && fences[1] > fences[0], "{events:?}");
+        drop(candidate);
+        assert!(terms.load(Ordering::SeqCst) >= 2);
+        assert_eq!(holder_of(&mut db.conn(), "scheduler"), None);
+    }
+}

@@ -1,0 +1,196 @@
+//! A guarded write that fails inside the caller's transaction (a unique violation, a
+//! check constraint) leaves that transaction usable on every backend: what it wrote
+//! before stays, later writes go on, and the commit keeps both. PostgreSQL would abort
+//! the whole transaction; the library's savepoint keeps the three backends alike.
+
+use crate::common;
+
+use diesel::connection::SimpleConnection;
+use diesel::prelude::*;
+use diesel_occ::{guarded_operation, BatchMode, GuardedBatch, GuardedBulk, GuardedWrite};
+use diesel_occ::{Error, Guarded, LockWait, Pessimistic, RetryPolicy};
+
+diesel::table! {
+    accounts (id) {
+        id -> BigInt,
+        email -> Text,
+        credit -> Integer,
+        version -> BigInt,
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Queryable, Selectable, Identifiable, Insertable, Guarded)]
+#[diesel(table_name = accounts)]
+pub struct Account {
+    id: i64,
+    email: String,
+    credit: i32,
+    #[occ(version)]
+    version: i64,
+}
+
+/// A database error that is not a conflict: the constraint refused the write.
+fn assert_constraint_error<T: std::fmt::Debug>(result: Result<T, Error>) {
+    match result {
+        Err(Error::Database(_)) => {}
+        other => panic!("expected the constraint's database error, got {other:?}"),
+    }
+}
+
+for_each_backend! {
+    type Pooled = diesel_occ::Pooled<Conn>;
+
+    /// Three accounts `a@x`, `b@x`, `c@x` with credit 10; emails unique, credit >= 0.
+    fn setup() -> Option<common::TestDb<Conn>> {
+        let db = db()?;
+        let conn = &mut db.conn();
+        let text = if BACKEND == "mysql" { "VARCHAR(64)" } else { "TEXT" };
+        conn.batch_execute(&format!(
+            "CREATE TABLE accounts (id BIGINT PRIMARY KEY, email {text} NOT NULL UNIQUE, \
+             credit INTEGER NOT NULL CHECK (credit >= 0), version BIGINT NOT NULL)"
+        ))
+        .unwrap();
+        let rows: Vec<Account> = ["a", "b", "c"]
+            .iter()
+            .zip(1..)
+            .map(|(name, id)| Account { id, email: format!("{name}@x"), credit: 10, version: 0 })
+            .collect();
+        diesel::insert_into(accounts::table).values(&rows).execute(conn).unwrap();
+        Some(db)
+    }
+
+    /// (email, credit, version) of every account, by id, as committed.
+    fn stored(conn: &mut Pooled) -> Vec<(String, i32, i64)> {
+        accounts::table
+            .order(accounts::id)
+            .select((accounts::email, accounts::credit, accounts::version))
+            .load(conn)
+            .unwrap()
+    }
+
+    fn load(conn: &mut Pooled, id: i64) -> Account {
+        accounts::table.find(id).select(Account::as_select()).first(conn).unwrap()
+    }
+
+    /// Write, fail on a unique and then a check violation, write again, commit: the two
+    /// good writes are there, the failed ones left nothing.
+    #[test]
+    fn a_failed_write_leaves_the_callers_transaction_usable() {
+        let Some(db) = setup() else { return };
+        let conn = &mut db.conn();
+        let (a, b, c) = (load(conn, 1), load(conn, 2), load(conn, 3));
+        conn.transaction::<_, Error, _>(|conn| {
+            assert_eq!(a.guarded_update(conn, accounts::credit.eq(7))?, 1);
+            assert_constraint_error(b.guarded_update(conn, accounts::email.eq("a@x")));
+            assert_constraint_error(b.guarded_update(conn, accounts::credit.eq(-1)));
+            let mut b = b.clone();
+            b.email = "c@x".into();
+            assert_constraint_error(b.guarded_save(conn));
+            assert_eq!(c.guarded_update(conn, accounts::credit.eq(13))?, 1);
+            // The failed writes left the second row as it was, inside the transaction too.
+            assert_eq!(load(conn, 2).version, 0);
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(
+            stored(conn),
+            [("a@x".into(), 7, 1), ("b@x".into(), 10, 0), ("c@x".into(), 13, 1)]
+        );
+    }
+
+    /// The same for a partial batch and a bulk update that fail as a whole.
+    #[test]
+    fn a_failed_batch_or_bulk_update_leaves_the_callers_transaction_usable() {
+        let Some(db) = setup() else { return };
+        let conn = &mut db.conn();
+        conn.transaction::<_, Error, _>(|conn| {
+            let first = load(conn, 1);
+            assert_eq!(first.guarded_update(conn, accounts::credit.eq(1))?, 1);
+            let rows = vec![(2, 0, accounts::credit.eq(5)), (3, 0, accounts::credit.eq(-5))];
+            assert_constraint_error(Account::guarded_update_batch(conn, rows, BatchMode::Partial));
+            assert_constraint_error(Account::guarded_bulk_update(conn, accounts::id.gt(1), accounts::email.eq("same@x")));
+            let third = load(conn, 3);
+            assert_eq!(third.guarded_update(conn, accounts::credit.eq(3))?, 1);
+            Ok(())
+        })
+        .unwrap();
+        let rows = stored(conn);
+        assert_eq!((rows[0].1, rows[0].2), (1, 1));
+        assert_eq!(rows[2], ("c@x".into(), 3, 1));
+        // A batch that failed as a statement on one backend may have written its other
+        // row on a backend that runs a batch row by row; the failed rows wrote nothing.
+        assert!(rows[1] == ("b@x".into(), 10, 0) || rows[1] == ("b@x".into(), 5, 1), "{rows:?}");
+    }
+
+    /// Inside the library's own transactions, the caller's closures are the caller's: a
+    /// failed write the closure handles does not spoil what commits.
+    #[test]
+    fn closures_the_library_runs_in_its_transactions_can_handle_a_failed_write() {
+        let Some(db) = setup() else { return };
+        let conn = &mut db.conn();
+        Account::with_row_locked(conn, &1, LockWait::Wait, |conn, a| -> Result<(), Error> {
+            let b = load(conn, 2);
+            assert_constraint_error(b.guarded_update(conn, accounts::email.eq("a@x")));
+            a.guarded_update(conn, accounts::credit.eq(9))?;
+            Ok(())
+        })
+        .unwrap();
+        let done = guarded_operation(conn, "billing", "run-1", &RetryPolicy::default(), |conn| -> Result<(), Error> {
+            let c = load(conn, 3);
+            assert_constraint_error(c.guarded_update(conn, accounts::credit.eq(-3)));
+            c.guarded_update(conn, accounts::credit.eq(8))?;
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(done.attempts, 1);
+        assert_eq!(
+            stored(conn),
+            [("a@x".into(), 9, 1), ("b@x".into(), 10, 0), ("c@x".into(), 8, 1)]
+        );
+    }
+
+    /// The savepoint is PostgreSQL's, for the caller's transactions only: a
+    /// read-modify-write, whose transaction is the library's, opens none.
+    #[test]
+    fn only_writes_in_the_callers_transaction_pay_for_a_savepoint_on_postgresql() {
+        use diesel::connection::{Connection, InstrumentationEvent};
+        use diesel_occ::GuardedModify;
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        use std::sync::Arc;
+
+        let Some(db) = setup() else { return };
+        let conn = &mut db.conn();
+        let savepoints = Arc::new(AtomicUsize::new(0));
+        let counter = Arc::clone(&savepoints);
+        conn.set_instrumentation(move |event: InstrumentationEvent<'_>| {
+            if let InstrumentationEvent::BeginTransaction { depth, .. } = event {
+                if depth.get() > 1 {
+                    counter.fetch_add(1, Ordering::SeqCst);
+                }
+            }
+        });
+        let a = load(conn, 1);
+        conn.transaction::<_, Error, _>(|conn| a.guarded_update(conn, accounts::credit.eq(2)).map(drop)).unwrap();
+        let in_callers = savepoints.swap(0, Ordering::SeqCst);
+        Account::modify(conn, &2, &RetryPolicy::default(), |b| -> Result<(), Error> {
+            b.credit += 1;
+            Ok(())
+        })
+        .unwrap();
+        let in_modify = savepoints.load(Ordering::SeqCst);
+        conn.set_instrumentation(|_: InstrumentationEvent<'_>| {});
+        let expected = usize::from(BACKEND == "postgres");
+        assert_eq!((in_callers, in_modify), (expected, 0));
+    }
+
+    /// Outside any transaction a failed write is just its error; nothing changes.
+    #[test]
+    fn a_failed_write_outside_a_transaction_writes_nothing() {
+        let Some(db) = setup() else { return };
+        let conn = &mut db.conn();
+        let b = load(conn, 2);
+        assert_constraint_error(b.guarded_update(conn, accounts::email.eq("c@x")));
+        assert_eq!(b.guarded_update(conn, accounts::credit.eq(4)).unwrap(), 1);
+        assert_eq!(stored(conn)[1], ("b@x".into(), 4, 1));
+    }
+}

@@ -1,0 +1,516 @@
+//! JSON extension columns: read-merge-write under the guard with retry, and one-statement
+//! merges, on every backend; concurrent writers never lose each other's keys.
+
+use crate::common;
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Barrier;
+use std::time::Duration;
+
+use diesel::prelude::*;
+use diesel_occ::GuardedJson;
+use diesel_occ::GuardedJsonMerge;
+use diesel_occ::{Error, RetryPolicy};
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+
+/// A patient policy for the hot-row tests: they check end states, not latency.
+fn patient() -> RetryPolicy {
+    RetryPolicy::default()
+        .max_attempts(10_000)
+        .max_elapsed(Duration::from_secs(300))
+}
+
+/// What the shipping service knows of the document; other services' keys are not here.
+#[derive(Debug, Serialize, Deserialize, PartialEq)]
+struct Shipping {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    carrier: Option<String>,
+    #[serde(default)]
+    parcels: u32,
+}
+
+/// The merge cases both paths must agree on: (stored document, patch, result).
+fn merge_cases() -> Vec<(Value, Value, Value)> {
+    vec![
+        (json!({"a": 1}), json!({"b": 2}), json!({"a": 1, "b": 2})),
+        // Flat patches (no member is an object; PostgreSQL's cached statement): a null
+        // inside an array value is data, not a deletion; a deletion of a missing key.
+        (
+            json!({"a": 1, "b": 2}),
+            json!({"a": [{"x": null}, null], "b": null, "c": null, "ключ 🔑": "ä"}),
+            json!({"a": [{"x": null}, null], "ключ 🔑": "ä"}),
+        ),
+        (json!({"a": 1}), json!({}), json!({"a": 1})),
+        (
+            json!({"a": {"b": 1, "c": 2}}),
+            json!({"a": {"c": 3, "d": 4}}),
+            json!({"a": {"b": 1, "c": 3, "d": 4}}),
+        ),
+        (json!({"a": 1, "b": 2}), json!({"a": null}), json!({"b": 2})),
+        (
+            json!({"a": {"b": 1}}),
+            json!({"a": {"b": null}}),
+            json!({"a": {}}),
+        ),
+        (json!({"a": 1}), json!({"gone": null}), json!({"a": 1})),
+        (
+            json!({"tags": [1, 2, 3]}),
+            json!({"tags": [4]}),
+            json!({"tags": [4]}),
+        ),
+        (
+            json!({"a": [1, {"b": 2}]}),
+            json!({"a": {"b": 3}}),
+            json!({"a": {"b": 3}}),
+        ),
+        (
+            json!({"a": "text"}),
+            json!({"a": {"b": 1}}),
+            json!({"a": {"b": 1}}),
+        ),
+        (
+            json!({"a": 5}),
+            json!({"a": {"b": {"c": null, "d": [true]}}}),
+            json!({"a": {"b": {"d": [true]}}}),
+        ),
+        (
+            json!({"a": {"b": 1}}),
+            json!({"a": "flat"}),
+            json!({"a": "flat"}),
+        ),
+        (
+            json!({"ключ": "значение", "🚚": 1}),
+            json!({"🚚": 2, "名前": "太郎"}),
+            json!({"ключ": "значение", "🚚": 2, "名前": "太郎"}),
+        ),
+        (
+            json!({"a.b": 1, "it's": {"\"q\"": 1}}),
+            json!({"a.b": null, "it's": {"\"q\"": 2, "x\\y": "$1"}}),
+            json!({"it's": {"\"q\"": 2, "x\\y": "$1"}}),
+        ),
+        (
+            json!({"n": null}),
+            json!({"m": 1}),
+            json!({"n": null, "m": 1}),
+        ),
+        (json!({"a": 1}), json!({}), json!({"a": 1})),
+        (
+            json!({"deep": {"er": {"est": {"x": 1}}}}),
+            json!({"deep": {"er": {"est": {"y": 2}, "new": {}}}}),
+            json!({"deep": {"er": {"est": {"x": 1, "y": 2}, "new": {}}}}),
+        ),
+        (
+            json!({"s": "a'b\"c;--"}),
+            json!({"s": "DROP TABLE profiles; --'"}),
+            json!({"s": "DROP TABLE profiles; --'"}),
+        ),
+    ]
+}
+
+for_each_backend! {
+    json_profiles!();
+
+    type Pooled = diesel_occ::Pooled<Conn>;
+
+    fn insert(conn: &mut Pooled, id: i64, ext: Value) {
+        let row = Profile { id, name: "ada".into(), ext, version: 0 };
+        diesel::insert_into(profiles::table).values(&row).execute(conn).unwrap();
+    }
+
+    fn load(conn: &mut Pooled, id: i64) -> Profile {
+        profiles::table.find(id).select(Profile::as_select()).first(conn).unwrap()
+    }
+
+    #[test]
+    fn a_merge_patch_merges_nested_keys_deletes_nulls_and_advances_the_version() {
+        let Some(db) = db() else { return };
+        let conn = &mut db.conn();
+        insert(conn, 1, json!({"tier": "gold", "address": {"city": "Oslo", "zip": "0150"}}));
+
+        let done = Profile::merge_json(conn, &1, profiles::ext, &json!({"address": {"zip": null, "street": "Storgata"}, "vip": true}), &RetryPolicy::default()).unwrap();
+
+        assert_eq!((done.token, done.attempts), (1, 1));
+        let stored = load(conn, 1);
+        assert_eq!(stored.ext, json!({"tier": "gold", "vip": true, "address": {"city": "Oslo", "street": "Storgata"}}));
+        assert_eq!(stored, done.row);
+    }
+
+    /// Both paths on the same table of cases give the same, expected, document.
+    #[test]
+    fn read_merge_write_and_the_one_statement_merge_agree_on_every_case() {
+        let Some(db) = db() else { return };
+        let conn = &mut db.conn();
+        for (i, (stored, patch, expected)) in merge_cases().into_iter().enumerate() {
+            let (rmw, one) = (2 * i as i64 + 1, 2 * i as i64 + 2);
+            insert(conn, rmw, stored.clone());
+            insert(conn, one, stored.clone());
+
+            Profile::merge_json(conn, &rmw, profiles::ext, &patch, &RetryPolicy::default()).unwrap();
+            let version = Profile::merge_json_in_place(conn, &one, profiles::ext, &patch).unwrap();
+
+            let mut in_memory = stored.clone();
+            json_patch::merge(&mut in_memory, &patch);
+            assert_eq!(in_memory, expected, "case {i}: the expected result is RFC 7396's");
+            assert_eq!(load(conn, rmw).ext, expected, "case {i}: read-merge-write of {patch} into {stored}");
+            let merged = load(conn, one);
+            assert_eq!(merged.ext, expected, "case {i}: one-statement merge of {patch} into {stored}");
+            assert_eq!((version, merged.version), (1, 1), "case {i}: the version advanced");
+        }
+    }
+
+    /// 8 threads x 200 merges into one row, each thread keeping its own counter and adding
+    /// its own keys; `mode` picks each thread's path.
+    fn hot_row(db: &common::TestDb<Conn>, mode: &str, in_place: fn(usize) -> bool) {
+        const THREADS: usize = 8;
+        const MERGES: usize = 200;
+        insert(&mut db.conn(), 1, json!({"owner": "nobody"}));
+        let start = Barrier::new(THREADS);
+        let attempts = AtomicU32::new(0);
+        let (policy, pool) = (patient(), &db.pool);
+
+        std::thread::scope(|s| {
+            for t in 0..THREADS {
+                let (start, attempts, policy) = (&start, &attempts, &policy);
+                s.spawn(move || {
+                    let mut conn = pool.get().unwrap();
+                    start.wait();
+                    for i in 1..=MERGES {
+                        let patch = json!({ format!("c{t}"): i, format!("k{t}_{i}"): t });
+                        if in_place(t) {
+                            Profile::merge_json_in_place(&mut conn, &1, profiles::ext, &patch).unwrap();
+                            attempts.fetch_add(1, Ordering::Relaxed);
+                        } else {
+                            let done = Profile::merge_json(&mut conn, &1, profiles::ext, &patch, policy).unwrap();
+                            attempts.fetch_add(done.attempts, Ordering::Relaxed);
+                        }
+                    }
+                });
+            }
+        });
+
+        let row = load(&mut db.conn(), 1);
+        let ext = row.ext.as_object().unwrap();
+        assert_eq!(ext["owner"], json!("nobody"));
+        for t in 0..THREADS {
+            assert_eq!(ext[&format!("c{t}")], json!(MERGES), "thread {t}'s counter");
+            for i in 1..=MERGES {
+                assert_eq!(ext.get(&format!("k{t}_{i}")), Some(&json!(t)), "key k{t}_{i} was lost");
+            }
+        }
+        assert_eq!(ext.len(), 1 + THREADS * (MERGES + 1));
+        let writes = (THREADS * MERGES) as u32;
+        assert_eq!(row.version, writes as i64, "every merge advanced the version once");
+        let retries = attempts.load(Ordering::Relaxed) - writes;
+        println!("{BACKEND} {mode}: {writes} merges by {THREADS} threads, {retries} retries ({:.2} per merge)", retries as f64 / writes as f64);
+    }
+
+    #[test]
+    fn eight_threads_of_read_merge_write_keep_every_key() {
+        let Some(db) = db() else { return };
+        hot_row(&db, "read-merge-write", |_| false);
+    }
+
+    #[test]
+    fn eight_threads_of_one_statement_merges_keep_every_key() {
+        let Some(db) = db() else { return };
+        hot_row(&db, "one-statement", |_| true);
+    }
+
+    #[test]
+    fn a_mix_of_both_paths_keeps_every_key() {
+        let Some(db) = db() else { return };
+        hot_row(&db, "mixed", |t| t % 2 == 0);
+    }
+
+    /// A typed writer that knows two keys and an untyped one that adds others, at once:
+    /// neither drops the other's keys.
+    #[test]
+    fn a_typed_and_an_untyped_writer_keep_each_others_keys() {
+        const EACH: u32 = 100;
+        let Some(db) = db() else { return };
+        insert(&mut db.conn(), 1, json!({"parcels": 0}));
+        let start = Barrier::new(2);
+        let policy = patient();
+
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                let mut conn = db.pool.get().unwrap();
+                start.wait();
+                for i in 1..=EACH {
+                    Profile::update_json_as(&mut conn, &1, profiles::ext, &policy, |shipping: &mut Shipping| {
+                        shipping.parcels += 1;
+                        shipping.carrier = Some(format!("carrier {i}"));
+                        Ok::<_, Error>(())
+                    })
+                    .unwrap();
+                }
+            });
+            s.spawn(|| {
+                let mut conn = db.pool.get().unwrap();
+                start.wait();
+                for i in 1..=EACH {
+                    Profile::edit_json(&mut conn, &1, profiles::ext, &policy, |doc| {
+                        doc[format!("note{i}")] = json!(i);
+                        Ok::<_, Error>(())
+                    })
+                    .unwrap();
+                }
+            });
+        });
+
+        let ext = load(&mut db.conn(), 1).ext;
+        let shipping: Shipping = serde_json::from_value(ext.clone()).unwrap();
+        assert_eq!(shipping, Shipping { carrier: Some(format!("carrier {EACH}")), parcels: EACH });
+        for i in 1..=EACH {
+            assert_eq!(ext[format!("note{i}")], json!(i), "the untyped writer's key note{i}");
+        }
+    }
+
+    #[test]
+    fn a_typed_field_set_to_none_is_removed_and_unknown_keys_stay() {
+        let Some(db) = db() else { return };
+        let conn = &mut db.conn();
+        insert(conn, 1, json!({"carrier": "DHL", "parcels": 2, "crm": {"id": 7}}));
+
+        Profile::update_json_as(conn, &1, profiles::ext, &RetryPolicy::default(), |s: &mut Shipping| {
+            s.carrier = None;
+            Ok::<_, Error>(())
+        })
+        .unwrap();
+
+        assert_eq!(load(conn, 1).ext, json!({"parcels": 2, "crm": {"id": 7}}));
+    }
+
+    #[test]
+    fn json_patch_applies_all_operations_or_none() {
+        let Some(db) = db() else { return };
+        let conn = &mut db.conn();
+        insert(conn, 1, json!({"status": "new", "tags": ["a"]}));
+        let patch: json_patch::Patch = serde_json::from_value(json!([
+            {"op": "test", "path": "/status", "value": "new"},
+            {"op": "replace", "path": "/status", "value": "paid"},
+            {"op": "add", "path": "/tags/-", "value": "b"}
+        ]))
+        .unwrap();
+
+        Profile::patch_json(conn, &1, profiles::ext, &patch, &RetryPolicy::default()).unwrap();
+        assert_eq!(load(conn, 1).ext, json!({"status": "paid", "tags": ["a", "b"]}));
+
+        // The same patch again: its `test` fails now, and nothing is written.
+        let err = Profile::patch_json(conn, &1, profiles::ext, &patch, &RetryPolicy::default()).unwrap_err();
+        assert!(matches!(&err, Error::InvalidPatch { column: "ext", .. }), "{err}");
+        assert_eq!((load(conn, 1).ext, load(conn, 1).version), (json!({"status": "paid", "tags": ["a", "b"]}), 1));
+    }
+
+    #[test]
+    fn set_and_remove_at_a_pointer() {
+        let Some(db) = db() else { return };
+        let conn = &mut db.conn();
+        insert(conn, 1, json!({"name": "ada"}));
+        let policy = RetryPolicy::default();
+
+        Profile::set_json(conn, &1, profiles::ext, "/address/geo/lat", json!(59.9), &policy).unwrap();
+        Profile::set_json(conn, &1, profiles::ext, "/a~1b", json!("slash"), &policy).unwrap();
+        assert_eq!(load(conn, 1).ext, json!({"name": "ada", "address": {"geo": {"lat": 59.9}}, "a/b": "slash"}));
+
+        Profile::remove_json(conn, &1, profiles::ext, "/address/geo", &policy).unwrap();
+        let unchanged = Profile::remove_json(conn, &1, profiles::ext, "/not/there", &policy).unwrap();
+        assert_eq!(unchanged.token, 3, "removing nothing writes nothing");
+        assert_eq!(load(conn, 1).ext, json!({"name": "ada", "address": {}, "a/b": "slash"}));
+        assert_eq!(load(conn, 1).version, 3);
+    }
+
+    /// Each bad input is a clear error naming table, key and column; the row is unchanged.
+    #[test]
+    fn bad_edits_are_refused_and_write_nothing() {
+        let Some(db) = db() else { return };
+        let conn = &mut db.conn();
+        insert(conn, 1, json!({"name": "ada"}));
+        let before = load(conn, 1);
+        let policy = RetryPolicy::default();
+        let huge = json!({"blob": "x".repeat(diesel_occ::DOCUMENT_LIMIT_BYTES)});
+
+        let errors = [
+            Profile::merge_json(conn, &1, profiles::ext, &json!([1, 2]), &policy).unwrap_err(),
+            Profile::merge_json_in_place(conn, &1, profiles::ext, &json!("text")).unwrap_err(),
+            Profile::set_json(conn, &1, profiles::ext, "/name/first", json!("x"), &policy).unwrap_err(),
+            Profile::set_json(conn, &1, profiles::ext, "no-slash", json!("x"), &policy).unwrap_err(),
+            Profile::remove_json(conn, &1, profiles::ext, "", &policy).unwrap_err(),
+            Profile::merge_json(conn, &1, profiles::ext, &huge, &policy).unwrap_err(),
+            Profile::merge_json_in_place(conn, &1, profiles::ext, &huge).unwrap_err(),
+            Profile::edit_json(conn, &1, profiles::ext, &policy, |doc| {
+                *doc = json!(42);
+                Ok::<_, Error>(())
+            })
+            .unwrap_err(),
+        ];
+
+        for err in &errors {
+            match err {
+                Error::InvalidPatch { table: "profiles", key, column: "ext", .. } => assert_eq!(key, "1"),
+                other => panic!("{other}"),
+            }
+        }
+        assert_eq!(load(conn, 1), before);
+        let missing = Profile::merge_json_in_place(conn, &9, profiles::ext, &json!({"a": 1})).unwrap_err();
+        assert!(matches!(missing, Error::NotFound { .. }), "{missing}");
+    }
+
+    /// A NULL where the document should be (a column the schema says is NOT NULL, but the
+    /// database lets hold NULL) is reported naming table, key and column; nothing written.
+    #[test]
+    fn a_null_document_is_invalid_data() {
+        use diesel::connection::SimpleConnection;
+        let Some(db) = db() else { return };
+        let conn = &mut db.conn();
+        let json_type = match BACKEND { "postgres" => "JSONB", "mysql" => "JSON", _ => "TEXT" };
+        conn.batch_execute(&format!(
+            "DROP TABLE profiles; CREATE TABLE profiles (id BIGINT PRIMARY KEY, name TEXT NOT NULL, \
+             ext {json_type} NULL, version BIGINT NOT NULL); \
+             INSERT INTO profiles (id, name, ext, version) VALUES (1, 'ada', NULL, 0)"
+        ))
+        .unwrap();
+
+        let err = Profile::merge_json(conn, &1, profiles::ext, &json!({"a": 1}), &RetryPolicy::default()).unwrap_err();
+
+        match &err {
+            Error::InvalidData { table: "profiles", column, reason } => {
+                assert!(column.starts_with("ext"), "{column}");
+                assert!(reason.contains("row 1"), "{reason}");
+            }
+            other => panic!("{other}"),
+        }
+        let (ext, version): (Option<String>, i64) = profiles::table
+            .select((diesel::dsl::sql::<diesel::sql_types::Nullable<diesel::sql_types::Text>>("CAST(ext AS CHAR)"), profiles::version))
+            .first(conn)
+            .unwrap();
+        assert_eq!((ext, version), (None, 0));
+    }
+
+    /// A stored document that is not an object is refused by every read-merge-write edit,
+    /// naming table, key and column, and nothing is written.
+    #[test]
+    fn a_stored_document_that_is_not_an_object_is_invalid_data() {
+        let Some(db) = db() else { return };
+        let conn = &mut db.conn();
+        insert(conn, 1, json!([1, 2, 3]));
+
+        let err = Profile::merge_json(conn, &1, profiles::ext, &json!({"a": 1}), &RetryPolicy::default()).unwrap_err();
+
+        match &err {
+            Error::InvalidData { table: "profiles", column, reason } => {
+                assert_eq!(column, "ext");
+                assert!(reason.contains("row 1") && reason.contains("an array"), "{reason}");
+            }
+            other => panic!("{other}"),
+        }
+        assert_eq!((load(conn, 1).ext, load(conn, 1).version), (json!([1, 2, 3]), 0));
+    }
+}
+
+/// SQLite keeps JSON as text, so a column can hold text that is not JSON at all: every
+/// edit reports it, naming the column, and writes nothing.
+#[cfg(feature = "sqlite")]
+#[test]
+fn malformed_json_in_a_sqlite_column_is_invalid_data() {
+    use diesel::connection::SimpleConnection;
+    use sqlite::{profiles, Profile};
+    let Some(db) = common::sqlite() else { return };
+    let conn = &mut db.conn();
+    conn.batch_execute(
+        "INSERT INTO profiles (id, name, ext, version) VALUES (1, 'ada', '{\"a\": 1,', 0)",
+    )
+    .unwrap();
+
+    let err = Profile::merge_json(
+        conn,
+        &1,
+        profiles::ext,
+        &json!({"b": 2}),
+        &RetryPolicy::default(),
+    )
+    .unwrap_err();
+    let in_place =
+        Profile::merge_json_in_place(conn, &1, profiles::ext, &json!({"b": 2})).unwrap_err();
+
+    match &err {
+        Error::InvalidData {
+            table: "profiles",
+            column,
+            reason,
+        } => {
+            assert!(column.starts_with("ext"), "{column}");
+            assert!(reason.contains("row 1"), "{reason}");
+        }
+        other => panic!("{other}"),
+    }
+    assert!(matches!(in_place, Error::Database(_)), "{in_place}");
+    let text: String = diesel::select(diesel::dsl::sql::<diesel::sql_types::Text>(
+        "(SELECT ext FROM profiles)",
+    ))
+    .get_result(conn)
+    .unwrap();
+    assert_eq!(text, "{\"a\": 1,");
+}
+
+/// A PostgreSQL `json` column (not `jsonb`) merges in one statement too: merged as
+/// `jsonb`, cast back.
+#[cfg(feature = "postgres")]
+#[test]
+fn a_postgres_json_column_merges_in_one_statement() {
+    use diesel::connection::SimpleConnection;
+
+    diesel::table! {
+        plain_json (id) {
+            id -> BigInt,
+            ext -> Json,
+            version -> BigInt,
+        }
+    }
+
+    #[derive(Debug, Clone, PartialEq, Queryable, Selectable, Identifiable, diesel_occ::Guarded)]
+    #[diesel(table_name = plain_json)]
+    struct PlainJson {
+        id: i64,
+        #[occ(json)]
+        ext: Value,
+        #[occ(version)]
+        version: i64,
+    }
+
+    let Some(db) = common::postgres() else { return };
+    let conn = &mut db.conn();
+    conn.batch_execute(
+        "CREATE TABLE plain_json (id BIGINT PRIMARY KEY, ext JSON NOT NULL, version BIGINT NOT NULL);
+         INSERT INTO plain_json VALUES (1, '{\"a\": {\"b\": 1}, \"c\": 2}', 0);",
+    )
+    .unwrap();
+
+    let version = PlainJson::merge_json_in_place(
+        conn,
+        &1,
+        plain_json::ext,
+        &json!({"a": {"d": 3}, "c": null}),
+    )
+    .unwrap();
+    PlainJson::merge_json(
+        conn,
+        &1,
+        plain_json::ext,
+        &json!({"e": [1]}),
+        &RetryPolicy::default(),
+    )
+    .unwrap();
+
+    let row: PlainJson = plain_json::table
+        .find(1)
+        .select(PlainJson::as_select())
+        .first(conn)
+        .unwrap();
+    assert_eq!(version, 1);
+    assert_eq!(
+        (row.ext, row.version),
+        (json!({"a": {"b": 1, "d": 3}, "e": [1]}), 2)
+    );
+}

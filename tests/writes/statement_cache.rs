@@ -1,0 +1,59 @@
+//! Guarded updates are prepared once per changeset shape and reused, like hand-written
+//! diesel queries with a static shape, and a changeset whose `None` fields leave columns
+//! out never reuses the statement of another shape.
+
+use crate::common;
+
+use std::collections::BTreeSet;
+use std::sync::{Arc, Mutex};
+
+use common::models::{Order, OrderPatch};
+use common::schema::orders;
+use diesel::connection::{Connection, InstrumentationEvent};
+use diesel::prelude::*;
+use diesel_occ::GuardedWrite;
+
+for_each_backend! {
+    #[test]
+    fn each_changeset_shape_is_prepared_once_and_reused_correctly() {
+        let Some(db) = db() else { return };
+        let conn = &mut db.conn();
+        let prepared = Arc::new(Mutex::new(Vec::<String>::new()));
+        let recorder = Arc::clone(&prepared);
+        conn.set_instrumentation(move |event: InstrumentationEvent<'_>| {
+            if let InstrumentationEvent::CacheQuery { sql, .. } = event {
+                recorder.lock().unwrap().push(sql.to_owned());
+            }
+        });
+        let mut order = Order::new(1, "new");
+        diesel::insert_into(orders::table).values(&order).execute(conn).unwrap();
+
+        let patches = [
+            OrderPatch { note: Some("a".into()), quantity: None },
+            OrderPatch { note: Some("b".into()), quantity: None },
+            OrderPatch { note: None, quantity: Some(2) },
+            OrderPatch { note: Some("c".into()), quantity: Some(3) },
+            OrderPatch { note: None, quantity: None },
+            OrderPatch { note: Some("d".into()), quantity: None },
+            OrderPatch { note: None, quantity: Some(4) },
+        ];
+        for patch in &patches {
+            order.version = order.guarded_update(conn, patch).unwrap();
+            order.note = patch.note.clone().unwrap_or(order.note);
+            order.quantity = patch.quantity.unwrap_or(order.quantity);
+            let stored: Order = orders::table.find(1).select(Order::as_select()).first(conn).unwrap();
+            assert_eq!(stored, order, "after {patch:?}");
+        }
+
+        let updates: Vec<String> = prepared
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|sql| sql.starts_with("UPDATE"))
+            .cloned()
+            .collect();
+        let shapes: BTreeSet<&String> = updates.iter().collect();
+        assert_eq!(updates.len(), 4, "one statement per shape (note, quantity, both, neither): {updates:#?}");
+        assert_eq!(shapes.len(), 4, "no shape prepared twice: {updates:#?}");
+    }
+}

@@ -1,0 +1,148 @@
+//! A time token handed back to the writer equals what the database stored, whatever the
+//! column's declared precision. A column that keeps fewer fractional digits than the
+//! guard's tokens (PostgreSQL `timestamp(0)`, MariaDB `DATETIME`) is refused before the
+//! first write, naming the attribute to add; with that attribute every token is stored
+//! exactly and moves on with every write. SQLite stores the text written: nothing to
+//! refuse there.
+
+#![cfg(feature = "chrono")]
+
+use crate::common;
+
+use chrono::NaiveDateTime;
+use diesel::connection::SimpleConnection;
+use diesel::prelude::*;
+use diesel_occ::{Error, Guarded, GuardedWrite, Pooled};
+
+diesel::table! {
+    /// A last-modified column declared with whole seconds.
+    coarse (id) {
+        id -> BigInt,
+        body -> Text,
+        modified -> Timestamp,
+    }
+}
+
+/// Microsecond tokens (the default): more than the column keeps.
+#[derive(Debug, Clone, PartialEq, Queryable, Selectable, Identifiable, Guarded)]
+#[diesel(table_name = coarse)]
+struct Micro {
+    id: i64,
+    body: String,
+    #[occ(last_modified)]
+    modified: NaiveDateTime,
+}
+
+/// Tokens in whole seconds: what the column keeps.
+#[derive(Debug, Clone, PartialEq, Queryable, Selectable, Identifiable, Guarded)]
+#[diesel(table_name = coarse)]
+struct Second {
+    id: i64,
+    body: String,
+    #[occ(last_modified(precision = "seconds"))]
+    modified: NaiveDateTime,
+}
+
+/// The database's clock in microseconds: more than the column keeps.
+#[derive(Debug, Clone, PartialEq, Queryable, Selectable, Identifiable, Guarded)]
+#[diesel(table_name = coarse)]
+struct ServerMicro {
+    id: i64,
+    body: String,
+    #[occ(last_modified(clock = database))]
+    modified: NaiveDateTime,
+}
+
+/// The database's clock in whole seconds.
+#[derive(Debug, Clone, PartialEq, Queryable, Selectable, Identifiable, Guarded)]
+#[diesel(table_name = coarse)]
+struct ServerSecond {
+    id: i64,
+    body: String,
+    #[occ(last_modified(clock = database, precision = "seconds"))]
+    modified: NaiveDateTime,
+}
+
+for_each_backend! {
+    /// One row, stamped 2026-01-01 10:00:00, in a column of whole seconds.
+    fn setup() -> Option<common::TestDb<Conn>> {
+        let db = db()?;
+        let column = match BACKEND {
+            "postgres" => "TIMESTAMP(0)",
+            "mysql" => "DATETIME",
+            _ => "TIMESTAMP",
+        };
+        db.conn()
+            .batch_execute(&format!(
+                "CREATE TABLE coarse (id BIGINT PRIMARY KEY, body TEXT NOT NULL, modified {column} NOT NULL); \
+                 INSERT INTO coarse VALUES (1, 'draft', '2026-01-01 10:00:00')"
+            ))
+            .unwrap();
+        Some(db)
+    }
+
+    fn stored(conn: &mut Pooled<Conn>) -> (String, NaiveDateTime) {
+        coarse::table.find(1).select((coarse::body, coarse::modified)).first(conn).unwrap()
+    }
+
+    fn assert_refused<T: std::fmt::Debug>(result: Result<T, Error>) {
+        match result {
+            Err(Error::SchemaMismatch { table: "coarse", column, reason }) => {
+                assert_eq!(column, "modified");
+                assert!(reason.contains("precision = \"seconds\""), "{reason}");
+            }
+            other => panic!("expected SchemaMismatch, got {other:?}"),
+        }
+    }
+
+    /// Microsecond tokens on a column of seconds: refused before anything is written on
+    /// the servers; on SQLite the token is stored as written and the next write works.
+    #[test]
+    fn finer_tokens_than_the_column_keeps_are_refused_before_writing() {
+        let Some(db) = setup() else { return };
+        let conn = &mut db.conn();
+        let before = stored(conn);
+        let mut row: Micro = coarse::table.find(1).select(Micro::as_select()).first(conn).unwrap();
+        row.body = "edited".into();
+        let mut server: ServerMicro = coarse::table.find(1).select(ServerMicro::as_select()).first(conn).unwrap();
+        if BACKEND == "sqlite" {
+            let token = row.guarded_save(conn).unwrap();
+            assert_eq!(stored(conn), ("edited".into(), token));
+            row.body = "again".into();
+            row.guarded_save(conn).expect("the writer's own token matches what was stored");
+            return;
+        }
+        assert_refused(row.guarded_save(conn));
+        assert_refused(Micro::guarded_update_by_key(conn, &1, &before.1, coarse::body.eq("x")));
+        assert_refused(server.guarded_touch(conn));
+        assert_eq!(stored(conn), before, "nothing was written");
+    }
+
+    /// Whole-second tokens (the writer's clock or the database's): each write hands back
+    /// exactly what was stored, the writer's next write with it succeeds, the token moves
+    /// on with every write even within one second, and a copy holding an older token
+    /// conflicts.
+    #[test]
+    fn tokens_the_column_keeps_are_stored_exactly_and_always_move_on() {
+        let Some(db) = setup() else { return };
+        let conn = &mut db.conn();
+        let mut row: Second = coarse::table.find(1).select(Second::as_select()).first(conn).unwrap();
+        let stale = row.clone();
+        let mut tokens = vec![row.modified];
+        for body in ["one", "two", "three"] {
+            row.body = body.into();
+            let token = row.guarded_save(conn).unwrap();
+            assert_eq!(stored(conn), (body.to_string(), token), "the token handed back is the one stored");
+            tokens.push(token);
+        }
+        let mut server: ServerSecond = coarse::table.find(1).select(ServerSecond::as_select()).first(conn).unwrap();
+        for _ in 0..3 {
+            let token = server.guarded_touch(conn).unwrap();
+            assert_eq!(stored(conn).1, token);
+            tokens.push(token);
+        }
+        assert!(tokens.windows(2).all(|w| w[0] < w[1]), "every write moved the token on: {tokens:?}");
+        assert!(matches!(stale.guarded_update(conn, coarse::body.eq("stale")), Err(Error::Conflict(_))));
+        assert_eq!(stored(conn).0, "three");
+    }
+}
