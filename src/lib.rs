@@ -133,6 +133,7 @@ extern crate self as diesel_occ;
 
 mod connect;
 mod error;
+mod flow;
 mod guard;
 mod json;
 #[cfg(feature = "locks")]

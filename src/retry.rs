@@ -253,6 +253,7 @@ impl RetryPolicy {
             started: Instant::now(),
             delays: self.delays(),
             number: 1,
+            max_attempts: self.max_attempts,
         }
     }
 
@@ -343,13 +344,23 @@ pub(crate) struct Run<'p> {
     delays: Delays,
     /// The attempt about to run or running, from 1.
     number: u32,
+    /// The policy's bound on attempts, or 1 for a run that may not retry.
+    max_attempts: u32,
 }
 
 impl Run<'_> {
     /// The attempt about to run or running, from 1.
-    #[cfg(feature = "async")]
     pub(crate) fn number(&self) -> u32 {
         self.number
+    }
+
+    /// This run with one attempt only, its failure handed back as it is (inside a
+    /// transaction the caller opened, a retry could not undo the caller's earlier work).
+    pub(crate) fn only_once(self) -> Self {
+        Run {
+            max_attempts: 1,
+            ..self
+        }
     }
 
     /// After the current attempt stopped with `stop`: the wait before the next one (the
@@ -358,13 +369,13 @@ impl Run<'_> {
         let policy = self.policy;
         let error = match stop {
             Stop::Caller(e) => return Err(e),
-            Stop::Occ(error) if !error.is_retryable() || policy.max_attempts == 1 => {
+            Stop::Occ(error) if !error.is_retryable() || self.max_attempts == 1 => {
                 return Err(error.into())
             }
             Stop::Occ(error) => error,
         };
         let delay = match self.delays.next() {
-            Some(delay) if self.number < policy.max_attempts => delay,
+            Some(delay) if self.number < self.max_attempts => delay,
             _ => return Err(exhausted(self.number, error).into()),
         };
         if self.started.elapsed() + delay > policy.max_elapsed {

@@ -33,6 +33,12 @@ pub trait NativeAsync: OccBackend {
     ) -> impl Future<Output = QueryResult<Option<u32>>> + Send
     where
         C: AsyncConnection<Backend = Self>;
+
+    /// [`OccBackend::applies_writes_late`], asked on an async connection.
+    #[doc(hidden)]
+    fn applies_writes_late<C>(conn: &mut C) -> impl Future<Output = bool> + Send
+    where
+        C: AsyncConnection<Backend = Self>;
 }
 
 /// A diesel-async connection that talks to its server itself (`AsyncPgConnection`,
@@ -48,9 +54,25 @@ impl NativeAsyncConnection for diesel_async::AsyncMysqlConnection {}
 /// Implements [`NativeAsync`] for a backend whose declared digits `sql` reads.
 #[cfg(any(feature = "postgres", feature = "async-mysql"))]
 macro_rules! native_async {
-    ($backend:ty, $sql:expr, $survives:expr) => {
+    ($backend:ty, $sql:expr, $survives:expr, $late:expr) => {
         impl NativeAsync for $backend {
             const STATEMENTS_SURVIVE_CANCELLATION: bool = $survives;
+
+            async fn applies_writes_late<C>(conn: &mut C) -> bool
+            where
+                C: AsyncConnection<Backend = Self>,
+            {
+                use diesel_async::RunQueryDsl;
+                match $late {
+                    // The server's own answer; an error (MySQL has no such variable)
+                    // means no.
+                    Some(sql) => diesel::select(diesel::dsl::sql::<diesel::sql_types::Bool>(sql))
+                        .get_result::<bool>(conn)
+                        .await
+                        .unwrap_or(false),
+                    None => false,
+                }
+            }
 
             async fn stored_second_digits<C>(
                 conn: &mut C,
@@ -76,13 +98,15 @@ macro_rules! native_async {
 native_async!(
     diesel::pg::Pg,
     crate::connect::backend::PG_DECLARED_DIGITS,
-    true
+    true,
+    None::<&str>
 );
 #[cfg(feature = "async-mysql")]
 native_async!(
     diesel::mysql::Mysql,
     crate::connect::backend::MYSQL_DECLARED_DIGITS,
-    false
+    false,
+    Some(crate::connect::backend::APPLIES_WRITES_LATE)
 );
 
 /// Whether `conn` has an open transaction.

@@ -8,13 +8,13 @@ use diesel::result::Error as DieselError;
 use diesel::QueryResult;
 use diesel_async::AsyncConnection;
 
-use super::connection::{classify, in_transaction};
+use super::connection::{classify, in_transaction, NativeAsync};
 use super::send::{AsyncComplete, AsyncLoadByKey};
 use super::transaction::OwnTransaction;
 use crate::connect::backend::OccBackend;
 use crate::error::Error;
 use crate::sql::statement::Assignments;
-use crate::write::entity::{unreadable_row, RowMoved};
+use crate::write::entity::{unreadable_row, Explanation, RowMoved};
 use crate::write::executor::{CompareAndSet, Judged, Written};
 
 /// Why a statement matched fewer rows than it must, read from the database over an async
@@ -28,11 +28,17 @@ impl<T, C> AsyncMiss<C> for RowMoved<'_, T>
 where
     T: AsyncLoadByKey<C>,
     C: AsyncConnection,
+    C::Backend: NativeAsync,
 {
     async fn explain(self, conn: &mut C) -> Error {
         let key = self.key();
         match T::load_by_key(conn, key).await {
-            Ok(current) => self.given_in(T::table_name(), current),
+            Ok(current) => match Explanation::of(self.given_in(T::table_name(), current)) {
+                Explanation::Done(error) => error,
+                Explanation::AskIfLate(refusal) => {
+                    refusal.on_server(<C::Backend as NativeAsync>::applies_writes_late(conn).await)
+                }
+            },
             Err(e) => unreadable_row(T::table_name(), key, e, T::GUARD_COLUMNS.join(", "))
                 .unwrap_or_else(|e| classify(conn, e)),
         }

@@ -242,13 +242,12 @@ where
     ) -> Result<(T, TokenOf<T>, R), Stop<E>> {
         match edited(&self.place, original, &mut self.edit)? {
             Edited::Unchanged(done) => Ok(done),
-            Edited::Write(mut row, document, value) => {
+            Edited::Write(document, stamp, record) => {
                 let (key, expected) = (original.key(), original.token());
-                let token = T::update_row(conn, &key, &expected, document, T::stamp(), None, true)
+                let token = T::update_row(conn, &key, &expected, document, stamp, None, true)
                     .await
                     .map_err(Stop::Occ)?;
-                row.set_token(token.clone());
-                Ok((row, token, value))
+                Ok(record.written(token))
             }
         }
     }

@@ -15,10 +15,11 @@ use super::send::AsyncLoadByKey;
 use super::source::AsyncConnectionSource;
 use super::transaction::{Call, OwnTransaction};
 use crate::error::Error;
+use crate::flow::read_modify_write::{Effect, ReadModifyWrite};
 use crate::guard::{Guarded, TokenOf};
 use crate::retry::{RetryPolicy, Stop};
 use crate::sql::statement::RowLock;
-use crate::write::modify::{attempt_read, Contended, Modified};
+use crate::write::modify::Modified;
 
 /// Read-modify-write with retry for every [`Guarded`] entity on a diesel-async
 /// connection: [`GuardedModify::modify`](crate::GuardedModify::modify) as a future, with
@@ -206,8 +207,10 @@ where
     }
 }
 
-/// The attempts of a read-modify-write on connections from `attempts`, retried by
-/// `policy` (once only when `nested` in the caller's transaction).
+/// The async driver of the read-modify-write [flow](crate::flow::read_modify_write): the
+/// attempts on connections from `attempts` (one attempt only when `nested` in the caller's
+/// transaction), each in a transaction of its own, the flow's pauses slept on tokio's
+/// timer with the connection given back.
 pub(crate) async fn modify_with<T, C, A, S, R, E>(
     mut attempts: A,
     nested: bool,
@@ -225,34 +228,38 @@ where
     R: Send,
     E: From<Error> + Send,
 {
-    let policy = if nested {
-        policy.clone().max_attempts(1)
-    } else {
-        policy.clone()
-    };
-    let contended = Contended::of(&policy, <T as AsyncLoadByKey<C>>::table_name(), key);
-    let mut run = policy.start();
+    let table = <T as AsyncLoadByKey<C>>::table_name();
+    let mut flow = ReadModifyWrite::new(policy, nested, A::FRESH_PER_ATTEMPT, table, key, suspects);
+    let mut effect = flow.start();
     loop {
-        let lock = contended.lock_for(run.number());
-        let mut conn = attempts.next().await?;
-        let mut call = Call::start(&mut *conn);
-        let result = attempt(call.conn(), key, lock, suspects, &mut step).await;
-        match call.finish(contended.settle(result, A::FRESH_PER_ATTEMPT)) {
-            Ok((row, token, value)) => {
-                return Ok(Modified {
-                    row,
-                    token,
-                    value,
-                    attempts: run.number(),
-                })
+        effect = match effect {
+            Effect::Begin => match attempts.next().await {
+                Ok(mut conn) => {
+                    let mut call = Call::start(&mut *conn);
+                    let next = run_attempt(call.conn(), &mut flow, key, &mut step).await;
+                    call.finish(());
+                    // The connection goes back (to a pool) before any pause.
+                    attempts.give_back(conn);
+                    next
+                }
+                // No connection for the attempt: nothing began.
+                Err(error) => flow.began(Err(error)),
+            },
+            Effect::Pause(pause) => {
+                tokio::time::sleep(pause).await;
+                flow.paused()
             }
-            Err(stop) => {
-                // The connection goes back to a pool before the wait.
-                attempts.give_back(conn);
-                tokio::time::sleep(run.wait_after(stop)?).await
-            }
-        }
+            Effect::Done => break,
+            other => unreachable!("{other:?} is run inside an attempt"),
+        };
     }
+    let ((row, token, value), attempts) = flow.outcome()?;
+    Ok(Modified {
+        row,
+        token,
+        value,
+        attempts,
+    })
 }
 
 /// What an attempt does with the row it read, inside its transaction: the changed row as
@@ -301,36 +308,49 @@ where
     }
 }
 
-/// One attempt in a transaction of its own (a savepoint in the caller's): read the row
-/// (with `lock`), let `change` change a copy, save it from the row read, commit. A failed
-/// `COMMIT` that lost the connection is [`Error::Ambiguous`]; a failure before it wrote
-/// nothing.
-async fn attempt<T, C, S, R, E>(
+/// One attempt of `flow` on `conn`, from its `BEGIN` to its `COMMIT` or `ROLLBACK` (a
+/// savepoint in the caller's transaction): the effect after it. A future dropped half
+/// way leaves the connection marked broken ([`OwnTransaction`]).
+async fn run_attempt<T, C, S, R, E>(
     conn: &mut C,
+    flow: &mut ReadModifyWrite<'_, T, (T, TokenOf<T>, R), E>,
     key: &T::Key,
-    lock: RowLock,
-    suspects: &str,
     step: &mut S,
-) -> Result<(T, TokenOf<T>, R), Stop<E>>
+) -> Effect
 where
     T: AsyncLoadByKey<C>,
     C: AsyncConnection,
     S: Step<T, C, R, E>,
     R: Send,
-    E: Send,
+    E: From<Error> + Send,
 {
-    let mut transaction = OwnTransaction::begin(conn).await.map_err(Stop::Occ)?;
-    let conn = transaction.conn();
-    let read = match lock {
-        RowLock::None => T::read_by_key(conn, key).await,
-        lock => T::lock_by_key(conn, key, lock).await,
+    let mut transaction = match OwnTransaction::begin(conn).await {
+        Ok(transaction) => transaction,
+        Err(error) => return flow.began(Err(error)),
     };
-    let table = <T as AsyncLoadByKey<C>>::table_name();
-    let result = match attempt_read::<T, E>(table, key, suspects, read, |e| classify(conn, e)) {
-        Ok(original) => step.apply(conn, &original).await,
-        Err(stop) => Err(stop),
-    };
-    transaction
-        .settle(result, |e| Stop::Occ(Error::Database(e)))
-        .await
+    let mut effect = flow.began(Ok(()));
+    loop {
+        effect = match effect {
+            Effect::Read(lock) => {
+                let conn = transaction.conn();
+                let read = match lock {
+                    RowLock::None => T::read_by_key(conn, key).await,
+                    lock => T::lock_by_key(conn, key, lock).await,
+                };
+                flow.read(read, |e| classify(conn, e))
+            }
+            Effect::Change => {
+                let changed = step.apply(transaction.conn(), flow.row()).await;
+                flow.changed(changed)
+            }
+            Effect::Commit => return flow.committed(transaction.commit().await),
+            Effect::Rollback => {
+                // A failed ROLLBACK leaves the connection broken, which the next call
+                // refuses; the attempt's own failure is what counts.
+                let _ = transaction.rollback().await;
+                return flow.rolled_back();
+            }
+            other => unreachable!("{other:?} inside an attempt's transaction"),
+        }
+    }
 }

@@ -11,11 +11,11 @@ use super::send::AsyncLoadByKey;
 use super::transaction::OwnTransaction;
 use super::write_transaction::{AsyncWriteConnection, LockedWork};
 use crate::error::Error;
+use crate::flow::row_read::{AfterLock, LockedRead};
 use crate::guard::{Guarded, TokenOf};
 use crate::retry::Stop;
 use crate::sql::statement::RowLock;
-use crate::write::entity::unreadable_row;
-use crate::write::pessimistic::{row_lock, skipped, still_expected, LockWait};
+use crate::write::pessimistic::{row_lock, still_expected, LockWait};
 
 /// Pessimistic work on one row on an async connection; see
 /// [`Pessimistic`](crate::Pessimistic) for what each call does and answers.
@@ -85,7 +85,8 @@ where
     let mut transaction = OwnTransaction::begin_write(conn).await?;
     let result = async {
         let conn = transaction.conn();
-        let row = read_locked::<T, C>(conn, key, row_lock(wait)).await?;
+        let suspects = T::GUARD_COLUMNS.join(", ");
+        let row = read_locked::<T, C>(conn, key, row_lock(wait), &suspects).await?;
         let row = still_expected::<T>(T::table_name(), key, expected, row)?;
         work(conn, row).await.map_err(Stop::Caller)
     }
@@ -98,22 +99,23 @@ where
 
 /// The row with `key` read with `lock` on the library's write transaction; when it is not
 /// there, why: another transaction holds it (a skipped row that exists), or it is missing.
-pub(crate) async fn read_locked<T, C>(conn: &mut C, key: &T::Key, lock: RowLock) -> Result<T, Error>
+pub(crate) async fn read_locked<T, C>(
+    conn: &mut C,
+    key: &T::Key,
+    lock: RowLock,
+    suspects: &str,
+) -> Result<T, Error>
 where
     T: AsyncLoadByKey<C>,
     C: AsyncConnection,
 {
-    let table = T::table_name();
-    let unreadable = |conn: &mut C, e| {
-        unreadable_row(table, key, e, T::GUARD_COLUMNS.join(", "))
-            .unwrap_or_else(|e| classify(conn, e))
-    };
-    match T::lock_by_key(conn, key, lock).await {
-        Ok(Some(row)) => Ok(row),
-        Ok(None) => match T::read_by_key(conn, key).await {
-            Ok(exists) => Err(skipped(table, key, exists.is_some())),
-            Err(e) => Err(unreadable(conn, e)),
-        },
-        Err(e) => Err(unreadable(conn, e)),
+    let read = LockedRead::new(T::table_name(), key, suspects);
+    let locked = T::lock_by_key(conn, key, lock).await;
+    match read.locked(locked, |e| classify(conn, e)) {
+        AfterLock::Done(row) => row,
+        AfterLock::ReadUnlocked => {
+            let unlocked = T::read_by_key(conn, key).await;
+            read.unlocked(unlocked, |e| classify(conn, e))
+        }
     }
 }

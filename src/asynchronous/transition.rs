@@ -24,8 +24,8 @@ use crate::retry::{RetryPolicy, Stop};
 use crate::sql::statement::{Assignments, RowLock, Unguarded};
 use crate::status::condition::{TransitionCondition, When};
 use crate::status::transition::{
-    history_insert, key_transition_parts, CopyMove, HistoryEntry, KeyTransitionOf, RecordHistory,
-    TransitionMiss, TransitionOf,
+    history_insert, key_transition_parts, suspects, CopyMove, HistoryEntry, KeyTransitionOf,
+    RecordHistory, TransitionMiss, TransitionOf,
 };
 use crate::status::{HasStatus, Status};
 use crate::write::executor::CompareAndSet;
@@ -219,7 +219,9 @@ pub trait AsyncGuardedTransition: HasStatus + Clone {
             let result = async {
                 let conn = transaction.conn();
                 // Inside the transaction this read locks the row until it ends.
-                let mut row = read_locked::<Self, C>(conn, key, RowLock::ForUpdate).await?;
+                let suspects = suspects::<Self>();
+                let mut row =
+                    read_locked::<Self, C>(conn, key, RowLock::ForUpdate, &suspects).await?;
                 let from = row.status();
                 row.transition_row(conn, to, extra, Self::Status::sources(to), Unguarded)
                     .await?;

@@ -188,6 +188,11 @@ pub(crate) const PG_DECLARED_DIGITS: &str =
      WHERE table_schema = COALESCE($1, current_schema()) AND table_name = $2 \
      AND column_name = $3";
 
+/// Whether a MySQL-protocol server is a Galera node, which applies other nodes' commits
+/// after its own statements ran (MySQL has no such variable: an error, read as no).
+#[cfg(feature = "mysql")]
+pub(crate) const APPLIES_WRITES_LATE: &str = "@@wsrep_on";
+
 /// MySQL's read of a time column's declared digits.
 #[cfg(feature = "mysql")]
 pub(crate) const MYSQL_DECLARED_DIGITS: &str =
@@ -300,9 +305,11 @@ impl OccBackend for diesel::mysql::Mysql {
     {
         use diesel::RunQueryDsl;
         // MySQL has no such variable (an error): not a Galera node.
-        diesel::select(diesel::dsl::sql::<diesel::sql_types::Bool>("@@wsrep_on"))
-            .get_result::<bool>(conn)
-            .unwrap_or(false)
+        diesel::select(diesel::dsl::sql::<diesel::sql_types::Bool>(
+            APPLIES_WRITES_LATE,
+        ))
+        .get_result::<bool>(conn)
+        .unwrap_or(false)
     }
 
     fn render<F: QueryFragment<Self> + ?Sized>(fragment: &F) -> QueryResult<String> {

@@ -566,6 +566,19 @@ impl From<DieselError> for Error {
     }
 }
 
+/// `error` and each of its sources, joined by `: `: diesel's deserialization errors name
+/// the field in their own text and keep the value's problem in their source.
+pub(crate) fn with_sources(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
+
 /// The library table `error` reports missing, if it is one: PostgreSQL's `relation "t"
 /// does not exist`, MySQL's `Table 'db.t' doesn't exist`, SQLite's `no such table: t`.
 pub(crate) fn missing_library_table(error: &DieselError) -> Option<&'static str> {

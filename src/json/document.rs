@@ -31,7 +31,7 @@ use serde_json::{Map, Value};
 use crate::connect::backend::OccBackend;
 use crate::connect::transaction::WriteTransaction;
 use crate::error::Error;
-use crate::guard::Guarded;
+use crate::guard::{Guarded, TokenOf};
 use crate::retry::{RetryPolicy, Stop};
 use crate::sql::statement::ColumnEq;
 use crate::write::entity::{LoadByKey, UpdateRow};
@@ -118,11 +118,9 @@ where
             &suspects,
             |conn, original: &T| match edited(&place, original, &mut edit)? {
                 Edited::Unchanged(done) => Ok(done),
-                Edited::Write(mut row, document, value) => {
-                    let token =
-                        T::update_row(conn, key, &original.token(), document, T::stamp(), None)?;
-                    row.set_token(token.clone());
-                    Ok((row, token, value))
+                Edited::Write(document, stamp, record) => {
+                    let token = T::update_row(conn, key, &original.token(), document, stamp, None)?;
+                    Ok(record.written(token))
                 }
             },
         )
@@ -137,9 +135,27 @@ pub(crate) fn suspects<T: Guarded, Col: Column>() -> String {
 /// One attempt's edit of the document of `original`, before anything is written.
 pub(crate) enum Edited<T: Guarded, Col, R> {
     /// The edit left the document as it was: nothing to write, the row keeps its token.
-    Unchanged((T, crate::guard::TokenOf<T>, R)),
-    /// The edited row, the changeset that writes its document back, and the edit's value.
-    Write(T, SetDocument<Col>, R),
+    Unchanged((T, TokenOf<T>, R)),
+    /// The document changed: write it back with the entity's stamp (`updated_at`), then
+    /// record the write in the row.
+    Write(SetDocument<Col>, T::Stamp, Record<T, R>),
+}
+
+/// An edited row waiting for its write: what the row records once written.
+pub(crate) struct Record<T: Guarded, R> {
+    row: T,
+    value: R,
+    stamp: T::Stamp,
+}
+
+impl<T: Guarded, R> Record<T, R> {
+    /// The row as written with `token`: its new token and the stamp that was sent, so that
+    /// it reads as the database now holds it; with the edit's value.
+    pub(crate) fn written(mut self, token: TokenOf<T>) -> (T, TokenOf<T>, R) {
+        self.row.set_token(token.clone());
+        self.row.set_stamp(&self.stamp);
+        (self.row, token, self.value)
+    }
 }
 
 /// Runs `edit` on a copy of `original`'s document, with the rules every edit keeps (a
@@ -164,7 +180,13 @@ where
         return Ok(Edited::Unchanged((row, original.token(), value)));
     }
     let document = SetDocument(ColumnEq::new(row.document().clone()));
-    Ok(Edited::Write(row, document, value))
+    let stamp = T::stamp();
+    let record = Record {
+        row,
+        value,
+        stamp: stamp.clone(),
+    };
+    Ok(Edited::Write(document, stamp, record))
 }
 
 /// Read-merge-write edits of JSON columns for every entity with one (see the module

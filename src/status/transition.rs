@@ -41,17 +41,18 @@ use crate::guard::{
 };
 use crate::retry::{RetryPolicy, Stop};
 use crate::sql::new_token::{Complete, Counted};
-use crate::sql::statement::Unguarded;
 use crate::sql::statement::{And, Assignments, ColumnEq, Comma, GuardedUpdate, Joined, NoChanges};
+use crate::sql::statement::{RowLock, Unguarded};
 use crate::status::condition::{TransitionCondition, When};
 use crate::status::{HasStatus, Status, StatusIn};
 use crate::write::entity::{
-    advance_from_in, unreadable_in, unreadable_row, write_by_key, KeyWriteOf, LoadByKey, RowMoved,
+    advance_from_in, unreadable_row, write_by_key, KeyWriteOf, LoadByKey, RowMoved,
 };
 use crate::write::executor::{
     classify, refuse_status_write, CannotMiss, CompareAndSet, Matches, Miss,
 };
 use crate::write::modify::in_caller_transaction;
+use crate::write::pessimistic::read_locked;
 
 /// No extra assignment: the transition sets the status (and advances the token) only.
 /// The table is inferred from the entity.
@@ -368,17 +369,9 @@ where
         E: From<Error>,
     {
         let result = commit_operation(conn, |conn| -> Result<Self, Stop<E>> {
-            // Inside the transaction this read locks the row until it ends.
-            let mut row = match Self::load_by_key(conn, key) {
-                Ok(Some(row)) => row,
-                Ok(None) => return Err(Stop::Occ(RowMoved::<Self>::any(key).given::<C>(None))),
-                Err(e) => {
-                    return Err(Stop::Occ(
-                        unreadable_in::<Self, C>(key, e, suspects::<Self>())
-                            .unwrap_or_else(|e| classify(conn, e)),
-                    ))
-                }
-            };
+            // The row lock is held until the transaction ends.
+            let lock = RowLock::ForUpdate;
+            let mut row = read_locked::<Self, C>(conn, key, lock, &suspects::<Self>())?;
             let from = row.status();
             row.transition(conn, to, extra)?;
             as_caller(conn, |conn| hook(conn, from, &row)).map_err(Stop::Caller)?;
@@ -592,7 +585,7 @@ impl<'k, T: HasStatus, G> TransitionMiss<'k, T, G> {
 }
 
 /// The columns an unreadable row is blamed on: the status first, then the guard's.
-fn suspects<T: HasStatus>() -> String {
+pub(crate) fn suspects<T: HasStatus>() -> String {
     let status = <T::StatusColumn as Column>::NAME;
     format!("{status} (or {})", T::GUARD_COLUMNS.join(", "))
 }

@@ -870,21 +870,64 @@ where
 {
     fn explain(self, conn: &mut C) -> Error {
         match T::load_by_key(conn, self.key) {
-            Ok(current) => match self.given::<C>(current) {
-                Error::Refused { table, key, token } if C::Backend::applies_writes_late(conn) => {
-                    behind_the_cluster(table, &key, &token)
+            Ok(current) => match Explanation::of(self.given::<C>(current)) {
+                Explanation::Done(error) => error,
+                Explanation::AskIfLate(refusal) => {
+                    refusal.on_server(C::Backend::applies_writes_late(conn))
                 }
-                explained => explained,
             },
             Err(e) => unreadable::<T, C>(self.key, e).unwrap_or_else(|e| classify(conn, e)),
         }
     }
 }
 
-/// A write that matched nothing on a Galera node while the row holds the expected token:
-/// the node ran the `UPDATE` against its copy before it had applied the commit that the
-/// caller's copy was read after (the re-read, later, sees it). Retryable: the next attempt
-/// finds the row applied.
+/// The explanation of a write's miss from the row re-read after it, as the blocking and
+/// the async paths both complete it.
+pub(crate) enum Explanation {
+    /// The re-read says it all.
+    Done(Error),
+    /// The row holds the expected token, so nothing the caller could see refused the
+    /// write: ask the server whether it applies other servers' commits late
+    /// ([`OccBackend::applies_writes_late`]), then [`Refusal::on_server`].
+    AskIfLate(Refusal),
+}
+
+impl Explanation {
+    /// What `explained` (a re-read's verdict) still needs.
+    pub(crate) fn of(explained: Error) -> Self {
+        match explained {
+            Error::Refused { table, key, token } => {
+                Explanation::AskIfLate(Refusal { table, key, token })
+            }
+            done => Explanation::Done(done),
+        }
+    }
+}
+
+/// A write that matched nothing while the row holds the expected token.
+pub(crate) struct Refusal {
+    table: &'static str,
+    key: String,
+    token: crate::error::Token,
+}
+
+impl Refusal {
+    /// The refusal on a server that applies other servers' commits late or not
+    /// (`applies_late`): there (a Galera node) the node ran the `UPDATE` against its copy
+    /// before it had applied the commit that the caller's copy was read after (the
+    /// re-read, later, sees it), and the next attempt finds the row applied: retryable.
+    /// Elsewhere a trigger, rule or row-level policy refused it: [`Error::Refused`].
+    pub(crate) fn on_server(self, applies_late: bool) -> Error {
+        let Refusal { table, key, token } = self;
+        if applies_late {
+            behind_the_cluster(table, &key, &token)
+        } else {
+            Error::Refused { table, key, token }
+        }
+    }
+}
+
+/// A write that matched nothing on a node behind the cluster, see [`Refusal::on_server`].
 fn behind_the_cluster(table: &str, key: &str, token: &crate::error::Token) -> Error {
     Error::Retryable {
         reason: crate::RetryReason::SerializationFailure,
@@ -932,22 +975,49 @@ pub(crate) fn unreadable_row(
             reason: format!(
                 "row {key:?} cannot be read back after the guarded write matched nothing \
                  (a NULL or malformed value would do this): {}",
-                with_sources(&*cause)
+                crate::error::with_sources(&*cause)
             ),
         }),
         other => Err(other),
     }
 }
 
-/// `error` and each of its sources, joined by `: `: diesel's deserialization errors name
-/// the field in their own text and keep the value's problem in their source.
-pub(crate) fn with_sources(error: &(dyn std::error::Error + 'static)) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
+#[cfg(test)]
+mod refusal_tests {
+    use super::*;
+    use crate::error::Token;
+
+    fn refused() -> Error {
+        Error::Refused {
+            table: "orders",
+            key: "1".into(),
+            token: Token::Version(4),
+        }
     }
-    text
+
+    #[test]
+    fn a_refusal_on_a_node_that_applies_commits_late_is_retryable() {
+        let Explanation::AskIfLate(refusal) = Explanation::of(refused()) else {
+            panic!("a refusal asks the server")
+        };
+        let error = refusal.on_server(true);
+        assert!(error.is_retryable(), "{error:?}");
+        assert!(error.to_string().contains("had not yet applied"), "{error}");
+    }
+
+    #[test]
+    fn a_refusal_elsewhere_stays_refused_and_other_verdicts_ask_nothing() {
+        let Explanation::AskIfLate(refusal) = Explanation::of(refused()) else {
+            panic!("a refusal asks the server")
+        };
+        assert!(matches!(refusal.on_server(false), Error::Refused { .. }));
+        let not_found = Error::NotFound {
+            table: "orders",
+            key: "1".into(),
+        };
+        assert!(matches!(
+            Explanation::of(not_found),
+            Explanation::Done(Error::NotFound { .. })
+        ));
+    }
 }

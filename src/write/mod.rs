@@ -6,7 +6,6 @@ pub(crate) mod batch;
 pub(crate) mod bulk;
 pub(crate) mod entity;
 pub(crate) mod executor;
-pub(crate) mod hot_rows;
 pub(crate) mod insert;
 pub(crate) mod modify;
 pub(crate) mod operation;

@@ -20,16 +20,19 @@
 
 use diesel::connection::{Connection, LoadConnection};
 
+use diesel::result::Error as DieselError;
+
 use crate::connect::backend::OccBackend;
+use crate::connect::caller_transaction::as_library;
 use crate::connect::source::ConnectionSource;
-use crate::connect::transaction::{commit_operation, WriteTransaction};
-use crate::error::{connection_lost, Error, RetryReason};
+use crate::connect::transaction::WriteTransaction;
+use crate::error::Error;
+use crate::flow::read_modify_write::{Effect, ReadModifyWrite};
 use crate::guard::{Guarded, TokenOf};
-use crate::retry::{Contention, RetryPolicy, Stop};
+use crate::retry::{RetryPolicy, Stop};
 use crate::sql::statement::RowLock;
-use crate::write::entity::{with_sources, GuardedWrite, LoadByKey, UpdateRow};
+use crate::write::entity::{GuardedWrite, LoadByKey, UpdateRow};
 use crate::write::executor::{classify, in_transaction};
-use crate::write::hot_rows::HotRow;
 
 /// Where the attempts of a retried operation get their connection.
 pub trait Connections {
@@ -111,8 +114,9 @@ pub trait GuardedModify: GuardedWrite + Clone {
     /// [`ConnectionSource`]) for each attempt, so that a
     /// connection that died is replaced and the waits between attempts hold none. An
     /// attempt whose connection died before its `COMMIT` wrote nothing and runs again
-    /// ([`RetryReason::ConnectionLost`], as `policy` allows); one whose `COMMIT` lost the
-    /// connection may have landed and stops with [`Error::Ambiguous`].
+    /// ([`RetryReason::ConnectionLost`](crate::RetryReason::ConnectionLost), as `policy`
+    /// allows); one whose `COMMIT` lost the connection may have landed and stops with
+    /// [`Error::Ambiguous`].
     fn modify_pooled<S, R, E>(
         pool: &S,
         key: &Self::Key,
@@ -155,116 +159,16 @@ where
 
 impl<T: GuardedWrite + Clone> GuardedModify for T {}
 
-/// The row with `key`, read for an attempt: plainly, so that the attempt is optimistic
-/// (the guarded write finds out whether someone else wrote meanwhile), or with `lock`
-/// (`FOR UPDATE`) when the row is contended. A row that does not read as `T` is
-/// [`Error::InvalidData`] naming `suspects`, the columns whose NULL or malformed value
-/// would do that.
-pub(crate) fn read_for_attempt<T, C, E>(
-    conn: &mut C,
-    key: &T::Key,
-    lock: RowLock,
-    suspects: &str,
-) -> Result<T, Stop<E>>
-where
-    T: LoadByKey<C>,
-    C: LoadConnection,
-    C::Backend: OccBackend,
-{
-    let read = match lock {
-        RowLock::None => T::read_by_key(conn, key),
-        lock => T::lock_by_key(conn, key, lock),
-    };
-    attempt_read(T::table_name(), key, suspects, read, |e| classify(conn, e))
-}
-
-/// The row an attempt read of `table`, or why there is none: [`Error::NotFound`],
-/// [`Error::InvalidData`] naming `suspects`, or the read's error as `classify` says.
-pub(crate) fn attempt_read<T, E>(
-    table: &'static str,
-    key: &impl std::fmt::Debug,
-    suspects: &str,
-    read: diesel::QueryResult<Option<T>>,
-    classify: impl FnOnce(diesel::result::Error) -> Error,
-) -> Result<T, Stop<E>> {
-    match read {
-        Ok(Some(row)) => Ok(row),
-        Ok(None) => Err(Stop::Occ(Error::NotFound {
-            table,
-            key: format!("{key:?}"),
-        })),
-        Err(diesel::result::Error::DeserializationError(cause)) => {
-            Err(Stop::Occ(Error::InvalidData {
-                table,
-                column: suspects.to_string(),
-                reason: format!("row {key:?} cannot be read: {}", with_sources(&*cause)),
-            }))
-        }
-        Err(e) => Err(Stop::Occ(classify(e))),
-    }
-}
-
-/// The row memory of a retried read-modify-write: the row's entry and for how long a
-/// conflict marks it hot, under [`Contention::LockWhenContended`] only.
-#[derive(Clone, Copy)]
-pub(crate) struct Contended(Option<(HotRow, std::time::Duration)>);
-
-impl Contended {
-    /// The memory of the row with `key` of `table`, as `policy` asks for it.
-    pub(crate) fn of(
-        policy: &RetryPolicy,
-        table: &'static str,
-        key: &impl std::fmt::Debug,
-    ) -> Self {
-        Contended(match policy.contention_mode() {
-            Contention::LockWhenContended { hot_for } => Some((HotRow::of(table, key), hot_for)),
-            Contention::Optimistic => None,
-        })
-    }
-
-    /// How attempt `number` reads the row: with its lock on a retry or a hot row.
-    pub(crate) fn lock_for(self, number: u32) -> RowLock {
-        match self.0 {
-            Some((row, hot_for)) if number > 1 || row.is_hot(hot_for) => RowLock::ForUpdate,
-            _ => RowLock::None,
-        }
-    }
-
-    /// An attempt's result, after marking the row hot on a conflict. With a connection
-    /// per attempt (`fresh_per_attempt`), a connection lost before the `COMMIT` (a lost
-    /// `COMMIT` is `Ambiguous` by now) wrote nothing and is retryable on another one.
-    pub(crate) fn settle<V, E>(
-        self,
-        result: Result<V, Stop<E>>,
-        fresh_per_attempt: bool,
-    ) -> Result<V, Stop<E>> {
-        if let (Err(Stop::Occ(Error::Conflict(_))), Some((row, hot_for))) = (&result, self.0) {
-            row.mark(hot_for);
-        }
-        match result {
-            Err(Stop::Occ(Error::Database(source)))
-                if fresh_per_attempt && connection_lost(&source) =>
-            {
-                Err(Stop::Occ(Error::Retryable {
-                    reason: RetryReason::ConnectionLost,
-                    source,
-                }))
-            }
-            other => other,
-        }
-    }
-}
-
 /// Whether `conn` is inside a transaction its caller opened: then an operation makes one
 /// attempt only, since a retry could not roll back the caller's earlier work.
 pub(crate) fn in_caller_transaction<C: Connection>(conn: &mut C) -> bool {
     in_transaction(conn)
 }
 
-/// Runs `attempt` (given the connection and the row as read) in a write transaction per
-/// attempt, retried by `policy`, reading the row with its lock once it is contended as
-/// `policy`'s [`Contention`] says; see the module documentation for transactions the
-/// caller opened. `attempt` returns the row as written, its new token and the caller's value.
+/// The blocking driver of the read-modify-write [flow](crate::flow::read_modify_write):
+/// runs `attempt` (given the connection and the row as read) in a write transaction per
+/// attempt on connections from `source`, sleeping out the flow's pauses, until the flow is
+/// done. `attempt` returns the row as written, its new token and the caller's value.
 /// `suspects` names the columns an unreadable row is blamed on.
 pub(crate) fn read_modify_write<T, S, R, E>(
     mut source: S,
@@ -281,27 +185,83 @@ where
     E: From<Error>,
 {
     let nested = source.with(in_caller_transaction)?;
-    let policy = if nested {
-        policy.clone().max_attempts(1)
-    } else {
-        policy.clone()
-    };
-    // Only under `LockWhenContended` (the key is formatted once per call, not per attempt).
-    let contended = Contended::of(&policy, T::table_name(), key);
-    let ((row, token, value), attempts) = policy.run(|number| {
-        let lock = contended.lock_for(number);
-        source.with(|conn| {
-            let result = commit_operation(conn, |conn| {
-                let original = read_for_attempt::<T, _, E>(conn, key, lock, suspects)?;
-                attempt(conn, &original)
-            });
-            contended.settle(result, S::FRESH_PER_ATTEMPT)
-        })?
-    })?;
+    let table = T::table_name();
+    let mut flow = ReadModifyWrite::new(policy, nested, S::FRESH_PER_ATTEMPT, table, key, suspects);
+    let mut effect = flow.start();
+    loop {
+        effect = match effect {
+            Effect::Begin => {
+                match source.with(|conn| run_attempt(conn, &mut flow, key, &mut attempt)) {
+                    Ok(next) => next,
+                    // No connection for the attempt: nothing began.
+                    Err(error) => flow.began(Err(error)),
+                }
+            }
+            Effect::Pause(pause) => {
+                std::thread::sleep(pause);
+                flow.paused()
+            }
+            Effect::Done => break,
+            other => unreachable!("{other:?} is run inside an attempt"),
+        };
+    }
+    let ((row, token, value), attempts) = flow.outcome()?;
     Ok(Modified {
         row,
         token,
         value,
         attempts,
     })
+}
+
+/// One attempt of `flow` on `conn`, from its `BEGIN` to its `COMMIT` or `ROLLBACK`
+/// (diesel's transaction, as [`WriteTransaction`] begins and ends it on each backend):
+/// the effect after it.
+fn run_attempt<T, C, V, E>(
+    conn: &mut C,
+    flow: &mut ReadModifyWrite<'_, T, V, E>,
+    key: &T::Key,
+    attempt: &mut impl FnMut(&mut C, &T) -> Result<V, Stop<E>>,
+) -> Effect
+where
+    T: LoadByKey<C>,
+    C: LoadConnection + WriteTransaction,
+    C::Backend: OccBackend,
+    E: From<Error>,
+{
+    let mut ended = None;
+    let transaction = conn.write_transaction(|conn| {
+        let mut effect = flow.began(Ok(()));
+        as_library(conn, |conn| loop {
+            effect = match effect {
+                Effect::Read(lock) => {
+                    let read = match lock {
+                        RowLock::None => T::read_by_key(conn, key),
+                        lock => T::lock_by_key(conn, key, lock),
+                    };
+                    flow.read(read, |e| classify(conn, e))
+                }
+                Effect::Change => {
+                    let changed = attempt(conn, flow.row());
+                    flow.changed(changed)
+                }
+                Effect::Commit => {
+                    ended = Some(Effect::Commit);
+                    return Ok(());
+                }
+                Effect::Rollback => {
+                    ended = Some(Effect::Rollback);
+                    return Err(DieselError::RollbackTransaction);
+                }
+                other => unreachable!("{other:?} inside an attempt's transaction"),
+            }
+        })
+    });
+    match (ended, transaction) {
+        (Some(Effect::Commit), committed) => flow.committed(committed),
+        (Some(_), _) => flow.rolled_back(),
+        // The BEGIN failed: nothing is open.
+        (None, Err(e)) => flow.began(Err(classify(conn, e))),
+        (None, Ok(())) => unreachable!("an attempt's transaction ends by the flow's word"),
+    }
 }

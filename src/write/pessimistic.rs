@@ -16,10 +16,11 @@ use crate::connect::backend::OccBackend;
 use crate::connect::caller_transaction::as_caller;
 use crate::connect::transaction::{commit_operation, WriteTransaction};
 use crate::error::Error;
+use crate::flow::row_read::{AfterLock, LockedRead};
 use crate::guard::{Guarded, TokenOf};
 use crate::retry::Stop;
 use crate::sql::statement::RowLock;
-use crate::write::entity::{unreadable_in, LoadByKey, RowMoved};
+use crate::write::entity::{LoadByKey, RowMoved};
 use crate::write::executor::classify;
 
 /// Whether a locked read waits for a row another transaction holds.
@@ -93,19 +94,8 @@ where
 {
     let lock = row_lock(wait);
     let result = commit_operation(conn, |conn| -> Result<R, Stop<E>> {
-        let unreadable = |conn: &mut C, e| {
-            let columns = T::GUARD_COLUMNS.join(", ");
-            unreadable_in::<T, C>(key, e, columns).unwrap_or_else(|e| classify(conn, e))
-        };
         let table = T::table_name();
-        let row = match T::lock_by_key(conn, key, lock) {
-            Ok(Some(row)) => row,
-            Ok(None) => {
-                let exists = T::read_by_key(conn, key).map_err(|e| unreadable(conn, e))?;
-                return Err(Stop::Occ(skipped(table, key, exists.is_some())));
-            }
-            Err(e) => return Err(Stop::Occ(unreadable(conn, e))),
-        };
+        let row = read_locked::<T, C>(conn, key, lock, &T::GUARD_COLUMNS.join(", "))?;
         let row = still_expected::<T>(table, key, expected, row)?;
         as_caller(conn, |conn| work(conn, row)).map_err(Stop::Caller)
     });
@@ -120,20 +110,23 @@ pub(crate) fn row_lock(wait: LockWait) -> RowLock {
     }
 }
 
-/// Why the locked read of the row with `key` in `table` found nothing: another
-/// transaction holds the row (it `exists`), or there is no such row.
-pub(crate) fn skipped(table: &'static str, key: &impl std::fmt::Debug, exists: bool) -> Error {
-    if exists {
-        Error::LockHeld {
-            lock: format!("`{table}` row {key:?}"),
-            holder: None,
-            until: None,
-        }
-    } else {
-        Error::NotFound {
-            table,
-            key: format!("{key:?}"),
-        }
+/// The row with `key`, read with `lock` ([`LockedRead`] judges the answers): the
+/// blocking driver of the locked read.
+pub(crate) fn read_locked<T, C>(
+    conn: &mut C,
+    key: &T::Key,
+    lock: RowLock,
+    suspects: &str,
+) -> Result<T, Error>
+where
+    T: LoadByKey<C>,
+    C: LoadConnection,
+    C::Backend: OccBackend,
+{
+    let read = LockedRead::new(T::table_name(), key, suspects);
+    match read.locked(T::lock_by_key(conn, key, lock), |e| classify(conn, e)) {
+        AfterLock::Done(row) => row,
+        AfterLock::ReadUnlocked => read.unlocked(T::read_by_key(conn, key), |e| classify(conn, e)),
     }
 }
 

@@ -628,6 +628,35 @@ fn async_read_modify_writes_on_three_nodes_lose_nothing() {
     }
 }
 
+/// A guarded write that matched nothing on a row still at the expected token is a node
+/// that had not yet applied another node's commit: retryable on both paths. Which node
+/// does that is the one thing each driver asks the server itself; every node of the
+/// cluster must say so on both (the judgement after it is one function, unit-tested).
+#[cfg(feature = "async-mysql")]
+#[test]
+fn both_drivers_know_a_galera_node_applies_commits_late() {
+    use diesel::mysql::Mysql;
+    use diesel_async::AsyncConnection;
+    use diesel_occ::asynchronous::NativeAsync;
+    use diesel_occ::OccBackend;
+
+    let Some(_cluster) = cluster() else { return };
+    let urls = std::env::var("GALERA_URLS").expect("set, as cluster() found");
+    let runtime = common::paths::runtime();
+    for url in urls.split(',') {
+        let mut blocking = MysqlConnection::establish(url).expect("the node answers");
+        assert!(
+            <Mysql as OccBackend>::applies_writes_late(&mut blocking),
+            "{url}: blocking"
+        );
+        let mut conn = runtime
+            .block_on(diesel_async::AsyncMysqlConnection::establish(url))
+            .expect("the node answers");
+        let late = runtime.block_on(<Mysql as NativeAsync>::applies_writes_late(&mut conn));
+        assert!(late, "{url}: async");
+    }
+}
+
 /// 8 tasks on three nodes take one lock 50 times each through the async `lock`: never two
 /// holders at once, every grant shown by its node's row, fences rising with each grant.
 #[cfg(all(feature = "async-mysql", feature = "bb8", feature = "locks"))]

@@ -87,6 +87,8 @@ pub trait Writes {
     fn history(&mut self) -> Vec<(String, String, String, Option<String>)>;
     /// Records the text of every statement this executor's connection sends from now on.
     fn record_statements(&mut self) -> Arc<Mutex<Vec<String>>>;
+    /// Runs `sql` (no bind values) on this executor's connection.
+    fn execute(&mut self, sql: &str);
 }
 
 /// An instrumentation that keeps the text of every statement a connection sends.
@@ -250,6 +252,9 @@ macro_rules! writes_for {
     ($sync:ty, $async:ty) => {
         impl Writes for Blocking<$sync> {
             const PATH: &'static str = "blocking";
+            fn execute(&mut self, sql: &str) {
+                diesel::connection::SimpleConnection::batch_execute(&mut *self.0, sql).unwrap();
+            }
             fn record_statements(&mut self) -> Arc<Mutex<Vec<String>>> {
                 let statements = Arc::new(Mutex::new(Vec::new()));
                 self.0.set_instrumentation(recorder(&statements));
@@ -417,6 +422,10 @@ macro_rules! writes_for {
         }
 
         impl Writes for Async<$async> {
+            fn execute(&mut self, sql: &str) {
+                let sent = diesel_async::SimpleAsyncConnection::batch_execute(&mut self.conn, sql);
+                self.runtime.block_on(sent).unwrap();
+            }
             const PATH: &'static str = "async";
             fn record_statements(&mut self) -> Arc<Mutex<Vec<String>>> {
                 let statements = Arc::new(Mutex::new(Vec::new()));

@@ -1,5 +1,6 @@
 //! Async guarded writes and read-modify-writes dropped at random points (a tokio timeout
-//! of 0-3 ms, two thousand times on one connection): no change lands in half, no
+//! drawn from 0 to twice the longest undisturbed call, at least 3 ms, two thousand times
+//! on one connection): no change lands in half, no
 //! transaction stays open on the server, and a connection left inside a transaction is
 //! refused by the library, never written on. Checked from the database.
 
@@ -32,12 +33,28 @@ struct Tally {
     refused_broken: u32,
 }
 
-/// The next of a small deterministic sequence of timeouts (0 to 2,999 µs).
-fn next_timeout(seed: &mut u64) -> Duration {
+/// The next of a small deterministic sequence of timeouts, from 0 to `span`.
+fn next_timeout(seed: &mut u64, span: Duration) -> Duration {
     *seed = seed
         .wrapping_mul(6364136223846793005)
         .wrapping_add(1442695040888963407);
-    Duration::from_micros((*seed >> 33) % 3_000)
+    span.mul_f64(((*seed >> 33) % 10_000) as f64 / 10_000.0)
+}
+
+/// The span the timeouts are drawn from: twice the longest of a few undisturbed `call`s
+/// (after one that warms the connection), and at least 3 ms. So that drops fall anywhere
+/// in a call, and some calls finish, however fast the machine and its disk are.
+fn timeout_span<T>(mut call: impl FnMut() -> T) -> Duration {
+    call();
+    let longest = (0..5)
+        .map(|_| {
+            let started = Instant::now();
+            call();
+            started.elapsed()
+        })
+        .max()
+        .unwrap_or_default();
+    (longest * 2).max(Duration::from_millis(3))
 }
 
 for_each_backend! {
@@ -54,10 +71,26 @@ for_each_backend! {
         let row = Profile { id: 1, name: "p".into(), ext: serde_json::json!({}), version: 0 };
         diesel::insert_into(profiles::table).values(&row).execute(&mut db.conn()).unwrap();
         let runtime = common::paths::runtime();
-        let mut conn: Async_ = Conn::connect(&db.url, &runtime);
+        // Calibrated on another row, so that the row under test moves only by the rounds.
+        let other = Profile { id: 2, ..row.clone() };
+        diesel::insert_into(profiles::table).values(&other).execute(&mut db.conn()).unwrap();
+        // A fresh connection's first statements are slower: a connection replaced after a
+        // drop is warmed by one undisturbed merge of the other row first, as a pool's
+        // connections are, or every call on it would be dropped.
+        let warm = |conn: &mut Async_| {
+            let patch = serde_json::json!({"warm": 1});
+            runtime.block_on(Profile::merge_json_in_place(conn, &2, profiles::ext, &patch)).unwrap();
+        };
+        let connect = || {
+            let mut conn: Async_ = Conn::connect(&db.url, &runtime);
+            warm(&mut conn);
+            conn
+        };
+        let mut conn = connect();
+        let span = timeout_span(|| warm(&mut conn));
         let (mut seed, mut tally) = (11_u64, Tally::default());
         for round in 0..ROUNDS / 2 {
-            let limit = next_timeout(&mut seed);
+            let limit = next_timeout(&mut seed, span);
             let patch = serde_json::json!({ format!("k{round}"): round });
             let outcome = if round % 2 == 0 {
                 let call = Profile::merge_json_in_place(&mut conn, &1, profiles::ext, &patch);
@@ -70,14 +103,14 @@ for_each_backend! {
                 Ok(Ok(())) => tally.written += 1,
                 Ok(Err(Error::Database(DieselError::BrokenTransactionManager))) => {
                     tally.refused_broken += 1;
-                    conn = Conn::connect(&db.url, &runtime);
+                    conn = connect();
                 }
                 Ok(Err(other)) => panic!("round {round}: {other:?}"),
                 Err(_elapsed) => tally.dropped += 1,
             }
         }
         drop(conn);
-        eprintln!("{BACKEND}: {tally:?}");
+        eprintln!("{BACKEND}: timeouts up to {span:?}: {tally:?}");
         assert!(tally.written > 0 && tally.dropped > 0, "{tally:?}: both kinds of round must occur");
         let row = profiles::table.find(1).select(Profile::as_select()).first(&mut db.conn()).unwrap();
         let keys = row.ext.as_object().unwrap();
@@ -93,11 +126,28 @@ for_each_backend! {
         let Some(db) = db() else { return };
         diesel::insert_into(orders::table).values(&Order::new(1, "new")).execute(&mut db.conn()).unwrap();
         let runtime = common::paths::runtime();
-        let mut conn: Async_ = Conn::connect(&db.url, &runtime);
         let policy = RetryPolicy::default().max_attempts(3);
+        // Calibrated on a copy of the row, so that the row under test moves only by the
+        // rounds' calls.
+        diesel::insert_into(orders::table).values(&Order::new(2, "new")).execute(&mut db.conn()).unwrap();
+        // A connection replaced after a drop is warmed first (see the merges' test).
+        let warm = |conn: &mut Async_| {
+            runtime.block_on(Order::modify(conn, &2, &policy, |o| add_one_to(o, "x"))).unwrap();
+            let read = orders::table.find(2).select(Order::as_select());
+            let copy = runtime.block_on(diesel_async::RunQueryDsl::first(read, &mut *conn)).unwrap();
+            let patch = OrderPatch { note: Some(copy.note.clone()), quantity: Some(copy.quantity) };
+            runtime.block_on(AsyncGuardedWrite::guarded_update(&copy, conn, patch)).unwrap();
+        };
+        let connect = || {
+            let mut conn: Async_ = Conn::connect(&db.url, &runtime);
+            warm(&mut conn);
+            conn
+        };
+        let mut conn = connect();
+        let span = timeout_span(|| warm(&mut conn));
         let (mut seed, mut tally) = (7_u64, Tally::default());
         for round in 0..ROUNDS {
-            let limit = next_timeout(&mut seed);
+            let limit = next_timeout(&mut seed, span);
             let outcome = if round % 2 == 0 {
                 let call = Order::modify(&mut conn, &1, &policy, |o| add_one_to(o, "x"));
                 runtime.block_on(async { tokio::time::timeout(limit, call).await }).map(|r| r.map(drop))
@@ -119,14 +169,14 @@ for_each_backend! {
                     // A call dropped inside the library's transaction: nothing more is sent
                     // on this connection; a pool would discard it, the test replaces it.
                     tally.refused_broken += 1;
-                    conn = Conn::connect(&db.url, &runtime);
+                    conn = connect();
                 }
                 Ok(Err(other)) => panic!("round {round}: {other:?}"),
                 Err(_elapsed) => tally.dropped += 1,
             }
         }
         drop(conn);
-        eprintln!("{BACKEND}: {tally:?}");
+        eprintln!("{BACKEND}: timeouts up to {span:?}: {tally:?}");
         assert!(tally.written > 0 && tally.dropped > 0, "{tally:?}: both kinds of round must occur");
 
         // Every change that landed moved the note, the quantity and the version together.

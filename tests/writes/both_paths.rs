@@ -373,6 +373,42 @@ fn hooks_commit_or_roll_back_with_the_transition<W: Writes>(w: &mut W) {
     assert_eq!(history, expected, "{}", W::PATH);
 }
 
+/// A row whose stored status is no state of the enum cannot be read: a transition by key
+/// with a hook says which columns to look at, the same on every path, and nothing is
+/// written.
+fn an_unreadable_row_is_invalid_data_naming_its_columns<W: Writes>(w: &mut W) {
+    w.execute("UPDATE orders SET status = 'bogus' WHERE id = 1");
+    let moved = w.transition_by_key_recorded(1, OrderState::Shipped, "operator-7", false);
+    match &moved {
+        Err(HookError::Occ(Error::InvalidData {
+            table,
+            column,
+            reason,
+        })) => {
+            assert_eq!(
+                (*table, column.as_str()),
+                ("orders", "status (or version)"),
+                "{}",
+                W::PATH
+            );
+            assert!(
+                reason.contains("row 1 cannot be read"),
+                "{}: {reason}",
+                W::PATH
+            );
+        }
+        other => panic!("{}: {other:?}", W::PATH),
+    }
+    assert!(w.history().is_empty(), "{}: the hook never ran", W::PATH);
+    let stored = w.load(1).unwrap();
+    assert_eq!(
+        (stored.status.as_str(), stored.version),
+        ("bogus", 0),
+        "{}",
+        W::PATH
+    );
+}
+
 /// Work on a locked copy runs only while the row holds the copy's token; a missing row
 /// is `NotFound` for both forms.
 fn locked_work_runs_only_on_the_current_row<W: Writes>(w: &mut W) {
@@ -463,6 +499,7 @@ for_each_backend! {
         a_stale_copy_in_an_allowed_state_conflicts,
         bulk_updates_advance_every_changed_row,
         hooks_commit_or_roll_back_with_the_transition,
+        an_unreadable_row_is_invalid_data_naming_its_columns,
         locked_work_runs_only_on_the_current_row
     );
 

@@ -26,9 +26,14 @@ fn assert_refused_at(err: &Error, token: i128) {
 }
 
 /// Inserts an order whose status is "frozen" (which the test's trigger or policy guards),
-/// updates it, and checks the outcome is `Refused` with nothing written.
+/// updates it (on `$conn`, or with `$update`, given the connection and the order: the
+/// async path), and checks the outcome is `Refused` with nothing written.
 macro_rules! assert_frozen_order_refuses_updates {
-    ($conn:expr) => {{
+    ($conn:expr) => {
+        assert_frozen_order_refuses_updates!($conn, |conn: &mut _, order: &Order| order
+            .guarded_update(conn, orders::note.eq("edited")))
+    };
+    ($conn:expr, $update:expr) => {{
         let conn = $conn;
         let order = Order {
             status: "frozen".into(),
@@ -39,9 +44,7 @@ macro_rules! assert_frozen_order_refuses_updates {
             .execute(conn)
             .unwrap();
 
-        let err = order
-            .guarded_update(conn, orders::note.eq("edited"))
-            .unwrap_err();
+        let err = ($update)(&mut *conn, &order).unwrap_err();
 
         assert_refused_at(&err, 0);
         let stored: Order = orders::table
@@ -69,6 +72,31 @@ mod postgres {
         .unwrap();
 
         assert_frozen_order_refuses_updates!(conn);
+    }
+
+    /// The same refusal on the async path: PostgreSQL applies no commit late, so the
+    /// async driver, like the blocking one, reports `Refused` (on a Galera node both ask
+    /// the node and retry, see the cluster tests).
+    #[cfg(feature = "async")]
+    #[test]
+    fn update_skipped_by_a_trigger_is_refused_not_a_conflict_on_the_async_path() {
+        use diesel_occ::asynchronous::AsyncGuardedWrite;
+        let Some(db) = common::postgres() else { return };
+        let conn = &mut db.conn();
+        conn.batch_execute(
+            "CREATE FUNCTION skip_row() RETURNS trigger AS $$ BEGIN RETURN NULL; END $$ \
+                 LANGUAGE plpgsql;
+             CREATE TRIGGER orders_frozen BEFORE UPDATE ON orders FOR EACH ROW
+                 WHEN (OLD.status = 'frozen') EXECUTE FUNCTION skip_row();",
+        )
+        .unwrap();
+        let runtime = common::paths::runtime();
+        let mut async_conn =
+            <diesel::PgConnection as common::paths::AsyncOf>::connect(&db.url, &runtime);
+
+        assert_frozen_order_refuses_updates!(conn, |_: &mut _, order: &Order| runtime.block_on(
+            AsyncGuardedWrite::guarded_update(order, &mut async_conn, orders::note.eq("edited"))
+        ));
     }
 
     /// A policy that lets a role read every row but update only open ones. Superusers

@@ -35,6 +35,18 @@ fn at(text: &str) -> DateTime<Utc> {
     DateTime::parse_from_rfc3339(text).unwrap().to_utc()
 }
 
+/// A clock that always reads one instant, on every thread (SQLite's async connection
+/// stamps on a thread of its own, where a thread's frozen clock is not set).
+struct StoppedClock;
+
+const STOPPED_AT: &str = "2026-07-01T09:30:00.25Z";
+
+impl diesel_occ::Clock for StoppedClock {
+    fn now() -> DateTime<Utc> {
+        at(STOPPED_AT)
+    }
+}
+
 for_each_backend! {
     fn setup(db: &common::TestDb<Conn>) -> StampedOrder {
         let timestamp = if BACKEND == "mysql" { "DATETIME(6)" } else { "TIMESTAMP" };
@@ -47,6 +59,93 @@ for_each_backend! {
         let order = StampedOrder { id: 1, note: "new".into(), version: 0, updated_at: at("2026-01-01T00:00:00Z").naive_utc() };
         diesel::insert_into(stamped_orders::table).values(&order).execute(conn).unwrap();
         order
+    }
+
+    diesel::table! {
+        use diesel::sql_types::*;
+        use super::JsonSql;
+
+        stamped_profiles (id) {
+            id -> BigInt,
+            ext -> JsonSql,
+            version -> BigInt,
+            updated_at -> Timestamp,
+        }
+    }
+
+    #[derive(Debug, Clone, PartialEq, Queryable, Selectable, Identifiable, Insertable, diesel_occ::Guarded)]
+    #[diesel(table_name = stamped_profiles)]
+    pub struct StampedProfile {
+        id: i64,
+        #[occ(json)]
+        ext: serde_json::Value,
+        #[occ(version)]
+        version: i64,
+        #[occ(updated_at(clock = super::StoppedClock))]
+        updated_at: NaiveDateTime,
+    }
+
+    /// A JSON edit hands back the row as the database now holds it: the new version and
+    /// the stamp it wrote, whichever executor `merge` and `set` send it on.
+    fn a_json_edit_returns_the_row_as_stored(
+        db: &common::TestDb<Conn>,
+        merge: impl Fn(&serde_json::Value) -> Result<diesel_occ::Modified<StampedProfile, ()>, Error>,
+        set: impl Fn(&str, serde_json::Value) -> Result<diesel_occ::Modified<StampedProfile, ()>, Error>,
+    ) {
+        let (timestamp, json) = match BACKEND {
+            "mysql" => ("DATETIME(6)", "JSON"),
+            "postgres" => ("TIMESTAMP", "JSONB"),
+            _ => ("TIMESTAMP", "TEXT"),
+        };
+        let conn = &mut db.conn();
+        conn.batch_execute(&format!(
+            "CREATE TABLE stamped_profiles (id BIGINT PRIMARY KEY NOT NULL, ext {json} NOT NULL, \
+             version BIGINT NOT NULL, updated_at {timestamp} NOT NULL)"
+        ))
+        .unwrap();
+        let row = StampedProfile { id: 1, ext: serde_json::json!({"a": 1}), version: 0, updated_at: at("2026-01-01T00:00:00Z").naive_utc() };
+        diesel::insert_into(stamped_profiles::table).values(&row).execute(conn).unwrap();
+        let stored = |conn: &mut diesel_occ::Pooled<Conn>| {
+            stamped_profiles::table.find(1).select(StampedProfile::as_select()).first(conn).unwrap()
+        };
+
+        let merged = merge(&serde_json::json!({"b": 2})).unwrap();
+        assert_eq!(merged.row, stored(conn), "the merged row is the stored one");
+        assert_eq!(merged.row.updated_at, at(STOPPED_AT).naive_utc());
+        assert_eq!((merged.token, merged.row.version), (1, 1));
+
+        let set = set("/c", serde_json::json!(3)).unwrap();
+        assert_eq!(set.row, stored(conn), "the edited row is the stored one");
+        assert_eq!(set.row.ext, serde_json::json!({"a": 1, "b": 2, "c": 3}));
+    }
+
+    #[test]
+    fn a_json_edit_returns_the_row_as_stored_on_the_blocking_path() {
+        use diesel_occ::{GuardedJson, RetryPolicy};
+        let Some(db) = db() else { return };
+        let pool = db.pool.clone();
+        a_json_edit_returns_the_row_as_stored(
+            &db,
+            |patch| StampedProfile::merge_json(&mut pool.get().unwrap(), &1, stamped_profiles::ext, patch, &RetryPolicy::default()),
+            |pointer, value| StampedProfile::set_json(&mut pool.get().unwrap(), &1, stamped_profiles::ext, pointer, value, &RetryPolicy::default()),
+        );
+    }
+
+    #[cfg(all(feature = "async", any(not(feature = "mysql"), feature = "async-mysql")))]
+    #[test]
+    fn a_json_edit_returns_the_row_as_stored_on_the_async_path() {
+        use diesel_occ::asynchronous::AsyncGuardedJson;
+        use diesel_occ::RetryPolicy;
+        use std::cell::RefCell;
+        let Some(db) = db() else { return };
+        let runtime = common::paths::runtime();
+        let conn = RefCell::new(<Conn as common::paths::AsyncOf>::connect(&db.url, &runtime));
+        let policy = RetryPolicy::default();
+        a_json_edit_returns_the_row_as_stored(
+            &db,
+            |patch| runtime.block_on(<StampedProfile as AsyncGuardedJson>::merge_json(&mut *conn.borrow_mut(), &1, stamped_profiles::ext, patch, &policy)),
+            |pointer, value| runtime.block_on(<StampedProfile as AsyncGuardedJson>::set_json(&mut *conn.borrow_mut(), &1, stamped_profiles::ext, pointer, value, &policy)),
+        );
     }
 
     fn load(conn: &mut diesel_occ::Pooled<Conn>) -> StampedOrder {

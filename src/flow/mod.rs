@@ -1,0 +1,16 @@
+//! The library's multi-step operations, each written once as a value that does no I/O.
+//!
+//! A flow is fed what its last step returned and answers the next effect to perform
+//! (begin a transaction, read a row, run the caller's change, commit, roll back, pause)
+//! or that it is done. The blocking driver (diesel's `Connection`) and the async driver
+//! (diesel-async's `AsyncConnection`) only perform the effects, so the two paths cannot
+//! decide differently, and every branch of a flow is unit-tested by feeding it results,
+//! without a database.
+//!
+//! Layering: flows use the judgements below them (`error`, `retry`, the executor's
+//! checks); the drivers (`write`, `json`, `asynchronous`) use the flows; nothing here
+//! names a connection type.
+
+mod hot_rows;
+pub(crate) mod read_modify_write;
+pub(crate) mod row_read;
