@@ -6,7 +6,7 @@
 # PG_DATABASE_URL / MYSQL_DATABASE_URL. It is idempotent. Preset URLs are used as given and
 # the local servers are left alone.
 
-step() { printf '\n==> %s\n' "$*"; }
+step() { printf '\n==> [%ss] %s\n' "$SECONDS" "$*"; }
 as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
 
 install_missing_packages() {
