@@ -6,7 +6,10 @@
 use std::future::Future;
 use std::time::{Duration, Instant};
 
+use super::held::HeldWrite;
+use super::lock_connection::AsyncLockConnection;
 use super::locks::{AsyncLockGuard, AsyncLockPool, AsyncLocks};
+use super::write_transaction::AsyncWriteConnection;
 use crate::error::Error;
 use crate::locks::held::{first_of, Held, Loss};
 use crate::locks::lease::{next_renewal, outcome_under_lock, released_lease};
@@ -75,6 +78,17 @@ impl<S: AsyncLockPool> AsyncLease<S> {
     /// The hold as the protected work sees it ([`Held::lost`] resolves when it ends).
     pub fn held(&self) -> &Held {
         &self.held
+    }
+
+    /// [`Held::write_while_held_async`]: `write` commits only while the lease is still
+    /// held by the database's clock.
+    pub async fn write_while_held<C, T, E, W>(&self, conn: &mut C, write: W) -> Result<T, E>
+    where
+        C: AsyncLockConnection + AsyncWriteConnection,
+        W: for<'r> HeldWrite<'r, C, T, E>,
+        E: From<Error>,
+    {
+        self.held.write_while_held_async(conn, write).await
     }
 
     /// The local deadline of the lease; renewals move it on.

@@ -18,8 +18,8 @@ use crate::error::Error;
 use crate::locks::backend::{LockBackend, ServerLockBackend};
 use crate::locks::lock::{
     acquire_statement, grant_in_row, occ_locks, release_statement, renew_statement, AcquireLock,
-    CreateLock, LeaseLost, LockHolder, LockKey, LockOwner, LockRow, LockTaken, ReleaseLock,
-    RenewLock,
+    CreateLock, HeldRow, LeaseLost, LockHolder, LockKey, LockOwner, LockRow, LockTaken,
+    ReleaseLock, RenewLock,
 };
 use crate::sql::new_token::{Counted, ReturnedBy};
 use crate::sql::statement::Assignments;
@@ -61,6 +61,17 @@ pub trait AsyncLockConnection: AsyncConnection + Send {
         fence: i64,
         wait: Duration,
     ) -> impl Future<Output = Result<(), Error>> + Send + 'a;
+
+    /// Inside an open transaction: [`Error::LockLost`] unless `holder` still holds the
+    /// lock with `fence` and an unexpired lease by the database's clock; the blocking
+    /// `LockConnection::check_held`.
+    #[doc(hidden)]
+    fn check_held<'a>(
+        &'a mut self,
+        key: &'a LockKey,
+        holder: &'a str,
+        fence: i64,
+    ) -> impl Future<Output = Result<(), Error>> + Send + 'a;
 }
 
 /// One of the three statements, with what it needs beyond the key and the holder.
@@ -95,7 +106,33 @@ where
         LoadQuery<'static, C, (Option<String>, Option<chrono::NaiveDateTime>)> + Send + 'static,
     LockOwner: LoadQuery<'static, C, (Option<String>, Option<String>, i64)> + Send + 'static,
     LockRow: LoadQuery<'static, C, i64> + Send + 'static,
+    HeldRow: LoadQuery<'static, C, i64> + Send + 'static,
 {
+    async fn check_held<'a>(
+        &'a mut self,
+        key: &'a LockKey,
+        holder: &'a str,
+        fence: i64,
+    ) -> Result<(), Error> {
+        // The blocking path's two locking reads: the first waits for the row, the second
+        // reads the clock after that wait.
+        key.locked_row()
+            .get_result::<i64>(self)
+            .await
+            .optional()
+            .map_err(|e| classify(self, e))?;
+        let held = key
+            .held_row(holder, fence)
+            .get_result::<i64>(self)
+            .await
+            .optional()
+            .map_err(|e| classify(self, e))?;
+        match held {
+            Some(_) => Ok(()),
+            None => Err(LeaseLost { key, holder, fence }.explain(self).await),
+        }
+    }
+
     async fn acquire_lock<'a>(
         &'a mut self,
         key: &'a LockKey,

@@ -13,8 +13,10 @@
 
 use std::time::{Duration, Instant};
 
+use super::held::HeldWrite;
 use super::lock_connection::AsyncLockConnection;
 use super::source::AsyncConnectionSource;
+use super::write_transaction::AsyncWriteConnection;
 use crate::error::Error;
 use crate::locks::belief::believed;
 use crate::locks::held::{Held, Loss};
@@ -253,6 +255,19 @@ impl<S: AsyncLockPool> AsyncLockGuard<S> {
     /// keep-alive, it ends at the local deadline unless [`renew`](Self::renew) moves it.
     pub fn held(&self) -> Held {
         self.renewal.held(Loss::new())
+    }
+
+    /// Runs `write` on `conn` in a transaction that commits only while this guard still
+    /// holds the lock by the database's clock ([`Held::write_while_held_async`]), for
+    /// tables without a fence column; [`Error::LockLost`] (and nothing written) once it
+    /// does not. See [`LockGuard::write_while_held`](crate::LockGuard::write_while_held).
+    pub async fn write_while_held<C, T, E, W>(&self, conn: &mut C, write: W) -> Result<T, E>
+    where
+        C: AsyncLockConnection + AsyncWriteConnection,
+        W: for<'r> HeldWrite<'r, C, T, E>,
+        E: From<Error>,
+    {
+        self.held().write_while_held_async(conn, write).await
     }
 
     /// Extends the lease to `ttl` from now (database clock); see

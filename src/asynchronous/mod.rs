@@ -70,6 +70,10 @@ mod claim;
 pub(crate) mod connection;
 mod entity;
 mod executor;
+#[cfg(feature = "locks")]
+mod fence;
+#[cfg(feature = "locks")]
+mod held;
 mod insert;
 mod json;
 #[cfg(feature = "locks")]
@@ -101,6 +105,10 @@ pub use connection::{NativeAsync, NativeAsyncConnection};
 pub use entity::{
     AsyncDeleteRow, AsyncGuardedWrite, AsyncTouchUpdatedAt, AsyncUpdateExcluded, AsyncUpdateRow,
 };
+#[cfg(feature = "locks")]
+pub use fence::{AsyncFencedWrite, AsyncWriteFenced};
+#[cfg(feature = "locks")]
+pub use held::HeldWrite;
 pub use insert::{AsyncInsertRow, AsyncUpsertRow};
 pub use json::{
     AsyncEditJson, AsyncGuardedJson, AsyncGuardedJsonMerge, AsyncMergeInPlace, BoxedEdit,
@@ -127,7 +135,7 @@ pub use write_transaction::{AsyncWriteConnection, LockedWork, TransitionHook, Wr
 /// The async traits, to import with `use diesel_occ::asynchronous::prelude::*`.
 pub mod prelude {
     #[cfg(feature = "locks")]
-    pub use super::AsyncGuardedClaim;
+    pub use super::{AsyncFencedWrite, AsyncGuardedClaim};
     pub use super::{
         AsyncGuardedBatch, AsyncGuardedBulk, AsyncGuardedJson, AsyncGuardedJsonMerge,
         AsyncGuardedModify, AsyncGuardedTransition, AsyncGuardedWrite, AsyncPessimistic,

@@ -366,6 +366,17 @@ where
 
 #[cfg(feature = "locks")]
 impl super::lock_connection::AsyncLockConnection for AsyncSqlite {
+    fn check_held<'a>(
+        &'a mut self,
+        key: &'a crate::locks::lock::LockKey,
+        holder: &'a str,
+        fence: i64,
+    ) -> impl Future<Output = Result<(), Error>> + Send + 'a {
+        use crate::locks::lock::LockConnection;
+        let (key, holder) = (key.clone(), holder.to_string());
+        on_thread(self, move |conn| conn.check_held(&key, &holder, fence))
+    }
+
     fn acquire_lock<'a>(
         &'a mut self,
         key: &'a crate::locks::lock::LockKey,

@@ -83,7 +83,8 @@ pub trait FencedWrite: Guarded {
 /// `C`, as one bound; like [`UpdateRow`](crate::UpdateRow), not a trait to implement.
 #[diagnostic::on_unimplemented(
     message = "`{Self}` cannot run a fenced write on `{F}` with `{Ch}` on `{C}`",
-    note = "the fence column must be a `BigInt` column of the entity's table, the changes for that table, and the connection a diesel connection of a backend diesel-occ supports"
+    note = "the fence column must be a `BigInt` column of the entity's table, the changes for that table, and the connection a diesel connection of a backend diesel-occ supports",
+    note = "on a diesel-async connection, use `diesel_occ::asynchronous::AsyncFencedWrite::write_fenced` (in `diesel_occ::asynchronous::prelude`) and `.await` it"
 )]
 pub trait WriteFenced<C, F, Ch>: LoadByKey<C> {
     /// Runs the write; [`FencedWrite`] calls it.
@@ -110,36 +111,98 @@ where
     ColumnOfRow<T::Table, T::KeyPredicate, F>: LoadQuery<'static, C, i64>,
 {
     fn write_fenced_row(conn: &mut C, key: &T::Key, fence: i64, changes: Ch) -> Result<(), Error> {
-        let statement = FencedUpdateOf::<T, Ch::Changeset, F>::new(
-            T::table(),
-            changes.as_changeset(),
-            ColumnEq::new(fence),
-            T::key_predicate(key),
-            FenceAtMost {
-                fence,
-                column: PhantomData,
-            },
-        );
-        refuse_status_write(T::table_name(), T::STATUS_COLUMN, &statement, 0)?;
-        let miss = FenceMoved {
-            newest: statement.read_back::<F>(),
-            presented: fence,
-            table: T::table_name(),
-            key,
-        };
-        CompareAndSet::one(statement, T::table_name(), key, miss)
+        fenced_write::<C::Backend, T, Ch, F>(T::table_name(), key, fence, changes)?
             .run::<C, Counted, ()>(conn)
             .map(drop)
     }
 }
 
+/// The compare-and-set of a fenced write of `changes` to the row of entity `T` (in
+/// `table`) with `key`, recording `fence` in column `F`; checked before anything is sent
+/// (a change of the status column is refused). What the blocking and the async paths both
+/// send.
+#[allow(clippy::type_complexity)]
+pub(crate) fn fenced_write<'k, DB, T, Ch, F>(
+    table: &'static str,
+    key: &'k T::Key,
+    fence: i64,
+    changes: Ch,
+) -> Result<
+    CompareAndSet<
+        'k,
+        FencedUpdateOf<T, Ch::Changeset, F>,
+        FenceMoved<'k, ColumnOfRow<T::Table, T::KeyPredicate, F>>,
+    >,
+    Error,
+>
+where
+    T: Guarded,
+    F: Column<Table = T::Table, SqlType = BigInt>,
+    Ch: AsChangeset<Target = T::Table>,
+    <T::Table as diesel::QuerySource>::FromClause: Clone,
+    T::KeyPredicate: Clone,
+    FencedUpdateOf<T, Ch::Changeset, F>: Assignments<DB>,
+{
+    let statement = FencedUpdateOf::<T, Ch::Changeset, F>::new(
+        T::table(),
+        changes.as_changeset(),
+        ColumnEq::new(fence),
+        T::key_predicate(key),
+        FenceAtMost {
+            fence,
+            column: PhantomData,
+        },
+    );
+    refuse_status_write(table, T::STATUS_COLUMN, &statement, 0)?;
+    let miss = FenceMoved {
+        newest: statement.read_back::<F>(),
+        presented: fence,
+        table,
+        key,
+    };
+    Ok(CompareAndSet::one(statement, table, key, miss))
+}
+
 /// A fenced write matched nothing: the row's newest fence, read back, is newer than the
 /// one presented ([`Error::StaleFence`]), or the row is gone.
-struct FenceMoved<'k, Q> {
+pub(crate) struct FenceMoved<'k, Q> {
     newest: Q,
     presented: i64,
     table: &'static str,
-    key: &'k dyn std::fmt::Debug,
+    key: &'k (dyn std::fmt::Debug + Sync),
+}
+
+impl<'k, Q> FenceMoved<'k, Q> {
+    /// The read of the row's newest fence, and what explains the miss given its answer.
+    pub(crate) fn split(self) -> (Q, FenceMoved<'k, ()>) {
+        let FenceMoved {
+            newest,
+            presented,
+            table,
+            key,
+        } = self;
+        let rest = FenceMoved {
+            newest: (),
+            presented,
+            table,
+            key,
+        };
+        (newest, rest)
+    }
+
+    /// The miss explained by the row's newest fence as read back (`None`: no row).
+    pub(crate) fn given(&self, newest: Option<i64>) -> Error {
+        match newest {
+            Some(current) => Error::StaleFence {
+                presented: self.presented,
+                current,
+            },
+            None => Error::NotFound {
+                table: self.table,
+                key: format!("{:?}", self.key),
+            },
+        }
+    }
 }
 
 impl<C, Q> Miss<C> for FenceMoved<'_, Q>
@@ -149,15 +212,9 @@ where
     Q: LoadQuery<'static, C, i64>,
 {
     fn explain(self, conn: &mut C) -> Error {
-        match self.newest.get_result::<i64>(conn).optional() {
-            Ok(Some(current)) => Error::StaleFence {
-                presented: self.presented,
-                current,
-            },
-            Ok(None) => Error::NotFound {
-                table: self.table,
-                key: format!("{:?}", self.key),
-            },
+        let (read, moved) = self.split();
+        match read.get_result::<i64>(conn).optional() {
+            Ok(newest) => moved.given(newest),
             Err(e) => classify(conn, e),
         }
     }

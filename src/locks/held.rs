@@ -224,6 +224,13 @@ impl Held {
             conn.check_held(&self.key, &self.holder, self.fence)?;
             Ok(value)
         });
+        self.settled(result)
+    }
+
+    /// The answer of a write while held: the write's own error unchanged; a
+    /// [`Error::LockLost`] from the check ends this holder's belief, with the reason.
+    /// What the blocking and the async writes while held both end with.
+    pub(crate) fn settled<T, E: From<Error>>(&self, result: Result<T, Stop<E>>) -> Result<T, E> {
         match result {
             Ok(value) => Ok(value),
             Err(Stop::Caller(e)) => Err(e),
@@ -235,6 +242,12 @@ impl Held {
                 Err(e.into())
             }
         }
+    }
+
+    /// The lock, the holder token and the fence the database's check compares.
+    #[cfg(feature = "async")]
+    pub(crate) fn checked_by(&self) -> (&LockKey, &str, i64) {
+        (&self.key, &self.holder, self.fence)
     }
 }
 

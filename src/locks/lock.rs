@@ -346,6 +346,10 @@ pub(crate) type HeldRow = LatestRead<
 
 /// A connection locks can run on: the three statements of a lock, written once for every
 /// connection whose backend they fit. Not a trait to implement.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is not a diesel connection the blocking locks run on",
+    note = "on a diesel-async connection, use `diesel_occ::asynchronous::AsyncLocks`, and for a write that commits only while the lock is held `AsyncLockGuard::write_while_held` or `Held::write_while_held_async`"
+)]
 pub trait LockConnection {
     /// Takes the lock for `holder` if it is free or expired; its new fence. No statement
     /// waits longer than `wait`.

@@ -281,6 +281,19 @@ macro_rules! lock_bodies {
     };
 }
 
+/// A protected write's own error, or diesel-occ's.
+#[derive(Debug, PartialEq)]
+enum JobError {
+    Refused,
+    Occ(String),
+}
+
+impl From<Error> for JobError {
+    fn from(e: Error) -> Self {
+        JobError::Occ(e.to_string())
+    }
+}
+
 /// Runs each body on both executors, as `<body>_blocking` and `<body>_async` tests.
 macro_rules! on_both_paths {
     ($($body:ident),*) => {$(
@@ -325,7 +338,105 @@ for_each_backend! {
 
     lock_bodies!();
 
+    type R2d2Pool = r2d2::Pool<diesel_occ::CheckedManager<Conn>>;
+    type Bb8Pool = diesel_async::pooled_connection::bb8::Pool<Async_>;
+
+    /// A lock holder's writes to a protected table of `db`, on one executor.
+    trait HolderWrites: LockPath {
+        /// Sets the protected row's value, committed only while `guard` holds the lock
+        /// (`write_while_held`); `fail` makes the write return its own error after it ran.
+        fn write_while_held(&self, db: &common::TestDb<Conn>, guard: &Self::Guard, value: i64, fail: bool) -> Result<(), JobError>;
+        /// Sets the value of protected row `id`, carrying `fence` (`write_fenced`).
+        fn write_fenced(&self, db: &common::TestDb<Conn>, id: i64, fence: i64, value: i64) -> Result<(), Error>;
+    }
+
+    impl HolderWrites for BlockingLocks<R2d2Pool> {
+        fn write_while_held(&self, db: &common::TestDb<Conn>, guard: &Self::Guard, value: i64, fail: bool) -> Result<(), JobError> {
+            let conn = &mut db.conn();
+            guard.write_while_held(conn, |conn| {
+                diesel::update(protected::table.find(1)).set(protected::value.eq(value)).execute(conn).map_err(Error::from)?;
+                if fail { Err(JobError::Refused) } else { Ok(()) }
+            })
+        }
+        fn write_fenced(&self, db: &common::TestDb<Conn>, id: i64, fence: i64, value: i64) -> Result<(), Error> {
+            let conn = &mut db.conn();
+            Protected::write_fenced(conn, &id, protected::last_fence, fence, protected::value.eq(value))
+        }
+    }
+
+    impl HolderWrites for AsyncLocksOn<Bb8Pool> {
+        fn write_while_held(&self, db: &common::TestDb<Conn>, guard: &Self::Guard, value: i64, fail: bool) -> Result<(), JobError> {
+            self.runtime.block_on(async {
+                let mut conn = <Async_ as diesel_async::AsyncConnection>::establish(&db.url).await.unwrap();
+                guard
+                    .write_while_held(&mut conn, async move |conn: &mut Async_| {
+                        let update = diesel::update(protected::table.find(1)).set(protected::value.eq(value));
+                        diesel_async::RunQueryDsl::execute(update, conn).await.map_err(Error::from)?;
+                        if fail { Err(JobError::Refused) } else { Ok(()) }
+                    })
+                    .await
+            })
+        }
+        fn write_fenced(&self, db: &common::TestDb<Conn>, id: i64, fence: i64, value: i64) -> Result<(), Error> {
+            use diesel_occ::asynchronous::AsyncFencedWrite;
+            self.runtime.block_on(async {
+                let mut conn = <Async_ as diesel_async::AsyncConnection>::establish(&db.url).await.unwrap();
+                <Protected as AsyncFencedWrite>::write_fenced(&mut conn, &id, protected::last_fence, fence, protected::value.eq(value)).await
+            })
+        }
+    }
+
+    /// A holder's writes land while it holds the lock; once another holder took the lock
+    /// over, its write while held is `LockLost` (and its belief ends), its fenced write
+    /// `StaleFence`, and neither lands. Checked from the database.
+    fn a_replaced_holders_writes_are_refused<P: HolderWrites>(db: &common::TestDb<Conn>, path: &P) {
+        let stored = || protected::table.find(1).select(Protected::as_select()).first(&mut db.conn()).unwrap();
+        let ttl = Duration::from_secs(30);
+        let first = path.try_lock("job", ttl, "first").unwrap();
+        let f1 = P::fence(&first);
+        path.write_while_held(db, &first, 10, false).unwrap();
+        assert_eq!(stored().value, 10, "{}", P::PATH);
+        let refused = path.write_while_held(db, &first, 99, true);
+        assert_eq!(refused, Err(JobError::Refused), "{}: the write's own error, unchanged", P::PATH);
+        assert_eq!(stored().value, 10, "{}: rolled back", P::PATH);
+        path.write_fenced(db, 1, f1, 11).unwrap();
+        assert_eq!((stored().value, stored().last_fence), (11, f1), "{}", P::PATH);
+
+        // The first holder's lease ends (a pause, as the database sees it); a second takes
+        // the lock over with a newer fence and writes with it.
+        diesel::sql_query("UPDATE occ_locks SET expires_at = '2000-01-01 00:00:00.000' WHERE lock_name = 'job'")
+            .execute(&mut db.conn())
+            .unwrap();
+        let second = path.try_lock("job", ttl, "second").unwrap();
+        let f2 = P::fence(&second);
+        assert!(f2 > f1, "{}: {f2} after {f1}", P::PATH);
+        path.write_fenced(db, 1, f2, 20).unwrap();
+
+        let lost = path.write_while_held(db, &first, 12, false);
+        assert!(
+            matches!(&lost, Err(JobError::Occ(why)) if why.contains("no longer held") && why.contains("second holds it now")),
+            "{}: LockLost naming the new holder: {lost:?}",
+            P::PATH
+        );
+        assert!(!P::is_held(&first), "{}: the check ended the first holder's belief", P::PATH);
+        let stale = path.write_fenced(db, 1, f1, 13);
+        assert!(
+            matches!(stale, Err(Error::StaleFence { presented, current }) if presented == f1 && current == f2),
+            "{}: {stale:?}",
+            P::PATH
+        );
+        assert_eq!((stored().value, stored().last_fence), (20, f2), "{}: neither stale write landed", P::PATH);
+        let missing = path.write_fenced(db, 7, f2, 1);
+        assert!(matches!(missing, Err(Error::NotFound { .. })), "{}: {missing:?}", P::PATH);
+
+        path.write_while_held(db, &second, 21, false).unwrap();
+        assert_eq!(stored().value, 21, "{}", P::PATH);
+        path.drop_guard(first);
+        path.release(second).unwrap();
+    }
+
     on_both_paths!(
+        a_replaced_holders_writes_are_refused,
         contenders_never_hold_the_lock_together,
         a_held_lock_is_refused_and_named,
         renew_and_release_are_owner_checked,

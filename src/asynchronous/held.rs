@@ -1,0 +1,66 @@
+//! Writes that commit only while a lock is held, on a diesel-async connection: the
+//! blocking [`Held::write_while_held`], with the write an async closure and every
+//! statement awaited. The same transaction, the same check of the lock row before the
+//! `COMMIT`, and the same end of the holder's belief when the check finds the lock lost
+//! ([`Held::settled`]).
+
+use std::future::Future;
+
+use super::connection::refuse_broken;
+use super::lock_connection::AsyncLockConnection;
+use super::transaction::OwnTransaction;
+use super::write_transaction::AsyncWriteConnection;
+use crate::error::Error;
+use crate::locks::held::Held;
+use crate::retry::Stop;
+
+/// A write while a lock is held, on an async connection: given the connection (on the
+/// transaction the check ends), it returns a future; an `async` closure,
+/// `async |conn| { ... }`, is one. Not a trait to implement.
+pub trait HeldWrite<'r, C: 'r, T, E>:
+    FnOnce(&'r mut C) -> <Self as HeldWrite<'r, C, T, E>>::Fut
+{
+    /// The write's future.
+    type Fut: Future<Output = Result<T, E>> + Send;
+}
+
+impl<'r, F, Fut, C: 'r, T, E> HeldWrite<'r, C, T, E> for F
+where
+    F: FnOnce(&'r mut C) -> Fut,
+    Fut: Future<Output = Result<T, E>> + Send,
+{
+    type Fut = Fut;
+}
+
+impl Held {
+    /// [`write_while_held`](Self::write_while_held) on a diesel-async connection:
+    /// `write` runs in a transaction that commits only if this process still holds the
+    /// lock by the database's own account, checked on the lock row before the `COMMIT`;
+    /// otherwise it rolls back and the answer is [`Error::LockLost`], and this holder's
+    /// belief ends. `write`'s own error rolls back and comes back unchanged.
+    ///
+    /// Dropped before it ends, it leaves the connection marked broken (its transaction is
+    /// ended by closing it), and nothing it wrote is committed.
+    pub async fn write_while_held_async<C, T, E, W>(&self, conn: &mut C, write: W) -> Result<T, E>
+    where
+        C: AsyncLockConnection + AsyncWriteConnection,
+        W: for<'r> HeldWrite<'r, C, T, E>,
+        E: From<Error>,
+    {
+        // Refused without a round trip when the belief already ended.
+        self.check()?;
+        refuse_broken(conn)?;
+        let (key, holder, fence) = self.checked_by();
+        let mut transaction = OwnTransaction::begin_write(conn).await?;
+        let result = async {
+            let value = write(transaction.conn()).await.map_err(Stop::Caller)?;
+            transaction.conn().check_held(key, holder, fence).await?;
+            Ok(value)
+        }
+        .await;
+        let result = transaction
+            .settle(result, |e| Stop::Occ(Error::Database(e)))
+            .await;
+        self.settled(result)
+    }
+}
