@@ -217,13 +217,10 @@ where
                         Err(e) => Err(Error::Database(e)),
                     }
                 }
-                rows => transaction
-                    .settle(rows, Error::Database)
-                    .await
-                    .map(|rows| BatchReport {
-                        rows,
-                        applied: true,
-                    }),
+                rows => transaction.settle(rows).await.map(|rows| BatchReport {
+                    rows,
+                    applied: true,
+                }),
             }
         }
     }

@@ -221,7 +221,7 @@ where
             .await
         }
         .await;
-        transaction.settle(claimed, Error::Database).await
+        transaction.settle(claimed).await
     }
 }
 
@@ -288,7 +288,7 @@ where
             Ok(Claimed { rows, parked })
         }
         .await;
-        transaction.settle(claimed, Error::Database).await
+        transaction.settle(claimed).await
     }
 }
 
@@ -348,7 +348,7 @@ where
             }
         }
         .await;
-        transaction.settle(kept, Error::Database).await
+        transaction.settle(kept).await
     }
 }
 
@@ -515,12 +515,12 @@ where
         }
     };
     match matched {
-        Ok(matched) if matched == keys => transaction.settle(Ok(true), Error::Database).await,
+        Ok(matched) if matched == keys => transaction.settle(Ok(true)).await,
         Ok(_) => {
             transaction.rollback().await.map_err(Error::Database)?;
             Ok(false)
         }
-        Err(e) => transaction.settle(Err(e), Error::Database).await,
+        Err(e) => transaction.settle(Err(e)).await,
     }
 }
 

@@ -1,6 +1,8 @@
 //! Fenced writes on a diesel-async connection: the blocking
 //! [`FencedWrite`](crate::FencedWrite), the same statement and the same explanation of a
 //! miss (a newer fence in the row is [`Error::StaleFence`]), the statement awaited.
+//! SQLite's connection runs the blocking write whole on its own thread, behind this
+//! process's other writers, as every SQLite write of the library does.
 
 use std::future::Future;
 
@@ -10,10 +12,10 @@ use diesel::{Column, OptionalExtension};
 use diesel_async::methods::LoadQuery;
 use diesel_async::{AsyncConnection, RunQueryDsl};
 
-use super::connection::{classify, refuse_broken};
+use super::connection::{classify, refuse_broken, NativeAsync, NativeAsyncConnection};
 use super::executor::{run, AsyncMiss};
 use super::send::{AsyncComplete, AsyncLoadByKey};
-use crate::connect::backend::OccBackend;
+use super::transaction::Call;
 use crate::error::Error;
 use crate::guard::Guarded;
 use crate::locks::fence::{fenced_write, FenceMoved, FencedUpdateOf};
@@ -67,8 +69,8 @@ pub trait AsyncWriteFenced<C, F, Ch>: Guarded {
 impl<T, C, F, Ch> AsyncWriteFenced<C, F, Ch> for T
 where
     T: AsyncLoadByKey<C>,
-    C: AsyncConnection + Send,
-    C::Backend: OccBackend,
+    C: NativeAsyncConnection + Send,
+    C::Backend: NativeAsync,
     F: Column<Table = T::Table, SqlType = BigInt> + Send,
     Ch: AsChangeset<Target = T::Table> + Send,
     <T::Table as diesel::QuerySource>::FromClause: Clone,
@@ -89,9 +91,10 @@ where
         refuse_broken(conn)?;
         let table = <T as AsyncLoadByKey<C>>::table_name();
         let write = fenced_write::<C::Backend, T, Ch, F>(table, key, fence, changes)?;
-        run::<C, _, _, Counted, ()>(write, conn, false)
-            .await
-            .map(drop)
+        // A call dropped half way leaves a MySQL connection marked broken, never half read.
+        let mut call = Call::start(conn);
+        let written = run::<C, _, _, Counted, ()>(write, call.conn(), false).await;
+        call.finish(written).map(drop)
     }
 }
 

@@ -39,8 +39,10 @@ impl Held {
     /// otherwise it rolls back and the answer is [`Error::LockLost`], and this holder's
     /// belief ends. `write`'s own error rolls back and comes back unchanged.
     ///
-    /// Dropped before it ends, it leaves the connection marked broken (its transaction is
-    /// ended by closing it), and nothing it wrote is committed.
+    /// Dropped before its `COMMIT` was sent, it leaves the connection marked broken (its
+    /// transaction is ended by closing it) and nothing it wrote is committed; dropped
+    /// while the `COMMIT` is on its way, the write may have committed (after the check
+    /// passed), as a lost connection at `COMMIT` may have.
     pub async fn write_while_held_async<C, T, E, W>(&self, conn: &mut C, write: W) -> Result<T, E>
     where
         C: AsyncLockConnection + AsyncWriteConnection,
@@ -58,9 +60,7 @@ impl Held {
             Ok(value)
         }
         .await;
-        let result = transaction
-            .settle(result, |e| Stop::Occ(Error::Database(e)))
-            .await;
+        let result = transaction.settle(result).await;
         self.settled(result)
     }
 }

@@ -253,7 +253,7 @@ where
                 }
             }
             .await;
-            transaction.settle(sent, Error::Database).await
+            transaction.settle(sent).await
         }
         .await;
         // Whatever the outcome (a failed `BEGIN` too), as the blocking path restores it: a

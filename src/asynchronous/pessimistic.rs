@@ -91,9 +91,7 @@ where
         work(conn, row).await.map_err(Stop::Caller)
     }
     .await;
-    let result = transaction
-        .settle(result, |e| Stop::Occ(Error::Database(e)))
-        .await;
+    let result = transaction.settle(result).await;
     result.map_err(Stop::into_error)
 }
 

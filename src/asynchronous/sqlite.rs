@@ -111,6 +111,28 @@ where
     }
 }
 
+#[cfg(feature = "locks")]
+impl<T, F, Ch> super::fence::AsyncWriteFenced<AsyncSqlite, F, Ch> for T
+where
+    T: crate::locks::fence::WriteFenced<SqliteConnection, F, Ch> + Guarded,
+    Ch: Send + 'static,
+{
+    fn write_fenced_row<'a>(
+        conn: &'a mut AsyncSqlite,
+        key: &'a T::Key,
+        fence: i64,
+        changes: Ch,
+    ) -> impl Future<Output = Result<(), Error>> + Send + 'a
+    where
+        Ch: 'a,
+    {
+        let key = key.clone();
+        on_thread(conn, move |conn| {
+            T::write_fenced_row(conn, &key, fence, changes)
+        })
+    }
+}
+
 impl<T> AsyncDeleteRow<AsyncSqlite> for T
 where
     T: DeleteRow<SqliteConnection>,

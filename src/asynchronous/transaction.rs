@@ -14,7 +14,7 @@ use diesel::QueryResult;
 use diesel_async::{AsyncConnection, TransactionManager};
 
 use super::connection::{classify, NativeAsync};
-use crate::connect::transaction::LostCommit;
+use crate::connect::transaction::{failed_commit, LostCommit};
 use crate::error::Error;
 
 /// An open transaction (or savepoint, inside the caller's transaction) of the library's
@@ -129,21 +129,19 @@ impl<'c, C: AsyncConnection> OwnTransaction<'c, C> {
 }
 
 impl<C: AsyncConnection> OwnTransaction<'_, C> {
-    /// [`finish`](Self::finish), judging an error as the blocking path judges one of its
-    /// operations' transactions: a lost connection before the `COMMIT` was sent rolled
-    /// everything back (a plain database error), one while it was sent is
-    /// [`Error::Ambiguous`]. Inside the caller's transaction nothing is judged: its own
-    /// `COMMIT` decides.
-    pub(crate) async fn settle<T, E: LostCommit>(
-        self,
-        result: Result<T, E>,
-        failed_commit: impl FnOnce(diesel::result::Error) -> E,
-    ) -> Result<T, E> {
-        if self.nested {
-            return self.finish(result, failed_commit).await;
-        }
-        let result = result.map_err(LostCommit::rolled_back);
-        self.finish(result, |e| failed_commit(e).lost_commit())
+    /// [`finish`](Self::finish), judging the outcome as the blocking path judges one of
+    /// its operations' transactions: a failure before the `COMMIT` was sent rolled
+    /// everything back (a lost connection is a plain database error), a failed `COMMIT`
+    /// is what [`failed_commit`] says. Inside the caller's transaction nothing commits
+    /// here: its own `COMMIT` decides.
+    pub(crate) async fn settle<T, E: LostCommit>(self, result: Result<T, E>) -> Result<T, E> {
+        let nested = self.nested;
+        let result = if nested {
+            result
+        } else {
+            result.map_err(LostCommit::rolled_back)
+        };
+        self.finish(result, |e| E::from_occ(failed_commit(e, nested)))
             .await
     }
 }

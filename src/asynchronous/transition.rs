@@ -184,10 +184,8 @@ pub trait AsyncGuardedTransition: HasStatus + Clone {
                 Ok(token)
             }
             .await;
-            let result = transaction
-                .settle(result, |e| Stop::Occ(Error::Database(e)))
-                .await;
-            result.map_err(|stop| {
+            let result = transaction.settle(result).await;
+            result.map_err(|stop: Stop<E>| {
                 *self = before;
                 stop.into_error()
             })
@@ -218,10 +216,10 @@ pub trait AsyncGuardedTransition: HasStatus + Clone {
             let mut transaction = OwnTransaction::begin_write(conn).await?;
             let result = async {
                 let conn = transaction.conn();
-                // Inside the transaction this read locks the row until it ends.
+                // The lock that reads the latest row (PostgreSQL's `FOR NO KEY UPDATE`, which
+                // lets other sessions insert rows referencing it), held until the end.
                 let suspects = suspects::<Self>();
-                let mut row =
-                    read_locked::<Self, C>(conn, key, RowLock::ForUpdate, &suspects).await?;
+                let mut row = read_locked::<Self, C>(conn, key, RowLock::Latest, &suspects).await?;
                 let from = row.status();
                 row.transition_row(conn, to, extra, Self::Status::sources(to), Unguarded)
                     .await?;
@@ -229,9 +227,7 @@ pub trait AsyncGuardedTransition: HasStatus + Clone {
                 Ok(row)
             }
             .await;
-            let result = transaction
-                .settle(result, |e| Stop::Occ(Error::Database(e)))
-                .await;
+            let result = transaction.settle(result).await;
             result.map_err(Stop::into_error)
         }
     }

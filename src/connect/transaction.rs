@@ -144,7 +144,7 @@ where
 }
 
 /// Runs `f` on a write transaction that the library opens for one operation (a
-/// read-modify-write attempt, a transition with its hook, a claim, ...) and commits it.
+/// transition with its hook, a claim, work on a locked row, ...) and commits it.
 ///
 /// When `f` succeeded and the `COMMIT` then failed with the connection, the client cannot
 /// know whether the server committed: that is [`Error::Ambiguous`], which no retry policy
@@ -175,43 +175,74 @@ where
 {
     let nested = in_transaction(conn);
     let mut committing = false;
-    let result: Result<T, E> = conn.write_transaction_within(turn, |conn| {
-        let value = as_library(conn, f)?;
+    let result: Result<T, Ended<E>> = conn.write_transaction_within(turn, |conn| {
+        let value = as_library(conn, f).map_err(Ended::Operation)?;
         committing = true;
         Ok(value)
     });
-    match result {
-        Err(e) if !nested && committing => Err(e.lost_commit()),
+    let error = match result {
+        Ok(value) => return Ok(value),
+        Err(Ended::Transaction(source)) if committing => {
+            return Err(E::from_occ(failed_commit(source, nested)))
+        }
+        // `BEGIN` failed, or the rollback after the operation's own failure.
+        Err(Ended::Transaction(source)) => E::from(source),
+        Err(Ended::Operation(error)) => error,
+    };
+    if nested {
+        Err(error)
+    } else {
         // Failed before the COMMIT was sent: the server rolls back whatever the
         // transaction wrote, even if the connection died with it (a statement's executor
         // cannot tell it is inside a transaction once diesel has given the connection up,
         // so it may have said `Ambiguous`).
-        Err(e) if !nested => Err(e.rolled_back()),
-        other => other,
+        Err(error.rolled_back())
+    }
+}
+
+/// How a library transaction ended badly: the operation's own error, or the
+/// transaction's (`BEGIN`, `COMMIT`), kept raw for [`failed_commit`].
+enum Ended<E> {
+    Operation(E),
+    Transaction(DieselError),
+}
+
+impl<E> From<DieselError> for Ended<E> {
+    fn from(error: DieselError) -> Self {
+        Ended::Transaction(error)
+    }
+}
+
+/// What a failed `COMMIT` of a transaction the library opened means; the one judgement of
+/// the blocking and the async paths. `nested`: the release of a savepoint inside the
+/// caller's transaction, which commits nothing (its error is classified as any
+/// statement's; the caller's own `COMMIT` decides).
+///
+/// - a lost connection: [`Error::Ambiguous`], the server may have committed;
+/// - a conflict the server reported there (a serialization failure, a Galera
+///   certification abort reported as a deadlock) or SQLite's busy database: the
+///   transaction was rolled back, [`Error::Retryable`];
+/// - anything else is the database's error: a timeout at `COMMIT` (a wait for a
+///   semi-synchronous replica, say) may have landed, so it is not retried.
+pub(crate) fn failed_commit(source: DieselError, nested: bool) -> Error {
+    if nested {
+        return Error::from(source);
+    }
+    if connection_lost(&source) {
+        return Error::Ambiguous { source };
+    }
+    match retry_reason_of(&source) {
+        Some(
+            reason
+            @ (RetryReason::SerializationFailure | RetryReason::Deadlock | RetryReason::Busy),
+        ) => Error::Retryable { reason, source },
+        _ => Error::classified(source, |_| None),
     }
 }
 
 /// An error of an operation's transaction, which [`commit_operation`] judges by whether
 /// the `COMMIT` was sent.
 pub(crate) trait LostCommit: Sized {
-    /// `self` as the error of a failed `COMMIT`: [`Error::Ambiguous`] if it is a lost
-    /// connection, [`Error::Retryable`] if the server refused the commit for a conflict
-    /// (a serialization failure, a Galera certification abort reported as a deadlock),
-    /// which rolled the transaction back. A timeout at `COMMIT` stays as it is: a commit
-    /// interrupted while it waited (for a semi-synchronous replica, say) may have landed.
-    fn lost_commit(self) -> Self {
-        self.map_occ(|error| match error {
-            Error::Database(source) if connection_lost(&source) => Error::Ambiguous { source },
-            Error::Database(source) => match retry_reason_of(&source) {
-                Some(reason @ (RetryReason::SerializationFailure | RetryReason::Deadlock)) => {
-                    Error::Retryable { reason, source }
-                }
-                _ => Error::Database(source),
-            },
-            other => other,
-        })
-    }
-
     /// `self`, with an [`Error::Ambiguous`] turned into the plain database error it is.
     fn rolled_back(self) -> Self {
         self.map_occ(|error| match error {
@@ -220,17 +251,28 @@ pub(crate) trait LostCommit: Sized {
         })
     }
 
+    /// `error` as this kind of error.
+    fn from_occ(error: Error) -> Self;
+
     /// `self` with its diesel-occ error, if any, mapped by `f`.
     fn map_occ(self, f: impl FnOnce(Error) -> Error) -> Self;
 }
 
 impl LostCommit for Error {
+    fn from_occ(error: Error) -> Self {
+        error
+    }
+
     fn map_occ(self, f: impl FnOnce(Error) -> Error) -> Self {
         f(self)
     }
 }
 
 impl<E> LostCommit for Stop<E> {
+    fn from_occ(error: Error) -> Self {
+        Stop::Occ(error)
+    }
+
     fn map_occ(self, f: impl FnOnce(Error) -> Error) -> Self {
         match self {
             Stop::Occ(error) => Stop::Occ(f(error)),

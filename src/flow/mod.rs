@@ -4,8 +4,10 @@
 //! (begin a transaction, read a row, run the caller's change, commit, roll back, pause)
 //! or that it is done. The blocking driver (diesel's `Connection`) and the async driver
 //! (diesel-async's `AsyncConnection`) only perform the effects, so the two paths cannot
-//! decide differently, and every branch of a flow is unit-tested by feeding it results,
-//! without a database.
+//! take different steps, and every branch of a flow is unit-tested by feeding it results,
+//! without a database. What a statement's error is (retryable or not) is still read by
+//! each driver from its client: blocking MySQL asks the server for the error number,
+//! diesel-async keeps only the message.
 //!
 //! Layering: flows use the judgements below them (`error`, `retry`, the executor's
 //! checks); the drivers (`write`, `json`, `asynchronous`) use the flows; nothing here

@@ -12,10 +12,11 @@
 //!   (`Contention::LockWhenContended`), plainly otherwise;
 //! - what a read means: no row is `NotFound`, a row that does not read as the entity is
 //!   `InvalidData` naming the suspect columns;
-//! - how a failed `COMMIT` reads: a lost connection may have committed (`Ambiguous`,
-//!   never retried), a conflict reported at `COMMIT` rolled back (`Retryable`), anything
-//!   else is the database's error; inside the caller's transaction nothing commits here,
-//!   so nothing is judged;
+//! - how a failed `COMMIT` reads: as every transaction of the library's reads it
+//!   (`failed_commit`): a lost connection may have committed (`Ambiguous`, never
+//!   retried), a conflict or a busy database reported at `COMMIT` rolled back
+//!   (`Retryable`), anything else is the database's error; inside the caller's
+//!   transaction nothing commits here;
 //! - how a failure before the `COMMIT` reads: the server rolled everything back, so a
 //!   lost connection is a plain database error, retryable when every attempt gets a
 //!   connection of its own;
@@ -32,7 +33,7 @@ use diesel::result::Error as DieselError;
 
 use super::hot_rows::HotRow;
 use super::row_read::judge_read;
-use crate::connect::transaction::LostCommit;
+use crate::connect::transaction::{failed_commit, LostCommit};
 use crate::error::{connection_lost, Error, RetryReason};
 use crate::retry::{Contention, RetryPolicy, Run, Stop};
 use crate::sql::statement::RowLock;
@@ -192,8 +193,7 @@ impl<'a, T, V, E: From<Error>> ReadModifyWrite<'a, T, V, E> {
                 self.state = State::Done(Ok((value, self.run.number())));
                 Effect::Done
             }
-            Err(source) if self.nested => self.settle(Stop::Occ(Error::Database(source))),
-            Err(source) => self.settle(Stop::Occ(Error::Database(source)).lost_commit()),
+            Err(source) => self.settle(Stop::Occ(failed_commit(source, self.nested))),
         }
     }
 

@@ -369,8 +369,9 @@ where
         E: From<Error>,
     {
         let result = commit_operation(conn, |conn| -> Result<Self, Stop<E>> {
-            // The row lock is held until the transaction ends.
-            let lock = RowLock::ForUpdate;
+            // The lock that reads the latest row (PostgreSQL's `FOR NO KEY UPDATE`, which
+            // lets other sessions insert rows referencing it), held until the end.
+            let lock = RowLock::Latest;
             let mut row = read_locked::<Self, C>(conn, key, lock, &suspects::<Self>())?;
             let from = row.status();
             row.transition(conn, to, extra)?;

@@ -191,10 +191,16 @@ where
     loop {
         effect = match effect {
             Effect::Begin => {
-                match source.with(|conn| run_attempt(conn, &mut flow, key, &mut attempt)) {
-                    Ok(next) => next,
+                let mut ran = None;
+                let checkout = source.with(|conn| {
+                    ran = Some(run_attempt(conn, &mut flow, key, &mut attempt));
+                });
+                match (ran, checkout) {
+                    // The attempt ran: its outcome stands, whatever the source said after.
+                    (Some(next), _) => next,
                     // No connection for the attempt: nothing began.
-                    Err(error) => flow.began(Err(error)),
+                    (None, Err(error)) => flow.began(Err(error)),
+                    (None, Ok(())) => unreachable!("a source that succeeds runs the attempt"),
                 }
             }
             Effect::Pause(pause) => {

@@ -284,10 +284,13 @@ for_each_backend! {
         let Some(db) = setup() else { return };
         let locks = Locks::new(db.pool.clone());
         let conn = &mut db.conn();
-        let ran = locks.with_lock("report", "main", ms(300), Some("worker"), |held| {
+        // The work outlasts the lease twice over, so only renewals keep it held; a lease of
+        // 1.2 s (renewed every 400 ms) leaves room for a renewal that waits on a machine
+        // busy with the tests running beside this one.
+        let ran = locks.with_lock("report", "main", ms(1200), Some("worker"), |held| {
             let mut conn = db.conn();
             for _ in 0..5 {
-                held.sleep(ms(200))?;
+                held.sleep(ms(500))?;
                 held.write_while_held(&mut conn, |c| record(c, held.fence()))?;
             }
             assert!(matches!(locks.try_lock("report", "main", ms(300), None), Err(Error::LockHeld { .. })));

@@ -319,6 +319,80 @@ fn a_conflict_reported_at_commit_rolled_back_and_is_retried() {
 }
 
 #[test]
+fn a_busy_database_at_commit_rolled_back_and_is_retried() {
+    let outcome = drive(
+        &policy(5),
+        false,
+        false,
+        1,
+        vec![
+            Began(Ok(())),
+            Read(Ok(Some(10))),
+            Changed(Ok(11)),
+            Committed(Err(db_error(
+                DatabaseErrorKind::Unknown,
+                "database is locked",
+            ))),
+            Paused,
+            Began(Ok(())),
+            Read(Ok(Some(10))),
+            Changed(Ok(12)),
+            Committed(Ok(())),
+        ],
+        &[
+            Begin, PLAIN, Change, Commit, PAUSE, Begin, PLAIN, Change, Commit, Done,
+        ],
+    );
+    assert_eq!(outcome, Ok((12, 2)));
+}
+
+#[test]
+fn a_timeout_at_commit_may_have_landed_and_is_not_retried() {
+    let timeout = "Lock wait timeout exceeded; try restarting transaction";
+    let outcome = drive(
+        &policy(5),
+        false,
+        false,
+        1,
+        vec![
+            Began(Ok(())),
+            Read(Ok(Some(10))),
+            Changed(Ok(11)),
+            Committed(Err(db_error(DatabaseErrorKind::Unknown, timeout))),
+        ],
+        &[Begin, PLAIN, Change, Commit, Done],
+    );
+    let Err(Caller::Occ(error)) = outcome else {
+        panic!("{outcome:?}")
+    };
+    assert!(error.starts_with("Database"), "{error}");
+}
+
+#[test]
+fn inside_the_callers_transaction_a_conflict_at_release_comes_back_retryable_for_the_caller() {
+    // A Galera abort reported when the savepoint is released: the caller's own retry of
+    // its whole transaction can get past it.
+    let deadlock = "Deadlock found when trying to get lock; try restarting transaction";
+    let outcome = drive(
+        &policy(5),
+        true,
+        false,
+        1,
+        vec![
+            Began(Ok(())),
+            Read(Ok(Some(10))),
+            Changed(Ok(11)),
+            Committed(Err(db_error(DatabaseErrorKind::Unknown, deadlock))),
+        ],
+        &[Begin, PLAIN, Change, Commit, Done],
+    );
+    let Err(Caller::Occ(error)) = outcome else {
+        panic!("{outcome:?}")
+    };
+    assert!(error.starts_with("Retryable"), "{error}");
+}
+
+#[test]
 fn another_failed_commit_is_the_databases_error() {
     let outcome = drive(
         &policy(5),
