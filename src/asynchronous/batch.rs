@@ -7,7 +7,7 @@ use std::future::Future;
 
 use diesel::query_builder::AsChangeset;
 
-use super::connection::{classify, refuse_broken, NativeAsync, NativeAsyncConnection};
+use super::connection::{classified, classify, refuse_broken, NativeAsync, NativeAsyncConnection};
 use super::entity::check_stored_precision;
 use super::executor::{protect_caller, run};
 use super::send::{AsyncComplete, AsyncCompleteEach, AsyncLoadByKey};
@@ -259,8 +259,8 @@ where
         let returned = protect_caller(conn, own, async |conn| {
             CompletionOf::<T>::run_each(conn, updates).await
         })
-        .await?
-        .map_err(|e| classify(conn, e))?;
+        .await?;
+        let returned = classified(conn, returned).await?;
         let written = chunk.written(table, returned)?;
         let missed = chunk.missed(&written);
         let current = if missed.is_empty() {
@@ -270,8 +270,10 @@ where
                 Ok(current) => current,
                 Err(e) => {
                     let columns = T::GUARD_COLUMNS.join(", ");
-                    return Err(unreadable_row(table, &missed, e, columns)
-                        .unwrap_or_else(|e| classify(conn, e)));
+                    return Err(match unreadable_row(table, &missed, e, columns) {
+                        Ok(unreadable) => unreadable,
+                        Err(e) => classify(conn, e).await,
+                    });
                 }
             }
         };

@@ -107,7 +107,7 @@ where
                 let at_maximum = match at_maximum {
                     Some(count) => match count.get_result::<i64>(conn).await {
                         Ok(count) => count,
-                        Err(e) => return Err(classify(conn, e)),
+                        Err(e) => return Err(classify(conn, e).await),
                     },
                     None => 0,
                 };

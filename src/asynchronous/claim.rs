@@ -19,7 +19,7 @@ use diesel::{Column, Selectable};
 use diesel_async::methods::{ExecuteDsl, LoadQuery};
 use diesel_async::{AsyncConnection, RunQueryDsl};
 
-use super::connection::{classify, refuse_broken, NativeAsync, NativeAsyncConnection};
+use super::connection::{classified, classify, refuse_broken, NativeAsync, NativeAsyncConnection};
 use super::entity::check_stored_precision;
 use super::executor::{protect_caller, run, AsyncMiss};
 use super::send::{AsyncComplete, AsyncLoadByKey};
@@ -205,7 +205,7 @@ where
             let claim = claim_in_one::<T, OwnerCol, AtCol, C::Backend>(request);
             refuse_double_assignment(table, &claim.statement().update)?;
             let loaded = protect_caller(conn, false, async |conn| claim.load(conn).await).await?;
-            return loaded.map_err(|e| classify(conn, e));
+            return classified(conn, loaded).await;
         }
         let mut transaction = OwnTransaction::begin(conn).await?;
         let claimed = async {
@@ -213,7 +213,7 @@ where
             let query = claim_query::<T, AtCol, C::Backend>(request);
             let waiting: Vec<T> = match query.load(conn).await {
                 Ok(rows) => rows,
-                Err(e) => return Err(classify(conn, e)),
+                Err(e) => return Err(classify(conn, e).await),
             };
             write_locked(conn, &waiting, |keys| {
                 claim_update::<T, OwnerCol, AtCol, _>(request, keys)
@@ -274,7 +274,7 @@ where
             let query = counted_claim_query::<T, AtCol, AttemptsCol, C::Backend>(request);
             let waiting: Vec<(T, i32)> = match query.load(conn).await {
                 Ok(rows) => rows,
-                Err(e) => return Err(classify(conn, e)),
+                Err(e) => return Err(classify(conn, e).await),
             };
             let (spent, fresh) = split_spent(waiting, limit);
             let parked = write_locked(conn, &spent, |keys| {
@@ -335,7 +335,7 @@ where
             check_stored_precision::<T, C>(conn, table).await?;
             // Waits here for whoever holds the row, before the claim time is computed.
             if let Err(e) = T::load_by_key(conn, key).await {
-                return Err(classify(conn, e));
+                return Err(classify(conn, e).await);
             }
             let statement = heartbeat_statement::<T, OwnerCol, AtCol>(key, owner, held);
             let miss = ClaimLost::<T> { key, owner, held };
@@ -344,7 +344,7 @@ where
             match T::load_by_key(conn, key).await {
                 Ok(Some(row)) => Ok(row),
                 Ok(None) => Err(RowMoved::<T>::any(key).given_in(table, None)),
-                Err(e) => Err(classify(conn, e)),
+                Err(e) => Err(classify(conn, e).await),
             }
         }
         .await;
@@ -466,7 +466,8 @@ where
                     let returning =
                         Returning::new(statement(), diesel::Table::primary_key(&T::table()));
                     let sent = protect_caller(conn, false, async |conn| returning.load(conn).await);
-                    sent.await?.map_err(|e| classify(conn, e))
+                    let sent = sent.await?;
+                    classified(conn, sent).await
                 })?;
                 for key in chunk {
                     // Looked up by the database when not among the keys as stored; see
@@ -475,9 +476,8 @@ where
                         report.finished.push(key.clone());
                         continue;
                     }
-                    let row = T::load_by_key(conn, key)
-                        .await
-                        .map_err(|e| classify(conn, e))?;
+                    let row = T::load_by_key(conn, key).await;
+                    let row = classified(conn, row).await?;
                     report.add_looked_up(table, key, &ended, row, (owner, held));
                 }
             } else if chunk.len() > 1
@@ -511,7 +511,7 @@ where
         let conn = transaction.conn();
         match ExecuteDsl::execute(statement, conn).await {
             Ok(matched) => Ok(matched),
-            Err(e) => Err(classify(conn, e)),
+            Err(e) => Err(classify(conn, e).await),
         }
     };
     match matched {
@@ -549,7 +549,7 @@ where
     run::<C, _, _, Counted, ()>(write, conn, true).await?;
     match T::load_by_keys(conn, &keys).await {
         Ok(rows) => Ok(rows),
-        Err(e) => Err(classify(conn, e)),
+        Err(e) => Err(classify(conn, e).await),
     }
 }
 
@@ -558,12 +558,13 @@ where
     T: AsyncLoadByKey<C> + Sync,
     T::Guard: AdvanceInSql,
     C: AsyncConnection,
+    C::Backend: OccBackend,
 {
     async fn explain(self, conn: &mut C) -> Error {
         let keys: Vec<T::Key> = self.locked.iter().map(Guarded::key).collect();
         match T::load_by_keys(conn, &keys).await {
             Ok(current) => self.given(current),
-            Err(e) => classify(conn, e),
+            Err(e) => classify(conn, e).await,
         }
     }
 }
@@ -573,11 +574,12 @@ where
     T: HasStatus + AsyncLoadByKey<C>,
     T::Guard: AdvanceInSql,
     C: AsyncConnection,
+    C::Backend: OccBackend,
 {
     async fn explain(self, conn: &mut C) -> Error {
         match T::load_by_key(conn, self.key).await {
             Ok(row) => self.given(<T as AsyncLoadByKey<C>>::table_name(), row),
-            Err(e) => classify(conn, e),
+            Err(e) => classify(conn, e).await,
         }
     }
 }

@@ -129,10 +129,45 @@ pub(crate) fn refuse_broken<C: AsyncConnection>(conn: &mut C) -> Result<(), Erro
         .map_err(Error::Database)
 }
 
-/// Classifies an error a statement returned on `conn`, as the blocking executor does; the
-/// retry reason is read from the error alone (diesel-async keeps MySQL's text, not its
-/// number).
-pub(crate) fn classify<C: AsyncConnection>(conn: &mut C, error: DieselError) -> Error {
+/// Classifies an error a statement returned on `conn`, as the blocking executor does:
+/// diesel-async keeps only MySQL's message text, so there the server is asked for the
+/// error's number, as the blocking path asks it ([`OccBackend::retry_reason`]).
+pub(crate) async fn classify<C>(conn: &mut C, error: DieselError) -> Error
+where
+    C: AsyncConnection,
+    C::Backend: OccBackend,
+{
     let inside = in_transaction(conn);
-    classify_given(error, inside, crate::error::retry_reason_of)
+    let reason = C::Backend::retry_reason_async(conn, &error).await;
+    classify_given(error, inside, |_| reason)
+}
+
+/// [`classify`] made ready for `error`, the one a judgement that takes the
+/// classification as a closure may hand it: the server is asked before the judgement runs.
+pub(crate) async fn classifier<C>(
+    conn: &mut C,
+    error: Option<&DieselError>,
+) -> impl FnOnce(DieselError) -> Error
+where
+    C: AsyncConnection,
+    C::Backend: OccBackend,
+{
+    let inside = in_transaction(conn);
+    let reason = match error {
+        Some(error) => C::Backend::retry_reason_async(conn, error).await,
+        None => None,
+    };
+    move |error| classify_given(error, inside, |_| reason)
+}
+
+/// `result`, its error [classified](classify) on `conn`.
+pub(crate) async fn classified<C, T>(conn: &mut C, result: QueryResult<T>) -> Result<T, Error>
+where
+    C: AsyncConnection,
+    C::Backend: OccBackend,
+{
+    match result {
+        Ok(value) => Ok(value),
+        Err(error) => Err(classify(conn, error).await),
+    }
 }

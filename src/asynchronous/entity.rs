@@ -8,7 +8,7 @@ use diesel::associations::HasTable;
 use diesel::query_builder::{AsChangeset, QueryFragment};
 use diesel_async::AsyncConnection;
 
-use super::connection::{classify, refuse_broken, NativeAsync, NativeAsyncConnection};
+use super::connection::{classified, refuse_broken, NativeAsync, NativeAsyncConnection};
 use super::executor::{run, AsyncMiss};
 use super::send::{AsyncComplete, AsyncLoadByKey};
 use super::transaction::Call;
@@ -370,9 +370,8 @@ where
         return Ok(());
     };
     let (schema, name, column) = check.column();
-    let stored = C::Backend::stored_second_digits(conn, schema, name, column)
-        .await
-        .map_err(|e| classify(conn, e))?;
+    let stored = C::Backend::stored_second_digits(conn, schema, name, column).await;
+    let stored = classified(conn, stored).await?;
     check.judge(stored)
 }
 

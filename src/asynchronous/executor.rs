@@ -8,7 +8,7 @@ use diesel::result::Error as DieselError;
 use diesel::QueryResult;
 use diesel_async::AsyncConnection;
 
-use super::connection::{classify, in_transaction, NativeAsync};
+use super::connection::{classified, classify, in_transaction, NativeAsync};
 use super::send::{AsyncComplete, AsyncLoadByKey};
 use super::transaction::OwnTransaction;
 use crate::connect::backend::OccBackend;
@@ -39,8 +39,10 @@ where
                     refusal.on_server(<C::Backend as NativeAsync>::applies_writes_late(conn).await)
                 }
             },
-            Err(e) => unreadable_row(T::table_name(), key, e, T::GUARD_COLUMNS.join(", "))
-                .unwrap_or_else(|e| classify(conn, e)),
+            Err(e) => match unreadable_row(T::table_name(), key, e, T::GUARD_COLUMNS.join(", ")) {
+                Ok(unreadable) => unreadable,
+                Err(e) => classify(conn, e).await,
+            },
         }
     }
 }
@@ -64,7 +66,7 @@ where
 {
     let (statement, judge) = write.checked::<C::Backend>()?;
     let sent = protect_caller(conn, own, async |conn| K::run(conn, statement, own).await).await?;
-    match judge.sent(sent.map_err(|e| classify(conn, e))?)? {
+    match judge.sent(classified(conn, sent).await?)? {
         Judged::Written(written) => Ok(written),
         Judged::Missed(miss) => Err(miss.explain(conn).await),
     }

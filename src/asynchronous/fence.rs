@@ -16,6 +16,7 @@ use super::connection::{classify, refuse_broken, NativeAsync, NativeAsyncConnect
 use super::executor::{run, AsyncMiss};
 use super::send::{AsyncComplete, AsyncLoadByKey};
 use super::transaction::Call;
+use crate::connect::backend::OccBackend;
 use crate::error::Error;
 use crate::guard::Guarded;
 use crate::locks::fence::{fenced_write, FenceMoved, FencedUpdateOf};
@@ -101,13 +102,14 @@ where
 impl<C, Q> AsyncMiss<C> for FenceMoved<'_, Q>
 where
     C: AsyncConnection + Send,
+    C::Backend: OccBackend,
     Q: LoadQuery<'static, C, i64> + Send + 'static,
 {
     async fn explain(self, conn: &mut C) -> Error {
         let (read, moved) = self.split();
         match read.get_result::<i64>(conn).await.optional() {
             Ok(newest) => moved.given(newest),
-            Err(e) => classify(conn, e),
+            Err(e) => classify(conn, e).await,
         }
     }
 }

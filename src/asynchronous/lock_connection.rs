@@ -9,7 +9,7 @@ use diesel::OptionalExtension;
 use diesel_async::methods::LoadQuery;
 use diesel_async::{AsyncConnection, RunQueryDsl, SimpleAsyncConnection};
 
-use super::connection::{classify, refuse_broken, NativeAsync, NativeAsyncConnection};
+use super::connection::{classified, classify, refuse_broken, NativeAsync, NativeAsyncConnection};
 use super::executor::{run, AsyncMiss};
 use super::send::AsyncComplete;
 use super::transaction::{Call, OwnTransaction};
@@ -116,17 +116,14 @@ where
     ) -> Result<(), Error> {
         // The blocking path's two locking reads: the first waits for the row, the second
         // reads the clock after that wait.
-        key.locked_row()
-            .get_result::<i64>(self)
-            .await
-            .optional()
-            .map_err(|e| classify(self, e))?;
+        let waited = key.locked_row().get_result::<i64>(self).await.optional();
+        classified(self, waited).await?;
         let held = key
             .held_row(holder, fence)
             .get_result::<i64>(self)
             .await
-            .optional()
-            .map_err(|e| classify(self, e))?;
+            .optional();
+        let held = classified(self, held).await?;
         match held {
             Some(_) => Ok(()),
             None => Err(LeaseLost { key, holder, fence }.explain(self).await),
@@ -263,12 +260,8 @@ where
         match (ended, step) {
             (Ok(fence), Step::Acquire { .. }) if C::Backend::CONFIRMS_GRANTS => {
                 // The blocking path's read-back of the grant after its `COMMIT`.
-                let row = key
-                    .owner_read()
-                    .get_result(conn)
-                    .await
-                    .optional()
-                    .map_err(|e| classify(conn, e))?;
+                let row = key.owner_read().get_result(conn).await.optional();
+                let row = classified(conn, row).await?;
                 grant_in_row(key, holder, fence, row).map(|()| fence)
             }
             (ended, _) => ended,
@@ -319,24 +312,26 @@ where
 async fn read_locked<C>(conn: &mut C, key: &LockKey) -> Result<Option<i64>, Error>
 where
     C: AsyncConnection + Send,
+    C::Backend: OccBackend,
     LockRow: LoadQuery<'static, C, i64> + Send + 'static,
 {
     match key.locked_row().get_result::<i64>(conn).await.optional() {
         Ok(fence) => Ok(fence),
-        Err(e) => Err(classify(conn, e)),
+        Err(e) => Err(classify(conn, e).await),
     }
 }
 
 impl<C> AsyncMiss<C> for LockTaken<'_>
 where
     C: AsyncConnection + Send,
+    C::Backend: OccBackend,
     LockHolder:
         LoadQuery<'static, C, (Option<String>, Option<chrono::NaiveDateTime>)> + Send + 'static,
 {
     async fn explain(self, conn: &mut C) -> Error {
         match self.key.holder_read().get_result(conn).await.optional() {
             Ok(row) => self.given(row),
-            Err(e) => classify(conn, e),
+            Err(e) => classify(conn, e).await,
         }
     }
 }
@@ -344,12 +339,13 @@ where
 impl<C> AsyncMiss<C> for LeaseLost<'_>
 where
     C: AsyncConnection + Send,
+    C::Backend: OccBackend,
     LockOwner: LoadQuery<'static, C, (Option<String>, Option<String>, i64)> + Send + 'static,
 {
     async fn explain(self, conn: &mut C) -> Error {
         match self.key.owner_read().get_result(conn).await.optional() {
             Ok(row) => self.given(row),
-            Err(e) => classify(conn, e),
+            Err(e) => classify(conn, e).await,
         }
     }
 }

@@ -8,12 +8,13 @@ use std::ops::DerefMut;
 use diesel_async::AsyncConnection;
 
 use super::connection::{
-    classify, in_transaction, refuse_broken, NativeAsync, NativeAsyncConnection,
+    classifier, in_transaction, refuse_broken, NativeAsync, NativeAsyncConnection,
 };
 use super::entity::{write_and_record, AsyncUpdateRow};
 use super::send::AsyncLoadByKey;
 use super::source::AsyncConnectionSource;
 use super::transaction::{Call, OwnTransaction};
+use crate::connect::backend::OccBackend;
 use crate::error::Error;
 use crate::flow::read_modify_write::{Effect, ReadModifyWrite};
 use crate::guard::{Guarded, TokenOf};
@@ -320,6 +321,7 @@ async fn run_attempt<T, C, S, R, E>(
 where
     T: AsyncLoadByKey<C>,
     C: AsyncConnection,
+    C::Backend: OccBackend,
     S: Step<T, C, R, E>,
     R: Send,
     E: From<Error> + Send,
@@ -337,7 +339,8 @@ where
                     RowLock::None => T::read_by_key(conn, key).await,
                     lock => T::lock_by_key(conn, key, lock).await,
                 };
-                flow.read(read, |e| classify(conn, e))
+                let classify = classifier(conn, read.as_ref().err()).await;
+                flow.read(read, classify)
             }
             Effect::Change => {
                 let changed = step.apply(transaction.conn(), flow.row()).await;

@@ -6,10 +6,11 @@ use std::future::Future;
 
 use diesel_async::AsyncConnection;
 
-use super::connection::{classify, refuse_broken};
+use super::connection::{classifier, refuse_broken};
 use super::send::AsyncLoadByKey;
 use super::transaction::OwnTransaction;
 use super::write_transaction::{AsyncWriteConnection, LockedWork};
+use crate::connect::backend::OccBackend;
 use crate::error::Error;
 use crate::flow::row_read::{AfterLock, LockedRead};
 use crate::guard::{Guarded, TokenOf};
@@ -106,14 +107,17 @@ pub(crate) async fn read_locked<T, C>(
 where
     T: AsyncLoadByKey<C>,
     C: AsyncConnection,
+    C::Backend: OccBackend,
 {
     let read = LockedRead::new(T::table_name(), key, suspects);
     let locked = T::lock_by_key(conn, key, lock).await;
-    match read.locked(locked, |e| classify(conn, e)) {
+    let classify = classifier(conn, locked.as_ref().err()).await;
+    match read.locked(locked, classify) {
         AfterLock::Done(row) => row,
         AfterLock::ReadUnlocked => {
             let unlocked = T::read_by_key(conn, key).await;
-            read.unlocked(unlocked, |e| classify(conn, e))
+            let classify = classifier(conn, unlocked.as_ref().err()).await;
+            read.unlocked(unlocked, classify)
         }
     }
 }

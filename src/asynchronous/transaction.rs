@@ -10,11 +10,13 @@
 //! transaction on the server, and the library sends nothing more on it
 //! ([`refuse_broken`](super::connection::refuse_broken)).
 
+use diesel::result::Error as DieselError;
 use diesel::QueryResult;
 use diesel_async::{AsyncConnection, TransactionManager};
 
 use super::connection::{classify, NativeAsync};
-use crate::connect::transaction::{failed_commit, LostCommit};
+use crate::connect::backend::OccBackend;
+use crate::connect::transaction::{commit_error_given, failed_commit, LostCommit};
 use crate::error::Error;
 
 /// An open transaction (or savepoint, inside the caller's transaction) of the library's
@@ -29,14 +31,18 @@ pub(crate) struct OwnTransaction<'c, C: AsyncConnection> {
     _turn: super::write_transaction::WriteTurn,
 }
 
-impl<'c, C: AsyncConnection> OwnTransaction<'c, C> {
+impl<'c, C> OwnTransaction<'c, C>
+where
+    C: AsyncConnection,
+    C::Backend: OccBackend,
+{
     /// Begins a transaction on `conn` (a savepoint inside an open one); a failure is
     /// classified as a statement's.
     pub(crate) async fn begin(conn: &'c mut C) -> Result<Self, Error> {
         let mut transaction = OwnTransaction::unsettled(conn);
         match transaction.start().await {
             Ok(()) => Ok(transaction),
-            Err(e) => Err(classify(transaction.conn, e)),
+            Err(e) => Err(classify(transaction.conn, e).await),
         }
     }
 
@@ -55,7 +61,7 @@ impl<'c, C: AsyncConnection> OwnTransaction<'c, C> {
             Err(e) => {
                 // Nothing was begun (or the connection is left broken by diesel-async).
                 transaction.settled = true;
-                Err(classify(transaction.conn, e))
+                Err(classify(transaction.conn, e).await)
             }
         }
     }
@@ -91,10 +97,13 @@ impl<'c, C: AsyncConnection> OwnTransaction<'c, C> {
         self.conn
     }
 
-    /// Commits (releases the savepoint); on a failed `COMMIT` diesel-async rolls back or
-    /// marks the connection broken itself.
+    /// Commits (releases the savepoint); a failed top-level `COMMIT` is judged as the
+    /// blocking path judges it ([`after_failed_commit`]).
     pub(crate) async fn commit(mut self) -> QueryResult<()> {
-        let committed = C::TransactionManager::commit_transaction(self.conn).await;
+        let committed = match C::TransactionManager::commit_transaction(self.conn).await {
+            Err(error) if !self.nested => Err(after_failed_commit(self.conn, error).await),
+            committed => committed,
+        };
         self.settled = true;
         committed
     }
@@ -128,7 +137,11 @@ impl<'c, C: AsyncConnection> OwnTransaction<'c, C> {
     }
 }
 
-impl<C: AsyncConnection> OwnTransaction<'_, C> {
+impl<C> OwnTransaction<'_, C>
+where
+    C: AsyncConnection,
+    C::Backend: OccBackend,
+{
     /// [`finish`](Self::finish), judging the outcome as the blocking path judges one of
     /// its operations' transactions: a failure before the `COMMIT` was sent rolled
     /// everything back (a lost connection is a plain database error), a failed `COMMIT`
@@ -144,6 +157,28 @@ impl<C: AsyncConnection> OwnTransaction<'_, C> {
         self.finish(result, |e| E::from_occ(failed_commit(e, nested)))
             .await
     }
+}
+
+/// The error of a failed top-level `COMMIT` on `conn`, as the blocking path reports it:
+/// the server is asked why before anything else is sent (MySQL's error number, which the
+/// next statement wipes; diesel-async keeps only the text), so that a certification
+/// failure reads as retryable in any message language. When diesel-async's own rollback
+/// after the `COMMIT` failed too, one more `ROLLBACK` that succeeds proves the server
+/// holds no transaction and the connection usable; otherwise it stays marked broken.
+async fn after_failed_commit<C>(conn: &mut C, error: DieselError) -> DieselError
+where
+    C: AsyncConnection,
+    C::Backend: OccBackend,
+{
+    let (cause, rollback_failed) = match error {
+        DieselError::RollbackErrorOnCommit { commit_error, .. } => (*commit_error, true),
+        error => (error, false),
+    };
+    let reason = C::Backend::retry_reason_async(conn, &cause).await;
+    if rollback_failed && conn.batch_execute("ROLLBACK").await.is_ok() {
+        *C::TransactionManager::transaction_manager_status_mut(conn) = Default::default();
+    }
+    commit_error_given(cause, reason)
 }
 
 impl<C: AsyncConnection> Drop for OwnTransaction<'_, C> {

@@ -10,7 +10,7 @@ use diesel::query_builder::AsChangeset;
 use diesel_async::AsyncConnection;
 
 use super::connection::{
-    classify, in_transaction, refuse_broken, NativeAsync, NativeAsyncConnection,
+    classifier, in_transaction, refuse_broken, NativeAsync, NativeAsyncConnection,
 };
 use super::entity::{check_stored_precision, write_by_key};
 use super::executor::{run, AsyncMiss};
@@ -18,6 +18,7 @@ use super::pessimistic::read_locked;
 use super::send::{AsyncComplete, AsyncLoadByKey};
 use super::transaction::{Call, OwnTransaction};
 use super::write_transaction::{AsyncWriteConnection, TransitionHook};
+use crate::connect::backend::OccBackend;
 use crate::error::Error;
 use crate::guard::{AdvanceInSql, CompletionOf, ReturnedTokenOf, TokenOf};
 use crate::retry::{RetryPolicy, Stop};
@@ -283,11 +284,13 @@ impl<T, C, G> AsyncMiss<C> for TransitionMiss<'_, T, G>
 where
     T: HasStatus + AsyncLoadByKey<C>,
     C: AsyncConnection,
+    C::Backend: OccBackend,
     G: TransitionCondition<C::Backend> + Send,
 {
     async fn explain(self, conn: &mut C) -> Error {
         let read = T::load_by_key(conn, self.key()).await;
-        self.given::<C::Backend>(T::table_name(), read, |e| classify(conn, e))
+        let classify = classifier(conn, read.as_ref().err()).await;
+        self.given::<C::Backend>(T::table_name(), read, classify)
     }
 }
 

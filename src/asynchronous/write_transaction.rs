@@ -12,18 +12,23 @@ use diesel::QueryResult;
 use diesel_async::{AsyncConnection, TransactionManager};
 
 use super::connection::NativeAsyncConnection;
+use crate::connect::backend::OccBackend;
 use crate::status::HasStatus;
 
 /// A diesel-async connection on which the library opens write transactions that run
 /// caller code: `AsyncPgConnection`, `AsyncMysqlConnection` and
 /// `SyncConnectionWrapper<SqliteConnection>`.
-pub trait AsyncWriteConnection: AsyncConnection + Send {
+pub trait AsyncWriteConnection: AsyncConnection<Backend: OccBackend> + Send {
     /// Begins the write transaction (a savepoint inside an open one).
     #[doc(hidden)]
     fn begin_write(&mut self) -> impl Future<Output = QueryResult<WriteTurn>> + Send;
 }
 
-impl<C: NativeAsyncConnection + Send> AsyncWriteConnection for C {
+impl<C> AsyncWriteConnection for C
+where
+    C: NativeAsyncConnection + Send,
+    C::Backend: OccBackend,
+{
     async fn begin_write(&mut self) -> QueryResult<WriteTurn> {
         C::TransactionManager::begin_transaction(self).await?;
         Ok(WriteTurn::default())

@@ -80,6 +80,21 @@ pub trait OccBackend: Backend + Default {
         retry_reason_of(error)
     }
 
+    /// [`retry_reason`](Self::retry_reason) on a diesel-async connection: the same
+    /// judgement, the server asked over the async connection where MySQL needs its number.
+    #[cfg(feature = "async")]
+    #[doc(hidden)]
+    fn retry_reason_async<C>(
+        conn: &mut C,
+        error: &DieselError,
+    ) -> impl std::future::Future<Output = Option<RetryReason>> + Send
+    where
+        C: diesel_async::AsyncConnection<Backend = Self>,
+    {
+        let _ = conn;
+        std::future::ready(retry_reason_of(error))
+    }
+
     /// Whether `conn`'s server may apply other servers' commits after its own statements
     /// ran (a MariaDB Galera node): there a write that matched nothing while its re-read
     /// shows the expected token was applied against the node's older copy of the row,
@@ -282,21 +297,29 @@ impl OccBackend for diesel::mysql::Mysql {
     where
         C: LoadConnection<Backend = Self>,
     {
-        match error {
-            // diesel maps exactly 1213 to this kind on MySQL.
-            DieselError::DatabaseError(DatabaseErrorKind::SerializationFailure, _) => {
-                Some(RetryReason::Deadlock)
-            }
-            DieselError::DatabaseError(DatabaseErrorKind::Unknown, _) => {
-                // The number decides (a trigger may `SIGNAL` the very text of a lock wait
-                // timeout); the text only where the connection cannot say.
-                match mysql_error_number(conn) {
-                    Some(number) => mysql_retry_reason(number),
-                    None => retry_reason_of(error),
-                }
-            }
-            _ => None,
+        let number = mysql_asks_error_number(error)
+            .then(|| mysql_error_number(conn))
+            .flatten();
+        mysql_retry_reason_given(error, number)
+    }
+
+    #[cfg(feature = "async")]
+    async fn retry_reason_async<C>(conn: &mut C, error: &DieselError) -> Option<RetryReason>
+    where
+        C: diesel_async::AsyncConnection<Backend = Self>,
+    {
+        use diesel_async::RunQueryDsl;
+        let mut number = None;
+        if mysql_asks_error_number(error)
+            && conn.batch_execute(MYSQL_ASK_ERROR_NUMBER).await.is_ok()
+        {
+            number = diesel::select(diesel::dsl::sql::<ErrorNumber>(MYSQL_READ_ERROR_NUMBER))
+                .get_result::<Option<u32>>(conn)
+                .await
+                .ok()
+                .flatten();
         }
+        mysql_retry_reason_given(error, number)
     }
 
     fn applies_writes_late<C>(conn: &mut C) -> bool
@@ -356,27 +379,67 @@ fn mysql_retry_reason(number: u32) -> Option<RetryReason> {
     }
 }
 
-/// Asks the server for the number of the error the last statement raised. It costs two
-/// round trips and runs only after a statement has already failed. `GET DIAGNOSTICS`
-/// does not clear the diagnostics area, so the count is read before the condition.
+/// Why `error` can be retried on MySQL, given the number the server gave it (`None` when
+/// it was not asked or could not say): the one judgement of both drivers.
+#[cfg(feature = "mysql")]
+pub(crate) fn mysql_retry_reason_given(
+    error: &DieselError,
+    number: Option<u32>,
+) -> Option<RetryReason> {
+    match error {
+        // diesel maps exactly 1213 to this kind on MySQL (diesel-async does not).
+        DieselError::DatabaseError(DatabaseErrorKind::SerializationFailure, _) => {
+            Some(RetryReason::Deadlock)
+        }
+        // The number decides (a trigger may `SIGNAL` the very text of a lock wait
+        // timeout); the text only where the connection cannot say.
+        DieselError::DatabaseError(DatabaseErrorKind::Unknown, _) => match number {
+            Some(number) => mysql_retry_reason(number),
+            None => retry_reason_of(error),
+        },
+        _ => None,
+    }
+}
+
+/// Whether the server is to be asked for the number of `error`: only diesel's `Unknown`
+/// kind leaves it open, and a connection that died cannot answer.
+#[cfg(feature = "mysql")]
+pub(crate) fn mysql_asks_error_number(error: &DieselError) -> bool {
+    matches!(
+        error,
+        DieselError::DatabaseError(DatabaseErrorKind::Unknown, _)
+    ) && !crate::error::connection_lost(error)
+}
+
+/// The statements that ask a MySQL server for the number of the error the last statement
+/// raised, into session variables ([`MYSQL_READ_ERROR_NUMBER`] reads them). `GET
+/// DIAGNOSTICS` does not clear the diagnostics area, so the count is read before the
+/// condition. Sent only after a statement has already failed.
+#[cfg(feature = "mysql")]
+pub(crate) const MYSQL_ASK_ERROR_NUMBER: &str = "GET DIAGNOSTICS @diesel_occ_conditions = NUMBER; \
+     GET DIAGNOSTICS CONDITION 1 @diesel_occ_errno = MYSQL_ERRNO";
+
+/// Reads the number [`MYSQL_ASK_ERROR_NUMBER`] noted, `NULL` when there was no error.
+#[cfg(feature = "mysql")]
+pub(crate) const MYSQL_READ_ERROR_NUMBER: &str =
+    "IF(@diesel_occ_conditions > 0, @diesel_occ_errno, NULL)";
+
+/// The SQL type of [`MYSQL_READ_ERROR_NUMBER`].
+#[cfg(feature = "mysql")]
+pub(crate) type ErrorNumber =
+    diesel::sql_types::Nullable<diesel::sql_types::Unsigned<diesel::sql_types::Integer>>;
+
+/// Asks the server for the number of the error the last statement raised (two round
+/// trips, after a statement has already failed).
 #[cfg(feature = "mysql")]
 fn mysql_error_number<C>(conn: &mut C) -> Option<u32>
 where
     C: LoadConnection<Backend = diesel::mysql::Mysql>,
 {
-    use diesel::sql_types::{Nullable, Unsigned};
     use diesel::RunQueryDsl;
-    conn.batch_execute(
-        "GET DIAGNOSTICS @diesel_occ_conditions = NUMBER; \
-         GET DIAGNOSTICS CONDITION 1 @diesel_occ_errno = MYSQL_ERRNO",
-    )
-    .ok()?;
-    diesel::select(diesel::dsl::sql::<
-        Nullable<Unsigned<diesel::sql_types::Integer>>,
-    >(
-        "IF(@diesel_occ_conditions > 0, @diesel_occ_errno, NULL)"
-    ))
-    .get_result::<Option<u32>>(conn)
-    .ok()
-    .flatten()
+    conn.batch_execute(MYSQL_ASK_ERROR_NUMBER).ok()?;
+    diesel::select(diesel::dsl::sql::<ErrorNumber>(MYSQL_READ_ERROR_NUMBER))
+        .get_result::<Option<u32>>(conn)
+        .ok()
+        .flatten()
 }

@@ -339,19 +339,28 @@ where
             Ok(())
         }
         Err(error) => {
-            let rolled_back = matches!(
-                C::Backend::retry_reason(conn, &error),
-                Some(RetryReason::Deadlock | RetryReason::SerializationFailure)
-            );
+            let reason = C::Backend::retry_reason(conn, &error);
             // A failed COMMIT can leave the transaction open; end it, report the cause.
             roll_back_top_level(conn);
-            Err(match error {
-                DieselError::DatabaseError(DatabaseErrorKind::Unknown, info) if rolled_back => {
-                    DieselError::DatabaseError(DatabaseErrorKind::SerializationFailure, info)
-                }
-                other => other,
-            })
+            Err(commit_error_given(error, reason))
         }
+    }
+}
+
+/// The error of a failed `COMMIT`, given why the server says it can be retried: one that
+/// the server rolled back (a deadlock, a serialization or certification failure) comes
+/// back with the kind diesel gives MySQL's 1213 on any other statement, where the client
+/// reported it as `Unknown`. What the blocking and the async commits share.
+pub(crate) fn commit_error_given(error: DieselError, reason: Option<RetryReason>) -> DieselError {
+    let rolled_back = matches!(
+        reason,
+        Some(RetryReason::Deadlock | RetryReason::SerializationFailure)
+    );
+    match error {
+        DieselError::DatabaseError(DatabaseErrorKind::Unknown, info) if rolled_back => {
+            DieselError::DatabaseError(DatabaseErrorKind::SerializationFailure, info)
+        }
+        other => other,
     }
 }
 

@@ -5,10 +5,44 @@ use crate::common;
 
 use common::models::Order;
 use common::schema::orders;
+#[cfg(all(
+    feature = "async",
+    any(not(feature = "mysql"), feature = "async-mysql")
+))]
+use common::{
+    models::OrderPatch,
+    paths::{Async, AsyncOf, Blocking, Writes},
+};
 use diesel::connection::SimpleConnection;
 use diesel::prelude::*;
 use diesel::result::{DatabaseErrorKind, Error as DieselError};
 use diesel_occ::{Error, GuardedWrite};
+
+/// `$body(db, writer)` once on each driver, each on a fresh database of the module's
+/// backend: the blocking API on a pooled connection, the async API on a diesel-async one.
+#[cfg(all(
+    feature = "async",
+    any(not(feature = "mysql"), feature = "async-mysql")
+))]
+macro_rules! on_both_drivers {
+    ($($body:ident),*) => {
+        $(mod $body {
+            use super::*;
+            #[test]
+            fn blocking() {
+                let Some(db) = db() else { return };
+                super::$body(&db, &mut Blocking(db.conn()));
+            }
+            #[test]
+            fn on_async() {
+                let Some(db) = db() else { return };
+                let runtime = common::paths::runtime();
+                let conn = <Conn as AsyncOf>::connect(&db.url, &runtime);
+                super::$body(&db, &mut Async { conn, runtime });
+            }
+        })*
+    };
+}
 
 /// Texts that a substring search would have taken for a transient refusal.
 const LOOKALIKES: [&str; 5] = [
@@ -63,10 +97,11 @@ for_each_backend! {
     }
 
     /// A trigger's own message (on MySQL even the exact text of a lock wait timeout) and
-    /// a CHECK constraint whose name mentions deadlocks refuse a write for good.
-    #[test]
-    fn refusals_by_triggers_and_constraints_that_mention_locks_are_not_retryable() {
-        let Some(db) = db() else { return };
+    /// a CHECK constraint whose name mentions deadlocks refuse a write for good, on both
+    /// drivers: diesel-async keeps only MySQL's message text, so the async path asks the
+    /// server for the number as the blocking one does.
+    #[cfg(all(feature = "async", any(not(feature = "mysql"), feature = "async-mysql")))]
+    fn refusals_in_lock_words_are_not_retryable<W: Writes>(db: &common::TestDb<Conn>, w: &mut W) {
         let conn = &mut db.conn();
         let refusing_trigger = match BACKEND {
             "postgres" => r#"
@@ -93,16 +128,20 @@ for_each_backend! {
         conn.batch_execute(refusing_trigger).unwrap();
         let order = insert(conn, 1, "new");
 
-        let err = order.guarded_update(conn, orders::note.eq("refuse")).unwrap_err();
+        let note = |note: &str| OrderPatch { note: Some(note.into()), quantity: None };
+        let err = w.update_by_key(1, order.version, note("refuse")).unwrap_err();
         assert_not_retryable(&err);
         if BACKEND != "sqlite" {
             // PostgreSQL reports a CheckViolation; MariaDB's 4025 reaches diesel as Unknown.
-            let err = order.guarded_update(conn, orders::note.eq("check")).unwrap_err();
+            let err = w.update_by_key(1, order.version, note("check")).unwrap_err();
             assert_not_retryable(&err);
         }
         let stored: Order = orders::table.find(1).select(Order::as_select()).first(conn).unwrap();
-        assert_eq!(stored, order, "nothing was written");
+        assert_eq!(stored, order, "{}: nothing was written", W::PATH);
     }
+
+    #[cfg(all(feature = "async", any(not(feature = "mysql"), feature = "async-mysql")))]
+    on_both_drivers!(refusals_in_lock_words_are_not_retryable);
 
     /// A server or session that accepts no writes (a standby, a replica, a READ ONLY
     /// transaction) refuses a guarded write, a retried read-modify-write and a lock as
@@ -153,43 +192,62 @@ for_each_backend! {
 }
 
 /// A real lock wait timeout (1205) is recognised by its number, whatever language the
-/// session chose for messages after checkout.
-#[cfg(feature = "mysql")]
-#[test]
-fn mysql_lock_wait_timeout_is_retryable_in_any_message_language() {
-    let Some(db) = common::mysql() else { return };
-    let (conn, holder) = (&mut db.conn(), &mut db.conn());
-    let order = Order::new(1, "new");
-    diesel::insert_into(orders::table)
-        .values(&order)
-        .execute(conn)
-        .unwrap();
+/// session chose for messages after checkout, on both drivers.
+#[cfg(all(feature = "mysql", feature = "async-mysql"))]
+mod mysql_message_language {
+    use super::*;
+    type Conn = diesel::MysqlConnection;
 
-    for language in ["de_DE", "fr_FR", "en_US"] {
-        conn.batch_execute(&format!(
-            "SET lc_messages = '{language}'; SET innodb_lock_wait_timeout = 1"
-        ))
-        .unwrap();
-        holder
-            .batch_execute("BEGIN; UPDATE orders SET quantity = 2 WHERE id = 1")
+    fn db() -> Option<common::TestDb<Conn>> {
+        common::mysql()
+    }
+
+    fn lock_wait_timeout_is_retryable_in_any_message_language<W: Writes>(
+        db: &common::TestDb<Conn>,
+        w: &mut W,
+    ) {
+        let holder = &mut db.conn();
+        let order = Order::new(1, "new");
+        diesel::insert_into(orders::table)
+            .values(&order)
+            .execute(holder)
             .unwrap();
 
-        let err = order
-            .guarded_update(conn, orders::note.eq("waits"))
-            .unwrap_err();
+        for language in ["de_DE", "fr_FR", "en_US"] {
+            w.execute(&format!("SET lc_messages = '{language}'"));
+            w.execute("SET innodb_lock_wait_timeout = 1");
+            holder
+                .batch_execute("BEGIN; UPDATE orders SET quantity = 2 WHERE id = 1")
+                .unwrap();
 
-        holder.batch_execute("ROLLBACK").unwrap();
-        assert!(
-            matches!(
-                err,
-                Error::Retryable {
-                    reason: diesel_occ::RetryReason::LockTimeout,
-                    ..
-                }
-            ),
-            "{language}: {err:?}"
-        );
+            let patch = OrderPatch {
+                note: Some("waits".into()),
+                quantity: None,
+            };
+            let err = w.update_by_key(1, order.version, patch).unwrap_err();
+
+            holder.batch_execute("ROLLBACK").unwrap();
+            assert!(
+                matches!(
+                    err,
+                    Error::Retryable {
+                        reason: diesel_occ::RetryReason::LockTimeout,
+                        ..
+                    }
+                ),
+                "{} {language}: {err:?}",
+                W::PATH
+            );
+        }
+        let stored: Order = orders::table
+            .find(1)
+            .select(Order::as_select())
+            .first(holder)
+            .unwrap();
+        assert_eq!(stored, order, "{}: nothing was written", W::PATH);
     }
+
+    on_both_drivers!(lock_wait_timeout_is_retryable_in_any_message_language);
 }
 
 /// PostgreSQL `lock_timeout` (55P03) is a transient refusal; `statement_timeout` (57014)
