@@ -7,19 +7,22 @@ use std::future::Future;
 
 use diesel::query_builder::AsChangeset;
 
-use super::connection::{classified, classify, refuse_broken, NativeAsync, NativeAsyncConnection};
+use super::connection::{
+    classified, classifier, in_transaction, refuse_broken, NativeAsync, NativeAsyncConnection,
+};
 use super::entity::check_stored_precision;
 use super::executor::{protect_caller, run};
 use super::send::{AsyncComplete, AsyncCompleteEach, AsyncLoadByKey};
 use super::transaction::{Call, OwnTransaction};
 use crate::connect::backend::OccBackend;
 use crate::error::Error;
-use crate::guard::{CompletionOf, GuardKind, Guarded, TokenOf};
+use crate::flow::batch::{Batch, Effect};
+use crate::guard::{CompletionOf, Guarded, TokenOf};
 use crate::sql::new_token::Counted;
 use crate::sql::statement::Assignments;
-use crate::write::batch::{outcome, BatchMode, BatchReport, Chunk, Pending, RowOutcome};
-use crate::write::entity::{guarded_statement_in, unreadable_row, DeleteOf, RowMoved, UpdateOf};
-use crate::write::executor::{refuse_double_assignment, CompareAndSet};
+use crate::write::batch::{deletes, updates, written_token, BatchMode, BatchReport, RoundWritten};
+use crate::write::entity::{DeleteOf, RowMoved, UpdateOf};
+use crate::write::executor::CompareAndSet;
 
 /// Guarded batches on async connections; see [`GuardedBatch`](crate::GuardedBatch).
 pub trait AsyncGuardedBatch: Guarded {
@@ -112,37 +115,12 @@ where
         Ch: 'a,
     {
         let table = <T as AsyncLoadByKey<C>>::table_name();
-        // Every row is built and checked before anything is sent: a refused row stops the
-        // batch with nothing written.
-        let built = rows
-            .into_iter()
-            .map(|(key, expected, changes)| {
-                let (update, next) = guarded_statement_in::<T, C::Backend, Ch>(
-                    table,
-                    &key,
-                    &expected,
-                    changes,
-                    T::stamp(),
-                    None,
-                )?;
-                refuse_double_assignment(table, &update)?;
-                Ok((Pending::new(key, expected, next), update))
-            })
-            .collect::<Result<Vec<_>, Error>>()?;
-        if built.is_empty() {
-            return Ok(BatchReport::empty());
-        }
+        let rows = updates::<T, C::Backend, Ch>(table, rows)?;
         refuse_broken(conn)?;
+        let flow = Batch::new(table, rows, mode, in_transaction(conn), written_token::<T>)
+            .of_updates(C::Backend::COMBINES_UPDATES);
         let mut call = Call::start(conn);
-        let report = async {
-            let conn = call.conn();
-            check_stored_precision::<T, C>(conn, table).await?;
-            in_mode(conn, mode, async |conn, own| {
-                update_rows::<T, C, _>(conn, table, built, own).await
-            })
-            .await
-        }
-        .await;
+        let report = drive::<T, C, _, _, Updates>(call.conn(), flow).await;
         call.finish(report)
     }
 }
@@ -160,81 +138,44 @@ where
         rows: Vec<(T::Key, TokenOf<T>)>,
         mode: BatchMode,
     ) -> Result<BatchReport<()>, Error> {
-        if rows.is_empty() {
-            return Ok(BatchReport::empty());
-        }
+        let table = <T as AsyncLoadByKey<C>>::table_name();
         refuse_broken(conn)?;
+        let flow = Batch::new(
+            table,
+            deletes::<T>(rows),
+            mode,
+            in_transaction(conn),
+            |_, _| (),
+        );
         let mut call = Call::start(conn);
-        let report = in_mode(call.conn(), mode, async |conn, own| {
-            let table = <T as AsyncLoadByKey<C>>::table_name();
-            let mut outcomes = Vec::with_capacity(rows.len());
-            for (key, expected) in &rows {
-                let statement = DeleteOf::<T>::new(
-                    T::table(),
-                    T::key_predicate(key),
-                    T::Guard::predicate(expected),
-                );
-                let miss = RowMoved::<T>::expecting(key, expected);
-                let write = CompareAndSet::one(statement, table, key, miss);
-                let deleted = run::<C, _, _, Counted, TokenOf<T>>(write, conn, own).await;
-                outcomes.push(outcome(deleted.map(drop))?);
-            }
-            Ok(outcomes)
-        })
-        .await;
+        let report = drive::<T, C, _, _, Deletes>(call.conn(), flow).await;
         call.finish(report)
     }
 }
 
-/// Runs a batch's rows in `mode`, as the blocking path does: as they come in a partial
-/// batch (`own` false: inside the caller's transaction each statement is protected by a
-/// savepoint); in an all-or-nothing one, in a transaction of the library's (a savepoint
-/// inside the caller's) committed only when every row was written.
-async fn in_mode<C, Tok>(
-    conn: &mut C,
-    mode: BatchMode,
-    run: impl AsyncFnOnce(&mut C, bool) -> Result<Vec<RowOutcome<Tok>>, Error>,
-) -> Result<BatchReport<Tok>, Error>
-where
-    C: NativeAsyncConnection,
-    C::Backend: NativeAsync,
-{
-    match mode {
-        BatchMode::Partial => Ok(BatchReport {
-            rows: run(conn, false).await?,
-            applied: true,
-        }),
-        BatchMode::AllOrNothing => {
-            let mut transaction = OwnTransaction::begin(conn).await?;
-            let rows = run(transaction.conn(), true).await;
-            match rows {
-                Ok(rows) if !rows.iter().all(RowOutcome::is_written) => {
-                    match transaction.rollback().await {
-                        Ok(()) => Ok(BatchReport {
-                            rows,
-                            applied: false,
-                        }),
-                        Err(e) => Err(Error::Database(e)),
-                    }
-                }
-                rows => transaction.settle(rows).await.map(|rows| BatchReport {
-                    rows,
-                    applied: true,
-                }),
-            }
-        }
-    }
+/// How a batch's statements `S` of entity `T` are sent on async connection `C`.
+trait SendBatch<T: Guarded, C, S> {
+    /// Sends a round's statements as the backend's combined statements.
+    fn round(
+        conn: &mut C,
+        updates: Vec<S>,
+        own: bool,
+    ) -> impl Future<Output = Result<RoundWritten<TokenOf<T>>, Error>> + Send;
+
+    /// Sends one row's statement as a guarded write.
+    fn row(
+        conn: &mut C,
+        key: &T::Key,
+        expected: &TokenOf<T>,
+        statement: S,
+        own: bool,
+    ) -> impl Future<Output = Result<Option<TokenOf<T>>, Error>> + Send;
 }
 
-/// Writes `rows` on `conn`: on PostgreSQL a round of up to
-/// [`ROWS_PER_STATEMENT`](crate::ROWS_PER_STATEMENT) rows at a time, then one read of the
-/// rows the round missed; elsewhere one statement per row, each miss read as it comes.
-async fn update_rows<T, C, S>(
-    conn: &mut C,
-    table: &'static str,
-    rows: Vec<(Pending<T>, S)>,
-    own: bool,
-) -> Result<Vec<RowOutcome<TokenOf<T>>>, Error>
+/// A batch of guarded updates: combined rounds where the backend combines them.
+struct Updates;
+
+impl<T, C, S> SendBatch<T, C, S> for Updates
 where
     T: AsyncLoadByKey<C>,
     C: NativeAsyncConnection,
@@ -242,42 +183,145 @@ where
     S: Assignments<C::Backend> + Send,
     CompletionOf<T>: AsyncComplete<C, S, TokenOf<T>> + AsyncCompleteEach<C, S, TokenOf<T>>,
 {
-    let mut outcomes = Vec::with_capacity(rows.len());
-    if !<C::Backend as OccBackend>::COMBINES_UPDATES {
-        for (row, update) in rows {
-            let (key, expected, next) = row.into_parts();
-            let miss = RowMoved::<T>::expecting(&key, &expected);
-            let write = CompareAndSet::one(update, table, &key, miss);
-            let written = run::<C, _, _, CompletionOf<T>, TokenOf<T>>(write, conn, own).await;
-            outcomes.push(outcome(written.map(|w| w.token.unwrap_or(next)))?);
-        }
-        return Ok(outcomes);
-    }
-    let mut rows = rows.into_iter().map(Ok).peekable();
-    while let Some(mut chunk) = Chunk::next(&mut rows)? {
-        let updates = chunk.take_updates();
-        let returned = protect_caller(conn, own, async |conn| {
+    async fn round(
+        conn: &mut C,
+        updates: Vec<S>,
+        own: bool,
+    ) -> Result<RoundWritten<TokenOf<T>>, Error> {
+        let sent = protect_caller(conn, own, async |conn| {
             CompletionOf::<T>::run_each(conn, updates).await
         })
         .await?;
-        let returned = classified(conn, returned).await?;
-        let written = chunk.written(table, returned)?;
-        let missed = chunk.missed(&written);
-        let current = if missed.is_empty() {
-            Vec::new()
-        } else {
-            match T::load_by_keys(conn, &missed).await {
-                Ok(current) => current,
-                Err(e) => {
-                    let columns = T::GUARD_COLUMNS.join(", ");
-                    return Err(match unreadable_row(table, &missed, e, columns) {
-                        Ok(unreadable) => unreadable,
-                        Err(e) => classify(conn, e).await,
-                    });
-                }
-            }
-        };
-        outcomes.extend(chunk.outcomes(table, written, current)?);
+        classified(conn, sent).await
     }
-    Ok(outcomes)
+
+    fn row(
+        conn: &mut C,
+        key: &T::Key,
+        expected: &TokenOf<T>,
+        update: S,
+        own: bool,
+    ) -> impl Future<Output = Result<Option<TokenOf<T>>, Error>> + Send {
+        guarded_row::<T, C, S, CompletionOf<T>>(conn, key, expected, update, own)
+    }
+}
+
+/// A batch of guarded deletes: one statement per row on every backend.
+struct Deletes;
+
+impl<T, C, S> SendBatch<T, C, S> for Deletes
+where
+    T: AsyncLoadByKey<C>,
+    C: NativeAsyncConnection,
+    C::Backend: NativeAsync,
+    S: Assignments<C::Backend> + Send,
+    Counted: AsyncComplete<C, S, TokenOf<T>>,
+{
+    async fn round(_: &mut C, _: Vec<S>, _: bool) -> Result<RoundWritten<TokenOf<T>>, Error> {
+        unreachable!("a batch of deletes writes its rows one by one")
+    }
+
+    fn row(
+        conn: &mut C,
+        key: &T::Key,
+        expected: &TokenOf<T>,
+        delete: S,
+        own: bool,
+    ) -> impl Future<Output = Result<Option<TokenOf<T>>, Error>> + Send {
+        guarded_row::<T, C, S, Counted>(conn, key, expected, delete, own)
+    }
+}
+
+/// One row's guarded write, its statement sent the way `K` says: the token read back, if
+/// the guard reads one.
+async fn guarded_row<T, C, S, K>(
+    conn: &mut C,
+    key: &T::Key,
+    expected: &TokenOf<T>,
+    statement: S,
+    own: bool,
+) -> Result<Option<TokenOf<T>>, Error>
+where
+    T: AsyncLoadByKey<C>,
+    C: NativeAsyncConnection,
+    C::Backend: NativeAsync,
+    S: Assignments<C::Backend> + Send,
+    K: AsyncComplete<C, S, TokenOf<T>>,
+{
+    let table = <T as AsyncLoadByKey<C>>::table_name();
+    let miss = RowMoved::<T>::expecting(key, expected);
+    let write = CompareAndSet::one(statement, table, key, miss);
+    Ok(run::<C, _, _, K, TokenOf<T>>(write, conn, own).await?.token)
+}
+
+/// The async driver of the batch [flow](crate::flow::batch): `K` sends the statements,
+/// each told whether the open transaction is the library's; an all-or-nothing batch runs
+/// in an [`OwnTransaction`].
+async fn drive<T, C, S, Out, K>(
+    conn: &mut C,
+    mut flow: Batch<T, S, Out>,
+) -> Result<BatchReport<Out>, Error>
+where
+    T: AsyncLoadByKey<C>,
+    C: NativeAsyncConnection,
+    C::Backend: NativeAsync,
+    K: SendBatch<T, C, S>,
+{
+    let mut effect = flow.start();
+    loop {
+        effect = match effect {
+            Effect::Begin => match OwnTransaction::begin(&mut *conn).await {
+                Err(e) => flow.began(Err(e)),
+                Ok(mut transaction) => {
+                    let mut effect = flow.began(Ok(()));
+                    loop {
+                        effect = match effect {
+                            Effect::Commit => break flow.committed(transaction.commit().await),
+                            Effect::Rollback => {
+                                break flow.rolled_back(transaction.rollback().await)
+                            }
+                            other => {
+                                step::<T, C, S, Out, K>(transaction.conn(), &mut flow, other).await
+                            }
+                        };
+                    }
+                }
+            },
+            Effect::Done => return flow.outcome(),
+            other => step::<T, C, S, Out, K>(conn, &mut flow, other).await,
+        };
+    }
+}
+
+/// Performs one effect of a batch outside its transaction's beginning and end.
+async fn step<T, C, S, Out, K>(
+    conn: &mut C,
+    flow: &mut Batch<T, S, Out>,
+    effect: Effect<S, T::Key>,
+) -> Effect<S, T::Key>
+where
+    T: AsyncLoadByKey<C>,
+    C: NativeAsyncConnection,
+    C::Backend: NativeAsync,
+    K: SendBatch<T, C, S>,
+{
+    let own = flow.own_transaction();
+    match effect {
+        Effect::CheckPrecision => {
+            let table = <T as AsyncLoadByKey<C>>::table_name();
+            flow.checked(check_stored_precision::<T, C>(conn, table).await)
+        }
+        Effect::SendRound(updates) => flow.sent_round(K::round(conn, updates, own).await),
+        Effect::ReadMissed(keys) => {
+            let read = T::load_by_keys(conn, &keys).await;
+            let classify = classifier(conn, read.as_ref().err()).await;
+            flow.read_missed(read, classify)
+        }
+        Effect::WriteRow(statement) => {
+            let (key, expected) = flow.row();
+            let wrote = K::row(conn, key, expected, statement, own).await;
+            flow.wrote_row(wrote)
+        }
+        _ => unreachable!("the batch driver begins and ends the transaction itself"),
+    }
 }

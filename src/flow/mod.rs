@@ -5,14 +5,15 @@
 //! or that it is done. The blocking driver (diesel's `Connection`) and the async driver
 //! (diesel-async's `AsyncConnection`) only perform the effects, so the two paths cannot
 //! take different steps, and every branch of a flow is unit-tested by feeding it results,
-//! without a database. What a statement's error is (retryable or not) is still read by
-//! each driver from its client: blocking MySQL asks the server for the error number,
-//! diesel-async keeps only the message.
+//! without a database. What a statement's error is (retryable or not) is read by each
+//! driver from its client, by one judgement per backend (`OccBackend::retry_reason`):
+//! MySQL's error number is asked of the server on both paths.
 //!
 //! Layering: flows use the judgements below them (`error`, `retry`, the executor's
 //! checks); the drivers (`write`, `json`, `asynchronous`) use the flows; nothing here
 //! names a connection type.
 
+pub(crate) mod batch;
 mod hot_rows;
 pub(crate) mod read_modify_write;
 pub(crate) mod row_read;

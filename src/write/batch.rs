@@ -26,19 +26,24 @@
 
 use diesel::connection::LoadConnection;
 use diesel::query_builder::{AsChangeset, QueryFragment};
+use diesel::result::Error as DieselError;
 
 use crate::connect::backend::OccBackend;
-use crate::connect::transaction::{commit_operation, WriteTransaction};
+use crate::connect::caller_transaction::as_library;
+use crate::connect::transaction::WriteTransaction;
 use crate::error::{Conflict, Error, Token};
+use crate::flow::batch::{Batch, Effect};
 use crate::guard::stored_precision::check_stored_precision;
-use crate::guard::{CompletionOf, Guarded, TokenOf};
-use crate::sql::new_token::CompleteEach;
+use crate::guard::{CompletionOf, GuardKind, Guarded, TokenOf};
+use crate::sql::new_token::{Complete, CompleteEach, Counted};
 use crate::sql::statement::Assignments;
 use crate::write::entity::{
-    guarded_statement, unreadable, DeleteRow, GuardedWrite, LoadByKey, RowMoved, UpdateOf,
-    UpdateRow,
+    guarded_statement_in, run_guarded, DeleteOf, DeleteRow, GuardedWrite, LoadByKey, RowMoved,
+    UpdateOf, UpdateRow,
 };
-use crate::write::executor::{classify, refuse_double_assignment, run_each, Written};
+use crate::write::executor::{
+    classify, in_transaction, refuse_double_assignment, run_each, Written,
+};
 
 /// Whether a batch keeps the rows it could write when others miss.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -100,9 +105,11 @@ impl<T> BatchReport<T> {
 pub trait GuardedBatch: GuardedWrite {
     /// Applies each `(key, expected token, changes)` row as
     /// [`guarded_update_by_key`](GuardedWrite::guarded_update_by_key) would, and reports
-    /// every row's outcome. Misses (conflict, not found, refused) are outcomes; a database
-    /// error (a deadlock, a lost connection) ends the batch with that error, after rolling
-    /// back an all-or-nothing batch.
+    /// every row's outcome. Every row's statement is built and checked before anything is
+    /// sent: a refused row (a changeset that assigns the guard, a version that cannot
+    /// advance) stops the batch with nothing written. Misses (conflict, not found,
+    /// refused) are outcomes; a database error (a deadlock, a lost connection) ends the
+    /// batch with that error, after rolling back an all-or-nothing batch.
     fn guarded_update_batch<C, Ch, I>(
         conn: &mut C,
         rows: I,
@@ -113,11 +120,7 @@ pub trait GuardedBatch: GuardedWrite {
         I: IntoIterator<Item = (Self::Key, TokenOf<Self>, Ch)>,
         Self: UpdateBatch<C, Ch>,
     {
-        let mut rows = rows.into_iter().peekable();
-        if rows.peek().is_none() {
-            return Ok(BatchReport::empty());
-        }
-        in_mode(conn, mode, |conn| Self::update_rows(conn, rows))
+        Self::update_batch(conn, rows.into_iter().collect(), mode)
     }
 
     /// Deletes each `(key, expected token)` row as
@@ -135,59 +138,7 @@ pub trait GuardedBatch: GuardedWrite {
         I: IntoIterator<Item = (Self::Key, TokenOf<Self>)>,
         Self: DeleteRow<C>,
     {
-        let mut rows = rows.into_iter().peekable();
-        if rows.peek().is_none() {
-            return Ok(BatchReport::empty());
-        }
-        in_mode(conn, mode, |conn| {
-            rows.map(|(key, expected)| outcome(Self::delete_row(conn, &key, &expected)))
-                .collect()
-        })
-    }
-}
-
-/// Runs a batch's rows in `mode`: as they come in a partial batch; in an all-or-nothing
-/// one, in a transaction (a savepoint inside the caller's) committed only when every row
-/// was written.
-fn in_mode<C, Tok>(
-    conn: &mut C,
-    mode: BatchMode,
-    run: impl FnOnce(&mut C) -> Result<Vec<RowOutcome<Tok>>, Error>,
-) -> Result<BatchReport<Tok>, Error>
-where
-    C: WriteTransaction,
-{
-    match mode {
-        BatchMode::Partial => Ok(BatchReport {
-            rows: run(conn)?,
-            applied: true,
-        }),
-        BatchMode::AllOrNothing => {
-            let mut report = Vec::new();
-            let committed = commit_operation(conn, |conn| {
-                report = run(conn)?;
-                if report.iter().all(RowOutcome::is_written) {
-                    Ok(())
-                } else {
-                    // diesel's own request to roll back, handed back unchanged.
-                    Err(Error::Database(diesel::result::Error::RollbackTransaction))
-                }
-            });
-            let missed = !report.iter().all(RowOutcome::is_written);
-            match committed {
-                Ok(()) => Ok(BatchReport {
-                    rows: report,
-                    applied: true,
-                }),
-                Err(Error::Database(diesel::result::Error::RollbackTransaction)) if missed => {
-                    Ok(BatchReport {
-                        rows: report,
-                        applied: false,
-                    })
-                }
-                Err(e) => Err(e),
-            }
-        }
+        Self::delete_batch(conn, rows.into_iter().collect(), mode)
     }
 }
 
@@ -200,42 +151,208 @@ impl<T: GuardedWrite> GuardedBatch for T {}
     note = "the changes must be for the entity's table, the connection a diesel connection of a backend diesel-occ supports, and the guard's SQL must fit that backend"
 )]
 pub trait UpdateBatch<C, Ch>: UpdateRow<C, Ch> {
-    /// Writes the rows, one outcome each; [`GuardedBatch`] runs it.
+    /// Writes the rows in `mode`, one outcome each; [`GuardedBatch`] runs it.
     #[doc(hidden)]
-    fn update_rows(
+    fn update_batch(
         conn: &mut C,
-        rows: impl IntoIterator<Item = (Self::Key, TokenOf<Self>, Ch)>,
-    ) -> Result<Vec<RowOutcome<TokenOf<Self>>>, Error>;
+        rows: Vec<(Self::Key, TokenOf<Self>, Ch)>,
+        mode: BatchMode,
+    ) -> Result<BatchReport<TokenOf<Self>>, Error>;
 }
 
 impl<T, C, Ch> UpdateBatch<C, Ch> for T
 where
     T: UpdateRow<C, Ch>,
-    C: LoadConnection,
+    C: LoadConnection + WriteTransaction,
     C::Backend: OccBackend,
     Ch: AsChangeset<Target = T::Table>,
     UpdateOf<T, Ch::Changeset>: Assignments<C::Backend> + QueryFragment<C::Backend>,
-    CompletionOf<T>: CompleteEach<C, UpdateOf<T, Ch::Changeset>, TokenOf<T>>,
+    CompletionOf<T>: Complete<C, UpdateOf<T, Ch::Changeset>, TokenOf<T>>
+        + CompleteEach<C, UpdateOf<T, Ch::Changeset>, TokenOf<T>>,
 {
-    fn update_rows(
+    fn update_batch(
         conn: &mut C,
-        rows: impl IntoIterator<Item = (T::Key, TokenOf<T>, Ch)>,
-    ) -> Result<Vec<RowOutcome<TokenOf<T>>>, Error> {
-        if C::Backend::COMBINES_UPDATES {
-            return combined::<T, C, Ch>(conn, rows);
+        rows: Vec<(T::Key, TokenOf<T>, Ch)>,
+        mode: BatchMode,
+    ) -> Result<BatchReport<TokenOf<T>>, Error> {
+        let table = T::table_name();
+        let rows = updates::<T, C::Backend, Ch>(table, rows)?;
+        let flow = Batch::new(table, rows, mode, in_transaction(conn), written_token::<T>)
+            .of_updates(C::Backend::COMBINES_UPDATES);
+        drive(
+            conn,
+            flow,
+            &mut |conn, updates| run_each::<C, _, CompletionOf<T>, _>(conn, updates),
+            &mut |conn, key, expected, statement| {
+                let miss = RowMoved::<T>::expecting(key, expected);
+                run_guarded::<T, C, _, CompletionOf<T>>(conn, miss, statement)
+            },
+        )
+    }
+}
+
+/// The token a written row holds: the one the database read back, if the guard reads
+/// one, else the one computed before sending.
+pub(crate) fn written_token<T: Guarded>(
+    returned: Option<TokenOf<T>>,
+    next: TokenOf<T>,
+) -> TokenOf<T> {
+    returned.unwrap_or(next)
+}
+
+/// Every row's guarded update, built and checked before anything is sent: the first
+/// refusal ([`Error::ChangesetAssignsGuard`], [`Error::StatusNotWritable`],
+/// [`Error::VersionOverflow`]) refuses the batch.
+pub(crate) fn updates<T, DB, Ch>(
+    table: &'static str,
+    rows: Vec<(T::Key, TokenOf<T>, Ch)>,
+) -> Result<BuiltRows<T, UpdateOf<T, Ch::Changeset>>, Error>
+where
+    T: Guarded,
+    Ch: AsChangeset<Target = T::Table>,
+    UpdateOf<T, Ch::Changeset>: Assignments<DB>,
+{
+    rows.into_iter()
+        .map(|(key, expected, changes)| {
+            let (update, next) = guarded_statement_in::<T, DB, Ch>(
+                table,
+                &key,
+                &expected,
+                changes,
+                T::stamp(),
+                None,
+            )?;
+            refuse_double_assignment(table, &update)?;
+            Ok((Pending::new(key, expected, next), update))
+        })
+        .collect()
+}
+
+/// Every row's guarded delete.
+pub(crate) fn deletes<T: Guarded>(rows: Vec<(T::Key, TokenOf<T>)>) -> BuiltRows<T, DeleteOf<T>> {
+    rows.into_iter()
+        .map(|(key, expected)| {
+            let statement = DeleteOf::<T>::new(
+                T::table(),
+                T::key_predicate(&key),
+                T::Guard::predicate(&expected),
+            );
+            let next = expected.clone();
+            (Pending::new(key, expected, next), statement)
+        })
+        .collect()
+}
+
+/// A batch of guarded deletes: [`DeleteRow::delete_batch`].
+pub(crate) fn delete_batch<T, C>(
+    conn: &mut C,
+    rows: Vec<(T::Key, TokenOf<T>)>,
+    mode: BatchMode,
+) -> Result<BatchReport<()>, Error>
+where
+    T: LoadByKey<C>,
+    C: LoadConnection + WriteTransaction,
+    C::Backend: OccBackend,
+    DeleteOf<T>: Assignments<C::Backend>,
+    Counted: Complete<C, DeleteOf<T>, TokenOf<T>>,
+{
+    let rows = deletes::<T>(rows);
+    let flow = Batch::new(T::table_name(), rows, mode, in_transaction(conn), |_, _| ());
+    drive(
+        conn,
+        flow,
+        &mut no_rounds,
+        &mut |conn, key, expected, statement| {
+            let miss = RowMoved::<T>::expecting(key, expected);
+            run_guarded::<T, C, _, Counted>(conn, miss, statement)
+        },
+    )
+}
+
+/// The rounds of a batch whose rows are written one by one: never asked for.
+fn no_rounds<C, S, Tok>(_: &mut C, _: Vec<S>) -> Result<RoundWritten<Tok>, Error> {
+    unreachable!("a batch of deletes writes its rows one by one")
+}
+
+/// The blocking driver of the batch [flow](crate::flow::batch): `round` sends a round's
+/// combined statements, `row` one row's guarded write; an all-or-nothing batch runs in
+/// diesel's transaction, as [`WriteTransaction`] begins and ends it on each backend.
+fn drive<T, C, S, Out>(
+    conn: &mut C,
+    mut flow: Batch<T, S, Out>,
+    round: &mut impl FnMut(&mut C, Vec<S>) -> Result<RoundWritten<TokenOf<T>>, Error>,
+    row: &mut impl FnMut(&mut C, &T::Key, &TokenOf<T>, S) -> Result<Option<TokenOf<T>>, Error>,
+) -> Result<BatchReport<Out>, Error>
+where
+    T: LoadByKey<C>,
+    C: LoadConnection + WriteTransaction,
+    C::Backend: OccBackend,
+{
+    let mut effect = flow.start();
+    loop {
+        effect = match effect {
+            Effect::Begin => {
+                // Whether the flow asked for the COMMIT (else the ROLLBACK), once it did.
+                let mut commit = None;
+                let transaction = conn.write_transaction(|conn| {
+                    let mut effect = flow.began(Ok(()));
+                    as_library(conn, |conn| loop {
+                        effect = match effect {
+                            Effect::Commit => {
+                                commit = Some(true);
+                                return Ok(());
+                            }
+                            Effect::Rollback => {
+                                commit = Some(false);
+                                return Err(DieselError::RollbackTransaction);
+                            }
+                            other => step(conn, &mut flow, other, round, row),
+                        }
+                    })
+                });
+                match (commit, transaction) {
+                    (Some(true), committed) => flow.committed(committed),
+                    (Some(false), Err(DieselError::RollbackTransaction)) => {
+                        flow.rolled_back(Ok(()))
+                    }
+                    (Some(false), rolled_back) => flow.rolled_back(rolled_back),
+                    // The BEGIN failed: nothing is open.
+                    (None, Err(e)) => flow.began(Err(classify(conn, e))),
+                    (None, Ok(())) => unreachable!("a batch's transaction ends by the flow's word"),
+                }
+            }
+            Effect::Done => return flow.outcome(),
+            other => step(conn, &mut flow, other, round, row),
+        };
+    }
+}
+
+/// Performs one effect of a batch outside its transaction's beginning and end.
+fn step<T, C, S, Out>(
+    conn: &mut C,
+    flow: &mut Batch<T, S, Out>,
+    effect: Effect<S, T::Key>,
+    round: &mut impl FnMut(&mut C, Vec<S>) -> Result<RoundWritten<TokenOf<T>>, Error>,
+    row: &mut impl FnMut(&mut C, &T::Key, &TokenOf<T>, S) -> Result<Option<TokenOf<T>>, Error>,
+) -> Effect<S, T::Key>
+where
+    T: LoadByKey<C>,
+    C: LoadConnection,
+    C::Backend: OccBackend,
+{
+    match effect {
+        Effect::CheckPrecision => flow.checked(check_stored_precision::<T, C>(conn)),
+        Effect::SendRound(updates) => flow.sent_round(round(conn, updates)),
+        Effect::ReadMissed(keys) => {
+            let read = T::load_by_keys(conn, &keys);
+            flow.read_missed(read, |e| classify(conn, e))
         }
-        rows.into_iter()
-            .map(|(key, expected, changes)| {
-                outcome(T::update_row(
-                    conn,
-                    &key,
-                    &expected,
-                    changes,
-                    T::stamp(),
-                    None,
-                ))
-            })
-            .collect()
+        Effect::WriteRow(statement) => {
+            let (key, expected) = flow.row();
+            let wrote = row(conn, key, expected, statement);
+            flow.wrote_row(wrote)
+        }
+        _ => unreachable!("the batch driver begins and ends the transaction itself"),
     }
 }
 
@@ -246,6 +363,13 @@ where
 /// 8.7 ms, 500 rows 9.2 ms, 1,000 rows 8.6 ms. Flat beyond 250; the largest size saves
 /// the most round trips where the server is farther away.
 pub const ROWS_PER_STATEMENT: usize = 1000;
+
+/// The index of each row of a round that its statements wrote and, for a guard whose
+/// next token only the database knows, that token.
+pub(crate) type RoundWritten<Tok> = Vec<(usize, Option<Tok>)>;
+
+/// A batch's rows, each with its statement, built before anything is sent.
+pub(crate) type BuiltRows<T, S> = Vec<(Pending<T>, S)>;
 
 /// One row of a batch statement: its key, the token it expects, and the token a written
 /// row holds when the guard computes it.
@@ -265,6 +389,11 @@ impl<T: Guarded> Pending<T> {
         }
     }
 
+    /// The key and the expected token.
+    pub(crate) fn key_and_expected(&self) -> (&T::Key, &TokenOf<T>) {
+        (&self.key, &self.expected)
+    }
+
     /// The key, the expected token and the token a written row holds when the guard
     /// computes it.
     pub(crate) fn into_parts(self) -> (T::Key, TokenOf<T>, TokenOf<T>) {
@@ -280,11 +409,10 @@ pub(crate) struct Chunk<T: Guarded, S> {
 }
 
 impl<T: Guarded, S> Chunk<T, S> {
-    /// The next round's rows taken from `rows`, built as they are taken: `None` when none
-    /// is left, the first build error as it comes.
-    pub(crate) fn next<I>(rows: &mut std::iter::Peekable<I>) -> Result<Option<Self>, Error>
+    /// The next round's rows taken from `rows`: `None` when none is left.
+    pub(crate) fn next<I>(rows: &mut std::iter::Peekable<I>) -> Option<Self>
     where
-        I: Iterator<Item = Result<(Pending<T>, S), Error>>,
+        I: Iterator<Item = (Pending<T>, S)>,
     {
         let mut chunk = Chunk {
             rows: Vec::new(),
@@ -292,20 +420,16 @@ impl<T: Guarded, S> Chunk<T, S> {
         };
         while chunk.rows.len() < ROWS_PER_STATEMENT {
             // A key that comes again waits for the next round, which sees this one's write.
-            let again = |next: &Result<(Pending<T>, S), Error>| {
-                next.as_ref()
-                    .is_ok_and(|(row, _)| chunk.rows.iter().any(|r| r.key == row.key))
-            };
+            let again = |(row, _): &(Pending<T>, S)| chunk.rows.iter().any(|r| r.key == row.key);
             match rows.next_if(|next| !again(next)) {
-                Some(row) => {
-                    let (row, update) = row?;
+                Some((row, update)) => {
                     chunk.rows.push(row);
                     chunk.updates.push(update);
                 }
                 None => break,
             }
         }
-        Ok((!chunk.rows.is_empty()).then_some(chunk))
+        (!chunk.rows.is_empty()).then_some(chunk)
     }
 
     /// The rows' statements, to send.
@@ -348,71 +472,30 @@ impl<T: Guarded, S> Chunk<T, S> {
 
     /// Each row's outcome: its new token where `written` says it was written, else the
     /// explanation of its miss given the missed rows as they are now (`current`, read by
-    /// key), as a single write explains one ([`RowMoved`]).
-    pub(crate) fn outcomes(
+    /// key), as a single write explains one ([`RowMoved`]); `report` says what a written
+    /// row reports.
+    pub(crate) fn outcomes<Out>(
         self,
         table: &'static str,
         written: Vec<Option<Written<TokenOf<T>>>>,
         mut current: Vec<T>,
-    ) -> Result<Vec<RowOutcome<TokenOf<T>>>, Error> {
+        report: fn(Option<TokenOf<T>>, TokenOf<T>) -> Out,
+    ) -> Result<Vec<RowOutcome<Out>>, Error> {
         self.rows
             .into_iter()
             .zip(written)
             .map(|(row, written)| {
                 let (key, expected, next) = row.into_parts();
                 if let Some(written) = written {
-                    return Ok(RowOutcome::Written(written.token.unwrap_or(next)));
+                    return Ok(RowOutcome::Written(report(written.token, next)));
                 }
                 let found = current.iter().position(|c| c.key() == key);
                 let current = found.map(|i| current.swap_remove(i));
                 let miss = RowMoved::<T>::expecting(&key, &expected);
-                outcome::<TokenOf<T>>(Err(miss.given_in(table, current)))
+                outcome::<Out>(Err(miss.given_in(table, current)))
             })
             .collect()
     }
-}
-
-/// The batch as PostgreSQL batch statements ([`ValuesUpdate`](crate::sql::values_update::ValuesUpdate)):
-/// each row's guarded update, [`ROWS_PER_STATEMENT`] rows at a time, then one read of the
-/// rows they missed.
-fn combined<T, C, Ch>(
-    conn: &mut C,
-    rows: impl IntoIterator<Item = (T::Key, TokenOf<T>, Ch)>,
-) -> Result<Vec<RowOutcome<TokenOf<T>>>, Error>
-where
-    T: LoadByKey<C>,
-    C: LoadConnection,
-    C::Backend: OccBackend,
-    Ch: AsChangeset<Target = T::Table>,
-    UpdateOf<T, Ch::Changeset>: Assignments<C::Backend> + QueryFragment<C::Backend>,
-    CompletionOf<T>: CompleteEach<C, UpdateOf<T, Ch::Changeset>, TokenOf<T>>,
-{
-    check_stored_precision::<T, C>(conn)?;
-    let table = T::table_name();
-    let mut rows = rows
-        .into_iter()
-        .map(|(key, expected, changes)| {
-            let (update, next) =
-                guarded_statement::<T, C, Ch>(&key, &expected, changes, T::stamp(), None)?;
-            // Refused before the row's statement is sent, as a single write is.
-            refuse_double_assignment(table, &update)?;
-            Ok((Pending::new(key, expected, next), update))
-        })
-        .peekable();
-    let mut outcomes = Vec::new();
-    while let Some(mut chunk) = Chunk::next(&mut rows)? {
-        let returned = run_each::<C, _, CompletionOf<T>, _>(conn, chunk.take_updates())?;
-        let written = chunk.written(table, returned)?;
-        let missed = chunk.missed(&written);
-        let current = match T::load_by_keys(conn, &missed) {
-            Ok(current) => current,
-            Err(e) => {
-                return Err(unreadable::<T, C>(&missed, e).unwrap_or_else(|e| classify(conn, e)))
-            }
-        };
-        outcomes.extend(chunk.outcomes(table, written, current)?);
-    }
-    Ok(outcomes)
 }
 
 /// A row's write result as an outcome; errors that are not about the row end the batch.

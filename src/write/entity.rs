@@ -383,6 +383,17 @@ pub trait DeleteRow<C>: LoadByKey<C> {
     /// Runs the delete; the methods of [`GuardedWrite`] call it.
     #[doc(hidden)]
     fn delete_row(conn: &mut C, key: &Self::Key, expected: &TokenOf<Self>) -> Result<(), Error>;
+
+    /// Deletes the rows in `mode`, one outcome each; [`GuardedBatch`](crate::GuardedBatch)
+    /// runs it.
+    #[doc(hidden)]
+    fn delete_batch(
+        conn: &mut C,
+        rows: Vec<(Self::Key, TokenOf<Self>)>,
+        mode: crate::write::batch::BatchMode,
+    ) -> Result<crate::write::batch::BatchReport<()>, Error>
+    where
+        C: crate::connect::transaction::WriteTransaction;
 }
 
 impl<T, C> DeleteRow<C> for T
@@ -400,6 +411,17 @@ where
         );
         let miss = RowMoved::<T>::expecting(key, expected);
         run_guarded::<T, C, _, Counted>(conn, miss, statement).map(drop)
+    }
+
+    fn delete_batch(
+        conn: &mut C,
+        rows: Vec<(T::Key, TokenOf<T>)>,
+        mode: crate::write::batch::BatchMode,
+    ) -> Result<crate::write::batch::BatchReport<()>, Error>
+    where
+        C: crate::connect::transaction::WriteTransaction,
+    {
+        crate::write::batch::delete_batch::<T, C>(conn, rows, mode)
     }
 }
 

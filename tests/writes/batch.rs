@@ -330,8 +330,33 @@ for_each_backend! {
         assert_eq!(notes(db), [(2, "theirs".into(), 1)], "{}", W::PATH);
     }
 
+    /// A row refused before sending (row 1,200's version cannot advance) refuses the
+    /// whole batch with nothing sent, partial or all-or-nothing, on every backend: no
+    /// round of it reaches the database first.
+    fn a_refused_row_stops_the_batch_before_anything_is_sent<W: Batcher>(db: &Db, batcher: impl Fn() -> W) {
+        insert(db, 1..=1500);
+        let mut batcher = batcher();
+        let statements = batcher.record_statements();
+        for mode in [BatchMode::Partial, BatchMode::AllOrNothing] {
+            let rows: Vec<_> = (1..=1500)
+                .map(|id| (id, if id == 1200 { i64::MAX } else { 0 }, BatchPatch::quantity(id as i32 + 1000)))
+                .collect();
+            match batcher.update_batch(rows, mode) {
+                Err(Error::VersionOverflow { table, key, .. }) => {
+                    assert_eq!((table, key.as_str()), ("orders", "1200"), "{}", W::PATH)
+                }
+                other => panic!("{} {mode:?}: {other:?}", W::PATH),
+            }
+            let sent = statements.lock().unwrap();
+            assert!(!sent.iter().any(|sql| sql.contains("UPDATE")), "{} {mode:?}: {sent:#?}", W::PATH);
+        }
+        let written: i64 = orders::table.filter(orders::quantity.gt(1000)).count().get_result(&mut db.conn()).unwrap();
+        assert_eq!(written, 0, "{}", W::PATH);
+    }
+
     tests_on_both_paths!(
         |_: &Db| ();
+        a_refused_row_stops_the_batch_before_anything_is_sent,
         partial_batch_keeps_the_rows_it_wrote_and_reports_the_others,
         all_or_nothing_batch_rolls_back_every_row_when_one_misses,
         all_or_nothing_batch_commits_when_every_row_is_current,
