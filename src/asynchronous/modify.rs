@@ -20,6 +20,7 @@ use crate::flow::read_modify_write::{Effect, ReadModifyWrite};
 use crate::guard::{Guarded, TokenOf};
 use crate::retry::{RetryPolicy, Stop};
 use crate::sql::statement::RowLock;
+use crate::write::entity::refuse_status_move;
 use crate::write::modify::Modified;
 
 /// Read-modify-write with retry for every [`Guarded`] entity on a diesel-async
@@ -294,6 +295,8 @@ where
     ) -> Result<(T, TokenOf<T>, R), Stop<E>> {
         let mut row = original.clone();
         let value = (self.0)(&mut row).map_err(Stop::Caller)?;
+        let table = <T as AsyncUpdateRow<C, _>>::table_name();
+        refuse_status_move(&row, original, table).map_err(Stop::Occ)?;
         let changes = row.changes();
         let token = write_and_record(
             &mut row,

@@ -95,14 +95,14 @@ where
         changes: Ch,
         stamp: T::Stamp,
         saved: Option<&'a T>,
-        _own: bool,
+        own: bool,
     ) -> impl Future<Output = Result<TokenOf<T>, Error>> + Send + 'a
     where
         Ch: 'a,
     {
         let (key, expected, saved) = (key.clone(), expected.clone(), saved.cloned());
         on_thread(conn, move |conn| {
-            T::update_row(conn, &key, &expected, changes, stamp, saved.as_ref())
+            T::update_row(conn, &key, &expected, changes, stamp, saved.as_ref(), own)
         })
     }
 
@@ -226,6 +226,7 @@ where
         extra: Ch,
         sources: &'static [T::Status],
         condition: G,
+        own: bool,
     ) -> impl Future<Output = Result<TokenOf<T>, Error>> + Send + 'a
     where
         Ch: 'a,
@@ -233,7 +234,7 @@ where
     {
         let mut row = self.clone();
         let moved = on_thread(conn, move |conn| {
-            let token = row.transition_row(conn, to, extra, sources, condition)?;
+            let token = row.transition_row(conn, to, extra, sources, condition, own)?;
             Ok::<_, Error>((token, row))
         });
         async move {

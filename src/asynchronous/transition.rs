@@ -49,7 +49,7 @@ pub trait AsyncGuardedTransition: HasStatus + Clone {
         Self: AsyncTransitionRow<C, Ch>,
         Ch: 'a,
     {
-        self.transition_row(conn, to, extra, Self::Status::sources(to), Unguarded)
+        self.transition_row(conn, to, extra, Self::Status::sources(to), Unguarded, false)
     }
 
     /// [`transition`](Self::transition), and only while the row also meets `condition`.
@@ -65,7 +65,14 @@ pub trait AsyncGuardedTransition: HasStatus + Clone {
         G: AppearsOnTable<<Self as diesel::associations::HasTable>::Table> + 'a,
         Ch: 'a,
     {
-        self.transition_row(conn, to, extra, Self::Status::sources(to), When(condition))
+        self.transition_row(
+            conn,
+            to,
+            extra,
+            Self::Status::sources(to),
+            When(condition),
+            false,
+        )
     }
 
     /// Moves this row to `to` from whatever state it is in, if it still holds this copy's
@@ -81,7 +88,7 @@ pub trait AsyncGuardedTransition: HasStatus + Clone {
         Self: AsyncTransitionRow<C, Ch>,
         Ch: 'a,
     {
-        self.transition_row(conn, to, extra, Self::Status::ALL, Unguarded)
+        self.transition_row(conn, to, extra, Self::Status::ALL, Unguarded, false)
     }
 
     /// Moves the row with `key` to `to` if its state allows it, whatever its token, in one
@@ -179,7 +186,7 @@ pub trait AsyncGuardedTransition: HasStatus + Clone {
                 let conn = transaction.conn();
                 let sources = Self::Status::sources(to);
                 let token = self
-                    .transition_row(conn, to, extra, sources, Unguarded)
+                    .transition_row(conn, to, extra, sources, Unguarded, true)
                     .await?;
                 hook(conn, from, self).await.map_err(Stop::Caller)?;
                 Ok(token)
@@ -222,7 +229,7 @@ pub trait AsyncGuardedTransition: HasStatus + Clone {
                 let suspects = suspects::<Self>();
                 let mut row = read_locked::<Self, C>(conn, key, RowLock::Latest, &suspects).await?;
                 let from = row.status();
-                row.transition_row(conn, to, extra, Self::Status::sources(to), Unguarded)
+                row.transition_row(conn, to, extra, Self::Status::sources(to), Unguarded, true)
                     .await?;
                 hook(conn, from, &row).await.map_err(Stop::Caller)?;
                 Ok(row)
@@ -252,6 +259,7 @@ pub trait AsyncTransitionRow<C, Ch, G = Unguarded>: HasStatus {
         extra: Ch,
         sources: &'static [Self::Status],
         condition: G,
+        own: bool,
     ) -> impl Future<Output = Result<TokenOf<Self>, Error>> + Send + 'a
     where
         Ch: 'a,
@@ -312,6 +320,7 @@ where
         extra: Ch,
         sources: &'static [T::Status],
         condition: G,
+        own: bool,
     ) -> Result<TokenOf<T>, Error>
     where
         Ch: 'a,
@@ -327,7 +336,7 @@ where
         let written = async {
             let conn = call.conn();
             check_stored_precision::<T, C>(conn, table).await?;
-            run::<C, _, _, CompletionOf<T>, _>(write, conn, false).await
+            run::<C, _, _, CompletionOf<T>, _>(write, conn, own).await
         }
         .await;
         let token = call.finish(written)?.token.unwrap_or(next);

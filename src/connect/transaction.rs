@@ -28,7 +28,6 @@ use std::time::Duration;
 use crate::connect::backend::OccBackend;
 use crate::error::RetryReason;
 
-use crate::connect::caller_transaction::as_library;
 use crate::connect::write_gate::MAX_WAIT;
 
 use crate::error::{connection_lost, retry_reason_of, Error};
@@ -176,7 +175,7 @@ where
     let nested = in_transaction(conn);
     let mut committing = false;
     let result: Result<T, Ended<E>> = conn.write_transaction_within(turn, |conn| {
-        let value = as_library(conn, f).map_err(Ended::Operation)?;
+        let value = f(conn).map_err(Ended::Operation)?;
         committing = true;
         Ok(value)
     });

@@ -166,7 +166,6 @@ impl<T: Guarded, S, Out> Batch<T, S, Out> {
 
     /// Whether the connection's open transaction, if any, is the library's (the batch's
     /// own): then a statement needs no savepoint of its own.
-    #[cfg_attr(not(feature = "async"), allow(dead_code))]
     pub(crate) fn own_transaction(&self) -> bool {
         self.in_transaction
     }

@@ -213,7 +213,7 @@ where
         let (key, token) = (original.key(), original.token());
         let miss = crate::write::entity::RowMoved::<T>::expecting(&key, &token);
         crate::write::entity::run_guarded::<T, C, _, crate::sql::new_token::Counted>(
-            conn, miss, statement,
+            conn, miss, statement, false,
         )?;
         self.set_stamp(&stamp);
         Ok(())

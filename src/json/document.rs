@@ -119,7 +119,8 @@ where
             |conn, original: &T| match edited(&place, original, &mut edit)? {
                 Edited::Unchanged(done) => Ok(done),
                 Edited::Write(document, stamp, record) => {
-                    let token = T::update_row(conn, key, &original.token(), document, stamp, None)?;
+                    let token =
+                        T::update_row(conn, key, &original.token(), document, stamp, None, true)?;
                     Ok(record.written(token))
                 }
             },

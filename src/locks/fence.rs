@@ -112,7 +112,7 @@ where
 {
     fn write_fenced_row(conn: &mut C, key: &T::Key, fence: i64, changes: Ch) -> Result<(), Error> {
         fenced_write::<C::Backend, T, Ch, F>(T::table_name(), key, fence, changes)?
-            .run::<C, Counted, ()>(conn)
+            .run::<C, Counted, ()>(conn, false)
             .map(drop)
     }
 }

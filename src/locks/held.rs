@@ -19,7 +19,6 @@
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::connect::caller_transaction::as_caller;
 use crate::connect::transaction::{commit_operation, WriteTransaction};
 use crate::error::Error;
 use crate::locks::belief::Belief;
@@ -220,7 +219,7 @@ impl Held {
         // Refused without a round trip when the belief already ended.
         self.check()?;
         let result = commit_operation(conn, |conn| {
-            let value = as_caller(conn, write).map_err(Stop::Caller)?;
+            let value = write(conn).map_err(Stop::Caller)?;
             conn.check_held(&self.key, &self.holder, self.fence)?;
             Ok(value)
         });

@@ -421,7 +421,7 @@ where
             C::Backend::draw_fence(conn).map_err(|e| classify(conn, e))?;
             let statement = acquire_statement(key, holder, label, ttl);
             CompareAndSet::one(statement, "occ_locks", key, LockTaken { key })
-                .run::<C, ReturnedBy<occ_locks::fence>, i64>(conn)?
+                .run::<C, ReturnedBy<occ_locks::fence>, i64>(conn, true)?
                 .token
                 .ok_or_else(|| {
                     Error::Database(diesel::result::Error::QueryBuilderError(
@@ -449,7 +449,7 @@ where
             let statement = renew_statement(key, holder, fence, ttl);
             let miss = LeaseLost { key, holder, fence };
             CompareAndSet::one(statement, "occ_locks", key, miss)
-                .run::<C, Counted, i64>(conn)
+                .run::<C, Counted, i64>(conn, true)
                 .map(drop)
         })
     }
@@ -485,7 +485,7 @@ where
             let statement = release_statement(key, holder, fence);
             let miss = LeaseLost { key, holder, fence };
             CompareAndSet::one(statement, "occ_locks", key, miss)
-                .run::<C, Counted, i64>(conn)
+                .run::<C, Counted, i64>(conn, true)
                 .map(drop)
         })
     }
@@ -559,7 +559,7 @@ where
     let create = |conn: &mut C| {
         CompareAndSet::one(key.create_row(), "occ_locks", key, CannotMiss)
             .matching(Matches::Any)
-            .run::<C, Counted, i64>(conn)
+            .run::<C, Counted, i64>(conn, true)
             .map(drop)
     };
     match C::Backend::DUPLICATES {

@@ -29,7 +29,7 @@ use crate::sql::values_update::{RowAndToken, RowOnly, Template, ValuesUpdate};
 )]
 pub trait Complete<C, S, Tok> {
     /// Runs `statement` on `conn`.
-    fn run(conn: &mut C, statement: S) -> QueryResult<(usize, Option<Tok>)>;
+    fn run(conn: &mut C, statement: S, own: bool) -> QueryResult<(usize, Option<Tok>)>;
 }
 
 /// The next token was computed before sending: execute and count.
@@ -41,7 +41,7 @@ where
     C: Connection,
     S: ExecuteDsl<C>,
 {
-    fn run(conn: &mut C, statement: S) -> QueryResult<(usize, Option<Tok>)> {
+    fn run(conn: &mut C, statement: S, _own: bool) -> QueryResult<(usize, Option<Tok>)> {
         ExecuteDsl::execute(statement, conn).map(|rows| (rows, None))
     }
 }
@@ -58,8 +58,8 @@ where
     C: Connection,
     C::Backend: ReadsBack<C, S, Col, Tok>,
 {
-    fn run(conn: &mut C, statement: S) -> QueryResult<(usize, Option<Tok>)> {
-        <C::Backend as ReadsBack<C, S, Col, Tok>>::run(conn, statement)
+    fn run(conn: &mut C, statement: S, own: bool) -> QueryResult<(usize, Option<Tok>)> {
+        <C::Backend as ReadsBack<C, S, Col, Tok>>::run(conn, statement, own)
     }
 }
 
@@ -71,7 +71,7 @@ where
 #[allow(unreachable_pub)] // reached through the guards of features `chrono` and `postgres`
 pub trait ReadsBack<C, S, Col, Tok> {
     /// Runs `statement` on `conn`: the rows it matched and the token it left.
-    fn run(conn: &mut C, statement: S) -> QueryResult<(usize, Option<Tok>)>;
+    fn run(conn: &mut C, statement: S, own: bool) -> QueryResult<(usize, Option<Tok>)>;
 }
 
 /// `<statement> RETURNING <Col>`: one round trip.
@@ -90,7 +90,7 @@ where
     C: Connection<Backend = Self>,
     Returning<S, Col>: diesel::query_dsl::LoadQuery<'static, C, Tok>,
 {
-    fn run(conn: &mut C, statement: S) -> QueryResult<(usize, Option<Tok>)> {
+    fn run(conn: &mut C, statement: S, _own: bool) -> QueryResult<(usize, Option<Tok>)> {
         load_returning::<C, S, Col, Tok>(conn, statement)
     }
 }
@@ -101,7 +101,7 @@ where
     C: Connection<Backend = Self>,
     Returning<S, Col>: diesel::query_dsl::LoadQuery<'static, C, Tok>,
 {
-    fn run(conn: &mut C, statement: S) -> QueryResult<(usize, Option<Tok>)> {
+    fn run(conn: &mut C, statement: S, _own: bool) -> QueryResult<(usize, Option<Tok>)> {
         load_returning::<C, S, Col, Tok>(conn, statement)
     }
 }
@@ -123,8 +123,9 @@ where
     fn run(
         conn: &mut C,
         statement: crate::sql::statement::GuardedUpdate<T, Changes, Advance, Key, Guard>,
+        own: bool,
     ) -> QueryResult<(usize, Option<Tok>)> {
-        execute_then_read::<C, T, Changes, Advance, Key, Guard, Col, Tok>(conn, statement)
+        execute_then_read::<C, T, Changes, Advance, Key, Guard, Col, Tok>(conn, statement, own)
     }
 }
 
@@ -148,6 +149,7 @@ pub(crate) fn aborted_under_write() -> diesel::result::Error {
 fn execute_then_read<C, T, Changes, Advance, Key, Guard, Col, Tok>(
     conn: &mut C,
     statement: crate::sql::statement::GuardedUpdate<T, Changes, Advance, Key, Guard>,
+    own: bool,
 ) -> QueryResult<(usize, Option<Tok>)>
 where
     C: Connection,
@@ -171,7 +173,7 @@ where
     };
     // Inside a transaction the library opened, the two already go or stay together; a
     // savepoint would only add a statement a cluster's abort can fail in (see `nested`).
-    if crate::connect::caller_transaction::in_own_transaction(conn) {
+    if own && crate::write::executor::in_transaction(conn) {
         return write_then_read(conn);
     }
     crate::connect::transaction::nested(conn, write_then_read)
@@ -192,8 +194,8 @@ where
     C: Connection,
     C::Backend: ReadsVersionBack<C, S, Col, Tok>,
 {
-    fn run(conn: &mut C, statement: S) -> QueryResult<(usize, Option<Tok>)> {
-        <C::Backend as ReadsVersionBack<C, S, Col, Tok>>::run(conn, statement)
+    fn run(conn: &mut C, statement: S, own: bool) -> QueryResult<(usize, Option<Tok>)> {
+        <C::Backend as ReadsVersionBack<C, S, Col, Tok>>::run(conn, statement, own)
     }
 }
 
@@ -204,7 +206,7 @@ where
 )]
 pub trait ReadsVersionBack<C, S, Col, Tok> {
     /// Runs `statement` on `conn`: the rows it matched and the version it left.
-    fn run(conn: &mut C, statement: S) -> QueryResult<(usize, Option<Tok>)>;
+    fn run(conn: &mut C, statement: S, own: bool) -> QueryResult<(usize, Option<Tok>)>;
 }
 
 /// `RETURNING`, as any other column read back.
@@ -216,7 +218,7 @@ macro_rules! reads_version_by_returning {
             C: Connection<Backend = Self>,
             Returning<S, Col>: diesel::query_dsl::LoadQuery<'static, C, Tok>,
         {
-            fn run(conn: &mut C, statement: S) -> QueryResult<(usize, Option<Tok>)> {
+            fn run(conn: &mut C, statement: S, _own: bool) -> QueryResult<(usize, Option<Tok>)> {
                 load_returning::<C, S, Col, Tok>(conn, statement)
             }
         }
@@ -247,6 +249,7 @@ where
     fn run(
         conn: &mut C,
         statement: crate::sql::statement::GuardedUpdate<T, Changes, Advance, Key, Guard>,
+        _own: bool,
     ) -> QueryResult<(usize, Option<Tok>)> {
         use crate::sql::statement::{NotedVersion, ReadNotedVersion};
         match ExecuteDsl::execute(statement.noting_version::<Col>(), conn)? {
@@ -276,8 +279,8 @@ where
     C: Connection,
     C::Backend: ReadsAfterTriggers<C, S, Col, Tok>,
 {
-    fn run(conn: &mut C, statement: S) -> QueryResult<(usize, Option<Tok>)> {
-        <C::Backend as ReadsAfterTriggers<C, S, Col, Tok>>::run(conn, statement)
+    fn run(conn: &mut C, statement: S, own: bool) -> QueryResult<(usize, Option<Tok>)> {
+        <C::Backend as ReadsAfterTriggers<C, S, Col, Tok>>::run(conn, statement, own)
     }
 }
 
@@ -289,7 +292,7 @@ where
 )]
 pub trait ReadsAfterTriggers<C, S, Col, Tok> {
     /// Runs `statement` on `conn`: the rows it matched and the token the row then holds.
-    fn run(conn: &mut C, statement: S) -> QueryResult<(usize, Option<Tok>)>;
+    fn run(conn: &mut C, statement: S, own: bool) -> QueryResult<(usize, Option<Tok>)>;
 }
 
 #[cfg(feature = "postgres")]
@@ -298,7 +301,7 @@ where
     C: Connection<Backend = Self>,
     Returning<S, Col>: diesel::query_dsl::LoadQuery<'static, C, Tok>,
 {
-    fn run(conn: &mut C, statement: S) -> QueryResult<(usize, Option<Tok>)> {
+    fn run(conn: &mut C, statement: S, _own: bool) -> QueryResult<(usize, Option<Tok>)> {
         load_returning::<C, S, Col, Tok>(conn, statement)
     }
 }
@@ -327,8 +330,11 @@ macro_rules! reads_after_triggers_by_reading {
             fn run(
                 conn: &mut C,
                 statement: crate::sql::statement::GuardedUpdate<T, Changes, Advance, Key, Guard>,
+                own: bool,
             ) -> QueryResult<(usize, Option<Tok>)> {
-                execute_then_read::<C, T, Changes, Advance, Key, Guard, Col, Tok>(conn, statement)
+                execute_then_read::<C, T, Changes, Advance, Key, Guard, Col, Tok>(
+                    conn, statement, own,
+                )
             }
         }
     };

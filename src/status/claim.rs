@@ -488,7 +488,8 @@ where
             crate::guard::stored_precision::check_stored_precision::<T, C>(conn)?;
             let claim = claim_in_one::<T, OwnerCol, AtCol, C::Backend>(request);
             refuse_double_assignment(T::table_name(), &claim.statement().update)?;
-            return protect_caller(conn, |conn| claim.load(conn)).map_err(|e| classify(conn, e));
+            return protect_caller(conn, false, |conn| claim.load(conn))
+                .map_err(|e| classify(conn, e));
         }
         commit_operation(conn, |conn| {
             let query = claim_query::<T, AtCol, C::Backend>(request);
@@ -658,7 +659,7 @@ where
     }
     crate::guard::stored_precision::check_stored_precision::<T, C>(conn)?;
     let keys: Vec<T::Key> = locked.iter().map(Guarded::key).collect();
-    claim_write(locked, &keys, T::table_name(), update).run::<C, Counted, ()>(conn)?;
+    claim_write(locked, &keys, T::table_name(), update).run::<C, Counted, ()>(conn, true)?;
     T::load_by_keys(conn, &keys).map_err(|e| classify(conn, e))
 }
 
@@ -724,7 +725,7 @@ where
         let statement = finish_statement::<T, OwnerCol>(key, owner, held, to, next_owner);
         let miss = ClaimLost::<T> { key, owner, held };
         CompareAndSet::one(statement, T::table_name(), key, miss)
-            .run::<C, Counted, ()>(conn)
+            .run::<C, Counted, ()>(conn, false)
             .map(drop)
     }
 }

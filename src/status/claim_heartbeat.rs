@@ -71,7 +71,7 @@ where
             let statement = heartbeat_statement::<T, OwnerCol, AtCol>(key, owner, held);
             let miss = ClaimLost::<T> { key, owner, held };
             CompareAndSet::one(statement, T::table_name(), key, miss)
-                .run::<C, Counted, ()>(conn)?;
+                .run::<C, Counted, ()>(conn, true)?;
             match T::load_by_key(conn, key) {
                 Ok(Some(row)) => Ok(row),
                 Ok(None) => Err(RowMoved::<T>::any(key).given::<C>(None)),

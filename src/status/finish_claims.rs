@@ -198,7 +198,8 @@ where
                 let ended: Vec<T::Key> = retried(conn, |conn| {
                     let returning =
                         Returning::new(statement(), diesel::Table::primary_key(&T::table()));
-                    protect_caller(conn, |conn| returning.load(conn)).map_err(|e| classify(conn, e))
+                    protect_caller(conn, false, |conn| returning.load(conn))
+                        .map_err(|e| classify(conn, e))
                 })?;
                 for key in chunk {
                     // The keys come back as stored, which the database may compare more

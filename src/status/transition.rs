@@ -32,7 +32,6 @@ use diesel::query_dsl::methods::ExecuteDsl;
 use diesel::{Column, Insertable};
 
 use crate::connect::backend::OccBackend;
-use crate::connect::caller_transaction::as_caller;
 use crate::connect::transaction::{commit_operation, WriteTransaction};
 use crate::error::{Error, InvalidTransition};
 use crate::guard::stored_precision::check_stored_precision;
@@ -99,7 +98,7 @@ pub trait GuardedTransition: HasStatus + Clone {
     where
         Self: TransitionRow<C, Ch>,
     {
-        self.transition_row(conn, to, extra, Self::Status::sources(to), Unguarded)
+        self.transition_row(conn, to, extra, Self::Status::sources(to), Unguarded, false)
     }
 
     /// [`transition`](Self::transition), and only while the row also meets `condition`, a
@@ -118,7 +117,14 @@ pub trait GuardedTransition: HasStatus + Clone {
         Self: TransitionRow<C, Ch, When<G>>,
         G: AppearsOnTable<<Self as diesel::associations::HasTable>::Table>,
     {
-        self.transition_row(conn, to, extra, Self::Status::sources(to), When(condition))
+        self.transition_row(
+            conn,
+            to,
+            extra,
+            Self::Status::sources(to),
+            When(condition),
+            false,
+        )
     }
 
     /// Moves this row to `to` from whatever state it is in, if it still holds this copy's
@@ -135,7 +141,7 @@ pub trait GuardedTransition: HasStatus + Clone {
     where
         Self: TransitionRow<C, Ch>,
     {
-        self.transition_row(conn, to, extra, Self::Status::ALL, Unguarded)
+        self.transition_row(conn, to, extra, Self::Status::ALL, Unguarded, false)
     }
 
     /// [`transition`](Self::transition) and then `hook` (given the state the row left and
@@ -157,8 +163,9 @@ pub trait GuardedTransition: HasStatus + Clone {
         let before = self.clone();
         let from = self.status();
         let result = commit_operation(conn, |conn| -> Result<_, Stop<E>> {
-            let token = self.transition(conn, to, extra)?;
-            as_caller(conn, |conn| hook(conn, from, self)).map_err(Stop::Caller)?;
+            let sources = Self::Status::sources(to);
+            let token = self.transition_row(conn, to, extra, sources, Unguarded, true)?;
+            hook(conn, from, self).map_err(Stop::Caller)?;
             Ok(token)
         });
         result.map_err(|stop| {
@@ -179,7 +186,7 @@ impl<T: HasStatus + Clone> GuardedTransition for T {}
 )]
 pub trait TransitionRow<C, Ch, G = Unguarded>: HasStatus + LoadByKey<C> {
     /// Runs the transition from one of `sources` under `condition`; [`GuardedTransition`]
-    /// calls it.
+    /// calls it. `own`: whether `conn`'s open transaction, if any, is the library's.
     #[doc(hidden)]
     fn transition_row(
         &mut self,
@@ -188,6 +195,7 @@ pub trait TransitionRow<C, Ch, G = Unguarded>: HasStatus + LoadByKey<C> {
         extra: Ch,
         sources: &'static [Self::Status],
         condition: G,
+        own: bool,
     ) -> Result<TokenOf<Self>, Error>;
 }
 
@@ -208,6 +216,7 @@ where
         extra: Ch,
         sources: &'static [T::Status],
         condition: G,
+        own: bool,
     ) -> Result<TokenOf<T>, Error> {
         check_stored_precision::<T, C>(conn)?;
         let plan = CopyMove::of(self, to);
@@ -219,7 +228,7 @@ where
         )?;
         let miss = plan.miss(sources, condition);
         let written = CompareAndSet::one(statement, T::table_name(), &plan.key, miss)
-            .run::<C, CompletionOf<T>, TokenOf<T>>(conn)?;
+            .run::<C, CompletionOf<T>, TokenOf<T>>(conn, own)?;
         Ok(plan.record(self, written.token.unwrap_or(next)))
     }
 }
@@ -374,8 +383,8 @@ where
             let lock = RowLock::Latest;
             let mut row = read_locked::<Self, C>(conn, key, lock, &suspects::<Self>())?;
             let from = row.status();
-            row.transition(conn, to, extra)?;
-            as_caller(conn, |conn| hook(conn, from, &row)).map_err(Stop::Caller)?;
+            row.transition_row(conn, to, extra, Self::Status::sources(to), Unguarded, true)?;
+            hook(conn, from, &row).map_err(Stop::Caller)?;
             Ok(row)
         });
         result.map_err(Stop::into_error)
@@ -656,7 +665,9 @@ where
     C::Backend: OccBackend,
     RecordHistory: Assignments<C::Backend> + ExecuteDsl<C>,
 {
-    history_insert(entry)?.run::<C, Counted, ()>(conn).map(drop)
+    history_insert(entry)?
+        .run::<C, Counted, ()>(conn, false)
+        .map(drop)
 }
 
 /// The insert of `entry`'s history row, its texts checked.

@@ -29,7 +29,6 @@ use diesel::query_builder::{AsChangeset, QueryFragment};
 use diesel::result::Error as DieselError;
 
 use crate::connect::backend::OccBackend;
-use crate::connect::caller_transaction::as_library;
 use crate::connect::transaction::WriteTransaction;
 use crate::error::{Conflict, Error, Token};
 use crate::flow::batch::{Batch, Effect};
@@ -182,10 +181,10 @@ where
         drive(
             conn,
             flow,
-            &mut |conn, updates| run_each::<C, _, CompletionOf<T>, _>(conn, updates),
-            &mut |conn, key, expected, statement| {
+            &mut |conn, updates, own| run_each::<C, _, CompletionOf<T>, _>(conn, own, updates),
+            &mut |conn, key, expected, statement, own| {
                 let miss = RowMoved::<T>::expecting(key, expected);
-                run_guarded::<T, C, _, CompletionOf<T>>(conn, miss, statement)
+                run_guarded::<T, C, _, CompletionOf<T>>(conn, miss, statement, own)
             },
         )
     }
@@ -262,15 +261,15 @@ where
         conn,
         flow,
         &mut no_rounds,
-        &mut |conn, key, expected, statement| {
+        &mut |conn, key, expected, statement, own| {
             let miss = RowMoved::<T>::expecting(key, expected);
-            run_guarded::<T, C, _, Counted>(conn, miss, statement)
+            run_guarded::<T, C, _, Counted>(conn, miss, statement, own)
         },
     )
 }
 
 /// The rounds of a batch whose rows are written one by one: never asked for.
-fn no_rounds<C, S, Tok>(_: &mut C, _: Vec<S>) -> Result<RoundWritten<Tok>, Error> {
+fn no_rounds<C, S, Tok>(_: &mut C, _: Vec<S>, _: bool) -> Result<RoundWritten<Tok>, Error> {
     unreachable!("a batch of deletes writes its rows one by one")
 }
 
@@ -280,8 +279,8 @@ fn no_rounds<C, S, Tok>(_: &mut C, _: Vec<S>) -> Result<RoundWritten<Tok>, Error
 fn drive<T, C, S, Out>(
     conn: &mut C,
     mut flow: Batch<T, S, Out>,
-    round: &mut impl FnMut(&mut C, Vec<S>) -> Result<RoundWritten<TokenOf<T>>, Error>,
-    row: &mut impl FnMut(&mut C, &T::Key, &TokenOf<T>, S) -> Result<Option<TokenOf<T>>, Error>,
+    round: &mut impl FnMut(&mut C, Vec<S>, bool) -> Result<RoundWritten<TokenOf<T>>, Error>,
+    row: &mut impl FnMut(&mut C, &T::Key, &TokenOf<T>, S, bool) -> Result<Option<TokenOf<T>>, Error>,
 ) -> Result<BatchReport<Out>, Error>
 where
     T: LoadByKey<C>,
@@ -296,7 +295,7 @@ where
                 let mut commit = None;
                 let transaction = conn.write_transaction(|conn| {
                     let mut effect = flow.began(Ok(()));
-                    as_library(conn, |conn| loop {
+                    loop {
                         effect = match effect {
                             Effect::Commit => {
                                 commit = Some(true);
@@ -308,7 +307,7 @@ where
                             }
                             other => step(conn, &mut flow, other, round, row),
                         }
-                    })
+                    }
                 });
                 match (commit, transaction) {
                     (Some(true), committed) => flow.committed(committed),
@@ -332,24 +331,25 @@ fn step<T, C, S, Out>(
     conn: &mut C,
     flow: &mut Batch<T, S, Out>,
     effect: Effect<S, T::Key>,
-    round: &mut impl FnMut(&mut C, Vec<S>) -> Result<RoundWritten<TokenOf<T>>, Error>,
-    row: &mut impl FnMut(&mut C, &T::Key, &TokenOf<T>, S) -> Result<Option<TokenOf<T>>, Error>,
+    round: &mut impl FnMut(&mut C, Vec<S>, bool) -> Result<RoundWritten<TokenOf<T>>, Error>,
+    row: &mut impl FnMut(&mut C, &T::Key, &TokenOf<T>, S, bool) -> Result<Option<TokenOf<T>>, Error>,
 ) -> Effect<S, T::Key>
 where
     T: LoadByKey<C>,
     C: LoadConnection,
     C::Backend: OccBackend,
 {
+    let own = flow.own_transaction();
     match effect {
         Effect::CheckPrecision => flow.checked(check_stored_precision::<T, C>(conn)),
-        Effect::SendRound(updates) => flow.sent_round(round(conn, updates)),
+        Effect::SendRound(updates) => flow.sent_round(round(conn, updates, own)),
         Effect::ReadMissed(keys) => {
             let read = T::load_by_keys(conn, &keys);
             flow.read_missed(read, |e| classify(conn, e))
         }
         Effect::WriteRow(statement) => {
             let (key, expected) = flow.row();
-            let wrote = row(conn, key, expected, statement);
+            let wrote = row(conn, key, expected, statement, own);
             flow.wrote_row(wrote)
         }
         _ => unreachable!("the batch driver begins and ends the transaction itself"),

@@ -145,7 +145,7 @@ where
         } = bulk_plan::<T, C::Backend, F, Ch>(T::table_name(), filter, changes)?;
         let updated = CompareAndSet::one(statement, T::table_name(), &EVERY_ROW, CannotMiss)
             .matching(Matches::Any)
-            .run::<C, Counted, ()>(conn)?
+            .run::<C, Counted, ()>(conn, false)?
             .rows;
         let at_maximum = match at_maximum {
             Some(count) => count

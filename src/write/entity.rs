@@ -187,7 +187,7 @@ pub trait GuardedWrite: Guarded {
     where
         Self: UpdateRow<C, Ch>,
     {
-        Self::update_row(conn, key, expected, changes, Self::stamp(), None)
+        Self::update_row(conn, key, expected, changes, Self::stamp(), None, false)
     }
 
     /// Writes every updatable field of this copy if the row still holds its token, and
@@ -198,7 +198,7 @@ pub trait GuardedWrite: Guarded {
         Self: UpdateRow<C, <Self as Guarded>::Changes>,
     {
         let (key, token, changes) = (self.key(), self.token(), self.changes());
-        write_and_record(self, conn, &key, &token, changes)
+        write_and_record(self, conn, &key, &token, changes, false)
     }
 
     /// Writes every updatable field of this modified copy if the row still holds the
@@ -216,7 +216,14 @@ pub trait GuardedWrite: Guarded {
     {
         refuse_status_move(self, original, Self::table_name())?;
         let changes = self.changes();
-        write_and_record(self, conn, &original.key(), &original.token(), changes)
+        write_and_record(
+            self,
+            conn,
+            &original.key(),
+            &original.token(),
+            changes,
+            false,
+        )
     }
 
     /// Advances the token without changing anything else ("force increment"), e.g. to
@@ -228,7 +235,7 @@ pub trait GuardedWrite: Guarded {
         Self: UpdateRow<C, NoChanges<<Self as HasTable>::Table>>,
     {
         let (key, token) = (self.key(), self.token());
-        write_and_record(self, conn, &key, &token, NoChanges::default())
+        write_and_record(self, conn, &key, &token, NoChanges::default(), false)
     }
 
     /// Inserts this copy as a new row, with a first token no copy of an earlier row with
@@ -349,6 +356,7 @@ pub trait UpdateRow<C, Ch>: LoadByKey<C> {
         changes: Ch,
         stamp: Self::Stamp,
         saved: Option<&Self>,
+        own: bool,
     ) -> Result<TokenOf<Self>, Error>;
 }
 
@@ -368,8 +376,9 @@ where
         changes: Ch,
         stamp: T::Stamp,
         saved: Option<&T>,
+        own: bool,
     ) -> Result<TokenOf<T>, Error> {
-        update_stamped::<T, C, Ch>(conn, key, expected, changes, stamp, saved)
+        update_stamped::<T, C, Ch>(conn, key, expected, changes, stamp, saved, own)
     }
 }
 
@@ -410,7 +419,7 @@ where
             T::Guard::predicate(expected),
         );
         let miss = RowMoved::<T>::expecting(key, expected);
-        run_guarded::<T, C, _, Counted>(conn, miss, statement).map(drop)
+        run_guarded::<T, C, _, Counted>(conn, miss, statement, false).map(drop)
     }
 
     fn delete_batch(
@@ -501,7 +510,7 @@ where
 {
     let statement = unguarded_by_key::<T, X>(key, changes);
     CompareAndSet::one(statement, T::table_name(), key, RowMoved::<T>::any(key))
-        .run::<C, Counted, TokenOf<T>>(conn)
+        .run::<C, Counted, TokenOf<T>>(conn, false)
         .map(drop)
 }
 
@@ -535,19 +544,21 @@ pub(crate) fn refuse_status_move<T: Guarded>(
 }
 
 /// The guarded update of `row`'s row with `key` from `expected`; on success `row` records
-/// the new token and the stamp it wrote.
-fn write_and_record<T, C, Ch>(
+/// the new token and the stamp it wrote. `own`: whether `conn`'s open transaction, if
+/// any, is the library's.
+pub(crate) fn write_and_record<T, C, Ch>(
     row: &mut T,
     conn: &mut C,
     key: &T::Key,
     expected: &TokenOf<T>,
     changes: Ch,
+    own: bool,
 ) -> Result<TokenOf<T>, Error>
 where
     T: UpdateRow<C, Ch>,
 {
     let stamp = T::stamp();
-    let next = T::update_row(conn, key, expected, changes, stamp.clone(), Some(row))?;
+    let next = T::update_row(conn, key, expected, changes, stamp.clone(), Some(row), own)?;
     row.set_token(next.clone());
     row.set_stamp(&stamp);
     Ok(next)
@@ -563,6 +574,7 @@ fn update_stamped<T, C, Ch>(
     changes: Ch,
     stamp: T::Stamp,
     saved: Option<&T>,
+    own: bool,
 ) -> Result<TokenOf<T>, Error>
 where
     T: LoadByKey<C>,
@@ -576,7 +588,7 @@ where
     let kept = saved.map(T::status_kept);
     let (statement, next) = guarded_statement::<T, C, Ch>(key, expected, changes, stamp, kept)?;
     let miss = RowMoved::<T>::expecting(key, expected).in_state(saved.and_then(T::status_name));
-    let returned = run_guarded::<T, C, _, CompletionOf<T>>(conn, miss, statement)?;
+    let returned = run_guarded::<T, C, _, CompletionOf<T>>(conn, miss, statement, own)?;
     Ok(returned.unwrap_or(next))
 }
 
@@ -649,6 +661,7 @@ pub(crate) fn run_guarded<T, C, S, K>(
     conn: &mut C,
     miss: RowMoved<'_, T>,
     statement: S,
+    own: bool,
 ) -> Result<Option<TokenOf<T>>, Error>
 where
     T: LoadByKey<C>,
@@ -658,7 +671,8 @@ where
     K: Complete<C, S, TokenOf<T>>,
 {
     let key = miss.key();
-    let written = CompareAndSet::one(statement, T::table_name(), key, miss).run::<C, K, _>(conn)?;
+    let written =
+        CompareAndSet::one(statement, T::table_name(), key, miss).run::<C, K, _>(conn, own)?;
     Ok(written.token)
 }
 
@@ -732,7 +746,7 @@ where
         status_assignments,
     )?;
     let written = CompareAndSet::one(statement, T::table_name(), key, miss)
-        .run::<C, Done, TokenOf<T>>(conn)?;
+        .run::<C, Done, TokenOf<T>>(conn, false)?;
     Ok(written.token)
 }
 

@@ -99,7 +99,10 @@ impl<'k, S, M> CompareAndSet<'k, S, M> {
     /// - fewer: the [`Miss`] explains why;
     /// - more: [`Error::KeyNotUnique`], the key does not address one row;
     /// - a database error: see [`classify`].
-    pub(crate) fn run<C, K, Tok>(self, conn: &mut C) -> Result<Written<Tok>, Error>
+    ///
+    /// `own` says whether `conn`'s open transaction, if any, is one the library opened
+    /// for its own statements (see [`protect_caller`]).
+    pub(crate) fn run<C, K, Tok>(self, conn: &mut C, own: bool) -> Result<Written<Tok>, Error>
     where
         C: LoadConnection,
         C::Backend: OccBackend,
@@ -108,7 +111,7 @@ impl<'k, S, M> CompareAndSet<'k, S, M> {
         M: Miss<C>,
     {
         let (statement, judge) = self.checked::<C::Backend>()?;
-        let sent = protect_caller(conn, |conn| K::run(conn, statement));
+        let sent = protect_caller(conn, own, |conn| K::run(conn, statement, own));
         match judge.sent(sent.map_err(|e| classify(conn, e))?)? {
             Judged::Written(written) => Ok(written),
             Judged::Missed(miss) => Err(miss.explain(conn)),
@@ -183,6 +186,7 @@ impl<M> Judge<'_, M> {
 /// ([`Chunk`](crate::write::batch::Chunk)).
 pub(crate) fn run_each<C, S, K, Tok>(
     conn: &mut C,
+    own: bool,
     statements: Vec<S>,
 ) -> Result<Vec<(usize, Option<Tok>)>, Error>
 where
@@ -193,7 +197,7 @@ where
     if statements.is_empty() {
         return Ok(Vec::new());
     }
-    protect_caller(conn, |conn| K::run_each(conn, statements)).map_err(|e| classify(conn, e))
+    protect_caller(conn, own, |conn| K::run_each(conn, statements)).map_err(|e| classify(conn, e))
 }
 
 /// [`Error::ChangesetAssignsGuard`] when `statement` assigns a column twice (the caller's

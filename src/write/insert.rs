@@ -51,7 +51,7 @@ where
         let insert = diesel::insert_into(T::table()).values(row.clone());
         let written = CompareAndSet::one(insert, T::table_name(), &key, CannotMiss)
             .matching(Matches::Any)
-            .run::<C, Counted, ()>(conn);
+            .run::<C, Counted, ()>(conn, false);
         match key_taken(written) {
             Ok(Ok(())) => {
                 *self = row;

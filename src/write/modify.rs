@@ -23,7 +23,6 @@ use diesel::connection::{Connection, LoadConnection};
 use diesel::result::Error as DieselError;
 
 use crate::connect::backend::OccBackend;
-use crate::connect::caller_transaction::as_library;
 use crate::connect::source::ConnectionSource;
 use crate::connect::transaction::WriteTransaction;
 use crate::error::Error;
@@ -31,7 +30,9 @@ use crate::flow::read_modify_write::{Effect, ReadModifyWrite};
 use crate::guard::{Guarded, TokenOf};
 use crate::retry::{RetryPolicy, Stop};
 use crate::sql::statement::RowLock;
-use crate::write::entity::{GuardedWrite, LoadByKey, UpdateRow};
+use crate::write::entity::{
+    refuse_status_move, write_and_record, GuardedWrite, LoadByKey, UpdateRow,
+};
 use crate::write::executor::{classify, in_transaction};
 
 /// Where the attempts of a retried operation get their connection.
@@ -152,7 +153,16 @@ where
     read_modify_write(source, key, policy, &suspects, |conn, original: &T| {
         let mut row = original.clone();
         let value = change(&mut row).map_err(Stop::Caller)?;
-        let token = row.guarded_save_from(conn, original)?;
+        refuse_status_move(&row, original, T::table_name())?;
+        let changes = row.changes();
+        let token = write_and_record(
+            &mut row,
+            conn,
+            &original.key(),
+            &original.token(),
+            changes,
+            true,
+        )?;
         Ok((row, token, value))
     })
 }
@@ -238,7 +248,7 @@ where
     let mut ended = None;
     let transaction = conn.write_transaction(|conn| {
         let mut effect = flow.began(Ok(()));
-        as_library(conn, |conn| loop {
+        loop {
             effect = match effect {
                 Effect::Read(lock) => {
                     let read = match lock {
@@ -261,7 +271,7 @@ where
                 }
                 other => unreachable!("{other:?} inside an attempt's transaction"),
             }
-        })
+        }
     });
     match (ended, transaction) {
         (Some(Effect::Commit), committed) => flow.committed(committed),

@@ -18,13 +18,12 @@ use diesel::query_builder::InsertStatement;
 use diesel::query_dsl::methods::ExecuteDsl;
 
 use crate::connect::backend::OccBackend;
-use crate::connect::caller_transaction::as_caller;
 use crate::connect::transaction::WriteTransaction;
 use crate::error::Error;
 use crate::retry::{Contention, RetryPolicy, Stop};
 use crate::sql::new_token::Counted;
 use crate::sql::statement::{Assignments, InsertIfMissing, NoChanges};
-use crate::write::entity::{GuardedWrite, UpdateRow};
+use crate::write::entity::{write_and_record, UpdateRow};
 use crate::write::executor::{CannotMiss, CompareAndSet, Matches};
 use crate::write::modify::{read_modify_write, Modified};
 
@@ -100,15 +99,22 @@ where
         }));
     CompareAndSet::one(create, "occ_versions", &key, CannotMiss)
         .matching(Matches::Any)
-        .run::<C, Counted, i64>(conn)?;
+        .run::<C, Counted, i64>(conn, false)?;
     // Optimistic whatever the policy says: `operation` locks the rows it writes before the
     // version row is updated, so an attempt that read the version row with its lock first
     // would take the two in the opposite order and deadlock with the others.
     let policy = policy.clone().contention(Contention::Optimistic);
     read_modify_write(conn, &key, &policy, "version", |conn, read: &VersionRow| {
-        let value = as_caller(conn, &mut operation).map_err(Stop::Caller)?;
+        let value = operation(conn).map_err(Stop::Caller)?;
         let mut row = read.clone();
-        let version = row.guarded_touch(conn)?;
+        let version = write_and_record(
+            &mut row,
+            conn,
+            &key,
+            &read.version,
+            NoChanges::default(),
+            true,
+        )?;
         Ok((row, version, value))
     })
 }

@@ -13,7 +13,6 @@
 use diesel::connection::LoadConnection;
 
 use crate::connect::backend::OccBackend;
-use crate::connect::caller_transaction::as_caller;
 use crate::connect::transaction::{commit_operation, WriteTransaction};
 use crate::error::Error;
 use crate::flow::row_read::{AfterLock, LockedRead};
@@ -97,7 +96,7 @@ where
         let table = T::table_name();
         let row = read_locked::<T, C>(conn, key, lock, &T::GUARD_COLUMNS.join(", "))?;
         let row = still_expected::<T>(table, key, expected, row)?;
-        as_caller(conn, |conn| work(conn, row)).map_err(Stop::Caller)
+        work(conn, row).map_err(Stop::Caller)
     });
     result.map_err(Stop::into_error)
 }

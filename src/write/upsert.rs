@@ -76,7 +76,7 @@ where
             Some(self.status_kept()),
         )?;
         let updated = CompareAndSet::one(statement, T::table_name(), &key, Unexplained)
-            .run::<C, CompletionOf<T>, TokenOf<T>>(conn);
+            .run::<C, CompletionOf<T>, TokenOf<T>>(conn, false);
         if let Some(done) = saved_over(self, updated, next, &stamp)? {
             return Ok(done);
         }

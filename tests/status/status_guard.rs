@@ -130,6 +130,26 @@ for_each_backend! {
         });
         assert_status_refused(result.map(|m| m.row));
         assert_eq!(stored(conn, 1), ("valid".into(), 0, "new".into()));
+
+        // The async driver refuses it the same way.
+        #[cfg(all(feature = "async", any(not(feature = "mysql"), feature = "async-mysql")))]
+        {
+            use diesel_occ::asynchronous::AsyncGuardedModify;
+            let runtime = common::paths::runtime();
+            let mut on_async = <Conn as common::paths::AsyncOf>::connect(&db.url, &runtime);
+            let attempts = std::sync::Arc::new(std::sync::atomic::AtomicU32::new(0));
+            let counted = attempts.clone();
+            let (key, policy) = (1, RetryPolicy::default());
+            let modified = <ShopOrder as AsyncGuardedModify>::modify(&mut on_async, &key, &policy, move |order| -> Result<(), Error> {
+                counted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                order.status = OrderStatus::Delivered;
+                order.note = "skipped shipping".into();
+                Ok(())
+            });
+            assert_status_refused(runtime.block_on(modified).map(|m| m.row));
+            assert_eq!(attempts.load(std::sync::atomic::Ordering::Relaxed), 1, "not retried");
+            assert_eq!(stored(conn, 1), ("valid".into(), 0, "new".into()));
+        }
     }
 
     /// Batches and bulk updates refuse the status column before sending anything.

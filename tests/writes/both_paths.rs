@@ -516,6 +516,41 @@ for_each_backend! {
         assert_eq!((row.status, row.version), (OrderState::Valid, 2), "{}", W::PATH);
     }
 
+    /// The library's own transactions (a read-modify-write attempt, the move of a
+    /// transition with a hook) need no savepoint around their statements, on either
+    /// driver: a failure ends the whole transaction anyway. The hook's statements are the
+    /// caller's, and on PostgreSQL run under one.
+    fn own_transactions_send_no_savepoint<W: Writes>(w: &mut W) {
+        let statements = w.record_statements();
+        w.add_one(1, "x", &RetryPolicy::default()).unwrap();
+        w.transition_by_key_recorded(1, OrderState::Held, "operator-7", false).unwrap();
+        let sent = std::mem::take(&mut *statements.lock().unwrap());
+        let savepoint = |sql: &String| sql.to_uppercase().contains("SAVEPOINT");
+        let hook = sent.iter().position(|sql| sql.contains("occ_transitions")).expect("the hook's insert");
+        let moved = sent[..hook].iter().rposition(|sql| sql.starts_with("UPDATE")).expect("the move");
+        assert!(!sent[..=moved].iter().any(savepoint), "{}: {sent:#?}", W::PATH);
+        assert_eq!(
+            sent[moved..hook].iter().any(savepoint),
+            BACKEND == "postgres",
+            "{}: the hook's statement is the caller's: {sent:#?}",
+            W::PATH
+        );
+        let stored = w.load_tracked(1).unwrap();
+        assert_eq!((stored.status, stored.version), (OrderState::Held, 2), "{}", W::PATH);
+    }
+
+    #[test]
+    fn blocking_own_transactions_send_no_savepoint() {
+        let Some(db) = seeded() else { return };
+        own_transactions_send_no_savepoint(&mut Blocking(db.conn()));
+    }
+
+    #[test]
+    fn async_own_transactions_send_no_savepoint() {
+        let Some(db) = seeded() else { return };
+        own_transactions_send_no_savepoint(&mut async_writer(&db));
+    }
+
     #[test]
     fn a_blocking_move_by_key_sends_at_most_two_statements() {
         let Some(db) = seeded() else { return };
