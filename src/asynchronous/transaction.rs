@@ -42,8 +42,17 @@ where
         let mut transaction = OwnTransaction::unsettled(conn);
         match transaction.start().await {
             Ok(()) => Ok(transaction),
-            Err(e) => Err(classify(transaction.conn, e).await),
+            Err(e) => Err(transaction.failed_to_begin(e).await),
         }
+    }
+
+    /// The classified error of a `BEGIN` that failed, which left nothing open. Asked
+    /// while still unsettled: dropped half way through the question (MySQL's client
+    /// cannot drop a reply half read), the connection is marked broken.
+    async fn failed_to_begin(&mut self, error: DieselError) -> Error {
+        let error = classify(self.conn, error).await;
+        self.settled = true;
+        error
     }
 
     /// Begins the write transaction of an operation that runs caller code (see
@@ -58,11 +67,8 @@ where
                 transaction._turn = turn;
                 Ok(transaction)
             }
-            Err(e) => {
-                // Nothing was begun (or the connection is left broken by diesel-async).
-                transaction.settled = true;
-                Err(classify(transaction.conn, e).await)
-            }
+            // Nothing was begun (or the connection is left broken by diesel-async).
+            Err(e) => Err(transaction.failed_to_begin(e).await),
         }
     }
 
@@ -70,7 +76,13 @@ where
     #[cfg(feature = "async-mysql")]
     pub(crate) async fn begin_raw(conn: &'c mut C) -> QueryResult<Self> {
         let mut transaction = OwnTransaction::unsettled(conn);
-        transaction.start().await.map(|()| transaction)
+        match transaction.start().await {
+            Ok(()) => Ok(transaction),
+            Err(e) => {
+                transaction.settled = true;
+                Err(e)
+            }
+        }
     }
 
     /// Unsettled from the start: a `BEGIN` cancelled on the way may have reached the
@@ -85,11 +97,10 @@ where
         }
     }
 
-    /// Sends the `BEGIN`; one that failed left nothing open (diesel-async keeps the depth).
+    /// Sends the `BEGIN`; one that failed left nothing open (diesel-async keeps the
+    /// depth), which its caller settles.
     async fn start(&mut self) -> QueryResult<()> {
-        let begun = C::TransactionManager::begin_transaction(self.conn).await;
-        self.settled = begun.is_err();
-        begun
+        C::TransactionManager::begin_transaction(self.conn).await
     }
 
     /// The connection, for the transaction's statements.
@@ -160,23 +171,29 @@ where
 }
 
 /// The error of a failed top-level `COMMIT` on `conn`, as the blocking path reports it:
-/// the server is asked why before anything else is sent (MySQL's error number, which the
-/// next statement wipes; diesel-async keeps only the text), so that a certification
-/// failure reads as retryable in any message language. When diesel-async's own rollback
-/// after the `COMMIT` failed too, one more `ROLLBACK` that succeeds proves the server
+/// the server is asked why (MySQL's error number, which the next statement wipes;
+/// diesel-async keeps only the text), so that a certification failure reads as retryable
+/// in any message language. diesel-async sends nothing after a failed `COMMIT` unless
+/// an earlier statement of the transaction failed; then it rolls back first, the number
+/// is gone and the text decides. A failed `COMMIT` can leave the transaction open, so it
+/// is ended, as the blocking path ends it: a `ROLLBACK` that succeeds proves the server
 /// holds no transaction and the connection usable; otherwise it stays marked broken.
 async fn after_failed_commit<C>(conn: &mut C, error: DieselError) -> DieselError
 where
     C: AsyncConnection,
     C::Backend: OccBackend,
 {
-    let (cause, rollback_failed) = match error {
-        DieselError::RollbackErrorOnCommit { commit_error, .. } => (*commit_error, true),
-        error => (error, false),
+    let cause = match error {
+        DieselError::RollbackErrorOnCommit { commit_error, .. } => *commit_error,
+        error => error,
     };
     let reason = C::Backend::retry_reason_async(conn, &cause).await;
-    if rollback_failed && conn.batch_execute("ROLLBACK").await.is_ok() {
-        *C::TransactionManager::transaction_manager_status_mut(conn) = Default::default();
+    let ended = conn.batch_execute("ROLLBACK").await.is_ok();
+    let status = C::TransactionManager::transaction_manager_status_mut(conn);
+    if ended {
+        *status = Default::default();
+    } else {
+        status.set_in_error();
     }
     commit_error_given(cause, reason)
 }

@@ -308,9 +308,14 @@ impl OccBackend for diesel::mysql::Mysql {
     where
         C: diesel_async::AsyncConnection<Backend = Self>,
     {
-        use diesel_async::RunQueryDsl;
+        use diesel_async::{RunQueryDsl, TransactionManager};
+        // A connection a cancelled call left broken is sent nothing more.
+        let usable = C::TransactionManager::transaction_manager_status_mut(conn)
+            .transaction_depth()
+            .is_ok();
         let mut number = None;
-        if mysql_asks_error_number(error)
+        if usable
+            && mysql_asks_error_number(error)
             && conn.batch_execute(MYSQL_ASK_ERROR_NUMBER).await.is_ok()
         {
             number = diesel::select(diesel::dsl::sql::<ErrorNumber>(MYSQL_READ_ERROR_NUMBER))
@@ -402,14 +407,32 @@ pub(crate) fn mysql_retry_reason_given(
 }
 
 /// Whether the server is to be asked for the number of `error`: only diesel's `Unknown`
-/// kind leaves it open, and a connection that died cannot answer.
+/// kind leaves it open; a connection that died cannot answer, and an error of the client
+/// itself has no number on the server.
 #[cfg(feature = "mysql")]
 pub(crate) fn mysql_asks_error_number(error: &DieselError) -> bool {
-    matches!(
-        error,
-        DieselError::DatabaseError(DatabaseErrorKind::Unknown, _)
-    ) && !crate::error::connection_lost(error)
+    match error {
+        DieselError::DatabaseError(DatabaseErrorKind::Unknown, info) => {
+            !crate::error::connection_lost(error)
+                && !MYSQL_ASYNC_CLIENT_ERRORS
+                    .iter()
+                    .any(|prefix| info.message().starts_with(prefix))
+        }
+        _ => false,
+    }
 }
+
+/// How mysql_async words its own errors (a closed socket, a packet out of order), which
+/// diesel-async reports as `Unknown` with this text: no statement of the server failed,
+/// and the connection may not answer a question.
+#[cfg(feature = "mysql")]
+const MYSQL_ASYNC_CLIENT_ERRORS: [&str; 5] = [
+    "Driver error: ",
+    "Input/output error: ",
+    "Other error: ",
+    "URL error: ",
+    "TLS error: ",
+];
 
 /// The statements that ask a MySQL server for the number of the error the last statement
 /// raised, into session variables ([`MYSQL_READ_ERROR_NUMBER`] reads them). `GET

@@ -160,7 +160,9 @@ impl<T: Guarded, S, Out> Batch<T, S, Out> {
                 self.in_transaction = true;
                 self.next_write()
             }
-            Err(e) => self.done(Err(e)),
+            // Nothing was begun, so nothing of the batch can have landed: a connection
+            // lost at `BEGIN` is a plain database error.
+            Err(e) => self.done(Err(e.rolled_back())),
         }
     }
 

@@ -392,6 +392,19 @@ fn a_failed_check_or_begin_ends_the_batch_with_nothing_sent() {
 }
 
 #[test]
+fn a_connection_lost_at_begin_wrote_nothing() {
+    let outcome = drive(
+        updates(rows([1]), BatchMode::AllOrNothing, false, false),
+        vec![
+            Checked(Ok(())),
+            Began(Err(Error::Ambiguous { source: lost() })),
+        ],
+        &[Effect::CheckPrecision, Effect::Begin, Effect::Done],
+    );
+    assert!(matches!(outcome, Err(Error::Database(_))), "{outcome:?}");
+}
+
+#[test]
 fn a_failed_rollback_after_a_miss_is_the_databases_error() {
     let outcome = drive(
         updates(rows([1]), BatchMode::AllOrNothing, false, false),
