@@ -19,13 +19,16 @@ use diesel::{Column, Selectable};
 use diesel_async::methods::{ExecuteDsl, LoadQuery};
 use diesel_async::{AsyncConnection, RunQueryDsl};
 
-use super::connection::{classified, classify, refuse_broken, NativeAsync, NativeAsyncConnection};
+use super::connection::{
+    classified, classify, in_transaction, refuse_broken, NativeAsync, NativeAsyncConnection,
+};
 use super::entity::check_stored_precision;
 use super::executor::{protect_caller, run, AsyncMiss};
 use super::send::{AsyncComplete, AsyncLoadByKey};
 use super::transaction::{Call, OwnTransaction};
 use crate::connect::backend::OccBackend;
 use crate::error::Error;
+use crate::flow::finish_claims::{Effect, FinishClaims as Flow};
 use crate::guard::{AdvanceInSql, Guarded};
 use crate::sql::new_token::Counted;
 use crate::sql::statement::Assignments;
@@ -42,8 +45,7 @@ use crate::status::claim_heartbeat::{heartbeat_statement, HeartbeatOf};
 use crate::status::claim_in_one::{claim_in_one, ClaimInOneOf, ClaimInOneUpdateOf};
 use crate::status::claim_retry::retried_async;
 use crate::status::finish_claims::{
-    distinct, finish_many_statement, FinishManyOf, FinishManyReturningOf, FinishedClaims,
-    KEYS_PER_STATEMENT,
+    finish_many_statement, FinishManyOf, FinishManyReturningOf, FinishedClaims,
 };
 use crate::status::HasStatus;
 use crate::write::entity::RowMoved;
@@ -447,54 +449,57 @@ where
         next_owner: Option<&'a str>,
     ) -> Result<FinishedClaims<T::Key>, Error> {
         check_owners(owner, next_owner)?;
-        let mut report = FinishedClaims::default();
-        if keys.is_empty() {
-            return Ok(report);
-        }
-        refuse_broken(conn)?;
+        let statement = |keys: &[T::Key]| {
+            finish_many_statement::<T, OwnerCol>(keys, owner, held, to, next_owner)
+        };
         let table = <T as AsyncLoadByKey<C>>::table_name();
-        // In a call: a read dropped half way on MySQL leaves its reply on the socket.
-        let mut call = Call::start(conn);
-        let checked = check_stored_precision::<T, C>(call.conn(), table).await;
-        call.finish(checked)?;
-        for chunk in distinct(keys).chunks(KEYS_PER_STATEMENT) {
-            let statement =
-                || finish_many_statement::<T, OwnerCol>(chunk, owner, held, to, next_owner);
-            refuse_double_assignment(table, &statement())?;
-            if C::Backend::RETURNING {
-                let ended: Vec<T::Key> = retried_async!(conn, async {
-                    let returning =
-                        Returning::new(statement(), diesel::Table::primary_key(&T::table()));
+        let in_callers = in_transaction(conn);
+        let returning = C::Backend::RETURNING;
+        let mut flow = Flow::<T>::new(keys, table, (owner, held), returning, in_callers);
+        let mut effect = flow.start();
+        loop {
+            effect = match effect {
+                Effect::CheckPrecision => {
+                    refuse_broken(conn)?;
+                    // In a call: a read dropped half way on MySQL leaves its reply on the
+                    // socket.
+                    let mut call = Call::start(&mut *conn);
+                    let checked = check_stored_precision::<T, C>(call.conn(), table).await;
+                    flow.checked(call.finish(checked).and_then(|()| {
+                        // The same assignments for every chunk: one key shows them.
+                        let one = statement(&keys[..keys.len().min(1)]);
+                        refuse_double_assignment(table, &one)
+                    }))
+                }
+                Effect::SendReturning(chunk) => {
+                    let key_columns = diesel::Table::primary_key(&T::table());
+                    let returning = Returning::new(statement(&chunk), key_columns);
                     let sent = protect_caller(conn, false, async |conn| returning.load(conn).await);
-                    let sent = sent.await?;
-                    classified(conn, sent).await
-                })?;
-                for key in chunk {
-                    // Looked up by the database when not among the keys as stored; see
-                    // the blocking path's.
-                    if ended.contains(key) {
-                        report.finished.push(key.clone());
-                        continue;
-                    }
-                    let row = T::load_by_key(conn, key).await;
-                    let row = classified(conn, row).await?;
-                    report.add_looked_up(table, key, &ended, row, (owner, held));
+                    let sent = sent.await;
+                    flow.returned(match sent {
+                        Ok(sent) => classified(conn, sent).await,
+                        Err(e) => Err(e),
+                    })
                 }
-            } else if chunk.len() > 1
-                && retried_async!(conn, every_claim_ended(conn, statement(), chunk.len()))?
-            {
-                report.finished.extend_from_slice(chunk);
-            } else {
-                for key in chunk {
-                    let ended = retried_async!(
-                        conn,
-                        T::finish_claim_row(conn, key, owner, held, to, next_owner)
-                    );
-                    report.add_alone(key, ended)?;
+                Effect::LookUp(key) => {
+                    let row = T::load_by_key(conn, &key).await;
+                    flow.looked_up(classified(conn, row).await)
                 }
+                Effect::SendAllOrNothing(chunk) => {
+                    let keys = chunk.len();
+                    flow.all_or_nothing(every_claim_ended(conn, statement(&chunk), keys).await)
+                }
+                Effect::EndAlone(key) => {
+                    let ended = T::finish_claim_row(conn, &key, owner, held, to, next_owner);
+                    flow.ended_alone(ended.await)
+                }
+                Effect::Pause(pause) => {
+                    tokio::time::sleep(pause).await;
+                    flow.paused()
+                }
+                Effect::Done => return flow.outcome(),
             }
         }
-        Ok(report)
     }
 }
 

@@ -13,9 +13,10 @@ use tokio::task::JoinHandle;
 
 use super::locks::{AsyncLockPool, AsyncLocks, AsyncRenewal};
 use crate::error::Error;
+use crate::flow::leader_term::{Closing, Term, TermEnd, Woken};
 use crate::locks::held::{first_of, Held, Loss};
 use crate::locks::leader::{
-    check_candidate, panic_message, ElectionTiming, LeaderEvent, Leadership, TermEnd, Terms,
+    check_candidate, panic_message, ElectionTiming, LeaderEvent, Leadership, Terms,
 };
 
 /// A leader's job on the async path: a future per term.
@@ -212,36 +213,38 @@ impl<S: AsyncLockPool> Runner<S> {
                 }
                 continue;
             };
-            let renewal = guard.renewal();
-            self.terms.begin(renewal.belief(), guard.fence());
-            self.report(LeaderEvent::Elected {
-                fence: guard.fence(),
-            });
+            let (renewal, fence) = (guard.renewal(), guard.fence());
+            self.terms.begin(renewal.belief(), fence);
+            self.report(LeaderEvent::Elected { fence });
             let loss = Loss::new();
             let mut job = self.start_job(renewal.held(Arc::clone(&loss)));
-            let end = self.lead(&renewal, &mut job).await.given(&loss);
-            renewal.end();
-            self.terms.end();
-            // The job stops before the lock is given up: told, awaited, then the release.
-            if let Some(lost) = end.lost_event() {
-                self.report(lost);
-            }
-            loss.set(end.why());
-            if let Some(job) = job {
-                let _ = job.await;
-            }
-            // An expired lease frees nothing; a lost connection leaves it to its lease.
-            let _ = guard.release().await;
-            match end {
-                TermEnd::Stopped => {
-                    self.report(LeaderEvent::SteppedDown);
-                    return;
+            let mut guard = Some(guard);
+            let end = self.lead(&renewal, &mut job).await;
+            for step in end.closing(&loss, timing.retry_period) {
+                match step {
+                    Closing::EndBelief => {
+                        renewal.end();
+                        self.terms.end();
+                    }
+                    Closing::Report(event) => self.report(event),
+                    Closing::TellJob(why) => loss.set(why),
+                    Closing::AwaitJob => {
+                        if let Some(job) = job.take() {
+                            let _ = job.await;
+                        }
+                    }
+                    Closing::Release => {
+                        if let Some(guard) = guard.take() {
+                            let _ = guard.release().await;
+                        }
+                    }
+                    Closing::CampaignAfter(pause) => {
+                        if self.wait(pause).await {
+                            return;
+                        }
+                    }
+                    Closing::End => return,
                 }
-                TermEnd::Lost(_) => {}
-                TermEnd::JobEnded(panic) => self.report(LeaderEvent::JobEnded { panic }),
-            }
-            if self.wait(timing.retry_period).await {
-                return;
             }
         }
     }
@@ -263,57 +266,48 @@ impl<S: AsyncLockPool> Runner<S> {
         }
     }
 
-    /// Leads the term, renewing every retry period, until stopped, lost or the job ended.
+    /// Leads the term until it ends, as [`Term`] decides: renewals as tasks of their
+    /// own, raced with a stop, the job's end and the wait's end.
     async fn lead(
         &mut self,
         renewal: &AsyncRenewal<S>,
         job: &mut Option<JoinHandle<()>>,
     ) -> TermEnd {
-        let period = self.timing.retry_period;
-        let mut next = Instant::now() + period;
+        let mut term = Term::begin(self.timing.retry_period, Instant::now());
         let mut renewing: Option<JoinHandle<Result<(), Error>>> = None;
-        let mut last_error: Option<String> = None;
         loop {
-            let Some(deadline) = renewal.deadline() else {
-                return TermEnd::Lost("the lease was lost".into());
+            let wake = match term.wait_until(renewal.deadline()) {
+                Ok(wake) => wake,
+                Err(end) => return end,
             };
-            let wake = if renewing.is_some() {
-                deadline
-            } else {
-                next.min(deadline)
-            };
-            tokio::select! {
-                _ = self.stopped.wait_for(|stop| *stop) => return TermEnd::Stopped,
+            let woken = tokio::select! {
+                _ = self.stopped.wait_for(|stop| *stop) => Woken::Stop,
                 ended = async { job.as_mut().expect("enabled while running").await },
                     if job.is_some() =>
                 {
                     *job = None;
-                    let panic = ended.err().filter(|e| e.is_panic()).map(|e| {
+                    Woken::JobEnded(ended.err().filter(|e| e.is_panic()).map(|e| {
                         panic_message(e.into_panic().as_ref())
-                    });
-                    return TermEnd::JobEnded(panic);
+                    }))
                 }
-                renewed = async { renewing.as_mut().expect("enabled while renewing").await },
+                answered = async { renewing.as_mut().expect("enabled while renewing").await },
                     if renewing.is_some() =>
                 {
                     renewing = None;
-                    next = Instant::now() + period;
-                    match renewed {
-                        Ok(Ok(())) => last_error = None,
-                        Ok(Err(Error::LockLost { why, .. })) => return TermEnd::Lost(why),
-                        // Transient: try again next period, within the deadline.
-                        Ok(Err(e)) => last_error = Some(e.to_string()),
-                        Err(join) => last_error = Some(join.to_string()),
+                    match answered {
+                        Ok(answer) => Woken::Renewed(answer),
+                        Err(join) => Woken::RenewalVanished(join.to_string()),
                     }
                 }
-                () = tokio::time::sleep_until(wake.into()) => {}
-            }
-            if !renewal.is_held() {
-                return TermEnd::unrenewed(last_error);
-            }
-            if renewing.is_none() && Instant::now() >= next {
-                let renewal = renewal.clone();
-                renewing = Some(tokio::spawn(async move { renewal.renew().await }));
+                () = tokio::time::sleep_until(wake.into()) => Woken::Timeout,
+            };
+            match term.woken(woken, renewal.is_held(), Instant::now()) {
+                Err(end) => return end,
+                Ok(false) => {}
+                Ok(true) => {
+                    let renewal = renewal.clone();
+                    renewing = Some(tokio::spawn(async move { renewal.renew().await }));
+                }
             }
         }
     }

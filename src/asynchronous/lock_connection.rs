@@ -13,17 +13,17 @@ use super::connection::{classified, classify, refuse_broken, NativeAsync, Native
 use super::executor::{run, AsyncMiss};
 use super::send::AsyncComplete;
 use super::transaction::{Call, OwnTransaction};
-use crate::connect::backend::{Duplicates, OccBackend};
+use crate::connect::backend::OccBackend;
 use crate::error::Error;
-use crate::locks::backend::{LockBackend, ServerLockBackend};
+use crate::flow::lock_transaction::{Effect, LockTransaction};
+use crate::locks::backend::ServerLockBackend;
 use crate::locks::lock::{
-    acquire_statement, grant_in_row, occ_locks, release_statement, renew_statement, AcquireLock,
-    CreateLock, HeldRow, LeaseLost, LockHolder, LockKey, LockOwner, LockRow, LockTaken,
-    ReleaseLock, RenewLock,
+    acquire_write, create_write, fence_not_read_back, grant_in_row, occ_locks, release_write,
+    renew_write, AcquireLock, CreateLock, HeldRow, LeaseLost, LockHolder, LockKey, LockOwner,
+    LockRow, LockStep, LockTaken, ReleaseLock, RenewLock,
 };
 use crate::sql::new_token::{Counted, ReturnedBy};
 use crate::sql::statement::Assignments;
-use crate::write::executor::{CannotMiss, CompareAndSet, Matches};
 
 /// A diesel-async connection locks can run on (`AsyncPgConnection`,
 /// `AsyncMysqlConnection`, `SyncConnectionWrapper<SqliteConnection>`): the three
@@ -74,22 +74,6 @@ pub trait AsyncLockConnection: AsyncConnection + Send {
     ) -> impl Future<Output = Result<(), Error>> + Send + 'a;
 }
 
-/// One of the three statements, with what it needs beyond the key and the holder.
-#[derive(Clone, Copy)]
-enum Step<'a> {
-    Acquire {
-        label: Option<&'a str>,
-        ttl: Duration,
-    },
-    Renew {
-        fence: i64,
-        ttl: Duration,
-    },
-    Release {
-        fence: i64,
-    },
-}
-
 impl<C> AsyncLockConnection for C
 where
     C: NativeAsyncConnection + Send,
@@ -138,7 +122,7 @@ where
         ttl: Duration,
         wait: Duration,
     ) -> Result<i64, Error> {
-        bounded(self, wait, key, holder, Step::Acquire { label, ttl }).await
+        bounded(self, wait, key, holder, LockStep::Acquire { label, ttl }).await
     }
 
     async fn renew_lock<'a>(
@@ -149,7 +133,7 @@ where
         ttl: Duration,
         wait: Duration,
     ) -> Result<(), Error> {
-        bounded(self, wait, key, holder, Step::Renew { fence, ttl })
+        bounded(self, wait, key, holder, LockStep::Renew { fence, ttl })
             .await
             .map(drop)
     }
@@ -161,22 +145,22 @@ where
         fence: i64,
         wait: Duration,
     ) -> Result<(), Error> {
-        bounded(self, wait, key, holder, Step::Release { fence })
+        bounded(self, wait, key, holder, LockStep::Release { fence })
             .await
             .map(drop)
     }
 }
 
 /// Runs `step` in a transaction of its own on `conn` whose every wait is bounded by `wait`
-/// (the backend's settings, as the blocking path sets them), and judges its `COMMIT` as
-/// the blocking path does: a lost one is [`Error::Ambiguous`]. The fence the lock has
-/// after it.
+/// (the backend's settings, as the blocking path sets them), its statements in the order
+/// [`LockTransaction`] gives, and judges its `COMMIT` as the blocking path does: a lost
+/// one is [`Error::Ambiguous`]. The fence the lock has after it.
 async fn bounded<C>(
     conn: &mut C,
     wait: Duration,
     key: &LockKey,
     holder: &str,
-    step: Step<'_>,
+    step: LockStep<'_>,
 ) -> Result<i64, Error>
 where
     C: NativeAsyncConnection + Send,
@@ -196,6 +180,7 @@ where
 {
     refuse_broken(conn)?;
     let bounds = C::Backend::wait_bounds(wait);
+    let mut flow = LockTransaction::new::<C::Backend>(step.write());
     let mut call = Call::start(conn);
     let result = async {
         let conn = call.conn();
@@ -205,45 +190,37 @@ where
             let sent = async {
                 let conn = transaction.conn();
                 setting(conn, bounds.inside.as_deref()).await?;
-                // The same statements, in the same order, as the blocking `LockConnection`.
+                let mut effect = flow.begun();
+                loop {
+                    effect = match effect {
+                        Effect::ReadRow => {
+                            let row = key.locked_row().get_result::<i64>(conn).await.optional();
+                            flow.read_row(classified(conn, row).await?.is_some())
+                        }
+                        Effect::CreateRow => {
+                            run::<C, _, _, Counted, i64>(create_write(key), conn, true).await?;
+                            flow.created_row()
+                        }
+                        // Only SQLite draws fences, and it runs the blocking path.
+                        Effect::DrawFence => flow.drew_fence(),
+                        Effect::Write => break,
+                    }
+                }
                 match step {
-                    Step::Acquire { label, ttl } => {
-                        // Every wait happens here, before the expiry below is computed.
-                        lock_row(conn, key).await?;
-                        let write = CompareAndSet::one(
-                            acquire_statement(key, holder, label, ttl),
-                            "occ_locks",
-                            key,
-                            LockTaken { key },
-                        );
+                    LockStep::Acquire { label, ttl } => {
+                        let write = acquire_write(key, holder, label, ttl);
                         run::<C, _, _, ReturnedBy<occ_locks::fence>, i64>(write, conn, true)
                             .await?
                             .token
-                            .ok_or_else(|| {
-                                Error::Database(diesel::result::Error::QueryBuilderError(
-                                    "the lock was taken but its fence was not read back".into(),
-                                ))
-                            })
+                            .ok_or_else(fence_not_read_back)
                     }
-                    Step::Renew { fence, ttl } => {
-                        // Waits here, so that the lease is checked and extended after them.
-                        lock_row(conn, key).await?;
-                        let write = CompareAndSet::one(
-                            renew_statement(key, holder, fence, ttl),
-                            "occ_locks",
-                            key,
-                            LeaseLost { key, holder, fence },
-                        );
+                    LockStep::Renew { fence, ttl } => {
+                        let write = renew_write(key, holder, fence, ttl);
                         run::<C, _, _, Counted, i64>(write, conn, true).await?;
                         Ok(fence)
                     }
-                    Step::Release { fence } => {
-                        let write = CompareAndSet::one(
-                            release_statement(key, holder, fence),
-                            "occ_locks",
-                            key,
-                            LeaseLost { key, holder, fence },
-                        );
+                    LockStep::Release { fence } => {
+                        let write = release_write(key, holder, fence);
                         run::<C, _, _, Counted, i64>(write, conn, true).await?;
                         Ok(fence)
                     }
@@ -257,15 +234,14 @@ where
         // committed grant stays a grant when the restore fails (the connection died right
         // after the commit).
         let _ = setting(conn, bounds.after.as_deref()).await;
-        match (ended, step) {
-            (Ok(fence), Step::Acquire { .. }) if C::Backend::CONFIRMS_GRANTS => {
-                // The blocking path's read-back of the grant after its `COMMIT`.
-                let row = key.owner_read().get_result(conn).await.optional();
-                let row = classified(conn, row).await?;
-                grant_in_row(key, holder, fence, row).map(|()| fence)
-            }
-            (ended, _) => ended,
+        let fence = ended?;
+        if flow.confirms_grant() {
+            // The blocking path's read-back of the grant after its `COMMIT`.
+            let row = key.owner_read().get_result(conn).await.optional();
+            let row = classified(conn, row).await?;
+            grant_in_row(key, holder, fence, row)?;
         }
+        Ok(fence)
     }
     .await;
     call.finish(result).map_err(C::Backend::bounded_error)
@@ -279,45 +255,6 @@ async fn setting<C: SimpleAsyncConnection + Send>(
     match sql {
         Some(sql) => conn.batch_execute(sql).await.map_err(Error::Database),
         None => Ok(()),
-    }
-}
-
-/// Locks the lock row for the rest of the transaction, creating it on first use, as the
-/// blocking path's `lock_row` does (and for its reasons, per backend).
-async fn lock_row<C>(conn: &mut C, key: &LockKey) -> Result<(), Error>
-where
-    C: AsyncConnection + Send,
-    C::Backend: OccBackend,
-    CreateLock: Assignments<C::Backend>,
-    Counted: AsyncComplete<C, CreateLock, i64>,
-    LockRow: LoadQuery<'static, C, i64> + Send + 'static,
-{
-    let create =
-        CompareAndSet::one(key.create_row(), "occ_locks", key, CannotMiss).matching(Matches::Any);
-    match C::Backend::DUPLICATES {
-        Duplicates::OnDuplicateKey => run::<C, _, _, Counted, i64>(create, conn, true)
-            .await
-            .map(drop),
-        Duplicates::OnConflict => {
-            if read_locked(conn, key).await?.is_none() {
-                run::<C, _, _, Counted, i64>(create, conn, true).await?;
-                read_locked(conn, key).await?;
-            }
-            Ok(())
-        }
-    }
-}
-
-/// The lock row's fence, read `FOR UPDATE`.
-async fn read_locked<C>(conn: &mut C, key: &LockKey) -> Result<Option<i64>, Error>
-where
-    C: AsyncConnection + Send,
-    C::Backend: OccBackend,
-    LockRow: LoadQuery<'static, C, i64> + Send + 'static,
-{
-    match key.locked_row().get_result::<i64>(conn).await.optional() {
-        Ok(fence) => Ok(fence),
-        Err(e) => Err(classify(conn, e).await),
     }
 }
 

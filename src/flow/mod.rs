@@ -14,6 +14,12 @@
 //! names a connection type.
 
 pub(crate) mod batch;
+#[cfg(feature = "locks")]
+pub(crate) mod finish_claims;
 mod hot_rows;
+#[cfg(feature = "locks")]
+pub(crate) mod leader_term;
+#[cfg(feature = "locks")]
+pub(crate) mod lock_transaction;
 pub(crate) mod read_modify_write;
 pub(crate) mod row_read;

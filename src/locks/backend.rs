@@ -56,6 +56,11 @@ pub trait LockBackend: OccBackend + ServerClock {
     #[doc(hidden)]
     const CONFIRMS_GRANTS: bool = false;
 
+    /// Whether [`draw_fence`](Self::draw_fence) sends anything: a fence is drawn before
+    /// the acquisition that uses it.
+    #[doc(hidden)]
+    const DRAWS_FENCE: bool = false;
+
     /// Prepares [`push_next_fence`](Self::push_next_fence) in the transaction of the
     /// statement that uses it (SQLite draws the value into `last_insert_rowid()`).
     #[doc(hidden)]
@@ -182,6 +187,8 @@ impl LockBackend for diesel::sqlite::Sqlite {
     fn push_next_fence(out: &mut AstPass<'_, '_, Self>) {
         out.push_sql("last_insert_rowid()");
     }
+
+    const DRAWS_FENCE: bool = true;
 
     fn draw_fence<C: SimpleConnection>(conn: &mut C) -> QueryResult<()> {
         // One row, replaced: its AUTOINCREMENT id never repeats, even after a delete.

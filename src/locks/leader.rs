@@ -24,6 +24,7 @@ use std::time::{Duration, Instant};
 use crate::connect::source::ConnectionSource;
 
 use crate::error::Error;
+use crate::flow::leader_term::{Closing, Term, TermEnd, Woken};
 use crate::locks::belief::Belief;
 use crate::locks::held::{Held, Loss};
 use crate::locks::lock::{LockConnection, Locks, Renewal};
@@ -382,51 +383,6 @@ impl Terms {
     }
 }
 
-/// How a term ended.
-pub(crate) enum TermEnd {
-    Stopped,
-    Lost(String),
-    JobEnded(Option<String>),
-}
-
-impl TermEnd {
-    /// The end, knowing the term's `loss`: a job that ended because one of its writes found
-    /// the lock lost lost the lead.
-    pub(crate) fn given(self, loss: &Loss) -> TermEnd {
-        match (self, loss.why()) {
-            (TermEnd::JobEnded(_), Some(why)) => TermEnd::Lost(why),
-            (end, _) => end,
-        }
-    }
-
-    /// What the job is told when the term ends.
-    pub(crate) fn why(&self) -> String {
-        match self {
-            TermEnd::Stopped => "the candidate is stepping down".to_string(),
-            TermEnd::Lost(reason) => format!("the lead was lost: {reason}"),
-            TermEnd::JobEnded(_) => "the job ended".to_string(),
-        }
-    }
-
-    /// [`LeaderEvent::Lost`], sent before the job is awaited, when the lead was lost.
-    pub(crate) fn lost_event(&self) -> Option<LeaderEvent> {
-        match self {
-            TermEnd::Lost(reason) => Some(LeaderEvent::Lost {
-                reason: reason.clone(),
-            }),
-            _ => None,
-        }
-    }
-
-    /// Why a term ended for want of a renewal, given the last renewal's error.
-    pub(crate) fn unrenewed(last_error: Option<String>) -> TermEnd {
-        TermEnd::Lost(match last_error {
-            Some(e) => format!("no renewal succeeded before the renew deadline: {e}"),
-            None => "no renewal came back before the renew deadline".into(),
-        })
-    }
-}
-
 /// Checks a candidate's names and timing.
 pub(crate) fn check_candidate(
     name: &str,
@@ -480,36 +436,38 @@ where
                 }
                 continue;
             };
-            let renewal = guard.renewal();
-            self.terms.begin(renewal.belief(), guard.fence());
-            self.report(LeaderEvent::Elected {
-                fence: guard.fence(),
-            });
+            let (renewal, fence) = (guard.renewal(), guard.fence());
+            self.terms.begin(renewal.belief(), fence);
+            self.report(LeaderEvent::Elected { fence });
             let loss = Loss::new();
-            let job = self.start_job(renewal.held(Arc::clone(&loss)), guard.fence());
-            let end = self.lead(&renewal, guard.fence()).given(&loss);
-            renewal.end();
-            self.terms.end();
-            // The job stops before the lock is given up: told, awaited, then the release.
-            if let Some(lost) = end.lost_event() {
-                self.report(lost);
-            }
-            loss.set(end.why());
-            if let Some(job) = job {
-                let _ = job.join();
-            }
-            // An expired lease frees nothing; a lost connection leaves it to its lease.
-            let _ = guard.release();
-            match end {
-                TermEnd::Stopped => {
-                    self.report(LeaderEvent::SteppedDown);
-                    return;
+            let mut job = self.start_job(renewal.held(Arc::clone(&loss)), fence);
+            let mut guard = Some(guard);
+            let end = self.lead(&renewal, fence);
+            for step in end.closing(&loss, timing.retry_period) {
+                match step {
+                    Closing::EndBelief => {
+                        renewal.end();
+                        self.terms.end();
+                    }
+                    Closing::Report(event) => self.report(event),
+                    Closing::TellJob(why) => loss.set(why),
+                    Closing::AwaitJob => {
+                        if let Some(job) = job.take() {
+                            let _ = job.join();
+                        }
+                    }
+                    Closing::Release => {
+                        if let Some(guard) = guard.take() {
+                            let _ = guard.release();
+                        }
+                    }
+                    Closing::CampaignAfter(pause) => {
+                        if self.wait(pause) {
+                            return;
+                        }
+                    }
+                    Closing::End => return,
                 }
-                TermEnd::Lost(_) => {}
-                TermEnd::JobEnded(panic) => self.report(LeaderEvent::JobEnded { panic }),
-            }
-            if self.wait(timing.retry_period) {
-                return;
             }
         }
     }
@@ -542,49 +500,36 @@ where
         }
     }
 
-    /// Leads the term with `fence`, renewing every retry period, until stopped or lost.
+    /// Leads the term with `fence` until it ends, as [`Term`] decides: renewals on
+    /// threads of their own, their answers and the job's end as signals.
     fn lead(&self, renewal: &Renewal<S>, fence: i64) -> TermEnd {
-        let period = self.timing.retry_period;
-        let mut next = Instant::now() + period;
-        let mut in_flight = false;
-        let mut last_error: Option<String> = None;
+        let mut term = Term::begin(self.timing.retry_period, Instant::now());
         loop {
-            let Some(deadline) = renewal.deadline() else {
-                return TermEnd::Lost("the lease was lost".into());
+            let wake = match term.wait_until(renewal.deadline()) {
+                Ok(wake) => wake,
+                Err(end) => return end,
             };
-            let wake = if in_flight {
-                deadline
-            } else {
-                next.min(deadline)
-            };
-            match self
+            let woken = match self
                 .received
                 .recv_timeout(wake.saturating_duration_since(Instant::now()))
             {
-                Ok(Signal::Stop) | Err(RecvTimeoutError::Disconnected) => return TermEnd::Stopped,
-                Ok(Signal::Renewed(of, _) | Signal::JobEnded(of, _)) if of != fence => {}
-                Ok(Signal::JobEnded(_, panic)) => return TermEnd::JobEnded(panic),
-                Ok(Signal::Renewed(_, result)) => {
-                    in_flight = false;
-                    next = Instant::now() + period;
-                    match result {
-                        Ok(()) => last_error = None,
-                        Err(Error::LockLost { why, .. }) => return TermEnd::Lost(why),
-                        // Transient: try again next period, within the deadline.
-                        Err(e) => last_error = Some(e.to_string()),
-                    }
+                Ok(Signal::Stop) | Err(RecvTimeoutError::Disconnected) => Woken::Stop,
+                Ok(Signal::Renewed(of, _) | Signal::JobEnded(of, _)) if of != fence => {
+                    Woken::Timeout
                 }
-                Err(RecvTimeoutError::Timeout) => {}
-            }
-            if !renewal.is_held() {
-                return TermEnd::unrenewed(last_error);
-            }
-            if !in_flight && Instant::now() >= next {
-                in_flight = true;
-                let (renewal, signals) = (renewal.clone(), self.signals.clone());
-                crate::connect::source::spawn_in_runtime(move || {
-                    let _ = signals.send(Signal::Renewed(fence, renewal.renew()));
-                });
+                Ok(Signal::JobEnded(_, panic)) => Woken::JobEnded(panic),
+                Ok(Signal::Renewed(_, answer)) => Woken::Renewed(answer),
+                Err(RecvTimeoutError::Timeout) => Woken::Timeout,
+            };
+            match term.woken(woken, renewal.is_held(), Instant::now()) {
+                Err(end) => return end,
+                Ok(false) => {}
+                Ok(true) => {
+                    let (renewal, signals) = (renewal.clone(), self.signals.clone());
+                    crate::connect::source::spawn_in_runtime(move || {
+                        let _ = signals.send(Signal::Renewed(fence, renewal.renew()));
+                    });
+                }
             }
         }
     }

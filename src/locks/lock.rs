@@ -47,9 +47,10 @@ use diesel::query_builder::InsertStatement;
 use diesel::query_dsl::methods::{ExecuteDsl, LoadQuery};
 use diesel::{Insertable, OptionalExtension, QueryDsl, RunQueryDsl};
 
-use crate::connect::backend::{Duplicates, OccBackend};
+use crate::connect::backend::OccBackend;
 use crate::connect::transaction::WriteTransaction;
 use crate::error::Error;
+use crate::flow::lock_transaction::{Effect, LockTransaction, LockWrite};
 use crate::guard::server_clock::{ClockColumn, Shift};
 use crate::locks::backend::{LockBackend, NextFence};
 use crate::locks::belief::{believed, Belief};
@@ -246,6 +247,85 @@ pub(crate) fn release_statement(key: &LockKey, holder: &str, fence: i64) -> Rele
     )
 }
 
+/// A lock's write, with what it needs beyond the lock's key and the holder.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum LockStep<'a> {
+    /// Take the lock, labelled, for `ttl`.
+    Acquire {
+        label: Option<&'a str>,
+        ttl: Duration,
+    },
+    /// Extend the lease of the grant with `fence` to `ttl` from now.
+    Renew { fence: i64, ttl: Duration },
+    /// Free the lock granted with `fence`.
+    Release { fence: i64 },
+}
+
+impl LockStep<'_> {
+    /// Which write this is, for the flow that orders its statements.
+    pub(crate) fn write(&self) -> LockWrite {
+        match self {
+            LockStep::Acquire { .. } => LockWrite::Acquire,
+            LockStep::Renew { .. } => LockWrite::Renew,
+            LockStep::Release { .. } => LockWrite::Release,
+        }
+    }
+}
+
+/// The compare-and-set that takes the lock; a miss names who holds it.
+pub(crate) fn acquire_write<'k>(
+    key: &'k LockKey,
+    holder: &str,
+    label: Option<&str>,
+    ttl: Duration,
+) -> CompareAndSet<'k, AcquireLock, LockTaken<'k>> {
+    let statement = acquire_statement(key, holder, label, ttl);
+    CompareAndSet::one(statement, "occ_locks", key, LockTaken { key })
+}
+
+/// The compare-and-set that extends the holder's lease; a miss says why it was lost.
+pub(crate) fn renew_write<'k>(
+    key: &'k LockKey,
+    holder: &'k str,
+    fence: i64,
+    ttl: Duration,
+) -> CompareAndSet<'k, RenewLock, LeaseLost<'k>> {
+    let statement = renew_statement(key, holder, fence, ttl);
+    CompareAndSet::one(
+        statement,
+        "occ_locks",
+        key,
+        LeaseLost { key, holder, fence },
+    )
+}
+
+/// The compare-and-set that frees the holder's lock; a miss says why it was lost.
+pub(crate) fn release_write<'k>(
+    key: &'k LockKey,
+    holder: &'k str,
+    fence: i64,
+) -> CompareAndSet<'k, ReleaseLock, LeaseLost<'k>> {
+    let statement = release_statement(key, holder, fence);
+    CompareAndSet::one(
+        statement,
+        "occ_locks",
+        key,
+        LeaseLost { key, holder, fence },
+    )
+}
+
+/// The insert of the lock row unless it exists: it cannot miss.
+pub(crate) fn create_write(key: &LockKey) -> CompareAndSet<'_, CreateLock, CannotMiss> {
+    CompareAndSet::one(key.create_row(), "occ_locks", key, CannotMiss).matching(Matches::Any)
+}
+
+/// A grant whose fence was not read back: the backend's read-back is broken.
+pub(crate) fn fence_not_read_back() -> Error {
+    Error::Database(diesel::result::Error::QueryBuilderError(
+        "the lock was taken but its fence was not read back".into(),
+    ))
+}
+
 /// `lock_name = ? AND resource = ?`.
 type KeyOf =
     Joined<ColumnEq<occ_locks::lock_name, String>, ColumnEq<occ_locks::resource, String>, And>;
@@ -415,24 +495,7 @@ where
         ttl: Duration,
         wait: Duration,
     ) -> Result<i64, Error> {
-        let fence = C::Backend::bounded(self, wait, |conn| {
-            // Every wait happens here, before the expiry below is computed.
-            lock_row(conn, key)?;
-            C::Backend::draw_fence(conn).map_err(|e| classify(conn, e))?;
-            let statement = acquire_statement(key, holder, label, ttl);
-            CompareAndSet::one(statement, "occ_locks", key, LockTaken { key })
-                .run::<C, ReturnedBy<occ_locks::fence>, i64>(conn, true)?
-                .token
-                .ok_or_else(|| {
-                    Error::Database(diesel::result::Error::QueryBuilderError(
-                        "the lock was taken but its fence was not read back".into(),
-                    ))
-                })
-        })?;
-        if C::Backend::CONFIRMS_GRANTS {
-            confirm_grant(self, key, holder, fence)?;
-        }
-        Ok(fence)
+        write_lock(self, key, holder, LockStep::Acquire { label, ttl }, wait)
     }
 
     fn renew_lock(
@@ -443,15 +506,7 @@ where
         ttl: Duration,
         wait: Duration,
     ) -> Result<(), Error> {
-        C::Backend::bounded(self, wait, |conn| {
-            // Waits here, so that the lease is checked and extended after them.
-            lock_row(conn, key)?;
-            let statement = renew_statement(key, holder, fence, ttl);
-            let miss = LeaseLost { key, holder, fence };
-            CompareAndSet::one(statement, "occ_locks", key, miss)
-                .run::<C, Counted, i64>(conn, true)
-                .map(drop)
-        })
+        write_lock(self, key, holder, LockStep::Renew { fence, ttl }, wait).map(drop)
     }
 
     fn check_held(&mut self, key: &LockKey, holder: &str, fence: i64) -> Result<(), Error> {
@@ -481,14 +536,71 @@ where
         fence: i64,
         wait: Duration,
     ) -> Result<(), Error> {
-        C::Backend::bounded(self, wait, |conn| {
-            let statement = release_statement(key, holder, fence);
-            let miss = LeaseLost { key, holder, fence };
-            CompareAndSet::one(statement, "occ_locks", key, miss)
-                .run::<C, Counted, i64>(conn, true)
-                .map(drop)
-        })
+        write_lock(self, key, holder, LockStep::Release { fence }, wait).map(drop)
     }
+}
+
+/// Runs `step` on the lock `key` for `holder` in the backend's bounded transaction, its
+/// statements in the order [`LockTransaction`] gives, and reads a grant back after the
+/// `COMMIT` where the backend needs it: the fence the lock has after it.
+fn write_lock<C>(
+    conn: &mut C,
+    key: &LockKey,
+    holder: &str,
+    step: LockStep<'_>,
+    wait: Duration,
+) -> Result<i64, Error>
+where
+    C: LoadConnection + WriteTransaction + SimpleConnection,
+    C::Backend: LockBackend,
+    AcquireLock: Assignments<C::Backend>,
+    RenewLock: Assignments<C::Backend>,
+    ReleaseLock: Assignments<C::Backend>,
+    CreateLock: Assignments<C::Backend> + ExecuteDsl<C>,
+    ReturnedBy<occ_locks::fence>: Complete<C, AcquireLock, i64>,
+    Counted: Complete<C, RenewLock, i64> + Complete<C, ReleaseLock, i64>,
+    LockHolder: LoadQuery<'static, C, (Option<String>, Option<chrono::NaiveDateTime>)>,
+    LockOwner: LoadQuery<'static, C, (Option<String>, Option<String>, i64)>,
+    LockRow: LoadQuery<'static, C, i64>,
+{
+    let mut flow = LockTransaction::new::<C::Backend>(step.write());
+    let fence = C::Backend::bounded(conn, wait, |conn| {
+        let mut effect = flow.begun();
+        loop {
+            effect = match effect {
+                Effect::ReadRow => {
+                    let row = key.locked_row().get_result::<i64>(conn).optional();
+                    flow.read_row(row.map_err(|e| classify(conn, e))?.is_some())
+                }
+                Effect::CreateRow => {
+                    create_write(key).run::<C, Counted, i64>(conn, true)?;
+                    flow.created_row()
+                }
+                Effect::DrawFence => {
+                    C::Backend::draw_fence(conn).map_err(|e| classify(conn, e))?;
+                    flow.drew_fence()
+                }
+                Effect::Write => {
+                    return match step {
+                        LockStep::Acquire { label, ttl } => acquire_write(key, holder, label, ttl)
+                            .run::<C, ReturnedBy<occ_locks::fence>, i64>(conn, true)?
+                            .token
+                            .ok_or_else(fence_not_read_back),
+                        LockStep::Renew { fence, ttl } => renew_write(key, holder, fence, ttl)
+                            .run::<C, Counted, i64>(conn, true)
+                            .map(|_| fence),
+                        LockStep::Release { fence } => release_write(key, holder, fence)
+                            .run::<C, Counted, i64>(conn, true)
+                            .map(|_| fence),
+                    }
+                }
+            }
+        }
+    })?;
+    if flow.confirms_grant() {
+        confirm_grant(conn, key, holder, fence)?;
+    }
+    Ok(fence)
 }
 
 /// Reads the grant of `fence` to `holder` back after its `COMMIT` (see
@@ -533,44 +645,6 @@ pub(crate) fn grant_in_row(
                 )),
             ),
         }),
-    }
-}
-
-/// Locks the lock row for the rest of the transaction, creating it on first use.
-///
-/// MySQL's `INSERT ... ON DUPLICATE KEY UPDATE` locks an existing row itself (and a
-/// `SELECT ... FOR UPDATE` of a missing row first would take a gap lock that deadlocks two
-/// first users). PostgreSQL's `ON CONFLICT DO NOTHING` does not lock, so the row is read
-/// `FOR UPDATE` (and created first only when missing); SQLite's write transaction already
-/// excludes every other writer.
-fn lock_row<C>(conn: &mut C, key: &LockKey) -> Result<(), Error>
-where
-    C: LoadConnection,
-    C::Backend: LockBackend,
-    CreateLock: Assignments<C::Backend> + ExecuteDsl<C>,
-    LockRow: LoadQuery<'static, C, i64>,
-{
-    let read = |conn: &mut C| {
-        key.locked_row()
-            .get_result::<i64>(conn)
-            .optional()
-            .map_err(|e| classify(conn, e))
-    };
-    let create = |conn: &mut C| {
-        CompareAndSet::one(key.create_row(), "occ_locks", key, CannotMiss)
-            .matching(Matches::Any)
-            .run::<C, Counted, i64>(conn, true)
-            .map(drop)
-    };
-    match C::Backend::DUPLICATES {
-        Duplicates::OnDuplicateKey => create(conn),
-        Duplicates::OnConflict => {
-            if read(conn)?.is_none() {
-                create(conn)?;
-                read(conn)?;
-            }
-            Ok(())
-        }
     }
 }
 

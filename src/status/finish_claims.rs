@@ -24,14 +24,15 @@ use crate::connect::backend::OccBackend;
 use crate::connect::caller_transaction::protect_caller;
 use crate::connect::transaction::{commit_operation, WriteTransaction};
 use crate::error::Error;
+use crate::flow::finish_claims::{Effect, FinishClaims as Flow};
+use crate::guard::stored_precision::check_stored_precision;
 use crate::guard::{AdvanceInSql, Guarded};
 use crate::retry::Stop;
 use crate::sql::statement::{Assignments, Returning};
 use crate::status::claim::{check_owners, finish_where, ClaimLost, FinishClaim, FinishWhere};
-use crate::status::claim_retry::retried;
 use crate::status::HasStatus;
 use crate::write::entity::LoadByKey;
-use crate::write::executor::{classify, refuse_double_assignment};
+use crate::write::executor::{classify, in_transaction, refuse_double_assignment};
 
 /// What ending a batch of claims did, key by key (each key once, in the order given).
 #[derive(Debug)]
@@ -185,49 +186,45 @@ where
         next_owner: Option<&str>,
     ) -> Result<FinishedClaims<T::Key>, Error> {
         check_owners(owner, next_owner)?;
-        let mut report = FinishedClaims::default();
-        if keys.is_empty() {
-            return Ok(report);
-        }
-        crate::guard::stored_precision::check_stored_precision::<T, C>(conn)?;
-        for chunk in distinct(keys).chunks(KEYS_PER_STATEMENT) {
-            let statement =
-                || finish_many_statement::<T, OwnerCol>(chunk, owner, held, to, next_owner);
-            refuse_double_assignment(T::table_name(), &statement())?;
-            if C::Backend::RETURNING {
-                let ended: Vec<T::Key> = retried(conn, |conn| {
-                    let returning =
-                        Returning::new(statement(), diesel::Table::primary_key(&T::table()));
-                    protect_caller(conn, false, |conn| returning.load(conn))
-                        .map_err(|e| classify(conn, e))
-                })?;
-                for key in chunk {
-                    // The keys come back as stored, which the database may compare more
-                    // loosely than `==` (padding, collations): a key not among them is
-                    // looked up by the database itself.
-                    if ended.contains(key) {
-                        report.finished.push(key.clone());
-                        continue;
-                    }
-                    let row = T::load_by_key(conn, key).map_err(|e| classify(conn, e))?;
-                    report.add_looked_up(T::table_name(), key, &ended, row, (owner, held));
+        let statement = |keys: &[T::Key]| {
+            finish_many_statement::<T, OwnerCol>(keys, owner, held, to, next_owner)
+        };
+        let in_callers = in_transaction(conn);
+        let returning = C::Backend::RETURNING;
+        let mut flow = Flow::<T>::new(keys, T::table_name(), (owner, held), returning, in_callers);
+        let mut effect = flow.start();
+        loop {
+            effect = match effect {
+                Effect::CheckPrecision => {
+                    flow.checked(check_stored_precision::<T, C>(conn).and_then(|()| {
+                        // The same assignments for every chunk: one key shows them.
+                        let one = statement(&keys[..keys.len().min(1)]);
+                        refuse_double_assignment(T::table_name(), &one)
+                    }))
                 }
-            } else if chunk.len() > 1
-                && retried(conn, |conn| {
-                    every_claim_ended(conn, statement(), chunk.len())
-                })?
-            {
-                report.finished.extend_from_slice(chunk);
-            } else {
-                for key in chunk {
-                    let ended = retried(conn, |conn| {
-                        T::finish_claim_row(conn, key, owner, held, to, next_owner)
-                    });
-                    report.add_alone(key, ended)?;
+                Effect::SendReturning(chunk) => {
+                    let key_columns = diesel::Table::primary_key(&T::table());
+                    let returning = Returning::new(statement(&chunk), key_columns);
+                    let sent = protect_caller(conn, false, |conn| returning.load(conn));
+                    flow.returned(sent.map_err(|e| classify(conn, e)))
                 }
+                Effect::LookUp(key) => {
+                    flow.looked_up(T::load_by_key(conn, &key).map_err(|e| classify(conn, e)))
+                }
+                Effect::SendAllOrNothing(chunk) => {
+                    let keys = chunk.len();
+                    flow.all_or_nothing(every_claim_ended(conn, statement(&chunk), keys))
+                }
+                Effect::EndAlone(key) => {
+                    flow.ended_alone(T::finish_claim_row(conn, &key, owner, held, to, next_owner))
+                }
+                Effect::Pause(pause) => {
+                    std::thread::sleep(pause);
+                    flow.paused()
+                }
+                Effect::Done => return flow.outcome(),
             }
         }
-        Ok(report)
     }
 }
 
