@@ -123,9 +123,7 @@ pub use lock_connection::AsyncLockConnection;
 pub use locks::{AsyncLockGuard, AsyncLockPool, AsyncLocks};
 pub use modify::{AsyncGuardedModify, AsyncModifyRow};
 pub use pessimistic::AsyncPessimistic;
-pub use send::{
-    AsyncComplete, AsyncCompleteEach, AsyncLoadByKey, AsyncReadsBack, AsyncReadsVersionBack,
-};
+pub use send::{AsyncComplete, AsyncCompleteEach, AsyncLoadByKey, AsyncSendPlan};
 pub use source::AsyncConnectionSource;
 #[cfg(feature = "async-deadpool")]
 pub use source::DeadpoolCheckout;

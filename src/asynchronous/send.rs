@@ -16,7 +16,7 @@ use super::connection::{in_transaction, NativeAsync, NativeAsyncConnection};
 use crate::connect::backend::OccBackend;
 use crate::guard::Guarded;
 use crate::sql::names::table_name;
-use crate::sql::new_token::{Counted, ReadAfter, ReturnedBy, ReturnedVersion};
+use crate::sql::new_token::{Counted, Executed, ReadAfter, ReturnedBy, TokenPlan};
 use crate::sql::statement::{LatestRead, RowLock};
 use crate::sql::values_update::{RowAndToken, RowOnly, Template, ValuesUpdate};
 use crate::write::entity::{rows_by_keys, RowsByKeys};
@@ -147,9 +147,9 @@ where
     read(SelectDsl::select(filtered, T::as_select()), how)
 }
 
-/// Sends a guarded statement on async connection `C`, as
-/// the blocking executor runs it on a blocking one: the rows it
-/// matched and, for kinds whose next token only the database knows, that token.
+/// Sends a guarded statement on async connection `C`, as the blocking executor runs it on
+/// a blocking one: the rows it matched and, for kinds whose next token only the database
+/// knows, that token. The async driver of [`TokenPlan`]: the backend's plan, awaited.
 #[diagnostic::on_unimplemented(
     message = "this guard cannot run its statement on `{C}`",
     note = "the statement, its guard's assignments or the token's column type do not fit this connection's backend"
@@ -164,132 +164,114 @@ pub trait AsyncComplete<C, S, Tok> {
     ) -> impl Future<Output = QueryResult<(usize, Option<Tok>)>> + Send;
 }
 
-impl<C, S, Tok> AsyncComplete<C, S, Tok> for Counted
+impl<C, S, Tok, K> AsyncComplete<C, S, Tok> for K
+where
+    C: AsyncConnection,
+    K: TokenPlan<C::Backend, S, Tok>,
+    K::Plan: AsyncSendPlan<C, Tok>,
+{
+    fn run(
+        conn: &mut C,
+        statement: S,
+        own: bool,
+    ) -> impl Future<Output = QueryResult<(usize, Option<Tok>)>> + Send {
+        K::plan(statement).send(conn, own)
+    }
+}
+
+/// How the async driver sends a plan of [`TokenPlan`] on connection `C`.
+#[diagnostic::on_unimplemented(
+    message = "this guard's statements cannot be sent on `{C}`",
+    note = "the statement, its guard's assignments or the token's column type do not fit this connection's backend"
+)]
+pub trait AsyncSendPlan<C, Tok> {
+    /// Sends the plan on `conn`: the rows the statement matched and the token it left.
+    #[doc(hidden)]
+    fn send(
+        self,
+        conn: &mut C,
+        own: bool,
+    ) -> impl Future<Output = QueryResult<(usize, Option<Tok>)>> + Send;
+}
+
+impl<C, S, Tok> AsyncSendPlan<C, Tok> for Executed<S>
 where
     C: AsyncConnection,
     S: ExecuteDsl<C> + Send + 'static,
 {
-    async fn run(conn: &mut C, statement: S, _own: bool) -> QueryResult<(usize, Option<Tok>)> {
-        ExecuteDsl::execute(statement, conn)
+    async fn send(self, conn: &mut C, _own: bool) -> QueryResult<(usize, Option<Tok>)> {
+        ExecuteDsl::execute(self.0, conn)
             .await
             .map(|rows| (rows, None))
     }
 }
 
-impl<C, S, Col, Tok> AsyncComplete<C, S, Tok> for ReturnedBy<Col>
-where
-    C: AsyncConnection,
-    C::Backend: AsyncReadsBack<C, S, Col, Tok>,
-{
-    fn run(
-        conn: &mut C,
-        statement: S,
-        own: bool,
-    ) -> impl Future<Output = QueryResult<(usize, Option<Tok>)>> + Send {
-        <C::Backend as AsyncReadsBack<C, S, Col, Tok>>::run(conn, statement, own)
-    }
-}
-
-/// A version advanced in SQL: PostgreSQL returns it; MySQL notes it in the session's
-/// `LAST_INSERT_ID` and reads the note, as the blocking path does.
-impl<C, S, Col, Tok> AsyncComplete<C, S, Tok> for ReturnedVersion<Col>
-where
-    C: AsyncConnection,
-    C::Backend: AsyncReadsVersionBack<C, S, Col, Tok>,
-{
-    fn run(
-        conn: &mut C,
-        statement: S,
-        own: bool,
-    ) -> impl Future<Output = QueryResult<(usize, Option<Tok>)>> + Send {
-        <C::Backend as AsyncReadsVersionBack<C, S, Col, Tok>>::run(conn, statement, own)
-    }
-}
-
-/// How backend `Self` sends `statement` and reads back the version it left in `Col`:
-/// `RETURNING` on PostgreSQL; on MySQL the statement notes the version in the session's
-/// `LAST_INSERT_ID` and one read takes the note and restores the caller's value.
-#[diagnostic::on_unimplemented(
-    message = "this version guard cannot read its new version back on `{Self}`",
-    note = "the statement, its guard's assignments or the version's column type do not fit this connection's backend"
-)]
-pub trait AsyncReadsVersionBack<C, S, Col, Tok> {
-    /// Sends `statement` on `conn`: the rows it matched and the version it left. `own`:
-    /// whether `conn`'s open transaction, if any, is the library's.
-    fn run(
-        conn: &mut C,
-        statement: S,
-        own: bool,
-    ) -> impl Future<Output = QueryResult<(usize, Option<Tok>)>> + Send;
-}
-
 #[cfg(feature = "postgres")]
-impl<C, S, Col, Tok> AsyncReadsVersionBack<C, S, Col, Tok> for diesel::pg::Pg
+impl<C, S, Col, Tok> AsyncSendPlan<C, Tok> for crate::sql::new_token::Returning<S, Col>
 where
-    diesel::pg::Pg: AsyncReadsBack<C, S, Col, Tok>,
+    C: AsyncConnection,
+    crate::sql::new_token::Returning<S, Col>: LoadQuery<'static, C, Tok> + Send + 'static,
+    Tok: Send,
 {
-    fn run(
-        conn: &mut C,
-        statement: S,
-        own: bool,
-    ) -> impl Future<Output = QueryResult<(usize, Option<Tok>)>> + Send {
-        <diesel::pg::Pg as AsyncReadsBack<C, S, Col, Tok>>::run(conn, statement, own)
+    async fn send(self, conn: &mut C, _own: bool) -> QueryResult<(usize, Option<Tok>)> {
+        Ok(crate::sql::new_token::returned(self.load(conn).await?))
     }
 }
 
-/// The statement noting its version, then the read of the note, as the blocking path.
 #[cfg(feature = "async-mysql")]
-impl<C, T, Changes, Advance, Key, Guard, Col, Tok>
-    AsyncReadsVersionBack<
-        C,
-        crate::sql::statement::GuardedUpdate<T, Changes, Advance, Key, Guard>,
-        Col,
-        Tok,
-    > for diesel::mysql::Mysql
+impl<C, S, R, Tok> AsyncSendPlan<C, Tok> for crate::sql::new_token::ReadAfterWrite<S, R>
 where
-    C: AsyncConnection<Backend = Self>,
-    T: diesel::Table,
-    Tok: crate::guard::version::VersionNumber,
-    crate::sql::statement::GuardedUpdate<T, Changes, Advance, Key, Guard>: Send,
-    crate::sql::statement::NotingVersion<T, Changes, Advance, Key, Guard, Col>:
-        ExecuteDsl<C> + Send + 'static,
+    C: NativeAsyncConnection,
+    C::Backend: NativeAsync,
+    S: ExecuteDsl<C> + Send + 'static,
+    R: LoadQuery<'static, C, Tok> + Send + 'static,
+    Tok: Send + 'static,
+{
+    async fn send(self, conn: &mut C, own: bool) -> QueryResult<(usize, Option<Tok>)> {
+        use crate::sql::new_token::{ReadAfterWrite, ReadBack};
+        let ReadAfterWrite { write, read } = self;
+        let read_back = ReadBack::after_write(own, in_transaction(conn));
+        if !read_back.nests() {
+            let rows = ExecuteDsl::execute(write, conn).await?;
+            if !read_back.written(rows) {
+                return Ok((rows, None));
+            }
+            return read_back.read(read.get_result(conn).await);
+        }
+        let mut transaction = super::transaction::OwnTransaction::begin_raw(conn).await?;
+        let written = async {
+            let conn = transaction.conn();
+            let rows = ExecuteDsl::execute(write, conn).await?;
+            if !read_back.written(rows) {
+                return Ok((rows, None));
+            }
+            read_back.read(read.get_result(conn).await)
+        }
+        .await;
+        transaction.finish(written, |e| e).await
+    }
+}
+
+#[cfg(feature = "async-mysql")]
+impl<C, S, Tok> AsyncSendPlan<C, Tok> for crate::sql::new_token::NotedThenRead<S>
+where
+    C: AsyncConnection<Backend = diesel::mysql::Mysql>,
+    S: ExecuteDsl<C> + Send + 'static,
+    Tok: crate::guard::version::VersionNumber + Send,
     crate::sql::statement::ReadNotedVersion:
         LoadQuery<'static, C, crate::sql::statement::NotedVersion>,
 {
-    async fn run(
-        conn: &mut C,
-        statement: crate::sql::statement::GuardedUpdate<T, Changes, Advance, Key, Guard>,
-        _own: bool,
-    ) -> QueryResult<(usize, Option<Tok>)> {
+    async fn send(self, conn: &mut C, _own: bool) -> QueryResult<(usize, Option<Tok>)> {
+        use crate::sql::new_token::ReadBack;
         use crate::sql::statement::{NotedVersion, ReadNotedVersion};
-        match ExecuteDsl::execute(statement.noting_version::<Col>(), conn).await? {
-            0 => Ok((0, None)),
-            1 => {
-                let noted: NotedVersion = ReadNotedVersion.get_result(conn).await?;
-                Ok((1, Some(noted.version()?)))
-            }
-            // A key of several rows (the write is then refused): restore the caller's value too.
-            rows => ReadNotedVersion
-                .get_result::<NotedVersion>(conn)
-                .await
-                .map(|_| (rows, None)),
+        let rows = ExecuteDsl::execute(self.0, conn).await?;
+        if !ReadBack::NOTE.written(rows) {
+            return Ok((rows, None));
         }
-    }
-}
-
-/// A token other code maintains: PostgreSQL returns it as its `BEFORE` triggers left it;
-/// MySQL reads it back in the write's transaction.
-impl<C, S, Col, Tok> AsyncComplete<C, S, Tok> for ReadAfter<Col>
-where
-    C: AsyncConnection,
-    C::Backend: AsyncReadsBack<C, S, Col, Tok>,
-{
-    fn run(
-        conn: &mut C,
-        statement: S,
-        own: bool,
-    ) -> impl Future<Output = QueryResult<(usize, Option<Tok>)>> + Send {
-        <C::Backend as AsyncReadsBack<C, S, Col, Tok>>::run(conn, statement, own)
+        ReadBack::note(
+            rows,
+            ReadNotedVersion.get_result::<NotedVersion>(conn).await,
+        )
     }
 }
 
@@ -361,88 +343,3 @@ macro_rules! complete_each_returning {
 
 complete_each_returning!(ReturnedBy);
 complete_each_returning!(ReadAfter);
-
-/// How backend `Self` sends `statement` and reads back the column `Col` it set.
-#[diagnostic::on_unimplemented(
-    message = "this guard cannot read its new token back on `{Self}`",
-    note = "an `xmin` guard is PostgreSQL's; a last-modified guard on the database's clock reads its stamp back on every backend"
-)]
-pub trait AsyncReadsBack<C, S, Col, Tok> {
-    /// Sends `statement` on `conn`: the rows it matched and the token it left. `own`:
-    /// whether `conn`'s open transaction, if any, is the library's.
-    fn run(
-        conn: &mut C,
-        statement: S,
-        own: bool,
-    ) -> impl Future<Output = QueryResult<(usize, Option<Tok>)>> + Send;
-}
-
-/// `<statement> RETURNING <Col>`: one round trip.
-#[cfg(feature = "postgres")]
-impl<C, S, Col, Tok> AsyncReadsBack<C, S, Col, Tok> for diesel::pg::Pg
-where
-    C: AsyncConnection<Backend = Self>,
-    crate::sql::new_token::Returning<S, Col>: LoadQuery<'static, C, Tok> + 'static,
-    S: Send,
-    Tok: Send,
-{
-    async fn run(conn: &mut C, statement: S, _own: bool) -> QueryResult<(usize, Option<Tok>)> {
-        let tokens: Vec<Tok> = crate::sql::new_token::Returning::new(statement)
-            .load(conn)
-            .await?;
-        Ok((tokens.len(), tokens.into_iter().next()))
-    }
-}
-
-/// No `RETURNING`: the statement, then `SELECT <Col>` of its row, in one transaction.
-#[cfg(feature = "async-mysql")]
-impl<C, T, Changes, Advance, Key, Guard, Col, Tok>
-    AsyncReadsBack<
-        C,
-        crate::sql::statement::GuardedUpdate<T, Changes, Advance, Key, Guard>,
-        Col,
-        Tok,
-    > for diesel::mysql::Mysql
-where
-    C: AsyncConnection<Backend = Self>,
-    T: diesel::Table,
-    T::FromClause: Clone,
-    Key: Clone,
-    crate::sql::statement::GuardedUpdate<T, Changes, Advance, Key, Guard>:
-        ExecuteDsl<C> + Send + 'static,
-    crate::sql::statement::ColumnOfRow<T, Key, Col>: LoadQuery<'static, C, Tok> + Send + 'static,
-    Tok: Send + 'static,
-{
-    async fn run(
-        conn: &mut C,
-        statement: crate::sql::statement::GuardedUpdate<T, Changes, Advance, Key, Guard>,
-        own: bool,
-    ) -> QueryResult<(usize, Option<Tok>)> {
-        let read = statement.read_back::<Col>();
-        // Inside a transaction the library opened, the two already go or stay together; a
-        // savepoint would only add a statement a cluster's abort can fail in (a Galera
-        // node that aborted the transaction answers `SAVEPOINT ... does not exist`).
-        if own && super::connection::in_transaction(conn) {
-            return match ExecuteDsl::execute(statement, conn).await? {
-                1 => match read.get_result(conn).await {
-                    Ok(token) => Ok((1, Some(token))),
-                    Err(diesel::result::Error::NotFound) => {
-                        Err(crate::sql::new_token::aborted_under_write())
-                    }
-                    Err(other) => Err(other),
-                },
-                rows => Ok((rows, None)),
-            };
-        }
-        let mut transaction = super::transaction::OwnTransaction::begin_raw(conn).await?;
-        let written = match ExecuteDsl::execute(statement, transaction.conn()).await {
-            Ok(1) => read
-                .get_result(transaction.conn())
-                .await
-                .map(|token| (1, Some(token))),
-            Ok(rows) => Ok((rows, None)),
-            Err(e) => Err(e),
-        };
-        transaction.finish(written, |e| e).await
-    }
-}

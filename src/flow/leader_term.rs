@@ -22,6 +22,7 @@ pub(crate) enum Woken {
     /// The renewal in flight answered.
     Renewed(Result<(), Error>),
     /// The renewal in flight did not run to its end (its task was cancelled): why.
+    #[cfg(feature = "async")]
     RenewalVanished(String),
     /// The wait ran out, or something of an earlier term arrived.
     Timeout,
@@ -86,6 +87,7 @@ impl Term {
             Woken::JobEnded(panic) => return Err(TermEnd::JobEnded(panic)),
             Woken::Renewed(Err(Error::LockLost { why, .. })) => return Err(TermEnd::Lost(why)),
             Woken::Renewed(answer) => self.answered(answer.err().map(|e| e.to_string()), now),
+            #[cfg(feature = "async")]
             Woken::RenewalVanished(why) => self.answered(Some(why), now),
             Woken::Timeout => {}
         }

@@ -133,6 +133,7 @@ fn a_deadline_passed_with_a_renewal_stuck_ends_the_term() {
     );
 }
 
+#[cfg(feature = "async")]
 #[test]
 fn a_renewal_task_that_vanished_counts_as_a_failure() {
     let t0 = Instant::now();
