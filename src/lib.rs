@@ -166,12 +166,13 @@ pub use guard::xmin::{Xid, XminGuard};
 pub use guard::{AdvanceInSql, Advancing, GuardKind, Guarded, TokenOf};
 
 // Writes.
-pub use guard::pre_image::{ChangedColumns, ExactlyComparable, GuardedChanges, SaveChanges};
+pub use guard::pre_image::{ChangedColumns, ExactlyComparable};
 pub use guard::seed::SeedsTokens;
 pub use write::batch::{
     BatchMode, BatchReport, GuardedBatch, RowOutcome, UpdateBatch, ROWS_PER_STATEMENT,
 };
 pub use write::bulk::{BulkReport, GuardedBulk, UpdateBulk};
+pub use write::changed_columns::{GuardedChanges, SaveChanges};
 pub use write::entity::{DeleteRow, GuardedWrite, LoadByKey, UpdateExcluded, UpdateRow};
 pub use write::insert::InsertRow;
 pub use write::modify::{Connections, GuardedModify, Modified};

@@ -11,7 +11,7 @@
 
 pub use crate::connect::transaction::WriteTransaction;
 pub use crate::error::Error;
-pub use crate::guard::pre_image::{ChangedColumns, GuardedChanges};
+pub use crate::guard::pre_image::ChangedColumns;
 pub use crate::guard::Guarded;
 pub use crate::json::document::{GuardedJson, JsonDocument};
 pub use crate::json::merge_in_place::GuardedJsonMerge;
@@ -24,6 +24,7 @@ pub use crate::status::transition::{GuardedStatusTransition, GuardedTransition};
 pub use crate::status::{HasStatus, Status};
 pub use crate::write::batch::GuardedBatch;
 pub use crate::write::bulk::GuardedBulk;
+pub use crate::write::changed_columns::GuardedChanges;
 pub use crate::write::entity::{GuardedWrite, LoadByKey};
 pub use crate::write::modify::GuardedModify;
 pub use crate::write::pessimistic::Pessimistic;

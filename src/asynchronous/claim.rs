@@ -43,13 +43,31 @@ use crate::status::claim_attempts::{
 };
 use crate::status::claim_heartbeat::{heartbeat_statement, HeartbeatOf};
 use crate::status::claim_in_one::{claim_in_one, ClaimInOneOf, ClaimInOneUpdateOf};
-use crate::status::claim_retry::retried_async;
 use crate::status::finish_claims::{
     finish_many_statement, FinishManyOf, FinishManyReturningOf, FinishedClaims,
 };
 use crate::status::HasStatus;
 use crate::write::entity::RowMoved;
 use crate::write::executor::{refuse_double_assignment, CompareAndSet};
+
+/// [`retried`](crate::status::claim_retry::retried) on diesel-async connection `$conn` for the future `$attempt` makes (made
+/// again for each attempt), its waits on tokio's timer.
+macro_rules! retried_async {
+    ($conn:expr, $attempt:expr) => {{
+        let mut run = $crate::status::claim_retry::claim_run(
+            $crate::asynchronous::connection::in_transaction($conn),
+        );
+        loop {
+            match $attempt.await {
+                Ok(value) => break Ok(value),
+                Err(error) => match run.wait_after::<$crate::Error>($crate::Stop::Occ(error)) {
+                    Ok(pause) => tokio::time::sleep(pause).await,
+                    Err(error) => break Err(error),
+                },
+            }
+        }
+    }};
+}
 
 /// Task claiming on async connections, for entities with a status column, an owner column
 /// and a claim-time column whose guard advances in SQL; see

@@ -220,7 +220,7 @@ impl<S: AsyncLockPool> Runner<S> {
             let mut job = self.start_job(renewal.held(Arc::clone(&loss)));
             let mut guard = Some(guard);
             let end = self.lead(&renewal, &mut job).await;
-            for step in end.closing(&loss, timing.retry_period) {
+            for step in end.closing(loss.why(), timing.retry_period) {
                 match step {
                     Closing::EndBelief => {
                         renewal.end();

@@ -16,7 +16,7 @@ use super::transaction::{Call, OwnTransaction};
 use crate::connect::backend::OccBackend;
 use crate::error::Error;
 use crate::flow::lock_transaction::{Effect, LockTransaction};
-use crate::locks::backend::ServerLockBackend;
+use crate::locks::backend::{facts, ServerLockBackend};
 use crate::locks::lock::{
     acquire_write, create_write, fence_not_read_back, grant_in_row, occ_locks, release_write,
     renew_write, AcquireLock, CreateLock, HeldRow, LeaseLost, LockHolder, LockKey, LockOwner,
@@ -180,7 +180,7 @@ where
 {
     refuse_broken(conn)?;
     let bounds = C::Backend::wait_bounds(wait);
-    let mut flow = LockTransaction::new::<C::Backend>(step.write());
+    let mut flow = LockTransaction::new(step.write(), facts::<C::Backend>());
     let mut call = Call::start(conn);
     let result = async {
         let conn = call.conn();

@@ -214,7 +214,7 @@ where
     Tok: Send,
 {
     async fn send(self, conn: &mut C, _own: bool) -> QueryResult<(usize, Option<Tok>)> {
-        Ok(crate::sql::new_token::returned(self.load(conn).await?))
+        Ok(crate::flow::read_back::returned(self.load(conn).await?))
     }
 }
 
@@ -228,7 +228,8 @@ where
     Tok: Send + 'static,
 {
     async fn send(self, conn: &mut C, own: bool) -> QueryResult<(usize, Option<Tok>)> {
-        use crate::sql::new_token::{ReadAfterWrite, ReadBack};
+        use crate::flow::read_back::ReadBack;
+        use crate::sql::new_token::ReadAfterWrite;
         let ReadAfterWrite { write, read } = self;
         let read_back = ReadBack::after_write(own, in_transaction(conn));
         if !read_back.nests() {
@@ -262,7 +263,7 @@ where
         LoadQuery<'static, C, crate::sql::statement::NotedVersion>,
 {
     async fn send(self, conn: &mut C, _own: bool) -> QueryResult<(usize, Option<Tok>)> {
-        use crate::sql::new_token::ReadBack;
+        use crate::flow::read_back::ReadBack;
         use crate::sql::statement::{NotedVersion, ReadNotedVersion};
         let rows = ExecuteDsl::execute(self.0, conn).await?;
         if !ReadBack::NOTE.written(rows) {

@@ -17,8 +17,8 @@ use diesel::connection::Connection;
 use diesel::QueryResult;
 
 use crate::connect::backend::OccBackend;
+use crate::connect::transaction::in_transaction;
 use crate::connect::write_gate;
-use crate::write::executor::in_transaction;
 
 /// Runs the write statement `f` on `conn`; on PostgreSQL, inside a transaction the
 /// caller controls (`own` false: the open transaction, if any, is not one the library

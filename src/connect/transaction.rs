@@ -32,7 +32,6 @@ use crate::connect::write_gate::MAX_WAIT;
 
 use crate::error::{connection_lost, retry_reason_of, Error};
 use crate::retry::Stop;
-use crate::write::executor::in_transaction;
 
 /// A connection that can run a transaction meant to write.
 pub trait WriteTransaction: Connection {
@@ -405,4 +404,14 @@ where
         })
     });
     result.map_err(|error| cause.take().unwrap_or(error))
+}
+
+/// Whether `conn` has an open transaction (so a dropped connection rolls the write back).
+pub(crate) fn in_transaction<C: Connection>(conn: &mut C) -> bool {
+    C::TransactionManager::transaction_manager_status_mut(conn)
+        .transaction_depth()
+        .map(|depth| depth.is_some())
+        // A broken transaction manager means the connection is in an unknown state:
+        // treat the write as possibly applied.
+        .unwrap_or(false)
 }

@@ -9,8 +9,31 @@
 use std::time::{Duration, Instant};
 
 use crate::error::Error;
-use crate::locks::held::Loss;
-use crate::locks::leader::LeaderEvent;
+
+/// A change of leadership, as the runner reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LeaderEvent {
+    /// This candidate leads now; the term's fencing token.
+    Elected {
+        /// Larger than every earlier term's.
+        fence: i64,
+    },
+    /// This candidate lost the lead: a renewal failed or came too late. Stop leading.
+    Lost {
+        /// Why.
+        reason: String,
+    },
+    /// This candidate stepped down on request and freed the lock (after its job, if it
+    /// has one, returned).
+    SteppedDown,
+    /// The job of [`Candidate::start_with_job`](crate::Candidate::start_with_job)
+    /// returned, or panicked, while this candidate led: the lock was freed, and the
+    /// candidate campaigns again after a retry period.
+    JobEnded {
+        /// The panic's message, when the job panicked.
+        panic: Option<String>,
+    },
+}
 
 /// What woke a leading runner.
 #[derive(Debug)]
@@ -132,12 +155,13 @@ pub(crate) enum Closing {
 }
 
 impl TermEnd {
-    /// How the term closes, knowing its `loss` (a job that ended because one of its writes
-    /// found the lock lost lost the lead): belief ended; the loss reported at once; the
-    /// job told and awaited; only then the lock freed, so the next leader is elected after
-    /// this one's job stopped; then the runner ends or campaigns again.
-    pub(crate) fn closing(self, loss: &Loss, retry_period: Duration) -> Vec<Closing> {
-        let end = match (self, loss.why()) {
+    /// How the term closes, knowing why the term's hold was `lost`, if it was (a job that
+    /// ended because one of its writes found the lock lost lost the lead): belief ended;
+    /// the loss reported at once; the job told and awaited; only then the lock freed, so
+    /// the next leader is elected after this one's job stopped; then the runner ends or
+    /// campaigns again.
+    pub(crate) fn closing(self, lost: Option<String>, retry_period: Duration) -> Vec<Closing> {
+        let end = match (self, lost) {
             (TermEnd::JobEnded(_), Some(why)) => TermEnd::Lost(why),
             (end, _) => end,
         };

@@ -6,7 +6,6 @@
 //! from the database's clock starts after them.
 
 use crate::connect::backend::Duplicates;
-use crate::locks::backend::LockBackend;
 
 /// Which write of a lock.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -35,6 +34,17 @@ pub(crate) enum Effect {
     Write,
 }
 
+/// What a backend's locks need to know of it (`LockBackend::facts`).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct LockFacts {
+    /// How its `INSERT` leaves an existing row alone.
+    pub(crate) duplicates: Duplicates,
+    /// Whether a fence is drawn before the acquisition that uses it.
+    pub(crate) draws_fence: bool,
+    /// Whether a grant is read back after its `COMMIT` before it is believed.
+    pub(crate) confirms_grants: bool,
+}
+
 /// Where a lock's write is: what its backend needs and what was sent.
 #[derive(Debug)]
 pub(crate) struct LockTransaction {
@@ -46,13 +56,13 @@ pub(crate) struct LockTransaction {
 }
 
 impl LockTransaction {
-    /// `write` on backend `DB`.
-    pub(crate) fn new<DB: LockBackend>(write: LockWrite) -> Self {
+    /// `write` on a backend with `facts`.
+    pub(crate) fn new(write: LockWrite, facts: LockFacts) -> Self {
         LockTransaction {
             write,
-            duplicates: DB::DUPLICATES,
-            draws_fence: DB::DRAWS_FENCE,
-            confirms_grants: DB::CONFIRMS_GRANTS,
+            duplicates: facts.duplicates,
+            draws_fence: facts.draws_fence,
+            confirms_grants: facts.confirms_grants,
             created: false,
         }
     }
@@ -213,20 +223,23 @@ mod tests {
 
     #[test]
     fn each_backend_gives_its_own_data() {
+        use crate::locks::backend::facts;
         #[cfg(feature = "sqlite")]
         {
-            let sqlite = LockTransaction::new::<diesel::sqlite::Sqlite>(LockWrite::Acquire);
+            let facts = facts::<diesel::sqlite::Sqlite>();
+            let sqlite = LockTransaction::new(LockWrite::Acquire, facts);
             assert_eq!(sent(sqlite, true), [ReadRow, DrawFence, Write]);
         }
         #[cfg(feature = "postgres")]
         {
-            let pg = LockTransaction::new::<diesel::pg::Pg>(LockWrite::Acquire);
+            let pg = LockTransaction::new(LockWrite::Acquire, facts::<diesel::pg::Pg>());
             assert!(!pg.confirms_grant());
             assert_eq!(sent(pg, true), [ReadRow, Write]);
         }
         #[cfg(feature = "mysql")]
         {
-            let mysql = LockTransaction::new::<diesel::mysql::Mysql>(LockWrite::Acquire);
+            let facts = facts::<diesel::mysql::Mysql>();
+            let mysql = LockTransaction::new(LockWrite::Acquire, facts);
             assert!(mysql.confirms_grant());
             assert_eq!(sent(mysql, true), [CreateRow, Write]);
         }

@@ -21,5 +21,6 @@ mod hot_rows;
 pub(crate) mod leader_term;
 #[cfg(feature = "locks")]
 pub(crate) mod lock_transaction;
+pub(crate) mod read_back;
 pub(crate) mod read_modify_write;
 pub(crate) mod row_read;

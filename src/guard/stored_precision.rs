@@ -12,31 +12,8 @@ use std::any::TypeId;
 use std::collections::HashSet;
 use std::sync::{Mutex, OnceLock};
 
-use diesel::connection::LoadConnection;
-
-use crate::connect::backend::OccBackend;
 use crate::error::Error;
 use crate::guard::{GuardKind, Guarded};
-use crate::write::entity::LoadByKey;
-use crate::write::executor::classify;
-
-/// Refuses a guard whose time tokens the column of entity `T` would not store exactly.
-/// Checked once per entity and backend in a process; only a column that passed is
-/// remembered, so a refused one is looked at again once it is widened.
-pub(crate) fn check_stored_precision<T, C>(conn: &mut C) -> Result<(), Error>
-where
-    T: LoadByKey<C>,
-    C: LoadConnection,
-    C::Backend: OccBackend,
-{
-    let Some(check) = PrecisionCheck::of::<T, C::Backend>(T::table_name()) else {
-        return Ok(());
-    };
-    let (schema, name, column) = check.column();
-    let stored = C::Backend::stored_second_digits(conn, schema, name, column)
-        .map_err(|e| classify(conn, e))?;
-    check.judge(stored)
-}
 
 /// A time token's column whose declared digits have not been read yet in this process.
 pub(crate) struct PrecisionCheck {

@@ -40,8 +40,9 @@ use crate::connect::backend::OccBackend;
 use crate::error::Error;
 use crate::guard::{AdvanceInSql, Guarded, ReturnedTokenOf, TokenOf};
 use crate::json::document::{JsonDocument, Place};
-use crate::sql::new_token::{Complete, Counted};
+use crate::sql::new_token::Counted;
 use crate::sql::statement::{Assignments, Unguarded};
+use crate::write::complete::Complete;
 use crate::write::entity::{
     token_read_back, write_by_key_completed, KeyWriteOf, LoadByKey, RowMoved,
 };

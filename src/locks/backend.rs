@@ -70,6 +70,15 @@ pub trait LockBackend: OccBackend + ServerClock {
     }
 }
 
+/// What the flow of a lock's write needs to know of backend `DB`.
+pub(crate) fn facts<DB: LockBackend>() -> crate::flow::lock_transaction::LockFacts {
+    crate::flow::lock_transaction::LockFacts {
+        duplicates: DB::DUPLICATES,
+        draws_fence: DB::DRAWS_FENCE,
+        confirms_grants: DB::CONFIRMS_GRANTS,
+    }
+}
+
 /// `bound` in whole milliseconds, at least one.
 #[cfg(any(feature = "postgres", feature = "sqlite"))]
 fn millis(bound: Duration) -> u128 {

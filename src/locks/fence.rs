@@ -19,8 +19,9 @@ use diesel::{Column, OptionalExtension, QueryResult};
 use crate::connect::backend::OccBackend;
 use crate::error::Error;
 use crate::guard::Guarded;
-use crate::sql::new_token::{Complete, Counted};
+use crate::sql::new_token::Counted;
 use crate::sql::statement::{Assignments, ColumnEq, ColumnOfRow, GuardedUpdate};
+use crate::write::complete::Complete;
 use crate::write::entity::LoadByKey;
 use crate::write::executor::{classify, refuse_status_write, CompareAndSet, Miss};
 

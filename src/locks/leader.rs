@@ -24,6 +24,7 @@ use std::time::{Duration, Instant};
 use crate::connect::source::ConnectionSource;
 
 use crate::error::Error;
+pub use crate::flow::leader_term::LeaderEvent;
 use crate::flow::leader_term::{Closing, Term, TermEnd, Woken};
 use crate::locks::belief::Belief;
 use crate::locks::held::{Held, Loss};
@@ -90,31 +91,6 @@ impl ElectionTiming {
         }
         Ok(())
     }
-}
-
-/// A change of leadership, as the runner reports it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum LeaderEvent {
-    /// This candidate leads now; the term's fencing token.
-    Elected {
-        /// Larger than every earlier term's.
-        fence: i64,
-    },
-    /// This candidate lost the lead: a renewal failed or came too late. Stop leading.
-    Lost {
-        /// Why.
-        reason: String,
-    },
-    /// This candidate stepped down on request and freed the lock (after its job, if it
-    /// has one, returned).
-    SteppedDown,
-    /// The job of [`Candidate::start_with_job`] returned, or panicked, while this
-    /// candidate led: the lock was freed, and the candidate campaigns again after a retry
-    /// period.
-    JobEnded {
-        /// The panic's message, when the job panicked.
-        panic: Option<String>,
-    },
 }
 
 /// Whether a candidate leads, as [`Candidate::leadership`] shows it to async code.
@@ -443,7 +419,7 @@ where
             let mut job = self.start_job(renewal.held(Arc::clone(&loss)), fence);
             let mut guard = Some(guard);
             let end = self.lead(&renewal, fence);
-            for step in end.closing(&loss, timing.retry_period) {
+            for step in end.closing(loss.why(), timing.retry_period) {
                 match step {
                     Closing::EndBelief => {
                         renewal.end();

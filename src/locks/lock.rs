@@ -52,16 +52,17 @@ use crate::connect::transaction::WriteTransaction;
 use crate::error::Error;
 use crate::flow::lock_transaction::{Effect, LockTransaction, LockWrite};
 use crate::guard::server_clock::{ClockColumn, Shift};
-use crate::locks::backend::{LockBackend, NextFence};
+use crate::locks::backend::{facts, LockBackend, NextFence};
 use crate::locks::belief::{believed, Belief};
 use crate::locks::held::{Held, Loss};
 use crate::retry::RetryPolicy;
 use crate::sql::names::check_name;
-use crate::sql::new_token::{Complete, Counted, ReturnedBy};
+use crate::sql::new_token::{Counted, ReturnedBy};
 use crate::sql::statement::{
     And, Assignments, ColumnEq, ColumnOfRow, Comma, Either, GuardedUpdate, Increment,
     InsertIfMissing, Joined, LatestRead, Null, RowLock, Unguarded,
 };
+use crate::write::complete::Complete;
 use crate::write::executor::{classify, CannotMiss, CompareAndSet, Matches, Miss};
 
 diesel::table! {
@@ -563,7 +564,7 @@ where
     LockOwner: LoadQuery<'static, C, (Option<String>, Option<String>, i64)>,
     LockRow: LoadQuery<'static, C, i64>,
 {
-    let mut flow = LockTransaction::new::<C::Backend>(step.write());
+    let mut flow = LockTransaction::new(step.write(), facts::<C::Backend>());
     let fence = C::Backend::bounded(conn, wait, |conn| {
         let mut effect = flow.begun();
         loop {

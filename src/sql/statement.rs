@@ -310,22 +310,6 @@ pub(crate) struct NotedVersion {
     pub(crate) _restored: Option<u64>,
 }
 
-#[cfg(feature = "mysql")]
-impl NotedVersion {
-    /// The noted version as version type `V`.
-    pub(crate) fn version<V: crate::guard::version::VersionNumber>(self) -> QueryResult<V> {
-        V::from_noted(self.noted).ok_or_else(|| {
-            diesel::result::Error::DeserializationError(
-                format!(
-                    "the noted version {} does not fit the version's type",
-                    self.noted
-                )
-                .into(),
-            )
-        })
-    }
-}
-
 /// `SELECT <Col> FROM <table> WHERE (<key>)`; see [`GuardedUpdate::read_back`].
 #[derive(Debug, Clone)]
 pub struct ColumnOfRow<T: Table, Key, Col> {

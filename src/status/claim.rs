@@ -55,7 +55,7 @@ use crate::connect::transaction::{commit_operation, WriteTransaction};
 use crate::error::Error;
 use crate::guard::server_clock::{ClockColumn, ServerClock, Shift};
 use crate::guard::{AdvanceInSql, Guarded};
-use crate::sql::new_token::{Complete, Counted};
+use crate::sql::new_token::Counted;
 use crate::sql::statement::{And, Assignments, ColumnEq, Comma, GuardedUpdate, Joined};
 use crate::status::claim_attempts::{AttemptLimit, ClaimCounted, Claimed};
 use crate::status::claim_heartbeat::ExtendClaim;
@@ -65,6 +65,7 @@ use crate::status::claimable_rows::ClaimableRows;
 use crate::status::finish_claims::{FinishClaims, FinishedClaims};
 use crate::status::{HasStatus, Status};
 use crate::write::bulk::BulkUpdateOf;
+use crate::write::complete::Complete;
 use crate::write::entity::{LoadByKey, RowMoved};
 use crate::write::executor::{classify, refuse_double_assignment, CompareAndSet, Matches, Miss};
 
@@ -485,7 +486,7 @@ where
             return Ok(Vec::new());
         }
         if C::Backend::RETURNING {
-            crate::guard::stored_precision::check_stored_precision::<T, C>(conn)?;
+            crate::write::entity::check_stored_precision::<T, C>(conn)?;
             let claim = claim_in_one::<T, OwnerCol, AtCol, C::Backend>(request);
             refuse_double_assignment(T::table_name(), &claim.statement().update)?;
             return protect_caller(conn, false, |conn| claim.load(conn))
@@ -657,7 +658,7 @@ where
     if locked.is_empty() {
         return Ok(Vec::new());
     }
-    crate::guard::stored_precision::check_stored_precision::<T, C>(conn)?;
+    crate::write::entity::check_stored_precision::<T, C>(conn)?;
     let keys: Vec<T::Key> = locked.iter().map(Guarded::key).collect();
     claim_write(locked, &keys, T::table_name(), update).run::<C, Counted, ()>(conn, true)?;
     T::load_by_keys(conn, &keys).map_err(|e| classify(conn, e))
@@ -721,7 +722,7 @@ where
         next_owner: Option<&str>,
     ) -> Result<(), Error> {
         check_owners(owner, next_owner)?;
-        crate::guard::stored_precision::check_stored_precision::<T, C>(conn)?;
+        crate::write::entity::check_stored_precision::<T, C>(conn)?;
         let statement = finish_statement::<T, OwnerCol>(key, owner, held, to, next_owner);
         let miss = ClaimLost::<T> { key, owner, held };
         CompareAndSet::one(statement, T::table_name(), key, miss)

@@ -19,7 +19,7 @@ use crate::connect::backend::OccBackend;
 use crate::connect::transaction::{commit_operation, WriteTransaction};
 use crate::error::Error;
 use crate::guard::{AdvanceInSql, Guarded};
-use crate::sql::new_token::{Complete, Counted};
+use crate::sql::new_token::Counted;
 use crate::sql::statement::{Assignments, ColumnEq, Comma, Increment, Joined};
 use crate::status::claim::{
     claim_changes, write_locked, ClaimChanges, ClaimRequest, Claimable, ClaimableOf,
@@ -27,6 +27,7 @@ use crate::status::claim::{
 use crate::status::claimable_rows::ClaimableRows;
 use crate::status::{HasStatus, Status};
 use crate::write::bulk::BulkUpdateOf;
+use crate::write::complete::Complete;
 use crate::write::entity::LoadByKey;
 use crate::write::executor::classify;
 

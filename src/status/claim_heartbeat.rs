@@ -16,10 +16,11 @@ use crate::connect::transaction::{commit_operation, WriteTransaction};
 use crate::error::Error;
 use crate::guard::server_clock::{ClockColumn, Shift};
 use crate::guard::AdvanceInSql;
-use crate::sql::new_token::{Complete, Counted};
+use crate::sql::new_token::Counted;
 use crate::sql::statement::{Assignments, Comma, Joined};
 use crate::status::claim::{held_by, ClaimLost, HeldBy};
 use crate::status::HasStatus;
+use crate::write::complete::Complete;
 use crate::write::entity::{KeyWriteOf, LoadByKey, RowMoved};
 use crate::write::executor::{classify, CompareAndSet};
 
@@ -64,7 +65,7 @@ where
         held: T::Status,
     ) -> Result<T, Error> {
         crate::sql::names::check_name("owner", owner)?;
-        crate::guard::stored_precision::check_stored_precision::<T, C>(conn)?;
+        crate::write::entity::check_stored_precision::<T, C>(conn)?;
         commit_operation(conn, |conn| {
             // Waits here for whoever holds the row, before the claim time is computed.
             T::load_by_key(conn, key).map_err(|e| classify(conn, e))?;

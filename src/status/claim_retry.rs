@@ -13,9 +13,9 @@ use std::sync::LazyLock;
 
 use diesel::Connection;
 
+use crate::connect::transaction::in_transaction;
 use crate::error::Error;
 use crate::retry::{RetryPolicy, Run, Stop};
-use crate::write::executor::in_transaction;
 
 /// The policy of a claim operation outside the caller's transaction.
 static AGAIN: LazyLock<RetryPolicy> = LazyLock::new(RetryPolicy::default);
@@ -46,25 +46,3 @@ pub(crate) fn retried<C: Connection, T>(
         }
     }
 }
-
-/// [`retried`] on diesel-async connection `$conn` for the future `$attempt` makes (made
-/// again for each attempt), its waits on tokio's timer.
-#[cfg(feature = "async")]
-macro_rules! retried_async {
-    ($conn:expr, $attempt:expr) => {{
-        let mut run = $crate::status::claim_retry::claim_run(
-            $crate::asynchronous::connection::in_transaction($conn),
-        );
-        loop {
-            match $attempt.await {
-                Ok(value) => break Ok(value),
-                Err(error) => match run.wait_after::<$crate::Error>($crate::Stop::Occ(error)) {
-                    Ok(pause) => tokio::time::sleep(pause).await,
-                    Err(error) => break Err(error),
-                },
-            }
-        }
-    }};
-}
-#[cfg(feature = "async")]
-pub(crate) use retried_async;

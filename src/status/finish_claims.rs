@@ -22,17 +22,18 @@ use diesel::{Column, RunQueryDsl};
 
 use crate::connect::backend::OccBackend;
 use crate::connect::caller_transaction::protect_caller;
+use crate::connect::transaction::in_transaction;
 use crate::connect::transaction::{commit_operation, WriteTransaction};
 use crate::error::Error;
 use crate::flow::finish_claims::{Effect, FinishClaims as Flow};
-use crate::guard::stored_precision::check_stored_precision;
 use crate::guard::{AdvanceInSql, Guarded};
 use crate::retry::Stop;
 use crate::sql::statement::{Assignments, Returning};
 use crate::status::claim::{check_owners, finish_where, ClaimLost, FinishClaim, FinishWhere};
 use crate::status::HasStatus;
+use crate::write::entity::check_stored_precision;
 use crate::write::entity::LoadByKey;
-use crate::write::executor::{classify, in_transaction, refuse_double_assignment};
+use crate::write::executor::{classify, refuse_double_assignment};
 
 /// What ending a batch of claims did, key by key (each key once, in the order given).
 #[derive(Debug)]

@@ -34,16 +34,17 @@ use diesel::{Column, Insertable};
 use crate::connect::backend::OccBackend;
 use crate::connect::transaction::{commit_operation, WriteTransaction};
 use crate::error::{Error, InvalidTransition};
-use crate::guard::stored_precision::check_stored_precision;
 use crate::guard::{
     AdvanceInSql, AdvanceOf, CompletionOf, GuardKind, Guarded, ReturnedTokenOf, TokenOf,
 };
 use crate::retry::{RetryPolicy, Stop};
-use crate::sql::new_token::{Complete, Counted};
+use crate::sql::new_token::Counted;
 use crate::sql::statement::{And, Assignments, ColumnEq, Comma, GuardedUpdate, Joined, NoChanges};
 use crate::sql::statement::{RowLock, Unguarded};
 use crate::status::condition::{TransitionCondition, When};
 use crate::status::{HasStatus, Status, StatusIn};
+use crate::write::complete::Complete;
+use crate::write::entity::check_stored_precision;
 use crate::write::entity::{
     advance_from_in, unreadable_row, write_by_key, KeyWriteOf, LoadByKey, RowMoved,
 };

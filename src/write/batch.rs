@@ -29,20 +29,20 @@ use diesel::query_builder::{AsChangeset, QueryFragment};
 use diesel::result::Error as DieselError;
 
 use crate::connect::backend::OccBackend;
+use crate::connect::transaction::in_transaction;
 use crate::connect::transaction::WriteTransaction;
 use crate::error::{Conflict, Error, Token};
 use crate::flow::batch::{Batch, Effect};
-use crate::guard::stored_precision::check_stored_precision;
 use crate::guard::{CompletionOf, GuardKind, Guarded, TokenOf};
-use crate::sql::new_token::{Complete, CompleteEach, Counted};
+use crate::sql::new_token::Counted;
 use crate::sql::statement::Assignments;
+use crate::write::complete::{Complete, CompleteEach};
+use crate::write::entity::check_stored_precision;
 use crate::write::entity::{
     guarded_statement_in, run_guarded, DeleteOf, DeleteRow, GuardedWrite, LoadByKey, RowMoved,
     UpdateOf, UpdateRow,
 };
-use crate::write::executor::{
-    classify, in_transaction, refuse_double_assignment, run_each, Written,
-};
+use crate::write::executor::{classify, refuse_double_assignment, run_each, Written};
 
 /// Whether a batch keeps the rows it could write when others miss.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

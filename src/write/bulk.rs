@@ -138,7 +138,7 @@ where
     CanAdvanceOf<T>: QueryFragment<C::Backend>,
 {
     fn update_bulk(conn: &mut C, filter: F, changes: Ch) -> Result<BulkReport, Error> {
-        crate::guard::stored_precision::check_stored_precision::<T, C>(conn)?;
+        crate::write::entity::check_stored_precision::<T, C>(conn)?;
         let BulkPlan {
             statement,
             at_maximum,

@@ -10,19 +10,20 @@ use diesel::result::Error as DieselError;
 use diesel::{OptionalExtension, QueryResult, RunQueryDsl, Selectable, SelectableHelper};
 
 use crate::connect::backend::OccBackend;
+use crate::connect::transaction::in_transaction;
 use crate::error::{Conflict, Error};
-use crate::guard::stored_precision::check_stored_precision;
 use crate::guard::{
     AdvanceAnyOf, AdvanceInSql, AdvanceOf, Advancing, CanAdvanceOf, CompletionOf, GuardKind,
     Guarded, ReturnedTokenOf, TokenOf,
 };
 use crate::sql::names::table_name;
-use crate::sql::new_token::{Complete, Counted};
+use crate::sql::new_token::Counted;
 use crate::sql::statement::{
     assigned_columns, And, Assignments, Comma, GuardedDelete, GuardedUpdate, Joined, LatestRead,
     NoChanges, RowLock, Unguarded,
 };
-use crate::write::executor::{classify, in_transaction, refuse_status_write, CompareAndSet, Miss};
+use crate::write::complete::Complete;
+use crate::write::executor::{classify, refuse_status_write, CompareAndSet, Miss};
 
 /// The guarded `UPDATE` of entity `T` with changeset `Ch`; a save also requires the row
 /// to be in the saved copy's state ([`Guarded::StatusKept`]).
@@ -1016,6 +1017,26 @@ pub(crate) fn unreadable_row(
         }),
         other => Err(other),
     }
+}
+
+/// Refuses a guard whose time tokens the column of entity `T` would not store exactly.
+/// Checked once per entity and backend in a process; only a column that passed is
+/// remembered, so a refused one is looked at again once it is widened.
+pub(crate) fn check_stored_precision<T, C>(conn: &mut C) -> Result<(), Error>
+where
+    T: LoadByKey<C>,
+    C: LoadConnection,
+    C::Backend: OccBackend,
+{
+    let Some(check) =
+        crate::guard::stored_precision::PrecisionCheck::of::<T, C::Backend>(T::table_name())
+    else {
+        return Ok(());
+    };
+    let (schema, name, column) = check.column();
+    let stored = C::Backend::stored_second_digits(conn, schema, name, column)
+        .map_err(|e| classify(conn, e))?;
+    check.judge(stored)
 }
 
 #[cfg(test)]

@@ -9,14 +9,14 @@
 
 use std::fmt::Debug;
 
-use diesel::connection::{Connection, LoadConnection, TransactionManager};
+use diesel::connection::LoadConnection;
 use diesel::result::Error as DieselError;
 
 use crate::connect::backend::OccBackend;
 use crate::connect::caller_transaction::protect_caller;
 use crate::error::Error;
-use crate::sql::new_token::{Complete, CompleteEach};
 use crate::sql::statement::Assignments;
+use crate::write::complete::{Complete, CompleteEach};
 
 /// How many rows a statement must match to have done its job.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -247,7 +247,7 @@ where
     C: LoadConnection,
     C::Backend: OccBackend,
 {
-    let inside = in_transaction(conn);
+    let inside = crate::connect::transaction::in_transaction(conn);
     classify_given(error, inside, |e| C::Backend::retry_reason(conn, e))
 }
 
@@ -268,14 +268,4 @@ pub(crate) fn classify_given(
         };
     }
     Error::classified(error, retry_reason)
-}
-
-/// Whether `conn` has an open transaction (so a dropped connection rolls the write back).
-pub(crate) fn in_transaction<C: Connection>(conn: &mut C) -> bool {
-    C::TransactionManager::transaction_manager_status_mut(conn)
-        .transaction_depth()
-        .map(|depth| depth.is_some())
-        // A broken transaction manager means the connection is in an unknown state:
-        // treat the write as possibly applied.
-        .unwrap_or(false)
 }

@@ -10,10 +10,10 @@ use diesel::Insertable;
 use crate::connect::backend::OccBackend;
 use crate::error::Error;
 use crate::guard::seed::SeedsTokens;
-use crate::guard::stored_precision::check_stored_precision;
 use crate::guard::TokenOf;
 use crate::sql::new_token::Counted;
 use crate::sql::statement::Assignments;
+use crate::write::entity::check_stored_precision;
 use crate::write::entity::LoadByKey;
 use crate::write::executor::{CannotMiss, CompareAndSet, Matches};
 

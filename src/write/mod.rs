@@ -4,6 +4,8 @@
 
 pub(crate) mod batch;
 pub(crate) mod bulk;
+pub(crate) mod changed_columns;
+pub(crate) mod complete;
 pub(crate) mod entity;
 pub(crate) mod executor;
 pub(crate) mod insert;

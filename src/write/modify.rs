@@ -24,6 +24,7 @@ use diesel::result::Error as DieselError;
 
 use crate::connect::backend::OccBackend;
 use crate::connect::source::ConnectionSource;
+use crate::connect::transaction::in_transaction;
 use crate::connect::transaction::WriteTransaction;
 use crate::error::Error;
 use crate::flow::read_modify_write::{Effect, ReadModifyWrite};
@@ -33,7 +34,7 @@ use crate::sql::statement::RowLock;
 use crate::write::entity::{
     refuse_status_move, write_and_record, GuardedWrite, LoadByKey, UpdateRow,
 };
-use crate::write::executor::{classify, in_transaction};
+use crate::write::executor::classify;
 
 /// Where the attempts of a retried operation get their connection.
 pub trait Connections {

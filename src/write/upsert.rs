@@ -15,10 +15,10 @@ use diesel::query_builder::AsChangeset;
 
 use crate::connect::backend::OccBackend;
 use crate::error::Error;
-use crate::guard::stored_precision::check_stored_precision;
 use crate::guard::{Advancing, CompletionOf, TokenOf};
-use crate::sql::new_token::Complete;
 use crate::sql::statement::Assignments;
+use crate::write::complete::Complete;
+use crate::write::entity::check_stored_precision;
 use crate::write::entity::{guarded_statement, RowMoved, UpdateOf};
 use crate::write::executor::{CompareAndSet, Miss};
 use crate::write::insert::InsertRow;

@@ -2,10 +2,8 @@
 
 use std::time::{Duration, Instant};
 
-use super::{Closing, Term, TermEnd, Woken};
+use super::{Closing, LeaderEvent, Term, TermEnd, Woken};
 use crate::error::Error;
-use crate::locks::held::Loss;
-use crate::locks::leader::LeaderEvent;
 
 const PERIOD: Duration = Duration::from_secs(2);
 
@@ -164,7 +162,7 @@ fn a_stop_and_a_job_that_returned_end_the_term_even_while_renewing() {
 
 #[test]
 fn a_stepping_down_leader_tells_and_awaits_its_job_before_it_frees_the_lock() {
-    let steps = TermEnd::Stopped.closing(&Loss::new(), PERIOD);
+    let steps = TermEnd::Stopped.closing(None, PERIOD);
     assert_eq!(
         steps,
         vec![
@@ -180,7 +178,7 @@ fn a_stepping_down_leader_tells_and_awaits_its_job_before_it_frees_the_lock() {
 
 #[test]
 fn a_lost_lead_is_reported_before_the_job_is_awaited_and_campaigns_again() {
-    let steps = TermEnd::Lost("taken over".into()).closing(&Loss::new(), PERIOD);
+    let steps = TermEnd::Lost("taken over".into()).closing(None, PERIOD);
     assert_eq!(
         steps,
         vec![
@@ -198,7 +196,7 @@ fn a_lost_lead_is_reported_before_the_job_is_awaited_and_campaigns_again() {
 
 #[test]
 fn a_job_that_returned_ends_its_term_and_the_candidate_campaigns_again() {
-    let steps = TermEnd::JobEnded(Some("boom".into())).closing(&Loss::new(), PERIOD);
+    let steps = TermEnd::JobEnded(Some("boom".into())).closing(None, PERIOD);
     assert_eq!(
         steps,
         vec![
@@ -216,9 +214,8 @@ fn a_job_that_returned_ends_its_term_and_the_candidate_campaigns_again() {
 
 #[test]
 fn a_job_that_ended_because_its_write_found_the_lock_lost_lost_the_lead() {
-    let loss = Loss::new();
-    loss.set("fence 7 was superseded".into());
-    let steps = TermEnd::JobEnded(None).closing(&loss, PERIOD);
+    let lost = Some("fence 7 was superseded".to_string());
+    let steps = TermEnd::JobEnded(None).closing(lost, PERIOD);
     assert_eq!(
         steps[1],
         Closing::Report(LeaderEvent::Lost {
