@@ -23,6 +23,8 @@ pub mod claim_paths;
 #[cfg(feature = "deadpool")]
 #[macro_use]
 pub mod deadpool;
+#[macro_use]
+pub mod drivers;
 pub mod faults;
 pub mod fenced;
 #[cfg(all(

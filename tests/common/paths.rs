@@ -179,8 +179,8 @@ pub fn add_one_to(order: &mut Order, suffix: &str) -> Result<(), Error> {
     Ok(())
 }
 
-/// The blocking API on connection `C`.
-pub struct Blocking<C>(pub C);
+/// The blocking API on connection `C` (with the drivers' traits, in [`super::drivers`]).
+pub use super::drivers::Blocking;
 
 /// The async API on diesel-async connection `A`, driven by a runtime of the test thread's.
 pub struct Async<A> {

@@ -1,16 +1,18 @@
 //! Read-modify-write with retry: every attempt reads, changes and writes under the guard;
-//! conflicts start again from the read; the caller's own errors stop it unchanged.
+//! conflicts start again from the read; the caller's own errors stop it unchanged. Each
+//! body runs on both drivers (the blocking API and the async one), on every backend.
 
 use crate::common;
 
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::Barrier;
+use std::sync::{Arc, Barrier};
 use std::time::Duration;
 
+use common::drivers::{Modify, ModifyPooled};
 use common::models::{Counter, Order};
 use common::schema::{counters, orders};
 use diesel::prelude::*;
-use diesel_occ::{Contention, Error, GuardedModify, GuardedWrite, RetryPolicy};
+use diesel_occ::{Contention, Error, GuardedWrite, RetryPolicy};
 
 /// The caller's own error type, with diesel-occ's errors folded in.
 #[derive(Debug)]
@@ -26,6 +28,7 @@ impl From<Error> for ShopError {
 }
 
 for_each_backend! {
+    type Db = common::TestDb<Conn>;
     type Pooled = diesel_occ::Pooled<Conn>;
 
     fn insert_order(conn: &mut Pooled, status: &str) {
@@ -38,13 +41,11 @@ for_each_backend! {
         orders::table.find(1).select(Order::as_select()).first(conn).unwrap()
     }
 
-    #[test]
-    fn modify_writes_the_change_and_returns_value_token_and_attempts() {
-        let Some(db) = db() else { return };
+    fn modify_writes_the_change_and_returns_value_token_and_attempts<W: Modify<Order, usize, Error>>(db: &Db, w: impl Fn() -> W) {
         let conn = &mut db.conn();
         insert_order(conn, "valid");
 
-        let done = Order::modify(conn, &1, &RetryPolicy::default(), |order| {
+        let done = w().modify(&1, &RetryPolicy::default(), |order| {
             order.note.push_str(" + gift wrap");
             Ok::<_, Error>(order.note.len())
         })
@@ -54,13 +55,11 @@ for_each_backend! {
         assert_eq!(load(conn), done.row);
     }
 
-    #[test]
-    fn the_callers_own_error_stops_it_unchanged_and_nothing_is_written() {
-        let Some(db) = db() else { return };
+    fn the_callers_own_error_stops_it_unchanged_and_nothing_is_written<W: Modify<Order, (), ShopError>>(db: &Db, w: impl Fn() -> W) {
         let conn = &mut db.conn();
         insert_order(conn, "cancelled");
 
-        let result = Order::modify(conn, &1, &RetryPolicy::default(), |order| {
+        let result = w().modify(&1, &RetryPolicy::default(), |order| {
             if order.status == "cancelled" {
                 return Err(ShopError::AlreadyCancelled);
             }
@@ -72,12 +71,8 @@ for_each_backend! {
         assert_eq!((load(conn).status.as_str(), load(conn).version), ("cancelled", 0));
     }
 
-    #[test]
-    fn a_missing_row_is_not_found_without_calling_the_closure() {
-        let Some(db) = db() else { return };
-        let conn = &mut db.conn();
-
-        let result = Order::modify(conn, &7, &RetryPolicy::default(), |_| -> Result<(), ShopError> {
+    fn a_missing_row_is_not_found_without_calling_the_closure<W: Modify<Order, (), ShopError>>(_: &Db, w: impl Fn() -> W) {
+        let result = w().modify(&7, &RetryPolicy::default(), |_| -> Result<(), ShopError> {
             panic!("no row to change")
         });
 
@@ -89,26 +84,24 @@ for_each_backend! {
     /// attempt holds the write lock from its first read, so no writer gets in between.)
     /// Optimistic reads throughout: a locked read (the default once a row is contended)
     /// would make the closure's second writer wait for this very transaction.
-    #[test]
-    fn a_conflict_starts_again_from_a_fresh_read() {
+    fn a_conflict_starts_again_from_a_fresh_read<P: ModifyPooled<Order, (), Error>>(db: &Db, pool: &P) {
         if BACKEND == "sqlite" {
             return;
         }
-        let Some(db) = db() else { return };
         let conn = &mut db.conn();
         insert_order(conn, "valid");
-        let retries = std::sync::Arc::new(AtomicU32::new(0));
-        let seen = std::sync::Arc::clone(&retries);
+        let retries = Arc::new(AtomicU32::new(0));
+        let seen = Arc::clone(&retries);
         let policy = RetryPolicy::default().contention(Contention::Optimistic).on_retry(move |event| {
             assert!(event.error.as_conflict().is_some(), "{}", event.error);
             seen.fetch_add(1, Ordering::Relaxed);
         });
-        let mut calls = 0;
+        let calls = Arc::new(AtomicU32::new(0));
+        let (called, others) = (Arc::clone(&calls), db.pool.clone());
 
-        let done = Order::modify_pooled(&db.pool, &1, &policy, |order| {
-            calls += 1;
-            if calls == 1 {
-                let other = &mut db.conn();
+        let done = pool.modify_pooled(&1, &policy, move |order| {
+            if called.fetch_add(1, Ordering::Relaxed) == 0 {
+                let other = &mut others.get().unwrap();
                 Order::guarded_update_by_key(other, &1, &0, orders::quantity.eq(5))?;
             }
             order.note = format!("seen quantity {}", order.quantity);
@@ -116,7 +109,7 @@ for_each_backend! {
         })
         .unwrap();
 
-        assert_eq!((done.attempts, calls, retries.load(Ordering::Relaxed)), (2, 2, 1));
+        assert_eq!((done.attempts, calls.load(Ordering::Relaxed), retries.load(Ordering::Relaxed)), (2, 2, 1));
         assert_eq!(load(conn).note, "seen quantity 5", "the retry read the other write");
         assert_eq!(load(conn).version, 2);
     }
@@ -125,28 +118,25 @@ for_each_backend! {
     /// is, for the caller to retry its whole transaction: a conflict on PostgreSQL and
     /// MySQL; on SQLite the caller's (deferred) transaction cannot write after another
     /// connection did, a retryable busy error.
-    #[test]
-    fn inside_the_callers_transaction_there_is_one_attempt() {
-        let Some(db) = db() else { return };
+    fn inside_the_callers_transaction_there_is_one_attempt<W: Modify<Order, (), Error>>(db: &Db, w: impl Fn() -> W) {
         let conn = &mut db.conn();
         insert_order(conn, "valid");
 
-        let mut calls = 0;
-        let result = conn
-            .transaction::<_, Error, _>(|conn| {
-                // Optimistic: a locked read would make the closure's writer wait for us.
-                let policy = RetryPolicy::default().contention(Contention::Optimistic);
-                Ok(Order::modify(conn, &1, &policy, |order| {
-                    calls += 1;
-                    let other = &mut db.conn();
-                    Order::guarded_update_by_key(other, &1, &0, orders::quantity.eq(5))?;
-                    order.note = "mine".into();
-                    Ok::<_, Error>(())
-                }))
+        let calls = Arc::new(AtomicU32::new(0));
+        let (called, others) = (Arc::clone(&calls), db.pool.clone());
+        // Optimistic: a locked read would make the closure's writer wait for us.
+        let policy = RetryPolicy::default().contention(Contention::Optimistic);
+        let result = w()
+            .modify_in_transaction(&1, &policy, move |order| {
+                called.fetch_add(1, Ordering::Relaxed);
+                let other = &mut others.get().unwrap();
+                Order::guarded_update_by_key(other, &1, &0, orders::quantity.eq(5))?;
+                order.note = "mine".into();
+                Ok::<_, Error>(())
             })
             .unwrap();
 
-        assert_eq!(calls, 1);
+        assert_eq!(calls.load(Ordering::Relaxed), 1);
         match result {
             Err(Error::Conflict(c)) if BACKEND != "sqlite" => assert_eq!(c.found, diesel_occ::Token::Version(1)),
             Err(Error::Retryable { .. }) if BACKEND == "sqlite" => {}
@@ -157,17 +147,15 @@ for_each_backend! {
 
     /// Any guard kind: here a last-modified timestamp, which the write advances.
     #[cfg(feature = "chrono")]
-    #[test]
-    fn modify_works_with_a_timestamp_guard() {
+    fn modify_works_with_a_timestamp_guard<W: Modify<common::models::Document, (), Error>>(db: &Db, w: impl Fn() -> W) {
         use common::models::Document;
         use common::schema::documents;
-        let Some(db) = db() else { return };
         let conn = &mut db.conn();
         let stamp = chrono::DateTime::UNIX_EPOCH.naive_utc();
         let doc = Document { id: 1, body: "a".into(), hits: 0, last_modified: stamp };
         diesel::insert_into(documents::table).values(&doc).execute(conn).unwrap();
 
-        let done = Document::modify(conn, &1, &RetryPolicy::default(), |d| {
+        let done = w().modify(&1, &RetryPolicy::default(), |d| {
             d.hits += 1;
             Ok::<_, Error>(())
         })
@@ -179,14 +167,8 @@ for_each_backend! {
     }
 
     /// Eight threads add 50 each to one counter, each attempt on a connection from
-    /// `source`; returns each modify's attempts.
-    fn eight_threads_add_to_one_counter<S>(db: &common::TestDb<Conn>, source: &S, policy: &RetryPolicy) -> Vec<u32>
-    where
-        S: diesel_occ::ConnectionSource,
-        S::Connection: diesel::connection::LoadConnection + diesel_occ::WriteTransaction,
-        <S::Connection as diesel::Connection>::Backend: diesel_occ::OccBackend,
-        Counter: diesel_occ::UpdateRow<S::Connection, <Counter as diesel_occ::Guarded>::Changes>,
-    {
+    /// `pool`; returns each modify's attempts.
+    fn eight_threads_add_to_one_counter<P: ModifyPooled<Counter, (), Error>>(db: &Db, pool: &P, policy: &RetryPolicy) -> Vec<u32> {
         const THREADS: usize = 8;
         const PER_THREAD: usize = 50;
         let conn = &mut db.conn();
@@ -205,7 +187,7 @@ for_each_backend! {
                         start.wait();
                         (0..PER_THREAD)
                             .map(|_| {
-                                Counter::modify_pooled(source, &"hits".to_string(), policy, |c| {
+                                pool.modify_pooled(&"hits".to_string(), policy, |c| {
                                     c.value += 1;
                                     Ok::<_, Error>(())
                                 })
@@ -229,10 +211,8 @@ for_each_backend! {
     }
 
     /// Plain optimistic retry loses nothing, however many retries it takes.
-    #[test]
-    fn eight_threads_lose_no_increment_with_optimistic_retries() {
-        let Some(db) = db() else { return };
-        eight_threads_add_to_one_counter(&db, &db.pool, &optimistic());
+    fn eight_threads_lose_no_increment_with_optimistic_retries<P: ModifyPooled<Counter, (), Error>>(db: &Db, pool: &P) {
+        eight_threads_add_to_one_counter(db, pool, &optimistic());
     }
 
     fn optimistic() -> RetryPolicy {
@@ -242,6 +222,27 @@ for_each_backend! {
             .max_elapsed(Duration::from_secs(120))
     }
 
+    /// The default escalates: a retry reads the row with its lock, so it cannot conflict
+    /// again, and no modify takes more than two attempts.
+    fn eight_threads_lose_no_increment_and_a_retry_never_conflicts<P: ModifyPooled<Counter, (), Error>>(db: &Db, pool: &P) {
+        let attempts = eight_threads_add_to_one_counter(db, pool, &RetryPolicy::default());
+        assert!(attempts.iter().all(|&a| a <= 2), "{:?}", attempts.iter().max());
+    }
+
+    tests_on_both_drivers!(
+        |_: &Db| ();
+        modify_writes_the_change_and_returns_value_token_and_attempts,
+        the_callers_own_error_stops_it_unchanged_and_nothing_is_written,
+        a_missing_row_is_not_found_without_calling_the_closure,
+        inside_the_callers_transaction_there_is_one_attempt,
+        #[cfg(feature = "chrono")]
+        modify_works_with_a_timestamp_guard;
+        pooled:
+        a_conflict_starts_again_from_a_fresh_read,
+        eight_threads_lose_no_increment_with_optimistic_retries,
+        eight_threads_lose_no_increment_and_a_retry_never_conflicts,
+    );
+
     /// The same on a deadpool-diesel pool (as axum services build one), every thread in
     /// its runtime's context; its SQLite connections have no busy timeout, so a busy
     /// database is one more retry.
@@ -250,16 +251,19 @@ for_each_backend! {
     fn on_a_deadpool_pool_eight_threads_lose_no_increment() {
         common::deadpool::in_runtime(|| {
             let Some(db) = db() else { return };
-            eight_threads_add_to_one_counter(&db, &db.deadpool(), &optimistic().max_attempts(10_000));
+            let pool = common::drivers::BlockingPool(db.deadpool());
+            eight_threads_add_to_one_counter(&db, &pool, &optimistic().max_attempts(10_000));
         });
     }
 
-    /// The default escalates: a retry reads the row with its lock, so it cannot conflict
-    /// again, and no modify takes more than two attempts.
+    /// The same on the async path, on a deadpool pool of diesel-async connections.
+    #[cfg(all(feature = "async-deadpool", any(not(feature = "mysql"), feature = "async-mysql")))]
     #[test]
-    fn eight_threads_lose_no_increment_and_a_retry_never_conflicts() {
+    fn on_an_async_deadpool_pool_eight_threads_lose_no_increment() {
+        use diesel_async::pooled_connection::deadpool::Pool;
         let Some(db) = db() else { return };
-        let attempts = eight_threads_add_to_one_counter(&db, &db.pool, &RetryPolicy::default());
-        assert!(attempts.iter().all(|&a| a <= 2), "{:?}", attempts.iter().max());
+        let manager = common::drivers::manager::<<Conn as common::paths::AsyncOf>::Async>(&db.url, BACKEND);
+        let pool = common::drivers::AsyncPool::build(async { Pool::builder(manager).max_size(8).build().expect("a deadpool pool") });
+        eight_threads_add_to_one_counter(&db, &pool, &optimistic().max_attempts(10_000));
     }
 }

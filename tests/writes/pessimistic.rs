@@ -1,48 +1,153 @@
 //! Pessimistic helpers: work on a row locked for the transaction; a held row is refused
-//! at once with `NoWait`.
+//! at once with `NoWait`. Each body runs on both drivers (the blocking API and the async
+//! one), on every backend.
 
 use crate::common;
 
 use std::sync::{Barrier, Mutex};
 
+use common::drivers::{race, Blocking, Save};
 use common::models::Counter;
 use common::schema::counters;
 use diesel::prelude::*;
 use diesel_occ::Error;
 use diesel_occ::{LockWait, Pessimistic};
 
+/// What work on a locked counter writes, unguarded: its `Some` fields.
+#[derive(Debug, Default, AsChangeset)]
+#[diesel(table_name = counters)]
+struct Set {
+    value: Option<i64>,
+    revision: Option<i16>,
+}
+
+/// Pessimistic work on a counter, on either driver: `look` sees the locked row and says
+/// what the work writes on the lock's transaction, unguarded (if anything), and what it
+/// answers.
+trait LockedCounter {
+    /// `with_row_locked` on the counter `name`.
+    fn row_locked<R: Send>(
+        &mut self,
+        name: &str,
+        wait: LockWait,
+        look: impl FnOnce(&Counter) -> (Option<Set>, R) + Send,
+    ) -> Result<R, Error>;
+    /// `with_copy_locked` on `copy`.
+    fn copy_locked<R: Send>(
+        &mut self,
+        copy: &Counter,
+        wait: LockWait,
+        look: impl FnOnce(&Counter) -> (Option<Set>, R) + Send,
+    ) -> Result<R, Error>;
+}
+
 for_each_backend! {
-    fn insert(db: &common::TestDb<Conn>) {
+    type Db = common::TestDb<Conn>;
+
+    impl LockedCounter for Blocking<diesel_occ::Pooled<Conn>> {
+        fn row_locked<R: Send>(
+            &mut self,
+            name: &str,
+            wait: LockWait,
+            look: impl FnOnce(&Counter) -> (Option<Set>, R) + Send,
+        ) -> Result<R, Error> {
+            <Counter as Pessimistic>::with_row_locked(&mut self.0, &name.to_string(), wait, |conn, row| {
+                let (set, answer) = look(&row);
+                if let Some(set) = set {
+                    diesel::update(counters::table.find(&row.name)).set(set).execute(conn)?;
+                }
+                Ok(answer)
+            })
+        }
+        fn copy_locked<R: Send>(
+            &mut self,
+            copy: &Counter,
+            wait: LockWait,
+            look: impl FnOnce(&Counter) -> (Option<Set>, R) + Send,
+        ) -> Result<R, Error> {
+            Pessimistic::with_copy_locked(copy, &mut self.0, wait, |conn, row| {
+                let (set, answer) = look(&row);
+                if let Some(set) = set {
+                    diesel::update(counters::table.find(&row.name)).set(set).execute(conn)?;
+                }
+                Ok(answer)
+            })
+        }
+    }
+
+    #[cfg(all(feature = "async", any(not(feature = "mysql"), feature = "async-mysql")))]
+    type Async_ = <Conn as common::paths::AsyncOf>::Async;
+
+    #[cfg(all(feature = "async", any(not(feature = "mysql"), feature = "async-mysql")))]
+    impl LockedCounter for common::drivers::Async<Async_> {
+        fn row_locked<R: Send>(
+            &mut self,
+            name: &str,
+            wait: LockWait,
+            look: impl FnOnce(&Counter) -> (Option<Set>, R) + Send,
+        ) -> Result<R, Error> {
+            use diesel_occ::asynchronous::AsyncPessimistic;
+            let key = name.to_string();
+            let work = <Counter as AsyncPessimistic>::with_row_locked(
+                &mut self.conn,
+                &key,
+                wait,
+                async move |conn: &mut Async_, row: Counter| {
+                    let (set, answer) = look(&row);
+                    if let Some(set) = set {
+                        let write = diesel::update(counters::table.find(&row.name)).set(set);
+                        diesel_async::RunQueryDsl::execute(write, conn).await?;
+                    }
+                    Ok::<_, Error>(answer)
+                },
+            );
+            self.runtime.block_on(work)
+        }
+        fn copy_locked<R: Send>(
+            &mut self,
+            copy: &Counter,
+            wait: LockWait,
+            look: impl FnOnce(&Counter) -> (Option<Set>, R) + Send,
+        ) -> Result<R, Error> {
+            use diesel_occ::asynchronous::AsyncPessimistic;
+            let work = AsyncPessimistic::with_copy_locked(
+                copy,
+                &mut self.conn,
+                wait,
+                async move |conn: &mut Async_, row: Counter| {
+                    let (set, answer) = look(&row);
+                    if let Some(set) = set {
+                        let write = diesel::update(counters::table.find(&row.name)).set(set);
+                        diesel_async::RunQueryDsl::execute(write, conn).await?;
+                    }
+                    Ok::<_, Error>(answer)
+                },
+            );
+            self.runtime.block_on(work)
+        }
+    }
+
+    fn insert(db: &Db) {
         diesel::insert_into(counters::table)
             .values(&Counter { name: "hits".into(), value: 0, rev: 0 })
             .execute(&mut db.conn())
             .unwrap();
     }
 
-    /// 8 threads x 25 unguarded read-then-write increments, each on the locked row.
-    #[test]
-    fn work_on_a_locked_row_loses_no_update() {
-        let Some(db) = db() else { return };
-        insert(&db);
-        let start = Barrier::new(8);
-        let pool = &db.pool;
+    fn load(conn: &mut diesel_occ::Pooled<Conn>) -> Counter {
+        counters::table.find("hits").select(Counter::as_select()).first(conn).unwrap()
+    }
 
-        std::thread::scope(|s| {
-            for _ in 0..8 {
-                let start = &start;
-                s.spawn(move || {
-                    let mut conn = pool.get().unwrap();
-                    start.wait();
-                    for _ in 0..25 {
-                        Counter::with_row_locked(&mut conn, &"hits".to_string(), LockWait::Wait, |conn, row| {
-                            diesel::update(counters::table.find(&row.name))
-                                .set(counters::value.eq(row.value + 1))
-                                .execute(conn)
-                                .map_err(Error::from)
-                        })
-                        .unwrap();
-                    }
-                });
+    /// 8 threads x 25 unguarded read-then-write increments, each on the locked row.
+    fn work_on_a_locked_row_loses_no_update<W: LockedCounter>(db: &Db, w: impl Fn() -> W + Sync) {
+        insert(db);
+
+        race(8, w, |_, w| {
+            for _ in 0..25 {
+                w.row_locked("hits", LockWait::Wait, |row| {
+                    (Some(Set { value: Some(row.value + 1), ..Set::default() }), ())
+                })
+                .unwrap();
             }
         });
 
@@ -51,13 +156,10 @@ for_each_backend! {
     }
 
     /// While one transaction holds the row, `NoWait` is refused at once (PostgreSQL,
-    /// MySQL); a missing row is `NotFound`.
-    #[test]
-    fn no_wait_is_refused_while_another_holds_the_row() {
-        let Some(db) = db() else { return };
-        insert(&db);
-        let conn = &mut db.conn();
-        let missing = Counter::with_row_locked(conn, &"none".to_string(), LockWait::NoWait, |_, _| Ok::<_, Error>(()));
+    /// MySQL); a missing row is `NotFound`. The holder runs on the same driver.
+    fn no_wait_is_refused_while_another_holds_the_row<W: LockedCounter>(db: &Db, w: impl Fn() -> W + Sync) {
+        insert(db);
+        let missing = w().row_locked("none", LockWait::NoWait, |_| (None, ()));
         assert!(matches!(missing, Err(Error::NotFound { .. })), "{missing:?}");
         if BACKEND == "sqlite" {
             return; // SQLite's exclusive write transaction waits for the busy timeout.
@@ -66,46 +168,41 @@ for_each_backend! {
         let refused = Mutex::new(None);
         std::thread::scope(|s| {
             s.spawn(|| {
-                let mut conn = db.pool.get().unwrap();
-                Counter::with_row_locked(&mut conn, &"hits".to_string(), LockWait::Wait, |_, _| {
-                    held.wait();
-                    checked.wait();
-                    Ok::<_, Error>(())
-                })
-                .unwrap();
+                let mut holder = w();
+                holder
+                    .row_locked("hits", LockWait::Wait, |_| {
+                        held.wait();
+                        checked.wait();
+                        (None, ())
+                    })
+                    .unwrap();
             });
             held.wait();
-            let mut conn = db.pool.get().unwrap();
-            *refused.lock().unwrap() = Some(Counter::with_row_locked(&mut conn, &"hits".to_string(), LockWait::NoWait, |_, _| Ok::<_, Error>(())));
+            let mut w = w();
+            *refused.lock().unwrap() = Some(w.row_locked("hits", LockWait::NoWait, |_| (None, ())));
             checked.wait();
         });
         let refused = refused.into_inner().unwrap().unwrap();
         assert!(matches!(refused, Err(Error::LockHeld { .. })), "{refused:?}");
     }
 
-    fn load(conn: &mut diesel_occ::Pooled<Conn>) -> Counter {
-        counters::table.find("hits").select(Counter::as_select()).first(conn).unwrap()
-    }
-
     /// A loaded copy is locked only while the row still holds its token: a current copy
     /// runs the work; a copy the row moved on from is a conflict with the current row,
     /// and its work never runs.
-    #[test]
-    fn a_copy_is_locked_only_while_current() {
-        let Some(db) = db() else { return };
-        insert(&db);
-        let conn = &mut db.conn();
+    fn a_copy_is_locked_only_while_current<W: LockedCounter + Save<Counter>>(db: &Db, w: impl Fn() -> W) {
+        insert(db);
+        let (conn, w) = (&mut db.conn(), &mut w());
         let mut copy = load(conn);
-        let seen = copy.with_copy_locked(conn, LockWait::Wait, |_, row| Ok::<_, Error>(row)).unwrap();
+        let seen = w.copy_locked(&copy, LockWait::Wait, |row| (None, row.clone())).unwrap();
         assert_eq!(seen, copy);
 
         let stale = copy.clone();
         copy.value = 5;
-        diesel_occ::GuardedWrite::guarded_save(&mut copy, conn).unwrap();
+        w.save(&mut copy).unwrap();
         let mut ran = false;
-        let refused = stale.with_copy_locked(conn, LockWait::NoWait, |_, _| {
+        let refused = w.copy_locked(&stale, LockWait::NoWait, |_| {
             ran = true;
-            Ok::<_, Error>(())
+            (None, ())
         });
         match refused {
             Err(Error::Conflict(conflict)) => assert_eq!(conflict.current::<Counter>(), Some(&copy)),
@@ -113,24 +210,18 @@ for_each_backend! {
         }
         assert!(!ran);
         let gone = Counter { name: "none".into(), value: 0, rev: 0 };
-        assert!(matches!(gone.with_copy_locked(conn, LockWait::Wait, |_, _| Ok::<_, Error>(())), Err(Error::NotFound { .. })));
+        assert!(matches!(w.copy_locked(&gone, LockWait::Wait, |_| (None, ())), Err(Error::NotFound { .. })));
     }
 
     /// 8 threads confirm the same loaded copy at once: the first to lock it applies its
     /// unguarded write; every other thread finds the row moved on (the lock waits, then
     /// sees the latest row) and gets a conflict. The row took exactly one write.
-    #[test]
-    fn racing_confirmations_of_one_copy_apply_once() {
-        let Some(db) = db() else { return };
-        insert(&db);
+    fn racing_confirmations_of_one_copy_apply_once<W: LockedCounter>(db: &Db, w: impl Fn() -> W + Sync) {
+        insert(db);
         let copy = load(&mut db.conn());
-        let results: Vec<Result<(), Error>> = db.race(8, |_, conn| {
-            copy.with_copy_locked(conn, LockWait::Wait, |conn, row| {
-                diesel::update(counters::table.find(&row.name))
-                    .set((counters::value.eq(row.value + 1), counters::revision.eq(row.rev + 1)))
-                    .execute(conn)
-                    .map(drop)
-                    .map_err(Error::from)
+        let results: Vec<Result<(), Error>> = race(8, w, |_, w| {
+            w.copy_locked(&copy, LockWait::Wait, |row| {
+                (Some(Set { value: Some(row.value + 1), revision: Some(row.rev + 1) }), ())
             })
         });
         let applied = results.iter().filter(|r| r.is_ok()).count();
@@ -141,4 +232,12 @@ for_each_backend! {
         let stored = load(&mut db.conn());
         assert_eq!((stored.value, stored.rev), (1, 1));
     }
+
+    tests_on_both_drivers!(
+        |_: &Db| ();
+        work_on_a_locked_row_loses_no_update,
+        no_wait_is_refused_while_another_holds_the_row,
+        a_copy_is_locked_only_while_current,
+        racing_confirmations_of_one_copy_apply_once,
+    );
 }

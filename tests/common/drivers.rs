@@ -1,0 +1,498 @@
+//! One test body, both drivers: [`Blocking`] (the blocking API on a connection of the
+//! test's r2d2 pool) and, with the async features, [`Async`] (the async API on a
+//! diesel-async connection to the same database, driven from the test's thread);
+//! [`BlockingPool`] and [`AsyncPool`] for the calls that take a pool. Each trait here is
+//! one operation, generic in the entity, so a body names the writes it makes
+//! (`W: Insert<Order> + Delete<Order>`) and runs unchanged on both drivers.
+//!
+//! Unlike [`paths`](super::paths), this module is there without the `async` feature: the
+//! blocking half of a body still runs with the default features, and
+//! [`tests_on_both_drivers!`] writes the async half only when the async API is built.
+
+use diesel::associations::HasTable;
+use diesel::connection::{Connection, LoadConnection};
+use diesel_occ::__private::NoChanges;
+use diesel_occ::{
+    Advancing, BatchMode, BatchReport, ConnectionSource, DeleteRow, Error, Guarded, GuardedBatch,
+    GuardedModify, GuardedWrite, InsertRow, Modified, OccBackend, RetryPolicy, TokenOf, UpdateRow,
+    UpsertRow, Upserted, WriteTransaction,
+};
+
+#[cfg(all(
+    feature = "async",
+    any(not(feature = "mysql"), feature = "async-mysql")
+))]
+#[allow(unused_imports)] // Unused in the test binaries without async bodies.
+pub use on_async::*;
+
+/// The blocking API on connection `C`.
+pub struct Blocking<C>(pub C);
+
+/// The blocking API on pool `S` (r2d2, deadpool-diesel: any [`ConnectionSource`]): each
+/// call checks its connections out of it.
+pub struct BlockingPool<S>(pub S);
+
+/// A guarded insert.
+pub trait Insert<T: Guarded> {
+    fn insert(&mut self, row: &mut T) -> Result<TokenOf<T>, Error>;
+}
+
+/// A guarded upsert.
+pub trait Upsert<T: Guarded> {
+    fn upsert(&mut self, row: &mut T) -> Result<Upserted<TokenOf<T>>, Error>;
+    /// In one transaction of the caller's, upserts each of `rows` in turn whatever the
+    /// earlier ones answered, then commits: each upsert's answer, or the transaction's
+    /// failure (a `COMMIT` refused because a failed statement aborted the transaction).
+    #[allow(clippy::type_complexity)]
+    fn upsert_each_in_transaction(
+        &mut self,
+        rows: Vec<T>,
+    ) -> Result<Vec<Result<Upserted<TokenOf<T>>, Error>>, Error>;
+}
+
+/// A guarded delete.
+pub trait Delete<T: Guarded> {
+    fn delete(&mut self, row: &T) -> Result<(), Error>;
+}
+
+/// A batch of guarded deletes by key and token.
+pub trait DeleteBatch<T: Guarded> {
+    fn delete_batch(
+        &mut self,
+        rows: Vec<(T::Key, TokenOf<T>)>,
+        mode: BatchMode,
+    ) -> Result<BatchReport<()>, Error>;
+}
+
+/// A guarded touch: the token advances, nothing else changes.
+pub trait Touch<T: Guarded> {
+    fn touch(&mut self, row: &mut T) -> Result<TokenOf<T>, Error>;
+}
+
+/// A guarded save of every updatable field.
+pub trait Save<T: Guarded> {
+    fn save(&mut self, row: &mut T) -> Result<TokenOf<T>, Error>;
+}
+
+/// A guarded update with changes `Ch`.
+pub trait Update<T: Guarded, Ch> {
+    fn update(&mut self, row: &T, changes: Ch) -> Result<TokenOf<T>, Error>;
+}
+
+/// Read-modify-write on the executor's connection, whose closure returns `R` or stops
+/// with `E`. The closure is `Send + 'static` on both drivers: on SQLite the async call
+/// runs it on the connection's thread.
+pub trait Modify<T: Guarded, R, E> {
+    fn modify(
+        &mut self,
+        key: &T::Key,
+        policy: &RetryPolicy,
+        change: impl FnMut(&mut T) -> Result<R, E> + Send + 'static,
+    ) -> Result<Modified<T, R>, E>;
+    /// [`modify`](Self::modify) inside a transaction of the caller's, which commits
+    /// whatever the modify answered: the modify's answer, or the transaction's failure.
+    fn modify_in_transaction(
+        &mut self,
+        key: &T::Key,
+        policy: &RetryPolicy,
+        change: impl FnMut(&mut T) -> Result<R, E> + Send + 'static,
+    ) -> Result<Result<Modified<T, R>, E>, Error>;
+}
+
+/// Read-modify-write on connections from the executor's pool, from any thread.
+pub trait ModifyPooled<T: Guarded, R, E>: Sync {
+    fn modify_pooled(
+        &self,
+        key: &T::Key,
+        policy: &RetryPolicy,
+        change: impl FnMut(&mut T) -> Result<R, E> + Send + 'static,
+    ) -> Result<Modified<T, R>, E>;
+}
+
+impl<C, T: InsertRow<C>> Insert<T> for Blocking<C> {
+    fn insert(&mut self, row: &mut T) -> Result<TokenOf<T>, Error> {
+        row.guarded_insert(&mut self.0)
+    }
+}
+
+impl<C: Connection, T: UpsertRow<C>> Upsert<T> for Blocking<C> {
+    fn upsert(&mut self, row: &mut T) -> Result<Upserted<TokenOf<T>>, Error> {
+        row.guarded_upsert(&mut self.0)
+    }
+    fn upsert_each_in_transaction(
+        &mut self,
+        rows: Vec<T>,
+    ) -> Result<Vec<Result<Upserted<TokenOf<T>>, Error>>, Error> {
+        self.0.transaction::<_, Error, _>(|conn| {
+            Ok(rows
+                .into_iter()
+                .map(|mut row| row.guarded_upsert(conn))
+                .collect())
+        })
+    }
+}
+
+impl<C, T: DeleteRow<C>> Delete<T> for Blocking<C> {
+    fn delete(&mut self, row: &T) -> Result<(), Error> {
+        row.guarded_delete(&mut self.0)
+    }
+}
+
+impl<C: WriteTransaction, T: DeleteRow<C>> DeleteBatch<T> for Blocking<C> {
+    fn delete_batch(
+        &mut self,
+        rows: Vec<(T::Key, TokenOf<T>)>,
+        mode: BatchMode,
+    ) -> Result<BatchReport<()>, Error> {
+        T::guarded_delete_batch(&mut self.0, rows, mode)
+    }
+}
+
+impl<C, T> Touch<T> for Blocking<C>
+where
+    T: Guarded<Guard: Advancing> + UpdateRow<C, NoChanges<<T as HasTable>::Table>>,
+{
+    fn touch(&mut self, row: &mut T) -> Result<TokenOf<T>, Error> {
+        row.guarded_touch(&mut self.0)
+    }
+}
+
+impl<C, T> Save<T> for Blocking<C>
+where
+    T: Guarded<Guard: Advancing> + UpdateRow<C, <T as Guarded>::Changes>,
+{
+    fn save(&mut self, row: &mut T) -> Result<TokenOf<T>, Error> {
+        row.guarded_save(&mut self.0)
+    }
+}
+
+impl<C, T: UpdateRow<C, Ch>, Ch> Update<T, Ch> for Blocking<C> {
+    fn update(&mut self, row: &T, changes: Ch) -> Result<TokenOf<T>, Error> {
+        row.guarded_update(&mut self.0, changes)
+    }
+}
+
+impl<C, T, R, E> Modify<T, R, E> for Blocking<C>
+where
+    C: LoadConnection + WriteTransaction,
+    C::Backend: OccBackend,
+    T: Clone + UpdateRow<C, <T as Guarded>::Changes>,
+    E: From<Error>,
+{
+    fn modify(
+        &mut self,
+        key: &T::Key,
+        policy: &RetryPolicy,
+        change: impl FnMut(&mut T) -> Result<R, E> + Send + 'static,
+    ) -> Result<Modified<T, R>, E> {
+        T::modify(&mut self.0, key, policy, change)
+    }
+    fn modify_in_transaction(
+        &mut self,
+        key: &T::Key,
+        policy: &RetryPolicy,
+        change: impl FnMut(&mut T) -> Result<R, E> + Send + 'static,
+    ) -> Result<Result<Modified<T, R>, E>, Error> {
+        self.0
+            .transaction::<_, Error, _>(|conn| Ok(T::modify(conn, key, policy, change)))
+    }
+}
+
+impl<S, T, R, E> ModifyPooled<T, R, E> for BlockingPool<S>
+where
+    S: ConnectionSource + Sync,
+    S::Connection: LoadConnection + WriteTransaction,
+    <S::Connection as Connection>::Backend: OccBackend,
+    T: Clone + UpdateRow<S::Connection, <T as Guarded>::Changes>,
+    E: From<Error>,
+{
+    fn modify_pooled(
+        &self,
+        key: &T::Key,
+        policy: &RetryPolicy,
+        change: impl FnMut(&mut T) -> Result<R, E> + Send + 'static,
+    ) -> Result<Modified<T, R>, E> {
+        T::modify_pooled(&self.0, key, policy, change)
+    }
+}
+
+/// Runs `work(t, executor)` on `threads` threads that start together, each with an
+/// executor of its own made by `make` before the start; the results in thread order.
+pub fn race<W, R: Send>(
+    threads: usize,
+    make: impl Fn() -> W + Sync,
+    work: impl Fn(usize, &mut W) -> R + Sync,
+) -> Vec<R> {
+    let (start, make, work) = (std::sync::Barrier::new(threads), &make, &work);
+    std::thread::scope(|s| {
+        let handles: Vec<_> = (0..threads)
+            .map(|t| {
+                let start = &start;
+                s.spawn(move || {
+                    let mut executor = make();
+                    start.wait();
+                    work(t, &mut executor)
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    })
+}
+
+#[cfg(all(
+    feature = "async",
+    any(not(feature = "mysql"), feature = "async-mysql")
+))]
+mod on_async {
+    use super::*;
+
+    pub use super::super::paths::Async;
+    use diesel_async::AsyncConnection;
+    use diesel_occ::asynchronous::{
+        AsyncConnectionSource, AsyncDeleteBatch, AsyncDeleteRow, AsyncGuardedBatch,
+        AsyncGuardedModify, AsyncGuardedWrite, AsyncInsertRow, AsyncModifyRow, AsyncUpdateRow,
+        AsyncUpsertRow,
+    };
+
+    /// The closure of an async read-modify-write, boxed so that one bound names it.
+    pub type Change<T, R, E> = Box<dyn FnMut(&mut T) -> Result<R, E> + Send>;
+
+    /// The async API on pool `P` (bb8, deadpool: any [`AsyncConnectionSource`]), driven by
+    /// `runtime` from any thread: each call blocks its thread on the runtime.
+    pub struct AsyncPool<P> {
+        pub pool: P,
+        pub runtime: tokio::runtime::Runtime,
+    }
+
+    /// A pool manager of connections `A` to `url`; on SQLite (`backend`) they wait for the
+    /// write lock, as the test pools' do.
+    pub fn manager<A>(
+        url: &str,
+        backend: &str,
+    ) -> diesel_async::pooled_connection::AsyncDieselConnectionManager<A>
+    where
+        A: AsyncConnection + 'static,
+    {
+        let mut config = diesel_async::pooled_connection::ManagerConfig::default();
+        if backend == "sqlite" {
+            config.custom_setup = Box::new(|url| {
+                Box::pin(async move {
+                    let mut conn = A::establish(url).await?;
+                    conn.batch_execute("PRAGMA busy_timeout = 60000")
+                        .await
+                        .map_err(diesel::ConnectionError::CouldntSetupConfiguration)?;
+                    Ok(conn)
+                })
+            });
+        }
+        diesel_async::pooled_connection::AsyncDieselConnectionManager::new_with_config(url, config)
+    }
+
+    impl<P> AsyncPool<P> {
+        /// The pool `build` makes, on a runtime of its own.
+        pub fn build(build: impl std::future::Future<Output = P>) -> Self {
+            let runtime = super::super::paths::runtime();
+            let pool = runtime.block_on(build);
+            AsyncPool { pool, runtime }
+        }
+    }
+
+    impl<A: Send, T: AsyncInsertRow<A>> Insert<T> for Async<A> {
+        fn insert(&mut self, row: &mut T) -> Result<TokenOf<T>, Error> {
+            self.runtime
+                .block_on(AsyncGuardedWrite::guarded_insert(row, &mut self.conn))
+        }
+    }
+
+    impl<A, T> Upsert<T> for Async<A>
+    where
+        A: AsyncConnection + Send,
+        T: AsyncUpsertRow<A> + Send,
+        TokenOf<T>: Send,
+    {
+        fn upsert(&mut self, row: &mut T) -> Result<Upserted<TokenOf<T>>, Error> {
+            self.runtime
+                .block_on(AsyncGuardedWrite::guarded_upsert(row, &mut self.conn))
+        }
+        fn upsert_each_in_transaction(
+            &mut self,
+            rows: Vec<T>,
+        ) -> Result<Vec<Result<Upserted<TokenOf<T>>, Error>>, Error> {
+            self.runtime
+                .block_on(self.conn.transaction::<_, Error, _>(async move |conn| {
+                    let mut answers = Vec::new();
+                    for mut row in rows {
+                        answers.push(AsyncGuardedWrite::guarded_upsert(&mut row, conn).await);
+                    }
+                    Ok(answers)
+                }))
+        }
+    }
+
+    impl<A: Send, T: AsyncDeleteRow<A>> Delete<T> for Async<A> {
+        fn delete(&mut self, row: &T) -> Result<(), Error> {
+            self.runtime
+                .block_on(AsyncGuardedWrite::guarded_delete(row, &mut self.conn))
+        }
+    }
+
+    impl<A, T: AsyncDeleteBatch<A>> DeleteBatch<T> for Async<A> {
+        fn delete_batch(
+            &mut self,
+            rows: Vec<(T::Key, TokenOf<T>)>,
+            mode: BatchMode,
+        ) -> Result<BatchReport<()>, Error> {
+            self.runtime
+                .block_on(<T as AsyncGuardedBatch>::guarded_delete_batch(
+                    &mut self.conn,
+                    rows,
+                    mode,
+                ))
+        }
+    }
+
+    impl<A, T> Touch<T> for Async<A>
+    where
+        A: Send,
+        T: Guarded<Guard: Advancing> + AsyncUpdateRow<A, NoChanges<<T as HasTable>::Table>>,
+        <T as HasTable>::Table: Send,
+    {
+        fn touch(&mut self, row: &mut T) -> Result<TokenOf<T>, Error> {
+            self.runtime
+                .block_on(AsyncGuardedWrite::guarded_touch(row, &mut self.conn))
+        }
+    }
+
+    impl<A, T> Save<T> for Async<A>
+    where
+        A: Send,
+        T: Guarded<Guard: Advancing> + AsyncUpdateRow<A, <T as Guarded>::Changes>,
+        T::Changes: Send,
+    {
+        fn save(&mut self, row: &mut T) -> Result<TokenOf<T>, Error> {
+            self.runtime
+                .block_on(AsyncGuardedWrite::guarded_save(row, &mut self.conn))
+        }
+    }
+
+    impl<A: Send, T: AsyncUpdateRow<A, Ch>, Ch: Send> Update<T, Ch> for Async<A> {
+        fn update(&mut self, row: &T, changes: Ch) -> Result<TokenOf<T>, Error> {
+            self.runtime.block_on(AsyncGuardedWrite::guarded_update(
+                row,
+                &mut self.conn,
+                changes,
+            ))
+        }
+    }
+
+    impl<A, T, R, E> Modify<T, R, E> for Async<A>
+    where
+        A: AsyncConnection + Send,
+        T: AsyncModifyRow<A, Change<T, R, E>, R, E> + Clone + Send,
+        R: Send,
+        E: Send,
+    {
+        fn modify(
+            &mut self,
+            key: &T::Key,
+            policy: &RetryPolicy,
+            change: impl FnMut(&mut T) -> Result<R, E> + Send + 'static,
+        ) -> Result<Modified<T, R>, E> {
+            let change: Change<T, R, E> = Box::new(change);
+            self.runtime.block_on(<T as AsyncGuardedModify>::modify(
+                &mut self.conn,
+                key,
+                policy,
+                change,
+            ))
+        }
+        fn modify_in_transaction(
+            &mut self,
+            key: &T::Key,
+            policy: &RetryPolicy,
+            change: impl FnMut(&mut T) -> Result<R, E> + Send + 'static,
+        ) -> Result<Result<Modified<T, R>, E>, Error> {
+            let change: Change<T, R, E> = Box::new(change);
+            self.runtime
+                .block_on(self.conn.transaction::<_, Error, _>(async move |conn| {
+                    Ok(<T as AsyncGuardedModify>::modify(conn, key, policy, change).await)
+                }))
+        }
+    }
+
+    impl<P, T, R, E> ModifyPooled<T, R, E> for AsyncPool<P>
+    where
+        P: AsyncConnectionSource,
+        T: AsyncModifyRow<P::Connection, Change<T, R, E>, R, E> + Clone,
+    {
+        fn modify_pooled(
+            &self,
+            key: &T::Key,
+            policy: &RetryPolicy,
+            change: impl FnMut(&mut T) -> Result<R, E> + Send + 'static,
+        ) -> Result<Modified<T, R>, E> {
+            let change: Change<T, R, E> = Box::new(change);
+            self.runtime
+                .block_on(<T as AsyncGuardedModify>::modify_pooled(
+                    &self.pool, key, policy, change,
+                ))
+        }
+    }
+}
+
+/// Writes each test body once per driver, as `#[test]`s in modules `blocking` and (when
+/// the async API is built) `on_async` of a `for_each_backend!` module; each gets a fresh
+/// database, prepared by `$prepare(&db)`. A body listed first is
+/// `fn(&TestDb, make_executor)` (a function that makes an executor on a connection of
+/// its own, one per thread for the racing bodies); one listed after `pooled:` is
+/// `fn(&TestDb, &pool_executor)` (the test's r2d2 pool, or a bb8 pool of 10 diesel-async
+/// connections). Attributes before a body's name (`#[cfg(...)]`) go to both of its tests.
+#[macro_export]
+macro_rules! tests_on_both_drivers {
+    (
+        $prepare:expr;
+        $( $(#[$meta:meta])* $body:ident ),* $(,)?
+        $( ; pooled: $( $(#[$pmeta:meta])* $pbody:ident ),* $(,)? )?
+    ) => {
+        mod blocking {
+            use super::*;
+            $( $(#[$meta])* #[test] fn $body() {
+                let Some(db) = db() else { return };
+                ($prepare)(&db);
+                let pool = &db.pool;
+                super::$body(&db, || common::drivers::Blocking(pool.get().unwrap()));
+            } )*
+            $($( $(#[$pmeta])* #[test] fn $pbody() {
+                let Some(db) = db() else { return };
+                ($prepare)(&db);
+                super::$pbody(&db, &common::drivers::BlockingPool(db.pool.clone()));
+            } )*)?
+        }
+        #[cfg(all(feature = "async", any(not(feature = "mysql"), feature = "async-mysql")))]
+        mod on_async {
+            use super::*;
+            $( $(#[$meta])* #[test] fn $body() {
+                use common::paths::AsyncOf;
+                let Some(db) = db() else { return };
+                ($prepare)(&db);
+                let url = &db.url;
+                super::$body(&db, || {
+                    let runtime = common::paths::runtime();
+                    common::drivers::Async { conn: Conn::connect(url, &runtime), runtime }
+                });
+            } )*
+            $($( $(#[$pmeta])* #[cfg(feature = "bb8")] #[test] fn $pbody() {
+                let Some(db) = db() else { return };
+                ($prepare)(&db);
+                let pool = common::drivers::AsyncPool::build(async {
+                    diesel_async::pooled_connection::bb8::Pool::builder()
+                        .max_size(10)
+                        .build(common::drivers::manager::<<Conn as common::paths::AsyncOf>::Async>(&db.url, BACKEND))
+                        .await
+                        .expect("a bb8 pool")
+                });
+                super::$pbody(&db, &pool);
+            } )*)?
+        }
+    };
+}
