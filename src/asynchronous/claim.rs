@@ -50,8 +50,9 @@ use crate::status::HasStatus;
 use crate::write::entity::RowMoved;
 use crate::write::executor::{refuse_double_assignment, CompareAndSet};
 
-/// [`retried`](crate::status::claim_retry::retried) on diesel-async connection `$conn` for the future `$attempt` makes (made
-/// again for each attempt), its waits on tokio's timer.
+/// [`retried`](crate::status::claim_retry::retried) on diesel-async connection `$conn`
+/// for the future `$attempt` makes (made again for each attempt), its waits on tokio's
+/// timer.
 macro_rules! retried_async {
     ($conn:expr, $attempt:expr) => {{
         let mut run = $crate::status::claim_retry::claim_run(
@@ -477,17 +478,16 @@ where
         let mut effect = flow.start();
         loop {
             effect = match effect {
-                Effect::CheckPrecision => {
+                Effect::Check(key) => {
                     refuse_broken(conn)?;
                     // In a call: a read dropped half way on MySQL leaves its reply on the
                     // socket.
                     let mut call = Call::start(&mut *conn);
                     let checked = check_stored_precision::<T, C>(call.conn(), table).await;
-                    flow.checked(call.finish(checked).and_then(|()| {
-                        // The same assignments for every chunk: one key shows them.
-                        let one = statement(&keys[..keys.len().min(1)]);
-                        refuse_double_assignment(table, &one)
-                    }))
+                    flow.checked(
+                        call.finish(checked)
+                            .and_then(|()| refuse_double_assignment(table, &statement(&[key]))),
+                    )
                 }
                 Effect::SendReturning(chunk) => {
                     let key_columns = diesel::Table::primary_key(&T::table());

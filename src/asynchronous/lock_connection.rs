@@ -201,8 +201,16 @@ where
                             run::<C, _, _, Counted, i64>(create_write(key), conn, true).await?;
                             flow.created_row()
                         }
-                        // Only SQLite draws fences, and it runs the blocking path.
-                        Effect::DrawFence => flow.drew_fence(),
+                        // Only SQLite draws fences, and its async connection runs the
+                        // blocking path: a fence not drawn would repeat the last one.
+                        Effect::DrawFence => {
+                            return Err(Error::InvalidSetting {
+                                what: "lock backend",
+                                reason: "this backend draws fences, which the async path \
+                                         does not send"
+                                    .into(),
+                            })
+                        }
                         Effect::Write => break,
                     }
                 }

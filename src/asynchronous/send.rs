@@ -149,7 +149,7 @@ where
 
 /// Sends a guarded statement on async connection `C`, as the blocking executor runs it on
 /// a blocking one: the rows it matched and, for kinds whose next token only the database
-/// knows, that token. The async driver of [`TokenPlan`]: the backend's plan, awaited.
+/// knows, that token. The async driver of the backend's token plan: the plan, awaited.
 #[diagnostic::on_unimplemented(
     message = "this guard cannot run its statement on `{C}`",
     note = "the statement, its guard's assignments or the token's column type do not fit this connection's backend"
@@ -179,7 +179,7 @@ where
     }
 }
 
-/// How the async driver sends a plan of [`TokenPlan`] on connection `C`.
+/// How the async driver sends a backend's token plan on connection `C`.
 #[diagnostic::on_unimplemented(
     message = "this guard's statements cannot be sent on `{C}`",
     note = "the statement, its guard's assignments or the token's column type do not fit this connection's backend"

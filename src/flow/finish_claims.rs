@@ -3,7 +3,8 @@
 //!
 //! - The keys are taken once each, in their first order, in statements of at most
 //!   `KEYS_PER_STATEMENT` keys, after one check that the guard's timestamp column stores
-//!   what the guard compares.
+//!   what the guard compares and that the statement does not assign the guard; the
+//!   report keeps that order.
 //! - Where the backend has `RETURNING`, one statement per chunk answers with the keys it
 //!   ended; any other key is looked up, and the row found says whether it ended after all
 //!   (a key the database compares more loosely than `==`) or why its claim was lost.
@@ -31,9 +32,11 @@ use crate::status::HasStatus;
 /// What a driver does next; `K` is the entity's key.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) enum Effect<K> {
-    /// Check that the guard's timestamp column stores what the guard compares; then
+    /// Before anything is sent: check that the guard's timestamp column stores what the
+    /// guard compares, and that the statement (built for this key: every chunk's has the
+    /// same assignments) does not assign the guard; then
     /// [`checked`](FinishClaims::checked).
-    CheckPrecision,
+    Check(K),
     /// End the claims on these keys in one statement that returns the keys it ended; then
     /// [`returned`](FinishClaims::returned).
     SendReturning(Vec<K>),
@@ -108,14 +111,13 @@ where
 
     /// The first effect: nothing to do without keys.
     pub(crate) fn start(&mut self) -> Effect<T::Key> {
-        if self.chunks.is_empty() {
-            Effect::Done
-        } else {
-            Effect::CheckPrecision
+        match self.chunks.front().and_then(|chunk| chunk.first()) {
+            Some(key) => Effect::Check(key.clone()),
+            None => Effect::Done,
         }
     }
 
-    /// The precision check answered.
+    /// The checks answered.
     pub(crate) fn checked(&mut self, checked: Result<(), Error>) -> Effect<T::Key> {
         match checked {
             Ok(()) => self.next_chunk(),
@@ -129,14 +131,7 @@ where
             Ok(ended) => ended,
             Err(e) => return self.again_or(e, Self::fail),
         };
-        let chunk = self.sent_keys();
-        for key in chunk {
-            if ended.contains(&key) {
-                self.report.finished.push(key);
-            } else {
-                self.queue.push_back(key);
-            }
-        }
+        self.queue = self.sent_keys().into();
         self.ended = ended;
         self.next_look_up()
     }
@@ -213,15 +208,19 @@ where
         }
     }
 
-    /// The next key not returned, looked up; or the next chunk.
+    /// The chunk's keys in their order: a returned key is finished, the next one not
+    /// returned is looked up; or the next chunk. So the report keeps the keys' order even
+    /// where a look-up finds a key ended after all.
     fn next_look_up(&mut self) -> Effect<T::Key> {
-        match self.queue.pop_front() {
-            Some(key) => {
-                self.sent = Some(Effect::LookUp(key.clone()));
-                Effect::LookUp(key)
+        while let Some(key) = self.queue.pop_front() {
+            if self.ended.contains(&key) {
+                self.report.finished.push(key);
+                continue;
             }
-            None => self.next_chunk(),
+            self.sent = Some(Effect::LookUp(key.clone()));
+            return Effect::LookUp(key);
         }
+        self.next_chunk()
     }
 
     /// The next key ended alone; or the next chunk.

@@ -34,7 +34,7 @@ pub(crate) enum Effect {
     Write,
 }
 
-/// What a backend's locks need to know of it (`LockBackend::facts`).
+/// What a backend's locks need to know of it (`locks::backend::facts`).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct LockFacts {
     /// How its `INSERT` leaves an existing row alone.

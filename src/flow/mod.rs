@@ -9,9 +9,10 @@
 //! driver from its client, by one judgement per backend (`OccBackend::retry_reason`):
 //! MySQL's error number is asked of the server on both paths.
 //!
-//! Layering: flows use the judgements below them (`error`, `retry`, the executor's
-//! checks); the drivers (`write`, `json`, `asynchronous`) use the flows; nothing here
-//! names a connection type.
+//! Layering: flows use what lies below them (`error`, `retry`, `connect`'s judgements of
+//! a backend's answers, `sql`, `guard`); the drivers (`write`, `json`, `status`, `locks`,
+//! `asynchronous`) use the flows; nothing here names a connection type. Two flows still
+//! take their area's types from above (see CONTRIBUTING.md).
 
 pub(crate) mod batch;
 #[cfg(feature = "locks")]

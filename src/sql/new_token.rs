@@ -24,7 +24,7 @@ use crate::sql::statement::{ColumnOfRow, GuardedUpdate};
 /// plan both drivers send the same way. Each backend's choice is made here, once.
 #[diagnostic::on_unimplemented(
     message = "this guard cannot learn its new token on `{DB}`",
-    note = "an `xmin` guard is PostgreSQL's; the statement, its guard's assignments or the token's column type do not fit this backend"
+    note = "an `xmin` guard is PostgreSQL's; a `row_version` token is read back after updates the library builds; otherwise the statement, its guard's assignments or the token's column type do not fit this backend"
 )]
 pub trait TokenPlan<DB, S, Tok> {
     /// The statements sent, and how their answers give the rows and the token.

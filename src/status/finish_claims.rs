@@ -196,11 +196,9 @@ where
         let mut effect = flow.start();
         loop {
             effect = match effect {
-                Effect::CheckPrecision => {
+                Effect::Check(key) => {
                     flow.checked(check_stored_precision::<T, C>(conn).and_then(|()| {
-                        // The same assignments for every chunk: one key shows them.
-                        let one = statement(&keys[..keys.len().min(1)]);
-                        refuse_double_assignment(T::table_name(), &one)
+                        refuse_double_assignment(T::table_name(), &statement(&[key]))
                     }))
                 }
                 Effect::SendReturning(chunk) => {

@@ -115,7 +115,7 @@ fn returning_ends_every_claim_in_one_statement_each_key_once() {
     let report = run(
         flow(&[1, 2, 1, 3], true, false),
         vec![
-            (Effect::CheckPrecision, Checked(Ok(()))),
+            (Effect::Check(1), Checked(Ok(()))),
             (
                 Effect::SendReturning(vec![1, 2, 3]),
                 Returned(Ok(vec![3, 1, 2])),
@@ -132,7 +132,7 @@ fn a_key_not_returned_is_looked_up_and_its_row_says_why() {
     let report = run(
         flow(&[1, 2, 3], true, false),
         vec![
-            (Effect::CheckPrecision, Checked(Ok(()))),
+            (Effect::Check(1), Checked(Ok(()))),
             (Effect::SendReturning(vec![1, 2, 3]), Returned(Ok(vec![1]))),
             (
                 Effect::LookUp(2),
@@ -154,7 +154,7 @@ fn a_looked_up_row_among_those_returned_ended_after_all() {
     let report = run(
         flow(&[7], true, false),
         vec![
-            (Effect::CheckPrecision, Checked(Ok(()))),
+            (Effect::Check(7), Checked(Ok(()))),
             (Effect::SendReturning(vec![7]), Returned(Ok(vec![8]))),
             (Effect::LookUp(7), LookedUp(Ok(Some(task(8, Stage::Done))))),
         ],
@@ -170,7 +170,7 @@ fn a_row_whose_version_cannot_advance_is_lost_as_an_overflow() {
     let report = run(
         flow(&[2], true, false),
         vec![
-            (Effect::CheckPrecision, Checked(Ok(()))),
+            (Effect::Check(2), Checked(Ok(()))),
             (Effect::SendReturning(vec![2]), Returned(Ok(vec![]))),
             (Effect::LookUp(2), LookedUp(Ok(Some(at_end)))),
         ],
@@ -186,7 +186,7 @@ fn chunks_are_sent_in_order_at_the_statement_limit() {
     let report = run(
         flow(&keys, true, false),
         vec![
-            (Effect::CheckPrecision, Checked(Ok(()))),
+            (Effect::Check(0), Checked(Ok(()))),
             (Effect::SendReturning(chunk(0)), Returned(Ok(chunk(0)))),
             (Effect::SendReturning(chunk(1)), Returned(Ok(chunk(1)))),
             (Effect::SendReturning(chunk(2)), Returned(Ok(chunk(2)))),
@@ -199,7 +199,7 @@ fn chunks_are_sent_in_order_at_the_statement_limit() {
 #[test]
 fn a_transient_failure_sends_the_same_statement_again_after_a_pause() {
     let mut flow = flow(&[1, 2], true, false);
-    assert_eq!(flow.start(), Effect::CheckPrecision);
+    assert_eq!(flow.start(), Effect::Check(1));
     assert_eq!(flow.checked(Ok(())), Effect::SendReturning(vec![1, 2]));
     assert!(paused_in(&flow.returned(Err(deadlock()))));
     assert_eq!(flow.paused(), Effect::SendReturning(vec![1, 2]));
@@ -212,7 +212,7 @@ fn inside_the_callers_transaction_a_transient_failure_is_the_callers_to_retry() 
     let outcome = run(
         flow(&[1, 2], true, true),
         vec![
-            (Effect::CheckPrecision, Checked(Ok(()))),
+            (Effect::Check(1), Checked(Ok(()))),
             (Effect::SendReturning(vec![1, 2]), Returned(Err(deadlock()))),
         ],
     );
@@ -245,7 +245,7 @@ fn an_error_that_is_not_transient_ends_the_call_at_once() {
     let outcome = run(
         flow(&[1, 2], true, false),
         vec![
-            (Effect::CheckPrecision, Checked(Ok(()))),
+            (Effect::Check(1), Checked(Ok(()))),
             (Effect::SendReturning(vec![1, 2]), Returned(Err(broken()))),
         ],
     );
@@ -256,13 +256,13 @@ fn an_error_that_is_not_transient_ends_the_call_at_once() {
 fn a_failed_check_or_look_up_ends_the_call() {
     let checked = run(
         flow(&[1], true, false),
-        vec![(Effect::CheckPrecision, Checked(Err(broken())))],
+        vec![(Effect::Check(1), Checked(Err(broken())))],
     );
     assert!(checked.is_err());
     let looked_up = run(
         flow(&[1], true, false),
         vec![
-            (Effect::CheckPrecision, Checked(Ok(()))),
+            (Effect::Check(1), Checked(Ok(()))),
             (Effect::SendReturning(vec![1]), Returned(Ok(vec![]))),
             (Effect::LookUp(1), LookedUp(Err(broken()))),
         ],
@@ -275,7 +275,7 @@ fn without_returning_a_chunk_that_matched_every_key_ends_them_all() {
     let report = run(
         flow(&[1, 2, 3], false, false),
         vec![
-            (Effect::CheckPrecision, Checked(Ok(()))),
+            (Effect::Check(1), Checked(Ok(()))),
             (
                 Effect::SendAllOrNothing(vec![1, 2, 3]),
                 AllOrNothing(Ok(true)),
@@ -291,7 +291,7 @@ fn without_returning_a_chunk_that_missed_a_key_ends_each_claim_alone() {
     let report = run(
         flow(&[1, 2, 3], false, false),
         vec![
-            (Effect::CheckPrecision, Checked(Ok(()))),
+            (Effect::Check(1), Checked(Ok(()))),
             (
                 Effect::SendAllOrNothing(vec![1, 2, 3]),
                 AllOrNothing(Ok(false)),
@@ -311,7 +311,7 @@ fn a_single_key_is_ended_alone_at_once() {
     let report = run(
         flow(&[5], false, false),
         vec![
-            (Effect::CheckPrecision, Checked(Ok(()))),
+            (Effect::Check(5), Checked(Ok(()))),
             (Effect::EndAlone(5), EndedAlone(Ok(()))),
         ],
     )
@@ -335,7 +335,7 @@ fn an_error_ending_a_claim_alone_that_is_not_about_the_row_ends_the_call() {
     let outcome = run(
         flow(&[5, 6], false, false),
         vec![
-            (Effect::CheckPrecision, Checked(Ok(()))),
+            (Effect::Check(5), Checked(Ok(()))),
             (
                 Effect::SendAllOrNothing(vec![5, 6]),
                 AllOrNothing(Ok(false)),
@@ -344,6 +344,25 @@ fn an_error_ending_a_claim_alone_that_is_not_about_the_row_ends_the_call() {
         ],
     );
     assert!(matches!(outcome, Err(Error::Database(_))));
+}
+
+#[test]
+fn the_report_keeps_the_keys_order_when_a_look_up_finds_a_key_ended_after_all() {
+    // Key 2 is stored as 20 (a key the database compares loosely): not among the keys
+    // returned, ended all the same.
+    let report = run(
+        flow(&[1, 2, 3], true, false),
+        vec![
+            (Effect::Check(1), Checked(Ok(()))),
+            (
+                Effect::SendReturning(vec![1, 2, 3]),
+                Returned(Ok(vec![1, 20, 3])),
+            ),
+            (Effect::LookUp(2), LookedUp(Ok(Some(task(20, Stage::Done))))),
+        ],
+    )
+    .unwrap();
+    assert_eq!(report.finished, [1, 2, 3]);
 }
 
 #[test]
