@@ -13,9 +13,9 @@ use diesel::associations::HasTable;
 use diesel::connection::{Connection, LoadConnection};
 use diesel_occ::__private::NoChanges;
 use diesel_occ::{
-    Advancing, BatchMode, BatchReport, ConnectionSource, DeleteRow, Error, Guarded, GuardedBatch,
-    GuardedModify, GuardedWrite, InsertRow, Modified, OccBackend, RetryPolicy, TokenOf, UpdateRow,
-    UpsertRow, Upserted, WriteTransaction,
+    AdvanceInSql, Advancing, BatchMode, BatchReport, BulkReport, ConnectionSource, DeleteRow,
+    Error, Guarded, GuardedBatch, GuardedBulk, GuardedModify, GuardedWrite, InsertRow, Modified,
+    OccBackend, RetryPolicy, TokenOf, UpdateBulk, UpdateRow, UpsertRow, Upserted, WriteTransaction,
 };
 
 #[cfg(all(
@@ -77,6 +77,12 @@ pub trait Save<T: Guarded> {
 /// A guarded update with changes `Ch`.
 pub trait Update<T: Guarded, Ch> {
     fn update(&mut self, row: &T, changes: Ch) -> Result<TokenOf<T>, Error>;
+}
+
+/// A guarded bulk update: `changes` on every row `filter` matches, each one's token
+/// advanced.
+pub trait BulkUpdate<T: Guarded, F, Ch> {
+    fn bulk_update(&mut self, filter: F, changes: Ch) -> Result<BulkReport, Error>;
 }
 
 /// Read-modify-write on the executor's connection, whose closure returns `R` or stops
@@ -172,6 +178,15 @@ impl<C, T: UpdateRow<C, Ch>, Ch> Update<T, Ch> for Blocking<C> {
     }
 }
 
+impl<C, T, F, Ch> BulkUpdate<T, F, Ch> for Blocking<C>
+where
+    T: Guarded<Guard: AdvanceInSql> + UpdateBulk<C, F, Ch>,
+{
+    fn bulk_update(&mut self, filter: F, changes: Ch) -> Result<BulkReport, Error> {
+        T::guarded_bulk_update(&mut self.0, filter, changes)
+    }
+}
+
 impl<C, T, R, E> Modify<T, R, E> for Blocking<C>
 where
     C: LoadConnection + WriteTransaction,
@@ -250,8 +265,8 @@ mod on_async {
     use diesel_async::AsyncConnection;
     use diesel_occ::asynchronous::{
         AsyncConnectionSource, AsyncDeleteBatch, AsyncDeleteRow, AsyncGuardedBatch,
-        AsyncGuardedModify, AsyncGuardedWrite, AsyncInsertRow, AsyncModifyRow, AsyncUpdateRow,
-        AsyncUpsertRow,
+        AsyncGuardedBulk, AsyncGuardedModify, AsyncGuardedWrite, AsyncInsertRow, AsyncModifyRow,
+        AsyncUpdateBulk, AsyncUpdateRow, AsyncUpsertRow,
     };
 
     /// The closure of an async read-modify-write, boxed so that one bound names it.
@@ -382,6 +397,20 @@ mod on_async {
                 &mut self.conn,
                 changes,
             ))
+        }
+    }
+
+    impl<A, T, F, Ch> BulkUpdate<T, F, Ch> for Async<A>
+    where
+        T: Guarded<Guard: AdvanceInSql> + AsyncUpdateBulk<A, F, Ch>,
+    {
+        fn bulk_update(&mut self, filter: F, changes: Ch) -> Result<BulkReport, Error> {
+            self.runtime
+                .block_on(<T as AsyncGuardedBulk>::guarded_bulk_update(
+                    &mut self.conn,
+                    filter,
+                    changes,
+                ))
         }
     }
 
