@@ -11,12 +11,17 @@
 
 use diesel::associations::HasTable;
 use diesel::connection::{Connection, LoadConnection};
+use diesel::Column;
 use diesel_occ::__private::NoChanges;
 use diesel_occ::{
     AdvanceInSql, Advancing, BatchMode, BatchReport, BulkReport, ConnectionSource, DeleteRow,
-    Error, Guarded, GuardedBatch, GuardedBulk, GuardedModify, GuardedWrite, InsertRow, Modified,
-    OccBackend, RetryPolicy, TokenOf, UpdateBulk, UpdateRow, UpsertRow, Upserted, WriteTransaction,
+    EditJson, Error, Guarded, GuardedBatch, GuardedBulk, GuardedJson, GuardedJsonMerge,
+    GuardedModify, GuardedWrite, InsertRow, MergeInPlace, Modified, OccBackend, RetryPolicy,
+    TokenOf, UpdateBulk, UpdateRow, UpsertRow, Upserted, WriteTransaction,
 };
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use serde_json::Value;
 
 #[cfg(all(
     feature = "async",
@@ -83,6 +88,66 @@ pub trait Update<T: Guarded, Ch> {
 /// advanced.
 pub trait BulkUpdate<T: Guarded, F, Ch> {
     fn bulk_update(&mut self, filter: F, changes: Ch) -> Result<BulkReport, Error>;
+}
+
+/// Read-merge-write edits of the JSON document in column `Col`, each retried by `policy`
+/// (the library's `GuardedJson`). The edits given are `Send + 'static` on both drivers: on
+/// SQLite the async call runs them on the connection's thread.
+pub trait EditJsonColumn<T: Guarded, Col> {
+    fn merge_json(
+        &mut self,
+        key: &T::Key,
+        column: Col,
+        patch: &Value,
+        policy: &RetryPolicy,
+    ) -> Result<Modified<T, ()>, Error>;
+    fn patch_json(
+        &mut self,
+        key: &T::Key,
+        column: Col,
+        patch: &json_patch::Patch,
+        policy: &RetryPolicy,
+    ) -> Result<Modified<T, ()>, Error>;
+    fn set_json(
+        &mut self,
+        key: &T::Key,
+        column: Col,
+        pointer: &str,
+        value: Value,
+        policy: &RetryPolicy,
+    ) -> Result<Modified<T, ()>, Error>;
+    fn remove_json(
+        &mut self,
+        key: &T::Key,
+        column: Col,
+        pointer: &str,
+        policy: &RetryPolicy,
+    ) -> Result<Modified<T, ()>, Error>;
+    fn edit_json(
+        &mut self,
+        key: &T::Key,
+        column: Col,
+        policy: &RetryPolicy,
+        edit: impl FnMut(&mut Value) -> Result<(), Error> + Send + 'static,
+    ) -> Result<Modified<T, ()>, Error>;
+    fn update_json_as<D: Serialize + DeserializeOwned + 'static>(
+        &mut self,
+        key: &T::Key,
+        column: Col,
+        policy: &RetryPolicy,
+        edit: impl FnMut(&mut D) -> Result<(), Error> + Send + 'static,
+    ) -> Result<Modified<T, ()>, Error>;
+}
+
+/// One-statement merges into the JSON document in column `Col` (the library's
+/// `GuardedJsonMerge`).
+pub trait MergeJsonInPlace<T: Guarded, Col> {
+    fn merge_json_in_place(
+        &mut self,
+        key: &T::Key,
+        column: Col,
+        patch: &Value,
+    ) -> Result<TokenOf<T>, Error>;
 }
 
 /// Read-modify-write on the executor's connection, whose closure returns `R` or stops
@@ -187,6 +252,82 @@ where
     }
 }
 
+impl<C, T, Col> EditJsonColumn<T, Col> for Blocking<C>
+where
+    T: Guarded + EditJson<C, Col>,
+    Col: Column,
+{
+    fn merge_json(
+        &mut self,
+        key: &T::Key,
+        column: Col,
+        patch: &Value,
+        policy: &RetryPolicy,
+    ) -> Result<Modified<T, ()>, Error> {
+        T::merge_json(&mut self.0, key, column, patch, policy)
+    }
+    fn patch_json(
+        &mut self,
+        key: &T::Key,
+        column: Col,
+        patch: &json_patch::Patch,
+        policy: &RetryPolicy,
+    ) -> Result<Modified<T, ()>, Error> {
+        T::patch_json(&mut self.0, key, column, patch, policy)
+    }
+    fn set_json(
+        &mut self,
+        key: &T::Key,
+        column: Col,
+        pointer: &str,
+        value: Value,
+        policy: &RetryPolicy,
+    ) -> Result<Modified<T, ()>, Error> {
+        T::set_json(&mut self.0, key, column, pointer, value, policy)
+    }
+    fn remove_json(
+        &mut self,
+        key: &T::Key,
+        column: Col,
+        pointer: &str,
+        policy: &RetryPolicy,
+    ) -> Result<Modified<T, ()>, Error> {
+        T::remove_json(&mut self.0, key, column, pointer, policy)
+    }
+    fn edit_json(
+        &mut self,
+        key: &T::Key,
+        column: Col,
+        policy: &RetryPolicy,
+        edit: impl FnMut(&mut Value) -> Result<(), Error> + Send + 'static,
+    ) -> Result<Modified<T, ()>, Error> {
+        <T as GuardedJson>::edit_json(&mut self.0, key, column, policy, edit)
+    }
+    fn update_json_as<D: Serialize + DeserializeOwned + 'static>(
+        &mut self,
+        key: &T::Key,
+        column: Col,
+        policy: &RetryPolicy,
+        edit: impl FnMut(&mut D) -> Result<(), Error> + Send + 'static,
+    ) -> Result<Modified<T, ()>, Error> {
+        <T as GuardedJson>::update_json_as(&mut self.0, key, column, policy, edit)
+    }
+}
+
+impl<C, T, Col> MergeJsonInPlace<T, Col> for Blocking<C>
+where
+    T: Guarded<Guard: AdvanceInSql> + MergeInPlace<C, Col>,
+{
+    fn merge_json_in_place(
+        &mut self,
+        key: &T::Key,
+        column: Col,
+        patch: &Value,
+    ) -> Result<TokenOf<T>, Error> {
+        <T as GuardedJsonMerge>::merge_json_in_place(&mut self.0, key, column, patch)
+    }
+}
+
 impl<C, T, R, E> Modify<T, R, E> for Blocking<C>
 where
     C: LoadConnection + WriteTransaction,
@@ -264,9 +405,10 @@ mod on_async {
     pub use super::super::paths::Async;
     use diesel_async::AsyncConnection;
     use diesel_occ::asynchronous::{
-        AsyncConnectionSource, AsyncDeleteBatch, AsyncDeleteRow, AsyncGuardedBatch,
-        AsyncGuardedBulk, AsyncGuardedModify, AsyncGuardedWrite, AsyncInsertRow, AsyncModifyRow,
-        AsyncUpdateBulk, AsyncUpdateRow, AsyncUpsertRow,
+        AsyncConnectionSource, AsyncDeleteBatch, AsyncDeleteRow, AsyncEditJson, AsyncGuardedBatch,
+        AsyncGuardedBulk, AsyncGuardedJson, AsyncGuardedJsonMerge, AsyncGuardedModify,
+        AsyncGuardedWrite, AsyncInsertRow, AsyncMergeInPlace, AsyncModifyRow, AsyncUpdateBulk,
+        AsyncUpdateRow, AsyncUpsertRow, BoxedEdit,
     };
 
     /// The closure of an async read-modify-write, boxed so that one bound names it.
@@ -410,6 +552,128 @@ mod on_async {
                     &mut self.conn,
                     filter,
                     changes,
+                ))
+        }
+    }
+
+    impl<A, T, Col> EditJsonColumn<T, Col> for Async<A>
+    where
+        A: Send,
+        T: Guarded + AsyncEditJson<A, Col, BoxedEdit<(), Error>, (), Error>,
+        Col: Column + 'static,
+    {
+        fn merge_json(
+            &mut self,
+            key: &T::Key,
+            column: Col,
+            patch: &Value,
+            policy: &RetryPolicy,
+        ) -> Result<Modified<T, ()>, Error> {
+            self.runtime.block_on(<T as AsyncGuardedJson>::merge_json(
+                &mut self.conn,
+                key,
+                column,
+                patch,
+                policy,
+            ))
+        }
+        fn patch_json(
+            &mut self,
+            key: &T::Key,
+            column: Col,
+            patch: &json_patch::Patch,
+            policy: &RetryPolicy,
+        ) -> Result<Modified<T, ()>, Error> {
+            self.runtime.block_on(<T as AsyncGuardedJson>::patch_json(
+                &mut self.conn,
+                key,
+                column,
+                patch,
+                policy,
+            ))
+        }
+        fn set_json(
+            &mut self,
+            key: &T::Key,
+            column: Col,
+            pointer: &str,
+            value: Value,
+            policy: &RetryPolicy,
+        ) -> Result<Modified<T, ()>, Error> {
+            self.runtime.block_on(<T as AsyncGuardedJson>::set_json(
+                &mut self.conn,
+                key,
+                column,
+                pointer,
+                value,
+                policy,
+            ))
+        }
+        fn remove_json(
+            &mut self,
+            key: &T::Key,
+            column: Col,
+            pointer: &str,
+            policy: &RetryPolicy,
+        ) -> Result<Modified<T, ()>, Error> {
+            self.runtime.block_on(<T as AsyncGuardedJson>::remove_json(
+                &mut self.conn,
+                key,
+                column,
+                pointer,
+                policy,
+            ))
+        }
+        fn edit_json(
+            &mut self,
+            key: &T::Key,
+            column: Col,
+            policy: &RetryPolicy,
+            edit: impl FnMut(&mut Value) -> Result<(), Error> + Send + 'static,
+        ) -> Result<Modified<T, ()>, Error> {
+            let edit: BoxedEdit<(), Error> = Box::new(edit);
+            self.runtime.block_on(<T as AsyncGuardedJson>::edit_json(
+                &mut self.conn,
+                key,
+                column,
+                policy,
+                edit,
+            ))
+        }
+        fn update_json_as<D: Serialize + DeserializeOwned + 'static>(
+            &mut self,
+            key: &T::Key,
+            column: Col,
+            policy: &RetryPolicy,
+            edit: impl FnMut(&mut D) -> Result<(), Error> + Send + 'static,
+        ) -> Result<Modified<T, ()>, Error> {
+            self.runtime
+                .block_on(<T as AsyncGuardedJson>::update_json_as(
+                    &mut self.conn,
+                    key,
+                    column,
+                    policy,
+                    edit,
+                ))
+        }
+    }
+
+    impl<A, T, Col> MergeJsonInPlace<T, Col> for Async<A>
+    where
+        T: Guarded<Guard: AdvanceInSql> + AsyncMergeInPlace<A, Col>,
+    {
+        fn merge_json_in_place(
+            &mut self,
+            key: &T::Key,
+            column: Col,
+            patch: &Value,
+        ) -> Result<TokenOf<T>, Error> {
+            self.runtime
+                .block_on(<T as AsyncGuardedJsonMerge>::merge_json_in_place(
+                    &mut self.conn,
+                    key,
+                    column,
+                    patch,
                 ))
         }
     }
