@@ -84,6 +84,24 @@ pub trait Update<T: Guarded, Ch> {
     fn update(&mut self, row: &T, changes: Ch) -> Result<TokenOf<T>, Error>;
 }
 
+/// A guarded update inside a transaction of the caller's, which then commits or (without
+/// `commit`) rolls back, whatever the update answered: the update's answer, and the
+/// transaction's.
+pub trait UpdateInTransaction<T: Guarded, Ch> {
+    #[allow(clippy::type_complexity)]
+    fn update_in_transaction(
+        &mut self,
+        row: &T,
+        changes: Ch,
+        commit: bool,
+    ) -> (Result<TokenOf<T>, Error>, Result<(), Error>);
+}
+
+/// What a transaction that rolls back on purpose answers.
+fn rolled_back() -> Error {
+    Error::Database(diesel::result::Error::RollbackTransaction)
+}
+
 /// A guarded bulk update: `changes` on every row `filter` matches, each one's token
 /// advanced.
 pub trait BulkUpdate<T: Guarded, F, Ch> {
@@ -240,6 +258,26 @@ where
 impl<C, T: UpdateRow<C, Ch>, Ch> Update<T, Ch> for Blocking<C> {
     fn update(&mut self, row: &T, changes: Ch) -> Result<TokenOf<T>, Error> {
         row.guarded_update(&mut self.0, changes)
+    }
+}
+
+impl<C: Connection, T: UpdateRow<C, Ch>, Ch> UpdateInTransaction<T, Ch> for Blocking<C> {
+    fn update_in_transaction(
+        &mut self,
+        row: &T,
+        changes: Ch,
+        commit: bool,
+    ) -> (Result<TokenOf<T>, Error>, Result<(), Error>) {
+        let mut answer = None;
+        let outcome = self.0.transaction::<_, Error, _>(|conn| {
+            answer = Some(row.guarded_update(conn, changes));
+            if commit {
+                Ok(())
+            } else {
+                Err(rolled_back())
+            }
+        });
+        (answer.expect("the transaction ran"), outcome)
     }
 }
 
@@ -539,6 +577,36 @@ mod on_async {
                 &mut self.conn,
                 changes,
             ))
+        }
+    }
+
+    impl<A, T, Ch> UpdateInTransaction<T, Ch> for Async<A>
+    where
+        A: AsyncConnection + Send,
+        T: AsyncUpdateRow<A, Ch> + Sync,
+        TokenOf<T>: Send,
+        Ch: Send,
+    {
+        fn update_in_transaction(
+            &mut self,
+            row: &T,
+            changes: Ch,
+            commit: bool,
+        ) -> (Result<TokenOf<T>, Error>, Result<(), Error>) {
+            let mut answer = None;
+            let answered = &mut answer;
+            let outcome =
+                self.runtime
+                    .block_on(self.conn.transaction::<_, Error, _>(async move |conn| {
+                        *answered =
+                            Some(AsyncGuardedWrite::guarded_update(row, conn, changes).await);
+                        if commit {
+                            Ok(())
+                        } else {
+                            Err(rolled_back())
+                        }
+                    }));
+            (answer.expect("the transaction ran"), outcome)
         }
     }
 
