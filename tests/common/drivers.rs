@@ -16,8 +16,8 @@ use diesel_occ::__private::NoChanges;
 use diesel_occ::{
     AdvanceInSql, Advancing, BatchMode, BatchReport, BulkReport, ConnectionSource, DeleteRow,
     EditJson, Error, Guarded, GuardedBatch, GuardedBulk, GuardedJson, GuardedJsonMerge,
-    GuardedModify, GuardedWrite, InsertRow, MergeInPlace, Modified, OccBackend, RetryPolicy,
-    TokenOf, UpdateBulk, UpdateRow, UpsertRow, Upserted, WriteTransaction,
+    GuardedModify, GuardedWrite, InsertRow, LoadByKey, MergeInPlace, Modified, OccBackend,
+    RetryPolicy, TokenOf, UpdateBulk, UpdateRow, UpsertRow, Upserted, WriteTransaction,
 };
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -82,6 +82,22 @@ pub trait Save<T: Guarded> {
 /// A guarded update with changes `Ch`.
 pub trait Update<T: Guarded, Ch> {
     fn update(&mut self, row: &T, changes: Ch) -> Result<TokenOf<T>, Error>;
+}
+
+/// A guarded update by key and the token the caller saw (a stateless client's).
+pub trait UpdateByKey<T: Guarded, Ch> {
+    fn update_by_key(
+        &mut self,
+        key: &T::Key,
+        expected: &TokenOf<T>,
+        changes: Ch,
+    ) -> Result<TokenOf<T>, Error>;
+}
+
+/// The row with `key` as committed, by a plain read on the executor's connection (the
+/// library's own read by key).
+pub trait Read<T: Guarded> {
+    fn read(&mut self, key: &T::Key) -> Option<T>;
 }
 
 /// A guarded update inside a transaction of the caller's, which then commits or (without
@@ -258,6 +274,23 @@ where
 impl<C, T: UpdateRow<C, Ch>, Ch> Update<T, Ch> for Blocking<C> {
     fn update(&mut self, row: &T, changes: Ch) -> Result<TokenOf<T>, Error> {
         row.guarded_update(&mut self.0, changes)
+    }
+}
+
+impl<C, T: UpdateRow<C, Ch>, Ch> UpdateByKey<T, Ch> for Blocking<C> {
+    fn update_by_key(
+        &mut self,
+        key: &T::Key,
+        expected: &TokenOf<T>,
+        changes: Ch,
+    ) -> Result<TokenOf<T>, Error> {
+        T::guarded_update_by_key(&mut self.0, key, expected, changes)
+    }
+}
+
+impl<C, T: LoadByKey<C>> Read<T> for Blocking<C> {
+    fn read(&mut self, key: &T::Key) -> Option<T> {
+        T::read_by_key(&mut self.0, key).unwrap()
     }
 }
 
@@ -445,8 +478,8 @@ mod on_async {
     use diesel_occ::asynchronous::{
         AsyncConnectionSource, AsyncDeleteBatch, AsyncDeleteRow, AsyncEditJson, AsyncGuardedBatch,
         AsyncGuardedBulk, AsyncGuardedJson, AsyncGuardedJsonMerge, AsyncGuardedModify,
-        AsyncGuardedWrite, AsyncInsertRow, AsyncMergeInPlace, AsyncModifyRow, AsyncUpdateBulk,
-        AsyncUpdateRow, AsyncUpsertRow, BoxedEdit,
+        AsyncGuardedWrite, AsyncInsertRow, AsyncLoadByKey, AsyncMergeInPlace, AsyncModifyRow,
+        AsyncUpdateBulk, AsyncUpdateRow, AsyncUpsertRow, BoxedEdit,
     };
 
     /// The closure of an async read-modify-write, boxed so that one bound names it.
@@ -577,6 +610,31 @@ mod on_async {
                 &mut self.conn,
                 changes,
             ))
+        }
+    }
+
+    impl<A: Send, T: AsyncUpdateRow<A, Ch>, Ch: Send> UpdateByKey<T, Ch> for Async<A> {
+        fn update_by_key(
+            &mut self,
+            key: &T::Key,
+            expected: &TokenOf<T>,
+            changes: Ch,
+        ) -> Result<TokenOf<T>, Error> {
+            self.runtime
+                .block_on(<T as AsyncGuardedWrite>::guarded_update_by_key(
+                    &mut self.conn,
+                    key,
+                    expected,
+                    changes,
+                ))
+        }
+    }
+
+    impl<A, T: AsyncLoadByKey<A>> Read<T> for Async<A> {
+        fn read(&mut self, key: &T::Key) -> Option<T> {
+            self.runtime
+                .block_on(T::read_by_key(&mut self.conn, key))
+                .unwrap()
         }
     }
 
