@@ -17,7 +17,8 @@ use diesel_occ::{
     AdvanceInSql, Advancing, BatchMode, BatchReport, BulkReport, ConnectionSource, DeleteRow,
     EditJson, Error, Guarded, GuardedBatch, GuardedBulk, GuardedJson, GuardedJsonMerge,
     GuardedModify, GuardedWrite, InsertRow, LoadByKey, MergeInPlace, Modified, OccBackend,
-    RetryPolicy, TokenOf, UpdateBulk, UpdateRow, UpsertRow, Upserted, WriteTransaction,
+    RetryPolicy, TokenOf, UpdateBatch, UpdateBulk, UpdateRow, UpsertRow, Upserted,
+    WriteTransaction,
 };
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -58,6 +59,16 @@ pub trait Upsert<T: Guarded> {
 /// A guarded delete.
 pub trait Delete<T: Guarded> {
     fn delete(&mut self, row: &T) -> Result<(), Error>;
+}
+
+/// A batch of guarded updates by key and token, each with its changes.
+pub trait BatchUpdate<T: Guarded, Ch> {
+    #[allow(clippy::type_complexity)]
+    fn update_batch(
+        &mut self,
+        rows: Vec<(T::Key, TokenOf<T>, Ch)>,
+        mode: BatchMode,
+    ) -> Result<BatchReport<TokenOf<T>>, Error>;
 }
 
 /// A batch of guarded deletes by key and token.
@@ -240,6 +251,16 @@ impl<C: Connection, T: UpsertRow<C>> Upsert<T> for Blocking<C> {
 impl<C, T: DeleteRow<C>> Delete<T> for Blocking<C> {
     fn delete(&mut self, row: &T) -> Result<(), Error> {
         row.guarded_delete(&mut self.0)
+    }
+}
+
+impl<C: WriteTransaction, T: UpdateBatch<C, Ch>, Ch> BatchUpdate<T, Ch> for Blocking<C> {
+    fn update_batch(
+        &mut self,
+        rows: Vec<(T::Key, TokenOf<T>, Ch)>,
+        mode: BatchMode,
+    ) -> Result<BatchReport<TokenOf<T>>, Error> {
+        T::guarded_update_batch(&mut self.0, rows, mode)
     }
 }
 
@@ -479,7 +500,7 @@ mod on_async {
         AsyncConnectionSource, AsyncDeleteBatch, AsyncDeleteRow, AsyncEditJson, AsyncGuardedBatch,
         AsyncGuardedBulk, AsyncGuardedJson, AsyncGuardedJsonMerge, AsyncGuardedModify,
         AsyncGuardedWrite, AsyncInsertRow, AsyncLoadByKey, AsyncMergeInPlace, AsyncModifyRow,
-        AsyncUpdateBulk, AsyncUpdateRow, AsyncUpsertRow, BoxedEdit,
+        AsyncUpdateBatch, AsyncUpdateBulk, AsyncUpdateRow, AsyncUpsertRow, BoxedEdit,
     };
 
     /// The closure of an async read-modify-write, boxed so that one bound names it.
@@ -561,6 +582,21 @@ mod on_async {
         fn delete(&mut self, row: &T) -> Result<(), Error> {
             self.runtime
                 .block_on(AsyncGuardedWrite::guarded_delete(row, &mut self.conn))
+        }
+    }
+
+    impl<A, T: AsyncUpdateBatch<A, Ch>, Ch> BatchUpdate<T, Ch> for Async<A> {
+        fn update_batch(
+            &mut self,
+            rows: Vec<(T::Key, TokenOf<T>, Ch)>,
+            mode: BatchMode,
+        ) -> Result<BatchReport<TokenOf<T>>, Error> {
+            self.runtime
+                .block_on(<T as AsyncGuardedBatch>::guarded_update_batch(
+                    &mut self.conn,
+                    rows,
+                    mode,
+                ))
         }
     }
 
