@@ -71,6 +71,11 @@ pub trait BatchUpdate<T: Guarded, Ch> {
     ) -> Result<BatchReport<TokenOf<T>>, Error>;
 }
 
+/// A guarded delete by key and the token the caller saw.
+pub trait DeleteByKey<T: Guarded> {
+    fn delete_by_key(&mut self, key: &T::Key, expected: &TokenOf<T>) -> Result<(), Error>;
+}
+
 /// A batch of guarded deletes by key and token.
 pub trait DeleteBatch<T: Guarded> {
     fn delete_batch(
@@ -261,6 +266,12 @@ impl<C: WriteTransaction, T: UpdateBatch<C, Ch>, Ch> BatchUpdate<T, Ch> for Bloc
         mode: BatchMode,
     ) -> Result<BatchReport<TokenOf<T>>, Error> {
         T::guarded_update_batch(&mut self.0, rows, mode)
+    }
+}
+
+impl<C, T: DeleteRow<C>> DeleteByKey<T> for Blocking<C> {
+    fn delete_by_key(&mut self, key: &T::Key, expected: &TokenOf<T>) -> Result<(), Error> {
+        T::guarded_delete_by_key(&mut self.0, key, expected)
     }
 }
 
@@ -596,6 +607,17 @@ mod on_async {
                     &mut self.conn,
                     rows,
                     mode,
+                ))
+        }
+    }
+
+    impl<A, T: AsyncDeleteRow<A>> DeleteByKey<T> for Async<A> {
+        fn delete_by_key(&mut self, key: &T::Key, expected: &TokenOf<T>) -> Result<(), Error> {
+            self.runtime
+                .block_on(<T as AsyncGuardedWrite>::guarded_delete_by_key(
+                    &mut self.conn,
+                    key,
+                    expected,
                 ))
         }
     }
