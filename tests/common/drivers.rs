@@ -11,12 +11,18 @@
 
 use diesel::associations::HasTable;
 use diesel::connection::{Connection, LoadConnection};
+use diesel::Column;
 use diesel_occ::__private::NoChanges;
 use diesel_occ::{
-    Advancing, BatchMode, BatchReport, ConnectionSource, DeleteRow, Error, Guarded, GuardedBatch,
-    GuardedModify, GuardedWrite, InsertRow, Modified, OccBackend, RetryPolicy, TokenOf, UpdateRow,
-    UpsertRow, Upserted, WriteTransaction,
+    AdvanceInSql, Advancing, BatchMode, BatchReport, BulkReport, ConnectionSource, DeleteRow,
+    EditJson, Error, Guarded, GuardedBatch, GuardedBulk, GuardedJson, GuardedJsonMerge,
+    GuardedModify, GuardedWrite, InsertRow, LoadByKey, MergeInPlace, Modified, OccBackend,
+    RetryPolicy, TokenOf, UpdateBatch, UpdateBulk, UpdateRow, UpsertRow, Upserted,
+    WriteTransaction,
 };
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use serde_json::Value;
 
 #[cfg(all(
     feature = "async",
@@ -55,6 +61,21 @@ pub trait Delete<T: Guarded> {
     fn delete(&mut self, row: &T) -> Result<(), Error>;
 }
 
+/// A batch of guarded updates by key and token, each with its changes.
+pub trait BatchUpdate<T: Guarded, Ch> {
+    #[allow(clippy::type_complexity)]
+    fn update_batch(
+        &mut self,
+        rows: Vec<(T::Key, TokenOf<T>, Ch)>,
+        mode: BatchMode,
+    ) -> Result<BatchReport<TokenOf<T>>, Error>;
+}
+
+/// A guarded delete by key and the token the caller saw.
+pub trait DeleteByKey<T: Guarded> {
+    fn delete_by_key(&mut self, key: &T::Key, expected: &TokenOf<T>) -> Result<(), Error>;
+}
+
 /// A batch of guarded deletes by key and token.
 pub trait DeleteBatch<T: Guarded> {
     fn delete_batch(
@@ -77,6 +98,106 @@ pub trait Save<T: Guarded> {
 /// A guarded update with changes `Ch`.
 pub trait Update<T: Guarded, Ch> {
     fn update(&mut self, row: &T, changes: Ch) -> Result<TokenOf<T>, Error>;
+}
+
+/// A guarded update by key and the token the caller saw (a stateless client's).
+pub trait UpdateByKey<T: Guarded, Ch> {
+    fn update_by_key(
+        &mut self,
+        key: &T::Key,
+        expected: &TokenOf<T>,
+        changes: Ch,
+    ) -> Result<TokenOf<T>, Error>;
+}
+
+/// The row with `key` as committed, by a plain read on the executor's connection (the
+/// library's own read by key).
+pub trait Read<T: Guarded> {
+    fn read(&mut self, key: &T::Key) -> Option<T>;
+}
+
+/// A guarded update inside a transaction of the caller's, which then commits or (without
+/// `commit`) rolls back, whatever the update answered: the update's answer, and the
+/// transaction's.
+pub trait UpdateInTransaction<T: Guarded, Ch> {
+    #[allow(clippy::type_complexity)]
+    fn update_in_transaction(
+        &mut self,
+        row: &T,
+        changes: Ch,
+        commit: bool,
+    ) -> (Result<TokenOf<T>, Error>, Result<(), Error>);
+}
+
+/// What a transaction that rolls back on purpose answers.
+fn rolled_back() -> Error {
+    Error::Database(diesel::result::Error::RollbackTransaction)
+}
+
+/// A guarded bulk update: `changes` on every row `filter` matches, each one's token
+/// advanced.
+pub trait BulkUpdate<T: Guarded, F, Ch> {
+    fn bulk_update(&mut self, filter: F, changes: Ch) -> Result<BulkReport, Error>;
+}
+
+/// Read-merge-write edits of the JSON document in column `Col`, each retried by `policy`
+/// (the library's `GuardedJson`). The edits given are `Send + 'static` on both drivers: on
+/// SQLite the async call runs them on the connection's thread.
+pub trait EditJsonColumn<T: Guarded, Col> {
+    fn merge_json(
+        &mut self,
+        key: &T::Key,
+        column: Col,
+        patch: &Value,
+        policy: &RetryPolicy,
+    ) -> Result<Modified<T, ()>, Error>;
+    fn patch_json(
+        &mut self,
+        key: &T::Key,
+        column: Col,
+        patch: &json_patch::Patch,
+        policy: &RetryPolicy,
+    ) -> Result<Modified<T, ()>, Error>;
+    fn set_json(
+        &mut self,
+        key: &T::Key,
+        column: Col,
+        pointer: &str,
+        value: Value,
+        policy: &RetryPolicy,
+    ) -> Result<Modified<T, ()>, Error>;
+    fn remove_json(
+        &mut self,
+        key: &T::Key,
+        column: Col,
+        pointer: &str,
+        policy: &RetryPolicy,
+    ) -> Result<Modified<T, ()>, Error>;
+    fn edit_json(
+        &mut self,
+        key: &T::Key,
+        column: Col,
+        policy: &RetryPolicy,
+        edit: impl FnMut(&mut Value) -> Result<(), Error> + Send + 'static,
+    ) -> Result<Modified<T, ()>, Error>;
+    fn update_json_as<D: Serialize + DeserializeOwned + 'static>(
+        &mut self,
+        key: &T::Key,
+        column: Col,
+        policy: &RetryPolicy,
+        edit: impl FnMut(&mut D) -> Result<(), Error> + Send + 'static,
+    ) -> Result<Modified<T, ()>, Error>;
+}
+
+/// One-statement merges into the JSON document in column `Col` (the library's
+/// `GuardedJsonMerge`).
+pub trait MergeJsonInPlace<T: Guarded, Col> {
+    fn merge_json_in_place(
+        &mut self,
+        key: &T::Key,
+        column: Col,
+        patch: &Value,
+    ) -> Result<TokenOf<T>, Error>;
 }
 
 /// Read-modify-write on the executor's connection, whose closure returns `R` or stops
@@ -138,6 +259,22 @@ impl<C, T: DeleteRow<C>> Delete<T> for Blocking<C> {
     }
 }
 
+impl<C: WriteTransaction, T: UpdateBatch<C, Ch>, Ch> BatchUpdate<T, Ch> for Blocking<C> {
+    fn update_batch(
+        &mut self,
+        rows: Vec<(T::Key, TokenOf<T>, Ch)>,
+        mode: BatchMode,
+    ) -> Result<BatchReport<TokenOf<T>>, Error> {
+        T::guarded_update_batch(&mut self.0, rows, mode)
+    }
+}
+
+impl<C, T: DeleteRow<C>> DeleteByKey<T> for Blocking<C> {
+    fn delete_by_key(&mut self, key: &T::Key, expected: &TokenOf<T>) -> Result<(), Error> {
+        T::guarded_delete_by_key(&mut self.0, key, expected)
+    }
+}
+
 impl<C: WriteTransaction, T: DeleteRow<C>> DeleteBatch<T> for Blocking<C> {
     fn delete_batch(
         &mut self,
@@ -169,6 +306,128 @@ where
 impl<C, T: UpdateRow<C, Ch>, Ch> Update<T, Ch> for Blocking<C> {
     fn update(&mut self, row: &T, changes: Ch) -> Result<TokenOf<T>, Error> {
         row.guarded_update(&mut self.0, changes)
+    }
+}
+
+impl<C, T: UpdateRow<C, Ch>, Ch> UpdateByKey<T, Ch> for Blocking<C> {
+    fn update_by_key(
+        &mut self,
+        key: &T::Key,
+        expected: &TokenOf<T>,
+        changes: Ch,
+    ) -> Result<TokenOf<T>, Error> {
+        T::guarded_update_by_key(&mut self.0, key, expected, changes)
+    }
+}
+
+impl<C, T: LoadByKey<C>> Read<T> for Blocking<C> {
+    fn read(&mut self, key: &T::Key) -> Option<T> {
+        T::read_by_key(&mut self.0, key).unwrap()
+    }
+}
+
+impl<C: Connection, T: UpdateRow<C, Ch>, Ch> UpdateInTransaction<T, Ch> for Blocking<C> {
+    fn update_in_transaction(
+        &mut self,
+        row: &T,
+        changes: Ch,
+        commit: bool,
+    ) -> (Result<TokenOf<T>, Error>, Result<(), Error>) {
+        let mut answer = None;
+        let outcome = self.0.transaction::<_, Error, _>(|conn| {
+            answer = Some(row.guarded_update(conn, changes));
+            if commit {
+                Ok(())
+            } else {
+                Err(rolled_back())
+            }
+        });
+        (answer.expect("the transaction ran"), outcome)
+    }
+}
+
+impl<C, T, F, Ch> BulkUpdate<T, F, Ch> for Blocking<C>
+where
+    T: Guarded<Guard: AdvanceInSql> + UpdateBulk<C, F, Ch>,
+{
+    fn bulk_update(&mut self, filter: F, changes: Ch) -> Result<BulkReport, Error> {
+        T::guarded_bulk_update(&mut self.0, filter, changes)
+    }
+}
+
+impl<C, T, Col> EditJsonColumn<T, Col> for Blocking<C>
+where
+    T: Guarded + EditJson<C, Col>,
+    Col: Column,
+{
+    fn merge_json(
+        &mut self,
+        key: &T::Key,
+        column: Col,
+        patch: &Value,
+        policy: &RetryPolicy,
+    ) -> Result<Modified<T, ()>, Error> {
+        T::merge_json(&mut self.0, key, column, patch, policy)
+    }
+    fn patch_json(
+        &mut self,
+        key: &T::Key,
+        column: Col,
+        patch: &json_patch::Patch,
+        policy: &RetryPolicy,
+    ) -> Result<Modified<T, ()>, Error> {
+        T::patch_json(&mut self.0, key, column, patch, policy)
+    }
+    fn set_json(
+        &mut self,
+        key: &T::Key,
+        column: Col,
+        pointer: &str,
+        value: Value,
+        policy: &RetryPolicy,
+    ) -> Result<Modified<T, ()>, Error> {
+        T::set_json(&mut self.0, key, column, pointer, value, policy)
+    }
+    fn remove_json(
+        &mut self,
+        key: &T::Key,
+        column: Col,
+        pointer: &str,
+        policy: &RetryPolicy,
+    ) -> Result<Modified<T, ()>, Error> {
+        T::remove_json(&mut self.0, key, column, pointer, policy)
+    }
+    fn edit_json(
+        &mut self,
+        key: &T::Key,
+        column: Col,
+        policy: &RetryPolicy,
+        edit: impl FnMut(&mut Value) -> Result<(), Error> + Send + 'static,
+    ) -> Result<Modified<T, ()>, Error> {
+        <T as GuardedJson>::edit_json(&mut self.0, key, column, policy, edit)
+    }
+    fn update_json_as<D: Serialize + DeserializeOwned + 'static>(
+        &mut self,
+        key: &T::Key,
+        column: Col,
+        policy: &RetryPolicy,
+        edit: impl FnMut(&mut D) -> Result<(), Error> + Send + 'static,
+    ) -> Result<Modified<T, ()>, Error> {
+        <T as GuardedJson>::update_json_as(&mut self.0, key, column, policy, edit)
+    }
+}
+
+impl<C, T, Col> MergeJsonInPlace<T, Col> for Blocking<C>
+where
+    T: Guarded<Guard: AdvanceInSql> + MergeInPlace<C, Col>,
+{
+    fn merge_json_in_place(
+        &mut self,
+        key: &T::Key,
+        column: Col,
+        patch: &Value,
+    ) -> Result<TokenOf<T>, Error> {
+        <T as GuardedJsonMerge>::merge_json_in_place(&mut self.0, key, column, patch)
     }
 }
 
@@ -249,9 +508,10 @@ mod on_async {
     pub use super::super::paths::Async;
     use diesel_async::AsyncConnection;
     use diesel_occ::asynchronous::{
-        AsyncConnectionSource, AsyncDeleteBatch, AsyncDeleteRow, AsyncGuardedBatch,
-        AsyncGuardedModify, AsyncGuardedWrite, AsyncInsertRow, AsyncModifyRow, AsyncUpdateRow,
-        AsyncUpsertRow,
+        AsyncConnectionSource, AsyncDeleteBatch, AsyncDeleteRow, AsyncEditJson, AsyncGuardedBatch,
+        AsyncGuardedBulk, AsyncGuardedJson, AsyncGuardedJsonMerge, AsyncGuardedModify,
+        AsyncGuardedWrite, AsyncInsertRow, AsyncLoadByKey, AsyncMergeInPlace, AsyncModifyRow,
+        AsyncUpdateBatch, AsyncUpdateBulk, AsyncUpdateRow, AsyncUpsertRow, BoxedEdit,
     };
 
     /// The closure of an async read-modify-write, boxed so that one bound names it.
@@ -336,6 +596,32 @@ mod on_async {
         }
     }
 
+    impl<A, T: AsyncUpdateBatch<A, Ch>, Ch> BatchUpdate<T, Ch> for Async<A> {
+        fn update_batch(
+            &mut self,
+            rows: Vec<(T::Key, TokenOf<T>, Ch)>,
+            mode: BatchMode,
+        ) -> Result<BatchReport<TokenOf<T>>, Error> {
+            self.runtime
+                .block_on(<T as AsyncGuardedBatch>::guarded_update_batch(
+                    &mut self.conn,
+                    rows,
+                    mode,
+                ))
+        }
+    }
+
+    impl<A, T: AsyncDeleteRow<A>> DeleteByKey<T> for Async<A> {
+        fn delete_by_key(&mut self, key: &T::Key, expected: &TokenOf<T>) -> Result<(), Error> {
+            self.runtime
+                .block_on(<T as AsyncGuardedWrite>::guarded_delete_by_key(
+                    &mut self.conn,
+                    key,
+                    expected,
+                ))
+        }
+    }
+
     impl<A, T: AsyncDeleteBatch<A>> DeleteBatch<T> for Async<A> {
         fn delete_batch(
             &mut self,
@@ -382,6 +668,197 @@ mod on_async {
                 &mut self.conn,
                 changes,
             ))
+        }
+    }
+
+    impl<A: Send, T: AsyncUpdateRow<A, Ch>, Ch: Send> UpdateByKey<T, Ch> for Async<A> {
+        fn update_by_key(
+            &mut self,
+            key: &T::Key,
+            expected: &TokenOf<T>,
+            changes: Ch,
+        ) -> Result<TokenOf<T>, Error> {
+            self.runtime
+                .block_on(<T as AsyncGuardedWrite>::guarded_update_by_key(
+                    &mut self.conn,
+                    key,
+                    expected,
+                    changes,
+                ))
+        }
+    }
+
+    impl<A, T: AsyncLoadByKey<A>> Read<T> for Async<A> {
+        fn read(&mut self, key: &T::Key) -> Option<T> {
+            self.runtime
+                .block_on(T::read_by_key(&mut self.conn, key))
+                .unwrap()
+        }
+    }
+
+    impl<A, T, Ch> UpdateInTransaction<T, Ch> for Async<A>
+    where
+        A: AsyncConnection + Send,
+        T: AsyncUpdateRow<A, Ch> + Sync,
+        TokenOf<T>: Send,
+        Ch: Send,
+    {
+        fn update_in_transaction(
+            &mut self,
+            row: &T,
+            changes: Ch,
+            commit: bool,
+        ) -> (Result<TokenOf<T>, Error>, Result<(), Error>) {
+            let mut answer = None;
+            let answered = &mut answer;
+            let outcome =
+                self.runtime
+                    .block_on(self.conn.transaction::<_, Error, _>(async move |conn| {
+                        *answered =
+                            Some(AsyncGuardedWrite::guarded_update(row, conn, changes).await);
+                        if commit {
+                            Ok(())
+                        } else {
+                            Err(rolled_back())
+                        }
+                    }));
+            (answer.expect("the transaction ran"), outcome)
+        }
+    }
+
+    impl<A, T, F, Ch> BulkUpdate<T, F, Ch> for Async<A>
+    where
+        T: Guarded<Guard: AdvanceInSql> + AsyncUpdateBulk<A, F, Ch>,
+    {
+        fn bulk_update(&mut self, filter: F, changes: Ch) -> Result<BulkReport, Error> {
+            self.runtime
+                .block_on(<T as AsyncGuardedBulk>::guarded_bulk_update(
+                    &mut self.conn,
+                    filter,
+                    changes,
+                ))
+        }
+    }
+
+    impl<A, T, Col> EditJsonColumn<T, Col> for Async<A>
+    where
+        A: Send,
+        T: Guarded + AsyncEditJson<A, Col, BoxedEdit<(), Error>, (), Error>,
+        Col: Column + 'static,
+    {
+        fn merge_json(
+            &mut self,
+            key: &T::Key,
+            column: Col,
+            patch: &Value,
+            policy: &RetryPolicy,
+        ) -> Result<Modified<T, ()>, Error> {
+            self.runtime.block_on(<T as AsyncGuardedJson>::merge_json(
+                &mut self.conn,
+                key,
+                column,
+                patch,
+                policy,
+            ))
+        }
+        fn patch_json(
+            &mut self,
+            key: &T::Key,
+            column: Col,
+            patch: &json_patch::Patch,
+            policy: &RetryPolicy,
+        ) -> Result<Modified<T, ()>, Error> {
+            self.runtime.block_on(<T as AsyncGuardedJson>::patch_json(
+                &mut self.conn,
+                key,
+                column,
+                patch,
+                policy,
+            ))
+        }
+        fn set_json(
+            &mut self,
+            key: &T::Key,
+            column: Col,
+            pointer: &str,
+            value: Value,
+            policy: &RetryPolicy,
+        ) -> Result<Modified<T, ()>, Error> {
+            self.runtime.block_on(<T as AsyncGuardedJson>::set_json(
+                &mut self.conn,
+                key,
+                column,
+                pointer,
+                value,
+                policy,
+            ))
+        }
+        fn remove_json(
+            &mut self,
+            key: &T::Key,
+            column: Col,
+            pointer: &str,
+            policy: &RetryPolicy,
+        ) -> Result<Modified<T, ()>, Error> {
+            self.runtime.block_on(<T as AsyncGuardedJson>::remove_json(
+                &mut self.conn,
+                key,
+                column,
+                pointer,
+                policy,
+            ))
+        }
+        fn edit_json(
+            &mut self,
+            key: &T::Key,
+            column: Col,
+            policy: &RetryPolicy,
+            edit: impl FnMut(&mut Value) -> Result<(), Error> + Send + 'static,
+        ) -> Result<Modified<T, ()>, Error> {
+            let edit: BoxedEdit<(), Error> = Box::new(edit);
+            self.runtime.block_on(<T as AsyncGuardedJson>::edit_json(
+                &mut self.conn,
+                key,
+                column,
+                policy,
+                edit,
+            ))
+        }
+        fn update_json_as<D: Serialize + DeserializeOwned + 'static>(
+            &mut self,
+            key: &T::Key,
+            column: Col,
+            policy: &RetryPolicy,
+            edit: impl FnMut(&mut D) -> Result<(), Error> + Send + 'static,
+        ) -> Result<Modified<T, ()>, Error> {
+            self.runtime
+                .block_on(<T as AsyncGuardedJson>::update_json_as(
+                    &mut self.conn,
+                    key,
+                    column,
+                    policy,
+                    edit,
+                ))
+        }
+    }
+
+    impl<A, T, Col> MergeJsonInPlace<T, Col> for Async<A>
+    where
+        T: Guarded<Guard: AdvanceInSql> + AsyncMergeInPlace<A, Col>,
+    {
+        fn merge_json_in_place(
+            &mut self,
+            key: &T::Key,
+            column: Col,
+            patch: &Value,
+        ) -> Result<TokenOf<T>, Error> {
+            self.runtime
+                .block_on(<T as AsyncGuardedJsonMerge>::merge_json_in_place(
+                    &mut self.conn,
+                    key,
+                    column,
+                    patch,
+                ))
         }
     }
 

@@ -53,21 +53,36 @@ use diesel_occ::PoolConfig;
 use diesel_occ::{CheckedManager, Pooled};
 
 /// A clock that stands still at the instant this thread set, for tests of writes within
-/// one tick; each thread sets its own, so tests running in parallel do not meet.
+/// one tick; each thread sets its own, so tests running in parallel do not meet. A test
+/// runtime (`paths::runtime`) shares the clock of the thread that built it with its own
+/// threads: the async driver's calls on SQLite read the clock on the connection's thread.
 #[cfg(feature = "chrono")]
 pub struct FrozenClock;
 
+/// A thread's frozen instant, shared with the threads of the runtimes it built.
+#[cfg(feature = "chrono")]
+pub type FrozenAt = std::sync::Arc<std::sync::Mutex<Option<chrono::DateTime<chrono::Utc>>>>;
+
 #[cfg(feature = "chrono")]
 thread_local! {
-    static FROZEN_AT: std::cell::Cell<Option<chrono::DateTime<chrono::Utc>>> =
-        const { std::cell::Cell::new(None) };
+    static FROZEN_AT: std::cell::RefCell<FrozenAt> = std::cell::RefCell::default();
 }
 
 #[cfg(feature = "chrono")]
 impl FrozenClock {
-    /// Stops this thread's clock at `instant`.
+    /// Stops this thread's clock (and that of the runtimes it built) at `instant`.
     pub fn freeze(instant: chrono::DateTime<chrono::Utc>) {
-        FROZEN_AT.with(|at| at.set(Some(instant)));
+        FROZEN_AT.with(|at| *at.borrow().lock().unwrap() = Some(instant));
+    }
+
+    /// This thread's clock, to share with another thread.
+    pub fn of_this_thread() -> FrozenAt {
+        FROZEN_AT.with(|at| at.borrow().clone())
+    }
+
+    /// Makes `clock` this thread's clock.
+    pub fn share(clock: FrozenAt) {
+        FROZEN_AT.with(|at| *at.borrow_mut() = clock);
     }
 }
 
@@ -75,7 +90,7 @@ impl FrozenClock {
 impl diesel_occ::Clock for FrozenClock {
     fn now() -> chrono::DateTime<chrono::Utc> {
         FROZEN_AT
-            .with(|at| at.get())
+            .with(|at| *at.borrow().lock().unwrap())
             .expect("FrozenClock::freeze was not called on this thread")
     }
 }

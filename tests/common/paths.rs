@@ -190,13 +190,17 @@ pub struct Async<A> {
 
 /// A runtime for one test thread: the driven futures run on it, and on SQLite the
 /// connection's thread is one of its blocking threads. Multi-threaded, as diesel-async's
-/// SQLite connection needs to wait for a dropped call's thread (`block_in_place`).
+/// SQLite connection needs to wait for a dropped call's thread (`block_in_place`). Its
+/// threads share the building thread's [`FrozenClock`](super::FrozenClock).
 pub fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()
-        .expect("a test runtime")
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    builder.worker_threads(1).enable_all();
+    #[cfg(feature = "chrono")]
+    {
+        let clock = super::FrozenClock::of_this_thread();
+        builder.on_thread_start(move || super::FrozenClock::share(clock.clone()));
+    }
+    builder.build().expect("a test runtime")
 }
 
 /// The diesel-async connection of a blocking connection type's backend.

@@ -1,15 +1,14 @@
 //! JSON extension columns: read-merge-write under the guard with retry, and one-statement
-//! merges, on every backend; concurrent writers never lose each other's keys.
+//! merges, on every backend; concurrent writers never lose each other's keys. Each body
+//! runs on both drivers (the blocking API and the async one).
 
 use crate::common;
 
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::Barrier;
 use std::time::Duration;
 
+use common::drivers::{race, EditJsonColumn, MergeJsonInPlace};
 use diesel::prelude::*;
-use diesel_occ::GuardedJson;
-use diesel_occ::GuardedJsonMerge;
 use diesel_occ::{Error, RetryPolicy};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
@@ -111,7 +110,13 @@ fn merge_cases() -> Vec<(Value, Value, Value)> {
 for_each_backend! {
     json_profiles!();
 
+    type Db = common::TestDb<Conn>;
     type Pooled = diesel_occ::Pooled<Conn>;
+
+    /// Both kinds of edit of `profiles.ext`, on one driver.
+    trait Json: EditJsonColumn<Profile, profiles::ext> + MergeJsonInPlace<Profile, profiles::ext> {}
+
+    impl<W: EditJsonColumn<Profile, profiles::ext> + MergeJsonInPlace<Profile, profiles::ext>> Json for W {}
 
     fn insert(conn: &mut Pooled, id: i64, ext: Value) {
         let row = Profile { id, name: "ada".into(), ext, version: 0 };
@@ -122,13 +127,11 @@ for_each_backend! {
         profiles::table.find(id).select(Profile::as_select()).first(conn).unwrap()
     }
 
-    #[test]
-    fn a_merge_patch_merges_nested_keys_deletes_nulls_and_advances_the_version() {
-        let Some(db) = db() else { return };
+    fn a_merge_patch_merges_nested_keys_deletes_nulls_and_advances_the_version<W: Json>(db: &Db, w: impl Fn() -> W) {
         let conn = &mut db.conn();
         insert(conn, 1, json!({"tier": "gold", "address": {"city": "Oslo", "zip": "0150"}}));
 
-        let done = Profile::merge_json(conn, &1, profiles::ext, &json!({"address": {"zip": null, "street": "Storgata"}, "vip": true}), &RetryPolicy::default()).unwrap();
+        let done = w().merge_json(&1, profiles::ext, &json!({"address": {"zip": null, "street": "Storgata"}, "vip": true}), &RetryPolicy::default()).unwrap();
 
         assert_eq!((done.token, done.attempts), (1, 1));
         let stored = load(conn, 1);
@@ -137,17 +140,15 @@ for_each_backend! {
     }
 
     /// Both paths on the same table of cases give the same, expected, document.
-    #[test]
-    fn read_merge_write_and_the_one_statement_merge_agree_on_every_case() {
-        let Some(db) = db() else { return };
-        let conn = &mut db.conn();
+    fn read_merge_write_and_the_one_statement_merge_agree_on_every_case<W: Json>(db: &Db, w: impl Fn() -> W) {
+        let (conn, w) = (&mut db.conn(), &mut w());
         for (i, (stored, patch, expected)) in merge_cases().into_iter().enumerate() {
             let (rmw, one) = (2 * i as i64 + 1, 2 * i as i64 + 2);
             insert(conn, rmw, stored.clone());
             insert(conn, one, stored.clone());
 
-            Profile::merge_json(conn, &rmw, profiles::ext, &patch, &RetryPolicy::default()).unwrap();
-            let version = Profile::merge_json_in_place(conn, &one, profiles::ext, &patch).unwrap();
+            w.merge_json(&rmw, profiles::ext, &patch, &RetryPolicy::default()).unwrap();
+            let version = w.merge_json_in_place(&one, profiles::ext, &patch).unwrap();
 
             let mut in_memory = stored.clone();
             json_patch::merge(&mut in_memory, &patch);
@@ -160,32 +161,24 @@ for_each_backend! {
     }
 
     /// 8 threads x 200 merges into one row, each thread keeping its own counter and adding
-    /// its own keys; `mode` picks each thread's path.
-    fn hot_row(db: &common::TestDb<Conn>, mode: &str, in_place: fn(usize) -> bool) {
+    /// its own keys, each on an executor of its own; `mode` picks each thread's path.
+    fn hot_row<W: Json>(db: &Db, w: impl Fn() -> W + Sync, mode: &str, in_place: fn(usize) -> bool) {
         const THREADS: usize = 8;
         const MERGES: usize = 200;
         insert(&mut db.conn(), 1, json!({"owner": "nobody"}));
-        let start = Barrier::new(THREADS);
         let attempts = AtomicU32::new(0);
-        let (policy, pool) = (patient(), &db.pool);
+        let policy = patient();
 
-        std::thread::scope(|s| {
-            for t in 0..THREADS {
-                let (start, attempts, policy) = (&start, &attempts, &policy);
-                s.spawn(move || {
-                    let mut conn = pool.get().unwrap();
-                    start.wait();
-                    for i in 1..=MERGES {
-                        let patch = json!({ format!("c{t}"): i, format!("k{t}_{i}"): t });
-                        if in_place(t) {
-                            Profile::merge_json_in_place(&mut conn, &1, profiles::ext, &patch).unwrap();
-                            attempts.fetch_add(1, Ordering::Relaxed);
-                        } else {
-                            let done = Profile::merge_json(&mut conn, &1, profiles::ext, &patch, policy).unwrap();
-                            attempts.fetch_add(done.attempts, Ordering::Relaxed);
-                        }
-                    }
-                });
+        race(THREADS, w, |t, w| {
+            for i in 1..=MERGES {
+                let patch = json!({ format!("c{t}"): i, format!("k{t}_{i}"): t });
+                if in_place(t) {
+                    w.merge_json_in_place(&1, profiles::ext, &patch).unwrap();
+                    attempts.fetch_add(1, Ordering::Relaxed);
+                } else {
+                    let done = w.merge_json(&1, profiles::ext, &patch, &policy).unwrap();
+                    attempts.fetch_add(done.attempts, Ordering::Relaxed);
+                }
             }
         });
 
@@ -205,58 +198,42 @@ for_each_backend! {
         println!("{BACKEND} {mode}: {writes} merges by {THREADS} threads, {retries} retries ({:.2} per merge)", retries as f64 / writes as f64);
     }
 
-    #[test]
-    fn eight_threads_of_read_merge_write_keep_every_key() {
-        let Some(db) = db() else { return };
-        hot_row(&db, "read-merge-write", |_| false);
+    fn eight_threads_of_read_merge_write_keep_every_key<W: Json>(db: &Db, w: impl Fn() -> W + Sync) {
+        hot_row(db, w, "read-merge-write", |_| false);
     }
 
-    #[test]
-    fn eight_threads_of_one_statement_merges_keep_every_key() {
-        let Some(db) = db() else { return };
-        hot_row(&db, "one-statement", |_| true);
+    fn eight_threads_of_one_statement_merges_keep_every_key<W: Json>(db: &Db, w: impl Fn() -> W + Sync) {
+        hot_row(db, w, "one-statement", |_| true);
     }
 
-    #[test]
-    fn a_mix_of_both_paths_keeps_every_key() {
-        let Some(db) = db() else { return };
-        hot_row(&db, "mixed", |t| t % 2 == 0);
+    fn a_mix_of_both_paths_keeps_every_key<W: Json>(db: &Db, w: impl Fn() -> W + Sync) {
+        hot_row(db, w, "mixed", |t| t % 2 == 0);
     }
 
-    /// A typed writer that knows two keys and an untyped one that adds others, at once:
-    /// neither drops the other's keys.
-    #[test]
-    fn a_typed_and_an_untyped_writer_keep_each_others_keys() {
+    /// A typed writer that knows two keys and an untyped one that adds others, at once,
+    /// each on an executor of its own: neither drops the other's keys.
+    fn a_typed_and_an_untyped_writer_keep_each_others_keys<W: Json>(db: &Db, w: impl Fn() -> W + Sync) {
         const EACH: u32 = 100;
-        let Some(db) = db() else { return };
         insert(&mut db.conn(), 1, json!({"parcels": 0}));
-        let start = Barrier::new(2);
         let policy = patient();
 
-        std::thread::scope(|s| {
-            s.spawn(|| {
-                let mut conn = db.pool.get().unwrap();
-                start.wait();
-                for i in 1..=EACH {
-                    Profile::update_json_as(&mut conn, &1, profiles::ext, &policy, |shipping: &mut Shipping| {
+        race(2, w, |t, w| {
+            for i in 1..=EACH {
+                if t == 0 {
+                    w.update_json_as(&1, profiles::ext, &policy, move |shipping: &mut Shipping| {
                         shipping.parcels += 1;
                         shipping.carrier = Some(format!("carrier {i}"));
-                        Ok::<_, Error>(())
+                        Ok(())
                     })
                     .unwrap();
-                }
-            });
-            s.spawn(|| {
-                let mut conn = db.pool.get().unwrap();
-                start.wait();
-                for i in 1..=EACH {
-                    Profile::edit_json(&mut conn, &1, profiles::ext, &policy, |doc| {
+                } else {
+                    w.edit_json(&1, profiles::ext, &policy, move |doc| {
                         doc[format!("note{i}")] = json!(i);
-                        Ok::<_, Error>(())
+                        Ok(())
                     })
                     .unwrap();
                 }
-            });
+            }
         });
 
         let ext = load(&mut db.conn(), 1).ext;
@@ -267,25 +244,21 @@ for_each_backend! {
         }
     }
 
-    #[test]
-    fn a_typed_field_set_to_none_is_removed_and_unknown_keys_stay() {
-        let Some(db) = db() else { return };
+    fn a_typed_field_set_to_none_is_removed_and_unknown_keys_stay<W: Json>(db: &Db, w: impl Fn() -> W) {
         let conn = &mut db.conn();
         insert(conn, 1, json!({"carrier": "DHL", "parcels": 2, "crm": {"id": 7}}));
 
-        Profile::update_json_as(conn, &1, profiles::ext, &RetryPolicy::default(), |s: &mut Shipping| {
+        w().update_json_as(&1, profiles::ext, &RetryPolicy::default(), |s: &mut Shipping| {
             s.carrier = None;
-            Ok::<_, Error>(())
+            Ok(())
         })
         .unwrap();
 
         assert_eq!(load(conn, 1).ext, json!({"parcels": 2, "crm": {"id": 7}}));
     }
 
-    #[test]
-    fn json_patch_applies_all_operations_or_none() {
-        let Some(db) = db() else { return };
-        let conn = &mut db.conn();
+    fn json_patch_applies_all_operations_or_none<W: Json>(db: &Db, w: impl Fn() -> W) {
+        let (conn, w) = (&mut db.conn(), &mut w());
         insert(conn, 1, json!({"status": "new", "tags": ["a"]}));
         let patch: json_patch::Patch = serde_json::from_value(json!([
             {"op": "test", "path": "/status", "value": "new"},
@@ -294,54 +267,50 @@ for_each_backend! {
         ]))
         .unwrap();
 
-        Profile::patch_json(conn, &1, profiles::ext, &patch, &RetryPolicy::default()).unwrap();
+        w.patch_json(&1, profiles::ext, &patch, &RetryPolicy::default()).unwrap();
         assert_eq!(load(conn, 1).ext, json!({"status": "paid", "tags": ["a", "b"]}));
 
         // The same patch again: its `test` fails now, and nothing is written.
-        let err = Profile::patch_json(conn, &1, profiles::ext, &patch, &RetryPolicy::default()).unwrap_err();
+        let err = w.patch_json(&1, profiles::ext, &patch, &RetryPolicy::default()).unwrap_err();
         assert!(matches!(&err, Error::InvalidPatch { column: "ext", .. }), "{err}");
         assert_eq!((load(conn, 1).ext, load(conn, 1).version), (json!({"status": "paid", "tags": ["a", "b"]}), 1));
     }
 
-    #[test]
-    fn set_and_remove_at_a_pointer() {
-        let Some(db) = db() else { return };
-        let conn = &mut db.conn();
+    fn set_and_remove_at_a_pointer<W: Json>(db: &Db, w: impl Fn() -> W) {
+        let (conn, w) = (&mut db.conn(), &mut w());
         insert(conn, 1, json!({"name": "ada"}));
         let policy = RetryPolicy::default();
 
-        Profile::set_json(conn, &1, profiles::ext, "/address/geo/lat", json!(59.9), &policy).unwrap();
-        Profile::set_json(conn, &1, profiles::ext, "/a~1b", json!("slash"), &policy).unwrap();
+        w.set_json(&1, profiles::ext, "/address/geo/lat", json!(59.9), &policy).unwrap();
+        w.set_json(&1, profiles::ext, "/a~1b", json!("slash"), &policy).unwrap();
         assert_eq!(load(conn, 1).ext, json!({"name": "ada", "address": {"geo": {"lat": 59.9}}, "a/b": "slash"}));
 
-        Profile::remove_json(conn, &1, profiles::ext, "/address/geo", &policy).unwrap();
-        let unchanged = Profile::remove_json(conn, &1, profiles::ext, "/not/there", &policy).unwrap();
+        w.remove_json(&1, profiles::ext, "/address/geo", &policy).unwrap();
+        let unchanged = w.remove_json(&1, profiles::ext, "/not/there", &policy).unwrap();
         assert_eq!(unchanged.token, 3, "removing nothing writes nothing");
         assert_eq!(load(conn, 1).ext, json!({"name": "ada", "address": {}, "a/b": "slash"}));
         assert_eq!(load(conn, 1).version, 3);
     }
 
     /// Each bad input is a clear error naming table, key and column; the row is unchanged.
-    #[test]
-    fn bad_edits_are_refused_and_write_nothing() {
-        let Some(db) = db() else { return };
-        let conn = &mut db.conn();
+    fn bad_edits_are_refused_and_write_nothing<W: Json>(db: &Db, w: impl Fn() -> W) {
+        let (conn, w) = (&mut db.conn(), &mut w());
         insert(conn, 1, json!({"name": "ada"}));
         let before = load(conn, 1);
         let policy = RetryPolicy::default();
         let huge = json!({"blob": "x".repeat(diesel_occ::DOCUMENT_LIMIT_BYTES)});
 
         let errors = [
-            Profile::merge_json(conn, &1, profiles::ext, &json!([1, 2]), &policy).unwrap_err(),
-            Profile::merge_json_in_place(conn, &1, profiles::ext, &json!("text")).unwrap_err(),
-            Profile::set_json(conn, &1, profiles::ext, "/name/first", json!("x"), &policy).unwrap_err(),
-            Profile::set_json(conn, &1, profiles::ext, "no-slash", json!("x"), &policy).unwrap_err(),
-            Profile::remove_json(conn, &1, profiles::ext, "", &policy).unwrap_err(),
-            Profile::merge_json(conn, &1, profiles::ext, &huge, &policy).unwrap_err(),
-            Profile::merge_json_in_place(conn, &1, profiles::ext, &huge).unwrap_err(),
-            Profile::edit_json(conn, &1, profiles::ext, &policy, |doc| {
+            w.merge_json(&1, profiles::ext, &json!([1, 2]), &policy).unwrap_err(),
+            w.merge_json_in_place(&1, profiles::ext, &json!("text")).unwrap_err(),
+            w.set_json(&1, profiles::ext, "/name/first", json!("x"), &policy).unwrap_err(),
+            w.set_json(&1, profiles::ext, "no-slash", json!("x"), &policy).unwrap_err(),
+            w.remove_json(&1, profiles::ext, "", &policy).unwrap_err(),
+            w.merge_json(&1, profiles::ext, &huge, &policy).unwrap_err(),
+            w.merge_json_in_place(&1, profiles::ext, &huge).unwrap_err(),
+            w.edit_json(&1, profiles::ext, &policy, |doc| {
                 *doc = json!(42);
-                Ok::<_, Error>(())
+                Ok(())
             })
             .unwrap_err(),
         ];
@@ -353,16 +322,14 @@ for_each_backend! {
             }
         }
         assert_eq!(load(conn, 1), before);
-        let missing = Profile::merge_json_in_place(conn, &9, profiles::ext, &json!({"a": 1})).unwrap_err();
+        let missing = w.merge_json_in_place(&9, profiles::ext, &json!({"a": 1})).unwrap_err();
         assert!(matches!(missing, Error::NotFound { .. }), "{missing}");
     }
 
     /// A NULL where the document should be (a column the schema says is NOT NULL, but the
     /// database lets hold NULL) is reported naming table, key and column; nothing written.
-    #[test]
-    fn a_null_document_is_invalid_data() {
+    fn a_null_document_is_invalid_data<W: Json>(db: &Db, w: impl Fn() -> W) {
         use diesel::connection::SimpleConnection;
-        let Some(db) = db() else { return };
         let conn = &mut db.conn();
         let json_type = match BACKEND { "postgres" => "JSONB", "mysql" => "JSON", _ => "TEXT" };
         conn.batch_execute(&format!(
@@ -372,7 +339,7 @@ for_each_backend! {
         ))
         .unwrap();
 
-        let err = Profile::merge_json(conn, &1, profiles::ext, &json!({"a": 1}), &RetryPolicy::default()).unwrap_err();
+        let err = w().merge_json(&1, profiles::ext, &json!({"a": 1}), &RetryPolicy::default()).unwrap_err();
 
         match &err {
             Error::InvalidData { table: "profiles", column, reason } => {
@@ -390,13 +357,11 @@ for_each_backend! {
 
     /// A stored document that is not an object is refused by every read-merge-write edit,
     /// naming table, key and column, and nothing is written.
-    #[test]
-    fn a_stored_document_that_is_not_an_object_is_invalid_data() {
-        let Some(db) = db() else { return };
+    fn a_stored_document_that_is_not_an_object_is_invalid_data<W: Json>(db: &Db, w: impl Fn() -> W) {
         let conn = &mut db.conn();
         insert(conn, 1, json!([1, 2, 3]));
 
-        let err = Profile::merge_json(conn, &1, profiles::ext, &json!({"a": 1}), &RetryPolicy::default()).unwrap_err();
+        let err = w().merge_json(&1, profiles::ext, &json!({"a": 1}), &RetryPolicy::default()).unwrap_err();
 
         match &err {
             Error::InvalidData { table: "profiles", column, reason } => {
@@ -407,59 +372,93 @@ for_each_backend! {
         }
         assert_eq!((load(conn, 1).ext, load(conn, 1).version), (json!([1, 2, 3]), 0));
     }
+
+    tests_on_both_drivers!(
+        |_: &Db| ();
+        a_merge_patch_merges_nested_keys_deletes_nulls_and_advances_the_version,
+        read_merge_write_and_the_one_statement_merge_agree_on_every_case,
+        eight_threads_of_read_merge_write_keep_every_key,
+        eight_threads_of_one_statement_merges_keep_every_key,
+        a_mix_of_both_paths_keeps_every_key,
+        a_typed_and_an_untyped_writer_keep_each_others_keys,
+        a_typed_field_set_to_none_is_removed_and_unknown_keys_stay,
+        json_patch_applies_all_operations_or_none,
+        set_and_remove_at_a_pointer,
+        bad_edits_are_refused_and_write_nothing,
+        a_null_document_is_invalid_data,
+        a_stored_document_that_is_not_an_object_is_invalid_data,
+    );
 }
 
 /// SQLite keeps JSON as text, so a column can hold text that is not JSON at all: every
 /// edit reports it, naming the column, and writes nothing.
 #[cfg(feature = "sqlite")]
-#[test]
-fn malformed_json_in_a_sqlite_column_is_invalid_data() {
-    use diesel::connection::SimpleConnection;
+mod sqlite_malformed {
+    use super::*;
     use sqlite::{profiles, Profile};
-    let Some(db) = common::sqlite() else { return };
-    let conn = &mut db.conn();
-    conn.batch_execute(
-        "INSERT INTO profiles (id, name, ext, version) VALUES (1, 'ada', '{\"a\": 1,', 0)",
-    )
-    .unwrap();
 
-    let err = Profile::merge_json(
-        conn,
-        &1,
-        profiles::ext,
-        &json!({"b": 2}),
-        &RetryPolicy::default(),
-    )
-    .unwrap_err();
-    let in_place =
-        Profile::merge_json_in_place(conn, &1, profiles::ext, &json!({"b": 2})).unwrap_err();
-
-    match &err {
-        Error::InvalidData {
-            table: "profiles",
-            column,
-            reason,
-        } => {
-            assert!(column.starts_with("ext"), "{column}");
-            assert!(reason.contains("row 1"), "{reason}");
-        }
-        other => panic!("{other}"),
+    type Conn = diesel::SqliteConnection;
+    type Db = common::TestDb<Conn>;
+    fn db() -> Option<Db> {
+        common::sqlite()
     }
-    assert!(matches!(in_place, Error::Database(_)), "{in_place}");
-    let text: String = diesel::select(diesel::dsl::sql::<diesel::sql_types::Text>(
-        "(SELECT ext FROM profiles)",
-    ))
-    .get_result(conn)
-    .unwrap();
-    assert_eq!(text, "{\"a\": 1,");
+
+    fn malformed_json_is_invalid_data<W>(db: &Db, w: impl Fn() -> W)
+    where
+        W: EditJsonColumn<Profile, profiles::ext> + MergeJsonInPlace<Profile, profiles::ext>,
+    {
+        use diesel::connection::SimpleConnection;
+        let conn = &mut db.conn();
+        conn.batch_execute(
+            "INSERT INTO profiles (id, name, ext, version) VALUES (1, 'ada', '{\"a\": 1,', 0)",
+        )
+        .unwrap();
+        let w = &mut w();
+
+        let err = w
+            .merge_json(&1, profiles::ext, &json!({"b": 2}), &RetryPolicy::default())
+            .unwrap_err();
+        let in_place = w
+            .merge_json_in_place(&1, profiles::ext, &json!({"b": 2}))
+            .unwrap_err();
+
+        match &err {
+            Error::InvalidData {
+                table: "profiles",
+                column,
+                reason,
+            } => {
+                assert!(column.starts_with("ext"), "{column}");
+                assert!(reason.contains("row 1"), "{reason}");
+            }
+            other => panic!("{other}"),
+        }
+        assert!(matches!(in_place, Error::Database(_)), "{in_place}");
+        let text: String = diesel::select(diesel::dsl::sql::<diesel::sql_types::Text>(
+            "(SELECT ext FROM profiles)",
+        ))
+        .get_result(conn)
+        .unwrap();
+        assert_eq!(text, "{\"a\": 1,");
+    }
+
+    crate::tests_on_both_drivers!(
+        |_: &Db| ();
+        malformed_json_is_invalid_data,
+    );
 }
 
 /// A PostgreSQL `json` column (not `jsonb`) merges in one statement too: merged as
 /// `jsonb`, cast back.
 #[cfg(feature = "postgres")]
-#[test]
-fn a_postgres_json_column_merges_in_one_statement() {
-    use diesel::connection::SimpleConnection;
+mod postgres_json_column {
+    use super::*;
+
+    type Conn = diesel::PgConnection;
+    type Db = common::TestDb<Conn>;
+    fn db() -> Option<Db> {
+        common::postgres()
+    }
 
     diesel::table! {
         plain_json (id) {
@@ -479,38 +478,47 @@ fn a_postgres_json_column_merges_in_one_statement() {
         version: i64,
     }
 
-    let Some(db) = common::postgres() else { return };
-    let conn = &mut db.conn();
-    conn.batch_execute(
-        "CREATE TABLE plain_json (id BIGINT PRIMARY KEY, ext JSON NOT NULL, version BIGINT NOT NULL);
-         INSERT INTO plain_json VALUES (1, '{\"a\": {\"b\": 1}, \"c\": 2}', 0);",
-    )
-    .unwrap();
+    fn create_table(db: &Db) {
+        use diesel::connection::SimpleConnection;
+        db.conn()
+            .batch_execute(
+                "CREATE TABLE plain_json (id BIGINT PRIMARY KEY, ext JSON NOT NULL, version BIGINT NOT NULL);
+                 INSERT INTO plain_json VALUES (1, '{\"a\": {\"b\": 1}, \"c\": 2}', 0);",
+            )
+            .unwrap();
+    }
 
-    let version = PlainJson::merge_json_in_place(
-        conn,
-        &1,
-        plain_json::ext,
-        &json!({"a": {"d": 3}, "c": null}),
-    )
-    .unwrap();
-    PlainJson::merge_json(
-        conn,
-        &1,
-        plain_json::ext,
-        &json!({"e": [1]}),
-        &RetryPolicy::default(),
-    )
-    .unwrap();
-
-    let row: PlainJson = plain_json::table
-        .find(1)
-        .select(PlainJson::as_select())
-        .first(conn)
+    fn merges_in_one_statement<W>(db: &Db, w: impl Fn() -> W)
+    where
+        W: EditJsonColumn<PlainJson, plain_json::ext>
+            + MergeJsonInPlace<PlainJson, plain_json::ext>,
+    {
+        let w = &mut w();
+        let version = w
+            .merge_json_in_place(&1, plain_json::ext, &json!({"a": {"d": 3}, "c": null}))
+            .unwrap();
+        w.merge_json(
+            &1,
+            plain_json::ext,
+            &json!({"e": [1]}),
+            &RetryPolicy::default(),
+        )
         .unwrap();
-    assert_eq!(version, 1);
-    assert_eq!(
-        (row.ext, row.version),
-        (json!({"a": {"b": 1, "d": 3}, "e": [1]}), 2)
+
+        let row: PlainJson = plain_json::table
+            .find(1)
+            .select(PlainJson::as_select())
+            .first(&mut db.conn())
+            .unwrap();
+        assert_eq!(version, 1);
+        assert_eq!(
+            (row.ext, row.version),
+            (json!({"a": {"b": 1, "d": 3}, "e": [1]}), 2)
+        );
+    }
+
+    crate::tests_on_both_drivers!(
+        create_table;
+        merges_in_one_statement,
     );
 }

@@ -1,19 +1,26 @@
 //! The last-modified guard: a timestamp column as the token, exact on every backend, and
-//! always advancing, even when many writes fall into one clock tick.
+//! always advancing, even when many writes fall into one clock tick. Each body runs on
+//! both drivers (the blocking API and the async one).
 
 #![cfg(feature = "chrono")]
 
 use crate::common;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Barrier;
 
 use chrono::{DateTime, NaiveDateTime, TimeDelta, Utc};
+use common::drivers::{race, Read, Save, Update, UpdateByKey};
 use common::models::{Document, FrozenDocument};
 use common::schema::documents;
 use common::FrozenClock;
+use diesel::dsl;
 use diesel::prelude::*;
-use diesel_occ::{Error, GuardedWrite, Token};
+use diesel_occ::{Error, Token};
+
+/// The changes of a body update.
+type Body = dsl::Eq<documents::body, &'static str>;
+/// The changes of a hits update.
+type Hits = dsl::Eq<documents::hits, i64>;
 
 /// An instant with microseconds, as the columns keep them.
 fn instant(text: &str) -> DateTime<Utc> {
@@ -36,6 +43,7 @@ fn token(at: NaiveDateTime) -> Token {
 }
 
 for_each_backend! {
+    type Db = common::TestDb<Conn>;
     type Pooled = diesel_occ::Pooled<Conn>;
 
     fn insert(conn: &mut Pooled, at: NaiveDateTime) {
@@ -45,19 +53,17 @@ for_each_backend! {
 
     /// The token the write returns is exactly what the column now holds (compared by the
     /// database, in the next write), and it is later than the one it replaced.
-    #[test]
-    fn save_advances_the_timestamp_and_returns_what_the_column_holds() {
-        let Some(db) = db() else { return };
-        let conn = &mut db.conn();
+    fn save_advances_the_timestamp_and_returns_what_the_column_holds<W: Save<Document>>(db: &Db, w: impl Fn() -> W) {
+        let (conn, w) = (&mut db.conn(), &mut w());
         let start = instant("2026-01-01T08:00:00.123456Z").naive_utc();
         insert(conn, start);
         let mut doc = load!(conn, Document);
         assert_eq!(doc.last_modified, start, "microseconds survive the round trip");
 
         doc.body = "first".into();
-        let first = doc.guarded_save(conn).unwrap();
+        let first = w.save(&mut doc).unwrap();
         doc.body = "second".into();
-        let second = doc.guarded_save(conn).unwrap();
+        let second = w.save(&mut doc).unwrap();
 
         assert!(start < first && first < second, "{start} < {first} < {second}");
         let stored = load!(conn, Document);
@@ -65,17 +71,15 @@ for_each_backend! {
         assert_eq!(stored.last_modified, second);
     }
 
-    #[test]
-    fn stale_copy_conflicts_and_sees_the_current_row() {
-        let Some(db) = db() else { return };
-        let conn = &mut db.conn();
+    fn stale_copy_conflicts_and_sees_the_current_row<W: Save<Document> + Update<Document, Body>>(db: &Db, w: impl Fn() -> W) {
+        let (conn, w) = (&mut db.conn(), &mut w());
         insert(conn, instant("2026-01-01T08:00:00Z").naive_utc());
         let mut winner = load!(conn, Document);
         let stale = winner.clone();
         winner.body = "winner".into();
-        let won_at = winner.guarded_save(conn).unwrap();
+        let won_at = w.save(&mut winner).unwrap();
 
-        let err = stale.guarded_update(conn, documents::body.eq("loser")).unwrap_err();
+        let err = w.update(&stale, documents::body.eq("loser")).unwrap_err();
 
         let conflict = err.as_conflict().unwrap_or_else(|| panic!("{err:?}"));
         assert_eq!(conflict.expected, token(stale.last_modified));
@@ -86,10 +90,11 @@ for_each_backend! {
 
     /// With the clock frozen, every write still moves the token on by one microsecond, so
     /// a copy taken before any of them can never match again.
-    #[test]
-    fn many_writes_within_one_tick_each_advance_the_token() {
-        let Some(db) = db() else { return };
-        let conn = &mut db.conn();
+    fn many_writes_within_one_tick_each_advance_the_token<W>(db: &Db, w: impl Fn() -> W)
+    where
+        W: Save<FrozenDocument> + Update<FrozenDocument, Hits>,
+    {
+        let (conn, w) = (&mut db.conn(), &mut w());
         let frozen = instant("2026-01-01T08:00:00Z");
         FrozenClock::freeze(frozen);
         insert(conn, frozen.naive_utc());
@@ -99,63 +104,57 @@ for_each_backend! {
         for i in 1..=100 {
             stale_copies.push(doc.clone());
             doc.hits += 1;
-            let next = doc.guarded_save(conn).unwrap();
+            let next = w.save(&mut doc).unwrap();
             assert_eq!(next, frozen.naive_utc() + TimeDelta::microseconds(i));
         }
 
         assert_eq!(load!(conn, FrozenDocument), doc);
         for stale in &stale_copies {
-            let err = stale.guarded_update(conn, documents::hits.eq(-1)).unwrap_err();
+            let err = w.update(stale, documents::hits.eq(-1)).unwrap_err();
             assert!(err.as_conflict().is_some(), "{err:?}");
         }
         assert_eq!(load!(conn, FrozenDocument).hits, 100);
     }
 
     /// A clock that went back (an NTP step, another machine's clock) still advances.
-    #[test]
-    fn a_clock_behind_the_stored_timestamp_still_advances_it() {
-        let Some(db) = db() else { return };
+    fn a_clock_behind_the_stored_timestamp_still_advances_it<W: Update<FrozenDocument, Body>>(db: &Db, w: impl Fn() -> W) {
         let conn = &mut db.conn();
         let stored = instant("2026-06-01T12:00:00Z");
         FrozenClock::freeze(stored - TimeDelta::hours(1));
         insert(conn, stored.naive_utc());
         let doc = load!(conn, FrozenDocument);
 
-        let next = doc.guarded_update(conn, documents::body.eq("edited")).unwrap();
+        let next = w().update(&doc, documents::body.eq("edited")).unwrap();
 
         assert_eq!(next, stored.naive_utc() + TimeDelta::microseconds(1));
         assert_eq!(load!(conn, FrozenDocument).last_modified, next);
     }
 
     /// Eight threads increment one row through the timestamp guard, all on one frozen
-    /// instant: no update is lost and every success moved the token by one tick.
-    #[test]
-    fn concurrent_increments_within_one_tick_lose_no_update() {
+    /// instant, each reading and writing on an executor of its own: no update is lost and
+    /// every success moved the token by one tick.
+    fn concurrent_increments_within_one_tick_lose_no_update<W>(db: &Db, w: impl Fn() -> W + Sync)
+    where
+        W: Read<FrozenDocument> + Update<FrozenDocument, Hits>,
+    {
         const THREADS: usize = 8;
         const INCREMENTS: usize = 20;
-        let Some(db) = db() else { return };
         let frozen = instant("2026-01-01T08:00:00Z");
         insert(&mut db.conn(), frozen.naive_utc());
-        let (start, conflicts) = (Barrier::new(THREADS), AtomicUsize::new(0));
+        let conflicts = AtomicUsize::new(0);
 
-        std::thread::scope(|s| {
-            for _ in 0..THREADS {
-                s.spawn(|| {
-                    FrozenClock::freeze(frozen);
-                    let mut conn = db.pool.get().unwrap();
-                    start.wait();
-                    let mut done = 0;
-                    while done < INCREMENTS {
-                        let doc = load!(&mut conn, FrozenDocument);
-                        match doc.guarded_update(&mut conn, documents::hits.eq(doc.hits + 1)) {
-                            Ok(_) => done += 1,
-                            Err(e) if e.is_retryable() => {
-                                conflicts.fetch_add(1, Ordering::Relaxed);
-                            }
-                            Err(e) => panic!("{e}"),
-                        }
+        race(THREADS, w, |_, w| {
+            FrozenClock::freeze(frozen);
+            let mut done = 0;
+            while done < INCREMENTS {
+                let doc = w.read(&1).unwrap();
+                match w.update(&doc, documents::hits.eq(doc.hits + 1)) {
+                    Ok(_) => done += 1,
+                    Err(e) if e.is_retryable() => {
+                        conflicts.fetch_add(1, Ordering::Relaxed);
                     }
-                });
+                    Err(e) => panic!("{e}"),
+                }
             }
         });
 
@@ -166,15 +165,13 @@ for_each_backend! {
         eprintln!("{total} increments, {} retried", conflicts.load(Ordering::Relaxed));
     }
 
-    #[test]
-    fn stateless_update_by_key_takes_the_timestamp_the_client_saw() {
-        let Some(db) = db() else { return };
-        let conn = &mut db.conn();
+    fn stateless_update_by_key_takes_the_timestamp_the_client_saw<W: UpdateByKey<Document, Body>>(db: &Db, w: impl Fn() -> W) {
+        let (conn, w) = (&mut db.conn(), &mut w());
         let seen = instant("2026-01-01T08:00:00.5Z").naive_utc();
         insert(conn, seen);
 
-        let next = Document::guarded_update_by_key(conn, &1, &seen, documents::body.eq("from the form")).unwrap();
-        let err = Document::guarded_update_by_key(conn, &1, &seen, documents::body.eq("second tab")).unwrap_err();
+        let next = w.update_by_key(&1, &seen, documents::body.eq("from the form")).unwrap();
+        let err = w.update_by_key(&1, &seen, documents::body.eq("second tab")).unwrap_err();
 
         assert!(next > seen);
         assert!(err.as_conflict().is_some(), "{err:?}");
@@ -182,15 +179,22 @@ for_each_backend! {
         assert_eq!((stored.body.as_str(), stored.last_modified), ("from the form", next));
     }
 
-    #[test]
-    fn missing_row_is_not_found() {
-        let Some(db) = db() else { return };
-        let conn = &mut db.conn();
-
-        let err = Document::guarded_update_by_key(conn, &9, &Utc::now().naive_utc(), documents::body.eq("x")).unwrap_err();
+    fn missing_row_is_not_found<W: UpdateByKey<Document, Body>>(_: &Db, w: impl Fn() -> W) {
+        let err = w().update_by_key(&9, &Utc::now().naive_utc(), documents::body.eq("x")).unwrap_err();
 
         assert!(matches!(&err, Error::NotFound { table: "documents", key } if key == "9"), "{err:?}");
     }
+
+    tests_on_both_drivers!(
+        |_: &Db| ();
+        save_advances_the_timestamp_and_returns_what_the_column_holds,
+        stale_copy_conflicts_and_sees_the_current_row,
+        many_writes_within_one_tick_each_advance_the_token,
+        a_clock_behind_the_stored_timestamp_still_advances_it,
+        concurrent_increments_within_one_tick_lose_no_update,
+        stateless_update_by_key_takes_the_timestamp_the_client_saw,
+        missing_row_is_not_found,
+    );
 }
 
 /// MySQL `DATETIME` without fractional digits keeps whole seconds (and would round a
@@ -227,15 +231,23 @@ mod mysql_whole_seconds {
         changed_at: NaiveDateTime,
     }
 
-    #[test]
-    fn whole_second_column_advances_by_whole_seconds() {
-        let Some(db) = common::mysql() else { return };
-        let conn = &mut db.conn();
-        conn.batch_execute(
-            "CREATE TABLE notes (id BIGINT PRIMARY KEY NOT NULL, body TEXT NOT NULL, \
-             changed_at DATETIME NOT NULL)",
-        )
-        .unwrap();
+    type Conn = diesel::MysqlConnection;
+    type Db = common::TestDb<Conn>;
+    fn db() -> Option<Db> {
+        common::mysql()
+    }
+
+    fn create_table(db: &Db) {
+        db.conn()
+            .batch_execute(
+                "CREATE TABLE notes (id BIGINT PRIMARY KEY NOT NULL, body TEXT NOT NULL, \
+                 changed_at DATETIME NOT NULL)",
+            )
+            .unwrap();
+    }
+
+    fn whole_second_column_advances_by_whole_seconds<W: Save<Note>>(db: &Db, w: impl Fn() -> W) {
+        let (conn, w) = (&mut db.conn(), &mut w());
         let start = instant("2026-01-01T08:00:00Z").naive_utc();
         let mut note = Note {
             id: 1,
@@ -252,7 +264,7 @@ mod mysql_whole_seconds {
         let mut tokens = Vec::new();
         for i in 0..3 {
             note.body = format!("edit {i}");
-            tokens.push(note.guarded_save(conn).unwrap());
+            tokens.push(w.save(&mut note).unwrap());
             let stored: Note = notes::table.select(Note::as_select()).first(conn).unwrap();
             assert_eq!(stored, note, "the token is what the column holds");
         }
@@ -260,6 +272,11 @@ mod mysql_whole_seconds {
         let seconds: Vec<i64> = tokens.iter().map(|t| (*t - start).num_seconds()).collect();
         assert_eq!(seconds, [1, 2, 3]);
     }
+
+    crate::tests_on_both_drivers!(
+        create_table;
+        whole_second_column_advances_by_whole_seconds,
+    );
 }
 
 /// `DateTime<Utc>` tokens on PostgreSQL `TIMESTAMPTZ`.
@@ -294,15 +311,26 @@ mod postgres_timestamptz {
         updated_at: DateTime<Utc>,
     }
 
-    #[test]
-    fn utc_date_times_are_exact_tokens() {
-        let Some(db) = common::postgres() else { return };
-        let conn = &mut db.conn();
-        conn.batch_execute(
-            "CREATE TABLE events (id BIGINT PRIMARY KEY NOT NULL, title TEXT NOT NULL, \
-             updated_at TIMESTAMPTZ NOT NULL)",
-        )
-        .unwrap();
+    type Conn = diesel::PgConnection;
+    type Db = common::TestDb<Conn>;
+    fn db() -> Option<Db> {
+        common::postgres()
+    }
+
+    fn create_table(db: &Db) {
+        db.conn()
+            .batch_execute(
+                "CREATE TABLE events (id BIGINT PRIMARY KEY NOT NULL, title TEXT NOT NULL, \
+                 updated_at TIMESTAMPTZ NOT NULL)",
+            )
+            .unwrap();
+    }
+
+    fn utc_date_times_are_exact_tokens<W>(db: &Db, w: impl Fn() -> W)
+    where
+        W: Save<Event> + Update<Event, dsl::Eq<events::title, &'static str>>,
+    {
+        let (conn, w) = (&mut db.conn(), &mut w());
         let mut event = Event {
             id: 1,
             title: "launch".into(),
@@ -315,10 +343,8 @@ mod postgres_timestamptz {
         let stale = event.clone();
 
         event.title = "launch day".into();
-        event.guarded_save(conn).unwrap();
-        let err = stale
-            .guarded_update(conn, events::title.eq("x"))
-            .unwrap_err();
+        w.save(&mut event).unwrap();
+        let err = w.update(&stale, events::title.eq("x")).unwrap_err();
 
         assert!(err.as_conflict().is_some(), "{err:?}");
         let stored: Event = events::table
@@ -327,4 +353,9 @@ mod postgres_timestamptz {
             .unwrap();
         assert_eq!(stored, event);
     }
+
+    crate::tests_on_both_drivers!(
+        create_table;
+        utc_date_times_are_exact_tokens,
+    );
 }

@@ -2,14 +2,18 @@
 //! sets on every write, as a table other code owns would have. The library compares it,
 //! never assigns it, and learns the value the trigger left, on every backend (SQLite's
 //! `RETURNING` reports values from before its triggers ran, so it reads the row back).
+//! Each body runs on both drivers (the blocking API and the async one).
 
 use crate::common;
 
+use common::drivers::{race, BatchUpdate, BulkUpdate, Delete, Save, Update, UpdateByKey};
 use diesel::connection::SimpleConnection;
+use diesel::dsl;
 use diesel::prelude::*;
-use diesel_occ::{
-    BatchMode, Error, Guarded, GuardedBatch, GuardedBulk, GuardedWrite, Pooled, RowOutcome, Token,
-};
+use diesel_occ::{BatchMode, Error, Guarded, Pooled, RowOutcome, Token};
+
+/// The changes of a body update.
+type Body = dsl::Eq<docs::body, &'static str>;
 
 diesel::table! {
     docs (id) {
@@ -29,10 +33,11 @@ struct Doc {
 }
 
 for_each_backend! {
+    type Db = common::TestDb<Conn>;
+
     /// `docs` with rows 1..=3, and a trigger that gives a row new random bytes on every
     /// update, the way a `rowversion` or a checksum maintained by other code moves.
-    fn setup() -> Option<common::TestDb<Conn>> {
-        let db = db()?;
+    fn setup(db: &Db) {
         let schema = match BACKEND {
             "postgres" => {
                 "CREATE TABLE docs (id BIGINT PRIMARY KEY, body TEXT NOT NULL,
@@ -57,7 +62,6 @@ for_each_backend! {
         let conn = &mut db.conn();
         conn.batch_execute(schema).unwrap();
         conn.batch_execute("INSERT INTO docs (id, body) VALUES (1, 'one'), (2, 'two'), (3, 'three')").unwrap();
-        Some(db)
     }
 
     fn load(conn: &mut Pooled<Conn>, id: i64) -> Doc {
@@ -66,35 +70,34 @@ for_each_backend! {
 
     /// A save learns the bytes the trigger set, so the same copy saves again without
     /// conflicting with itself.
-    #[test]
-    fn a_save_learns_the_token_the_database_set() {
-        let Some(db) = setup() else { return };
-        let conn = &mut db.conn();
+    fn a_save_learns_the_token_the_database_set<W: Save<Doc>>(db: &Db, w: impl Fn() -> W) {
+        let (conn, w) = (&mut db.conn(), &mut w());
         let mut doc = load(conn, 1);
         let read = doc.rv.clone();
         doc.body = "edited".into();
-        let learned = doc.guarded_save(conn).unwrap();
+        let learned = w.save(&mut doc).unwrap();
         assert_ne!(learned, read, "the trigger moved the token");
         assert_eq!(doc.rv, learned);
         assert_eq!(load(conn, 1), doc, "the copy holds what the row holds");
 
         doc.body = "edited again".into();
-        doc.guarded_save(conn).unwrap();
+        w.save(&mut doc).unwrap();
         assert_eq!(load(conn, 1), doc);
     }
 
     /// A copy read before another write conflicts, with the current row and its bytes in
     /// hexadecimal; nothing is written.
-    #[test]
-    fn a_stale_copy_conflicts_with_the_current_row() {
-        let Some(db) = setup() else { return };
-        let conn = &mut db.conn();
+    fn a_stale_copy_conflicts_with_the_current_row<W>(db: &Db, w: impl Fn() -> W)
+    where
+        W: Save<Doc> + Update<Doc, Body> + Delete<Doc>,
+    {
+        let (conn, w) = (&mut db.conn(), &mut w());
         let stale = load(conn, 1);
         let mut winner = stale.clone();
         winner.body = "winner".into();
-        winner.guarded_save(conn).unwrap();
+        w.save(&mut winner).unwrap();
 
-        match stale.guarded_update(conn, docs::body.eq("lost")) {
+        match w.update(&stale, docs::body.eq("lost")) {
             Err(Error::Conflict(conflict)) => {
                 assert_eq!(conflict.current::<Doc>(), Some(&winner));
                 let hex: String = winner.rv.iter().map(|b| format!("{b:02x}")).collect();
@@ -102,24 +105,22 @@ for_each_backend! {
             }
             other => panic!("{other:?}"),
         }
-        assert!(matches!(stale.guarded_delete(conn), Err(Error::Conflict(_))));
+        assert!(matches!(w.delete(&stale), Err(Error::Conflict(_))));
         assert_eq!(load(conn, 1), winner);
     }
 
     /// The stateless form: a client sends back the bytes it saw.
-    #[test]
-    fn a_write_by_key_compares_the_bytes_the_client_sent() {
-        let Some(db) = setup() else { return };
-        let conn = &mut db.conn();
+    fn a_write_by_key_compares_the_bytes_the_client_sent<W: UpdateByKey<Doc, Body>>(db: &Db, w: impl Fn() -> W) {
+        let (conn, w) = (&mut db.conn(), &mut w());
         let seen = load(conn, 2).rv;
-        let next = Doc::guarded_update_by_key(conn, &2, &seen, docs::body.eq("by key")).unwrap();
+        let next = w.update_by_key(&2, &seen, docs::body.eq("by key")).unwrap();
         assert_eq!(load(conn, 2).rv, next);
         assert!(matches!(
-            Doc::guarded_update_by_key(conn, &2, &seen, docs::body.eq("replayed")),
+            w.update_by_key(&2, &seen, docs::body.eq("replayed")),
             Err(Error::Conflict(_))
         ));
         assert!(matches!(
-            Doc::guarded_update_by_key(conn, &2, &Vec::new(), docs::body.eq("empty token")),
+            w.update_by_key(&2, &Vec::new(), docs::body.eq("empty token")),
             Err(Error::Conflict(_))
         ));
         assert_eq!(load(conn, 2).body, "by key");
@@ -127,13 +128,13 @@ for_each_backend! {
 
     /// Batches learn each row's bytes (one statement on PostgreSQL); a bulk update moves
     /// every row's token through the trigger, so copies read before it conflict.
-    #[test]
-    fn batches_and_bulk_updates_keep_the_tokens_exact() {
-        let Some(db) = setup() else { return };
-        let conn = &mut db.conn();
+    fn batches_and_bulk_updates_keep_the_tokens_exact<W>(db: &Db, w: impl Fn() -> W)
+    where
+        W: BatchUpdate<Doc, Body> + BulkUpdate<Doc, dsl::GtEq<docs::id, i64>, Body> + Update<Doc, Body>,
+    {
+        let (conn, w) = (&mut db.conn(), &mut w());
         let (one, two) = (load(conn, 1), load(conn, 2));
-        let report = Doc::guarded_update_batch(
-            conn,
+        let report = w.update_batch(
             vec![(1, one.rv.clone(), docs::body.eq("b1")), (2, vec![0; 16], docs::body.eq("b2"))],
             BatchMode::Partial,
         )
@@ -146,22 +147,20 @@ for_each_backend! {
         assert_eq!(load(conn, 2), two);
 
         let before = load(conn, 3);
-        let bulk = Doc::guarded_bulk_update(conn, docs::id.ge(2), docs::body.eq("bulk")).unwrap();
+        let bulk = w.bulk_update(docs::id.ge(2), docs::body.eq("bulk")).unwrap();
         assert_eq!(bulk.updated, 2);
-        assert!(matches!(before.guarded_update(conn, docs::body.eq("stale")), Err(Error::Conflict(_))));
+        assert!(matches!(w.update(&before, docs::body.eq("stale")), Err(Error::Conflict(_))));
         assert_eq!(load(conn, 3).body, "bulk");
     }
 
     /// 8 threads save from one loaded copy: exactly one wins, and the row holds its body
     /// and the token it learned.
-    #[test]
-    fn racing_saves_have_one_winner() {
-        let Some(db) = setup() else { return };
+    fn racing_saves_have_one_winner<W: Save<Doc>>(db: &Db, w: impl Fn() -> W + Sync) {
         let loaded = load(&mut db.conn(), 1);
-        let results: Vec<Result<Doc, Error>> = db.race(8, |t, conn| {
+        let results: Vec<Result<Doc, Error>> = race(8, w, |t, w| {
             let mut copy = loaded.clone();
             copy.body = format!("thread {t}");
-            copy.guarded_save(conn).map(|_| copy)
+            w.save(&mut copy).map(|_| copy)
         });
         let winners: Vec<&Doc> = results.iter().filter_map(|r| r.as_ref().ok()).collect();
         assert_eq!(winners.len(), 1, "{results:?}");
@@ -174,13 +173,29 @@ for_each_backend! {
         }
         assert_eq!(&load(&mut db.conn(), 1), winners[0]);
     }
+
+    tests_on_both_drivers!(
+        setup;
+        a_save_learns_the_token_the_database_set,
+        a_stale_copy_conflicts_with_the_current_row,
+        a_write_by_key_compares_the_bytes_the_client_sent,
+        batches_and_bulk_updates_keep_the_tokens_exact,
+        racing_saves_have_one_winner,
+    );
 }
 
 /// MySQL's own maintained token: a `DATETIME(6) ... ON UPDATE CURRENT_TIMESTAMP(6)` column,
 /// compared and read back, never assigned.
 #[cfg(all(feature = "mysql", feature = "chrono"))]
-#[test]
-fn mysql_on_update_current_timestamp_is_a_row_version() {
+mod mysql_on_update_current_timestamp {
+    use super::*;
+
+    type Conn = diesel::MysqlConnection;
+    type Db = common::TestDb<Conn>;
+    fn db() -> Option<Db> {
+        common::mysql()
+    }
+
     diesel::table! {
         notes (id) {
             id -> BigInt,
@@ -196,30 +211,45 @@ fn mysql_on_update_current_timestamp_is_a_row_version() {
         #[occ(row_version)]
         changed: chrono::NaiveDateTime,
     }
-    let Some(db) = common::mysql() else { return };
-    let conn = &mut db.conn();
-    conn.batch_execute(
-        "CREATE TABLE notes (id BIGINT PRIMARY KEY, body TEXT NOT NULL,
-             changed DATETIME(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6) ON UPDATE CURRENT_TIMESTAMP(6));
-         INSERT INTO notes (id, body) VALUES (1, 'new');",
-    )
-    .unwrap();
-    let load = |conn: &mut Pooled<MysqlConnection>| -> Note {
+
+    fn create_table(db: &Db) {
+        db.conn()
+            .batch_execute(
+                "CREATE TABLE notes (id BIGINT PRIMARY KEY, body TEXT NOT NULL,
+                     changed DATETIME(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6) ON UPDATE CURRENT_TIMESTAMP(6));
+                 INSERT INTO notes (id, body) VALUES (1, 'new');",
+            )
+            .unwrap();
+    }
+
+    fn load(conn: &mut Pooled<Conn>) -> Note {
         notes::table
             .find(1)
             .select(Note::as_select())
             .first(conn)
             .unwrap()
-    };
-    let mut note = load(conn);
-    let stale = note.clone();
-    note.body = "edited".into();
-    note.guarded_save(conn).unwrap();
-    assert_eq!(load(conn), note, "the copy learned the stamp MySQL set");
-    assert!(note.changed > stale.changed);
-    assert!(matches!(
-        stale.guarded_update(conn, notes::body.eq("lost")),
-        Err(Error::Conflict(_))
-    ));
-    assert_eq!(load(conn).body, "edited");
+    }
+
+    fn is_a_row_version<W>(db: &Db, w: impl Fn() -> W)
+    where
+        W: Save<Note> + Update<Note, dsl::Eq<notes::body, &'static str>>,
+    {
+        let (conn, w) = (&mut db.conn(), &mut w());
+        let mut note = load(conn);
+        let stale = note.clone();
+        note.body = "edited".into();
+        w.save(&mut note).unwrap();
+        assert_eq!(load(conn), note, "the copy learned the stamp MySQL set");
+        assert!(note.changed > stale.changed);
+        assert!(matches!(
+            w.update(&stale, notes::body.eq("lost")),
+            Err(Error::Conflict(_))
+        ));
+        assert_eq!(load(conn).body, "edited");
+    }
+
+    crate::tests_on_both_drivers!(
+        create_table;
+        is_a_row_version,
+    );
 }
