@@ -526,6 +526,7 @@ mod on_async {
 
     /// A pool manager of connections `A` to `url`; on SQLite (`backend`) they wait for the
     /// write lock, as the test pools' do.
+    #[cfg(any(feature = "bb8", feature = "async-deadpool"))]
     pub fn manager<A>(
         url: &str,
         backend: &str,
