@@ -146,6 +146,7 @@ mod write;
 #[cfg(feature = "async")]
 pub mod asynchronous;
 pub mod guide;
+pub mod op;
 #[cfg(feature = "http")]
 pub mod http;
 #[cfg(feature = "migrations")]

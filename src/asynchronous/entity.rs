@@ -4,23 +4,24 @@
 
 use std::future::Future;
 
-use diesel::associations::HasTable;
 use diesel::query_builder::{AsChangeset, QueryFragment};
 use diesel_async::AsyncConnection;
 
 use super::connection::{classified, refuse_broken, NativeAsync, NativeAsyncConnection};
 use super::executor::{run, AsyncMiss};
+use super::run::AsyncRun;
 use super::send::{AsyncComplete, AsyncLoadByKey};
 use super::transaction::Call;
 use crate::error::Error;
 use crate::guard::stored_precision::PrecisionCheck;
+use crate::op::{Delete, Operation, SavedState, TouchStamp, Update, WriteExcluded};
 use crate::guard::{
     AdvanceInSql, Advancing, CompletionOf, GuardKind, Guarded, ReturnedTokenOf, TokenOf,
 };
 use crate::sql::new_token::Counted;
 use crate::sql::statement::{Assignments, NoChanges};
 use crate::write::entity::{
-    excluded_changeset, guarded_statement_in, key_write, refuse_status_move, token_read_back,
+    excluded_changeset, guarded_statement_in, key_write, token_read_back,
     unguarded_by_key, DeleteOf, KeyWriteOf, RowMoved, UnguardedUpdateOf, UpdateOf,
 };
 use crate::write::executor::CompareAndSet;
@@ -41,47 +42,38 @@ pub trait AsyncGuardedWrite: Guarded {
         changes: Ch,
     ) -> impl Future<Output = Result<TokenOf<Self>, Error>> + Send
     where
-        Self: AsyncUpdateRow<C, Ch>,
-        C: Send,
-        Ch: Send,
+        Update<Self, Ch>: AsyncRun<C>,
     {
-        let (key, token) = (self.key(), self.token());
-        async move { Self::update_row(conn, &key, &token, changes, Self::stamp(), None, false).await }
+        Update::new(self.key(), self.token(), changes).run_async(conn)
     }
 
     /// Applies `changes` to the row with `key` if it still holds `expected`; see
     /// [`GuardedWrite::guarded_update_by_key`](crate::GuardedWrite::guarded_update_by_key).
-    fn guarded_update_by_key<'a, C, Ch>(
-        conn: &'a mut C,
-        key: &'a Self::Key,
-        expected: &'a TokenOf<Self>,
+    fn guarded_update_by_key<C, Ch>(
+        conn: &mut C,
+        key: &Self::Key,
+        expected: &TokenOf<Self>,
         changes: Ch,
-    ) -> impl Future<Output = Result<TokenOf<Self>, Error>> + Send + 'a
+    ) -> impl Future<Output = Result<TokenOf<Self>, Error>> + Send
     where
-        Self: AsyncUpdateRow<C, Ch>,
-        C: Send,
-        Ch: Send + 'a,
+        Update<Self, Ch>: AsyncRun<C>,
     {
-        Self::update_row(conn, key, expected, changes, Self::stamp(), None, false)
+        Update::new(key.clone(), expected.clone(), changes).run_async(conn)
     }
 
     /// Writes every updatable field of this copy if the row still holds its token, and
     /// records the new token in the copy; see
     /// [`GuardedWrite::guarded_save`](crate::GuardedWrite::guarded_save).
-    fn guarded_save<C>(
-        &mut self,
-        conn: &mut C,
-    ) -> impl Future<Output = Result<TokenOf<Self>, Error>> + Send
+    fn guarded_save<'a, C>(
+        &'a mut self,
+        conn: &'a mut C,
+    ) -> impl Future<Output = Result<TokenOf<Self>, Error>> + Send + 'a
     where
         Self::Guard: Advancing,
-        Self: AsyncUpdateRow<C, <Self as Guarded>::Changes>,
-        Self::Changes: Send,
-        C: Send,
+        Update<Self, Self::Changes>: AsyncRun<C>,
     {
-        async move {
-            let (key, token, changes) = (self.key(), self.token(), self.changes());
-            write_and_record(self, conn, key, token, changes, false).await
-        }
+        let update = Update::new(self.key(), self.token(), self.changes()).saving(self);
+        write_and_record(self, conn, update)
     }
 
     /// Writes every updatable field of this modified copy if the row still holds the
@@ -90,36 +82,28 @@ pub trait AsyncGuardedWrite: Guarded {
     fn guarded_save_from<'a, C>(
         &'a mut self,
         conn: &'a mut C,
-        original: &'a Self,
+        original: &Self,
     ) -> impl Future<Output = Result<TokenOf<Self>, Error>> + Send + 'a
     where
-        Self: AsyncUpdateRow<C, <Self as Guarded>::Changes>,
-        Self::Changes: Send,
-        C: Send,
+        Update<Self, Self::Changes>: AsyncRun<C>,
     {
-        async move {
-            refuse_status_move(self, original, <Self as AsyncUpdateRow<C, _>>::table_name())?;
-            let changes = self.changes();
-            write_and_record(self, conn, original.key(), original.token(), changes, false).await
-        }
+        let update = Update::new(original.key(), original.token(), self.changes());
+        let update = update.saving_from(self, original);
+        write_and_record(self, conn, update)
     }
 
     /// Advances the token without changing anything else; see
     /// [`GuardedWrite::guarded_touch`](crate::GuardedWrite::guarded_touch).
-    fn guarded_touch<C>(
-        &mut self,
-        conn: &mut C,
-    ) -> impl Future<Output = Result<TokenOf<Self>, Error>> + Send
+    fn guarded_touch<'a, C>(
+        &'a mut self,
+        conn: &'a mut C,
+    ) -> impl Future<Output = Result<TokenOf<Self>, Error>> + Send + 'a
     where
         Self::Guard: Advancing,
-        Self: AsyncUpdateRow<C, NoChanges<<Self as HasTable>::Table>>,
-        <Self as HasTable>::Table: Send,
-        C: Send,
+        Update<Self, NoChanges<Self::Table>>: AsyncRun<C>,
     {
-        async move {
-            let (key, token) = (self.key(), self.token());
-            write_and_record(self, conn, key, token, NoChanges::default(), false).await
-        }
+        let update = Update::new(self.key(), self.token(), NoChanges::default()).saving(self);
+        write_and_record(self, conn, update)
     }
 
     /// Inserts this copy as a new row with a seeded first token, and records the token
@@ -151,45 +135,41 @@ pub trait AsyncGuardedWrite: Guarded {
     /// Writes `changes` to this row's excluded fields (`#[occ(exclude)]`) without checking
     /// or advancing the token; see
     /// [`GuardedWrite::update_excluded`](crate::GuardedWrite::update_excluded).
-    fn update_excluded<'a, C, Ch>(
+    fn update_excluded<C, Ch>(
         &self,
-        conn: &'a mut C,
+        conn: &mut C,
         changes: Ch,
-    ) -> impl Future<Output = Result<(), Error>> + Send + 'a
+    ) -> impl Future<Output = Result<(), Error>> + Send
     where
-        Self: AsyncUpdateExcluded<C, Ch>,
+        WriteExcluded<Self, Ch>: AsyncRun<C>,
     {
-        Self::update_excluded_row(conn, self.key(), changes)
+        WriteExcluded::new(self.key(), changes).run_async(conn)
     }
 
     /// Writes `changes` to the excluded fields of the row with `key`; see
     /// [`GuardedWrite::update_excluded_by_key`](crate::GuardedWrite::update_excluded_by_key).
-    fn update_excluded_by_key<'a, C, Ch>(
-        conn: &'a mut C,
+    fn update_excluded_by_key<C, Ch>(
+        conn: &mut C,
         key: &Self::Key,
         changes: Ch,
-    ) -> impl Future<Output = Result<(), Error>> + Send + 'a
+    ) -> impl Future<Output = Result<(), Error>> + Send
     where
-        Self: AsyncUpdateExcluded<C, Ch>,
+        WriteExcluded<Self, Ch>: AsyncRun<C>,
     {
-        Self::update_excluded_row(conn, key.clone(), changes)
+        WriteExcluded::new(key.clone(), changes).run_async(conn)
     }
 
     /// Sets the `#[occ(updated_at)]` column to now without checking or advancing the token,
     /// and records the stamp in the copy; see
     /// [`GuardedWrite::touch_updated_at`](crate::GuardedWrite::touch_updated_at).
-    fn touch_updated_at<'a, C>(
-        &'a mut self,
-        conn: &'a mut C,
-    ) -> impl Future<Output = Result<(), Error>> + Send + 'a
+    fn touch_updated_at<C>(&mut self, conn: &mut C) -> impl Future<Output = Result<(), Error>> + Send
     where
-        Self: AsyncTouchUpdatedAt<C> + Send,
-        Self::Stamp: Send,
-        C: Send,
+        TouchStamp<Self>: AsyncRun<C>,
     {
         let stamp = Self::stamp();
+        let touch = TouchStamp::new(self.key(), stamp.clone()).run_async(conn);
         async move {
-            Self::touch_updated_at_row(conn, self.key(), stamp.clone()).await?;
+            touch.await?;
             self.set_stamp(&stamp);
             Ok(())
         }
@@ -197,90 +177,44 @@ pub trait AsyncGuardedWrite: Guarded {
 
     /// The stateless form of [`touch_updated_at`](Self::touch_updated_at): the row with
     /// `key`, whatever token it holds.
-    fn touch_updated_at_by_key<'a, C>(
-        conn: &'a mut C,
+    fn touch_updated_at_by_key<C>(
+        conn: &mut C,
         key: &Self::Key,
-    ) -> impl Future<Output = Result<(), Error>> + Send + 'a
+    ) -> impl Future<Output = Result<(), Error>> + Send
     where
-        Self: AsyncTouchUpdatedAt<C>,
+        TouchStamp<Self>: AsyncRun<C>,
     {
-        Self::touch_updated_at_row(conn, key.clone(), Self::stamp())
+        TouchStamp::new(key.clone(), Self::stamp()).run_async(conn)
     }
 
     /// Deletes the row if it still holds this copy's token; see
     /// [`GuardedWrite::guarded_delete`](crate::GuardedWrite::guarded_delete).
     fn guarded_delete<C>(&self, conn: &mut C) -> impl Future<Output = Result<(), Error>> + Send
     where
-        Self: AsyncDeleteRow<C>,
-        C: Send,
+        Delete<Self>: AsyncRun<C>,
     {
-        let (key, token) = (self.key(), self.token());
-        async move { Self::delete_row(conn, &key, &token).await }
+        Delete::new(self.key(), self.token()).run_async(conn)
     }
 
     /// Deletes the row with `key` if it still holds `expected`; see
     /// [`GuardedWrite::guarded_delete_by_key`](crate::GuardedWrite::guarded_delete_by_key).
-    fn guarded_delete_by_key<'a, C>(
-        conn: &'a mut C,
-        key: &'a Self::Key,
-        expected: &'a TokenOf<Self>,
-    ) -> impl Future<Output = Result<(), Error>> + Send + 'a
+    fn guarded_delete_by_key<C>(
+        conn: &mut C,
+        key: &Self::Key,
+        expected: &TokenOf<Self>,
+    ) -> impl Future<Output = Result<(), Error>> + Send
     where
-        Self: AsyncDeleteRow<C>,
+        Delete<Self>: AsyncRun<C>,
     {
-        Self::delete_row(conn, key, expected)
+        Delete::new(key.clone(), expected.clone()).run_async(conn)
     }
 }
 
 impl<T: Guarded> AsyncGuardedWrite for T {}
 
-/// A guarded update of entity `Self` with changes `Ch` on async connection `C`, as one
-/// bound: not a trait to implement, it holds for every [`Guarded`] entity, every
-/// changeset of its table and every diesel-async connection the guard can run on.
-#[diagnostic::on_unimplemented(
-    message = "`{Self}` cannot run a guarded update with `{Ch}` on `{C}`",
-    note = "the changes must be for the entity's table, and the connection a diesel-async connection of a backend diesel-occ supports (`AsyncPgConnection`, `AsyncMysqlConnection`, `SyncConnectionWrapper<SqliteConnection>`, or a pool's connection of one); on SQLite the entity and the changes must be `Clone + 'static`, since the write runs on the connection's thread"
-)]
-pub trait AsyncUpdateRow<C, Ch>: Guarded<Stamp: Send, StatusKept: Send> {
-    /// Runs the update; `saved` is the copy a save writes.
-    #[doc(hidden)]
-    fn update_row<'a>(
-        conn: &'a mut C,
-        key: &'a Self::Key,
-        expected: &'a TokenOf<Self>,
-        changes: Ch,
-        stamp: Self::Stamp,
-        saved: Option<&'a Self>,
-        own: bool,
-    ) -> impl Future<Output = Result<TokenOf<Self>, Error>> + Send + 'a
-    where
-        Ch: 'a;
-
-    /// The table's SQL name, for messages.
-    #[doc(hidden)]
-    fn table_name() -> &'static str;
-}
-
-/// A guarded delete of entity `Self` on async connection `C`, as one bound; like
-/// [`AsyncUpdateRow`], not a trait to implement.
-#[diagnostic::on_unimplemented(
-    message = "`{Self}` cannot run a guarded delete on `{C}`",
-    note = "the connection must be a diesel-async connection of a backend diesel-occ supports"
-)]
-pub trait AsyncDeleteRow<C>: Guarded {
-    /// Runs the delete.
-    #[doc(hidden)]
-    fn delete_row<'a>(
-        conn: &'a mut C,
-        key: &'a Self::Key,
-        expected: &'a TokenOf<Self>,
-    ) -> impl Future<Output = Result<(), Error>> + Send + 'a;
-}
-
-impl<T, C, Ch> AsyncUpdateRow<C, Ch> for T
+impl<T, C, Ch> AsyncRun<C> for Update<T, Ch>
 where
     T: AsyncLoadByKey<C>,
-    C: AsyncConnection,
     C: NativeAsyncConnection,
     C::Backend: NativeAsync,
     Ch: AsChangeset<Target = T::Table> + Send,
@@ -289,25 +223,16 @@ where
     T::Stamp: Send,
     T::StatusKept: Send,
 {
-    async fn update_row<'a>(
-        conn: &'a mut C,
-        key: &'a T::Key,
-        expected: &'a TokenOf<T>,
-        changes: Ch,
-        stamp: T::Stamp,
-        saved: Option<&'a T>,
-        own: bool,
-    ) -> Result<TokenOf<T>, Error>
-    where
-        Ch: 'a,
-    {
+    async fn run_async(self, conn: &mut C) -> Result<<Self as Operation>::Output, Error> {
         refuse_broken(conn)?;
+        let Update { key, expected, changes, stamp, saved, own } = self;
         let table = <T as AsyncLoadByKey<C>>::table_name();
-        let kept = saved.map(T::status_kept);
+        SavedState::refuse_move(saved.as_ref(), table)?;
+        let (kept, state) = SavedState::split(saved);
         let (statement, next) =
-            guarded_statement_in::<T, C::Backend, Ch>(table, key, expected, changes, stamp, kept)?;
-        let miss = RowMoved::<T>::expecting(key, expected).in_state(saved.and_then(T::status_name));
-        let write = CompareAndSet::one(statement, table, key, miss);
+            guarded_statement_in::<T, C::Backend, Ch>(table, &key, &expected, changes, stamp, kept)?;
+        let miss = RowMoved::<T>::expecting(&key, &expected).in_state(state);
+        let write = CompareAndSet::one(statement, table, &key, miss);
         // From here until `finish`, every way out goes through `written`.
         let mut call = Call::start(conn);
         let written = async {
@@ -319,36 +244,28 @@ where
         call.finish(written)
             .map(|written| written.token.unwrap_or(next))
     }
-
-    fn table_name() -> &'static str {
-        <T as AsyncLoadByKey<C>>::table_name()
-    }
 }
 
-impl<T, C> AsyncDeleteRow<C> for T
+impl<T, C> AsyncRun<C> for Delete<T>
 where
     T: AsyncLoadByKey<C>,
-    C: AsyncConnection,
     C: NativeAsyncConnection,
     C::Backend: NativeAsync,
     DeleteOf<T>: Assignments<C::Backend> + Send,
     Counted: AsyncComplete<C, DeleteOf<T>, TokenOf<T>>,
 {
-    async fn delete_row<'a>(
-        conn: &'a mut C,
-        key: &'a T::Key,
-        expected: &'a TokenOf<T>,
-    ) -> Result<(), Error> {
+    async fn run_async(self, conn: &mut C) -> Result<<Self as Operation>::Output, Error> {
         refuse_broken(conn)?;
+        let Delete { key, expected } = self;
         let mut call = Call::start(conn);
         let table = <T as AsyncLoadByKey<C>>::table_name();
         let statement = DeleteOf::<T>::new(
             T::table(),
-            T::key_predicate(key),
-            T::Guard::predicate(expected),
+            T::key_predicate(&key),
+            T::Guard::predicate(&expected),
         );
-        let miss = RowMoved::<T>::expecting(key, expected);
-        let write = CompareAndSet::one(statement, table, key, miss);
+        let miss = RowMoved::<T>::expecting(&key, &expected);
+        let write = CompareAndSet::one(statement, table, &key, miss);
         let written = run::<C, _, _, Counted, TokenOf<T>>(write, call.conn(), false).await;
         call.finish(written).map(drop)
     }
@@ -375,35 +292,27 @@ where
     check.judge(stored)
 }
 
-/// The guarded update of `row`'s row with `key` from `expected`; on success `row` records
-/// the new token and the stamp it wrote. `own`: inside a transaction of the library's.
-pub(crate) async fn write_and_record<T, C, Ch>(
-    row: &mut T,
-    conn: &mut C,
-    key: T::Key,
-    expected: TokenOf<T>,
-    changes: Ch,
-    own: bool,
-) -> Result<TokenOf<T>, Error>
+/// The guarded update of `row`'s row with `key` from `expected`, in the state `saved`
+/// names; on success `row` records the new token and the stamp it wrote. `own`: inside a
+/// transaction of the library's.
+pub(crate) fn write_and_record<'a, T, C, Ch>(
+    row: &'a mut T,
+    conn: &'a mut C,
+    update: Update<T, Ch>,
+) -> impl Future<Output = Result<TokenOf<T>, Error>> + Send + 'a
 where
-    T: AsyncUpdateRow<C, Ch>,
-    C: Send,
-    Ch: Send,
+    T: Guarded,
+    Ch: 'a,
+    Update<T, Ch>: AsyncRun<C>,
 {
     let stamp = T::stamp();
-    let next = T::update_row(
-        conn,
-        &key,
-        &expected,
-        changes,
-        stamp.clone(),
-        Some(row),
-        own,
-    )
-    .await?;
-    row.set_token(next.clone());
-    row.set_stamp(&stamp);
-    Ok(next)
+    let written = update.stamped(stamp.clone()).run_async(conn);
+    async move {
+        let next = written.await?;
+        row.set_token(next.clone());
+        row.set_stamp(&stamp);
+        Ok(next)
+    }
 }
 
 /// Writes `changes` to the row with `key` if `condition` holds, whatever token the row
@@ -464,23 +373,7 @@ where
     }
 }
 
-/// An unguarded update of entity `Self`'s excluded fields with changes `Ch` on async
-/// connection `C`, as one bound; not a trait to implement.
-#[diagnostic::on_unimplemented(
-    message = "`{Self}` cannot update its excluded fields with `{Ch}` on `{C}`",
-    note = "the changes must be for the entity's table and the connection a diesel-async connection of a backend diesel-occ supports"
-)]
-pub trait AsyncUpdateExcluded<C, Ch>: Guarded {
-    /// Runs the update.
-    #[doc(hidden)]
-    fn update_excluded_row<'a>(
-        conn: &'a mut C,
-        key: Self::Key,
-        changes: Ch,
-    ) -> impl Future<Output = Result<(), Error>> + Send + 'a;
-}
-
-impl<T, C, Ch> AsyncUpdateExcluded<C, Ch> for T
+impl<T, C, Ch> AsyncRun<C> for WriteExcluded<T, Ch>
 where
     T: AsyncLoadByKey<C>,
     C: NativeAsyncConnection,
@@ -491,11 +384,11 @@ where
     UnguardedUpdateOf<T, Ch::Changeset>: Assignments<C::Backend> + Send + 'static,
     Counted: AsyncComplete<C, UnguardedUpdateOf<T, Ch::Changeset>, TokenOf<T>>,
 {
-    fn update_excluded_row<'a>(
-        conn: &'a mut C,
-        key: T::Key,
-        changes: Ch,
-    ) -> impl Future<Output = Result<(), Error>> + Send + 'a {
+    fn run_async(
+        self,
+        conn: &mut C,
+    ) -> impl Future<Output = Result<<Self as Operation>::Output, Error>> + Send {
+        let WriteExcluded { key, changes } = self;
         let table = <T as AsyncLoadByKey<C>>::table_name();
         // Checked before the future: the changes need not be `Send`.
         let statement = excluded_changeset::<T, C::Backend, Ch>(table, changes)
@@ -527,23 +420,7 @@ where
     call.finish(written).map(drop)
 }
 
-/// A maintenance touch of entity `Self`'s `#[occ(updated_at)]` column on async connection
-/// `C`, as one bound; not a trait to implement.
-#[diagnostic::on_unimplemented(
-    message = "`{Self}` cannot touch its update time on `{C}`",
-    note = "the entity needs an `#[occ(updated_at)]` field and the connection must be a diesel-async connection of a backend diesel-occ supports"
-)]
-pub trait AsyncTouchUpdatedAt<C>: Guarded {
-    /// Runs the write.
-    #[doc(hidden)]
-    fn touch_updated_at_row<'a>(
-        conn: &'a mut C,
-        key: Self::Key,
-        stamp: Self::Stamp,
-    ) -> impl Future<Output = Result<(), Error>> + Send + 'a;
-}
-
-impl<T, C> AsyncTouchUpdatedAt<C> for T
+impl<T, C> AsyncRun<C> for TouchStamp<T>
 where
     T: AsyncLoadByKey<C>,
     T::Stamp: crate::write::updated_at_touch::UpdatedAtStamp + Send + 'static,
@@ -552,12 +429,8 @@ where
     UnguardedUpdateOf<T, T::Stamp>: Assignments<C::Backend> + Send + 'static,
     Counted: AsyncComplete<C, UnguardedUpdateOf<T, T::Stamp>, TokenOf<T>>,
 {
-    fn touch_updated_at_row<'a>(
-        conn: &'a mut C,
-        key: T::Key,
-        stamp: T::Stamp,
-    ) -> impl Future<Output = Result<(), Error>> + Send + 'a {
-        let statement = unguarded_by_key::<T, _>(&key, stamp);
-        async move { write_unguarded::<T, C, _>(conn, &key, statement).await }
+    async fn run_async(self, conn: &mut C) -> Result<<Self as Operation>::Output, Error> {
+        let statement = unguarded_by_key::<T, _>(&self.key, self.stamp);
+        write_unguarded::<T, C, _>(conn, &self.key, statement).await
     }
 }

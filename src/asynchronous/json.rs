@@ -14,7 +14,9 @@ use serde_json::Value;
 use diesel_async::AsyncConnection;
 
 use super::connection::{in_transaction, refuse_broken, NativeAsync, NativeAsyncConnection};
-use super::entity::{write_by_key_completed, AsyncUpdateRow};
+use super::entity::write_by_key_completed;
+use super::run::AsyncRun;
+use crate::op::Update;
 use super::modify::{modify_with, Caller, Step};
 use super::send::{AsyncComplete, AsyncLoadByKey};
 use super::transaction::Call;
@@ -228,7 +230,8 @@ struct EditDocument<T, Col, F> {
 
 impl<T, C, Col, F, R, E> Step<T, C, R, E> for EditDocument<T, Col, F>
 where
-    T: JsonDocument<Col> + AsyncUpdateRow<C, SetDocument<Col>> + Clone,
+    T: JsonDocument<Col> + Clone,
+    Update<T, SetDocument<Col>>: AsyncRun<C>,
     C: AsyncConnection,
     Col: Column + Send + 'static,
     F: FnMut(&mut Value) -> Result<R, E> + Send,
@@ -244,7 +247,10 @@ where
             Edited::Unchanged(done) => Ok(done),
             Edited::Write(document, stamp, record) => {
                 let (key, expected) = (original.key(), original.token());
-                let token = T::update_row(conn, &key, &expected, document, stamp, None, true)
+                let update = Update::new(key, expected, document).stamped(stamp);
+                let token = update
+                    .owned_transaction(true)
+                    .run_async(conn)
                     .await
                     .map_err(Stop::Occ)?;
                 Ok(record.written(token))
@@ -255,7 +261,8 @@ where
 
 impl<T, C, Col, F, R, E> AsyncEditJson<C, Col, F, R, E> for T
 where
-    T: JsonDocument<Col> + AsyncLoadByKey<C> + AsyncUpdateRow<C, SetDocument<Col>> + Clone,
+    T: JsonDocument<Col> + AsyncLoadByKey<C> + Clone,
+    Update<T, SetDocument<Col>>: AsyncRun<C>,
     C: NativeAsyncConnection + 'static,
     C::Backend: NativeAsync,
     Col: Column + Send + 'static,

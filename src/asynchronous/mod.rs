@@ -86,6 +86,7 @@ mod lock_connection;
 mod locks;
 mod modify;
 mod pessimistic;
+mod run;
 mod send;
 mod source;
 #[cfg(feature = "sqlite")]
@@ -102,9 +103,7 @@ pub use claim::{
     AsyncGuardedClaim,
 };
 pub use connection::{NativeAsync, NativeAsyncConnection};
-pub use entity::{
-    AsyncDeleteRow, AsyncGuardedWrite, AsyncTouchUpdatedAt, AsyncUpdateExcluded, AsyncUpdateRow,
-};
+pub use entity::AsyncGuardedWrite;
 #[cfg(feature = "locks")]
 pub use fence::{AsyncFencedWrite, AsyncWriteFenced};
 #[cfg(feature = "locks")]
@@ -123,6 +122,7 @@ pub use lock_connection::AsyncLockConnection;
 pub use locks::{AsyncLockGuard, AsyncLockPool, AsyncLocks};
 pub use modify::{AsyncGuardedModify, AsyncModifyRow};
 pub use pessimistic::AsyncPessimistic;
+pub use run::AsyncRun;
 pub use send::{AsyncComplete, AsyncCompleteEach, AsyncLoadByKey, AsyncSendPlan};
 pub use source::AsyncConnectionSource;
 #[cfg(feature = "async-deadpool")]

@@ -10,7 +10,8 @@ use diesel_async::AsyncConnection;
 use super::connection::{
     classifier, in_transaction, refuse_broken, NativeAsync, NativeAsyncConnection,
 };
-use super::entity::{write_and_record, AsyncUpdateRow};
+use super::entity::write_and_record;
+use super::run::AsyncRun;
 use super::send::AsyncLoadByKey;
 use super::source::AsyncConnectionSource;
 use super::transaction::{Call, OwnTransaction};
@@ -20,7 +21,7 @@ use crate::flow::read_modify_write::{Effect, ReadModifyWrite};
 use crate::guard::{Guarded, TokenOf};
 use crate::retry::{RetryPolicy, Stop};
 use crate::sql::statement::RowLock;
-use crate::write::entity::refuse_status_move;
+use crate::op::Update;
 use crate::write::modify::Modified;
 
 /// Read-modify-write with retry for every [`Guarded`] entity on a diesel-async
@@ -154,8 +155,8 @@ impl<'p, S: AsyncConnectionSource> Attempts<S::Connection> for FromPool<'p, S> {
 
 impl<T, C, F, R, E> AsyncModifyRow<C, F, R, E> for T
 where
-    T: AsyncLoadByKey<C> + AsyncUpdateRow<C, <T as Guarded>::Changes> + Clone,
-    T::Changes: Send,
+    T: AsyncLoadByKey<C> + Clone,
+    Update<T, T::Changes>: AsyncRun<C>,
     C: NativeAsyncConnection + 'static,
     C::Backend: NativeAsync,
     F: FnMut(&mut T) -> Result<R, E> + Send,
@@ -281,8 +282,8 @@ pub(crate) struct SaveChanged<F>(pub(crate) F);
 
 impl<T, C, F, R, E> Step<T, C, R, E> for SaveChanged<F>
 where
-    T: AsyncUpdateRow<C, <T as Guarded>::Changes> + Clone,
-    T::Changes: Send,
+    T: Guarded + Clone,
+    Update<T, T::Changes>: AsyncRun<C>,
     C: AsyncConnection,
     F: FnMut(&mut T) -> Result<R, E> + Send,
     R: Send + 'static,
@@ -295,19 +296,12 @@ where
     ) -> Result<(T, TokenOf<T>, R), Stop<E>> {
         let mut row = original.clone();
         let value = (self.0)(&mut row).map_err(Stop::Caller)?;
-        let table = <T as AsyncUpdateRow<C, _>>::table_name();
-        refuse_status_move(&row, original, table).map_err(Stop::Occ)?;
-        let changes = row.changes();
-        let token = write_and_record(
-            &mut row,
-            conn,
-            original.key(),
-            original.token(),
-            changes,
-            true,
-        )
-        .await
-        .map_err(Stop::Occ)?;
+        let update = Update::new(original.key(), original.token(), row.changes())
+            .saving_from(&row, original)
+            .owned_transaction(true);
+        let token = write_and_record(&mut row, conn, update)
+            .await
+            .map_err(Stop::Occ)?;
         Ok((row, token, value))
     }
 }

@@ -10,7 +10,7 @@ use diesel::SqliteConnection;
 use diesel_async::sync_connection_wrapper::SyncConnectionWrapper;
 
 use super::batch::{AsyncDeleteBatch, AsyncUpdateBatch};
-use super::entity::{AsyncDeleteRow, AsyncUpdateExcluded, AsyncUpdateRow};
+use super::run::AsyncRun;
 use super::insert::{AsyncInsertRow, AsyncUpsertRow};
 use super::json::{AsyncEditJson, AsyncMergeInPlace};
 use super::modify::AsyncModifyRow;
@@ -18,12 +18,13 @@ use super::source::AsyncConnectionSource;
 use super::transition::{AsyncTransitionByKey, AsyncTransitionRow};
 use crate::error::Error;
 use crate::guard::{Guarded, TokenOf};
+use crate::op::{Operation, Run};
 use crate::json::document::EditJson;
 use crate::json::merge_in_place::MergeInPlace;
 use crate::retry::RetryPolicy;
 use crate::status::transition::{retried_by_key, TransitionByKey, TransitionRow};
 use crate::write::batch::{BatchMode, BatchReport, GuardedBatch, UpdateBatch};
-use crate::write::entity::{DeleteRow, UpdateExcluded, UpdateRow};
+use crate::write::entity::{DeleteRow, UpdateRow};
 use crate::write::insert::InsertRow;
 use crate::write::modify::{GuardedModify, Modified};
 use crate::write::upsert::{UpsertRow, Upserted};
@@ -81,36 +82,6 @@ fn rolled_back_on_panic<R>(
     outcome
 }
 
-impl<T, Ch> AsyncUpdateRow<AsyncSqlite, Ch> for T
-where
-    T: UpdateRow<SqliteConnection, Ch> + Clone,
-    T::Stamp: Send + 'static,
-    T::StatusKept: Send,
-    Ch: Send + 'static,
-{
-    fn update_row<'a>(
-        conn: &'a mut AsyncSqlite,
-        key: &'a T::Key,
-        expected: &'a TokenOf<T>,
-        changes: Ch,
-        stamp: T::Stamp,
-        saved: Option<&'a T>,
-        own: bool,
-    ) -> impl Future<Output = Result<TokenOf<T>, Error>> + Send + 'a
-    where
-        Ch: 'a,
-    {
-        let (key, expected, saved) = (key.clone(), expected.clone(), saved.cloned());
-        on_thread(conn, move |conn| {
-            T::update_row(conn, &key, &expected, changes, stamp, saved.as_ref(), own)
-        })
-    }
-
-    fn table_name() -> &'static str {
-        <T as crate::write::entity::LoadByKey<SqliteConnection>>::table_name()
-    }
-}
-
 #[cfg(feature = "locks")]
 impl<T, F, Ch> super::fence::AsyncWriteFenced<AsyncSqlite, F, Ch> for T
 where
@@ -133,17 +104,18 @@ where
     }
 }
 
-impl<T> AsyncDeleteRow<AsyncSqlite> for T
+/// Every operation of the library: run whole on the connection's thread, as the blocking
+/// API runs it.
+impl<O> AsyncRun<AsyncSqlite> for O
 where
-    T: DeleteRow<SqliteConnection>,
+    O: Operation + Run<SqliteConnection> + Send + 'static,
+    O::Output: Send + 'static,
 {
-    fn delete_row<'a>(
-        conn: &'a mut AsyncSqlite,
-        key: &'a T::Key,
-        expected: &'a TokenOf<T>,
-    ) -> impl Future<Output = Result<(), Error>> + Send + 'a {
-        let (key, expected) = (key.clone(), expected.clone());
-        on_thread(conn, move |conn| T::delete_row(conn, &key, &expected))
+    fn run_async(
+        self,
+        conn: &mut AsyncSqlite,
+    ) -> impl Future<Output = Result<<Self as Operation>::Output, Error>> + Send {
+        on_thread(conn, move |conn| self.run(conn))
     }
 }
 
@@ -209,7 +181,8 @@ where
         F: 'a,
     {
         let mut conn = pool.checkout().await?;
-        Self::modify_row(&mut conn, key, policy, change).await
+        <Self as AsyncModifyRow<AsyncSqlite, F, R, E>>::modify_row(&mut conn, key, policy, change)
+            .await
     }
 }
 
@@ -371,22 +344,6 @@ where
     }
 }
 
-impl<T, Ch> AsyncUpdateExcluded<AsyncSqlite, Ch> for T
-where
-    T: UpdateExcluded<SqliteConnection, Ch>,
-    Ch: Send + 'static,
-{
-    fn update_excluded_row<'a>(
-        conn: &'a mut AsyncSqlite,
-        key: T::Key,
-        changes: Ch,
-    ) -> impl Future<Output = Result<(), Error>> + Send + 'a {
-        on_thread(conn, move |conn| {
-            T::update_excluded_row(conn, &key, changes)
-        })
-    }
-}
-
 #[cfg(feature = "locks")]
 impl super::lock_connection::AsyncLockConnection for AsyncSqlite {
     fn check_held<'a>(
@@ -442,20 +399,6 @@ impl super::lock_connection::AsyncLockConnection for AsyncSqlite {
         on_thread(self, move |conn| {
             conn.release_lock(&key, &holder, fence, wait)
         })
-    }
-}
-
-impl<T> super::entity::AsyncTouchUpdatedAt<AsyncSqlite> for T
-where
-    T: crate::write::updated_at_touch::TouchUpdatedAt<SqliteConnection>,
-    T::Stamp: Send + 'static,
-{
-    fn touch_updated_at_row<'a>(
-        conn: &'a mut AsyncSqlite,
-        key: T::Key,
-        stamp: T::Stamp,
-    ) -> impl Future<Output = Result<(), Error>> + Send + 'a {
-        on_thread(conn, move |conn| T::touch_updated_at_row(conn, &key, stamp))
     }
 }
 

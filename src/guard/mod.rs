@@ -62,7 +62,7 @@ pub trait Guarded: HasTable + Debug + Send + Sync + Sized + 'static {
     /// `<status column> = <this copy's state>`, or nothing for an entity without a status:
     /// a save never writes the state, so it must find the row in the state the copy holds,
     /// and a copy whose state was changed in memory is refused rather than half saved.
-    type StatusKept;
+    type StatusKept: Send + 'static;
 
     /// The condition that the row is in this copy's state.
     fn status_kept(&self) -> Self::StatusKept;
@@ -76,7 +76,7 @@ pub trait Guarded: HasTable + Debug + Send + Sync + Sized + 'static {
     /// excluded columns left out). Values are cloned out of the entity: a borrowed changeset would need a
     /// lifetime in every bound that names it, and a clone costs far less than the round
     /// trip.
-    type Changes: AsChangeset<Target = Self::Table>;
+    type Changes: AsChangeset<Target = Self::Table> + Send + 'static;
 
     /// This row's key.
     fn key(&self) -> Self::Key;
@@ -106,7 +106,7 @@ pub trait Guarded: HasTable + Debug + Send + Sync + Sized + 'static {
 
     /// What every guarded write sets besides the guard's own assignments: the
     /// `#[occ(updated_at)]` column, or [`Unguarded`](crate::sql::statement::Unguarded) (nothing).
-    type Stamp: Clone;
+    type Stamp: Clone + Send + Sync + 'static;
 
     /// The stamp of a write made now.
     fn stamp() -> Self::Stamp;

@@ -22,6 +22,7 @@ use crate::sql::statement::{
     assigned_columns, And, Assignments, Comma, GuardedDelete, GuardedUpdate, Joined, LatestRead,
     NoChanges, RowLock, Unguarded,
 };
+use crate::op::{Delete, Operation, Run, SavedState, TouchStamp, Update, WriteExcluded};
 use crate::write::complete::Complete;
 use crate::write::executor::{classify, refuse_status_write, CompareAndSet, Miss};
 
@@ -188,7 +189,7 @@ pub trait GuardedWrite: Guarded {
     where
         Self: UpdateRow<C, Ch>,
     {
-        Self::update_row(conn, key, expected, changes, Self::stamp(), None, false)
+        Update::<Self, Ch>::new(key.clone(), expected.clone(), changes).run(conn)
     }
 
     /// Writes every updatable field of this copy if the row still holds its token, and
@@ -198,8 +199,8 @@ pub trait GuardedWrite: Guarded {
         Self::Guard: Advancing,
         Self: UpdateRow<C, <Self as Guarded>::Changes>,
     {
-        let (key, token, changes) = (self.key(), self.token(), self.changes());
-        write_and_record(self, conn, &key, &token, changes, false)
+        let update = Update::new(self.key(), self.token(), self.changes()).saving(self);
+        write_and_record(self, conn, update)
     }
 
     /// Writes every updatable field of this modified copy if the row still holds the
@@ -215,16 +216,9 @@ pub trait GuardedWrite: Guarded {
     where
         Self: UpdateRow<C, <Self as Guarded>::Changes>,
     {
-        refuse_status_move(self, original, Self::table_name())?;
-        let changes = self.changes();
-        write_and_record(
-            self,
-            conn,
-            &original.key(),
-            &original.token(),
-            changes,
-            false,
-        )
+        let update = Update::new(original.key(), original.token(), self.changes());
+        let update = update.saving_from(self, original);
+        write_and_record(self, conn, update)
     }
 
     /// Advances the token without changing anything else ("force increment"), e.g. to
@@ -235,8 +229,8 @@ pub trait GuardedWrite: Guarded {
         Self::Guard: Advancing,
         Self: UpdateRow<C, NoChanges<<Self as HasTable>::Table>>,
     {
-        let (key, token) = (self.key(), self.token());
-        write_and_record(self, conn, &key, &token, NoChanges::default(), false)
+        let update = Update::new(self.key(), self.token(), NoChanges::default()).saving(self);
+        write_and_record(self, conn, update)
     }
 
     /// Inserts this copy as a new row, with a first token no copy of an earlier row with
@@ -283,7 +277,7 @@ pub trait GuardedWrite: Guarded {
     where
         Self: DeleteRow<C>,
     {
-        Self::delete_row(conn, key, expected)
+        Delete::<Self>::new(key.clone(), expected.clone()).run(conn)
     }
 
     /// Sets the `#[occ(updated_at)]` column to now without checking or advancing the
@@ -295,7 +289,7 @@ pub trait GuardedWrite: Guarded {
         Self: crate::write::updated_at_touch::TouchUpdatedAt<C>,
     {
         let stamp = Self::stamp();
-        Self::touch_updated_at_row(conn, &self.key(), stamp.clone())?;
+        TouchStamp::<Self>::new(self.key(), stamp.clone()).run(conn)?;
         self.set_stamp(&stamp);
         Ok(())
     }
@@ -306,7 +300,7 @@ pub trait GuardedWrite: Guarded {
     where
         Self: crate::write::updated_at_touch::TouchUpdatedAt<C>,
     {
-        Self::touch_updated_at_row(conn, key, Self::stamp())
+        TouchStamp::<Self>::new(key.clone(), Self::stamp()).run(conn)
     }
 
     /// Writes `changes` to this row's excluded fields (`#[occ(exclude)]`: view counters,
@@ -332,7 +326,7 @@ pub trait GuardedWrite: Guarded {
     where
         Self: UpdateExcluded<C, Ch>,
     {
-        Self::update_excluded_row(conn, key, changes)
+        WriteExcluded::<Self, Ch>::new(key.clone(), changes).run(conn)
     }
 }
 
@@ -347,8 +341,8 @@ impl<T: Guarded> GuardedWrite for T {}
     note = "the changes must be for the entity's table, the connection a diesel connection of a backend diesel-occ supports, and the guard's SQL must fit that backend (an `xmin` guard needs PostgreSQL)"
 )]
 pub trait UpdateRow<C, Ch>: LoadByKey<C> {
-    /// Runs the update; the methods of [`GuardedWrite`] call it. `saved` is the copy a
-    /// save writes: the row must be in its state.
+    /// Runs the update; the methods of [`GuardedWrite`] call it. `saved` is the state of
+    /// the copy a save writes: the row must be in it.
     #[doc(hidden)]
     fn update_row(
         conn: &mut C,
@@ -356,7 +350,7 @@ pub trait UpdateRow<C, Ch>: LoadByKey<C> {
         expected: &TokenOf<Self>,
         changes: Ch,
         stamp: Self::Stamp,
-        saved: Option<&Self>,
+        saved: Option<SavedState<Self>>,
         own: bool,
     ) -> Result<TokenOf<Self>, Error>;
 }
@@ -376,10 +370,17 @@ where
         expected: &TokenOf<T>,
         changes: Ch,
         stamp: T::Stamp,
-        saved: Option<&T>,
+        saved: Option<SavedState<T>>,
         own: bool,
     ) -> Result<TokenOf<T>, Error> {
         update_stamped::<T, C, Ch>(conn, key, expected, changes, stamp, saved, own)
+    }
+}
+
+impl<T: UpdateRow<C, Ch>, C, Ch> Run<C> for Update<T, Ch> {
+    fn run(self, conn: &mut C) -> Result<<Self as Operation>::Output, Error> {
+        let Update { key, expected, changes, stamp, saved, own } = self;
+        T::update_row(conn, &key, &expected, changes, stamp, saved, own)
     }
 }
 
@@ -435,6 +436,12 @@ where
     }
 }
 
+impl<T: DeleteRow<C>, C> Run<C> for Delete<T> {
+    fn run(self, conn: &mut C) -> Result<<Self as Operation>::Output, Error> {
+        T::delete_row(conn, &self.key, &self.expected)
+    }
+}
+
 /// An unguarded update of entity `Self`'s excluded fields with changes `Ch` on connection
 /// `C`, as one bound; like [`UpdateRow`], not a trait to implement.
 #[diagnostic::on_unimplemented(
@@ -462,6 +469,12 @@ where
             Some(changes) => write_unguarded_by_key::<T, C, _>(conn, key, changes),
             None => Ok(()),
         }
+    }
+}
+
+impl<T: UpdateExcluded<C, Ch>, C, Ch> Run<C> for WriteExcluded<T, Ch> {
+    fn run(self, conn: &mut C) -> Result<<Self as Operation>::Output, Error> {
+        T::update_excluded_row(conn, &self.key, self.changes)
     }
 }
 
@@ -534,32 +547,21 @@ pub(crate) fn refuse_status_move<T: Guarded>(
     original: &T,
     table: &'static str,
 ) -> Result<(), Error> {
-    match (original.status_name(), copy.status_name()) {
-        (Some(from), Some(to)) if from != to => Err(Error::StatusNotWritable {
-            table,
-            column: T::STATUS_COLUMN.unwrap_or_default().to_string(),
-            detail: format!("the copy moved from `{from}` to `{to}`"),
-        }),
-        _ => Ok(()),
-    }
+    SavedState::refuse_move(Some(&SavedState::edited_from(copy, original)), table)
 }
 
-/// The guarded update of `row`'s row with `key` from `expected`; on success `row` records
-/// the new token and the stamp it wrote. `own`: whether `conn`'s open transaction, if
-/// any, is the library's.
+/// Runs `update`, a save of `row`; on success `row` records the new token and the stamp
+/// it wrote.
 pub(crate) fn write_and_record<T, C, Ch>(
     row: &mut T,
     conn: &mut C,
-    key: &T::Key,
-    expected: &TokenOf<T>,
-    changes: Ch,
-    own: bool,
+    update: Update<T, Ch>,
 ) -> Result<TokenOf<T>, Error>
 where
     T: UpdateRow<C, Ch>,
 {
     let stamp = T::stamp();
-    let next = T::update_row(conn, key, expected, changes, stamp.clone(), Some(row), own)?;
+    let next = update.stamped(stamp.clone()).run(conn)?;
     row.set_token(next.clone());
     row.set_stamp(&stamp);
     Ok(next)
@@ -574,7 +576,7 @@ fn update_stamped<T, C, Ch>(
     expected: &TokenOf<T>,
     changes: Ch,
     stamp: T::Stamp,
-    saved: Option<&T>,
+    saved: Option<SavedState<T>>,
     own: bool,
 ) -> Result<TokenOf<T>, Error>
 where
@@ -585,10 +587,11 @@ where
     UpdateOf<T, Ch::Changeset>: Assignments<C::Backend>,
     CompletionOf<T>: Complete<C, UpdateOf<T, Ch::Changeset>, TokenOf<T>>,
 {
+    SavedState::refuse_move(saved.as_ref(), T::table_name())?;
     check_stored_precision::<T, C>(conn)?;
-    let kept = saved.map(T::status_kept);
+    let (kept, state) = SavedState::split(saved);
     let (statement, next) = guarded_statement::<T, C, Ch>(key, expected, changes, stamp, kept)?;
-    let miss = RowMoved::<T>::expecting(key, expected).in_state(saved.and_then(T::status_name));
+    let miss = RowMoved::<T>::expecting(key, expected).in_state(state);
     let returned = run_guarded::<T, C, _, CompletionOf<T>>(conn, miss, statement, own)?;
     Ok(returned.unwrap_or(next))
 }

@@ -29,10 +29,11 @@ use crate::connect::transaction::WriteTransaction;
 use crate::error::Error;
 use crate::flow::read_modify_write::{Effect, ReadModifyWrite};
 use crate::guard::{Guarded, TokenOf};
+use crate::op::Update;
 use crate::retry::{RetryPolicy, Stop};
 use crate::sql::statement::RowLock;
 use crate::write::entity::{
-    refuse_status_move, write_and_record, GuardedWrite, LoadByKey, UpdateRow,
+    write_and_record, GuardedWrite, LoadByKey, UpdateRow,
 };
 use crate::write::executor::classify;
 
@@ -154,16 +155,10 @@ where
     read_modify_write(source, key, policy, &suspects, |conn, original: &T| {
         let mut row = original.clone();
         let value = change(&mut row).map_err(Stop::Caller)?;
-        refuse_status_move(&row, original, T::table_name())?;
-        let changes = row.changes();
-        let token = write_and_record(
-            &mut row,
-            conn,
-            &original.key(),
-            &original.token(),
-            changes,
-            true,
-        )?;
+        let update = Update::new(original.key(), original.token(), row.changes())
+            .saving_from(&row, original)
+            .owned_transaction(true);
+        let token = write_and_record(&mut row, conn, update)?;
         Ok((row, token, value))
     })
 }

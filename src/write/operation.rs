@@ -20,6 +20,7 @@ use diesel::query_dsl::methods::ExecuteDsl;
 use crate::connect::backend::OccBackend;
 use crate::connect::transaction::WriteTransaction;
 use crate::error::Error;
+use crate::op::Update;
 use crate::retry::{Contention, RetryPolicy, Stop};
 use crate::sql::new_token::Counted;
 use crate::sql::statement::{Assignments, InsertIfMissing, NoChanges};
@@ -107,14 +108,10 @@ where
     read_modify_write(conn, &key, &policy, "version", |conn, read: &VersionRow| {
         let value = operation(conn).map_err(Stop::Caller)?;
         let mut row = read.clone();
-        let version = write_and_record(
-            &mut row,
-            conn,
-            &key,
-            &read.version,
-            NoChanges::default(),
-            true,
-        )?;
+        let update = Update::new(key.clone(), read.version, NoChanges::default())
+            .saving(read)
+            .owned_transaction(true);
+        let version = write_and_record(&mut row, conn, update)?;
         Ok((row, version, value))
     })
 }

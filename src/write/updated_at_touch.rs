@@ -11,6 +11,7 @@ use diesel::query_dsl::methods::ExecuteDsl;
 
 use crate::connect::backend::OccBackend;
 use crate::error::Error;
+use crate::op::{Operation, Run, TouchStamp};
 use crate::sql::statement::{Assignments, ColumnEq};
 use crate::write::entity::{write_unguarded_by_key, LoadByKey, UnguardedUpdateOf};
 
@@ -48,5 +49,11 @@ where
 {
     fn touch_updated_at_row(conn: &mut C, key: &T::Key, stamp: T::Stamp) -> Result<(), Error> {
         write_unguarded_by_key::<T, C, _>(conn, key, stamp)
+    }
+}
+
+impl<T: TouchUpdatedAt<C>, C> Run<C> for TouchStamp<T> {
+    fn run(self, conn: &mut C) -> Result<<Self as Operation>::Output, Error> {
+        T::touch_updated_at_row(conn, &self.key, self.stamp)
     }
 }

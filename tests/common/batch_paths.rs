@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use diesel::connection::Connection;
 use diesel::prelude::*;
 use diesel_occ::asynchronous::{
-    AsyncDeleteBatch, AsyncGuardedBatch, AsyncGuardedWrite, AsyncUpdateBatch, AsyncUpdateRow,
+    AsyncDeleteBatch, AsyncGuardedBatch, AsyncGuardedWrite, AsyncRun, AsyncUpdateBatch,
 };
 use diesel_occ::{
     BatchMode, BatchReport, DeleteRow, Error, GuardedBatch, GuardedWrite, UpdateBatch, UpdateRow,
@@ -119,7 +119,8 @@ where
 impl<A> Batcher for Async<A>
 where
     A: diesel_async::AsyncConnection + Send,
-    Order: AsyncUpdateBatch<A, BatchPatch> + AsyncDeleteBatch<A> + AsyncUpdateRow<A, QuantityIs>,
+    Order: AsyncUpdateBatch<A, BatchPatch> + AsyncDeleteBatch<A>,
+    diesel_occ::op::Update<Order, QuantityIs>: AsyncRun<A>,
 {
     const PATH: &'static str = "async";
     fn update_batch(

@@ -508,11 +508,12 @@ mod on_async {
     pub use super::super::paths::Async;
     use diesel_async::AsyncConnection;
     use diesel_occ::asynchronous::{
-        AsyncConnectionSource, AsyncDeleteBatch, AsyncDeleteRow, AsyncEditJson, AsyncGuardedBatch,
+        AsyncConnectionSource, AsyncDeleteBatch, AsyncEditJson, AsyncGuardedBatch,
         AsyncGuardedBulk, AsyncGuardedJson, AsyncGuardedJsonMerge, AsyncGuardedModify,
         AsyncGuardedWrite, AsyncInsertRow, AsyncLoadByKey, AsyncMergeInPlace, AsyncModifyRow,
-        AsyncUpdateBatch, AsyncUpdateBulk, AsyncUpdateRow, AsyncUpsertRow, BoxedEdit,
+        AsyncRun, AsyncUpdateBatch, AsyncUpdateBulk, AsyncUpsertRow, BoxedEdit,
     };
+    use diesel_occ::op;
 
     /// The closure of an async read-modify-write, boxed so that one bound names it.
     pub type Change<T, R, E> = Box<dyn FnMut(&mut T) -> Result<R, E> + Send>;
@@ -590,7 +591,10 @@ mod on_async {
         }
     }
 
-    impl<A: Send, T: AsyncDeleteRow<A>> Delete<T> for Async<A> {
+    impl<A, T: Guarded> Delete<T> for Async<A>
+    where
+        op::Delete<T>: AsyncRun<A>,
+    {
         fn delete(&mut self, row: &T) -> Result<(), Error> {
             self.runtime
                 .block_on(AsyncGuardedWrite::guarded_delete(row, &mut self.conn))
@@ -612,7 +616,10 @@ mod on_async {
         }
     }
 
-    impl<A, T: AsyncDeleteRow<A>> DeleteByKey<T> for Async<A> {
+    impl<A, T: Guarded> DeleteByKey<T> for Async<A>
+    where
+        op::Delete<T>: AsyncRun<A>,
+    {
         fn delete_by_key(&mut self, key: &T::Key, expected: &TokenOf<T>) -> Result<(), Error> {
             self.runtime
                 .block_on(<T as AsyncGuardedWrite>::guarded_delete_by_key(
@@ -640,9 +647,8 @@ mod on_async {
 
     impl<A, T> Touch<T> for Async<A>
     where
-        A: Send,
-        T: Guarded<Guard: Advancing> + AsyncUpdateRow<A, NoChanges<<T as HasTable>::Table>>,
-        <T as HasTable>::Table: Send,
+        T: Guarded<Guard: Advancing>,
+        op::Update<T, NoChanges<<T as HasTable>::Table>>: AsyncRun<A>,
     {
         fn touch(&mut self, row: &mut T) -> Result<TokenOf<T>, Error> {
             self.runtime
@@ -652,9 +658,8 @@ mod on_async {
 
     impl<A, T> Save<T> for Async<A>
     where
-        A: Send,
-        T: Guarded<Guard: Advancing> + AsyncUpdateRow<A, <T as Guarded>::Changes>,
-        T::Changes: Send,
+        T: Guarded<Guard: Advancing>,
+        op::Update<T, T::Changes>: AsyncRun<A>,
     {
         fn save(&mut self, row: &mut T) -> Result<TokenOf<T>, Error> {
             self.runtime
@@ -662,7 +667,10 @@ mod on_async {
         }
     }
 
-    impl<A: Send, T: AsyncUpdateRow<A, Ch>, Ch: Send> Update<T, Ch> for Async<A> {
+    impl<A, T: Guarded, Ch> Update<T, Ch> for Async<A>
+    where
+        op::Update<T, Ch>: AsyncRun<A>,
+    {
         fn update(&mut self, row: &T, changes: Ch) -> Result<TokenOf<T>, Error> {
             self.runtime.block_on(AsyncGuardedWrite::guarded_update(
                 row,
@@ -672,7 +680,10 @@ mod on_async {
         }
     }
 
-    impl<A: Send, T: AsyncUpdateRow<A, Ch>, Ch: Send> UpdateByKey<T, Ch> for Async<A> {
+    impl<A, T: Guarded, Ch> UpdateByKey<T, Ch> for Async<A>
+    where
+        op::Update<T, Ch>: AsyncRun<A>,
+    {
         fn update_by_key(
             &mut self,
             key: &T::Key,
@@ -699,9 +710,9 @@ mod on_async {
 
     impl<A, T, Ch> UpdateInTransaction<T, Ch> for Async<A>
     where
-        A: AsyncConnection + Send,
-        T: AsyncUpdateRow<A, Ch> + Sync,
-        TokenOf<T>: Send,
+        A: AsyncConnection,
+        T: Guarded,
+        op::Update<T, Ch>: AsyncRun<A>,
         Ch: Send,
     {
         fn update_in_transaction(
