@@ -146,11 +146,11 @@ mod write;
 #[cfg(feature = "async")]
 pub mod asynchronous;
 pub mod guide;
-pub mod op;
 #[cfg(feature = "http")]
 pub mod http;
 #[cfg(feature = "migrations")]
 pub mod migrations;
+pub mod op;
 pub mod prelude;
 
 // Entities and their guards.

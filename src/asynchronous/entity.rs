@@ -14,15 +14,15 @@ use super::send::{AsyncComplete, AsyncLoadByKey};
 use super::transaction::Call;
 use crate::error::Error;
 use crate::guard::stored_precision::PrecisionCheck;
-use crate::op::{Delete, Operation, SavedState, TouchStamp, Update, WriteExcluded};
 use crate::guard::{
     AdvanceInSql, Advancing, CompletionOf, GuardKind, Guarded, ReturnedTokenOf, TokenOf,
 };
+use crate::op::{Delete, Insert, Operation, SavedState, TouchStamp, Update, Upsert, WriteExcluded};
 use crate::sql::new_token::Counted;
 use crate::sql::statement::{Assignments, NoChanges};
 use crate::write::entity::{
-    excluded_changeset, guarded_statement_in, key_write, token_read_back,
-    unguarded_by_key, DeleteOf, KeyWriteOf, RowMoved, UnguardedUpdateOf, UpdateOf,
+    excluded_changeset, guarded_statement_in, key_write, token_read_back, unguarded_by_key,
+    DeleteOf, KeyWriteOf, RowMoved, UnguardedUpdateOf, UpdateOf,
 };
 use crate::write::executor::CompareAndSet;
 
@@ -114,9 +114,15 @@ pub trait AsyncGuardedWrite: Guarded {
         conn: &'a mut C,
     ) -> impl Future<Output = Result<TokenOf<Self>, Error>> + Send + 'a
     where
-        Self: super::insert::AsyncInsertRow<C>,
+        Self: Clone,
+        Insert<Self>: AsyncRun<C>,
     {
-        self.insert_row(conn)
+        let inserted = Insert::new(self.clone()).run_async(conn);
+        async move {
+            let (row, token) = inserted.await?;
+            *self = row;
+            Ok(token)
+        }
     }
 
     /// Saves this copy over its row while the row holds the copy's token, or inserts it
@@ -127,9 +133,15 @@ pub trait AsyncGuardedWrite: Guarded {
         conn: &'a mut C,
     ) -> impl Future<Output = Result<crate::Upserted<TokenOf<Self>>, Error>> + Send + 'a
     where
-        Self: super::insert::AsyncUpsertRow<C>,
+        Self: Clone,
+        Upsert<Self>: AsyncRun<C>,
     {
-        self.upsert_row(conn)
+        let upserted = Upsert::new(self.clone()).run_async(conn);
+        async move {
+            let (row, answer) = upserted.await?;
+            *self = row;
+            Ok(answer)
+        }
     }
 
     /// Writes `changes` to this row's excluded fields (`#[occ(exclude)]`) without checking
@@ -162,7 +174,10 @@ pub trait AsyncGuardedWrite: Guarded {
     /// Sets the `#[occ(updated_at)]` column to now without checking or advancing the token,
     /// and records the stamp in the copy; see
     /// [`GuardedWrite::touch_updated_at`](crate::GuardedWrite::touch_updated_at).
-    fn touch_updated_at<C>(&mut self, conn: &mut C) -> impl Future<Output = Result<(), Error>> + Send
+    fn touch_updated_at<C>(
+        &mut self,
+        conn: &mut C,
+    ) -> impl Future<Output = Result<(), Error>> + Send
     where
         TouchStamp<Self>: AsyncRun<C>,
     {
@@ -225,12 +240,20 @@ where
 {
     async fn run_async(self, conn: &mut C) -> Result<<Self as Operation>::Output, Error> {
         refuse_broken(conn)?;
-        let Update { key, expected, changes, stamp, saved, own } = self;
+        let Update {
+            key,
+            expected,
+            changes,
+            stamp,
+            saved,
+            own,
+        } = self;
         let table = <T as AsyncLoadByKey<C>>::table_name();
         SavedState::refuse_move(saved.as_ref(), table)?;
         let (kept, state) = SavedState::split(saved);
-        let (statement, next) =
-            guarded_statement_in::<T, C::Backend, Ch>(table, &key, &expected, changes, stamp, kept)?;
+        let (statement, next) = guarded_statement_in::<T, C::Backend, Ch>(
+            table, &key, &expected, changes, stamp, kept,
+        )?;
         let miss = RowMoved::<T>::expecting(&key, &expected).in_state(state);
         let write = CompareAndSet::one(statement, table, &key, miss);
         // From here until `finish`, every way out goes through `written`.

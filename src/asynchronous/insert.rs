@@ -11,47 +11,19 @@ use diesel::Insertable;
 use super::connection::{refuse_broken, NativeAsync, NativeAsyncConnection};
 use super::entity::check_stored_precision;
 use super::executor::{run, AsyncMiss};
+use super::run::AsyncRun;
 use super::send::{AsyncComplete, AsyncLoadByKey};
 use super::transaction::Call;
 use crate::error::Error;
 use crate::guard::seed::SeedsTokens;
-use crate::guard::{Advancing, CompletionOf, Guarded, TokenOf};
+use crate::guard::{Advancing, CompletionOf, TokenOf};
+use crate::op::{Insert, Operation, Upsert};
 use crate::sql::new_token::Counted;
 use crate::sql::statement::Assignments;
 use crate::write::entity::{guarded_statement_in, UpdateOf};
 use crate::write::executor::{CannotMiss, CompareAndSet, Matches};
 use crate::write::insert::{key_taken, seeded, taken, InsertOf};
-use crate::write::upsert::{inserted_or_conflict, saved_over, Unexplained, Upserted};
-
-/// A guarded insert of entity `Self` on async connection `C`, as one bound; not a trait
-/// to implement.
-#[diagnostic::on_unimplemented(
-    message = "`{Self}` cannot run a guarded insert on `{C}`",
-    note = "the entity must also derive diesel's `Insertable` and `Clone`, its guard must let the writer seed the first token, and the connection must be a diesel-async connection of a backend diesel-occ supports"
-)]
-pub trait AsyncInsertRow<C>: Guarded {
-    /// Runs the insert.
-    #[doc(hidden)]
-    fn insert_row<'a>(
-        &'a mut self,
-        conn: &'a mut C,
-    ) -> impl Future<Output = Result<TokenOf<Self>, Error>> + Send + 'a;
-}
-
-/// A guarded upsert of entity `Self` on async connection `C`, as one bound; not a trait
-/// to implement.
-#[diagnostic::on_unimplemented(
-    message = "`{Self}` cannot run a guarded upsert on `{C}`",
-    note = "an upsert saves the copy or inserts it: the entity must derive diesel's `Insertable` and `Clone`, and its guard must advance (a version or a last-modified timestamp)"
-)]
-pub trait AsyncUpsertRow<C>: AsyncInsertRow<C> {
-    /// Runs the upsert.
-    #[doc(hidden)]
-    fn upsert_row<'a>(
-        &'a mut self,
-        conn: &'a mut C,
-    ) -> impl Future<Output = Result<Upserted<TokenOf<Self>>, Error>> + Send + 'a;
-}
+use crate::write::upsert::{insert_failed, saved_over, Unexplained, Upserted};
 
 /// Misses that need no read: the blocking explanation, at once.
 macro_rules! explained_without_a_read {
@@ -66,7 +38,7 @@ macro_rules! explained_without_a_read {
 
 explained_without_a_read!(CannotMiss, Unexplained);
 
-impl<T, C> AsyncInsertRow<C> for T
+impl<T, C> AsyncRun<C> for Insert<T>
 where
     T: AsyncLoadByKey<C> + Insertable<T::Table> + Clone,
     T::Guard: SeedsTokens,
@@ -75,10 +47,10 @@ where
     InsertOf<T>: Assignments<C::Backend> + Send,
     Counted: AsyncComplete<C, InsertOf<T>, ()>,
 {
-    async fn insert_row<'a>(&'a mut self, conn: &'a mut C) -> Result<TokenOf<T>, Error> {
+    async fn run_async(self, conn: &mut C) -> Result<<Self as Operation>::Output, Error> {
         refuse_broken(conn)?;
         let table = <T as AsyncLoadByKey<C>>::table_name();
-        let (row, seed) = seeded(self);
+        let (row, seed) = seeded(&self.row);
         let key = row.key();
         let insert = diesel::insert_into(T::table()).values(row.clone());
         let write = CompareAndSet::one(insert, table, &key, CannotMiss).matching(Matches::Any);
@@ -93,17 +65,15 @@ where
         }
         .await;
         call.finish(written)?;
-        *self = row;
-        Ok(seed)
+        Ok((row, seed))
     }
 }
 
-impl<T, C> AsyncUpsertRow<C> for T
+impl<T, C> AsyncRun<C> for Upsert<T>
 where
-    T: AsyncInsertRow<C> + AsyncLoadByKey<C>,
+    T: AsyncLoadByKey<C>,
+    Insert<T>: AsyncRun<C>,
     T::Guard: Advancing,
-    T::Stamp: Send,
-    T::StatusKept: Send,
     C: NativeAsyncConnection,
     C::Backend: NativeAsync,
     T::Changes: AsChangeset<Target = T::Table>,
@@ -111,16 +81,17 @@ where
     CompletionOf<T>:
         AsyncComplete<C, UpdateOf<T, <T::Changes as AsChangeset>::Changeset>, TokenOf<T>>,
 {
-    async fn upsert_row<'a>(&'a mut self, conn: &'a mut C) -> Result<Upserted<TokenOf<T>>, Error> {
+    async fn run_async(self, conn: &mut C) -> Result<<Self as Operation>::Output, Error> {
         refuse_broken(conn)?;
+        let mut row = self.row;
         let table = <T as AsyncLoadByKey<C>>::table_name();
-        let (key, expected, stamp) = (self.key(), self.token(), T::stamp());
-        let kept = Some(self.status_kept());
+        let (key, expected, stamp) = (row.key(), row.token(), T::stamp());
+        let kept = Some(row.status_kept());
         let (statement, next) = guarded_statement_in::<T, C::Backend, T::Changes>(
             table,
             &key,
             &expected,
-            self.changes(),
+            row.changes(),
             stamp.clone(),
             kept,
         )?;
@@ -132,11 +103,13 @@ where
             run::<C, _, _, CompletionOf<T>, _>(write, conn, false).await
         }
         .await;
-        if let Some(done) = saved_over(self, call.finish(updated), next, &stamp)? {
-            return Ok(done);
+        if let Some(done) = saved_over(&mut row, call.finish(updated), next, &stamp)? {
+            return Ok((row, done));
         }
-        let state = self.status_name();
-        let inserted = <T as AsyncInsertRow<C>>::insert_row(self, conn).await;
-        inserted_or_conflict::<T>(table, &key, &expected, state, inserted)
+        let state = row.status_name();
+        match Insert::new(row).run_async(conn).await {
+            Ok((row, token)) => Ok((row, Upserted::Inserted(token))),
+            Err(error) => Err(insert_failed::<T>(table, &key, &expected, state, error)),
+        }
     }
 }

@@ -15,9 +15,8 @@ use diesel_async::AsyncConnection;
 
 use super::connection::{in_transaction, refuse_broken, NativeAsync, NativeAsyncConnection};
 use super::entity::write_by_key_completed;
-use super::run::AsyncRun;
-use crate::op::Update;
 use super::modify::{modify_with, Caller, Step};
+use super::run::AsyncRun;
 use super::send::{AsyncComplete, AsyncLoadByKey};
 use super::transaction::Call;
 use crate::error::Error;
@@ -27,6 +26,7 @@ use crate::json::document::{
     JsonDocument, Place, SetDocument,
 };
 use crate::json::merge_in_place::{MergeInPlaceOf, MergePatch};
+use crate::op::Update;
 use crate::retry::{RetryPolicy, Stop};
 use crate::sql::new_token::Counted;
 use crate::sql::statement::{Assignments, Unguarded};

@@ -32,6 +32,10 @@
 //! # }
 //! ```
 //!
+//! A helper generic in the connection names one bound for each write it makes: the
+//! write as a value of [`crate::op`] and [`AsyncRun`], e.g.
+//! `Update<Order, Ch>: AsyncRun<C>` (see [`crate::op`] for an example).
+//!
 //! The statements, the checks made before sending, the judgement of an answer and the
 //! classification of errors are the blocking path's own; on PostgreSQL and MySQL only the
 //! sending differs (each statement is awaited). SQLite's diesel-async connection is a
@@ -108,7 +112,6 @@ pub use entity::AsyncGuardedWrite;
 pub use fence::{AsyncFencedWrite, AsyncWriteFenced};
 #[cfg(feature = "locks")]
 pub use held::HeldWrite;
-pub use insert::{AsyncInsertRow, AsyncUpsertRow};
 pub use json::{
     AsyncEditJson, AsyncGuardedJson, AsyncGuardedJsonMerge, AsyncMergeInPlace, BoxedEdit,
 };

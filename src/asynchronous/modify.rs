@@ -19,9 +19,9 @@ use crate::connect::backend::OccBackend;
 use crate::error::Error;
 use crate::flow::read_modify_write::{Effect, ReadModifyWrite};
 use crate::guard::{Guarded, TokenOf};
+use crate::op::Update;
 use crate::retry::{RetryPolicy, Stop};
 use crate::sql::statement::RowLock;
-use crate::op::Update;
 use crate::write::modify::Modified;
 
 /// Read-modify-write with retry for every [`Guarded`] entity on a diesel-async

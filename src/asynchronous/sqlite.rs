@@ -10,24 +10,21 @@ use diesel::SqliteConnection;
 use diesel_async::sync_connection_wrapper::SyncConnectionWrapper;
 
 use super::batch::{AsyncDeleteBatch, AsyncUpdateBatch};
-use super::run::AsyncRun;
-use super::insert::{AsyncInsertRow, AsyncUpsertRow};
 use super::json::{AsyncEditJson, AsyncMergeInPlace};
 use super::modify::AsyncModifyRow;
+use super::run::AsyncRun;
 use super::source::AsyncConnectionSource;
 use super::transition::{AsyncTransitionByKey, AsyncTransitionRow};
 use crate::error::Error;
 use crate::guard::{Guarded, TokenOf};
-use crate::op::{Operation, Run};
 use crate::json::document::EditJson;
 use crate::json::merge_in_place::MergeInPlace;
+use crate::op::{Operation, Run};
 use crate::retry::RetryPolicy;
 use crate::status::transition::{retried_by_key, TransitionByKey, TransitionRow};
 use crate::write::batch::{BatchMode, BatchReport, GuardedBatch, UpdateBatch};
 use crate::write::entity::{DeleteRow, UpdateRow};
-use crate::write::insert::InsertRow;
 use crate::write::modify::{GuardedModify, Modified};
-use crate::write::upsert::{UpsertRow, Upserted};
 
 /// diesel-async's SQLite connection.
 type AsyncSqlite = SyncConnectionWrapper<SqliteConnection>;
@@ -294,53 +291,6 @@ where
         on_thread(conn, move |conn| {
             T::merge_in_place_without_token(conn, &key, &patch)
         })
-    }
-}
-
-/// Runs `write` on a copy of `row` on `conn`'s thread and takes the copy back when it
-/// succeeded (a failed write leaves `row` as it was).
-fn on_copy<'a, T, R>(
-    row: &'a mut T,
-    conn: &'a mut AsyncSqlite,
-    write: fn(&mut T, &mut SqliteConnection) -> Result<R, Error>,
-) -> impl Future<Output = Result<R, Error>> + Send + 'a
-where
-    T: Guarded + Clone,
-    R: Send + 'static,
-{
-    let mut copy = row.clone();
-    let written = on_thread(conn, move |conn| {
-        let value = write(&mut copy, conn)?;
-        Ok::<_, Error>((value, copy))
-    });
-    async move {
-        let (value, copy) = written.await?;
-        *row = copy;
-        Ok(value)
-    }
-}
-
-impl<T> AsyncInsertRow<AsyncSqlite> for T
-where
-    T: InsertRow<SqliteConnection> + Clone,
-{
-    fn insert_row<'a>(
-        &'a mut self,
-        conn: &'a mut AsyncSqlite,
-    ) -> impl Future<Output = Result<TokenOf<T>, Error>> + Send + 'a {
-        on_copy(self, conn, |row, conn| row.insert_row(conn))
-    }
-}
-
-impl<T> AsyncUpsertRow<AsyncSqlite> for T
-where
-    T: UpsertRow<SqliteConnection> + Clone,
-{
-    fn upsert_row<'a>(
-        &'a mut self,
-        conn: &'a mut AsyncSqlite,
-    ) -> impl Future<Output = Result<Upserted<TokenOf<T>>, Error>> + Send + 'a {
-        on_copy(self, conn, |row, conn| row.upsert_row(conn))
     }
 }
 

@@ -33,9 +33,11 @@
 //! ```
 
 mod entity;
+pub(crate) mod insert;
 
-pub use entity::{Delete, TouchStamp, Update, WriteExcluded};
 pub(crate) use entity::SavedState;
+pub use entity::{Delete, TouchStamp, Update, WriteExcluded};
+pub use insert::{Insert, Upsert};
 
 use crate::error::Error;
 

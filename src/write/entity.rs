@@ -16,13 +16,13 @@ use crate::guard::{
     AdvanceAnyOf, AdvanceInSql, AdvanceOf, Advancing, CanAdvanceOf, CompletionOf, GuardKind,
     Guarded, ReturnedTokenOf, TokenOf,
 };
+use crate::op::{Delete, Operation, Run, SavedState, TouchStamp, Update, WriteExcluded};
 use crate::sql::names::table_name;
 use crate::sql::new_token::Counted;
 use crate::sql::statement::{
     assigned_columns, And, Assignments, Comma, GuardedDelete, GuardedUpdate, Joined, LatestRead,
     NoChanges, RowLock, Unguarded,
 };
-use crate::op::{Delete, Operation, Run, SavedState, TouchStamp, Update, WriteExcluded};
 use crate::write::complete::Complete;
 use crate::write::executor::{classify, refuse_status_write, CompareAndSet, Miss};
 
@@ -379,7 +379,14 @@ where
 
 impl<T: UpdateRow<C, Ch>, C, Ch> Run<C> for Update<T, Ch> {
     fn run(self, conn: &mut C) -> Result<<Self as Operation>::Output, Error> {
-        let Update { key, expected, changes, stamp, saved, own } = self;
+        let Update {
+            key,
+            expected,
+            changes,
+            stamp,
+            saved,
+            own,
+        } = self;
         T::update_row(conn, &key, &expected, changes, stamp, saved, own)
     }
 }

@@ -11,6 +11,7 @@ use crate::connect::backend::OccBackend;
 use crate::error::Error;
 use crate::guard::seed::SeedsTokens;
 use crate::guard::TokenOf;
+use crate::op::{Insert, Operation, Run};
 use crate::sql::new_token::Counted;
 use crate::sql::statement::Assignments;
 use crate::write::entity::check_stored_precision;
@@ -63,6 +64,14 @@ where
             }
             Err(other) => Err(other),
         }
+    }
+}
+
+impl<T: InsertRow<C>, C> Run<C> for Insert<T> {
+    fn run(self, conn: &mut C) -> Result<<Self as Operation>::Output, Error> {
+        let mut row = self.row;
+        let token = row.insert_row(conn)?;
+        Ok((row, token))
     }
 }
 

@@ -32,9 +32,7 @@ use crate::guard::{Guarded, TokenOf};
 use crate::op::Update;
 use crate::retry::{RetryPolicy, Stop};
 use crate::sql::statement::RowLock;
-use crate::write::entity::{
-    write_and_record, GuardedWrite, LoadByKey, UpdateRow,
-};
+use crate::write::entity::{write_and_record, GuardedWrite, LoadByKey, UpdateRow};
 use crate::write::executor::classify;
 
 /// Where the attempts of a retried operation get their connection.

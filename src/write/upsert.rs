@@ -16,6 +16,7 @@ use diesel::query_builder::AsChangeset;
 use crate::connect::backend::OccBackend;
 use crate::error::Error;
 use crate::guard::{Advancing, CompletionOf, TokenOf};
+use crate::op::{Operation, Run, Upsert};
 use crate::sql::statement::Assignments;
 use crate::write::complete::Complete;
 use crate::write::entity::check_stored_precision;
@@ -23,24 +24,7 @@ use crate::write::entity::{guarded_statement, RowMoved, UpdateOf};
 use crate::write::executor::{CompareAndSet, Miss};
 use crate::write::insert::InsertRow;
 
-/// What an upsert did, with the token the row now holds (also recorded in the copy).
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum Upserted<Tok> {
-    /// No row had the key: the copy was inserted, with a seeded first token.
-    Inserted(Tok),
-    /// The row held the copy's token: the copy was saved over it.
-    Updated(Tok),
-}
-
-impl<Tok> Upserted<Tok> {
-    /// The token the row holds now.
-    pub fn token(&self) -> &Tok {
-        match self {
-            Upserted::Inserted(token) | Upserted::Updated(token) => token,
-        }
-    }
-}
+pub use crate::op::insert::Upserted;
 
 /// A guarded upsert of entity `Self` on connection `C`, as one bound; like
 /// [`UpdateRow`](crate::UpdateRow), not a trait to implement.
@@ -86,6 +70,14 @@ where
     }
 }
 
+impl<T: UpsertRow<C>, C> Run<C> for Upsert<T> {
+    fn run(self, conn: &mut C) -> Result<<Self as Operation>::Output, Error> {
+        let mut row = self.row;
+        let answer = row.upsert_row(conn)?;
+        Ok((row, answer))
+    }
+}
+
 /// The upsert's answer after its update: `Some` when the update wrote the row (recorded
 /// in `row`, with the token `next` unless the database read one back), `None` when no row
 /// matched (the insert decides), or the update's error.
@@ -107,8 +99,7 @@ pub(crate) fn saved_over<T: crate::guard::Guarded>(
     }
 }
 
-/// The upsert's answer after its insert: inserted, or, when someone else's row has the
-/// key, the conflict a save would report with that row.
+/// The upsert's answer after its insert: inserted, or the insert's [`failure`](insert_failed).
 pub(crate) fn inserted_or_conflict<T: crate::guard::Guarded>(
     table: &'static str,
     key: &T::Key,
@@ -116,15 +107,28 @@ pub(crate) fn inserted_or_conflict<T: crate::guard::Guarded>(
     state: Option<&'static str>,
     inserted: Result<TokenOf<T>, Error>,
 ) -> Result<Upserted<TokenOf<T>>, Error> {
-    match inserted {
-        Ok(token) => Ok(Upserted::Inserted(token)),
-        Err(Error::AlreadyExists { current, .. }) => {
+    inserted
+        .map(Upserted::Inserted)
+        .map_err(|error| insert_failed::<T>(table, key, expected, state, error))
+}
+
+/// What an upsert whose insert failed with `error` answers: when someone else's row has
+/// the key, the conflict a save would report with that row; otherwise `error`.
+pub(crate) fn insert_failed<T: crate::guard::Guarded>(
+    table: &'static str,
+    key: &T::Key,
+    expected: &TokenOf<T>,
+    state: Option<&'static str>,
+    error: Error,
+) -> Error {
+    match error {
+        Error::AlreadyExists { current, .. } => {
             let current = current.into_any().downcast::<T>().ok().map(|row| *row);
-            Err(RowMoved::<T>::expecting(key, expected)
+            RowMoved::<T>::expecting(key, expected)
                 .in_state(state)
-                .given_in(table, current))
+                .given_in(table, current)
         }
-        Err(other) => Err(other),
+        other => other,
     }
 }
 

@@ -510,8 +510,8 @@ mod on_async {
     use diesel_occ::asynchronous::{
         AsyncConnectionSource, AsyncDeleteBatch, AsyncEditJson, AsyncGuardedBatch,
         AsyncGuardedBulk, AsyncGuardedJson, AsyncGuardedJsonMerge, AsyncGuardedModify,
-        AsyncGuardedWrite, AsyncInsertRow, AsyncLoadByKey, AsyncMergeInPlace, AsyncModifyRow,
-        AsyncRun, AsyncUpdateBatch, AsyncUpdateBulk, AsyncUpsertRow, BoxedEdit,
+        AsyncGuardedWrite, AsyncLoadByKey, AsyncMergeInPlace, AsyncModifyRow, AsyncRun,
+        AsyncUpdateBatch, AsyncUpdateBulk, BoxedEdit,
     };
     use diesel_occ::op;
 
@@ -559,7 +559,10 @@ mod on_async {
         }
     }
 
-    impl<A: Send, T: AsyncInsertRow<A>> Insert<T> for Async<A> {
+    impl<A, T: Guarded + Clone> Insert<T> for Async<A>
+    where
+        op::Insert<T>: AsyncRun<A>,
+    {
         fn insert(&mut self, row: &mut T) -> Result<TokenOf<T>, Error> {
             self.runtime
                 .block_on(AsyncGuardedWrite::guarded_insert(row, &mut self.conn))
@@ -568,9 +571,9 @@ mod on_async {
 
     impl<A, T> Upsert<T> for Async<A>
     where
-        A: AsyncConnection + Send,
-        T: AsyncUpsertRow<A> + Send,
-        TokenOf<T>: Send,
+        A: AsyncConnection,
+        T: Guarded + Clone,
+        op::Upsert<T>: AsyncRun<A>,
     {
         fn upsert(&mut self, row: &mut T) -> Result<Upserted<TokenOf<T>>, Error> {
             self.runtime
