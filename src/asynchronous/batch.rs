@@ -12,12 +12,14 @@ use super::connection::{
 };
 use super::entity::check_stored_precision;
 use super::executor::{protect_caller, run};
+use super::run::AsyncRun;
 use super::send::{AsyncComplete, AsyncCompleteEach, AsyncLoadByKey};
 use super::transaction::{Call, OwnTransaction};
 use crate::connect::backend::OccBackend;
 use crate::error::Error;
 use crate::flow::batch::{Batch, Effect};
 use crate::guard::{CompletionOf, Guarded, TokenOf};
+use crate::op::{BatchDelete, BatchUpdate, Operation};
 use crate::sql::new_token::Counted;
 use crate::sql::statement::Assignments;
 use crate::write::batch::{deletes, updates, written_token, BatchMode, BatchReport, RoundWritten};
@@ -30,72 +32,37 @@ pub trait AsyncGuardedBatch: Guarded {
     /// and reports every row's outcome; see
     /// [`GuardedBatch::guarded_update_batch`](crate::GuardedBatch::guarded_update_batch).
     /// Every row's statement is built and checked before anything is sent.
-    fn guarded_update_batch<'a, C, Ch, I>(
-        conn: &'a mut C,
+    fn guarded_update_batch<C, Ch, I>(
+        conn: &mut C,
         rows: I,
         mode: BatchMode,
-    ) -> impl Future<Output = Result<BatchReport<TokenOf<Self>>, Error>> + Send + 'a
+    ) -> impl Future<Output = Result<BatchReport<TokenOf<Self>>, Error>> + Send
     where
         I: IntoIterator<Item = (Self::Key, TokenOf<Self>, Ch)>,
-        Self: AsyncUpdateBatch<C, Ch>,
-        Ch: 'a,
+        BatchUpdate<Self, Ch>: AsyncRun<C>,
     {
-        Self::update_batch(conn, rows.into_iter().collect(), mode)
+        BatchUpdate::new(rows.into_iter().collect(), mode).run_async(conn)
     }
 
     /// Deletes each `(key, expected token)` row as a guarded delete by key would, and
     /// reports every row's outcome; see
     /// [`GuardedBatch::guarded_delete_batch`](crate::GuardedBatch::guarded_delete_batch).
-    fn guarded_delete_batch<'a, C, I>(
-        conn: &'a mut C,
+    fn guarded_delete_batch<C, I>(
+        conn: &mut C,
         rows: I,
         mode: BatchMode,
-    ) -> impl Future<Output = Result<BatchReport<()>, Error>> + Send + 'a
+    ) -> impl Future<Output = Result<BatchReport<()>, Error>> + Send
     where
         I: IntoIterator<Item = (Self::Key, TokenOf<Self>)>,
-        Self: AsyncDeleteBatch<C>,
+        BatchDelete<Self>: AsyncRun<C>,
     {
-        Self::delete_batch(conn, rows.into_iter().collect(), mode)
+        BatchDelete::new(rows.into_iter().collect(), mode).run_async(conn)
     }
 }
 
 impl<T: Guarded> AsyncGuardedBatch for T {}
 
-/// A batch of guarded updates of entity `Self` with changes `Ch` on async connection `C`,
-/// as one bound; not a trait to implement.
-#[diagnostic::on_unimplemented(
-    message = "`{Self}` cannot run a batch of guarded updates with `{Ch}` on `{C}`",
-    note = "the changes must be for the entity's table, the connection a diesel-async connection of a backend diesel-occ supports; on SQLite the changes must be `Send + 'static`, since the batch runs on the connection's thread"
-)]
-pub trait AsyncUpdateBatch<C, Ch>: Guarded {
-    /// Writes the rows in `mode`, one outcome each.
-    #[doc(hidden)]
-    fn update_batch<'a>(
-        conn: &'a mut C,
-        rows: Vec<(Self::Key, TokenOf<Self>, Ch)>,
-        mode: BatchMode,
-    ) -> impl Future<Output = Result<BatchReport<TokenOf<Self>>, Error>> + Send + 'a
-    where
-        Ch: 'a;
-}
-
-/// A batch of guarded deletes of entity `Self` on async connection `C`, as one bound; not
-/// a trait to implement.
-#[diagnostic::on_unimplemented(
-    message = "`{Self}` cannot run a batch of guarded deletes on `{C}`",
-    note = "the connection must be a diesel-async connection of a backend diesel-occ supports"
-)]
-pub trait AsyncDeleteBatch<C>: Guarded {
-    /// Deletes the rows in `mode`, one outcome each.
-    #[doc(hidden)]
-    fn delete_batch<'a>(
-        conn: &'a mut C,
-        rows: Vec<(Self::Key, TokenOf<Self>)>,
-        mode: BatchMode,
-    ) -> impl Future<Output = Result<BatchReport<()>, Error>> + Send + 'a;
-}
-
-impl<T, C, Ch> AsyncUpdateBatch<C, Ch> for T
+impl<T, C, Ch> AsyncRun<C> for BatchUpdate<T, Ch>
 where
     T: AsyncLoadByKey<C>,
     C: NativeAsyncConnection,
@@ -106,14 +73,8 @@ where
     CompletionOf<T>: AsyncComplete<C, UpdateOf<T, Ch::Changeset>, TokenOf<T>>
         + AsyncCompleteEach<C, UpdateOf<T, Ch::Changeset>, TokenOf<T>>,
 {
-    async fn update_batch<'a>(
-        conn: &'a mut C,
-        rows: Vec<(T::Key, TokenOf<T>, Ch)>,
-        mode: BatchMode,
-    ) -> Result<BatchReport<TokenOf<T>>, Error>
-    where
-        Ch: 'a,
-    {
+    async fn run_async(self, conn: &mut C) -> Result<<Self as Operation>::Output, Error> {
+        let BatchUpdate { rows, mode } = self;
         let table = <T as AsyncLoadByKey<C>>::table_name();
         let rows = updates::<T, C::Backend, Ch>(table, rows)?;
         refuse_broken(conn)?;
@@ -125,7 +86,7 @@ where
     }
 }
 
-impl<T, C> AsyncDeleteBatch<C> for T
+impl<T, C> AsyncRun<C> for BatchDelete<T>
 where
     T: AsyncLoadByKey<C>,
     C: NativeAsyncConnection,
@@ -133,11 +94,8 @@ where
     DeleteOf<T>: Assignments<C::Backend> + Send,
     Counted: AsyncComplete<C, DeleteOf<T>, TokenOf<T>>,
 {
-    async fn delete_batch(
-        conn: &mut C,
-        rows: Vec<(T::Key, TokenOf<T>)>,
-        mode: BatchMode,
-    ) -> Result<BatchReport<()>, Error> {
+    async fn run_async(self, conn: &mut C) -> Result<<Self as Operation>::Output, Error> {
+        let BatchDelete { rows, mode } = self;
         let table = <T as AsyncLoadByKey<C>>::table_name();
         refuse_broken(conn)?;
         let flow = Batch::new(

@@ -12,10 +12,12 @@ use diesel_async::RunQueryDsl;
 use super::connection::{classify, refuse_broken, NativeAsync, NativeAsyncConnection};
 use super::entity::check_stored_precision;
 use super::executor::run;
+use super::run::AsyncRun;
 use super::send::{AsyncComplete, AsyncLoadByKey};
 use super::transaction::Call;
 use crate::error::Error;
 use crate::guard::{AdvanceInSql, CanAdvanceOf, Guarded};
+use crate::op::{BulkUpdate, Operation};
 use crate::sql::new_token::Counted;
 use crate::sql::statement::{Assignments, Not};
 use crate::write::bulk::{bulk_plan, BulkPlan, BulkReport, BulkUpdateOf, CountWhere, EVERY_ROW};
@@ -30,15 +32,15 @@ where
     /// Applies `changes` to every row `filter` matches and advances each one's token, in
     /// one statement; see
     /// [`GuardedBulk::guarded_bulk_update`](crate::GuardedBulk::guarded_bulk_update).
-    fn guarded_bulk_update<'a, C, F, Ch>(
-        conn: &'a mut C,
+    fn guarded_bulk_update<C, F, Ch>(
+        conn: &mut C,
         filter: F,
         changes: Ch,
-    ) -> impl Future<Output = Result<BulkReport, Error>> + Send + 'a
+    ) -> impl Future<Output = Result<BulkReport, Error>> + Send
     where
-        Self: AsyncUpdateBulk<C, F, Ch>,
+        BulkUpdate<Self, F, Ch>: AsyncRun<C>,
     {
-        Self::update_bulk(conn, filter, changes)
+        BulkUpdate::new(filter, changes).run_async(conn)
     }
 }
 
@@ -49,23 +51,7 @@ where
 {
 }
 
-/// A bulk update of entity `Self` by filter `F` with changes `Ch` on async connection `C`,
-/// as one bound; not a trait to implement.
-#[diagnostic::on_unimplemented(
-    message = "`{Self}` cannot run a bulk update by `{F}` with `{Ch}` on `{C}`",
-    note = "the filter must be a boolean expression on the entity's table, the changes for that table, the connection a diesel-async connection of a backend diesel-occ supports, and the guard must advance in SQL (not a pre-image)"
-)]
-pub trait AsyncUpdateBulk<C, F, Ch>: Guarded {
-    /// Runs the update.
-    #[doc(hidden)]
-    fn update_bulk<'a>(
-        conn: &'a mut C,
-        filter: F,
-        changes: Ch,
-    ) -> impl Future<Output = Result<BulkReport, Error>> + Send + 'a;
-}
-
-impl<T, C, F, Ch> AsyncUpdateBulk<C, F, Ch> for T
+impl<T, C, F, Ch> AsyncRun<C> for BulkUpdate<T, F, Ch>
 where
     T: AsyncLoadByKey<C>,
     T::Guard: AdvanceInSql,
@@ -83,11 +69,13 @@ where
     CountWhere<T::Table, F, Not<CanAdvanceOf<T>>>: LoadQuery<'static, C, i64> + Send + 'static,
     CanAdvanceOf<T>: QueryFragment<C::Backend>,
 {
-    fn update_bulk<'a>(
-        conn: &'a mut C,
-        filter: F,
-        changes: Ch,
-    ) -> impl Future<Output = Result<BulkReport, Error>> + Send + 'a {
+    fn run_async(
+        self,
+        conn: &mut C,
+    ) -> impl Future<Output = Result<<Self as Operation>::Output, Error>> + Send {
+        let BulkUpdate {
+            filter, changes, ..
+        } = self;
         let table = <T as AsyncLoadByKey<C>>::table_name();
         // Built and checked before the future: the changes need not be `Send`.
         let plan = bulk_plan::<T, C::Backend, F, Ch>(table, filter, changes);

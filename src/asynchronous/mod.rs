@@ -99,8 +99,8 @@ mod transaction;
 mod transition;
 mod write_transaction;
 
-pub use batch::{AsyncDeleteBatch, AsyncGuardedBatch, AsyncUpdateBatch};
-pub use bulk::{AsyncGuardedBulk, AsyncUpdateBulk};
+pub use batch::AsyncGuardedBatch;
+pub use bulk::AsyncGuardedBulk;
 #[cfg(feature = "locks")]
 pub use claim::{
     AsyncClaimCounted, AsyncClaimRows, AsyncExtendClaim, AsyncFinishClaim, AsyncFinishClaims,

@@ -9,7 +9,6 @@ use std::future::Future;
 use diesel::SqliteConnection;
 use diesel_async::sync_connection_wrapper::SyncConnectionWrapper;
 
-use super::batch::{AsyncDeleteBatch, AsyncUpdateBatch};
 use super::json::{AsyncEditJson, AsyncMergeInPlace};
 use super::modify::AsyncModifyRow;
 use super::run::AsyncRun;
@@ -22,8 +21,7 @@ use crate::json::merge_in_place::MergeInPlace;
 use crate::op::{Operation, Run};
 use crate::retry::RetryPolicy;
 use crate::status::transition::{retried_by_key, TransitionByKey, TransitionRow};
-use crate::write::batch::{BatchMode, BatchReport, GuardedBatch, UpdateBatch};
-use crate::write::entity::{DeleteRow, UpdateRow};
+use crate::write::entity::UpdateRow;
 use crate::write::modify::{GuardedModify, Modified};
 
 /// diesel-async's SQLite connection.
@@ -113,37 +111,6 @@ where
         conn: &mut AsyncSqlite,
     ) -> impl Future<Output = Result<<Self as Operation>::Output, Error>> + Send {
         on_thread(conn, move |conn| self.run(conn))
-    }
-}
-
-impl<T, Ch> AsyncUpdateBatch<AsyncSqlite, Ch> for T
-where
-    T: UpdateBatch<SqliteConnection, Ch>,
-    TokenOf<T>: Send,
-    Ch: Send + 'static,
-{
-    fn update_batch<'a>(
-        conn: &'a mut AsyncSqlite,
-        rows: Vec<(T::Key, TokenOf<T>, Ch)>,
-        mode: BatchMode,
-    ) -> impl Future<Output = Result<BatchReport<TokenOf<T>>, Error>> + Send + 'a
-    where
-        Ch: 'a,
-    {
-        on_thread(conn, move |conn| T::guarded_update_batch(conn, rows, mode))
-    }
-}
-
-impl<T> AsyncDeleteBatch<AsyncSqlite> for T
-where
-    T: DeleteRow<SqliteConnection>,
-{
-    fn delete_batch<'a>(
-        conn: &'a mut AsyncSqlite,
-        rows: Vec<(T::Key, TokenOf<T>)>,
-        mode: BatchMode,
-    ) -> impl Future<Output = Result<BatchReport<()>, Error>> + Send + 'a {
-        on_thread(conn, move |conn| T::guarded_delete_batch(conn, rows, mode))
     }
 }
 
@@ -349,21 +316,6 @@ impl super::lock_connection::AsyncLockConnection for AsyncSqlite {
         on_thread(self, move |conn| {
             conn.release_lock(&key, &holder, fence, wait)
         })
-    }
-}
-
-impl<T, F, Ch> super::bulk::AsyncUpdateBulk<AsyncSqlite, F, Ch> for T
-where
-    T: crate::write::bulk::UpdateBulk<SqliteConnection, F, Ch>,
-    F: Send + 'static,
-    Ch: Send + 'static,
-{
-    fn update_bulk<'a>(
-        conn: &'a mut AsyncSqlite,
-        filter: F,
-        changes: Ch,
-    ) -> impl Future<Output = Result<crate::write::bulk::BulkReport, Error>> + Send + 'a {
-        on_thread(conn, move |conn| T::update_bulk(conn, filter, changes))
     }
 }
 

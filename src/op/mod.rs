@@ -32,9 +32,13 @@
 //! # }
 //! ```
 
+pub(crate) mod batch;
+pub(crate) mod bulk;
 mod entity;
 pub(crate) mod insert;
 
+pub use batch::{BatchDelete, BatchUpdate};
+pub use bulk::BulkUpdate;
 pub(crate) use entity::SavedState;
 pub use entity::{Delete, TouchStamp, Update, WriteExcluded};
 pub use insert::{Insert, Upsert};

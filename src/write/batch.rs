@@ -31,9 +31,10 @@ use diesel::result::Error as DieselError;
 use crate::connect::backend::OccBackend;
 use crate::connect::transaction::in_transaction;
 use crate::connect::transaction::WriteTransaction;
-use crate::error::{Conflict, Error, Token};
+use crate::error::Error;
 use crate::flow::batch::{Batch, Effect};
 use crate::guard::{CompletionOf, GuardKind, Guarded, TokenOf};
+use crate::op::{BatchDelete, BatchUpdate, Operation, Run};
 use crate::sql::new_token::Counted;
 use crate::sql::statement::Assignments;
 use crate::write::complete::{Complete, CompleteEach};
@@ -44,61 +45,7 @@ use crate::write::entity::{
 };
 use crate::write::executor::{classify, refuse_double_assignment, run_each, Written};
 
-/// Whether a batch keeps the rows it could write when others miss.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum BatchMode {
-    /// Commit only if every row was written; otherwise roll every row back.
-    AllOrNothing,
-    /// Keep every row that was written.
-    Partial,
-}
-
-/// What happened to one row of a batch.
-#[derive(Debug)]
-#[non_exhaustive]
-pub enum RowOutcome<T> {
-    /// The row held the expected token and was written; it now holds this token. In an
-    /// all-or-nothing batch that was rolled back, the write was undone.
-    Written(T),
-    /// Someone else changed the row; the conflict carries the current row.
-    Conflict(Box<Conflict>),
-    /// No row has this key.
-    NotFound,
-    /// The row held the expected token but the database ignored the write.
-    Refused(Token),
-}
-
-impl<T> RowOutcome<T> {
-    /// Whether the row was written.
-    pub fn is_written(&self) -> bool {
-        matches!(self, RowOutcome::Written(_))
-    }
-}
-
-/// The outcome of a batch: one [`RowOutcome`] per row, in the order given.
-#[derive(Debug)]
-pub struct BatchReport<T> {
-    /// Per row, in the order the rows were given.
-    pub rows: Vec<RowOutcome<T>>,
-    /// Whether the written rows are in the database: always in a partial batch, only
-    /// when every row was written in an all-or-nothing one.
-    pub applied: bool,
-}
-
-impl<T> BatchReport<T> {
-    /// The report of a batch of no rows, which sends nothing.
-    pub(crate) fn empty() -> Self {
-        BatchReport {
-            rows: Vec::new(),
-            applied: true,
-        }
-    }
-
-    /// Whether every row was written (and so the batch applied).
-    pub fn all_written(&self) -> bool {
-        self.rows.iter().all(RowOutcome::is_written)
-    }
-}
+pub use crate::op::batch::{BatchMode, BatchReport, RowOutcome};
 
 /// Guarded batches for every [`GuardedWrite`] entity.
 pub trait GuardedBatch: GuardedWrite {
@@ -120,7 +67,7 @@ pub trait GuardedBatch: GuardedWrite {
         I: IntoIterator<Item = (Self::Key, TokenOf<Self>, Ch)>,
         Self: UpdateBatch<C, Ch>,
     {
-        Self::update_batch(conn, rows.into_iter().collect(), mode)
+        BatchUpdate::<Self, Ch>::new(rows.into_iter().collect(), mode).run(conn)
     }
 
     /// Deletes each `(key, expected token)` row as
@@ -138,7 +85,7 @@ pub trait GuardedBatch: GuardedWrite {
         I: IntoIterator<Item = (Self::Key, TokenOf<Self>)>,
         Self: DeleteRow<C>,
     {
-        Self::delete_batch(conn, rows.into_iter().collect(), mode)
+        BatchDelete::<Self>::new(rows.into_iter().collect(), mode).run(conn)
     }
 }
 
@@ -188,6 +135,18 @@ where
                 run_guarded::<T, C, _, CompletionOf<T>>(conn, miss, statement, own)
             },
         )
+    }
+}
+
+impl<T: UpdateBatch<C, Ch>, C, Ch> Run<C> for BatchUpdate<T, Ch> {
+    fn run(self, conn: &mut C) -> Result<<Self as Operation>::Output, Error> {
+        T::update_batch(conn, self.rows, self.mode)
+    }
+}
+
+impl<T: DeleteRow<C>, C: WriteTransaction> Run<C> for BatchDelete<T> {
+    fn run(self, conn: &mut C) -> Result<<Self as Operation>::Output, Error> {
+        T::delete_batch(conn, self.rows, self.mode)
     }
 }
 

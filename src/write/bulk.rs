@@ -23,20 +23,13 @@ use diesel::{QueryResult, RunQueryDsl, Table};
 use crate::connect::backend::OccBackend;
 use crate::error::Error;
 use crate::guard::{AdvanceAnyOf, AdvanceInSql, CanAdvanceOf, Guarded};
+use crate::op::{BulkUpdate, Operation, Run};
 use crate::sql::new_token::Counted;
 use crate::sql::statement::{Assignments, Comma, GuardedUpdate, Joined, Not};
 use crate::write::entity::LoadByKey;
 use crate::write::executor::{classify, refuse_status_write, CannotMiss, CompareAndSet, Matches};
 
-/// What a bulk update did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct BulkReport {
-    /// Rows changed (and their versions advanced).
-    pub updated: usize,
-    /// Rows the filter matched that were left unchanged because their version is at its
-    /// type's maximum and cannot advance.
-    pub at_maximum: usize,
-}
+pub use crate::op::bulk::BulkReport;
 
 /// `SELECT COUNT(*) FROM <table> WHERE (<filter>) AND <condition>`.
 #[derive(Debug, Clone)]
@@ -102,7 +95,7 @@ where
     where
         Self: UpdateBulk<C, F, Ch>,
     {
-        Self::update_bulk(conn, filter, changes)
+        BulkUpdate::<Self, F, Ch>::new(filter, changes).run(conn)
     }
 }
 
@@ -154,6 +147,12 @@ where
             None => 0,
         };
         Ok(BulkReport::of(updated, at_maximum))
+    }
+}
+
+impl<T: UpdateBulk<C, F, Ch>, C, F, Ch> Run<C> for BulkUpdate<T, F, Ch> {
+    fn run(self, conn: &mut C) -> Result<<Self as Operation>::Output, Error> {
+        T::update_bulk(conn, self.filter, self.changes)
     }
 }
 
@@ -209,14 +208,4 @@ where
         statement,
         at_maximum,
     })
-}
-
-impl BulkReport {
-    /// `updated` rows changed, `at_maximum` (a count read back) left alone.
-    pub(crate) fn of(updated: usize, at_maximum: i64) -> Self {
-        BulkReport {
-            updated,
-            at_maximum: usize::try_from(at_maximum).unwrap_or(usize::MAX),
-        }
-    }
 }

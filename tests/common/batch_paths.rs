@@ -7,9 +7,7 @@ use std::sync::{Arc, Mutex};
 
 use diesel::connection::Connection;
 use diesel::prelude::*;
-use diesel_occ::asynchronous::{
-    AsyncDeleteBatch, AsyncGuardedBatch, AsyncGuardedWrite, AsyncRun, AsyncUpdateBatch,
-};
+use diesel_occ::asynchronous::{AsyncGuardedBatch, AsyncGuardedWrite, AsyncRun};
 use diesel_occ::{
     BatchMode, BatchReport, DeleteRow, Error, GuardedBatch, GuardedWrite, UpdateBatch, UpdateRow,
 };
@@ -119,7 +117,8 @@ where
 impl<A> Batcher for Async<A>
 where
     A: diesel_async::AsyncConnection + Send,
-    Order: AsyncUpdateBatch<A, BatchPatch> + AsyncDeleteBatch<A>,
+    diesel_occ::op::BatchUpdate<Order, BatchPatch>: AsyncRun<A>,
+    diesel_occ::op::BatchDelete<Order>: AsyncRun<A>,
     diesel_occ::op::Update<Order, QuantityIs>: AsyncRun<A>,
 {
     const PATH: &'static str = "async";

@@ -508,10 +508,9 @@ mod on_async {
     pub use super::super::paths::Async;
     use diesel_async::AsyncConnection;
     use diesel_occ::asynchronous::{
-        AsyncConnectionSource, AsyncDeleteBatch, AsyncEditJson, AsyncGuardedBatch,
-        AsyncGuardedBulk, AsyncGuardedJson, AsyncGuardedJsonMerge, AsyncGuardedModify,
-        AsyncGuardedWrite, AsyncLoadByKey, AsyncMergeInPlace, AsyncModifyRow, AsyncRun,
-        AsyncUpdateBatch, AsyncUpdateBulk, BoxedEdit,
+        AsyncConnectionSource, AsyncEditJson, AsyncGuardedBatch, AsyncGuardedBulk,
+        AsyncGuardedJson, AsyncGuardedJsonMerge, AsyncGuardedModify, AsyncGuardedWrite,
+        AsyncLoadByKey, AsyncMergeInPlace, AsyncModifyRow, AsyncRun, BoxedEdit,
     };
     use diesel_occ::op;
 
@@ -604,7 +603,10 @@ mod on_async {
         }
     }
 
-    impl<A, T: AsyncUpdateBatch<A, Ch>, Ch> BatchUpdate<T, Ch> for Async<A> {
+    impl<A, T: Guarded, Ch> BatchUpdate<T, Ch> for Async<A>
+    where
+        op::BatchUpdate<T, Ch>: AsyncRun<A>,
+    {
         fn update_batch(
             &mut self,
             rows: Vec<(T::Key, TokenOf<T>, Ch)>,
@@ -633,7 +635,10 @@ mod on_async {
         }
     }
 
-    impl<A, T: AsyncDeleteBatch<A>> DeleteBatch<T> for Async<A> {
+    impl<A, T: Guarded> DeleteBatch<T> for Async<A>
+    where
+        op::BatchDelete<T>: AsyncRun<A>,
+    {
         fn delete_batch(
             &mut self,
             rows: Vec<(T::Key, TokenOf<T>)>,
@@ -743,7 +748,8 @@ mod on_async {
 
     impl<A, T, F, Ch> BulkUpdate<T, F, Ch> for Async<A>
     where
-        T: Guarded<Guard: AdvanceInSql> + AsyncUpdateBulk<A, F, Ch>,
+        T: Guarded<Guard: AdvanceInSql>,
+        op::BulkUpdate<T, F, Ch>: AsyncRun<A>,
     {
         fn bulk_update(&mut self, filter: F, changes: Ch) -> Result<BulkReport, Error> {
             self.runtime
