@@ -73,7 +73,10 @@ where
     CompletionOf<T>: AsyncComplete<C, UpdateOf<T, Ch::Changeset>, TokenOf<T>>
         + AsyncCompleteEach<C, UpdateOf<T, Ch::Changeset>, TokenOf<T>>,
 {
-    async fn run_async(self, conn: &mut C) -> Result<<Self as Operation>::Output, Error> {
+    async fn run_async(
+        self,
+        conn: &mut C,
+    ) -> Result<<Self as Operation>::Output, <Self as Operation>::Error> {
         let BatchUpdate { rows, mode } = self;
         let table = <T as AsyncLoadByKey<C>>::table_name();
         let rows = updates::<T, C::Backend, Ch>(table, rows)?;
@@ -94,7 +97,10 @@ where
     DeleteOf<T>: Assignments<C::Backend> + Send,
     Counted: AsyncComplete<C, DeleteOf<T>, TokenOf<T>>,
 {
-    async fn run_async(self, conn: &mut C) -> Result<<Self as Operation>::Output, Error> {
+    async fn run_async(
+        self,
+        conn: &mut C,
+    ) -> Result<<Self as Operation>::Output, <Self as Operation>::Error> {
         let BatchDelete { rows, mode } = self;
         let table = <T as AsyncLoadByKey<C>>::table_name();
         refuse_broken(conn)?;

@@ -72,7 +72,8 @@ where
     fn run_async(
         self,
         conn: &mut C,
-    ) -> impl Future<Output = Result<<Self as Operation>::Output, Error>> + Send {
+    ) -> impl Future<Output = Result<<Self as Operation>::Output, <Self as Operation>::Error>> + Send
+    {
         let BulkUpdate {
             filter, changes, ..
         } = self;

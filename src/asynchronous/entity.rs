@@ -238,7 +238,10 @@ where
     T::Stamp: Send,
     T::StatusKept: Send,
 {
-    async fn run_async(self, conn: &mut C) -> Result<<Self as Operation>::Output, Error> {
+    async fn run_async(
+        self,
+        conn: &mut C,
+    ) -> Result<<Self as Operation>::Output, <Self as Operation>::Error> {
         refuse_broken(conn)?;
         let Update {
             key,
@@ -277,7 +280,10 @@ where
     DeleteOf<T>: Assignments<C::Backend> + Send,
     Counted: AsyncComplete<C, DeleteOf<T>, TokenOf<T>>,
 {
-    async fn run_async(self, conn: &mut C) -> Result<<Self as Operation>::Output, Error> {
+    async fn run_async(
+        self,
+        conn: &mut C,
+    ) -> Result<<Self as Operation>::Output, <Self as Operation>::Error> {
         refuse_broken(conn)?;
         let Delete { key, expected } = self;
         let mut call = Call::start(conn);
@@ -410,7 +416,8 @@ where
     fn run_async(
         self,
         conn: &mut C,
-    ) -> impl Future<Output = Result<<Self as Operation>::Output, Error>> + Send {
+    ) -> impl Future<Output = Result<<Self as Operation>::Output, <Self as Operation>::Error>> + Send
+    {
         let WriteExcluded { key, changes } = self;
         let table = <T as AsyncLoadByKey<C>>::table_name();
         // Checked before the future: the changes need not be `Send`.
@@ -452,7 +459,10 @@ where
     UnguardedUpdateOf<T, T::Stamp>: Assignments<C::Backend> + Send + 'static,
     Counted: AsyncComplete<C, UnguardedUpdateOf<T, T::Stamp>, TokenOf<T>>,
 {
-    async fn run_async(self, conn: &mut C) -> Result<<Self as Operation>::Output, Error> {
+    async fn run_async(
+        self,
+        conn: &mut C,
+    ) -> Result<<Self as Operation>::Output, <Self as Operation>::Error> {
         let statement = unguarded_by_key::<T, _>(&self.key, self.stamp);
         write_unguarded::<T, C, _>(conn, &self.key, statement).await
     }

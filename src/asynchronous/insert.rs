@@ -47,7 +47,10 @@ where
     InsertOf<T>: Assignments<C::Backend> + Send,
     Counted: AsyncComplete<C, InsertOf<T>, ()>,
 {
-    async fn run_async(self, conn: &mut C) -> Result<<Self as Operation>::Output, Error> {
+    async fn run_async(
+        self,
+        conn: &mut C,
+    ) -> Result<<Self as Operation>::Output, <Self as Operation>::Error> {
         refuse_broken(conn)?;
         let table = <T as AsyncLoadByKey<C>>::table_name();
         let (row, seed) = seeded(&self.row);
@@ -81,7 +84,10 @@ where
     CompletionOf<T>:
         AsyncComplete<C, UpdateOf<T, <T::Changes as AsChangeset>::Changeset>, TokenOf<T>>,
 {
-    async fn run_async(self, conn: &mut C) -> Result<<Self as Operation>::Output, Error> {
+    async fn run_async(
+        self,
+        conn: &mut C,
+    ) -> Result<<Self as Operation>::Output, <Self as Operation>::Error> {
         refuse_broken(conn)?;
         let mut row = self.row;
         let table = <T as AsyncLoadByKey<C>>::table_name();

@@ -123,10 +123,10 @@ pub use lease::AsyncLease;
 pub use lock_connection::AsyncLockConnection;
 #[cfg(feature = "locks")]
 pub use locks::{AsyncLockGuard, AsyncLockPool, AsyncLocks};
-pub use modify::{AsyncGuardedModify, AsyncModifyRow};
+pub use modify::AsyncGuardedModify;
 pub use pessimistic::AsyncPessimistic;
 pub use run::AsyncRun;
-pub use send::{AsyncComplete, AsyncCompleteEach, AsyncLoadByKey, AsyncSendPlan};
+pub use send::AsyncLoadByKey;
 pub use source::AsyncConnectionSource;
 #[cfg(feature = "async-deadpool")]
 pub use source::DeadpoolCheckout;

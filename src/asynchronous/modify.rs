@@ -19,7 +19,7 @@ use crate::connect::backend::OccBackend;
 use crate::error::Error;
 use crate::flow::read_modify_write::{Effect, ReadModifyWrite};
 use crate::guard::{Guarded, TokenOf};
-use crate::op::Update;
+use crate::op::{Modify, Operation, Update};
 use crate::retry::{RetryPolicy, Stop};
 use crate::sql::statement::RowLock;
 use crate::write::modify::Modified;
@@ -35,17 +35,18 @@ pub trait AsyncGuardedModify: Guarded + Clone {
     ///
     /// On SQLite the call runs on the connection's thread, so `change`, its value and its
     /// error must be `Send + 'static` there.
-    fn modify<'a, C, F, R, E>(
-        conn: &'a mut C,
-        key: &'a Self::Key,
-        policy: &'a RetryPolicy,
+    fn modify<C, F, R, E>(
+        conn: &mut C,
+        key: &Self::Key,
+        policy: &RetryPolicy,
         change: F,
-    ) -> impl Future<Output = Result<Modified<Self, R>, E>> + Send + 'a
+    ) -> impl Future<Output = Result<Modified<Self, R>, E>> + Send
     where
-        Self: AsyncModifyRow<C, F, R, E>,
-        F: FnMut(&mut Self) -> Result<R, E> + 'a,
+        F: FnMut(&mut Self) -> Result<R, E>,
+        E: From<Error>,
+        Modify<Self, F, R, E>: AsyncRun<C>,
     {
-        Self::modify_row(conn, key, policy, change)
+        Modify::new(key.clone(), policy.clone(), change).run_async(conn)
     }
 
     /// [`modify`](Self::modify) with a connection from `pool` (bb8, deadpool: any
@@ -53,53 +54,23 @@ pub trait AsyncGuardedModify: Guarded + Clone {
     /// replaced and the waits between attempts hold none; see
     /// [`GuardedModify::modify_pooled`](crate::GuardedModify::modify_pooled). On SQLite
     /// one connection serves the call.
-    fn modify_pooled<'a, S, F, R, E>(
-        pool: &'a S,
-        key: &'a Self::Key,
-        policy: &'a RetryPolicy,
+    fn modify_pooled<S, F, R, E>(
+        pool: &S,
+        key: &Self::Key,
+        policy: &RetryPolicy,
         change: F,
-    ) -> impl Future<Output = Result<Modified<Self, R>, E>> + Send + 'a
+    ) -> impl Future<Output = Result<Modified<Self, R>, E>> + Send
     where
         S: AsyncConnectionSource,
-        Self: AsyncModifyRow<S::Connection, F, R, E>,
-        F: FnMut(&mut Self) -> Result<R, E> + 'a,
+        F: FnMut(&mut Self) -> Result<R, E> + Send,
+        E: From<Error>,
+        Modify<Self, F, R, E>: AsyncRun<S::Connection>,
     {
-        Self::modify_pooled_row(pool, key, policy, change)
+        Modify::new(key.clone(), policy.clone(), change).run_pooled(pool)
     }
 }
 
 impl<T: Guarded + Clone> AsyncGuardedModify for T {}
-
-/// A read-modify-write of entity `Self` on async connection `C` with closure `F`, as one
-/// bound; not a trait to implement.
-#[diagnostic::on_unimplemented(
-    message = "`{Self}` cannot be modified on `{C}` with this closure",
-    note = "the connection must be a diesel-async connection of a backend diesel-occ supports; the closure, its value and its error must be `Send` (and `'static` on SQLite, whose connection runs the call on its own thread), and the error must implement `From<diesel_occ::Error>`"
-)]
-pub trait AsyncModifyRow<C, F, R, E>: Guarded {
-    /// Runs the read-modify-write.
-    #[doc(hidden)]
-    fn modify_row<'a>(
-        conn: &'a mut C,
-        key: &'a Self::Key,
-        policy: &'a RetryPolicy,
-        change: F,
-    ) -> impl Future<Output = Result<Modified<Self, R>, E>> + Send + 'a
-    where
-        F: 'a;
-
-    /// Runs the read-modify-write on connections from `pool`.
-    #[doc(hidden)]
-    fn modify_pooled_row<'a, S>(
-        pool: &'a S,
-        key: &'a Self::Key,
-        policy: &'a RetryPolicy,
-        change: F,
-    ) -> impl Future<Output = Result<Modified<Self, R>, E>> + Send + 'a
-    where
-        S: AsyncConnectionSource<Connection = C>,
-        F: 'a;
-}
 
 /// Where the attempts of a read-modify-write get their connection: the caller's, or a
 /// pool's for each attempt.
@@ -153,7 +124,7 @@ impl<'p, S: AsyncConnectionSource> Attempts<S::Connection> for FromPool<'p, S> {
     }
 }
 
-impl<T, C, F, R, E> AsyncModifyRow<C, F, R, E> for T
+impl<T, C, F, R, E> AsyncRun<C> for Modify<T, F, R, E>
 where
     T: AsyncLoadByKey<C> + Clone,
     Update<T, T::Changes>: AsyncRun<C>,
@@ -163,15 +134,16 @@ where
     R: Send + 'static,
     E: From<Error> + Send + 'static,
 {
-    async fn modify_row<'a>(
-        conn: &'a mut C,
-        key: &'a T::Key,
-        policy: &'a RetryPolicy,
-        change: F,
-    ) -> Result<Modified<T, R>, E>
-    where
-        F: 'a,
-    {
+    async fn run_async(
+        self,
+        conn: &mut C,
+    ) -> Result<<Self as Operation>::Output, <Self as Operation>::Error> {
+        let Modify {
+            key,
+            policy,
+            change,
+            ..
+        } = self;
         refuse_broken(conn)?;
         // Inside the caller's transaction a retry could not undo the caller's earlier work.
         let nested = in_transaction(conn);
@@ -179,30 +151,33 @@ where
         modify_with(
             Caller(Some(conn)),
             nested,
-            key,
-            policy,
+            &key,
+            &policy,
             &suspects,
             SaveChanged(change),
         )
         .await
     }
 
-    async fn modify_pooled_row<'a, S>(
-        pool: &'a S,
-        key: &'a T::Key,
-        policy: &'a RetryPolicy,
-        change: F,
-    ) -> Result<Modified<T, R>, E>
+    async fn run_pooled<S>(
+        self,
+        pool: &S,
+    ) -> Result<<Self as Operation>::Output, <Self as Operation>::Error>
     where
         S: AsyncConnectionSource<Connection = C>,
-        F: 'a,
     {
+        let Modify {
+            key,
+            policy,
+            change,
+            ..
+        } = self;
         let suspects = T::GUARD_COLUMNS.join(", ");
         modify_with(
             FromPool(pool),
             false,
-            key,
-            policy,
+            &key,
+            &policy,
             &suspects,
             SaveChanged(change),
         )

@@ -2,7 +2,7 @@
 
 use std::future::Future;
 
-use crate::error::Error;
+use super::source::AsyncConnectionSource;
 use crate::op::Operation;
 
 /// An operation of the library ([`crate::op`]) that runs on diesel-async connection `C`:
@@ -24,7 +24,25 @@ pub trait AsyncRun<C> {
     fn run_async(
         self,
         conn: &mut C,
-    ) -> impl Future<Output = Result<<Self as Operation>::Output, Error>> + Send
+    ) -> impl Future<Output = Result<<Self as Operation>::Output, <Self as Operation>::Error>> + Send
     where
         Self: Operation + Sized;
+
+    /// Runs the operation on connections from `pool`: by default on one connection
+    /// checked out for the whole operation; a read-modify-write checks one out for each
+    /// attempt, so that the waits between attempts hold none.
+    #[doc(hidden)]
+    fn run_pooled<S>(
+        self,
+        pool: &S,
+    ) -> impl Future<Output = Result<<Self as Operation>::Output, <Self as Operation>::Error>> + Send
+    where
+        Self: Operation + Sized + Send,
+        S: AsyncConnectionSource<Connection = C>,
+    {
+        async move {
+            let mut conn = pool.checkout().await?;
+            self.run_async(&mut *conn).await
+        }
+    }
 }

@@ -10,9 +10,7 @@ use diesel::SqliteConnection;
 use diesel_async::sync_connection_wrapper::SyncConnectionWrapper;
 
 use super::json::{AsyncEditJson, AsyncMergeInPlace};
-use super::modify::AsyncModifyRow;
 use super::run::AsyncRun;
-use super::source::AsyncConnectionSource;
 use super::transition::{AsyncTransitionByKey, AsyncTransitionRow};
 use crate::error::Error;
 use crate::guard::{Guarded, TokenOf};
@@ -21,8 +19,7 @@ use crate::json::merge_in_place::MergeInPlace;
 use crate::op::{Operation, Run};
 use crate::retry::RetryPolicy;
 use crate::status::transition::{retried_by_key, TransitionByKey, TransitionRow};
-use crate::write::entity::UpdateRow;
-use crate::write::modify::{GuardedModify, Modified};
+use crate::write::modify::Modified;
 
 /// diesel-async's SQLite connection.
 type AsyncSqlite = SyncConnectionWrapper<SqliteConnection>;
@@ -105,48 +102,14 @@ impl<O> AsyncRun<AsyncSqlite> for O
 where
     O: Operation + Run<SqliteConnection> + Send + 'static,
     O::Output: Send + 'static,
+    O::Error: Send + 'static,
 {
     fn run_async(
         self,
         conn: &mut AsyncSqlite,
-    ) -> impl Future<Output = Result<<Self as Operation>::Output, Error>> + Send {
+    ) -> impl Future<Output = Result<<Self as Operation>::Output, <Self as Operation>::Error>> + Send
+    {
         on_thread(conn, move |conn| self.run(conn))
-    }
-}
-
-impl<T, F, R, E> AsyncModifyRow<AsyncSqlite, F, R, E> for T
-where
-    T: GuardedModify + UpdateRow<SqliteConnection, <T as Guarded>::Changes>,
-    F: FnMut(&mut T) -> Result<R, E> + Send + 'static,
-    R: Send + 'static,
-    E: From<Error> + Send + 'static,
-{
-    fn modify_row<'a>(
-        conn: &'a mut AsyncSqlite,
-        key: &'a T::Key,
-        policy: &'a RetryPolicy,
-        change: F,
-    ) -> impl Future<Output = Result<Modified<T, R>, E>> + Send + 'a
-    where
-        F: 'a,
-    {
-        let (key, policy) = (key.clone(), policy.clone());
-        on_thread(conn, move |conn| T::modify(conn, &key, &policy, change))
-    }
-
-    async fn modify_pooled_row<'a, S>(
-        pool: &'a S,
-        key: &'a T::Key,
-        policy: &'a RetryPolicy,
-        change: F,
-    ) -> Result<Modified<T, R>, E>
-    where
-        S: AsyncConnectionSource<Connection = AsyncSqlite>,
-        F: 'a,
-    {
-        let mut conn = pool.checkout().await?;
-        <Self as AsyncModifyRow<AsyncSqlite, F, R, E>>::modify_row(&mut conn, key, policy, change)
-            .await
     }
 }
 

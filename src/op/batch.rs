@@ -5,6 +5,7 @@ use crate::error::{Conflict, Token};
 use crate::guard::{Guarded, TokenOf};
 
 use super::Operation;
+use crate::error::Error;
 
 /// Guarded updates of many rows, each `(key, expected token, changes)`, in `mode`.
 pub struct BatchUpdate<T: Guarded, Ch> {
@@ -21,6 +22,7 @@ impl<T: Guarded, Ch> BatchUpdate<T, Ch> {
 
 impl<T: Guarded, Ch> Operation for BatchUpdate<T, Ch> {
     type Output = BatchReport<TokenOf<T>>;
+    type Error = Error;
 }
 
 /// Guarded deletes of many rows, each `(key, expected token)`, in `mode`.
@@ -38,6 +40,7 @@ impl<T: Guarded> BatchDelete<T> {
 
 impl<T: Guarded> Operation for BatchDelete<T> {
     type Output = BatchReport<()>;
+    type Error = Error;
 }
 
 /// Whether a batch keeps the rows it could write when others miss.

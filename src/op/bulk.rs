@@ -3,6 +3,7 @@
 use std::marker::PhantomData;
 
 use super::Operation;
+use crate::error::Error;
 
 /// A guarded update of every row of entity `T` that `filter` matches, with `changes`,
 /// advancing each row's token in SQL.
@@ -25,6 +26,7 @@ impl<T, F, Ch> BulkUpdate<T, F, Ch> {
 
 impl<T, F, Ch> Operation for BulkUpdate<T, F, Ch> {
     type Output = BulkReport;
+    type Error = Error;
 }
 
 /// What a bulk update did.

@@ -111,6 +111,7 @@ impl<T: Guarded> SavedState<T> {
 
 impl<T: Guarded, Ch> Operation for Update<T, Ch> {
     type Output = TokenOf<T>;
+    type Error = Error;
 }
 
 /// A guarded delete of the row with `key`, only while it holds `expected`.
@@ -128,6 +129,7 @@ impl<T: Guarded> Delete<T> {
 
 impl<T: Guarded> Operation for Delete<T> {
     type Output = ();
+    type Error = Error;
 }
 
 /// A write of `changes` to the excluded fields (`#[occ(exclude)]`) of the row with `key`,
@@ -146,6 +148,7 @@ impl<T: Guarded, Ch> WriteExcluded<T, Ch> {
 
 impl<T: Guarded, Ch> Operation for WriteExcluded<T, Ch> {
     type Output = ();
+    type Error = Error;
 }
 
 /// A maintenance write of the `#[occ(updated_at)]` column of the row with `key`,
@@ -164,4 +167,5 @@ impl<T: Guarded> TouchStamp<T> {
 
 impl<T: Guarded> Operation for TouchStamp<T> {
     type Output = ();
+    type Error = Error;
 }

@@ -5,6 +5,7 @@
 use crate::guard::{Guarded, TokenOf};
 
 use super::Operation;
+use crate::error::Error;
 
 /// A guarded insert of `row` with a seeded first token. Answers the copy as inserted and
 /// that token.
@@ -22,6 +23,7 @@ impl<T: Guarded> Insert<T> {
 
 impl<T: Guarded> Operation for Insert<T> {
     type Output = (T, TokenOf<T>);
+    type Error = Error;
 }
 
 /// A save of `row` over its row while the row holds the copy's token, or its insert when
@@ -40,6 +42,7 @@ impl<T: Guarded> Upsert<T> {
 
 impl<T: Guarded> Operation for Upsert<T> {
     type Output = (T, Upserted<TokenOf<T>>);
+    type Error = Error;
 }
 
 /// What an upsert did, with the token the row now holds (also recorded in the copy).

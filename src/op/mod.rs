@@ -36,12 +36,14 @@ pub(crate) mod batch;
 pub(crate) mod bulk;
 mod entity;
 pub(crate) mod insert;
+pub(crate) mod modify;
 
 pub use batch::{BatchDelete, BatchUpdate};
 pub use bulk::BulkUpdate;
 pub(crate) use entity::SavedState;
 pub use entity::{Delete, TouchStamp, Update, WriteExcluded};
 pub use insert::{Insert, Upsert};
+pub use modify::Modify;
 
 use crate::error::Error;
 
@@ -49,6 +51,10 @@ use crate::error::Error;
 pub trait Operation {
     /// What the operation answers (the new token of an update, `()` for a delete, ...).
     type Output;
+
+    /// How it fails: the library's [`Error`], or the caller's own error type where the
+    /// caller's code runs inside (a read-modify-write's change).
+    type Error: From<Error>;
 }
 
 /// An [`Operation`] that runs on blocking connection `C`.
@@ -62,7 +68,7 @@ pub trait Operation {
 pub trait Run<C> {
     /// Runs the operation on `conn`.
     #[doc(hidden)]
-    fn run(self, conn: &mut C) -> Result<<Self as Operation>::Output, Error>
+    fn run(self, conn: &mut C) -> Result<<Self as Operation>::Output, <Self as Operation>::Error>
     where
         Self: Operation + Sized;
 }

@@ -139,13 +139,13 @@ where
 }
 
 impl<T: UpdateBatch<C, Ch>, C, Ch> Run<C> for BatchUpdate<T, Ch> {
-    fn run(self, conn: &mut C) -> Result<<Self as Operation>::Output, Error> {
+    fn run(self, conn: &mut C) -> Result<<Self as Operation>::Output, <Self as Operation>::Error> {
         T::update_batch(conn, self.rows, self.mode)
     }
 }
 
 impl<T: DeleteRow<C>, C: WriteTransaction> Run<C> for BatchDelete<T> {
-    fn run(self, conn: &mut C) -> Result<<Self as Operation>::Output, Error> {
+    fn run(self, conn: &mut C) -> Result<<Self as Operation>::Output, <Self as Operation>::Error> {
         T::delete_batch(conn, self.rows, self.mode)
     }
 }

@@ -151,7 +151,7 @@ where
 }
 
 impl<T: UpdateBulk<C, F, Ch>, C, F, Ch> Run<C> for BulkUpdate<T, F, Ch> {
-    fn run(self, conn: &mut C) -> Result<<Self as Operation>::Output, Error> {
+    fn run(self, conn: &mut C) -> Result<<Self as Operation>::Output, <Self as Operation>::Error> {
         T::update_bulk(conn, self.filter, self.changes)
     }
 }

@@ -378,7 +378,7 @@ where
 }
 
 impl<T: UpdateRow<C, Ch>, C, Ch> Run<C> for Update<T, Ch> {
-    fn run(self, conn: &mut C) -> Result<<Self as Operation>::Output, Error> {
+    fn run(self, conn: &mut C) -> Result<<Self as Operation>::Output, <Self as Operation>::Error> {
         let Update {
             key,
             expected,
@@ -444,7 +444,7 @@ where
 }
 
 impl<T: DeleteRow<C>, C> Run<C> for Delete<T> {
-    fn run(self, conn: &mut C) -> Result<<Self as Operation>::Output, Error> {
+    fn run(self, conn: &mut C) -> Result<<Self as Operation>::Output, <Self as Operation>::Error> {
         T::delete_row(conn, &self.key, &self.expected)
     }
 }
@@ -480,7 +480,7 @@ where
 }
 
 impl<T: UpdateExcluded<C, Ch>, C, Ch> Run<C> for WriteExcluded<T, Ch> {
-    fn run(self, conn: &mut C) -> Result<<Self as Operation>::Output, Error> {
+    fn run(self, conn: &mut C) -> Result<<Self as Operation>::Output, <Self as Operation>::Error> {
         T::update_excluded_row(conn, &self.key, self.changes)
     }
 }

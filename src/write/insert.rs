@@ -68,7 +68,7 @@ where
 }
 
 impl<T: InsertRow<C>, C> Run<C> for Insert<T> {
-    fn run(self, conn: &mut C) -> Result<<Self as Operation>::Output, Error> {
+    fn run(self, conn: &mut C) -> Result<<Self as Operation>::Output, <Self as Operation>::Error> {
         let mut row = self.row;
         let token = row.insert_row(conn)?;
         Ok((row, token))

@@ -29,7 +29,7 @@ use crate::connect::transaction::WriteTransaction;
 use crate::error::Error;
 use crate::flow::read_modify_write::{Effect, ReadModifyWrite};
 use crate::guard::{Guarded, TokenOf};
-use crate::op::Update;
+use crate::op::{Modify, Operation, Run, Update};
 use crate::retry::{RetryPolicy, Stop};
 use crate::sql::statement::RowLock;
 use crate::write::entity::{write_and_record, GuardedWrite, LoadByKey, UpdateRow};
@@ -69,19 +69,7 @@ impl<S: ConnectionSource> Connections for &S {
     }
 }
 
-/// What a successful read-modify-write gives back.
-#[derive(Debug)]
-#[non_exhaustive]
-pub struct Modified<T: Guarded, R> {
-    /// The row as written, holding its new token.
-    pub row: T,
-    /// The row's new token.
-    pub token: TokenOf<T>,
-    /// What the caller's closure returned on the attempt that was written.
-    pub value: R,
-    /// How many attempts it took (1 when nothing conflicted).
-    pub attempts: u32,
-}
+pub use crate::op::modify::Modified;
 
 /// Read-modify-write with retry for every [`Guarded`] entity.
 pub trait GuardedModify: GuardedWrite + Clone {
@@ -108,7 +96,7 @@ pub trait GuardedModify: GuardedWrite + Clone {
         Self: UpdateRow<C, <Self as Guarded>::Changes>,
         E: From<Error>,
     {
-        modify_on(conn, key, policy, change)
+        Modify::<Self, _, R, E>::new(key.clone(), policy.clone(), change).run(conn)
     }
 
     /// [`modify`](Self::modify) with a connection from `pool` (r2d2, deadpool-diesel, any
@@ -132,6 +120,19 @@ pub trait GuardedModify: GuardedWrite + Clone {
         E: From<Error>,
     {
         modify_on(pool, key, policy, change)
+    }
+}
+
+impl<T, C, F, R, E> Run<C> for Modify<T, F, R, E>
+where
+    T: GuardedWrite + Clone + UpdateRow<C, <T as Guarded>::Changes>,
+    C: LoadConnection + WriteTransaction,
+    C::Backend: OccBackend,
+    F: FnMut(&mut T) -> Result<R, E>,
+    E: From<Error>,
+{
+    fn run(self, conn: &mut C) -> Result<<Self as Operation>::Output, <Self as Operation>::Error> {
+        modify_on(conn, &self.key, &self.policy, self.change)
     }
 }
 

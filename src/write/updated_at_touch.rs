@@ -53,7 +53,7 @@ where
 }
 
 impl<T: TouchUpdatedAt<C>, C> Run<C> for TouchStamp<T> {
-    fn run(self, conn: &mut C) -> Result<<Self as Operation>::Output, Error> {
+    fn run(self, conn: &mut C) -> Result<<Self as Operation>::Output, <Self as Operation>::Error> {
         T::touch_updated_at_row(conn, &self.key, self.stamp)
     }
 }

@@ -71,7 +71,7 @@ where
 }
 
 impl<T: UpsertRow<C>, C> Run<C> for Upsert<T> {
-    fn run(self, conn: &mut C) -> Result<<Self as Operation>::Output, Error> {
+    fn run(self, conn: &mut C) -> Result<<Self as Operation>::Output, <Self as Operation>::Error> {
         let mut row = self.row;
         let answer = row.upsert_row(conn)?;
         Ok((row, answer))

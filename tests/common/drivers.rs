@@ -510,7 +510,7 @@ mod on_async {
     use diesel_occ::asynchronous::{
         AsyncConnectionSource, AsyncEditJson, AsyncGuardedBatch, AsyncGuardedBulk,
         AsyncGuardedJson, AsyncGuardedJsonMerge, AsyncGuardedModify, AsyncGuardedWrite,
-        AsyncLoadByKey, AsyncMergeInPlace, AsyncModifyRow, AsyncRun, BoxedEdit,
+        AsyncLoadByKey, AsyncMergeInPlace, AsyncRun, BoxedEdit,
     };
     use diesel_occ::op;
 
@@ -885,10 +885,11 @@ mod on_async {
 
     impl<A, T, R, E> Modify<T, R, E> for Async<A>
     where
-        A: AsyncConnection + Send,
-        T: AsyncModifyRow<A, Change<T, R, E>, R, E> + Clone + Send,
+        A: AsyncConnection,
+        T: Guarded + Clone,
         R: Send,
-        E: Send,
+        E: From<Error> + Send,
+        op::Modify<T, Change<T, R, E>, R, E>: AsyncRun<A>,
     {
         fn modify(
             &mut self,
@@ -921,7 +922,9 @@ mod on_async {
     impl<P, T, R, E> ModifyPooled<T, R, E> for AsyncPool<P>
     where
         P: AsyncConnectionSource,
-        T: AsyncModifyRow<P::Connection, Change<T, R, E>, R, E> + Clone,
+        T: Guarded + Clone,
+        E: From<Error>,
+        op::Modify<T, Change<T, R, E>, R, E>: AsyncRun<P::Connection>,
     {
         fn modify_pooled(
             &self,

@@ -34,7 +34,7 @@ for_each_backend! {
     /// 8 tasks on a multi-thread runtime, 10 read-modify-writes each through `pool`.
     async fn eight_tasks<S: AsyncConnectionSource + Send + Sync + 'static>(pool: std::sync::Arc<S>)
     where
-        Order: diesel_occ::asynchronous::AsyncModifyRow<S::Connection, fn(&mut Order) -> Result<(), Error>, (), Error>,
+        diesel_occ::op::Modify<Order, fn(&mut Order) -> Result<(), Error>, (), Error>: diesel_occ::asynchronous::AsyncRun<S::Connection>,
     {
         let policy = RetryPolicy::default().max_attempts(200);
         let tasks: Vec<_> = (0..8)
@@ -113,7 +113,7 @@ for_each_backend! {
     /// adds one to the quantity, the note and the version together).
     async fn dropped_calls_leave_the_pool_whole<S: AsyncConnectionSource + Send + Sync + 'static>(pool: S)
     where
-        Order: diesel_occ::asynchronous::AsyncModifyRow<S::Connection, fn(&mut Order) -> Result<(), Error>, (), Error>,
+        diesel_occ::op::Modify<Order, fn(&mut Order) -> Result<(), Error>, (), Error>: diesel_occ::asynchronous::AsyncRun<S::Connection>,
     {
         let policy = RetryPolicy::default().max_attempts(50);
         let change: fn(&mut Order) -> Result<(), Error> = |o| add_one_to(o, "x");
@@ -173,7 +173,7 @@ for_each_backend! {
     ) -> i64
     where
         S: AsyncConnectionSource + Send + Sync + 'static,
-        Order: diesel_occ::asynchronous::AsyncModifyRow<S::Connection, fn(&mut Order) -> Result<(), Error>, (), Error>,
+        diesel_occ::op::Modify<Order, fn(&mut Order) -> Result<(), Error>, (), Error>: diesel_occ::asynchronous::AsyncRun<S::Connection>,
     {
         use diesel::connection::SimpleConnection;
         let change: fn(&mut Order) -> Result<(), Error> = |o| add_one_to(o, "x");
@@ -211,7 +211,7 @@ for_each_backend! {
     fn cancelled_in_its_transaction<S>(db: &common::TestDb<Conn>, runtime: &tokio::runtime::Runtime, pool: S)
     where
         S: AsyncConnectionSource + Send + Sync + 'static,
-        Order: diesel_occ::asynchronous::AsyncModifyRow<S::Connection, fn(&mut Order) -> Result<(), Error>, (), Error>,
+        diesel_occ::op::Modify<Order, fn(&mut Order) -> Result<(), Error>, (), Error>: diesel_occ::asynchronous::AsyncRun<S::Connection>,
     {
         use diesel::connection::SimpleConnection;
         use diesel_occ::Contention;
