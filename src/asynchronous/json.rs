@@ -26,7 +26,8 @@ use crate::json::document::{
     JsonDocument, Place, SetDocument,
 };
 use crate::json::merge_in_place::{MergeInPlaceOf, MergePatch};
-use crate::op::Update;
+use crate::op::json::Edit;
+use crate::op::{JsonEdit, JsonMerge, JsonMergeNoToken, Operation, Update};
 use crate::retry::{RetryPolicy, Stop};
 use crate::sql::new_token::Counted;
 use crate::sql::statement::{Assignments, Unguarded};
@@ -42,183 +43,145 @@ pub type BoxedEdit<R, E> = Box<dyn FnMut(&mut Value) -> Result<R, E> + Send>;
 pub trait AsyncGuardedJson: Guarded + Clone {
     /// Runs `edit` on the document of column `Col` of the row with `key`, read fresh on
     /// every attempt, and writes the result under the row's guard.
-    fn edit_json<'a, C, Col, F, R, E>(
-        conn: &'a mut C,
-        key: &'a Self::Key,
+    fn edit_json<'e, C, Col, F, R, E>(
+        conn: &mut C,
+        key: &Self::Key,
         column: Col,
-        policy: &'a RetryPolicy,
+        policy: &RetryPolicy,
         edit: F,
-    ) -> impl Future<Output = Result<Modified<Self, R>, E>> + Send + 'a
+    ) -> impl Future<Output = Result<Modified<Self, R>, E>> + Send
     where
         Col: Column,
-        Self: AsyncEditJson<C, Col, F, R, E>,
-        F: FnMut(&mut Value) -> Result<R, E> + 'a,
+        F: FnMut(&mut Value) -> Result<R, E> + Send + 'e,
+        E: From<Error>,
+        JsonEdit<'e, Self, Col, R, E>: AsyncRun<C>,
     {
         let _ = column;
-        Self::edit_document(conn, key, policy, edit)
+        let build = move |_: &'static str, _: &Self::Key| Ok(Box::new(edit) as Edit<'e, R, E>);
+        JsonEdit::new(key.clone(), policy.clone(), build).run_async(conn)
     }
 
     /// Applies the RFC 7396 merge `patch` to the document of column `Col`.
-    fn merge_json<'a, C, Col>(
-        conn: &'a mut C,
-        key: &'a Self::Key,
+    fn merge_json<C, Col>(
+        conn: &mut C,
+        key: &Self::Key,
         column: Col,
         patch: &Value,
-        policy: &'a RetryPolicy,
-    ) -> impl Future<Output = Result<Modified<Self, ()>, Error>> + Send + 'a
+        policy: &RetryPolicy,
+    ) -> impl Future<Output = Result<Modified<Self, ()>, Error>> + Send
     where
         Col: Column + 'static,
-        Self: AsyncEditJson<C, Col, BoxedEdit<(), Error>, (), Error>,
-        C: Send,
+        JsonEdit<'static, Self, Col, (), Error>: AsyncRun<C>,
     {
-        let edit = merge_edit(
-            Place::<Self, Col>::new(
-                <Self as AsyncEditJson<C, Col, BoxedEdit<(), Error>, (), Error>>::table_name(),
-                key,
-            ),
-            patch,
-        );
-        edit_with(conn, key, column, policy, edit)
+        let patch = patch.clone();
+        edit_built(conn, key, column, policy, move |place| {
+            Ok(Box::new(merge_edit(place, &patch)?))
+        })
     }
 
     /// Applies the RFC 6902 JSON Patch `patch` to the document of column `Col`, all
     /// operations or none.
-    fn patch_json<'a, C, Col>(
-        conn: &'a mut C,
-        key: &'a Self::Key,
+    fn patch_json<C, Col>(
+        conn: &mut C,
+        key: &Self::Key,
         column: Col,
         patch: &json_patch::Patch,
-        policy: &'a RetryPolicy,
-    ) -> impl Future<Output = Result<Modified<Self, ()>, Error>> + Send + 'a
+        policy: &RetryPolicy,
+    ) -> impl Future<Output = Result<Modified<Self, ()>, Error>> + Send
     where
         Col: Column + 'static,
-        Self: AsyncEditJson<C, Col, BoxedEdit<(), Error>, (), Error>,
-        C: Send,
+        JsonEdit<'static, Self, Col, (), Error>: AsyncRun<C>,
     {
-        let edit = patch_edit(
-            Place::<Self, Col>::new(
-                <Self as AsyncEditJson<C, Col, BoxedEdit<(), Error>, (), Error>>::table_name(),
-                key,
-            ),
-            patch,
-        );
-        edit_with(conn, key, column, policy, Ok(edit))
+        let patch = patch.clone();
+        edit_built(conn, key, column, policy, move |place| {
+            Ok(Box::new(patch_edit(place, &patch)))
+        })
     }
 
     /// Sets the value at the RFC 6901 `pointer` of the document of column `Col`.
-    fn set_json<'a, C, Col>(
-        conn: &'a mut C,
-        key: &'a Self::Key,
+    fn set_json<C, Col>(
+        conn: &mut C,
+        key: &Self::Key,
         column: Col,
         pointer: &str,
         value: Value,
-        policy: &'a RetryPolicy,
-    ) -> impl Future<Output = Result<Modified<Self, ()>, Error>> + Send + 'a
+        policy: &RetryPolicy,
+    ) -> impl Future<Output = Result<Modified<Self, ()>, Error>> + Send
     where
         Col: Column + 'static,
-        Self: AsyncEditJson<C, Col, BoxedEdit<(), Error>, (), Error>,
-        C: Send,
+        JsonEdit<'static, Self, Col, (), Error>: AsyncRun<C>,
     {
-        let edit = set_edit(
-            Place::<Self, Col>::new(
-                <Self as AsyncEditJson<C, Col, BoxedEdit<(), Error>, (), Error>>::table_name(),
-                key,
-            ),
-            pointer,
-            value,
-        );
-        edit_with(conn, key, column, policy, edit)
+        let pointer = pointer.to_owned();
+        edit_built(conn, key, column, policy, move |place| {
+            Ok(Box::new(set_edit(place, &pointer, value)?))
+        })
     }
 
     /// Removes the value at the RFC 6901 `pointer` of the document of column `Col`.
-    fn remove_json<'a, C, Col>(
-        conn: &'a mut C,
-        key: &'a Self::Key,
+    fn remove_json<C, Col>(
+        conn: &mut C,
+        key: &Self::Key,
         column: Col,
         pointer: &str,
-        policy: &'a RetryPolicy,
-    ) -> impl Future<Output = Result<Modified<Self, ()>, Error>> + Send + 'a
+        policy: &RetryPolicy,
+    ) -> impl Future<Output = Result<Modified<Self, ()>, Error>> + Send
     where
         Col: Column + 'static,
-        Self: AsyncEditJson<C, Col, BoxedEdit<(), Error>, (), Error>,
-        C: Send,
+        JsonEdit<'static, Self, Col, (), Error>: AsyncRun<C>,
     {
-        let edit = remove_edit(
-            Place::<Self, Col>::new(
-                <Self as AsyncEditJson<C, Col, BoxedEdit<(), Error>, (), Error>>::table_name(),
-                key,
-            ),
-            pointer,
-        );
-        edit_with(conn, key, column, policy, edit)
+        let pointer = pointer.to_owned();
+        edit_built(conn, key, column, policy, move |place| {
+            Ok(Box::new(remove_edit(place, &pointer)?))
+        })
     }
 
     /// Runs `edit` on the document of column `Col` read as the typed struct `D`, and
     /// writes back only what it changed; see
-    /// [`GuardedJson::update_json_as`](crate::GuardedJson::update_json_as). The edit is
-    /// owned (`Send + 'static`).
-    fn update_json_as<'a, D, C, Col, R, E>(
-        conn: &'a mut C,
-        key: &'a Self::Key,
+    /// [`GuardedJson::update_json_as`](crate::GuardedJson::update_json_as).
+    fn update_json_as<'e, D, C, Col, F, R, E>(
+        conn: &mut C,
+        key: &Self::Key,
         column: Col,
-        policy: &'a RetryPolicy,
-        edit: impl FnMut(&mut D) -> Result<R, E> + Send + 'static,
-    ) -> impl Future<Output = Result<Modified<Self, R>, E>> + Send + 'a
+        policy: &RetryPolicy,
+        edit: F,
+    ) -> impl Future<Output = Result<Modified<Self, R>, E>> + Send
     where
-        D: Serialize + DeserializeOwned + 'static,
-        Col: Column + 'static,
-        Self: AsyncEditJson<C, Col, BoxedEdit<R, E>, R, E>,
-        R: 'static,
-        E: From<Error> + 'static,
+        D: Serialize + DeserializeOwned + 'e,
+        Col: Column + 'e,
+        F: FnMut(&mut D) -> Result<R, E> + Send + 'e,
+        R: 'e,
+        E: From<Error> + 'e,
+        JsonEdit<'e, Self, Col, R, E>: AsyncRun<C>,
     {
-        let table = <Self as AsyncEditJson<C, Col, BoxedEdit<R, E>, R, E>>::table_name();
-        let edit = typed_edit(Place::<Self, Col>::new(table, key), edit);
         let _ = column;
-        Self::edit_document(conn, key, policy, Box::new(edit) as BoxedEdit<R, E>)
+        let build = move |table: &'static str, key: &Self::Key| {
+            let place = Place::<Self, Col>::new(table, key);
+            Ok(Box::new(typed_edit(place, edit)) as Edit<'e, R, E>)
+        };
+        JsonEdit::new(key.clone(), policy.clone(), build).run_async(conn)
     }
 }
 
 impl<T: Guarded + Clone> AsyncGuardedJson for T {}
 
-/// Runs a built edit (or the error of building it, with nothing sent).
-fn edit_with<'a, T, C, Col, F>(
+/// Runs the edit `build` makes (checked before anything is sent) of the document in
+/// column `Col`.
+fn edit_built<'a, T, C, Col, B>(
     conn: &'a mut C,
-    key: &'a T::Key,
+    key: &T::Key,
     column: Col,
-    policy: &'a RetryPolicy,
-    edit: Result<F, Error>,
+    policy: &RetryPolicy,
+    build: B,
 ) -> impl Future<Output = Result<Modified<T, ()>, Error>> + Send + 'a
 where
-    T: AsyncEditJson<C, Col, BoxedEdit<(), Error>, (), Error>,
-    C: Send,
-    F: FnMut(&mut Value) -> Result<(), Error> + Send + 'static,
+    T: Guarded,
+    Col: Column + 'static,
+    B: FnOnce(Place<T, Col>) -> Result<Edit<'static, (), Error>, Error> + Send + 'static,
+    JsonEdit<'static, T, Col, (), Error>: AsyncRun<C>,
 {
     let _ = column;
-    let edit = edit.map(|edit| Box::new(edit) as BoxedEdit<(), Error>);
-    async move { T::edit_document(conn, key, policy, edit?).await }
-}
-
-/// A read-merge-write edit `F` of the document in column `Col` of entity `Self` on async
-/// connection `C`, as one bound; not a trait to implement.
-#[diagnostic::on_unimplemented(
-    message = "`{Self}` cannot edit the JSON document in `{Col}` on `{C}` with this edit",
-    note = "the column must be the entity's `#[occ(json)]` field and the connection a diesel-async connection of a backend diesel-occ supports; the edit, its value and its error must be `Send` (and `'static` on SQLite, whose connection runs the call on its own thread)"
-)]
-pub trait AsyncEditJson<C, Col, F, R, E>: JsonDocument<Col> + Clone {
-    /// Runs the edit.
-    #[doc(hidden)]
-    fn edit_document<'a>(
-        conn: &'a mut C,
-        key: &'a Self::Key,
-        policy: &'a RetryPolicy,
-        edit: F,
-    ) -> impl Future<Output = Result<Modified<Self, R>, E>> + Send + 'a
-    where
-        F: 'a;
-
-    /// The table's SQL name, for messages.
-    #[doc(hidden)]
-    fn table_name() -> &'static str;
+    let build = move |table: &'static str, key: &T::Key| build(Place::new(table, key));
+    JsonEdit::new(key.clone(), policy.clone(), build).run_async(conn)
 }
 
 /// The step of an edit: `edit` on the document as read, written back under the guard
@@ -259,43 +222,36 @@ where
     }
 }
 
-impl<T, C, Col, F, R, E> AsyncEditJson<C, Col, F, R, E> for T
+impl<'e, T, C, Col, R, E> AsyncRun<C> for JsonEdit<'e, T, Col, R, E>
 where
     T: JsonDocument<Col> + AsyncLoadByKey<C> + Clone,
     Update<T, SetDocument<Col>>: AsyncRun<C>,
     C: NativeAsyncConnection + 'static,
     C::Backend: NativeAsync,
     Col: Column + Send + 'static,
-    F: FnMut(&mut Value) -> Result<R, E> + Send,
     R: Send + 'static,
     E: From<Error> + Send + 'static,
 {
-    async fn edit_document<'a>(
-        conn: &'a mut C,
-        key: &'a T::Key,
-        policy: &'a RetryPolicy,
-        edit: F,
-    ) -> Result<Modified<T, R>, E>
-    where
-        F: 'a,
-    {
+    async fn run_async(
+        self,
+        conn: &mut C,
+    ) -> Result<<Self as Operation>::Output, <Self as Operation>::Error> {
         refuse_broken(conn)?;
+        let (key, policy, build) = self.into_parts();
+        let table = <T as AsyncLoadByKey<C>>::table_name();
+        let edit = build(table, &key)?;
         let nested = in_transaction(conn);
-        let place = Place::<T, Col>::new(<T as AsyncLoadByKey<C>>::table_name(), key);
+        let place = Place::<T, Col>::new(table, &key);
         let step = EditDocument { place, edit };
         modify_with(
             Caller(Some(conn)),
             nested,
-            key,
-            policy,
+            &key,
+            &policy,
             &suspects::<T, Col>(),
             step,
         )
         .await
-    }
-
-    fn table_name() -> &'static str {
-        <T as AsyncLoadByKey<C>>::table_name()
     }
 }
 
@@ -307,32 +263,34 @@ where
 {
     /// Merges the RFC 7396 `patch` into the document of column `Col` of the row with
     /// `key` and advances the row's token, in one statement. Returns the new token.
-    fn merge_json_in_place<'a, C, Col>(
-        conn: &'a mut C,
-        key: &'a Self::Key,
+    fn merge_json_in_place<C, Col>(
+        conn: &mut C,
+        key: &Self::Key,
         column: Col,
         patch: &Value,
-    ) -> impl Future<Output = Result<TokenOf<Self>, Error>> + Send + 'a
+    ) -> impl Future<Output = Result<TokenOf<Self>, Error>> + Send
     where
-        Self: AsyncMergeInPlace<C, Col>,
+        JsonMerge<Self, Col>: AsyncRun<C>,
     {
         let _ = column;
-        Self::merge_in_place(conn, key, patch)
+        JsonMerge::new(key.clone(), patch.clone()).run_async(conn)
     }
 
     /// [`merge_json_in_place`](Self::merge_json_in_place) without reading the new token
     /// back; see [`GuardedJsonMerge::merge_json_in_place_without_token`](crate::GuardedJsonMerge::merge_json_in_place_without_token).
-    fn merge_json_in_place_without_token<'a, C, Col>(
-        conn: &'a mut C,
-        key: &'a Self::Key,
+    fn merge_json_in_place_without_token<C, Col>(
+        conn: &mut C,
+        key: &Self::Key,
         column: Col,
         patch: &Value,
-    ) -> impl Future<Output = Result<(), Error>> + Send + 'a
+    ) -> impl Future<Output = Result<(), Error>> + Send
     where
-        Self: AsyncMergeInPlace<C, Col>,
+        JsonMergeNoToken<Self, Col>: AsyncRun<C>,
     {
         let _ = column;
-        Self::merge_in_place_without_token(conn, key, patch)
+        JsonMerge::new(key.clone(), patch.clone())
+            .without_token()
+            .run_async(conn)
     }
 }
 
@@ -343,31 +301,7 @@ where
 {
 }
 
-/// The one-statement merge into column `Col` of entity `Self` on async connection `C`,
-/// as one bound; not a trait to implement.
-#[diagnostic::on_unimplemented(
-    message = "`{Self}` cannot merge into `{Col}` in one statement on `{C}`",
-    note = "the column must be the entity's `#[occ(json)]` field, the connection a diesel-async connection of a backend diesel-occ supports, and the guard must advance in SQL (not a pre-image)"
-)]
-pub trait AsyncMergeInPlace<C, Col>: JsonDocument<Col> {
-    /// Runs the merge.
-    #[doc(hidden)]
-    fn merge_in_place<'a>(
-        conn: &'a mut C,
-        key: &'a Self::Key,
-        patch: &Value,
-    ) -> impl Future<Output = Result<TokenOf<Self>, Error>> + Send + 'a;
-
-    /// Runs the merge without reading the new token back.
-    #[doc(hidden)]
-    fn merge_in_place_without_token<'a>(
-        conn: &'a mut C,
-        key: &'a Self::Key,
-        patch: &Value,
-    ) -> impl Future<Output = Result<(), Error>> + Send + 'a;
-}
-
-impl<T, C, Col> AsyncMergeInPlace<C, Col> for T
+impl<T, C, Col> AsyncRun<C> for JsonMerge<T, Col>
 where
     T: JsonDocument<Col> + AsyncLoadByKey<C>,
     T::Guard: AdvanceInSql,
@@ -376,24 +310,34 @@ where
     Col: Column + Send + 'static,
     MergeInPlaceOf<T, Col>: Assignments<C::Backend> + Send,
     ReturnedTokenOf<T>: AsyncComplete<C, MergeInPlaceOf<T, Col>, TokenOf<T>>,
+{
+    async fn run_async(
+        self,
+        conn: &mut C,
+    ) -> Result<<Self as Operation>::Output, <Self as Operation>::Error> {
+        let merged = merge_completed::<ReturnedTokenOf<T>, T, C, Col>(conn, &self.key, &self.patch);
+        token_read_back(merged.await?)
+    }
+}
+
+impl<T, C, Col> AsyncRun<C> for JsonMergeNoToken<T, Col>
+where
+    T: JsonDocument<Col> + AsyncLoadByKey<C>,
+    T::Guard: AdvanceInSql,
+    C: NativeAsyncConnection,
+    C::Backend: NativeAsync,
+    Col: Column + Send + 'static,
+    MergeInPlaceOf<T, Col>: Assignments<C::Backend> + Send,
     Counted: AsyncComplete<C, MergeInPlaceOf<T, Col>, TokenOf<T>>,
 {
-    fn merge_in_place<'a>(
-        conn: &'a mut C,
-        key: &'a T::Key,
-        patch: &Value,
-    ) -> impl Future<Output = Result<TokenOf<T>, Error>> + Send + 'a {
-        let merged = merge_completed::<ReturnedTokenOf<T>, T, C, Col>(conn, key, patch);
-        async move { token_read_back(merged.await?) }
-    }
-
-    fn merge_in_place_without_token<'a>(
-        conn: &'a mut C,
-        key: &'a T::Key,
-        patch: &Value,
-    ) -> impl Future<Output = Result<(), Error>> + Send + 'a {
-        let merged = merge_completed::<Counted, T, C, Col>(conn, key, patch);
-        async move { merged.await.map(drop) }
+    async fn run_async(
+        self,
+        conn: &mut C,
+    ) -> Result<<Self as Operation>::Output, <Self as Operation>::Error> {
+        let JsonMergeNoToken(merge) = self;
+        merge_completed::<Counted, T, C, Col>(conn, &merge.key, &merge.patch)
+            .await
+            .map(drop)
     }
 }
 

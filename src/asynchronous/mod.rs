@@ -112,9 +112,7 @@ pub use entity::AsyncGuardedWrite;
 pub use fence::{AsyncFencedWrite, AsyncWriteFenced};
 #[cfg(feature = "locks")]
 pub use held::HeldWrite;
-pub use json::{
-    AsyncEditJson, AsyncGuardedJson, AsyncGuardedJsonMerge, AsyncMergeInPlace, BoxedEdit,
-};
+pub use json::{AsyncGuardedJson, AsyncGuardedJsonMerge, BoxedEdit};
 #[cfg(feature = "locks")]
 pub use leader::AsyncCandidate;
 #[cfg(feature = "locks")]

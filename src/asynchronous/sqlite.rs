@@ -9,17 +9,13 @@ use std::future::Future;
 use diesel::SqliteConnection;
 use diesel_async::sync_connection_wrapper::SyncConnectionWrapper;
 
-use super::json::{AsyncEditJson, AsyncMergeInPlace};
 use super::run::AsyncRun;
 use super::transition::{AsyncTransitionByKey, AsyncTransitionRow};
 use crate::error::Error;
 use crate::guard::{Guarded, TokenOf};
-use crate::json::document::EditJson;
-use crate::json::merge_in_place::MergeInPlace;
 use crate::op::{Operation, Run};
 use crate::retry::RetryPolicy;
 use crate::status::transition::{retried_by_key, TransitionByKey, TransitionRow};
-use crate::write::modify::Modified;
 
 /// diesel-async's SQLite connection.
 type AsyncSqlite = SyncConnectionWrapper<SqliteConnection>;
@@ -167,59 +163,6 @@ where
         let (key, policy) = (key.clone(), policy.clone());
         on_thread(conn, move |conn| {
             retried_by_key::<T, _, Ch, G>(conn, &key, to, extra, condition, &policy)
-        })
-    }
-}
-
-impl<T, Col, F, R, E> AsyncEditJson<AsyncSqlite, Col, F, R, E> for T
-where
-    T: EditJson<SqliteConnection, Col>,
-    F: FnMut(&mut serde_json::Value) -> Result<R, E> + Send + 'static,
-    R: Send + 'static,
-    E: From<Error> + Send + 'static,
-{
-    fn edit_document<'a>(
-        conn: &'a mut AsyncSqlite,
-        key: &'a T::Key,
-        policy: &'a RetryPolicy,
-        edit: F,
-    ) -> impl Future<Output = Result<Modified<T, R>, E>> + Send + 'a
-    where
-        F: 'a,
-    {
-        let (key, policy) = (key.clone(), policy.clone());
-        on_thread(conn, move |conn| {
-            T::edit_document(conn, &key, &policy, edit)
-        })
-    }
-
-    fn table_name() -> &'static str {
-        <T as crate::write::entity::LoadByKey<SqliteConnection>>::table_name()
-    }
-}
-
-impl<T, Col> AsyncMergeInPlace<AsyncSqlite, Col> for T
-where
-    T: MergeInPlace<SqliteConnection, Col>,
-    Col: 'static,
-{
-    fn merge_in_place<'a>(
-        conn: &'a mut AsyncSqlite,
-        key: &'a T::Key,
-        patch: &serde_json::Value,
-    ) -> impl Future<Output = Result<TokenOf<T>, Error>> + Send + 'a {
-        let (key, patch) = (key.clone(), patch.clone());
-        on_thread(conn, move |conn| T::merge_in_place(conn, &key, &patch))
-    }
-
-    fn merge_in_place_without_token<'a>(
-        conn: &'a mut AsyncSqlite,
-        key: &'a T::Key,
-        patch: &serde_json::Value,
-    ) -> impl Future<Output = Result<(), Error>> + Send + 'a {
-        let (key, patch) = (key.clone(), patch.clone());
-        on_thread(conn, move |conn| {
-            T::merge_in_place_without_token(conn, &key, &patch)
         })
     }
 }

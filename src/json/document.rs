@@ -32,6 +32,7 @@ use crate::connect::backend::OccBackend;
 use crate::connect::transaction::WriteTransaction;
 use crate::error::Error;
 use crate::guard::{Guarded, TokenOf};
+use crate::op::{JsonEdit, Operation, Run};
 use crate::retry::{RetryPolicy, Stop};
 use crate::sql::statement::ColumnEq;
 use crate::write::entity::{LoadByKey, UpdateRow};
@@ -93,6 +94,18 @@ pub trait EditJson<C, Col>: JsonDocument<Col> + LoadByKey<C> + Clone {
         policy: &RetryPolicy,
         edit: impl FnMut(&mut Value) -> Result<R, E>,
     ) -> Result<Modified<Self, R>, E>;
+}
+
+impl<T, C, Col, R, E> Run<C> for JsonEdit<'_, T, Col, R, E>
+where
+    T: EditJson<C, Col>,
+    E: From<Error>,
+{
+    fn run(self, conn: &mut C) -> Result<<Self as Operation>::Output, <Self as Operation>::Error> {
+        let (key, policy, build) = self.into_parts();
+        let edit = build(T::table_name(), &key)?;
+        T::edit_document(conn, &key, &policy, edit)
+    }
 }
 
 impl<T, C, Col> EditJson<C, Col> for T

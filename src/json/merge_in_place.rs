@@ -40,6 +40,7 @@ use crate::connect::backend::OccBackend;
 use crate::error::Error;
 use crate::guard::{AdvanceInSql, Guarded, ReturnedTokenOf, TokenOf};
 use crate::json::document::{JsonDocument, Place};
+use crate::op::{JsonMerge, JsonMergeNoToken, Operation, Run};
 use crate::sql::new_token::Counted;
 use crate::sql::statement::{Assignments, Unguarded};
 use crate::write::complete::Complete;
@@ -327,6 +328,18 @@ where
         patch: &Value,
     ) -> Result<(), Error> {
         merge_completed::<Counted, T, C, Col>(conn, key, patch).map(drop)
+    }
+}
+
+impl<T: MergeInPlace<C, Col>, C, Col> Run<C> for JsonMerge<T, Col> {
+    fn run(self, conn: &mut C) -> Result<<Self as Operation>::Output, <Self as Operation>::Error> {
+        T::merge_in_place(conn, &self.key, &self.patch)
+    }
+}
+
+impl<T: MergeInPlace<C, Col>, C, Col> Run<C> for JsonMergeNoToken<T, Col> {
+    fn run(self, conn: &mut C) -> Result<<Self as Operation>::Output, <Self as Operation>::Error> {
+        T::merge_in_place_without_token(conn, &self.0.key, &self.0.patch)
     }
 }
 

@@ -36,6 +36,7 @@ pub(crate) mod batch;
 pub(crate) mod bulk;
 mod entity;
 pub(crate) mod insert;
+pub(crate) mod json;
 pub(crate) mod modify;
 
 pub use batch::{BatchDelete, BatchUpdate};
@@ -43,6 +44,7 @@ pub use bulk::BulkUpdate;
 pub(crate) use entity::SavedState;
 pub use entity::{Delete, TouchStamp, Update, WriteExcluded};
 pub use insert::{Insert, Upsert};
+pub use json::{JsonEdit, JsonMerge, JsonMergeNoToken};
 pub use modify::Modify;
 
 use crate::error::Error;

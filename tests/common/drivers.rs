@@ -508,9 +508,9 @@ mod on_async {
     pub use super::super::paths::Async;
     use diesel_async::AsyncConnection;
     use diesel_occ::asynchronous::{
-        AsyncConnectionSource, AsyncEditJson, AsyncGuardedBatch, AsyncGuardedBulk,
-        AsyncGuardedJson, AsyncGuardedJsonMerge, AsyncGuardedModify, AsyncGuardedWrite,
-        AsyncLoadByKey, AsyncMergeInPlace, AsyncRun, BoxedEdit,
+        AsyncConnectionSource, AsyncGuardedBatch, AsyncGuardedBulk, AsyncGuardedJson,
+        AsyncGuardedJsonMerge, AsyncGuardedModify, AsyncGuardedWrite, AsyncLoadByKey, AsyncRun,
+        BoxedEdit,
     };
     use diesel_occ::op;
 
@@ -763,9 +763,9 @@ mod on_async {
 
     impl<A, T, Col> EditJsonColumn<T, Col> for Async<A>
     where
-        A: Send,
-        T: Guarded + AsyncEditJson<A, Col, BoxedEdit<(), Error>, (), Error>,
+        T: Guarded + Clone,
         Col: Column + 'static,
+        op::JsonEdit<'static, T, Col, (), Error>: AsyncRun<A>,
     {
         fn merge_json(
             &mut self,
@@ -865,7 +865,9 @@ mod on_async {
 
     impl<A, T, Col> MergeJsonInPlace<T, Col> for Async<A>
     where
-        T: Guarded<Guard: AdvanceInSql> + AsyncMergeInPlace<A, Col>,
+        T: Guarded<Guard: AdvanceInSql>,
+        op::JsonMerge<T, Col>: AsyncRun<A>,
+        op::JsonMergeNoToken<T, Col>: AsyncRun<A>,
     {
         fn merge_json_in_place(
             &mut self,
