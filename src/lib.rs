@@ -138,6 +138,7 @@ mod guard;
 mod json;
 #[cfg(feature = "locks")]
 mod locks;
+mod operation;
 mod retry;
 mod sql;
 mod status;
@@ -150,8 +151,48 @@ pub mod guide;
 pub mod http;
 #[cfg(feature = "migrations")]
 pub mod migrations;
-pub mod op;
 pub mod prelude;
+
+/// The library's writes as values. A method such as
+/// [`guarded_update`](crate::GuardedWrite::guarded_update) builds one of these from its
+/// arguments and runs it: [`Run`] on a blocking connection,
+/// [`AsyncRun`](crate::asynchronous::AsyncRun) on a diesel-async one. The value owns what
+/// the write needs (key, expected token, changes, stamp), so one description of a write
+/// serves both APIs, and SQLite's async connection runs the blocking [`Run`] whole on its
+/// own thread.
+///
+/// You never build one yourself; you name one in the bounds of a helper generic in the
+/// connection, as diesel's own helpers name a query:
+///
+/// ```
+/// # #[cfg(all(feature = "async", feature = "postgres"))]
+/// # mod example {
+/// # use diesel::prelude::*;
+/// # diesel::table! { orders (id) { id -> BigInt, name -> Text, version -> BigInt } }
+/// # #[derive(Debug, Clone, Queryable, Selectable, Identifiable, diesel_occ::Guarded)]
+/// # #[diesel(table_name = orders)]
+/// # struct Order { id: i64, name: String, #[occ(version)] version: i64 }
+/// use diesel_occ::asynchronous::{prelude::*, AsyncRun};
+/// use diesel_occ::op::Update;
+/// use diesel_occ::Error;
+///
+/// /// Renames an order on any diesel-async connection the library supports.
+/// async fn rename<C>(conn: &mut C, order: &Order, name: &str) -> Result<(), Error>
+/// where
+///     Update<Order, diesel::dsl::Eq<orders::name, String>>: AsyncRun<C>,
+/// {
+///     order.guarded_update(conn, orders::name.eq(name.to_owned())).await?;
+///     Ok(())
+/// }
+/// # }
+/// ```
+pub mod op {
+    pub use crate::operation::{
+        BatchDelete, BatchUpdate, BulkUpdate, Delete, Insert, JsonEdit, JsonMerge,
+        JsonMergeNoToken, Modify, Operation, Run, TouchStamp, Update, Upsert, WriteExcluded,
+    };
+    pub use crate::status::transition_op::{KeyTransition, Transition};
+}
 
 // Entities and their guards.
 pub use guard::row_version::{RowVersionGuard, RowVersionValue};

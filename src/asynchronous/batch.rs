@@ -19,7 +19,7 @@ use crate::connect::backend::OccBackend;
 use crate::error::Error;
 use crate::flow::batch::{Batch, Effect};
 use crate::guard::{CompletionOf, Guarded, TokenOf};
-use crate::op::{BatchDelete, BatchUpdate, Operation};
+use crate::operation::{BatchDelete, BatchUpdate, Operation};
 use crate::sql::new_token::Counted;
 use crate::sql::statement::Assignments;
 use crate::write::batch::{deletes, updates, written_token, BatchMode, BatchReport, RoundWritten};

@@ -17,7 +17,7 @@ use super::send::{AsyncComplete, AsyncLoadByKey};
 use super::transaction::Call;
 use crate::error::Error;
 use crate::guard::{AdvanceInSql, CanAdvanceOf, Guarded};
-use crate::op::{BulkUpdate, Operation};
+use crate::operation::{BulkUpdate, Operation};
 use crate::sql::new_token::Counted;
 use crate::sql::statement::{Assignments, Not};
 use crate::write::bulk::{bulk_plan, BulkPlan, BulkReport, BulkUpdateOf, CountWhere, EVERY_ROW};

@@ -17,7 +17,9 @@ use crate::guard::stored_precision::PrecisionCheck;
 use crate::guard::{
     AdvanceInSql, Advancing, CompletionOf, GuardKind, Guarded, ReturnedTokenOf, TokenOf,
 };
-use crate::op::{Delete, Insert, Operation, SavedState, TouchStamp, Update, Upsert, WriteExcluded};
+use crate::operation::{
+    Delete, Insert, Operation, SavedState, TouchStamp, Update, Upsert, WriteExcluded,
+};
 use crate::sql::new_token::Counted;
 use crate::sql::statement::{Assignments, NoChanges};
 use crate::write::entity::{

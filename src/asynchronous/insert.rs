@@ -17,7 +17,7 @@ use super::transaction::Call;
 use crate::error::Error;
 use crate::guard::seed::SeedsTokens;
 use crate::guard::{Advancing, CompletionOf, TokenOf};
-use crate::op::{Insert, Operation, Upsert};
+use crate::operation::{Insert, Operation, Upsert};
 use crate::sql::new_token::Counted;
 use crate::sql::statement::Assignments;
 use crate::write::entity::{guarded_statement_in, UpdateOf};

@@ -26,8 +26,8 @@ use crate::json::document::{
     JsonDocument, Place, SetDocument,
 };
 use crate::json::merge_in_place::{MergeInPlaceOf, MergePatch};
-use crate::op::json::Edit;
-use crate::op::{JsonEdit, JsonMerge, JsonMergeNoToken, Operation, Update};
+use crate::operation::json::Edit;
+use crate::operation::{JsonEdit, JsonMerge, JsonMergeNoToken, Operation, Update};
 use crate::retry::{RetryPolicy, Stop};
 use crate::sql::new_token::Counted;
 use crate::sql::statement::{Assignments, Unguarded};

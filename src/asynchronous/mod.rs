@@ -128,7 +128,7 @@ pub use send::AsyncLoadByKey;
 pub use source::AsyncConnectionSource;
 #[cfg(feature = "async-deadpool")]
 pub use source::DeadpoolCheckout;
-pub use transition::{record, AsyncGuardedTransition, AsyncTransitionByKey, AsyncTransitionRow};
+pub use transition::{record, AsyncGuardedTransition};
 pub use write_transaction::{AsyncWriteConnection, LockedWork, TransitionHook, WriteTurn};
 
 /// The async traits, to import with `use diesel_occ::asynchronous::prelude::*`.

@@ -19,7 +19,7 @@ use crate::connect::backend::OccBackend;
 use crate::error::Error;
 use crate::flow::read_modify_write::{Effect, ReadModifyWrite};
 use crate::guard::{Guarded, TokenOf};
-use crate::op::{Modify, Operation, Update};
+use crate::operation::{Modify, Operation, Update};
 use crate::retry::{RetryPolicy, Stop};
 use crate::sql::statement::RowLock;
 use crate::write::modify::Modified;

@@ -3,7 +3,7 @@
 use std::future::Future;
 
 use super::source::AsyncConnectionSource;
-use crate::op::Operation;
+use crate::operation::Operation;
 
 /// An operation of the library ([`crate::op`]) that runs on diesel-async connection `C`:
 /// the one bound a helper generic in the connection names for each write it makes

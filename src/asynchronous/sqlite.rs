@@ -10,12 +10,9 @@ use diesel::SqliteConnection;
 use diesel_async::sync_connection_wrapper::SyncConnectionWrapper;
 
 use super::run::AsyncRun;
-use super::transition::{AsyncTransitionByKey, AsyncTransitionRow};
 use crate::error::Error;
-use crate::guard::{Guarded, TokenOf};
-use crate::op::{Operation, Run};
-use crate::retry::RetryPolicy;
-use crate::status::transition::{retried_by_key, TransitionByKey, TransitionRow};
+use crate::guard::Guarded;
+use crate::operation::{Operation, Run};
 
 /// diesel-async's SQLite connection.
 type AsyncSqlite = SyncConnectionWrapper<SqliteConnection>;
@@ -106,64 +103,6 @@ where
     ) -> impl Future<Output = Result<<Self as Operation>::Output, <Self as Operation>::Error>> + Send
     {
         on_thread(conn, move |conn| self.run(conn))
-    }
-}
-
-impl<T, Ch, G> AsyncTransitionRow<AsyncSqlite, Ch, G> for T
-where
-    T: TransitionRow<SqliteConnection, Ch, G> + Clone,
-    Ch: Send + 'static,
-    G: Send + 'static,
-{
-    fn transition_row<'a>(
-        &'a mut self,
-        conn: &'a mut AsyncSqlite,
-        to: T::Status,
-        extra: Ch,
-        sources: &'static [T::Status],
-        condition: G,
-        own: bool,
-    ) -> impl Future<Output = Result<TokenOf<T>, Error>> + Send + 'a
-    where
-        Ch: 'a,
-        G: 'a,
-    {
-        let mut row = self.clone();
-        let moved = on_thread(conn, move |conn| {
-            let token = row.transition_row(conn, to, extra, sources, condition, own)?;
-            Ok::<_, Error>((token, row))
-        });
-        async move {
-            // A move that did not happen leaves the copy as it was.
-            let (token, row) = moved.await?;
-            *self = row;
-            Ok(token)
-        }
-    }
-}
-
-impl<T, Ch, G> AsyncTransitionByKey<AsyncSqlite, Ch, G> for T
-where
-    T: TransitionByKey<SqliteConnection, Ch, G>,
-    Ch: Clone + Send + 'static,
-    G: Clone + Send + 'static,
-{
-    fn transition_by_key_row<'a>(
-        conn: &'a mut AsyncSqlite,
-        key: &'a T::Key,
-        to: T::Status,
-        extra: Ch,
-        condition: G,
-        policy: &'a RetryPolicy,
-    ) -> impl Future<Output = Result<TokenOf<T>, Error>> + Send + 'a
-    where
-        Ch: 'a,
-        G: 'a,
-    {
-        let (key, policy) = (key.clone(), policy.clone());
-        on_thread(conn, move |conn| {
-            retried_by_key::<T, _, Ch, G>(conn, &key, to, extra, condition, &policy)
-        })
     }
 }
 

@@ -15,12 +15,14 @@ use super::connection::{
 use super::entity::{check_stored_precision, write_by_key};
 use super::executor::{run, AsyncMiss};
 use super::pessimistic::read_locked;
+use super::run::AsyncRun;
 use super::send::{AsyncComplete, AsyncLoadByKey};
 use super::transaction::{Call, OwnTransaction};
 use super::write_transaction::{AsyncWriteConnection, TransitionHook};
 use crate::connect::backend::OccBackend;
 use crate::error::Error;
 use crate::guard::{AdvanceInSql, CompletionOf, ReturnedTokenOf, TokenOf};
+use crate::operation::Operation;
 use crate::retry::{RetryPolicy, Stop};
 use crate::sql::statement::{Assignments, RowLock, Unguarded};
 use crate::status::condition::{TransitionCondition, When};
@@ -28,6 +30,7 @@ use crate::status::transition::{
     history_insert, key_transition_parts, suspects, CopyMove, HistoryEntry, KeyTransitionOf,
     RecordHistory, TransitionMiss, TransitionOf,
 };
+use crate::status::transition_op::{KeyTransition, Transition};
 use crate::status::{HasStatus, Status};
 use crate::write::executor::CompareAndSet;
 
@@ -46,10 +49,12 @@ pub trait AsyncGuardedTransition: HasStatus + Clone {
         extra: Ch,
     ) -> impl Future<Output = Result<TokenOf<Self>, Error>> + Send + 'a
     where
-        Self: AsyncTransitionRow<C, Ch>,
+        Transition<Self, Ch>: AsyncRun<C>,
         Ch: 'a,
     {
-        self.transition_row(conn, to, extra, Self::Status::sources(to), Unguarded, false)
+        let sources = Self::Status::sources(to);
+        let moving = Transition::new(self.clone(), to, extra, sources, Unguarded);
+        record_move(self, moving.run_async(conn))
     }
 
     /// [`transition`](Self::transition), and only while the row also meets `condition`.
@@ -61,18 +66,13 @@ pub trait AsyncGuardedTransition: HasStatus + Clone {
         condition: G,
     ) -> impl Future<Output = Result<TokenOf<Self>, Error>> + Send + 'a
     where
-        Self: AsyncTransitionRow<C, Ch, When<G>>,
         G: AppearsOnTable<<Self as diesel::associations::HasTable>::Table> + 'a,
+        Transition<Self, Ch, When<G>>: AsyncRun<C>,
         Ch: 'a,
     {
-        self.transition_row(
-            conn,
-            to,
-            extra,
-            Self::Status::sources(to),
-            When(condition),
-            false,
-        )
+        let sources = Self::Status::sources(to);
+        let moving = Transition::new(self.clone(), to, extra, sources, When(condition));
+        record_move(self, moving.run_async(conn))
     }
 
     /// Moves this row to `to` from whatever state it is in, if it still holds this copy's
@@ -85,46 +85,46 @@ pub trait AsyncGuardedTransition: HasStatus + Clone {
         extra: Ch,
     ) -> impl Future<Output = Result<TokenOf<Self>, Error>> + Send + 'a
     where
-        Self: AsyncTransitionRow<C, Ch>,
+        Transition<Self, Ch>: AsyncRun<C>,
         Ch: 'a,
     {
-        self.transition_row(conn, to, extra, Self::Status::ALL, Unguarded, false)
+        let moving = Transition::new(self.clone(), to, extra, Self::Status::ALL, Unguarded);
+        record_move(self, moving.run_async(conn))
     }
 
     /// Moves the row with `key` to `to` if its state allows it, whatever its token, in one
     /// statement; transient database errors are retried as `policy` allows.
-    fn transition_by_key<'a, C, Ch>(
-        conn: &'a mut C,
-        key: &'a Self::Key,
+    fn transition_by_key<C, Ch>(
+        conn: &mut C,
+        key: &Self::Key,
         to: Self::Status,
         extra: Ch,
-        policy: &'a RetryPolicy,
-    ) -> impl Future<Output = Result<TokenOf<Self>, Error>> + Send + 'a
+        policy: &RetryPolicy,
+    ) -> impl Future<Output = Result<TokenOf<Self>, Error>> + Send
     where
         Self::Guard: AdvanceInSql,
-        Self: AsyncTransitionByKey<C, Ch>,
-        Ch: 'a,
+        KeyTransition<Self, Ch>: AsyncRun<C>,
     {
-        Self::transition_by_key_row(conn, key, to, extra, Unguarded, policy)
+        KeyTransition::new(key.clone(), to, extra, Unguarded, policy.clone()).run_async(conn)
     }
 
     /// [`transition_by_key`](Self::transition_by_key), and only while the row also meets
     /// `condition`.
-    fn transition_by_key_when<'a, C, Ch, G>(
-        conn: &'a mut C,
-        key: &'a Self::Key,
+    fn transition_by_key_when<C, Ch, G>(
+        conn: &mut C,
+        key: &Self::Key,
         to: Self::Status,
         extra: Ch,
         condition: G,
-        policy: &'a RetryPolicy,
-    ) -> impl Future<Output = Result<TokenOf<Self>, Error>> + Send + 'a
+        policy: &RetryPolicy,
+    ) -> impl Future<Output = Result<TokenOf<Self>, Error>> + Send
     where
         Self::Guard: AdvanceInSql,
-        Self: AsyncTransitionByKey<C, Ch, When<G>>,
-        G: AppearsOnTable<<Self as diesel::associations::HasTable>::Table> + 'a,
-        Ch: 'a,
+        G: AppearsOnTable<<Self as diesel::associations::HasTable>::Table>,
+        KeyTransition<Self, Ch, When<G>>: AsyncRun<C>,
     {
-        Self::transition_by_key_row(conn, key, to, extra, When(condition), policy)
+        let moving = KeyTransition::new(key.clone(), to, extra, When(condition), policy.clone());
+        moving.run_async(conn)
     }
 
     /// [`transition`](Self::transition) and then `hook` (given the connection, the state
@@ -173,7 +173,7 @@ pub trait AsyncGuardedTransition: HasStatus + Clone {
     ) -> impl Future<Output = Result<TokenOf<Self>, E>> + Send + 'a
     where
         C: AsyncWriteConnection,
-        Self: AsyncTransitionRow<C, Ch> + Send,
+        Transition<Self, Ch>: AsyncRun<C>,
         H: for<'r> TransitionHook<'r, C, Self, E> + Send + 'a,
         E: From<Error> + Send + 'a,
         Ch: Send + 'a,
@@ -185,9 +185,9 @@ pub trait AsyncGuardedTransition: HasStatus + Clone {
             let result = async {
                 let conn = transaction.conn();
                 let sources = Self::Status::sources(to);
-                let token = self
-                    .transition_row(conn, to, extra, sources, Unguarded, true)
-                    .await?;
+                let moving = Transition::new(self.clone(), to, extra, sources, Unguarded);
+                let (moved, token) = moving.in_own_transaction().run_async(conn).await?;
+                *self = moved;
                 hook(conn, from, self).await.map_err(Stop::Caller)?;
                 Ok(token)
             }
@@ -214,7 +214,8 @@ pub trait AsyncGuardedTransition: HasStatus + Clone {
     where
         Self::Guard: AdvanceInSql,
         C: AsyncWriteConnection,
-        Self: AsyncTransitionRow<C, Ch> + AsyncLoadByKey<C> + Send + Sync,
+        Self: AsyncLoadByKey<C>,
+        Transition<Self, Ch>: AsyncRun<C>,
         H: for<'r> TransitionHook<'r, C, Self, E> + Send + 'a,
         E: From<Error> + Send + 'a,
         Ch: Send + 'a,
@@ -227,10 +228,10 @@ pub trait AsyncGuardedTransition: HasStatus + Clone {
                 // The lock that reads the latest row (PostgreSQL's `FOR NO KEY UPDATE`, which
                 // lets other sessions insert rows referencing it), held until the end.
                 let suspects = suspects::<Self>();
-                let mut row = read_locked::<Self, C>(conn, key, RowLock::Latest, &suspects).await?;
+                let row = read_locked::<Self, C>(conn, key, RowLock::Latest, &suspects).await?;
                 let from = row.status();
-                row.transition_row(conn, to, extra, Self::Status::sources(to), Unguarded, true)
-                    .await?;
+                let moving = Transition::new(row, to, extra, Self::Status::sources(to), Unguarded);
+                let (row, _) = moving.in_own_transaction().run_async(conn).await?;
                 hook(conn, from, &row).await.map_err(Stop::Caller)?;
                 Ok(row)
             }
@@ -243,49 +244,15 @@ pub trait AsyncGuardedTransition: HasStatus + Clone {
 
 impl<T: HasStatus + Clone> AsyncGuardedTransition for T {}
 
-/// The transition of a loaded copy of entity `Self` with extra changes `Ch` under
-/// condition `G` on async connection `C`, as one bound; not a trait to implement.
-#[diagnostic::on_unimplemented(
-    message = "`{Self}` cannot run a guarded transition with `{Ch}` on `{C}`",
-    note = "the extra changes must be for the entity's table (`no_extra()` for none), and the connection a diesel-async connection of a backend diesel-occ supports; on SQLite they must be `Send + 'static`, since the move runs on the connection's thread"
-)]
-pub trait AsyncTransitionRow<C, Ch, G = Unguarded>: HasStatus {
-    /// Runs the transition from one of `sources` under `condition`.
-    #[doc(hidden)]
-    fn transition_row<'a>(
-        &'a mut self,
-        conn: &'a mut C,
-        to: Self::Status,
-        extra: Ch,
-        sources: &'static [Self::Status],
-        condition: G,
-        own: bool,
-    ) -> impl Future<Output = Result<TokenOf<Self>, Error>> + Send + 'a
-    where
-        Ch: 'a,
-        G: 'a;
-}
-
-/// The key-only transition of entity `Self` with extra changes `Ch` under condition `G`
-/// on async connection `C`, as one bound; not a trait to implement.
-#[diagnostic::on_unimplemented(
-    message = "`{Self}` cannot run a key-only transition with `{Ch}` on `{C}`",
-    note = "the extra changes must be for the entity's table (`no_extra()` for none) and `Clone`, the connection a diesel-async connection of a backend diesel-occ supports, and the guard must advance in SQL (not a pre-image)"
-)]
-pub trait AsyncTransitionByKey<C, Ch, G = Unguarded>: HasStatus {
-    /// Runs the transition, retried as `policy` allows.
-    #[doc(hidden)]
-    fn transition_by_key_row<'a>(
-        conn: &'a mut C,
-        key: &'a Self::Key,
-        to: Self::Status,
-        extra: Ch,
-        condition: G,
-        policy: &'a RetryPolicy,
-    ) -> impl Future<Output = Result<TokenOf<Self>, Error>> + Send + 'a
-    where
-        Ch: 'a,
-        G: 'a;
+/// Runs `moving`, a move of `row`'s copy, and records the moved copy in `row`; a move
+/// that did not happen leaves `row` as it was.
+async fn record_move<T: HasStatus>(
+    row: &mut T,
+    moving: impl Future<Output = Result<(T, TokenOf<T>), Error>> + Send,
+) -> Result<TokenOf<T>, Error> {
+    let (moved, token) = moving.await?;
+    *row = moved;
+    Ok(token)
 }
 
 impl<T, C, G> AsyncMiss<C> for TransitionMiss<'_, T, G>
@@ -302,7 +269,7 @@ where
     }
 }
 
-impl<T, C, Ch, G> AsyncTransitionRow<C, Ch, G> for T
+impl<T, C, Ch, G> AsyncRun<C> for Transition<T, Ch, G>
 where
     T: HasStatus + AsyncLoadByKey<C>,
     T::Stamp: Send,
@@ -313,22 +280,21 @@ where
     TransitionOf<T, Ch::Changeset, G>: Assignments<C::Backend> + Send,
     CompletionOf<T>: AsyncComplete<C, TransitionOf<T, Ch::Changeset, G>, TokenOf<T>>,
 {
-    async fn transition_row<'a>(
-        &'a mut self,
-        conn: &'a mut C,
-        to: T::Status,
-        extra: Ch,
-        sources: &'static [T::Status],
-        condition: G,
-        own: bool,
-    ) -> Result<TokenOf<T>, Error>
-    where
-        Ch: 'a,
-        G: 'a,
-    {
+    async fn run_async(
+        self,
+        conn: &mut C,
+    ) -> Result<<Self as Operation>::Output, <Self as Operation>::Error> {
+        let Transition {
+            mut row,
+            to,
+            extra,
+            sources,
+            condition,
+            own,
+        } = self;
         refuse_broken(conn)?;
         let table = <T as AsyncLoadByKey<C>>::table_name();
-        let plan = CopyMove::of(self, to);
+        let plan = CopyMove::of(&row, to);
         let (statement, next) =
             plan.statement::<C::Backend, Ch, G>(table, extra, sources, condition.clone())?;
         let write = CompareAndSet::one(statement, table, &plan.key, plan.miss(sources, condition));
@@ -340,11 +306,12 @@ where
         }
         .await;
         let token = call.finish(written)?.token.unwrap_or(next);
-        Ok(plan.record(self, token))
+        let token = plan.record(&mut row, token);
+        Ok((row, token))
     }
 }
 
-impl<T, C, Ch, G> AsyncTransitionByKey<C, Ch, G> for T
+impl<T, C, Ch, G> AsyncRun<C> for KeyTransition<T, Ch, G>
 where
     T: HasStatus + AsyncLoadByKey<C>,
     T::Guard: AdvanceInSql,
@@ -355,24 +322,24 @@ where
     KeyTransitionOf<T, Ch::Changeset, G>: Assignments<C::Backend> + Send,
     ReturnedTokenOf<T>: AsyncComplete<C, KeyTransitionOf<T, Ch::Changeset, G>, TokenOf<T>>,
 {
-    async fn transition_by_key_row<'a>(
-        conn: &'a mut C,
-        key: &'a T::Key,
-        to: T::Status,
-        extra: Ch,
-        condition: G,
-        policy: &'a RetryPolicy,
-    ) -> Result<TokenOf<T>, Error>
-    where
-        Ch: 'a,
-        G: 'a,
-    {
+    async fn run_async(
+        self,
+        conn: &mut C,
+    ) -> Result<<Self as Operation>::Output, <Self as Operation>::Error> {
+        let KeyTransition {
+            key,
+            to,
+            extra,
+            condition,
+            policy,
+        } = self;
+        let key = &key;
         refuse_broken(conn)?;
         // Inside the caller's transaction only the caller can retry.
         let policy = if in_transaction(conn) {
             RetryPolicy::never()
         } else {
-            policy.clone()
+            policy
         };
         let mut run = policy.start();
         loop {

@@ -32,7 +32,7 @@ use crate::connect::backend::OccBackend;
 use crate::connect::transaction::WriteTransaction;
 use crate::error::Error;
 use crate::guard::{Guarded, TokenOf};
-use crate::op::{JsonEdit, Operation, Run};
+use crate::operation::{JsonEdit, Operation, Run};
 use crate::retry::{RetryPolicy, Stop};
 use crate::sql::statement::ColumnEq;
 use crate::write::entity::{LoadByKey, UpdateRow};

@@ -40,7 +40,7 @@ use crate::connect::backend::OccBackend;
 use crate::error::Error;
 use crate::guard::{AdvanceInSql, Guarded, ReturnedTokenOf, TokenOf};
 use crate::json::document::{JsonDocument, Place};
-use crate::op::{JsonMerge, JsonMergeNoToken, Operation, Run};
+use crate::operation::{JsonMerge, JsonMergeNoToken, Operation, Run};
 use crate::sql::new_token::Counted;
 use crate::sql::statement::{Assignments, Unguarded};
 use crate::write::complete::Complete;

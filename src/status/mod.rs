@@ -35,6 +35,7 @@ pub(crate) mod condition;
 #[cfg(feature = "locks")]
 pub(crate) mod finish_claims;
 pub(crate) mod transition;
+pub(crate) mod transition_op;
 
 use std::fmt::Debug;
 use std::marker::PhantomData;

@@ -34,7 +34,7 @@ use crate::connect::transaction::WriteTransaction;
 use crate::error::Error;
 use crate::flow::batch::{Batch, Effect};
 use crate::guard::{CompletionOf, GuardKind, Guarded, TokenOf};
-use crate::op::{BatchDelete, BatchUpdate, Operation, Run};
+use crate::operation::{BatchDelete, BatchUpdate, Operation, Run};
 use crate::sql::new_token::Counted;
 use crate::sql::statement::Assignments;
 use crate::write::complete::{Complete, CompleteEach};
@@ -45,7 +45,7 @@ use crate::write::entity::{
 };
 use crate::write::executor::{classify, refuse_double_assignment, run_each, Written};
 
-pub use crate::op::batch::{BatchMode, BatchReport, RowOutcome};
+pub use crate::operation::batch::{BatchMode, BatchReport, RowOutcome};
 
 /// Guarded batches for every [`GuardedWrite`] entity.
 pub trait GuardedBatch: GuardedWrite {

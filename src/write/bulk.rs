@@ -23,13 +23,13 @@ use diesel::{QueryResult, RunQueryDsl, Table};
 use crate::connect::backend::OccBackend;
 use crate::error::Error;
 use crate::guard::{AdvanceAnyOf, AdvanceInSql, CanAdvanceOf, Guarded};
-use crate::op::{BulkUpdate, Operation, Run};
+use crate::operation::{BulkUpdate, Operation, Run};
 use crate::sql::new_token::Counted;
 use crate::sql::statement::{Assignments, Comma, GuardedUpdate, Joined, Not};
 use crate::write::entity::LoadByKey;
 use crate::write::executor::{classify, refuse_status_write, CannotMiss, CompareAndSet, Matches};
 
-pub use crate::op::bulk::BulkReport;
+pub use crate::operation::bulk::BulkReport;
 
 /// `SELECT COUNT(*) FROM <table> WHERE (<filter>) AND <condition>`.
 #[derive(Debug, Clone)]

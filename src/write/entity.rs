@@ -16,7 +16,7 @@ use crate::guard::{
     AdvanceAnyOf, AdvanceInSql, AdvanceOf, Advancing, CanAdvanceOf, CompletionOf, GuardKind,
     Guarded, ReturnedTokenOf, TokenOf,
 };
-use crate::op::{Delete, Operation, Run, SavedState, TouchStamp, Update, WriteExcluded};
+use crate::operation::{Delete, Operation, Run, SavedState, TouchStamp, Update, WriteExcluded};
 use crate::sql::names::table_name;
 use crate::sql::new_token::Counted;
 use crate::sql::statement::{

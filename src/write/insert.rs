@@ -11,7 +11,7 @@ use crate::connect::backend::OccBackend;
 use crate::error::Error;
 use crate::guard::seed::SeedsTokens;
 use crate::guard::TokenOf;
-use crate::op::{Insert, Operation, Run};
+use crate::operation::{Insert, Operation, Run};
 use crate::sql::new_token::Counted;
 use crate::sql::statement::Assignments;
 use crate::write::entity::check_stored_precision;

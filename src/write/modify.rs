@@ -29,7 +29,7 @@ use crate::connect::transaction::WriteTransaction;
 use crate::error::Error;
 use crate::flow::read_modify_write::{Effect, ReadModifyWrite};
 use crate::guard::{Guarded, TokenOf};
-use crate::op::{Modify, Operation, Run, Update};
+use crate::operation::{Modify, Operation, Run, Update};
 use crate::retry::{RetryPolicy, Stop};
 use crate::sql::statement::RowLock;
 use crate::write::entity::{write_and_record, GuardedWrite, LoadByKey, UpdateRow};
@@ -69,7 +69,7 @@ impl<S: ConnectionSource> Connections for &S {
     }
 }
 
-pub use crate::op::modify::Modified;
+pub use crate::operation::modify::Modified;
 
 /// Read-modify-write with retry for every [`Guarded`] entity.
 pub trait GuardedModify: GuardedWrite + Clone {

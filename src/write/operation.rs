@@ -20,7 +20,7 @@ use diesel::query_dsl::methods::ExecuteDsl;
 use crate::connect::backend::OccBackend;
 use crate::connect::transaction::WriteTransaction;
 use crate::error::Error;
-use crate::op::Update;
+use crate::operation::Update;
 use crate::retry::{Contention, RetryPolicy, Stop};
 use crate::sql::new_token::Counted;
 use crate::sql::statement::{Assignments, InsertIfMissing, NoChanges};

@@ -11,7 +11,7 @@ use diesel::query_dsl::methods::ExecuteDsl;
 
 use crate::connect::backend::OccBackend;
 use crate::error::Error;
-use crate::op::{Operation, Run, TouchStamp};
+use crate::operation::{Operation, Run, TouchStamp};
 use crate::sql::statement::{Assignments, ColumnEq};
 use crate::write::entity::{write_unguarded_by_key, LoadByKey, UnguardedUpdateOf};
 

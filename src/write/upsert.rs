@@ -16,7 +16,7 @@ use diesel::query_builder::AsChangeset;
 use crate::connect::backend::OccBackend;
 use crate::error::Error;
 use crate::guard::{Advancing, CompletionOf, TokenOf};
-use crate::op::{Operation, Run, Upsert};
+use crate::operation::{Operation, Run, Upsert};
 use crate::sql::statement::Assignments;
 use crate::write::complete::Complete;
 use crate::write::entity::check_stored_precision;
@@ -24,7 +24,7 @@ use crate::write::entity::{guarded_statement, RowMoved, UpdateOf};
 use crate::write::executor::{CompareAndSet, Miss};
 use crate::write::insert::InsertRow;
 
-pub use crate::op::insert::Upserted;
+pub use crate::operation::insert::Upserted;
 
 /// A guarded upsert of entity `Self` on connection `C`, as one bound; like
 /// [`UpdateRow`](crate::UpdateRow), not a trait to implement.
