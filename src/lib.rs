@@ -191,6 +191,8 @@ pub mod op {
         BatchDelete, BatchUpdate, BulkUpdate, Delete, Insert, JsonEdit, JsonMerge,
         JsonMergeNoToken, Modify, Operation, Run, TouchStamp, Update, Upsert, WriteExcluded,
     };
+    #[cfg(feature = "locks")]
+    pub use crate::status::claim_op::{Claim, ClaimHeartbeat, CountedClaim, EndClaim, EndClaims};
     pub use crate::status::transition_op::{KeyTransition, Transition};
 }
 

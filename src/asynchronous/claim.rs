@@ -24,12 +24,14 @@ use super::connection::{
 };
 use super::entity::check_stored_precision;
 use super::executor::{protect_caller, run, AsyncMiss};
+use super::run::AsyncRun;
 use super::send::{AsyncComplete, AsyncLoadByKey};
 use super::transaction::{Call, OwnTransaction};
 use crate::connect::backend::OccBackend;
 use crate::error::Error;
 use crate::flow::finish_claims::{Effect, FinishClaims as Flow};
 use crate::guard::{AdvanceInSql, Guarded};
+use crate::operation::Operation;
 use crate::sql::new_token::Counted;
 use crate::sql::statement::Assignments;
 use crate::sql::statement::Returning;
@@ -43,6 +45,7 @@ use crate::status::claim_attempts::{
 };
 use crate::status::claim_heartbeat::{heartbeat_statement, HeartbeatOf};
 use crate::status::claim_in_one::{claim_in_one, ClaimInOneOf, ClaimInOneUpdateOf};
+use crate::status::claim_op::{Claim, ClaimHeartbeat, CountedClaim, EndClaim, EndClaims, Ending};
 use crate::status::finish_claims::{
     finish_many_statement, FinishManyOf, FinishManyReturningOf, FinishedClaims,
 };
@@ -86,11 +89,11 @@ where
         request: &'a ClaimRequest<'a, Self::Status>,
     ) -> impl Future<Output = Result<Vec<Self>, Error>> + Send + 'a
     where
-        Self: AsyncClaimRows<C, OwnerCol, AtCol>,
+        Claim<Self, OwnerCol, AtCol>: AsyncRun<C>,
         C: AsyncConnection,
     {
         let _ = (owner, claimed_at);
-        async move { retried_async!(conn, Self::claim_rows(conn, request)) }
+        async move { retried_async!(conn, Claim::new(request).run_async(conn)) }
     }
 
     /// [`claim`](Self::claim), counting attempts and parking rows that used them up; see
@@ -104,11 +107,11 @@ where
         limit: &'a AttemptLimit<Self::Status>,
     ) -> impl Future<Output = Result<Claimed<Self>, Error>> + Send + 'a
     where
-        Self: AsyncClaimCounted<C, OwnerCol, AtCol, AttemptsCol>,
+        CountedClaim<Self, OwnerCol, AtCol, AttemptsCol>: AsyncRun<C>,
         C: AsyncConnection,
     {
         let _ = (owner, claimed_at, attempts);
-        async move { retried_async!(conn, Self::claim_counted_rows(conn, request, limit)) }
+        async move { retried_async!(conn, CountedClaim::new(request, limit).run_async(conn)) }
     }
 
     /// The heartbeat of a claim `owner` still holds; see
@@ -122,11 +125,11 @@ where
         held: Self::Status,
     ) -> impl Future<Output = Result<Self, Error>> + Send + 'a
     where
-        Self: AsyncExtendClaim<C, OwnerCol, AtCol>,
+        ClaimHeartbeat<Self, OwnerCol, AtCol>: AsyncRun<C>,
         C: AsyncConnection,
     {
         let _ = (owner_column, claimed_at);
-        async move { retried_async!(conn, Self::extend_claim_row(conn, key, owner, held)) }
+        async move { retried_async!(conn, ClaimHeartbeat::new(key, owner, held).run_async(conn)) }
     }
 
     /// Ends the claim `owner` holds, owner-checked; see
@@ -142,14 +145,14 @@ where
         next_owner: Option<&'a str>,
     ) -> impl Future<Output = Result<(), Error>> + Send + 'a
     where
-        Self: AsyncFinishClaim<C, OwnerCol>,
+        EndClaim<Self, OwnerCol>: AsyncRun<C>,
         C: AsyncConnection,
     {
         let _ = owner_column;
         async move {
             retried_async!(
                 conn,
-                Self::finish_claim_row(conn, key, owner, held, to, next_owner)
+                EndClaim::new(key, owner, held, to, next_owner).run_async(conn)
             )
         }
     }
@@ -157,20 +160,20 @@ where
     /// Ends `owner`'s claims on the rows of many `keys` at once; see
     /// [`GuardedClaim::finish_claims`](crate::GuardedClaim::finish_claims).
     #[allow(clippy::too_many_arguments)]
-    fn finish_claims<'a, C, OwnerCol>(
-        conn: &'a mut C,
-        keys: &'a [Self::Key],
+    fn finish_claims<C, OwnerCol>(
+        conn: &mut C,
+        keys: &[Self::Key],
         owner_column: OwnerCol,
-        owner: &'a str,
+        owner: &str,
         held: Self::Status,
         to: Self::Status,
-        next_owner: Option<&'a str>,
-    ) -> impl Future<Output = Result<FinishedClaims<Self::Key>, Error>> + Send + 'a
+        next_owner: Option<&str>,
+    ) -> impl Future<Output = Result<FinishedClaims<Self::Key>, Error>> + Send
     where
-        Self: AsyncFinishClaims<C, OwnerCol>,
+        EndClaims<Self, OwnerCol>: AsyncRun<C>,
     {
         let _ = owner_column;
-        Self::finish_claims_rows(conn, keys, owner, held, to, next_owner)
+        EndClaims::new(keys, owner, held, to, next_owner).run_async(conn)
     }
 }
 
@@ -181,22 +184,7 @@ where
 {
 }
 
-/// A claim of rows of entity `Self` with owner column `OwnerCol` and claim-time column
-/// `AtCol` on async connection `C`, as one bound; not a trait to implement.
-#[diagnostic::on_unimplemented(
-    message = "`{Self}` cannot claim rows with `{OwnerCol}` and `{AtCol}` on `{C}`",
-    note = "the owner column must be `Nullable<Text>` and the claim time a timestamp column of the entity's table, the entity `Selectable`, the connection a diesel-async connection of a backend diesel-occ supports, and the guard must advance in SQL"
-)]
-pub trait AsyncClaimRows<C, OwnerCol, AtCol>: HasStatus + Clone {
-    /// Runs the claim.
-    #[doc(hidden)]
-    fn claim_rows<'a>(
-        conn: &'a mut C,
-        request: &'a ClaimRequest<'a, Self::Status>,
-    ) -> impl Future<Output = Result<Vec<Self>, Error>> + Send + 'a;
-}
-
-impl<T, C, OwnerCol, AtCol> AsyncClaimRows<C, OwnerCol, AtCol> for T
+impl<T, C, OwnerCol, AtCol> AsyncRun<C> for Claim<T, OwnerCol, AtCol>
 where
     T: HasStatus + Clone + Sync + AsyncLoadByKey<C> + Selectable<C::Backend>,
     T::Guard: AdvanceInSql,
@@ -211,10 +199,11 @@ where
     ClaimInOneOf<T, OwnerCol, AtCol, C::Backend>: LoadQuery<'static, C, T> + Send + 'static,
     ClaimInOneUpdateOf<T, OwnerCol, AtCol>: Assignments<C::Backend>,
 {
-    async fn claim_rows<'a>(
-        conn: &'a mut C,
-        request: &'a ClaimRequest<'a, T::Status>,
-    ) -> Result<Vec<T>, Error> {
+    async fn run_async(
+        self,
+        conn: &mut C,
+    ) -> Result<<Self as Operation>::Output, <Self as Operation>::Error> {
+        let request = &self.request();
         crate::sql::names::check_name("owner", request.owner)?;
         if request.limit == 0 {
             return Ok(Vec::new());
@@ -246,23 +235,8 @@ where
     }
 }
 
-/// A counted claim of rows of entity `Self` on async connection `C`, as one bound; not a
-/// trait to implement.
-#[diagnostic::on_unimplemented(
-    message = "`{Self}` cannot claim rows counting attempts in `{AttemptsCol}` on `{C}`",
-    note = "the owner column must be `Nullable<Text>`, the claim time a timestamp column and the attempt column an `Integer` column of the entity's table, the entity `Selectable`, the connection a diesel-async connection of a backend diesel-occ supports, and the guard must advance in SQL"
-)]
-pub trait AsyncClaimCounted<C, OwnerCol, AtCol, AttemptsCol>: HasStatus + Clone {
-    /// Runs the claim.
-    #[doc(hidden)]
-    fn claim_counted_rows<'a>(
-        conn: &'a mut C,
-        request: &'a ClaimRequest<'a, Self::Status>,
-        limit: &'a AttemptLimit<Self::Status>,
-    ) -> impl Future<Output = Result<Claimed<Self>, Error>> + Send + 'a;
-}
-
-impl<T, C, OwnerCol, AtCol, AttemptsCol> AsyncClaimCounted<C, OwnerCol, AtCol, AttemptsCol> for T
+impl<T, C, OwnerCol, AtCol, AttemptsCol> AsyncRun<C>
+    for CountedClaim<T, OwnerCol, AtCol, AttemptsCol>
 where
     T: HasStatus + Clone + Sync + AsyncLoadByKey<C> + Selectable<C::Backend>,
     T::Guard: AdvanceInSql,
@@ -278,11 +252,11 @@ where
     Counted: AsyncComplete<C, CountedClaimOf<T, OwnerCol, AtCol, AttemptsCol>, ()>
         + AsyncComplete<C, ParkOf<T, OwnerCol>, ()>,
 {
-    async fn claim_counted_rows<'a>(
-        conn: &'a mut C,
-        request: &'a ClaimRequest<'a, T::Status>,
-        limit: &'a AttemptLimit<T::Status>,
-    ) -> Result<Claimed<T>, Error> {
+    async fn run_async(
+        self,
+        conn: &mut C,
+    ) -> Result<<Self as Operation>::Output, <Self as Operation>::Error> {
+        let (request, limit) = (&self.request(), &self.limit);
         crate::sql::names::check_name("owner", request.owner)?;
         check_limit(request, limit)?;
         if request.limit == 0 {
@@ -313,24 +287,7 @@ where
     }
 }
 
-/// A heartbeat of a claim on a row of entity `Self` on async connection `C`, as one bound;
-/// not a trait to implement.
-#[diagnostic::on_unimplemented(
-    message = "`{Self}` cannot extend a claim with `{OwnerCol}` and `{AtCol}` on `{C}`",
-    note = "the owner column must be `Nullable<Text>` and the claim time a timestamp column of the entity's table, the connection a diesel-async connection of a backend diesel-occ supports, and the guard must advance in SQL"
-)]
-pub trait AsyncExtendClaim<C, OwnerCol, AtCol>: HasStatus {
-    /// Runs the heartbeat.
-    #[doc(hidden)]
-    fn extend_claim_row<'a>(
-        conn: &'a mut C,
-        key: &'a Self::Key,
-        owner: &'a str,
-        held: Self::Status,
-    ) -> impl Future<Output = Result<Self, Error>> + Send + 'a;
-}
-
-impl<T, C, OwnerCol, AtCol> AsyncExtendClaim<C, OwnerCol, AtCol> for T
+impl<T, C, OwnerCol, AtCol> AsyncRun<C> for ClaimHeartbeat<T, OwnerCol, AtCol>
 where
     T: HasStatus + AsyncLoadByKey<C>,
     T::Guard: AdvanceInSql,
@@ -341,12 +298,11 @@ where
     HeartbeatOf<T, OwnerCol, AtCol>: Assignments<C::Backend> + Send,
     Counted: AsyncComplete<C, HeartbeatOf<T, OwnerCol, AtCol>, ()>,
 {
-    async fn extend_claim_row<'a>(
-        conn: &'a mut C,
-        key: &'a T::Key,
-        owner: &'a str,
-        held: T::Status,
-    ) -> Result<T, Error> {
+    async fn run_async(
+        self,
+        conn: &mut C,
+    ) -> Result<<Self as Operation>::Output, <Self as Operation>::Error> {
+        let (key, owner, held) = (&self.key, self.owner.as_str(), self.held);
         crate::sql::names::check_name("owner", owner)?;
         refuse_broken(conn)?;
         let table = <T as AsyncLoadByKey<C>>::table_name();
@@ -373,26 +329,7 @@ where
     }
 }
 
-/// The end of a claim of a row of entity `Self` on async connection `C`, as one bound;
-/// not a trait to implement.
-#[diagnostic::on_unimplemented(
-    message = "`{Self}` cannot finish a claim with `{OwnerCol}` on `{C}`",
-    note = "the owner column must be a `Nullable<Text>` column of the entity's table, the connection a diesel-async connection of a backend diesel-occ supports, and the guard must advance in SQL"
-)]
-pub trait AsyncFinishClaim<C, OwnerCol>: HasStatus {
-    /// Runs the end of the claim.
-    #[doc(hidden)]
-    fn finish_claim_row<'a>(
-        conn: &'a mut C,
-        key: &'a Self::Key,
-        owner: &'a str,
-        held: Self::Status,
-        to: Self::Status,
-        next_owner: Option<&'a str>,
-    ) -> impl Future<Output = Result<(), Error>> + Send + 'a;
-}
-
-impl<T, C, OwnerCol> AsyncFinishClaim<C, OwnerCol> for T
+impl<T, C, OwnerCol> AsyncRun<C> for EndClaim<T, OwnerCol>
 where
     T: HasStatus + AsyncLoadByKey<C>,
     T::Guard: AdvanceInSql,
@@ -402,14 +339,18 @@ where
     FinishOf<T, OwnerCol>: Assignments<C::Backend> + Send,
     Counted: AsyncComplete<C, FinishOf<T, OwnerCol>, ()>,
 {
-    async fn finish_claim_row<'a>(
-        conn: &'a mut C,
-        key: &'a T::Key,
-        owner: &'a str,
-        held: T::Status,
-        to: T::Status,
-        next_owner: Option<&'a str>,
-    ) -> Result<(), Error> {
+    async fn run_async(
+        self,
+        conn: &mut C,
+    ) -> Result<<Self as Operation>::Output, <Self as Operation>::Error> {
+        let key = &self.key;
+        let Ending {
+            owner,
+            held,
+            to,
+            next_owner,
+        } = &self.ending;
+        let (owner, held, to, next_owner) = (owner.as_str(), *held, *to, next_owner.as_deref());
         check_owners(owner, next_owner)?;
         refuse_broken(conn)?;
         let table = <T as AsyncLoadByKey<C>>::table_name();
@@ -429,28 +370,10 @@ where
     }
 }
 
-/// Ending many claims of rows of entity `Self` on async connection `C`, as one bound; not
-/// a trait to implement.
-#[diagnostic::on_unimplemented(
-    message = "`{Self}` cannot finish claims with `{OwnerCol}` on `{C}`",
-    note = "the owner column must be a `Nullable<Text>` column of the entity's table, the entity `Selectable`, the connection a diesel-async connection of a backend diesel-occ supports, and the guard must advance in SQL"
-)]
-pub trait AsyncFinishClaims<C, OwnerCol>: HasStatus {
-    /// Runs the end of the claims.
-    #[doc(hidden)]
-    fn finish_claims_rows<'a>(
-        conn: &'a mut C,
-        keys: &'a [Self::Key],
-        owner: &'a str,
-        held: Self::Status,
-        to: Self::Status,
-        next_owner: Option<&'a str>,
-    ) -> impl Future<Output = Result<FinishedClaims<Self::Key>, Error>> + Send + 'a;
-}
-
-impl<T, C, OwnerCol> AsyncFinishClaims<C, OwnerCol> for T
+impl<T, C, OwnerCol> AsyncRun<C> for EndClaims<T, OwnerCol>
 where
-    T: HasStatus + Clone + Sync + AsyncLoadByKey<C> + AsyncFinishClaim<C, OwnerCol>,
+    T: HasStatus + Clone + Sync + AsyncLoadByKey<C>,
+    EndClaim<T, OwnerCol>: AsyncRun<C>,
     T: Selectable<C::Backend>,
     T::Guard: AdvanceInSql,
     C: NativeAsyncConnection,
@@ -459,14 +382,18 @@ where
     FinishManyOf<T, OwnerCol>: Assignments<C::Backend> + ExecuteDsl<C> + Send + 'static,
     FinishManyReturningOf<T, OwnerCol>: LoadQuery<'static, C, T::Key> + Send + 'static,
 {
-    async fn finish_claims_rows<'a>(
-        conn: &'a mut C,
-        keys: &'a [T::Key],
-        owner: &'a str,
-        held: T::Status,
-        to: T::Status,
-        next_owner: Option<&'a str>,
-    ) -> Result<FinishedClaims<T::Key>, Error> {
+    async fn run_async(
+        self,
+        conn: &mut C,
+    ) -> Result<<Self as Operation>::Output, <Self as Operation>::Error> {
+        let keys = self.keys.as_slice();
+        let Ending {
+            owner,
+            held,
+            to,
+            next_owner,
+        } = &self.ending;
+        let (owner, held, to, next_owner) = (owner.as_str(), *held, *to, next_owner.as_deref());
         check_owners(owner, next_owner)?;
         let statement = |keys: &[T::Key]| {
             finish_many_statement::<T, OwnerCol>(keys, owner, held, to, next_owner)
@@ -508,8 +435,8 @@ where
                     flow.all_or_nothing(every_claim_ended(conn, statement(&chunk), keys).await)
                 }
                 Effect::EndAlone(key) => {
-                    let ended = T::finish_claim_row(conn, &key, owner, held, to, next_owner);
-                    flow.ended_alone(ended.await)
+                    let ended = EndClaim::<T, OwnerCol>::new(&key, owner, held, to, next_owner);
+                    flow.ended_alone(ended.run_async(conn).await)
                 }
                 Effect::Pause(pause) => {
                     tokio::time::sleep(pause).await;

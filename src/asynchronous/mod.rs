@@ -102,10 +102,7 @@ mod write_transaction;
 pub use batch::AsyncGuardedBatch;
 pub use bulk::AsyncGuardedBulk;
 #[cfg(feature = "locks")]
-pub use claim::{
-    AsyncClaimCounted, AsyncClaimRows, AsyncExtendClaim, AsyncFinishClaim, AsyncFinishClaims,
-    AsyncGuardedClaim,
-};
+pub use claim::AsyncGuardedClaim;
 pub use connection::{NativeAsync, NativeAsyncConnection};
 pub use entity::AsyncGuardedWrite;
 #[cfg(feature = "locks")]

@@ -28,6 +28,8 @@ pub(crate) mod claim_heartbeat;
 #[cfg(feature = "locks")]
 pub(crate) mod claim_in_one;
 #[cfg(feature = "locks")]
+pub(crate) mod claim_op;
+#[cfg(feature = "locks")]
 pub(crate) mod claim_retry;
 #[cfg(feature = "locks")]
 pub(crate) mod claimable_rows;

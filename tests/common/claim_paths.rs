@@ -9,10 +9,8 @@ use std::time::Duration;
 use chrono::NaiveDateTime;
 use diesel::connection::SimpleConnection;
 use diesel::prelude::*;
-use diesel_occ::asynchronous::{
-    AsyncClaimCounted, AsyncClaimRows, AsyncExtendClaim, AsyncFinishClaim, AsyncFinishClaims,
-    AsyncGuardedClaim,
-};
+use diesel_occ::asynchronous::{AsyncGuardedClaim, AsyncRun};
+use diesel_occ::op;
 use diesel_occ::{
     AttemptLimit, ClaimCounted, ClaimOrder, ClaimRequest, ClaimRows, Claimed, Error, ExtendClaim,
     FinishClaim, FinishClaims, FinishedClaims, GuardedClaim, Status,
@@ -223,11 +221,11 @@ where
 impl<A> ClaimWorker for Async<A>
 where
     A: diesel_async::AsyncConnection,
-    Job: AsyncClaimRows<A, jobs::owner, jobs::claimed_at>
-        + AsyncClaimCounted<A, jobs::owner, jobs::claimed_at, jobs::attempts>
-        + AsyncExtendClaim<A, jobs::owner, jobs::claimed_at>
-        + AsyncFinishClaim<A, jobs::owner>
-        + AsyncFinishClaims<A, jobs::owner>,
+    op::Claim<Job, jobs::owner, jobs::claimed_at>: AsyncRun<A>,
+    op::CountedClaim<Job, jobs::owner, jobs::claimed_at, jobs::attempts>: AsyncRun<A>,
+    op::ClaimHeartbeat<Job, jobs::owner, jobs::claimed_at>: AsyncRun<A>,
+    op::EndClaim<Job, jobs::owner>: AsyncRun<A>,
+    op::EndClaims<Job, jobs::owner>: AsyncRun<A>,
 {
     const PATH: &'static str = "async";
     fn claim(&mut self, request: &ClaimRequest<'_, JobState>) -> Result<Vec<Job>, Error> {
