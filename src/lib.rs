@@ -187,6 +187,8 @@ pub mod prelude;
 /// # }
 /// ```
 pub mod op {
+    #[cfg(feature = "locks")]
+    pub use crate::locks::fence_op::FencedUpdate;
     pub use crate::operation::{
         BatchDelete, BatchUpdate, BulkUpdate, Delete, Insert, JsonEdit, JsonMerge,
         JsonMergeNoToken, Modify, Operation, Run, TouchStamp, Update, Upsert, WriteExcluded,

@@ -14,12 +14,15 @@ use diesel_async::{AsyncConnection, RunQueryDsl};
 
 use super::connection::{classify, refuse_broken, NativeAsync, NativeAsyncConnection};
 use super::executor::{run, AsyncMiss};
+use super::run::AsyncRun;
 use super::send::{AsyncComplete, AsyncLoadByKey};
 use super::transaction::Call;
 use crate::connect::backend::OccBackend;
 use crate::error::Error;
 use crate::guard::Guarded;
 use crate::locks::fence::{fenced_write, FenceMoved, FencedUpdateOf};
+use crate::locks::fence_op::FencedUpdate;
+use crate::operation::Operation;
 use crate::sql::new_token::Counted;
 use crate::sql::statement::{Assignments, ColumnOfRow};
 
@@ -30,44 +33,24 @@ pub trait AsyncFencedWrite: Guarded {
     /// unless the row has already seen a newer fence: then [`Error::StaleFence`] with the
     /// newest one, and nothing is written; see
     /// [`FencedWrite::write_fenced`](crate::FencedWrite::write_fenced).
-    fn write_fenced<'a, C, F, Ch>(
-        conn: &'a mut C,
-        key: &'a Self::Key,
+    fn write_fenced<C, F, Ch>(
+        conn: &mut C,
+        key: &Self::Key,
         fence_column: F,
         fence: i64,
         changes: Ch,
-    ) -> impl Future<Output = Result<(), Error>> + Send + 'a
+    ) -> impl Future<Output = Result<(), Error>> + Send
     where
-        Self: AsyncWriteFenced<C, F, Ch>,
-        Ch: 'a,
+        FencedUpdate<Self, F, Ch>: AsyncRun<C>,
     {
         let _ = fence_column;
-        Self::write_fenced_row(conn, key, fence, changes)
+        FencedUpdate::new(key.clone(), fence, changes).run_async(conn)
     }
 }
 
 impl<T: Guarded> AsyncFencedWrite for T {}
 
-/// A fenced write of entity `Self` with fence column `F` and changes `Ch` on async
-/// connection `C`, as one bound; not a trait to implement.
-#[diagnostic::on_unimplemented(
-    message = "`{Self}` cannot run a fenced write on `{F}` with `{Ch}` on `{C}`",
-    note = "the fence column must be a `BigInt` column of the entity's table, the changes for that table, and the connection a diesel-async connection of a backend diesel-occ supports"
-)]
-pub trait AsyncWriteFenced<C, F, Ch>: Guarded {
-    /// Runs the write; [`AsyncFencedWrite`] calls it.
-    #[doc(hidden)]
-    fn write_fenced_row<'a>(
-        conn: &'a mut C,
-        key: &'a Self::Key,
-        fence: i64,
-        changes: Ch,
-    ) -> impl Future<Output = Result<(), Error>> + Send + 'a
-    where
-        Ch: 'a;
-}
-
-impl<T, C, F, Ch> AsyncWriteFenced<C, F, Ch> for T
+impl<T, C, F, Ch> AsyncRun<C> for FencedUpdate<T, F, Ch>
 where
     T: AsyncLoadByKey<C>,
     C: NativeAsyncConnection + Send,
@@ -80,15 +63,17 @@ where
     Counted: AsyncComplete<C, FencedUpdateOf<T, Ch::Changeset, F>, ()>,
     ColumnOfRow<T::Table, T::KeyPredicate, F>: LoadQuery<'static, C, i64> + Send + 'static,
 {
-    async fn write_fenced_row<'a>(
-        conn: &'a mut C,
-        key: &'a T::Key,
-        fence: i64,
-        changes: Ch,
-    ) -> Result<(), Error>
-    where
-        Ch: 'a,
-    {
+    async fn run_async(
+        self,
+        conn: &mut C,
+    ) -> Result<<Self as Operation>::Output, <Self as Operation>::Error> {
+        let FencedUpdate {
+            key,
+            fence,
+            changes,
+            ..
+        } = self;
+        let key = &key;
         refuse_broken(conn)?;
         let table = <T as AsyncLoadByKey<C>>::table_name();
         let write = fenced_write::<C::Backend, T, Ch, F>(table, key, fence, changes)?;

@@ -106,7 +106,7 @@ pub use claim::AsyncGuardedClaim;
 pub use connection::{NativeAsync, NativeAsyncConnection};
 pub use entity::AsyncGuardedWrite;
 #[cfg(feature = "locks")]
-pub use fence::{AsyncFencedWrite, AsyncWriteFenced};
+pub use fence::AsyncFencedWrite;
 #[cfg(feature = "locks")]
 pub use held::HeldWrite;
 pub use json::{AsyncGuardedJson, AsyncGuardedJsonMerge, BoxedEdit};

@@ -11,7 +11,6 @@ use diesel_async::sync_connection_wrapper::SyncConnectionWrapper;
 
 use super::run::AsyncRun;
 use crate::error::Error;
-use crate::guard::Guarded;
 use crate::operation::{Operation, Run};
 
 /// diesel-async's SQLite connection.
@@ -65,28 +64,6 @@ fn rolled_back_on_panic<R>(
         }
     }
     outcome
-}
-
-#[cfg(feature = "locks")]
-impl<T, F, Ch> super::fence::AsyncWriteFenced<AsyncSqlite, F, Ch> for T
-where
-    T: crate::locks::fence::WriteFenced<SqliteConnection, F, Ch> + Guarded,
-    Ch: Send + 'static,
-{
-    fn write_fenced_row<'a>(
-        conn: &'a mut AsyncSqlite,
-        key: &'a T::Key,
-        fence: i64,
-        changes: Ch,
-    ) -> impl Future<Output = Result<(), Error>> + Send + 'a
-    where
-        Ch: 'a,
-    {
-        let key = key.clone();
-        on_thread(conn, move |conn| {
-            T::write_fenced_row(conn, &key, fence, changes)
-        })
-    }
 }
 
 /// Every operation of the library: run whole on the connection's thread, as the blocking

@@ -4,6 +4,7 @@
 pub(crate) mod backend;
 pub(crate) mod belief;
 pub(crate) mod fence;
+pub(crate) mod fence_op;
 pub(crate) mod held;
 pub(crate) mod leader;
 pub(crate) mod lease;
