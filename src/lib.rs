@@ -155,10 +155,10 @@ pub mod prelude;
 
 /// The library's writes as values. A method such as
 /// [`guarded_update`](crate::GuardedWrite::guarded_update) builds one of these from its
-/// arguments and runs it: [`Run`] on a blocking connection,
+/// arguments and runs it: [`Run`](op::Run) on a blocking connection,
 /// [`AsyncRun`](crate::asynchronous::AsyncRun) on a diesel-async one. The value owns what
 /// the write needs (key, expected token, changes, stamp), so one description of a write
-/// serves both APIs, and SQLite's async connection runs the blocking [`Run`] whole on its
+/// serves both APIs, and SQLite's async connection runs the blocking [`Run`](op::Run) whole on its
 /// own thread.
 ///
 /// You never build one yourself; you name one in the bounds of a helper generic in the
@@ -282,6 +282,9 @@ pub use sql::names::NAME_LIMIT;
 /// What the derives' generated code names; not part of the API.
 #[doc(hidden)]
 pub mod __private {
+    /// The async backends' own questions (the cluster suite asks one directly).
+    #[cfg(feature = "async")]
+    pub use crate::asynchronous::connection::NativeAsync;
     pub use crate::guard::pre_image::{all_of, AllOf, NullSafeEq};
     #[cfg(feature = "chrono")]
     pub use crate::guard::timestamp::stamp_now;

@@ -34,10 +34,6 @@ use crate::sql::statement::{Assignments, Unguarded};
 use crate::write::entity::{token_read_back, RowMoved};
 use crate::write::modify::Modified;
 
-/// An edit of a document as the async variants hand it over: owned, so that it can go to
-/// SQLite's connection thread.
-pub type BoxedEdit<R, E> = Box<dyn FnMut(&mut Value) -> Result<R, E> + Send>;
-
 /// Read-merge-write edits of JSON columns on a diesel-async connection; see
 /// [`GuardedJson`](crate::GuardedJson) for what each does and answers.
 pub trait AsyncGuardedJson: Guarded + Clone {

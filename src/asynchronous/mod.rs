@@ -103,13 +103,13 @@ pub use batch::AsyncGuardedBatch;
 pub use bulk::AsyncGuardedBulk;
 #[cfg(feature = "locks")]
 pub use claim::AsyncGuardedClaim;
-pub use connection::{NativeAsync, NativeAsyncConnection};
+pub use connection::NativeAsyncConnection;
 pub use entity::AsyncGuardedWrite;
 #[cfg(feature = "locks")]
 pub use fence::AsyncFencedWrite;
 #[cfg(feature = "locks")]
 pub use held::HeldWrite;
-pub use json::{AsyncGuardedJson, AsyncGuardedJsonMerge, BoxedEdit};
+pub use json::{AsyncGuardedJson, AsyncGuardedJsonMerge};
 #[cfg(feature = "locks")]
 pub use leader::AsyncCandidate;
 #[cfg(feature = "locks")]
@@ -126,7 +126,7 @@ pub use source::AsyncConnectionSource;
 #[cfg(feature = "async-deadpool")]
 pub use source::DeadpoolCheckout;
 pub use transition::{record, AsyncGuardedTransition};
-pub use write_transaction::{AsyncWriteConnection, LockedWork, TransitionHook, WriteTurn};
+pub use write_transaction::{AsyncWriteConnection, LockedWork, TransitionHook};
 
 /// The async traits, to import with `use diesel_occ::asynchronous::prelude::*`.
 pub mod prelude {

@@ -637,7 +637,7 @@ fn async_read_modify_writes_on_three_nodes_lose_nothing() {
 fn both_drivers_know_a_galera_node_applies_commits_late() {
     use diesel::mysql::Mysql;
     use diesel_async::AsyncConnection;
-    use diesel_occ::asynchronous::NativeAsync;
+    use diesel_occ::__private::NativeAsync;
     use diesel_occ::OccBackend;
 
     let Some(_cluster) = cluster() else { return };

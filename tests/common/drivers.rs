@@ -510,9 +510,11 @@ mod on_async {
     use diesel_occ::asynchronous::{
         AsyncConnectionSource, AsyncGuardedBatch, AsyncGuardedBulk, AsyncGuardedJson,
         AsyncGuardedJsonMerge, AsyncGuardedModify, AsyncGuardedWrite, AsyncLoadByKey, AsyncRun,
-        BoxedEdit,
     };
     use diesel_occ::op;
+
+    /// An edit of a JSON document, boxed so that one bound names it.
+    pub type BoxedEdit<R, E> = Box<dyn FnMut(&mut Value) -> Result<R, E> + Send>;
 
     /// The closure of an async read-modify-write, boxed so that one bound names it.
     pub type Change<T, R, E> = Box<dyn FnMut(&mut T) -> Result<R, E> + Send>;
