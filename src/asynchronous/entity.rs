@@ -244,7 +244,6 @@ where
         self,
         conn: &mut C,
     ) -> Result<<Self as Operation>::Output, <Self as Operation>::Error> {
-        refuse_broken(conn)?;
         let Update {
             key,
             expected,
@@ -255,6 +254,7 @@ where
         } = self;
         let table = <T as AsyncLoadByKey<C>>::table_name();
         SavedState::refuse_move(saved.as_ref(), table)?;
+        refuse_broken(conn)?;
         let (kept, state) = SavedState::split(saved);
         let (statement, next) = guarded_statement_in::<T, C::Backend, Ch>(
             table, &key, &expected, changes, stamp, kept,

@@ -232,10 +232,11 @@ where
         self,
         conn: &mut C,
     ) -> Result<<Self as Operation>::Output, <Self as Operation>::Error> {
-        refuse_broken(conn)?;
         let (key, policy, build) = self.into_parts();
         let table = <T as AsyncLoadByKey<C>>::table_name();
+        // Checked before anything is sent.
         let edit = build(table, &key)?;
+        refuse_broken(conn)?;
         let nested = in_transaction(conn);
         let place = Place::<T, Col>::new(table, &key);
         let step = EditDocument { place, edit };

@@ -67,7 +67,8 @@ fn rolled_back_on_panic<R>(
 }
 
 /// Every operation of the library: run whole on the connection's thread, as the blocking
-/// API runs it.
+/// API runs it. Sent there when the future is first polled, as on the other backends: a
+/// future dropped before that writes nothing.
 impl<O> AsyncRun<AsyncSqlite> for O
 where
     O: Operation + Run<SqliteConnection> + Send + 'static,
@@ -79,7 +80,7 @@ where
         conn: &mut AsyncSqlite,
     ) -> impl Future<Output = Result<<Self as Operation>::Output, <Self as Operation>::Error>> + Send
     {
-        on_thread(conn, move |conn| self.run(conn))
+        async move { on_thread(conn, move |conn| self.run(conn)).await }
     }
 }
 
