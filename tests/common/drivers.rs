@@ -974,3 +974,88 @@ macro_rules! tests_on_both_drivers {
         }
     };
 }
+
+// Saves from an original copy and writes of excluded fields (added with the conversions
+// of tests/writes/pre_image.rs and excluded_fields.rs).
+
+/// A guarded save of a modified copy, guarded by the token its `original` was read with
+/// (the library's `guarded_save_from`).
+pub trait SaveFrom<T: Guarded> {
+    fn save_from(&mut self, row: &mut T, original: &T) -> Result<TokenOf<T>, Error>;
+}
+
+/// Writes of excluded fields (`#[occ(exclude)]`), which neither check nor advance the
+/// token: of a copy's row, and of the row with a key.
+pub trait WriteExcluded<T: Guarded, Ch> {
+    fn update_excluded(&mut self, row: &T, changes: Ch) -> Result<(), Error>;
+    fn update_excluded_by_key(&mut self, key: &T::Key, changes: Ch) -> Result<(), Error>;
+}
+
+impl<C, T> SaveFrom<T> for Blocking<C>
+where
+    T: UpdateRow<C, <T as Guarded>::Changes>,
+{
+    fn save_from(&mut self, row: &mut T, original: &T) -> Result<TokenOf<T>, Error> {
+        row.guarded_save_from(&mut self.0, original)
+    }
+}
+
+impl<C, T, Ch> WriteExcluded<T, Ch> for Blocking<C>
+where
+    T: diesel_occ::UpdateExcluded<C, Ch>,
+{
+    fn update_excluded(&mut self, row: &T, changes: Ch) -> Result<(), Error> {
+        row.update_excluded(&mut self.0, changes)
+    }
+    fn update_excluded_by_key(&mut self, key: &T::Key, changes: Ch) -> Result<(), Error> {
+        T::update_excluded_by_key(&mut self.0, key, changes)
+    }
+}
+
+#[cfg(all(
+    feature = "async",
+    any(not(feature = "mysql"), feature = "async-mysql")
+))]
+mod on_async_saves_and_excluded {
+    use super::*;
+
+    use super::super::paths::Async;
+    use diesel_occ::asynchronous::{AsyncGuardedWrite, AsyncUpdateExcluded, AsyncUpdateRow};
+
+    // The bounds are those of the `AsyncGuardedWrite` methods each call makes.
+    impl<A, T> SaveFrom<T> for Async<A>
+    where
+        A: Send,
+        T: AsyncUpdateRow<A, <T as Guarded>::Changes>,
+        T::Changes: Send,
+    {
+        fn save_from(&mut self, row: &mut T, original: &T) -> Result<TokenOf<T>, Error> {
+            self.runtime.block_on(AsyncGuardedWrite::guarded_save_from(
+                row,
+                &mut self.conn,
+                original,
+            ))
+        }
+    }
+
+    impl<A, T, Ch> WriteExcluded<T, Ch> for Async<A>
+    where
+        T: AsyncUpdateExcluded<A, Ch>,
+    {
+        fn update_excluded(&mut self, row: &T, changes: Ch) -> Result<(), Error> {
+            self.runtime.block_on(AsyncGuardedWrite::update_excluded(
+                row,
+                &mut self.conn,
+                changes,
+            ))
+        }
+        fn update_excluded_by_key(&mut self, key: &T::Key, changes: Ch) -> Result<(), Error> {
+            self.runtime
+                .block_on(<T as AsyncGuardedWrite>::update_excluded_by_key(
+                    &mut self.conn,
+                    key,
+                    changes,
+                ))
+        }
+    }
+}
