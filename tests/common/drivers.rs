@@ -1059,3 +1059,91 @@ mod on_async_saves_and_excluded {
         }
     }
 }
+
+// Transactions of the caller's around any of the writes above, and the connection's
+// instrumentation (added with the conversion of tests/writes/caller_transaction.rs).
+
+/// A transaction of the caller's on the executor's connection, around any of its calls.
+pub trait InTransaction: Sized {
+    /// Opens a transaction (a savepoint inside one), runs `work` on this executor inside
+    /// it, then commits when `work` answers `Ok` and rolls back otherwise: `work`'s
+    /// answer, or the commit's failure.
+    fn in_transaction<R>(
+        &mut self,
+        work: impl FnOnce(&mut Self) -> Result<R, Error>,
+    ) -> Result<R, Error>;
+}
+
+/// The instrumentation of the executor's connection, which sees each statement and
+/// transaction event of the calls made on it.
+pub trait Instrument {
+    fn set_instrumentation(&mut self, instrumentation: impl diesel::connection::Instrumentation);
+}
+
+impl<C: Connection> InTransaction for Blocking<C> {
+    fn in_transaction<R>(
+        &mut self,
+        work: impl FnOnce(&mut Self) -> Result<R, Error>,
+    ) -> Result<R, Error> {
+        use diesel::connection::TransactionManager;
+        C::TransactionManager::begin_transaction(&mut self.0)?;
+        match work(self) {
+            Ok(answer) => {
+                C::TransactionManager::commit_transaction(&mut self.0)?;
+                Ok(answer)
+            }
+            Err(error) => {
+                C::TransactionManager::rollback_transaction(&mut self.0)?;
+                Err(error)
+            }
+        }
+    }
+}
+
+impl<C: Connection> Instrument for Blocking<C> {
+    fn set_instrumentation(&mut self, instrumentation: impl diesel::connection::Instrumentation) {
+        self.0.set_instrumentation(instrumentation)
+    }
+}
+
+#[cfg(all(
+    feature = "async",
+    any(not(feature = "mysql"), feature = "async-mysql")
+))]
+mod on_async_transactions {
+    use super::*;
+
+    use super::super::paths::Async;
+    use diesel_async::{AsyncConnection, TransactionManager};
+
+    impl<A: AsyncConnection> InTransaction for Async<A> {
+        fn in_transaction<R>(
+            &mut self,
+            work: impl FnOnce(&mut Self) -> Result<R, Error>,
+        ) -> Result<R, Error> {
+            self.runtime
+                .block_on(A::TransactionManager::begin_transaction(&mut self.conn))?;
+            match work(self) {
+                Ok(answer) => {
+                    self.runtime
+                        .block_on(A::TransactionManager::commit_transaction(&mut self.conn))?;
+                    Ok(answer)
+                }
+                Err(error) => {
+                    self.runtime
+                        .block_on(A::TransactionManager::rollback_transaction(&mut self.conn))?;
+                    Err(error)
+                }
+            }
+        }
+    }
+
+    impl<A: AsyncConnection> Instrument for Async<A> {
+        fn set_instrumentation(
+            &mut self,
+            instrumentation: impl diesel::connection::Instrumentation,
+        ) {
+            self.conn.set_instrumentation(instrumentation)
+        }
+    }
+}
