@@ -1147,3 +1147,227 @@ mod on_async_transactions {
         }
     }
 }
+
+// Status transitions, of a copy and by key, with or without a condition (added with the
+// conversion of tests/status/transition.rs and transition_conditions.rs).
+
+/// A guarded status transition of a loaded copy, with the extra assignments `Ch`.
+pub trait Transition<T: diesel_occ::HasStatus, Ch> {
+    fn transition(&mut self, row: &mut T, to: T::Status, extra: Ch) -> Result<TokenOf<T>, Error>;
+}
+
+/// A guarded status transition of a loaded copy, only while the row meets `G`.
+pub trait TransitionWhen<T: diesel_occ::HasStatus, Ch, G> {
+    fn transition_when(
+        &mut self,
+        row: &mut T,
+        to: T::Status,
+        extra: Ch,
+        condition: G,
+    ) -> Result<TokenOf<T>, Error>;
+}
+
+/// A status transition by key, retried by `policy`.
+pub trait TransitionKey<T: diesel_occ::HasStatus, Ch> {
+    fn transition_by_key(
+        &mut self,
+        key: &T::Key,
+        to: T::Status,
+        extra: Ch,
+        policy: &RetryPolicy,
+    ) -> Result<TokenOf<T>, Error>;
+}
+
+/// A status transition by key, only while the row meets `G`, retried by `policy`.
+pub trait TransitionKeyWhen<T: diesel_occ::HasStatus, Ch, G> {
+    fn transition_by_key_when(
+        &mut self,
+        key: &T::Key,
+        to: T::Status,
+        extra: Ch,
+        condition: G,
+        policy: &RetryPolicy,
+    ) -> Result<TokenOf<T>, Error>;
+}
+
+impl<C, T, Ch> Transition<T, Ch> for Blocking<C>
+where
+    T: diesel_occ::TransitionRow<C, Ch> + Clone,
+{
+    fn transition(&mut self, row: &mut T, to: T::Status, extra: Ch) -> Result<TokenOf<T>, Error> {
+        diesel_occ::GuardedTransition::transition(row, &mut self.0, to, extra)
+    }
+}
+
+impl<C, T, Ch, G> TransitionWhen<T, Ch, G> for Blocking<C>
+where
+    T: diesel_occ::TransitionRow<C, Ch, diesel_occ::When<G>> + Clone,
+    G: diesel::AppearsOnTable<<T as HasTable>::Table>,
+{
+    fn transition_when(
+        &mut self,
+        row: &mut T,
+        to: T::Status,
+        extra: Ch,
+        condition: G,
+    ) -> Result<TokenOf<T>, Error> {
+        diesel_occ::GuardedTransition::transition_when(row, &mut self.0, to, extra, condition)
+    }
+}
+
+impl<C, T, Ch> TransitionKey<T, Ch> for Blocking<C>
+where
+    C: Connection,
+    Ch: Clone,
+    T: diesel_occ::TransitionByKey<C, Ch> + Clone,
+    T::Guard: AdvanceInSql,
+{
+    fn transition_by_key(
+        &mut self,
+        key: &T::Key,
+        to: T::Status,
+        extra: Ch,
+        policy: &RetryPolicy,
+    ) -> Result<TokenOf<T>, Error> {
+        <T as diesel_occ::GuardedStatusTransition>::transition_by_key(
+            &mut self.0,
+            key,
+            to,
+            extra,
+            policy,
+        )
+    }
+}
+
+impl<C, T, Ch, G> TransitionKeyWhen<T, Ch, G> for Blocking<C>
+where
+    C: Connection,
+    Ch: Clone,
+    T: diesel_occ::TransitionByKey<C, Ch, diesel_occ::When<G>> + Clone,
+    T::Guard: AdvanceInSql,
+    G: diesel::AppearsOnTable<<T as HasTable>::Table> + Clone,
+{
+    fn transition_by_key_when(
+        &mut self,
+        key: &T::Key,
+        to: T::Status,
+        extra: Ch,
+        condition: G,
+        policy: &RetryPolicy,
+    ) -> Result<TokenOf<T>, Error> {
+        <T as diesel_occ::GuardedStatusTransition>::transition_by_key_when(
+            &mut self.0,
+            key,
+            to,
+            extra,
+            condition,
+            policy,
+        )
+    }
+}
+
+#[cfg(all(
+    feature = "async",
+    any(not(feature = "mysql"), feature = "async-mysql")
+))]
+mod on_async_transitions {
+    use super::*;
+
+    use super::super::paths::Async;
+    use diesel_occ::asynchronous::{
+        AsyncGuardedTransition, AsyncTransitionByKey, AsyncTransitionRow,
+    };
+    use diesel_occ::When;
+
+    // The bounds are those of the `AsyncGuardedTransition` methods each call makes.
+    impl<A, T, Ch> Transition<T, Ch> for Async<A>
+    where
+        T: AsyncTransitionRow<A, Ch> + Clone,
+    {
+        fn transition(
+            &mut self,
+            row: &mut T,
+            to: T::Status,
+            extra: Ch,
+        ) -> Result<TokenOf<T>, Error> {
+            self.runtime.block_on(AsyncGuardedTransition::transition(
+                row,
+                &mut self.conn,
+                to,
+                extra,
+            ))
+        }
+    }
+
+    impl<A, T, Ch, G> TransitionWhen<T, Ch, G> for Async<A>
+    where
+        T: AsyncTransitionRow<A, Ch, When<G>> + Clone,
+        G: diesel::AppearsOnTable<<T as HasTable>::Table>,
+    {
+        fn transition_when(
+            &mut self,
+            row: &mut T,
+            to: T::Status,
+            extra: Ch,
+            condition: G,
+        ) -> Result<TokenOf<T>, Error> {
+            self.runtime
+                .block_on(AsyncGuardedTransition::transition_when(
+                    row,
+                    &mut self.conn,
+                    to,
+                    extra,
+                    condition,
+                ))
+        }
+    }
+
+    impl<A, T, Ch> TransitionKey<T, Ch> for Async<A>
+    where
+        T: AsyncTransitionByKey<A, Ch> + Clone,
+        T::Guard: AdvanceInSql,
+    {
+        fn transition_by_key(
+            &mut self,
+            key: &T::Key,
+            to: T::Status,
+            extra: Ch,
+            policy: &RetryPolicy,
+        ) -> Result<TokenOf<T>, Error> {
+            self.runtime
+                .block_on(<T as AsyncGuardedTransition>::transition_by_key(
+                    &mut self.conn,
+                    key,
+                    to,
+                    extra,
+                    policy,
+                ))
+        }
+    }
+
+    impl<A, T, Ch, G> TransitionKeyWhen<T, Ch, G> for Async<A>
+    where
+        T: AsyncTransitionByKey<A, Ch, When<G>> + Clone,
+        T::Guard: AdvanceInSql,
+        G: diesel::AppearsOnTable<<T as HasTable>::Table>,
+    {
+        fn transition_by_key_when(
+            &mut self,
+            key: &T::Key,
+            to: T::Status,
+            extra: Ch,
+            condition: G,
+            policy: &RetryPolicy,
+        ) -> Result<TokenOf<T>, Error> {
+            self.runtime
+                .block_on(<T as AsyncGuardedTransition>::transition_by_key_when(
+                    &mut self.conn,
+                    key,
+                    to,
+                    extra,
+                    condition,
+                    policy,
+                ))
+        }
+    }
+}
