@@ -1371,3 +1371,265 @@ mod on_async_transitions {
         }
     }
 }
+
+// Locks on the executor's pool and the writes they protect (added with the conversion of
+// tests/locks/held_lock.rs).
+
+#[cfg(feature = "locks")]
+#[allow(unused_imports)] // Unused in the test binaries without lock bodies.
+pub use lock_writes::*;
+
+#[cfg(feature = "locks")]
+mod lock_writes {
+    use super::*;
+
+    use diesel::connection::SimpleConnection;
+    use diesel::query_builder::SqlQuery;
+    use diesel::query_dsl::methods::ExecuteDsl;
+    use diesel_occ::{Held, Lease, LockConnection, LockGuard, Locks};
+    use std::time::Duration;
+
+    /// Locks `(name, resource)` taken with connections of the executor's pool (the
+    /// library's `Locks`, or `AsyncLocks`), and writes they protect, each on a connection
+    /// of the pool.
+    pub trait LockWrites: Sync {
+        /// A held lock.
+        type Guard: Send;
+        fn try_lock(
+            &self,
+            name: &str,
+            resource: &str,
+            ttl: Duration,
+            label: Option<&str>,
+        ) -> Result<Self::Guard, Error>;
+        #[allow(clippy::too_many_arguments)]
+        fn lock(
+            &self,
+            name: &str,
+            resource: &str,
+            ttl: Duration,
+            label: Option<&str>,
+            wait: Duration,
+            policy: &RetryPolicy,
+        ) -> Result<Self::Guard, Error>;
+        fn fence(guard: &Self::Guard) -> i64;
+        fn is_held(guard: &Self::Guard) -> bool;
+        fn release(&self, guard: Self::Guard) -> Result<(), Error>;
+        /// Drops the guard where its best-effort release can run.
+        fn drop_guard(&self, guard: Self::Guard);
+        /// Keeps `guard`'s lease alive, then releases it: the lease's handle, as it was.
+        fn keep_alive_and_release(&self, guard: Self::Guard) -> Result<Held, Error>;
+        /// Runs `sql` as a protected write (`write_while_held`): in a transaction that
+        /// commits only while `guard` holds its lock by the database's clock. `session`
+        /// runs before it on the same connection and `reset` after it ("" for none).
+        /// With `fail`, the write answers its own error once `sql` ran
+        /// (`Error::Database(RollbackTransaction)`), which must roll it back.
+        fn write_while_held(
+            &self,
+            guard: &Self::Guard,
+            session: &str,
+            reset: &str,
+            sql: &str,
+            fail: bool,
+        ) -> Result<usize, Error>;
+        /// [`write_while_held`](Self::write_while_held) under a lease's handle.
+        fn write_while_held_by(&self, held: &Held, sql: &str) -> Result<usize, Error>;
+    }
+
+    /// The protected write's closure: `sql`, then its own error with `fail`.
+    fn protected<C>(conn: &mut C, sql: &str, fail: bool) -> Result<usize, Error>
+    where
+        SqlQuery: ExecuteDsl<C>,
+        C: Connection,
+    {
+        let written = diesel::RunQueryDsl::execute(diesel::sql_query(sql), conn)?;
+        if fail {
+            Err(rolled_back())
+        } else {
+            Ok(written)
+        }
+    }
+
+    impl<S> LockWrites for BlockingPool<S>
+    where
+        S: ConnectionSource + Sync,
+        S::Connection: LockConnection + WriteTransaction,
+        SqlQuery: ExecuteDsl<S::Connection>,
+    {
+        type Guard = LockGuard<S>;
+        fn try_lock(
+            &self,
+            name: &str,
+            resource: &str,
+            ttl: Duration,
+            label: Option<&str>,
+        ) -> Result<Self::Guard, Error> {
+            Locks::new(self.0.clone()).try_lock(name, resource, ttl, label)
+        }
+        fn lock(
+            &self,
+            name: &str,
+            resource: &str,
+            ttl: Duration,
+            label: Option<&str>,
+            wait: Duration,
+            policy: &RetryPolicy,
+        ) -> Result<Self::Guard, Error> {
+            Locks::new(self.0.clone()).lock(name, resource, ttl, label, wait, policy)
+        }
+        fn fence(guard: &Self::Guard) -> i64 {
+            guard.fence()
+        }
+        fn is_held(guard: &Self::Guard) -> bool {
+            guard.is_held()
+        }
+        fn release(&self, guard: Self::Guard) -> Result<(), Error> {
+            guard.release()
+        }
+        fn drop_guard(&self, guard: Self::Guard) {
+            drop(guard)
+        }
+        fn keep_alive_and_release(&self, guard: Self::Guard) -> Result<Held, Error> {
+            let lease = Lease::keep_alive(guard);
+            let handle = lease.held().clone();
+            lease.release()?;
+            Ok(handle)
+        }
+        fn write_while_held(
+            &self,
+            guard: &Self::Guard,
+            session: &str,
+            reset: &str,
+            sql: &str,
+            fail: bool,
+        ) -> Result<usize, Error> {
+            self.0.on_connection(|conn| {
+                if !session.is_empty() {
+                    conn.batch_execute(session)?;
+                }
+                let written = guard.write_while_held(conn, |c| protected(c, sql, fail));
+                if !reset.is_empty() {
+                    conn.batch_execute(reset)?;
+                }
+                written
+            })?
+        }
+        fn write_while_held_by(&self, held: &Held, sql: &str) -> Result<usize, Error> {
+            self.0
+                .on_connection(|conn| held.write_while_held(conn, |c| protected(c, sql, false)))?
+        }
+    }
+
+    #[cfg(all(feature = "bb8", any(not(feature = "mysql"), feature = "async-mysql")))]
+    mod on_async {
+        use super::*;
+
+        use diesel_async::SimpleAsyncConnection;
+        use diesel_occ::asynchronous::{
+            AsyncLease, AsyncLockGuard, AsyncLockPool, AsyncLocks, AsyncWriteConnection,
+        };
+
+        /// The async protected write: `sql`, then its own error with `fail`.
+        async fn protected_async<C>(conn: &mut C, sql: String, fail: bool) -> Result<usize, Error>
+        where
+            C: diesel_async::AsyncConnection,
+            SqlQuery: diesel_async::methods::ExecuteDsl<C>,
+        {
+            let written = diesel_async::RunQueryDsl::execute(diesel::sql_query(sql), conn).await?;
+            if fail {
+                Err(rolled_back())
+            } else {
+                Ok(written)
+            }
+        }
+
+        impl<P> LockWrites for AsyncPool<P>
+        where
+            P: AsyncLockPool,
+            P::Connection: AsyncWriteConnection,
+            SqlQuery: diesel_async::methods::ExecuteDsl<P::Connection>,
+        {
+            type Guard = AsyncLockGuard<P>;
+            fn try_lock(
+                &self,
+                name: &str,
+                resource: &str,
+                ttl: Duration,
+                label: Option<&str>,
+            ) -> Result<Self::Guard, Error> {
+                let locks = AsyncLocks::new(self.pool.clone());
+                self.runtime
+                    .block_on(locks.try_lock(name, resource, ttl, label))
+            }
+            fn lock(
+                &self,
+                name: &str,
+                resource: &str,
+                ttl: Duration,
+                label: Option<&str>,
+                wait: Duration,
+                policy: &RetryPolicy,
+            ) -> Result<Self::Guard, Error> {
+                let locks = AsyncLocks::new(self.pool.clone());
+                self.runtime
+                    .block_on(locks.lock(name, resource, ttl, label, wait, policy))
+            }
+            fn fence(guard: &Self::Guard) -> i64 {
+                guard.fence()
+            }
+            fn is_held(guard: &Self::Guard) -> bool {
+                guard.is_held()
+            }
+            fn release(&self, guard: Self::Guard) -> Result<(), Error> {
+                self.runtime.block_on(guard.release())
+            }
+            fn drop_guard(&self, guard: Self::Guard) {
+                let _runtime = self.runtime.enter();
+                drop(guard)
+            }
+            fn keep_alive_and_release(&self, guard: Self::Guard) -> Result<Held, Error> {
+                let _runtime = self.runtime.enter();
+                let lease = AsyncLease::keep_alive(guard);
+                let handle = lease.held().clone();
+                self.runtime.block_on(lease.release())?;
+                Ok(handle)
+            }
+            fn write_while_held(
+                &self,
+                guard: &Self::Guard,
+                session: &str,
+                reset: &str,
+                sql: &str,
+                fail: bool,
+            ) -> Result<usize, Error> {
+                let sql = sql.to_owned();
+                self.runtime.block_on(async {
+                    let mut conn = self.pool.checkout().await?;
+                    let conn = &mut *conn;
+                    if !session.is_empty() {
+                        conn.batch_execute(session).await?;
+                    }
+                    let written = guard
+                        .write_while_held(conn, async move |c: &mut P::Connection| {
+                            protected_async(c, sql, fail).await
+                        })
+                        .await;
+                    if !reset.is_empty() {
+                        conn.batch_execute(reset).await?;
+                    }
+                    written
+                })
+            }
+            fn write_while_held_by(&self, held: &Held, sql: &str) -> Result<usize, Error> {
+                let sql = sql.to_owned();
+                self.runtime.block_on(async {
+                    let mut conn = self.pool.checkout().await?;
+                    held.write_while_held_async(&mut *conn, async move |c: &mut P::Connection| {
+                        protected_async(c, sql, false).await
+                    })
+                    .await
+                })
+            }
+        }
+    }
+}

@@ -6,10 +6,15 @@
 //! Checked from the database side: a ledger row counts the protected writes and the fence
 //! each carried, and counts a "regression" whenever a write lands with a fence older than
 //! the one before it (a write of a holder that was already replaced).
+//!
+//! The protected-write bodies run on both drivers (the blocking `Locks` on the test's
+//! r2d2 pool, and `AsyncLocks` on a bb8 pool of diesel-async connections).
 
 #![cfg(feature = "locks")]
 
 use crate::common;
+
+use common::drivers::LockWrites;
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Barrier};
@@ -18,7 +23,7 @@ use std::time::{Duration, Instant};
 use diesel::connection::SimpleConnection;
 use diesel::prelude::*;
 use diesel_occ::{
-    occ_locks, Candidate, ElectionTiming, Error, Held, LeaderEvent, Lease, Locks, RetryPolicy,
+    occ_locks, Candidate, ElectionTiming, Error, Held, LeaderEvent, Locks, RetryPolicy,
 };
 
 diesel::table! {
@@ -64,19 +69,24 @@ fn timing() -> ElectionTiming {
 
 /// The protected write: one more write, carrying `fence`; a fence older than the last
 /// one recorded counts as a regression.
+fn record_sql(fence: i64) -> String {
+    format!(
+        "UPDATE ledger SET writes = writes + 1, \
+         regressions = regressions + CASE WHEN last_fence > {fence} THEN 1 ELSE 0 END, \
+         last_fence = {fence} WHERE id = 1"
+    )
+}
+
+/// [`record_sql`] on `conn`.
 fn record<C>(conn: &mut C, fence: i64) -> Result<usize, Error>
 where
     C: diesel::Connection,
     C::Backend: diesel::backend::Backend,
     diesel::query_builder::SqlQuery: diesel::query_dsl::methods::ExecuteDsl<C>,
 {
-    diesel::sql_query(format!(
-        "UPDATE ledger SET writes = writes + 1, \
-         regressions = regressions + CASE WHEN last_fence > {fence} THEN 1 ELSE 0 END, \
-         last_fence = {fence} WHERE id = 1"
-    ))
-    .execute(conn)
-    .map_err(Error::from)
+    diesel::sql_query(record_sql(fence))
+        .execute(conn)
+        .map_err(Error::from)
 }
 
 /// A job's own error, or diesel-occ's.
@@ -100,6 +110,7 @@ fn lost_why(result: Result<impl std::fmt::Debug, Error>) -> String {
 }
 
 for_each_backend! {
+    type Db = common::TestDb<Conn>;
     type Pooled = diesel_occ::Pooled<Conn>;
 
     fn setup() -> Option<common::TestDb<Conn>> {
@@ -126,89 +137,78 @@ for_each_backend! {
     /// A holder whose lease ended by the database's clock (its own belief still says held)
     /// and was taken over: its protected write is rolled back and names the new holder;
     /// the new holder's lands. A write's own error rolls back and comes back unchanged.
-    #[test]
-    fn a_protected_write_lands_only_while_the_lock_is_held() {
-        let Some(db) = setup() else { return };
+    fn a_protected_write_lands_only_while_the_lock_is_held<P: LockWrites>(db: &Db, p: &P) {
         let conn = &mut db.conn();
-        let locks = Locks::new(db.pool.clone());
-        let old = locks.try_lock("report", "main", Duration::from_secs(60), Some("host-a")).unwrap();
-        old.write_while_held(conn, |c| record(c, old.fence())).unwrap();
-        assert_eq!(ledger_row(conn), (1, old.fence(), 0));
+        let write = |guard: &P::Guard, fail: bool| p.write_while_held(guard, "", "", &record_sql(P::fence(guard)), fail);
+        let old = p.try_lock("report", "main", Duration::from_secs(60), Some("host-a")).unwrap();
+        write(&old, false).unwrap();
+        assert_eq!(ledger_row(conn), (1, P::fence(&old), 0));
 
-        let refused: Result<(), JobError> = old.write_while_held(conn, |c| {
-            record(c, old.fence()).unwrap();
-            Err(JobError::Refused)
-        });
-        assert_eq!(refused, Err(JobError::Refused));
-        assert_eq!(ledger_row(conn), (1, old.fence(), 0), "rolled back");
+        // The write ran, then answered its own error.
+        let refused = write(&old, true);
+        assert!(matches!(refused, Err(Error::Database(diesel::result::Error::RollbackTransaction))), "{refused:?}");
+        assert_eq!(ledger_row(conn), (1, P::fence(&old), 0), "rolled back");
 
         expire_by_hand(conn, "report");
-        let new = locks.try_lock("report", "main", Duration::from_secs(60), Some("host-b")).unwrap();
-        assert!(old.is_held(), "the old holder's belief still says held: only the database knows");
-        let why = lost_why(old.write_while_held(conn, |c| record(c, old.fence())));
+        let new = p.try_lock("report", "main", Duration::from_secs(60), Some("host-b")).unwrap();
+        assert!(P::is_held(&old), "the old holder's belief still says held: only the database knows");
+        let why = lost_why(write(&old, false));
         assert!(why.contains("host-b holds it now"), "{why}");
-        assert!(!old.is_held(), "a refused write ends the belief");
-        assert_eq!(ledger_row(conn), (1, old.fence(), 0), "the stale write was rolled back");
+        assert!(!P::is_held(&old), "a refused write ends the belief");
+        assert_eq!(ledger_row(conn), (1, P::fence(&old), 0), "the stale write was rolled back");
         // Refused at once now, without a round trip.
-        assert!(matches!(old.write_while_held(conn, |c| record(c, old.fence())), Err(Error::LockLost { .. })));
+        assert!(matches!(write(&old, false), Err(Error::LockLost { .. })));
 
-        new.write_while_held(conn, |c| record(c, new.fence())).unwrap();
-        assert_eq!(ledger_row(conn), (2, new.fence(), 0));
-        new.release().unwrap();
-        assert!(matches!(old.release(), Err(Error::LockLost { .. })));
+        write(&new, false).unwrap();
+        assert_eq!(ledger_row(conn), (2, P::fence(&new), 0));
+        p.release(new).unwrap();
+        assert!(matches!(p.release(old), Err(Error::LockLost { .. })));
     }
 
     /// Refused when the lease ended by the database's clock with nobody after it, when the
     /// lock row was deleted, and after a release; nothing written each time.
-    #[test]
-    fn a_protected_write_is_refused_when_the_lease_ended_or_the_row_is_gone() {
-        let Some(db) = setup() else { return };
+    fn a_protected_write_is_refused_when_the_lease_ended_or_the_row_is_gone<P: LockWrites>(db: &Db, p: &P) {
         let conn = &mut db.conn();
-        let locks = Locks::new(db.pool.clone());
 
-        let lapsed = locks.try_lock("report", "main", Duration::from_secs(60), None).unwrap();
+        let lapsed = p.try_lock("report", "main", Duration::from_secs(60), None).unwrap();
         expire_by_hand(conn, "report");
-        let why = lost_why(lapsed.write_while_held(conn, |c| record(c, 1)));
+        let why = lost_why(p.write_while_held(&lapsed, "", "", &record_sql(1), false));
         assert_eq!(why, "its lease ended");
 
-        let purged = locks.try_lock("report", "main", Duration::from_secs(60), None).unwrap();
+        let purged = p.try_lock("report", "main", Duration::from_secs(60), None).unwrap();
         diesel::delete(occ_locks::table).execute(conn).unwrap();
-        let why = lost_why(purged.write_while_held(conn, |c| record(c, 1)));
+        let why = lost_why(p.write_while_held(&purged, "", "", &record_sql(1), false));
         assert_eq!(why, "its row was deleted");
 
-        let guard = locks.try_lock("report", "main", Duration::from_secs(60), None).unwrap();
-        let held = Lease::keep_alive(guard);
-        let handle = held.held().clone();
-        held.release().unwrap();
-        assert!(matches!(handle.write_while_held(conn, |c| record(c, 1)), Err(Error::LockLost { .. })));
+        let guard = p.try_lock("report", "main", Duration::from_secs(60), None).unwrap();
+        let handle = p.keep_alive_and_release(guard).unwrap();
+        assert!(matches!(p.write_while_held_by(&handle, &record_sql(1)), Err(Error::LockLost { .. })));
         assert_eq!(ledger_row(conn), (0, 0, 0));
+        p.drop_guard(lapsed);
+        p.drop_guard(purged);
     }
 
     /// The database-side check reads the lease in UTC whatever the session's time zone:
     /// from sessions 13 or 14 hours ahead of UTC and 11 behind it, a held lease lets the write
-    /// through and an ended one refuses it (SQLite sessions have no time zone).
-    #[test]
-    fn the_lease_check_does_not_depend_on_the_sessions_time_zone() {
-        let Some(db) = setup() else { return };
-        let zones: [&str; 2] = match BACKEND {
-            "postgres" => ["SET TIME ZONE 'Pacific/Kiritimati'", "SET TIME ZONE 'Pacific/Pago_Pago'"],
-            "mysql" => ["SET time_zone = '+13:00'", "SET time_zone = '-11:00'"],
+    /// through and an ended one refuses it (SQLite sessions have no time zone). Each write's
+    /// pooled connection is set to the zone first and back to the server's after.
+    fn the_lease_check_does_not_depend_on_the_sessions_time_zone<P: LockWrites>(db: &Db, p: &P) {
+        let (zones, reset): ([&str; 2], &str) = match BACKEND {
+            "postgres" => (["SET TIME ZONE 'Pacific/Kiritimati'", "SET TIME ZONE 'Pacific/Pago_Pago'"], "RESET TIME ZONE"),
+            "mysql" => (["SET time_zone = '+13:00'", "SET time_zone = '-11:00'"], "SET time_zone = DEFAULT"),
             _ => return,
         };
-        let locks = Locks::new(db.pool.clone());
-        let guard = locks.try_lock("report", "main", Duration::from_secs(60), None).unwrap();
+        let guard = p.try_lock("report", "main", Duration::from_secs(60), None).unwrap();
         for zone in zones {
-            let conn = &mut Conn::establish(&db.url).unwrap();
-            conn.batch_execute(zone).unwrap();
-            guard.write_while_held(conn, |c| record(c, guard.fence())).unwrap();
+            p.write_while_held(&guard, zone, reset, &record_sql(P::fence(&guard)), false).unwrap();
         }
-        guard.release().unwrap();
+        p.release(guard).unwrap();
         for zone in zones {
-            let lapsed = locks.try_lock("report", "main", Duration::from_secs(60), None).unwrap();
+            let lapsed = p.try_lock("report", "main", Duration::from_secs(60), None).unwrap();
             expire_by_hand(&mut db.conn(), "report");
-            let conn = &mut Conn::establish(&db.url).unwrap();
-            conn.batch_execute(zone).unwrap();
-            assert_eq!(lost_why(lapsed.write_while_held(conn, |c| record(c, lapsed.fence()))), "its lease ended", "{zone}");
+            let refused = p.write_while_held(&lapsed, zone, reset, &record_sql(P::fence(&lapsed)), false);
+            assert_eq!(lost_why(refused), "its lease ended", "{zone}");
+            p.drop_guard(lapsed);
         }
         assert_eq!(ledger_row(&mut db.conn()).0, 2);
     }
@@ -217,26 +217,22 @@ for_each_backend! {
     /// lease by the database's clock (the holders' beliefs never notice): every
     /// protected write that reports success landed, in fence order, and no write of a
     /// replaced holder landed.
-    #[test]
-    fn replaced_holders_never_land_a_write_under_racing_takeovers() {
+    fn replaced_holders_never_land_a_write_under_racing_takeovers<P: LockWrites>(db: &Db, p: &P) {
         const HOLDERS: usize = 4;
         const ROUNDS: usize = 15;
-        let Some(db) = setup() else { return };
-        let locks = Locks::new(db.pool.clone());
         let (landed, refused) = (AtomicUsize::new(0), AtomicUsize::new(0));
         let done = AtomicBool::new(false);
         let start = &Barrier::new(HOLDERS + 1);
         std::thread::scope(|s| {
             let workers: Vec<_> = (0..HOLDERS)
                 .map(|h| {
-                    let (locks, landed, refused, pool) = (&locks, &landed, &refused, &db.pool);
+                    let (landed, refused) = (&landed, &refused);
                     s.spawn(move || {
-                        let mut conn = pool.get().unwrap();
                         start.wait();
                         for _ in 0..ROUNDS {
-                            let guard = locks.lock("ledger", "main", Duration::from_secs(60), Some(&format!("holder {h}")), Duration::from_secs(120), &quick()).unwrap();
+                            let guard = p.lock("ledger", "main", Duration::from_secs(60), Some(&format!("holder {h}")), Duration::from_secs(120), &quick()).unwrap();
                             for _ in 0..4 {
-                                match guard.write_while_held(&mut conn, |c| record(c, guard.fence())) {
+                                match p.write_while_held(&guard, "", "", &record_sql(P::fence(&guard)), false) {
                                     Ok(_) => landed.fetch_add(1, Ordering::SeqCst),
                                     Err(Error::LockLost { .. }) => {
                                         refused.fetch_add(1, Ordering::SeqCst);
@@ -246,7 +242,7 @@ for_each_backend! {
                                     Err(e) => panic!("{e}"),
                                 };
                             }
-                            let _ = guard.release();
+                            let _ = p.release(guard);
                         }
                     })
                 })
@@ -275,6 +271,21 @@ for_each_backend! {
         assert_eq!(regressions, 0, "a replaced holder's write landed after its successor's");
         assert_eq!(writes as usize, landed.load(Ordering::SeqCst), "every write reported landed did, and no other");
     }
+
+    tests_on_both_drivers!(
+        |db: &Db| db.conn().batch_execute(TABLES).unwrap();
+        ;
+        pooled:
+        a_protected_write_lands_only_while_the_lock_is_held,
+        a_protected_write_is_refused_when_the_lease_ended_or_the_row_is_gone,
+        the_lease_check_does_not_depend_on_the_sessions_time_zone,
+        replaced_holders_never_land_a_write_under_racing_takeovers,
+    );
+
+    // Blocking-only below: `with_lock`'s work and a leader's job are closures the caller
+    // hands the library (a blocking closure, or an async one on the async API), so no
+    // driver operation can carry one body into both; the async leader's job is covered by
+    // tests/locks/async_locks.rs.
 
     /// `with_lock`: the work outlives the TTL while the lease renews itself, others are
     /// refused meanwhile, and the lock is freed after; an error of the work comes back
