@@ -280,34 +280,103 @@ for_each_backend! {
         a_protected_write_is_refused_when_the_lease_ended_or_the_row_is_gone,
         the_lease_check_does_not_depend_on_the_sessions_time_zone,
         replaced_holders_never_land_a_write_under_racing_takeovers,
+        with_lock_renews_while_the_work_runs_then_releases,
     );
 
-    // Blocking-only below: `with_lock`'s work and a leader's job are closures the caller
-    // hands the library (a blocking closure, or an async one on the async API), so no
-    // driver operation can carry one body into both; the async leader's job is covered by
-    // tests/locks/async_locks.rs.
+    /// `with_lock` on either driver, the work's steps given.
+    trait WithLock {
+        /// `with_lock` of `report` for `ttl` (label `worker`) whose work, `writes` times,
+        /// pauses for `pause` (the lock lost meanwhile ends the work) and then makes a
+        /// protected write, then tries to take the lock itself: the fence and that try's
+        /// answer.
+        fn with_lock_writing(&self, ttl: Duration, writes: usize, pause: Duration) -> Result<(i64, Result<(), Error>), Error>;
+        /// `with_lock` of `report` whose work answers its own error.
+        fn with_lock_refusing(&self, ttl: Duration) -> Result<(), JobError>;
+        /// `with_lock` of `report` whose work does nothing: the answer, and whether the
+        /// work ran.
+        fn with_lock_idle(&self, ttl: Duration) -> (Result<(), Error>, bool);
+    }
+
+    type R2d2Pool = diesel::r2d2::Pool<diesel_occ::CheckedManager<Conn>>;
+
+    impl WithLock for common::drivers::BlockingPool<R2d2Pool> {
+        fn with_lock_writing(&self, ttl: Duration, writes: usize, pause: Duration) -> Result<(i64, Result<(), Error>), Error> {
+            let locks = Locks::new(self.0.clone());
+            locks.with_lock("report", "main", ttl, Some("worker"), |held| {
+                let mut conn = self.0.get().unwrap();
+                for _ in 0..writes {
+                    held.sleep(pause)?;
+                    held.write_while_held(&mut conn, |c| record(c, held.fence()))?;
+                }
+                let meanwhile = locks.try_lock("report", "main", ms(300), None).map(drop);
+                Ok::<_, Error>((held.fence(), meanwhile))
+            })
+        }
+        fn with_lock_refusing(&self, ttl: Duration) -> Result<(), JobError> {
+            Locks::new(self.0.clone()).with_lock("report", "main", ttl, None, |_| Err::<(), _>(JobError::Refused))
+        }
+        fn with_lock_idle(&self, ttl: Duration) -> (Result<(), Error>, bool) {
+            let mut ran = false;
+            let held = Locks::new(self.0.clone()).with_lock("report", "main", ttl, None, |_| {
+                ran = true;
+                Ok::<_, Error>(())
+            });
+            (held, ran)
+        }
+    }
+
+    #[cfg(all(feature = "bb8", any(not(feature = "mysql"), feature = "async-mysql")))]
+    type Async_ = <Conn as common::paths::AsyncOf>::Async;
+
+    #[cfg(all(feature = "bb8", any(not(feature = "mysql"), feature = "async-mysql")))]
+    impl WithLock for common::drivers::AsyncPool<diesel_async::pooled_connection::bb8::Pool<Async_>> {
+        fn with_lock_writing(&self, ttl: Duration, writes: usize, pause: Duration) -> Result<(i64, Result<(), Error>), Error> {
+            use diesel_occ::asynchronous::AsyncLocks;
+            let locks = AsyncLocks::new(self.pool.clone());
+            let (locks, pool) = (&locks, &self.pool);
+            self.runtime.block_on(locks.with_lock("report", "main", ttl, Some("worker"), async move |held: Held| {
+                let mut conn = pool.get().await.unwrap();
+                for _ in 0..writes {
+                    // The async API has no `Held::sleep`: its lease drops the work when
+                    // the lock is lost; the check after the pause says so too.
+                    tokio::time::sleep(pause).await;
+                    held.check()?;
+                    let sql = record_sql(held.fence());
+                    held.write_while_held_async(&mut *conn, async move |c: &mut Async_| {
+                        diesel_async::RunQueryDsl::execute(diesel::sql_query(sql), c).await.map_err(Error::from)
+                    })
+                    .await?;
+                }
+                let meanwhile = locks.try_lock("report", "main", ms(300), None).await.map(drop);
+                Ok::<_, Error>((held.fence(), meanwhile))
+            }))
+        }
+        fn with_lock_refusing(&self, ttl: Duration) -> Result<(), JobError> {
+            let locks = diesel_occ::asynchronous::AsyncLocks::new(self.pool.clone());
+            self.runtime.block_on(locks.with_lock("report", "main", ttl, None, async |_: Held| Err::<(), _>(JobError::Refused)))
+        }
+        fn with_lock_idle(&self, ttl: Duration) -> (Result<(), Error>, bool) {
+            let locks = diesel_occ::asynchronous::AsyncLocks::new(self.pool.clone());
+            let mut ran = false;
+            let ran_it = &mut ran;
+            let held = self.runtime.block_on(locks.with_lock("report", "main", ttl, None, async move |_: Held| {
+                *ran_it = true;
+                Ok::<_, Error>(())
+            }));
+            (held, ran)
+        }
+    }
 
     /// `with_lock`: the work outlives the TTL while the lease renews itself, others are
     /// refused meanwhile, and the lock is freed after; an error of the work comes back
     /// unchanged after the release; a held lock runs nothing.
-    #[test]
-    fn with_lock_renews_while_the_work_runs_then_releases() {
-        let Some(db) = setup() else { return };
-        let locks = Locks::new(db.pool.clone());
+    fn with_lock_renews_while_the_work_runs_then_releases<P: LockWrites + WithLock>(db: &Db, p: &P) {
         let conn = &mut db.conn();
         // The work outlasts the lease twice over, so only renewals keep it held; a lease of
         // 1.2 s (renewed every 400 ms) leaves room for a renewal that waits on a machine
         // busy with the tests running beside this one.
-        let ran = locks.with_lock("report", "main", ms(1200), Some("worker"), |held| {
-            let mut conn = db.conn();
-            for _ in 0..5 {
-                held.sleep(ms(500))?;
-                held.write_while_held(&mut conn, |c| record(c, held.fence()))?;
-            }
-            assert!(matches!(locks.try_lock("report", "main", ms(300), None), Err(Error::LockHeld { .. })));
-            Ok::<_, Error>(held.fence())
-        });
-        let fence = ran.unwrap();
+        let (fence, meanwhile) = p.with_lock_writing(ms(1200), 5, ms(500)).unwrap();
+        assert!(matches!(meanwhile, Err(Error::LockHeld { .. })), "{meanwhile:?}");
         assert_eq!(ledger_row(conn), (5, fence, 0));
         assert_eq!(holder_of(conn, "report"), None, "released");
         let (acquired, renewed): (Option<chrono::NaiveDateTime>, Option<chrono::NaiveDateTime>) = occ_locks::table
@@ -316,19 +385,17 @@ for_each_backend! {
             .first(conn)
             .unwrap();
         assert!(renewed > acquired, "renewed while the work ran");
-        assert_eq!(locks.with_lock("report", "main", ms(300), None, |_| Err::<(), _>(JobError::Refused)), Err(JobError::Refused));
+        assert_eq!(p.with_lock_refusing(ms(300)), Err(JobError::Refused));
         assert_eq!(holder_of(conn, "report"), None, "released after an error too");
 
-        let other = locks.try_lock("report", "main", Duration::from_secs(60), Some("other")).unwrap();
-        let mut ran = false;
-        let held = locks.with_lock("report", "main", ms(300), None, |_| {
-            ran = true;
-            Ok::<_, Error>(())
-        });
+        let other = p.try_lock("report", "main", Duration::from_secs(60), Some("other")).unwrap();
+        let (held, ran) = p.with_lock_idle(ms(300));
         assert!(matches!(held, Err(Error::LockHeld { .. })) && !ran);
-        other.release().unwrap();
+        p.release(other).unwrap();
     }
 
+    // Blocking-only: the async API has no `Held::sleep` (its `with_lock` drops the work
+    // when the lock is lost instead of telling it), which this scenario checks.
     /// The lock is taken over while the work sleeps: the renewal finds it lost, the sleep
     /// ends at once with `LockLost`, and `with_lock` answers `LockLost` though the work
     /// then returned `Ok`.
@@ -352,6 +419,10 @@ for_each_backend! {
         assert_eq!(ledger_row(conn), (0, 0, 0));
         assert_eq!(holder_of(conn, "report").as_deref(), Some("intruder"), "nobody released the intruder's lock");
     }
+
+    // Blocking-only: an async leader's job is a future the library drops at the end of the
+    // term (`AsyncCandidate`), not a job it tells and awaits, which these scenarios check;
+    // tests/locks/async_locks.rs checks the async one.
 
     /// A leader's job writes while it leads; on `stop()` it is told, awaited, and only
     /// then is the lock freed (the job saw the lock still held as it exited).
