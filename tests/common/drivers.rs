@@ -1633,3 +1633,131 @@ mod lock_writes {
         }
     }
 }
+
+// Renewals of a held lock (added with the conversion of tests/locks/lock_stalls.rs).
+
+#[cfg(feature = "locks")]
+#[allow(unused_imports)] // Unused in the test binaries without lock bodies.
+pub use lock_renewals::*;
+
+#[cfg(feature = "locks")]
+mod lock_renewals {
+    use super::*;
+
+    use diesel_occ::{LockConnection, LockGuard};
+    use std::time::Instant;
+
+    /// Renewals of a lock taken with [`LockWrites`].
+    pub trait LockRenewals: LockWrites {
+        /// Extends the lease to the guard's TTL from now (the database's clock).
+        fn renew(&self, guard: &mut Self::Guard) -> Result<(), Error>;
+        /// When the holder's belief ends, unless renewed.
+        fn deadline(guard: &Self::Guard) -> Option<Instant>;
+    }
+
+    impl<S> LockRenewals for BlockingPool<S>
+    where
+        S: ConnectionSource + Sync,
+        S::Connection: LockConnection + WriteTransaction,
+        Self: LockWrites<Guard = LockGuard<S>>,
+    {
+        fn renew(&self, guard: &mut Self::Guard) -> Result<(), Error> {
+            guard.renew()
+        }
+        fn deadline(guard: &Self::Guard) -> Option<Instant> {
+            guard.deadline()
+        }
+    }
+
+    #[cfg(all(feature = "bb8", any(not(feature = "mysql"), feature = "async-mysql")))]
+    impl<P> LockRenewals for AsyncPool<P>
+    where
+        P: diesel_occ::asynchronous::AsyncLockPool,
+        Self: LockWrites<Guard = diesel_occ::asynchronous::AsyncLockGuard<P>>,
+    {
+        fn renew(&self, guard: &mut Self::Guard) -> Result<(), Error> {
+            self.runtime.block_on(guard.renew())
+        }
+        fn deadline(guard: &Self::Guard) -> Option<Instant> {
+            guard.deadline()
+        }
+    }
+}
+
+// Kept-alive leases of a held lock (added with the conversion of
+// tests/locks/lock_stalls.rs).
+
+#[cfg(feature = "locks")]
+#[allow(unused_imports)] // Unused in the test binaries without lock bodies.
+pub use kept_alive::*;
+
+#[cfg(feature = "locks")]
+mod kept_alive {
+    use super::*;
+
+    use diesel_occ::{Lease, LockConnection, LockGuard};
+
+    /// Leases that keep a lock taken with [`LockWrites`] alive (the library's `Lease`, or
+    /// `AsyncLease`, renewing on a thread or a task of their own).
+    pub trait KeepAlive: LockWrites {
+        type Lease: Sync;
+        fn keep_alive(&self, guard: Self::Guard) -> Self::Lease;
+        /// `Ok` while the holder believes it holds the lock, else `LockLost`.
+        fn lease_check(lease: &Self::Lease) -> Result<(), Error>;
+        fn lease_is_held(lease: &Self::Lease) -> bool;
+        fn lease_fence(lease: &Self::Lease) -> i64;
+        /// Drops the lease where its best-effort release can run.
+        fn drop_lease(&self, lease: Self::Lease);
+    }
+
+    impl<S> KeepAlive for BlockingPool<S>
+    where
+        S: ConnectionSource + Sync,
+        S::Connection: LockConnection + WriteTransaction,
+        Self: LockWrites<Guard = LockGuard<S>>,
+    {
+        type Lease = Lease<S>;
+        fn keep_alive(&self, guard: Self::Guard) -> Self::Lease {
+            Lease::keep_alive(guard)
+        }
+        fn lease_check(lease: &Self::Lease) -> Result<(), Error> {
+            lease.check()
+        }
+        fn lease_is_held(lease: &Self::Lease) -> bool {
+            lease.is_held()
+        }
+        fn lease_fence(lease: &Self::Lease) -> i64 {
+            lease.fence()
+        }
+        fn drop_lease(&self, lease: Self::Lease) {
+            drop(lease)
+        }
+    }
+
+    #[cfg(all(feature = "bb8", any(not(feature = "mysql"), feature = "async-mysql")))]
+    impl<P> KeepAlive for AsyncPool<P>
+    where
+        P: diesel_occ::asynchronous::AsyncLockPool,
+        Self: LockWrites<Guard = diesel_occ::asynchronous::AsyncLockGuard<P>>,
+        diesel_occ::asynchronous::AsyncLease<P>: Sync,
+    {
+        type Lease = diesel_occ::asynchronous::AsyncLease<P>;
+        fn keep_alive(&self, guard: Self::Guard) -> Self::Lease {
+            let _runtime = self.runtime.enter();
+            diesel_occ::asynchronous::AsyncLease::keep_alive(guard)
+        }
+        fn lease_check(lease: &Self::Lease) -> Result<(), Error> {
+            lease.check()
+        }
+        fn lease_is_held(lease: &Self::Lease) -> bool {
+            lease.is_held()
+        }
+        fn lease_fence(lease: &Self::Lease) -> i64 {
+            lease.fence()
+        }
+        fn drop_lease(&self, lease: Self::Lease) {
+            let _runtime = self.runtime.enter();
+            drop(lease)
+        }
+    }
+}

@@ -12,6 +12,9 @@
 //! - a renewal is never a success after the lease ended, and writes nothing then.
 //!
 //! `OCC_STALL_RUNS=20` repeats every scenario; each run prints its timings.
+//!
+//! The acquisition and renewal bodies run on both drivers (the blocking `Locks` on the
+//! test's r2d2 pool, and `AsyncLocks` on a bb8 pool of diesel-async connections).
 
 #![cfg(feature = "locks")]
 
@@ -19,10 +22,12 @@ use crate::common;
 
 use std::time::{Duration, Instant};
 
+use common::drivers::{KeepAlive, LockRenewals, LockWrites};
+
 use chrono::NaiveDateTime;
 use diesel::connection::SimpleConnection;
 use diesel::prelude::*;
-use diesel_occ::{occ_locks, Candidate, ElectionTiming, Error, LeaderEvent, Lease, Locks};
+use diesel_occ::{occ_locks, Candidate, ElectionTiming, Error, LeaderEvent, Locks};
 
 diesel::table! {
     room (id) {
@@ -159,20 +164,25 @@ for_each_backend! {
         Ok(())
     }
 
+    /// Creates the lock row of `name`, free.
+    fn create_lock_row<P: LockWrites>(p: &P, name: &str) {
+        let guard = p.try_lock(name, "main", ms(1000), None).unwrap();
+        p.release(guard).unwrap();
+    }
+
     /// An acquisition behind a held row waits for it, then computes its expiry: the grant
     /// starts after the stall ended, by the database's clock, and lasts the whole lease. A
     /// stall longer than the wait bound (a third of the lease) is a retryable refusal that
     /// grants nothing.
-    #[test]
-    fn an_acquisition_behind_a_held_row_computes_its_expiry_after_the_wait() {
+    fn an_acquisition_behind_a_held_row_computes_its_expiry_after_the_wait<P: LockWrites>(db: &Db, p: &P) {
+        create_lock_row(p, "stalled");
         for run in 0..runs() {
-            let Some((db, locks)) = setup("stalled") else { return };
             let conn = &mut Conn::establish(&db.url).unwrap();
             let ttl = ms(3000);
 
-            let stalled = stall(&db, "stalled", ms(500));
+            let stalled = stall(db, "stalled", ms(500));
             let started = Instant::now();
-            let guard = locks.try_lock("stalled", "main", ttl, Some("a")).unwrap();
+            let guard = p.try_lock("stalled", "main", ttl, Some("a")).unwrap();
             let waited = started.elapsed();
             let stall_ended = stalled.join().unwrap();
             let (_, _, acquired, expires) = lock_row(conn, "stalled");
@@ -180,15 +190,16 @@ for_each_backend! {
             println!("{BACKEND} run {run}: granted after {waited:?}; stall ended {stall_ended}, acquired {acquired}, expires {expires}");
             assert!(acquired >= stall_ended, "the expiry was computed before the wait ended");
             assert!(expires - acquired >= chrono::Duration::milliseconds(2999), "{acquired} .. {expires}");
-            assert!(guard.is_held());
-            guard.release().unwrap();
+            assert!(P::is_held(&guard));
+            p.release(guard).unwrap();
 
-            let stalled = stall(&db, "stalled", ms(1600));
+            let stalled = stall(db, "stalled", ms(1600));
             let started = Instant::now();
-            let refused = locks.try_lock("stalled", "main", ttl, Some("b"));
+            let refused = p.try_lock("stalled", "main", ttl, Some("b"));
             let waited = started.elapsed();
             stalled.join().unwrap();
             println!("{BACKEND} run {run}: behind a 1.6 s stall, {:?} after {waited:?}", refused.as_ref().err());
+            let refused = refused.map(|guard| p.drop_guard(guard));
             assert!(matches!(refused, Err(Error::Retryable { .. })), "{:?}", refused.err());
             assert_eq!(lock_row(conn, "stalled").0, None, "nothing was granted");
         }
@@ -197,19 +208,18 @@ for_each_backend! {
     /// A 900 ms lease whose row is held for 2.5 s: no renewal succeeds after the lease
     /// ended, none writes anything, the holder learns `LockLost` and its belief ends; a
     /// contender takes the lock once the stall is over, with a higher fence.
-    #[test]
-    fn a_renewal_that_comes_too_late_never_succeeds() {
+    fn a_renewal_that_comes_too_late_never_succeeds<P: LockRenewals>(db: &Db, p: &P) {
+        create_lock_row(p, "renewed");
         for run in 0..runs() {
-            let Some((db, locks)) = setup("renewed") else { return };
             let conn = &mut Conn::establish(&db.url).unwrap();
-            let mut guard = locks.try_lock("renewed", "main", ms(900), Some("a")).unwrap();
+            let mut guard = p.try_lock("renewed", "main", ms(900), Some("a")).unwrap();
             let (_, _, _, granted_until) = lock_row(conn, "renewed");
-            let deadline = guard.deadline().unwrap();
+            let deadline = P::deadline(&guard).unwrap();
             let started = Instant::now();
-            let stalled = stall(&db, "renewed", ms(2500));
+            let stalled = stall(db, "renewed", ms(2500));
             let mut outcomes = Vec::new();
             let lost = loop {
-                let result = guard.renew();
+                let result = p.renew(&mut guard);
                 outcomes.push((started.elapsed(), result.as_ref().err().map(common::faults::class_of)));
                 match result {
                     Ok(()) => assert!(Instant::now() < deadline, "a renewal succeeded after the deadline"),
@@ -219,53 +229,65 @@ for_each_backend! {
             };
             stalled.join().unwrap();
             println!("{BACKEND} run {run}: renewals {outcomes:?}; lost: {lost}");
-            assert!(!guard.is_held());
+            assert!(!P::is_held(&guard));
             assert_eq!(lock_row(conn, "renewed").3, granted_until, "a late renewal wrote an expiry");
-            let next = locks.try_lock("renewed", "main", ms(900), Some("b")).unwrap();
-            assert!(next.fence() > guard.fence());
-            assert!(matches!(guard.renew(), Err(Error::LockLost { .. })));
+            let next = p.try_lock("renewed", "main", ms(900), Some("b")).unwrap();
+            assert!(P::fence(&next) > P::fence(&guard));
+            assert!(matches!(p.renew(&mut guard), Err(Error::LockLost { .. })));
+            p.release(next).unwrap();
+            p.drop_guard(guard);
         }
     }
+
+    tests_on_both_drivers!(
+        |_: &Db| ();
+        ;
+        pooled:
+        an_acquisition_behind_a_held_row_computes_its_expiry_after_the_wait,
+        a_renewal_that_comes_too_late_never_succeeds,
+        a_kept_alive_lease_ends_at_its_deadline_while_its_row_is_held,
+    );
 
     /// A kept-alive 900 ms lease whose row is held for 2.5 s: `check()` turns false at the
     /// deadline and never back, the contender that takes over after the database's lease
     /// ended never shares the room with it.
-    #[test]
-    fn a_kept_alive_lease_ends_at_its_deadline_while_its_row_is_held() {
+    fn a_kept_alive_lease_ends_at_its_deadline_while_its_row_is_held<P: KeepAlive>(db: &Db, p: &P) {
+        create_lock_row(p, "kept");
         for run in 0..runs() {
-            let Some((db, locks)) = setup("kept") else { return };
             let room = room();
-            let lease = Lease::keep_alive(locks.try_lock("kept", "main", ms(900), Some("a")).unwrap());
+            let lease = p.keep_alive(p.try_lock("kept", "main", ms(900), Some("a")).unwrap());
             let holder = {
                 let conn = &mut Conn::establish(&db.url).unwrap();
                 lock_row(conn, "kept").0.unwrap()
             };
-            let (url, room_pool) = (db.url.as_str(), &room.pool);
+            let (url, room_pool, lease_ref) = (db.url.as_str(), &room.pool, &lease);
             let started = Instant::now();
-            let stalled = stall(&db, "kept", ms(2500));
+            let stalled = stall(db, "kept", ms(2500));
             let (checks, occupied, taken) = std::thread::scope(|s| {
                 let sampler = s.spawn(|| {
                     let mut checks = Vec::new();
                     while started.elapsed() < ms(4000) {
-                        checks.push((started.elapsed(), lease.check().is_ok()));
+                        checks.push((started.elapsed(), P::lease_check(lease_ref).is_ok()));
                         std::thread::sleep(ms(2));
                     }
                     checks
                 });
                 let worker = s.spawn(|| {
                     let conn = &mut Conn::establish(url).unwrap();
-                    occupy(&mut room_pool.get().unwrap(), conn, "kept", "a", &holder, || lease.is_held())
+                    occupy(&mut room_pool.get().unwrap(), conn, "kept", "a", &holder, || P::lease_is_held(lease_ref))
                 });
                 let contender = s.spawn(|| {
-                    let guard = locks
+                    let guard = p
                         .lock("kept", "main", ms(900), Some("c"), ms(10_000), &diesel_occ::RetryPolicy::default().first_delay(ms(5)).max_delay(ms(20)))
                         .unwrap();
                     let at = started.elapsed();
                     let conn = &mut Conn::establish(url).unwrap();
                     let holder = lock_row(conn, "kept").0.unwrap();
                     let until = Instant::now() + ms(300);
-                    let occupied = occupy(&mut room_pool.get().unwrap(), conn, "kept", "c", &holder, || guard.is_held() && Instant::now() < until);
-                    (guard.fence(), at, occupied)
+                    let occupied = occupy(&mut room_pool.get().unwrap(), conn, "kept", "c", &holder, || P::is_held(&guard) && Instant::now() < until);
+                    let fence = P::fence(&guard);
+                    p.release(guard).unwrap();
+                    (fence, at, occupied)
                 });
                 (sampler.join().unwrap(), worker.join().unwrap(), contender.join().unwrap())
             });
@@ -276,10 +298,15 @@ for_each_backend! {
             assert!(!revived, "check() was Ok again after it failed");
             occupied.unwrap();
             taken.2.unwrap();
-            assert!(taken.0 > lease.fence());
-            assert!(matches!(lease.check(), Err(Error::LockLost { .. })));
+            assert!(taken.0 > P::lease_fence(&lease));
+            assert!(matches!(P::lease_check(&lease), Err(Error::LockLost { .. })));
+            p.drop_lease(lease);
         }
     }
+
+    // Blocking-only: it polls each candidate's events without waiting (`events().try_recv()`);
+    // the async candidate's events are a future (`AsyncCandidate::next_event`), and the
+    // driver harness has no such poll yet.
 
     /// Two candidates, lease 1 s, renew deadline 700 ms; the lease row is held for 2.5 s.
     /// The leader's `is_leader()` turns false and its `Lost` arrives before anyone is
@@ -339,6 +366,9 @@ for_each_backend! {
             drop(a.stop());
         }
     }
+
+    // Blocking-only: the slow holder's locks need a pool on the slow link's URL, which the
+    // harness's pooled executors (on the test database's URL) are not; not yet converted.
 
     /// Replies held back on a slow link (150 ms a piece on PostgreSQL, 50 ms on MySQL): the holder's belief is measured from
     /// before its request, so it ends before the database's lease, and the contender that
