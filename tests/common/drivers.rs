@@ -1761,3 +1761,109 @@ mod kept_alive {
         }
     }
 }
+
+// Leader election on a lock taken with the executor's pool (added with the conversion of
+// tests/locks/lock_stalls.rs).
+
+#[cfg(feature = "locks")]
+#[allow(unused_imports)] // Unused in the test binaries without lock bodies.
+pub use campaigns::*;
+
+#[cfg(feature = "locks")]
+mod campaigns {
+    use super::*;
+
+    use diesel_occ::{Candidate, ElectionTiming, LeaderEvent, LockConnection, LockGuard, Locks};
+    use std::time::Duration;
+
+    /// Candidates for leadership of a lock of the executor's pool (the library's
+    /// `Candidate`, or `AsyncCandidate`).
+    pub trait Campaign: LockWrites {
+        type Candidate;
+        fn start_candidate(
+            &self,
+            name: &str,
+            resource: &str,
+            label: &str,
+            timing: ElectionTiming,
+        ) -> Result<Self::Candidate, Error>;
+        fn is_leader(candidate: &Self::Candidate) -> bool;
+        /// The candidate's next event, waiting at most `within` (`Duration::ZERO`: only
+        /// one already there).
+        fn next_event(
+            &self,
+            candidate: &mut Self::Candidate,
+            within: Duration,
+        ) -> Option<LeaderEvent>;
+        /// Stops campaigning (stepping down if it leads): the events not yet taken.
+        fn stop(&self, candidate: Self::Candidate) -> Vec<LeaderEvent>;
+    }
+
+    impl<S> Campaign for BlockingPool<S>
+    where
+        S: ConnectionSource + Sync,
+        S::Connection: LockConnection + WriteTransaction,
+        Self: LockWrites<Guard = LockGuard<S>>,
+    {
+        type Candidate = Candidate;
+        fn start_candidate(
+            &self,
+            name: &str,
+            resource: &str,
+            label: &str,
+            timing: ElectionTiming,
+        ) -> Result<Self::Candidate, Error> {
+            Candidate::start(Locks::new(self.0.clone()), name, resource, label, timing)
+        }
+        fn is_leader(candidate: &Self::Candidate) -> bool {
+            candidate.is_leader()
+        }
+        fn next_event(
+            &self,
+            candidate: &mut Self::Candidate,
+            within: Duration,
+        ) -> Option<LeaderEvent> {
+            candidate.events().recv_timeout(within).ok()
+        }
+        fn stop(&self, candidate: Self::Candidate) -> Vec<LeaderEvent> {
+            candidate.stop()
+        }
+    }
+
+    #[cfg(all(feature = "bb8", any(not(feature = "mysql"), feature = "async-mysql")))]
+    impl<P> Campaign for AsyncPool<P>
+    where
+        P: diesel_occ::asynchronous::AsyncLockPool,
+        Self: LockWrites<Guard = diesel_occ::asynchronous::AsyncLockGuard<P>>,
+    {
+        type Candidate = diesel_occ::asynchronous::AsyncCandidate;
+        fn start_candidate(
+            &self,
+            name: &str,
+            resource: &str,
+            label: &str,
+            timing: ElectionTiming,
+        ) -> Result<Self::Candidate, Error> {
+            let _runtime = self.runtime.enter();
+            let locks = diesel_occ::asynchronous::AsyncLocks::new(self.pool.clone());
+            diesel_occ::asynchronous::AsyncCandidate::start(locks, name, resource, label, timing)
+        }
+        fn is_leader(candidate: &Self::Candidate) -> bool {
+            candidate.is_leader()
+        }
+        fn next_event(
+            &self,
+            candidate: &mut Self::Candidate,
+            within: Duration,
+        ) -> Option<LeaderEvent> {
+            // The event channel's `recv` is cancel-safe, and the timeout polls it first.
+            self.runtime
+                .block_on(async { tokio::time::timeout(within, candidate.next_event()).await })
+                .ok()
+                .flatten()
+        }
+        fn stop(&self, candidate: Self::Candidate) -> Vec<LeaderEvent> {
+            self.runtime.block_on(candidate.stop())
+        }
+    }
+}

@@ -22,12 +22,12 @@ use crate::common;
 
 use std::time::{Duration, Instant};
 
-use common::drivers::{KeepAlive, LockRenewals, LockWrites};
+use common::drivers::{Campaign, KeepAlive, LockRenewals, LockWrites};
 
 use chrono::NaiveDateTime;
 use diesel::connection::SimpleConnection;
 use diesel::prelude::*;
-use diesel_occ::{occ_locks, Candidate, ElectionTiming, Error, LeaderEvent, Locks};
+use diesel_occ::{occ_locks, ElectionTiming, Error, LeaderEvent, Locks};
 
 diesel::table! {
     room (id) {
@@ -246,6 +246,7 @@ for_each_backend! {
         an_acquisition_behind_a_held_row_computes_its_expiry_after_the_wait,
         a_renewal_that_comes_too_late_never_succeeds,
         a_kept_alive_lease_ends_at_its_deadline_while_its_row_is_held,
+        leaders_never_overlap_while_the_lease_row_is_held,
     );
 
     /// A kept-alive 900 ms lease whose row is held for 2.5 s: `check()` turns false at the
@@ -304,38 +305,34 @@ for_each_backend! {
         }
     }
 
-    // Blocking-only: it polls each candidate's events without waiting (`events().try_recv()`);
-    // the async candidate's events are a future (`AsyncCandidate::next_event`), and the
-    // driver harness has no such poll yet.
-
     /// Two candidates, lease 1 s, renew deadline 700 ms; the lease row is held for 2.5 s.
     /// The leader's `is_leader()` turns false and its `Lost` arrives before anyone is
     /// elected again (the other candidate, or the old leader in a new term); the two are
     /// never leaders at once, by their own word and by the room.
-    #[test]
-    fn leaders_never_overlap_while_the_lease_row_is_held() {
+    fn leaders_never_overlap_while_the_lease_row_is_held<P: Campaign>(db: &Db, p: &P) {
         let timing = ElectionTiming {
             lease: ms(1000),
             renew_deadline: ms(700),
             retry_period: ms(200),
         };
+        create_lock_row(p, "leader");
         for run in 0..runs() {
-            let Some((db, locks)) = setup("leader") else { return };
             let room = room();
             let room_conn = &mut room.conn();
-            let a = Candidate::start(locks.clone(), "leader", "main", "a", timing).unwrap();
-            let first_term = match a.events().recv_timeout(ms(5000)) {
-                Ok(LeaderEvent::Elected { fence }) => fence,
+            let mut a = p.start_candidate("leader", "main", "a", timing).unwrap();
+            let first_term = match p.next_event(&mut a, ms(5000)) {
+                Some(LeaderEvent::Elected { fence }) => fence,
                 other => panic!("{other:?}"),
             };
-            let b = Candidate::start(locks.clone(), "leader", "main", "b", timing).unwrap();
+            let b = p.start_candidate("leader", "main", "b", timing).unwrap();
+            let mut candidates = [(a, "a"), (b, "b")];
             let started = Instant::now();
-            let stalled = stall(&db, "leader", ms(2500));
+            let stalled = stall(db, "leader", ms(2500));
             let (mut a_lost, mut next_term, mut both) = (None, None, 0);
             let mut inside = [false, false];
             while started.elapsed() < ms(8000) && next_term.is_none() {
-                for (i, (candidate, me)) in [(&a, "a"), (&b, "b")].into_iter().enumerate() {
-                    let leads = candidate.is_leader();
+                for (i, (candidate, me)) in candidates.iter().enumerate() {
+                    let leads = P::is_leader(candidate);
                     if leads && !inside[i] {
                         enter(room_conn, me).unwrap();
                         inside[i] = true;
@@ -344,11 +341,11 @@ for_each_backend! {
                         inside[i] = false;
                     }
                 }
-                both += usize::from(a.is_leader() && b.is_leader());
-                for (candidate, me) in [(&a, "a"), (&b, "b")] {
-                    match candidate.events().try_recv() {
-                        Ok(LeaderEvent::Lost { reason }) => a_lost = Some((started.elapsed(), me, reason)),
-                        Ok(LeaderEvent::Elected { fence }) => next_term = Some((started.elapsed(), me, fence)),
+                both += usize::from(P::is_leader(&candidates[0].0) && P::is_leader(&candidates[1].0));
+                for (candidate, me) in candidates.iter_mut() {
+                    match p.next_event(candidate, Duration::ZERO) {
+                        Some(LeaderEvent::Lost { reason }) => a_lost = Some((started.elapsed(), *me, reason)),
+                        Some(LeaderEvent::Elected { fence }) => next_term = Some((started.elapsed(), *me, fence)),
                         _ => {}
                     }
                 }
@@ -362,8 +359,9 @@ for_each_backend! {
             assert!(lost_at < elected_at);
             assert_eq!(both, 0, "two leaders at once");
             assert!(fence > first_term);
-            drop(b.stop());
-            drop(a.stop());
+            let [(a, _), (b, _)] = candidates;
+            drop(p.stop(b));
+            drop(p.stop(a));
         }
     }
 
