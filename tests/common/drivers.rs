@@ -1867,3 +1867,83 @@ mod campaigns {
         }
     }
 }
+
+// Leaders with a job (added with the conversion of tests/locks/held_lock.rs).
+
+#[cfg(feature = "locks")]
+#[allow(unused_imports)] // Unused in the test binaries without lock bodies.
+pub use campaigns_with_jobs::*;
+
+#[cfg(feature = "locks")]
+mod campaigns_with_jobs {
+    use super::*;
+
+    use diesel_occ::{Candidate, ElectionTiming, Held, LockConnection, LockGuard, Locks};
+    use std::sync::Arc;
+
+    /// A leader's job that only runs `work` (which may panic), the same on both drivers:
+    /// the blocking job calls it, the async job's future does.
+    pub type JobWork = Arc<dyn Fn() + Send + Sync>;
+
+    /// Candidates that run a job while they lead.
+    pub trait CampaignWithJob: Campaign {
+        fn start_candidate_with_job(
+            &self,
+            name: &str,
+            resource: &str,
+            label: &str,
+            timing: ElectionTiming,
+            work: JobWork,
+        ) -> Result<Self::Candidate, Error>;
+    }
+
+    impl<S> CampaignWithJob for BlockingPool<S>
+    where
+        S: ConnectionSource + Sync,
+        S::Connection: LockConnection + WriteTransaction,
+        Self: LockWrites<Guard = LockGuard<S>> + Campaign<Candidate = Candidate>,
+    {
+        fn start_candidate_with_job(
+            &self,
+            name: &str,
+            resource: &str,
+            label: &str,
+            timing: ElectionTiming,
+            work: JobWork,
+        ) -> Result<Self::Candidate, Error> {
+            let locks = Locks::new(self.0.clone());
+            Candidate::start_with_job(locks, name, resource, label, timing, move |_: &Held| work())
+        }
+    }
+
+    #[cfg(all(feature = "bb8", any(not(feature = "mysql"), feature = "async-mysql")))]
+    impl<P> CampaignWithJob for AsyncPool<P>
+    where
+        P: diesel_occ::asynchronous::AsyncLockPool,
+        Self: LockWrites<Guard = diesel_occ::asynchronous::AsyncLockGuard<P>>
+            + Campaign<Candidate = diesel_occ::asynchronous::AsyncCandidate>,
+    {
+        fn start_candidate_with_job(
+            &self,
+            name: &str,
+            resource: &str,
+            label: &str,
+            timing: ElectionTiming,
+            work: JobWork,
+        ) -> Result<Self::Candidate, Error> {
+            let _runtime = self.runtime.enter();
+            let locks = diesel_occ::asynchronous::AsyncLocks::new(self.pool.clone());
+            diesel_occ::asynchronous::AsyncCandidate::start_with_job(
+                locks,
+                name,
+                resource,
+                label,
+                timing,
+                move |_: Held| {
+                    let work = Arc::clone(&work);
+                    async move { work() }
+                },
+            )
+        }
+    }
+}

@@ -14,7 +14,7 @@
 
 use crate::common;
 
-use common::drivers::LockWrites;
+use common::drivers::{CampaignWithJob, LockWrites};
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Barrier};
@@ -281,6 +281,7 @@ for_each_backend! {
         the_lease_check_does_not_depend_on_the_sessions_time_zone,
         replaced_holders_never_land_a_write_under_racing_takeovers,
         with_lock_renews_while_the_work_runs_then_releases,
+        a_job_that_returns_or_panics_ends_its_term_and_the_candidate_campaigns_again,
     );
 
     /// `with_lock` on either driver, the work's steps given.
@@ -421,8 +422,8 @@ for_each_backend! {
     }
 
     // Blocking-only: an async leader's job is a future the library drops at the end of the
-    // term (`AsyncCandidate`), not a job it tells and awaits, which these scenarios check;
-    // tests/locks/async_locks.rs checks the async one.
+    // term (`AsyncCandidate`), not a job it tells and awaits, which the next two scenarios
+    // check; tests/locks/async_locks.rs checks the async one.
 
     /// A leader's job writes while it leads; on `stop()` it is told, awaited, and only
     /// then is the lock freed (the job saw the lock still held as it exited).
@@ -505,24 +506,23 @@ for_each_backend! {
 
     /// A job that returns, or panics, ends its term: `JobEnded`, the lock freed, and the
     /// candidate leads again with a higher fence (running the job again).
-    #[test]
-    fn a_job_that_returns_or_panics_ends_its_term_and_the_candidate_campaigns_again() {
-        let Some(db) = setup() else { return };
+    fn a_job_that_returns_or_panics_ends_its_term_and_the_candidate_campaigns_again<P: CampaignWithJob>(db: &Db, p: &P) {
         let terms = Arc::new(AtomicUsize::new(0));
         let counted = Arc::clone(&terms);
-        let candidate = Candidate::start_with_job(Locks::new(db.pool.clone()), "scheduler", "main", "leader", timing(), move |_held: &Held| {
-            if counted.fetch_add(1, Ordering::SeqCst) == 0 {
-                panic!("boom");
-            }
-        })
-        .unwrap();
-        let events: Vec<LeaderEvent> = candidate.events().iter().take(4).collect();
+        let mut candidate = p
+            .start_candidate_with_job("scheduler", "main", "leader", timing(), Arc::new(move || {
+                if counted.fetch_add(1, Ordering::SeqCst) == 0 {
+                    panic!("boom");
+                }
+            }))
+            .unwrap();
+        let events: Vec<LeaderEvent> = (0..4).map_while(|_| p.next_event(&mut candidate, Duration::from_secs(30))).collect();
         let fences: Vec<i64> = events.iter().filter_map(|e| match e { LeaderEvent::Elected { fence } => Some(*fence), _ => None }).collect();
-        assert_eq!(events.len(), 4);
+        assert_eq!(events.len(), 4, "{events:?}");
         assert_eq!(events[1], LeaderEvent::JobEnded { panic: Some("boom".into()) });
         assert_eq!(events[3], LeaderEvent::JobEnded { panic: None });
         assert!(fences.len() == 2 && fences[1] > fences[0], "{events:?}");
-        drop(candidate);
+        drop(p.stop(candidate));
         assert!(terms.load(Ordering::SeqCst) >= 2);
         assert_eq!(holder_of(&mut db.conn(), "scheduler"), None);
     }
