@@ -1947,3 +1947,55 @@ mod campaigns_with_jobs {
         }
     }
 }
+
+// Another pool of the same kind on another URL (added with the conversion of
+// tests/locks/lock_stalls.rs).
+
+/// A pool executor like this one on `url` (say, through a proxy to the same database).
+pub trait PoolOnUrl: Sized {
+    fn on_url(&self, url: &str, backend: &str) -> Self;
+}
+
+impl<C: super::PoolByUrl> PoolOnUrl
+    for BlockingPool<diesel::r2d2::Pool<diesel_occ::CheckedManager<C>>>
+{
+    fn on_url(&self, url: &str, _backend: &str) -> Self {
+        BlockingPool(C::pool(url))
+    }
+}
+
+/// [`PoolOnUrl`] for bb8 pools of the diesel-async connection `$async`.
+#[cfg(all(feature = "bb8", any(not(feature = "mysql"), feature = "async-mysql")))]
+macro_rules! bb8_pool_on_url {
+    ($async:ty) => {
+        impl PoolOnUrl for AsyncPool<diesel_async::pooled_connection::bb8::Pool<$async>> {
+            fn on_url(&self, url: &str, backend: &str) -> Self {
+                let manager = manager::<$async>(url, backend);
+                AsyncPool::build(async move {
+                    diesel_async::pooled_connection::bb8::Pool::builder()
+                        .max_size(10)
+                        .build(manager)
+                        .await
+                        .expect("a bb8 pool")
+                })
+            }
+        }
+    };
+}
+
+#[cfg(all(
+    feature = "bb8",
+    feature = "sqlite",
+    any(not(feature = "mysql"), feature = "async-mysql")
+))]
+bb8_pool_on_url!(
+    diesel_async::sync_connection_wrapper::SyncConnectionWrapper<diesel::SqliteConnection>
+);
+#[cfg(all(
+    feature = "bb8",
+    feature = "postgres",
+    any(not(feature = "mysql"), feature = "async-mysql")
+))]
+bb8_pool_on_url!(diesel_async::AsyncPgConnection);
+#[cfg(all(feature = "bb8", feature = "async-mysql"))]
+bb8_pool_on_url!(diesel_async::AsyncMysqlConnection);

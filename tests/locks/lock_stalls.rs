@@ -13,8 +13,8 @@
 //!
 //! `OCC_STALL_RUNS=20` repeats every scenario; each run prints its timings.
 //!
-//! The acquisition and renewal bodies run on both drivers (the blocking `Locks` on the
-//! test's r2d2 pool, and `AsyncLocks` on a bb8 pool of diesel-async connections).
+//! Each body runs on both drivers (the blocking `Locks` on the test's r2d2 pool, and
+//! `AsyncLocks` on a bb8 pool of diesel-async connections).
 
 #![cfg(feature = "locks")]
 
@@ -22,12 +22,12 @@ use crate::common;
 
 use std::time::{Duration, Instant};
 
-use common::drivers::{Campaign, KeepAlive, LockRenewals, LockWrites};
+use common::drivers::{Campaign, KeepAlive, LockRenewals, LockWrites, PoolOnUrl};
 
 use chrono::NaiveDateTime;
 use diesel::connection::SimpleConnection;
 use diesel::prelude::*;
-use diesel_occ::{occ_locks, ElectionTiming, Error, LeaderEvent, Locks};
+use diesel_occ::{occ_locks, ElectionTiming, Error, LeaderEvent};
 
 diesel::table! {
     room (id) {
@@ -105,14 +105,6 @@ for_each_backend! {
             conn.batch_execute("COMMIT").unwrap();
             at
         })
-    }
-
-    /// A fresh database with the lock row of `name` created.
-    fn setup(name: &str) -> Option<(Db, Locks<diesel::r2d2::Pool<diesel_occ::CheckedManager<Conn>>>)> {
-        let db = db()?;
-        let locks = Locks::new(db.pool.clone());
-        locks.try_lock(name, "main", ms(1000), None).unwrap().release().unwrap();
-        Some((db, locks))
     }
 
     /// The room, in a database of its own.
@@ -247,6 +239,7 @@ for_each_backend! {
         a_renewal_that_comes_too_late_never_succeeds,
         a_kept_alive_lease_ends_at_its_deadline_while_its_row_is_held,
         leaders_never_overlap_while_the_lease_row_is_held,
+        a_slow_link_does_not_stretch_the_belief,
     );
 
     /// A kept-alive 900 ms lease whose row is held for 2.5 s: `check()` turns false at the
@@ -365,26 +358,26 @@ for_each_backend! {
         }
     }
 
-    // Blocking-only: the slow holder's locks need a pool on the slow link's URL, which the
-    // harness's pooled executors (on the test database's URL) are not; not yet converted.
-
     /// Replies held back on a slow link (150 ms a piece on PostgreSQL, 50 ms on MySQL): the holder's belief is measured from
     /// before its request, so it ends before the database's lease, and the contender that
     /// takes over once that lease ended never shares the room with it.
-    #[test]
-    fn a_slow_link_does_not_stretch_the_belief() {
+    fn a_slow_link_does_not_stretch_the_belief<P>(db: &Db, p: &P)
+    where
+        P: LockRenewals + PoolOnUrl,
+        P::Guard: Sync,
+    {
         let server_port = match BACKEND {
             "postgres" => 5432,
             "mysql" => 3306,
             // Embedded: no link to slow down.
             _ => return,
         };
+        create_lock_row(p, "slow");
         for run in 0..runs() {
-            let Some((db, locks)) = setup("slow") else { return };
             let room = room();
             let link = common::slow_link::SlowLink::to(&format!("127.0.0.1:{server_port}"));
-            let slow = Locks::new(<Conn as common::PoolByUrl>::pool(&link.url(&db.url, server_port)));
-            drop(slow.try_lock("warm", "main", ms(1000), None).unwrap());
+            let slow = p.on_url(&link.url(&db.url, server_port), BACKEND);
+            slow.drop_guard(slow.try_lock("warm", "main", ms(1000), None).unwrap());
             // MySQL's replies come in more pieces, each held back.
             link.set_latency(ms(if BACKEND == "mysql" { 50 } else { 150 }));
             let started = Instant::now();
@@ -394,29 +387,32 @@ for_each_backend! {
             let conn = &mut Conn::establish(&db.url).unwrap();
             let (holder, _, acquired, expires) = lock_row(conn, "slow");
             let holder = holder.unwrap();
-            let (url, room_pool) = (db.url.as_str(), &room.pool);
+            let (url, room_pool, guard_ref) = (db.url.as_str(), &room.pool, &guard);
             let (occupied, taken) = std::thread::scope(|s| {
                 let worker = s.spawn(|| {
                     let conn = &mut Conn::establish(url).unwrap();
-                    occupy(&mut room_pool.get().unwrap(), conn, "slow", "a", &holder, || guard.is_held())
+                    occupy(&mut room_pool.get().unwrap(), conn, "slow", "a", &holder, || P::is_held(guard_ref))
                 });
                 let contender = s.spawn(|| {
-                    let next = locks
+                    let next = p
                         .lock("slow", "main", ms(3000), Some("c"), ms(10_000), &diesel_occ::RetryPolicy::default().first_delay(ms(5)).max_delay(ms(20)))
                         .unwrap();
                     let conn = &mut Conn::establish(url).unwrap();
                     let holder = lock_row(conn, "slow").0.unwrap();
                     let until = Instant::now() + ms(200);
-                    occupy(&mut room_pool.get().unwrap(), conn, "slow", "c", &holder, || next.is_held() && Instant::now() < until)
-                        .map(|()| (next.fence(), started.elapsed()))
+                    let occupied = occupy(&mut room_pool.get().unwrap(), conn, "slow", "c", &holder, || P::is_held(&next) && Instant::now() < until)
+                        .map(|()| (P::fence(&next), started.elapsed()));
+                    p.release(next).unwrap();
+                    occupied
                 });
                 (worker.join().unwrap(), contender.join().unwrap())
             });
-            let belief = guard.deadline().map(|d| d - started);
+            let belief = P::deadline(&guard).map(|d| d - started);
             println!("{BACKEND} run {run}: granted after {granted:?} (acquired {acquired:?}, expires {expires:?}); belief for {belief:?}; contender {taken:?}");
             occupied.unwrap();
             let (fence, _) = taken.unwrap();
-            assert!(fence > guard.fence());
+            assert!(fence > P::fence(&guard));
+            slow.drop_guard(guard);
         }
     }
 }
