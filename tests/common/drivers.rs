@@ -1001,3 +1001,1028 @@ macro_rules! tests_on_both_drivers {
         }
     };
 }
+
+// Saves from an original copy and writes of excluded fields (added with the conversions
+// of tests/writes/pre_image.rs and excluded_fields.rs).
+
+/// A guarded save of a modified copy, guarded by the token its `original` was read with
+/// (the library's `guarded_save_from`).
+pub trait SaveFrom<T: Guarded> {
+    fn save_from(&mut self, row: &mut T, original: &T) -> Result<TokenOf<T>, Error>;
+}
+
+/// Writes of excluded fields (`#[occ(exclude)]`), which neither check nor advance the
+/// token: of a copy's row, and of the row with a key.
+pub trait WriteExcluded<T: Guarded, Ch> {
+    fn update_excluded(&mut self, row: &T, changes: Ch) -> Result<(), Error>;
+    fn update_excluded_by_key(&mut self, key: &T::Key, changes: Ch) -> Result<(), Error>;
+}
+
+impl<C, T> SaveFrom<T> for Blocking<C>
+where
+    T: UpdateRow<C, <T as Guarded>::Changes>,
+{
+    fn save_from(&mut self, row: &mut T, original: &T) -> Result<TokenOf<T>, Error> {
+        row.guarded_save_from(&mut self.0, original)
+    }
+}
+
+impl<C, T, Ch> WriteExcluded<T, Ch> for Blocking<C>
+where
+    T: diesel_occ::UpdateExcluded<C, Ch>,
+{
+    fn update_excluded(&mut self, row: &T, changes: Ch) -> Result<(), Error> {
+        row.update_excluded(&mut self.0, changes)
+    }
+    fn update_excluded_by_key(&mut self, key: &T::Key, changes: Ch) -> Result<(), Error> {
+        T::update_excluded_by_key(&mut self.0, key, changes)
+    }
+}
+
+#[cfg(all(
+    feature = "async",
+    any(not(feature = "mysql"), feature = "async-mysql")
+))]
+mod on_async_saves_and_excluded {
+    use super::*;
+
+    use super::super::paths::Async;
+    use diesel_occ::asynchronous::{AsyncGuardedWrite, AsyncUpdateExcluded, AsyncUpdateRow};
+
+    // The bounds are those of the `AsyncGuardedWrite` methods each call makes.
+    impl<A, T> SaveFrom<T> for Async<A>
+    where
+        A: Send,
+        T: AsyncUpdateRow<A, <T as Guarded>::Changes>,
+        T::Changes: Send,
+    {
+        fn save_from(&mut self, row: &mut T, original: &T) -> Result<TokenOf<T>, Error> {
+            self.runtime.block_on(AsyncGuardedWrite::guarded_save_from(
+                row,
+                &mut self.conn,
+                original,
+            ))
+        }
+    }
+
+    impl<A, T, Ch> WriteExcluded<T, Ch> for Async<A>
+    where
+        T: AsyncUpdateExcluded<A, Ch>,
+    {
+        fn update_excluded(&mut self, row: &T, changes: Ch) -> Result<(), Error> {
+            self.runtime.block_on(AsyncGuardedWrite::update_excluded(
+                row,
+                &mut self.conn,
+                changes,
+            ))
+        }
+        fn update_excluded_by_key(&mut self, key: &T::Key, changes: Ch) -> Result<(), Error> {
+            self.runtime
+                .block_on(<T as AsyncGuardedWrite>::update_excluded_by_key(
+                    &mut self.conn,
+                    key,
+                    changes,
+                ))
+        }
+    }
+}
+
+// Transactions of the caller's around any of the writes above, and the connection's
+// instrumentation (added with the conversion of tests/writes/caller_transaction.rs).
+
+/// A transaction of the caller's on the executor's connection, around any of its calls.
+pub trait InTransaction: Sized {
+    /// Opens a transaction (a savepoint inside one), runs `work` on this executor inside
+    /// it, then commits when `work` answers `Ok` and rolls back otherwise: `work`'s
+    /// answer, or the commit's failure.
+    fn in_transaction<R>(
+        &mut self,
+        work: impl FnOnce(&mut Self) -> Result<R, Error>,
+    ) -> Result<R, Error>;
+}
+
+/// The instrumentation of the executor's connection, which sees each statement and
+/// transaction event of the calls made on it.
+pub trait Instrument {
+    fn set_instrumentation(&mut self, instrumentation: impl diesel::connection::Instrumentation);
+}
+
+impl<C: Connection> InTransaction for Blocking<C> {
+    fn in_transaction<R>(
+        &mut self,
+        work: impl FnOnce(&mut Self) -> Result<R, Error>,
+    ) -> Result<R, Error> {
+        use diesel::connection::TransactionManager;
+        C::TransactionManager::begin_transaction(&mut self.0)?;
+        match work(self) {
+            Ok(answer) => {
+                C::TransactionManager::commit_transaction(&mut self.0)?;
+                Ok(answer)
+            }
+            Err(error) => {
+                C::TransactionManager::rollback_transaction(&mut self.0)?;
+                Err(error)
+            }
+        }
+    }
+}
+
+impl<C: Connection> Instrument for Blocking<C> {
+    fn set_instrumentation(&mut self, instrumentation: impl diesel::connection::Instrumentation) {
+        self.0.set_instrumentation(instrumentation)
+    }
+}
+
+#[cfg(all(
+    feature = "async",
+    any(not(feature = "mysql"), feature = "async-mysql")
+))]
+mod on_async_transactions {
+    use super::*;
+
+    use super::super::paths::Async;
+    use diesel_async::{AsyncConnection, TransactionManager};
+
+    impl<A: AsyncConnection> InTransaction for Async<A> {
+        fn in_transaction<R>(
+            &mut self,
+            work: impl FnOnce(&mut Self) -> Result<R, Error>,
+        ) -> Result<R, Error> {
+            self.runtime
+                .block_on(A::TransactionManager::begin_transaction(&mut self.conn))?;
+            match work(self) {
+                Ok(answer) => {
+                    self.runtime
+                        .block_on(A::TransactionManager::commit_transaction(&mut self.conn))?;
+                    Ok(answer)
+                }
+                Err(error) => {
+                    self.runtime
+                        .block_on(A::TransactionManager::rollback_transaction(&mut self.conn))?;
+                    Err(error)
+                }
+            }
+        }
+    }
+
+    impl<A: AsyncConnection> Instrument for Async<A> {
+        fn set_instrumentation(
+            &mut self,
+            instrumentation: impl diesel::connection::Instrumentation,
+        ) {
+            self.conn.set_instrumentation(instrumentation)
+        }
+    }
+}
+
+// Status transitions, of a copy and by key, with or without a condition (added with the
+// conversion of tests/status/transition.rs and transition_conditions.rs).
+
+/// A guarded status transition of a loaded copy, with the extra assignments `Ch`.
+pub trait Transition<T: diesel_occ::HasStatus, Ch> {
+    fn transition(&mut self, row: &mut T, to: T::Status, extra: Ch) -> Result<TokenOf<T>, Error>;
+}
+
+/// A guarded status transition of a loaded copy, only while the row meets `G`.
+pub trait TransitionWhen<T: diesel_occ::HasStatus, Ch, G> {
+    fn transition_when(
+        &mut self,
+        row: &mut T,
+        to: T::Status,
+        extra: Ch,
+        condition: G,
+    ) -> Result<TokenOf<T>, Error>;
+}
+
+/// A status transition by key, retried by `policy`.
+pub trait TransitionKey<T: diesel_occ::HasStatus, Ch> {
+    fn transition_by_key(
+        &mut self,
+        key: &T::Key,
+        to: T::Status,
+        extra: Ch,
+        policy: &RetryPolicy,
+    ) -> Result<TokenOf<T>, Error>;
+}
+
+/// A status transition by key, only while the row meets `G`, retried by `policy`.
+pub trait TransitionKeyWhen<T: diesel_occ::HasStatus, Ch, G> {
+    fn transition_by_key_when(
+        &mut self,
+        key: &T::Key,
+        to: T::Status,
+        extra: Ch,
+        condition: G,
+        policy: &RetryPolicy,
+    ) -> Result<TokenOf<T>, Error>;
+}
+
+impl<C, T, Ch> Transition<T, Ch> for Blocking<C>
+where
+    T: diesel_occ::TransitionRow<C, Ch> + Clone,
+{
+    fn transition(&mut self, row: &mut T, to: T::Status, extra: Ch) -> Result<TokenOf<T>, Error> {
+        diesel_occ::GuardedTransition::transition(row, &mut self.0, to, extra)
+    }
+}
+
+impl<C, T, Ch, G> TransitionWhen<T, Ch, G> for Blocking<C>
+where
+    T: diesel_occ::TransitionRow<C, Ch, diesel_occ::When<G>> + Clone,
+    G: diesel::AppearsOnTable<<T as HasTable>::Table>,
+{
+    fn transition_when(
+        &mut self,
+        row: &mut T,
+        to: T::Status,
+        extra: Ch,
+        condition: G,
+    ) -> Result<TokenOf<T>, Error> {
+        diesel_occ::GuardedTransition::transition_when(row, &mut self.0, to, extra, condition)
+    }
+}
+
+impl<C, T, Ch> TransitionKey<T, Ch> for Blocking<C>
+where
+    C: Connection,
+    Ch: Clone,
+    T: diesel_occ::TransitionByKey<C, Ch> + Clone,
+    T::Guard: AdvanceInSql,
+{
+    fn transition_by_key(
+        &mut self,
+        key: &T::Key,
+        to: T::Status,
+        extra: Ch,
+        policy: &RetryPolicy,
+    ) -> Result<TokenOf<T>, Error> {
+        <T as diesel_occ::GuardedStatusTransition>::transition_by_key(
+            &mut self.0,
+            key,
+            to,
+            extra,
+            policy,
+        )
+    }
+}
+
+impl<C, T, Ch, G> TransitionKeyWhen<T, Ch, G> for Blocking<C>
+where
+    C: Connection,
+    Ch: Clone,
+    T: diesel_occ::TransitionByKey<C, Ch, diesel_occ::When<G>> + Clone,
+    T::Guard: AdvanceInSql,
+    G: diesel::AppearsOnTable<<T as HasTable>::Table> + Clone,
+{
+    fn transition_by_key_when(
+        &mut self,
+        key: &T::Key,
+        to: T::Status,
+        extra: Ch,
+        condition: G,
+        policy: &RetryPolicy,
+    ) -> Result<TokenOf<T>, Error> {
+        <T as diesel_occ::GuardedStatusTransition>::transition_by_key_when(
+            &mut self.0,
+            key,
+            to,
+            extra,
+            condition,
+            policy,
+        )
+    }
+}
+
+#[cfg(all(
+    feature = "async",
+    any(not(feature = "mysql"), feature = "async-mysql")
+))]
+mod on_async_transitions {
+    use super::*;
+
+    use super::super::paths::Async;
+    use diesel_occ::asynchronous::{
+        AsyncGuardedTransition, AsyncTransitionByKey, AsyncTransitionRow,
+    };
+    use diesel_occ::When;
+
+    // The bounds are those of the `AsyncGuardedTransition` methods each call makes.
+    impl<A, T, Ch> Transition<T, Ch> for Async<A>
+    where
+        T: AsyncTransitionRow<A, Ch> + Clone,
+    {
+        fn transition(
+            &mut self,
+            row: &mut T,
+            to: T::Status,
+            extra: Ch,
+        ) -> Result<TokenOf<T>, Error> {
+            self.runtime.block_on(AsyncGuardedTransition::transition(
+                row,
+                &mut self.conn,
+                to,
+                extra,
+            ))
+        }
+    }
+
+    impl<A, T, Ch, G> TransitionWhen<T, Ch, G> for Async<A>
+    where
+        T: AsyncTransitionRow<A, Ch, When<G>> + Clone,
+        G: diesel::AppearsOnTable<<T as HasTable>::Table>,
+    {
+        fn transition_when(
+            &mut self,
+            row: &mut T,
+            to: T::Status,
+            extra: Ch,
+            condition: G,
+        ) -> Result<TokenOf<T>, Error> {
+            self.runtime
+                .block_on(AsyncGuardedTransition::transition_when(
+                    row,
+                    &mut self.conn,
+                    to,
+                    extra,
+                    condition,
+                ))
+        }
+    }
+
+    impl<A, T, Ch> TransitionKey<T, Ch> for Async<A>
+    where
+        T: AsyncTransitionByKey<A, Ch> + Clone,
+        T::Guard: AdvanceInSql,
+    {
+        fn transition_by_key(
+            &mut self,
+            key: &T::Key,
+            to: T::Status,
+            extra: Ch,
+            policy: &RetryPolicy,
+        ) -> Result<TokenOf<T>, Error> {
+            self.runtime
+                .block_on(<T as AsyncGuardedTransition>::transition_by_key(
+                    &mut self.conn,
+                    key,
+                    to,
+                    extra,
+                    policy,
+                ))
+        }
+    }
+
+    impl<A, T, Ch, G> TransitionKeyWhen<T, Ch, G> for Async<A>
+    where
+        T: AsyncTransitionByKey<A, Ch, When<G>> + Clone,
+        T::Guard: AdvanceInSql,
+        G: diesel::AppearsOnTable<<T as HasTable>::Table>,
+    {
+        fn transition_by_key_when(
+            &mut self,
+            key: &T::Key,
+            to: T::Status,
+            extra: Ch,
+            condition: G,
+            policy: &RetryPolicy,
+        ) -> Result<TokenOf<T>, Error> {
+            self.runtime
+                .block_on(<T as AsyncGuardedTransition>::transition_by_key_when(
+                    &mut self.conn,
+                    key,
+                    to,
+                    extra,
+                    condition,
+                    policy,
+                ))
+        }
+    }
+}
+
+// Locks on the executor's pool and the writes they protect (added with the conversion of
+// tests/locks/held_lock.rs).
+
+#[cfg(feature = "locks")]
+#[allow(unused_imports)] // Unused in the test binaries without lock bodies.
+pub use lock_writes::*;
+
+#[cfg(feature = "locks")]
+mod lock_writes {
+    use super::*;
+
+    use diesel::connection::SimpleConnection;
+    use diesel::query_builder::SqlQuery;
+    use diesel::query_dsl::methods::ExecuteDsl;
+    use diesel_occ::{Held, Lease, LockConnection, LockGuard, Locks};
+    use std::time::Duration;
+
+    /// Locks `(name, resource)` taken with connections of the executor's pool (the
+    /// library's `Locks`, or `AsyncLocks`), and writes they protect, each on a connection
+    /// of the pool.
+    pub trait LockWrites: Sync {
+        /// A held lock.
+        type Guard: Send;
+        fn try_lock(
+            &self,
+            name: &str,
+            resource: &str,
+            ttl: Duration,
+            label: Option<&str>,
+        ) -> Result<Self::Guard, Error>;
+        #[allow(clippy::too_many_arguments)]
+        fn lock(
+            &self,
+            name: &str,
+            resource: &str,
+            ttl: Duration,
+            label: Option<&str>,
+            wait: Duration,
+            policy: &RetryPolicy,
+        ) -> Result<Self::Guard, Error>;
+        fn fence(guard: &Self::Guard) -> i64;
+        fn is_held(guard: &Self::Guard) -> bool;
+        fn release(&self, guard: Self::Guard) -> Result<(), Error>;
+        /// Drops the guard where its best-effort release can run.
+        fn drop_guard(&self, guard: Self::Guard);
+        /// Keeps `guard`'s lease alive, then releases it: the lease's handle, as it was.
+        fn keep_alive_and_release(&self, guard: Self::Guard) -> Result<Held, Error>;
+        /// Runs `sql` as a protected write (`write_while_held`): in a transaction that
+        /// commits only while `guard` holds its lock by the database's clock. `session`
+        /// runs before it on the same connection and `reset` after it ("" for none).
+        /// With `fail`, the write answers its own error once `sql` ran
+        /// (`Error::Database(RollbackTransaction)`), which must roll it back.
+        fn write_while_held(
+            &self,
+            guard: &Self::Guard,
+            session: &str,
+            reset: &str,
+            sql: &str,
+            fail: bool,
+        ) -> Result<usize, Error>;
+        /// [`write_while_held`](Self::write_while_held) under a lease's handle.
+        fn write_while_held_by(&self, held: &Held, sql: &str) -> Result<usize, Error>;
+    }
+
+    /// The protected write's closure: `sql`, then its own error with `fail`.
+    fn protected<C>(conn: &mut C, sql: &str, fail: bool) -> Result<usize, Error>
+    where
+        SqlQuery: ExecuteDsl<C>,
+        C: Connection,
+    {
+        let written = diesel::RunQueryDsl::execute(diesel::sql_query(sql), conn)?;
+        if fail {
+            Err(rolled_back())
+        } else {
+            Ok(written)
+        }
+    }
+
+    impl<S> LockWrites for BlockingPool<S>
+    where
+        S: ConnectionSource + Sync,
+        S::Connection: LockConnection + WriteTransaction,
+        SqlQuery: ExecuteDsl<S::Connection>,
+    {
+        type Guard = LockGuard<S>;
+        fn try_lock(
+            &self,
+            name: &str,
+            resource: &str,
+            ttl: Duration,
+            label: Option<&str>,
+        ) -> Result<Self::Guard, Error> {
+            Locks::new(self.0.clone()).try_lock(name, resource, ttl, label)
+        }
+        fn lock(
+            &self,
+            name: &str,
+            resource: &str,
+            ttl: Duration,
+            label: Option<&str>,
+            wait: Duration,
+            policy: &RetryPolicy,
+        ) -> Result<Self::Guard, Error> {
+            Locks::new(self.0.clone()).lock(name, resource, ttl, label, wait, policy)
+        }
+        fn fence(guard: &Self::Guard) -> i64 {
+            guard.fence()
+        }
+        fn is_held(guard: &Self::Guard) -> bool {
+            guard.is_held()
+        }
+        fn release(&self, guard: Self::Guard) -> Result<(), Error> {
+            guard.release()
+        }
+        fn drop_guard(&self, guard: Self::Guard) {
+            drop(guard)
+        }
+        fn keep_alive_and_release(&self, guard: Self::Guard) -> Result<Held, Error> {
+            let lease = Lease::keep_alive(guard);
+            let handle = lease.held().clone();
+            lease.release()?;
+            Ok(handle)
+        }
+        fn write_while_held(
+            &self,
+            guard: &Self::Guard,
+            session: &str,
+            reset: &str,
+            sql: &str,
+            fail: bool,
+        ) -> Result<usize, Error> {
+            self.0.on_connection(|conn| {
+                if !session.is_empty() {
+                    conn.batch_execute(session)?;
+                }
+                let written = guard.write_while_held(conn, |c| protected(c, sql, fail));
+                if !reset.is_empty() {
+                    conn.batch_execute(reset)?;
+                }
+                written
+            })?
+        }
+        fn write_while_held_by(&self, held: &Held, sql: &str) -> Result<usize, Error> {
+            self.0
+                .on_connection(|conn| held.write_while_held(conn, |c| protected(c, sql, false)))?
+        }
+    }
+
+    #[cfg(all(feature = "bb8", any(not(feature = "mysql"), feature = "async-mysql")))]
+    mod on_async {
+        use super::*;
+
+        use diesel_async::SimpleAsyncConnection;
+        use diesel_occ::asynchronous::{
+            AsyncLease, AsyncLockGuard, AsyncLockPool, AsyncLocks, AsyncWriteConnection,
+        };
+
+        /// The async protected write: `sql`, then its own error with `fail`.
+        async fn protected_async<C>(conn: &mut C, sql: String, fail: bool) -> Result<usize, Error>
+        where
+            C: diesel_async::AsyncConnection,
+            SqlQuery: diesel_async::methods::ExecuteDsl<C>,
+        {
+            let written = diesel_async::RunQueryDsl::execute(diesel::sql_query(sql), conn).await?;
+            if fail {
+                Err(rolled_back())
+            } else {
+                Ok(written)
+            }
+        }
+
+        impl<P> LockWrites for AsyncPool<P>
+        where
+            P: AsyncLockPool,
+            P::Connection: AsyncWriteConnection,
+            SqlQuery: diesel_async::methods::ExecuteDsl<P::Connection>,
+        {
+            type Guard = AsyncLockGuard<P>;
+            fn try_lock(
+                &self,
+                name: &str,
+                resource: &str,
+                ttl: Duration,
+                label: Option<&str>,
+            ) -> Result<Self::Guard, Error> {
+                let locks = AsyncLocks::new(self.pool.clone());
+                self.runtime
+                    .block_on(locks.try_lock(name, resource, ttl, label))
+            }
+            fn lock(
+                &self,
+                name: &str,
+                resource: &str,
+                ttl: Duration,
+                label: Option<&str>,
+                wait: Duration,
+                policy: &RetryPolicy,
+            ) -> Result<Self::Guard, Error> {
+                let locks = AsyncLocks::new(self.pool.clone());
+                self.runtime
+                    .block_on(locks.lock(name, resource, ttl, label, wait, policy))
+            }
+            fn fence(guard: &Self::Guard) -> i64 {
+                guard.fence()
+            }
+            fn is_held(guard: &Self::Guard) -> bool {
+                guard.is_held()
+            }
+            fn release(&self, guard: Self::Guard) -> Result<(), Error> {
+                self.runtime.block_on(guard.release())
+            }
+            fn drop_guard(&self, guard: Self::Guard) {
+                let _runtime = self.runtime.enter();
+                drop(guard)
+            }
+            fn keep_alive_and_release(&self, guard: Self::Guard) -> Result<Held, Error> {
+                let _runtime = self.runtime.enter();
+                let lease = AsyncLease::keep_alive(guard);
+                let handle = lease.held().clone();
+                self.runtime.block_on(lease.release())?;
+                Ok(handle)
+            }
+            fn write_while_held(
+                &self,
+                guard: &Self::Guard,
+                session: &str,
+                reset: &str,
+                sql: &str,
+                fail: bool,
+            ) -> Result<usize, Error> {
+                let sql = sql.to_owned();
+                self.runtime.block_on(async {
+                    let mut conn = self.pool.checkout().await?;
+                    let conn = &mut *conn;
+                    if !session.is_empty() {
+                        conn.batch_execute(session).await?;
+                    }
+                    let written = guard
+                        .write_while_held(conn, async move |c: &mut P::Connection| {
+                            protected_async(c, sql, fail).await
+                        })
+                        .await;
+                    if !reset.is_empty() {
+                        conn.batch_execute(reset).await?;
+                    }
+                    written
+                })
+            }
+            fn write_while_held_by(&self, held: &Held, sql: &str) -> Result<usize, Error> {
+                let sql = sql.to_owned();
+                self.runtime.block_on(async {
+                    let mut conn = self.pool.checkout().await?;
+                    held.write_while_held_async(&mut *conn, async move |c: &mut P::Connection| {
+                        protected_async(c, sql, false).await
+                    })
+                    .await
+                })
+            }
+        }
+    }
+}
+
+// Renewals of a held lock (added with the conversion of tests/locks/lock_stalls.rs).
+
+#[cfg(feature = "locks")]
+#[allow(unused_imports)] // Unused in the test binaries without lock bodies.
+pub use lock_renewals::*;
+
+#[cfg(feature = "locks")]
+mod lock_renewals {
+    use super::*;
+
+    use diesel_occ::{LockConnection, LockGuard};
+    use std::time::Instant;
+
+    /// Renewals of a lock taken with [`LockWrites`].
+    pub trait LockRenewals: LockWrites {
+        /// Extends the lease to the guard's TTL from now (the database's clock).
+        fn renew(&self, guard: &mut Self::Guard) -> Result<(), Error>;
+        /// When the holder's belief ends, unless renewed.
+        fn deadline(guard: &Self::Guard) -> Option<Instant>;
+    }
+
+    impl<S> LockRenewals for BlockingPool<S>
+    where
+        S: ConnectionSource + Sync,
+        S::Connection: LockConnection + WriteTransaction,
+        Self: LockWrites<Guard = LockGuard<S>>,
+    {
+        fn renew(&self, guard: &mut Self::Guard) -> Result<(), Error> {
+            guard.renew()
+        }
+        fn deadline(guard: &Self::Guard) -> Option<Instant> {
+            guard.deadline()
+        }
+    }
+
+    #[cfg(all(feature = "bb8", any(not(feature = "mysql"), feature = "async-mysql")))]
+    impl<P> LockRenewals for AsyncPool<P>
+    where
+        P: diesel_occ::asynchronous::AsyncLockPool,
+        Self: LockWrites<Guard = diesel_occ::asynchronous::AsyncLockGuard<P>>,
+    {
+        fn renew(&self, guard: &mut Self::Guard) -> Result<(), Error> {
+            self.runtime.block_on(guard.renew())
+        }
+        fn deadline(guard: &Self::Guard) -> Option<Instant> {
+            guard.deadline()
+        }
+    }
+}
+
+// Kept-alive leases of a held lock (added with the conversion of
+// tests/locks/lock_stalls.rs).
+
+#[cfg(feature = "locks")]
+#[allow(unused_imports)] // Unused in the test binaries without lock bodies.
+pub use kept_alive::*;
+
+#[cfg(feature = "locks")]
+mod kept_alive {
+    use super::*;
+
+    use diesel_occ::{Lease, LockConnection, LockGuard};
+
+    /// Leases that keep a lock taken with [`LockWrites`] alive (the library's `Lease`, or
+    /// `AsyncLease`, renewing on a thread or a task of their own).
+    pub trait KeepAlive: LockWrites {
+        type Lease: Sync;
+        fn keep_alive(&self, guard: Self::Guard) -> Self::Lease;
+        /// `Ok` while the holder believes it holds the lock, else `LockLost`.
+        fn lease_check(lease: &Self::Lease) -> Result<(), Error>;
+        fn lease_is_held(lease: &Self::Lease) -> bool;
+        fn lease_fence(lease: &Self::Lease) -> i64;
+        /// Drops the lease where its best-effort release can run.
+        fn drop_lease(&self, lease: Self::Lease);
+    }
+
+    impl<S> KeepAlive for BlockingPool<S>
+    where
+        S: ConnectionSource + Sync,
+        S::Connection: LockConnection + WriteTransaction,
+        Self: LockWrites<Guard = LockGuard<S>>,
+    {
+        type Lease = Lease<S>;
+        fn keep_alive(&self, guard: Self::Guard) -> Self::Lease {
+            Lease::keep_alive(guard)
+        }
+        fn lease_check(lease: &Self::Lease) -> Result<(), Error> {
+            lease.check()
+        }
+        fn lease_is_held(lease: &Self::Lease) -> bool {
+            lease.is_held()
+        }
+        fn lease_fence(lease: &Self::Lease) -> i64 {
+            lease.fence()
+        }
+        fn drop_lease(&self, lease: Self::Lease) {
+            drop(lease)
+        }
+    }
+
+    #[cfg(all(feature = "bb8", any(not(feature = "mysql"), feature = "async-mysql")))]
+    impl<P> KeepAlive for AsyncPool<P>
+    where
+        P: diesel_occ::asynchronous::AsyncLockPool,
+        Self: LockWrites<Guard = diesel_occ::asynchronous::AsyncLockGuard<P>>,
+        diesel_occ::asynchronous::AsyncLease<P>: Sync,
+    {
+        type Lease = diesel_occ::asynchronous::AsyncLease<P>;
+        fn keep_alive(&self, guard: Self::Guard) -> Self::Lease {
+            let _runtime = self.runtime.enter();
+            diesel_occ::asynchronous::AsyncLease::keep_alive(guard)
+        }
+        fn lease_check(lease: &Self::Lease) -> Result<(), Error> {
+            lease.check()
+        }
+        fn lease_is_held(lease: &Self::Lease) -> bool {
+            lease.is_held()
+        }
+        fn lease_fence(lease: &Self::Lease) -> i64 {
+            lease.fence()
+        }
+        fn drop_lease(&self, lease: Self::Lease) {
+            let _runtime = self.runtime.enter();
+            drop(lease)
+        }
+    }
+}
+
+// Leader election on a lock taken with the executor's pool (added with the conversion of
+// tests/locks/lock_stalls.rs).
+
+#[cfg(feature = "locks")]
+#[allow(unused_imports)] // Unused in the test binaries without lock bodies.
+pub use campaigns::*;
+
+#[cfg(feature = "locks")]
+mod campaigns {
+    use super::*;
+
+    use diesel_occ::{Candidate, ElectionTiming, LeaderEvent, LockConnection, LockGuard, Locks};
+    use std::time::Duration;
+
+    /// Candidates for leadership of a lock of the executor's pool (the library's
+    /// `Candidate`, or `AsyncCandidate`).
+    pub trait Campaign: LockWrites {
+        type Candidate;
+        fn start_candidate(
+            &self,
+            name: &str,
+            resource: &str,
+            label: &str,
+            timing: ElectionTiming,
+        ) -> Result<Self::Candidate, Error>;
+        fn is_leader(candidate: &Self::Candidate) -> bool;
+        /// The candidate's next event, waiting at most `within` (`Duration::ZERO`: only
+        /// one already there).
+        fn next_event(
+            &self,
+            candidate: &mut Self::Candidate,
+            within: Duration,
+        ) -> Option<LeaderEvent>;
+        /// Stops campaigning (stepping down if it leads): the events not yet taken.
+        fn stop(&self, candidate: Self::Candidate) -> Vec<LeaderEvent>;
+    }
+
+    impl<S> Campaign for BlockingPool<S>
+    where
+        S: ConnectionSource + Sync,
+        S::Connection: LockConnection + WriteTransaction,
+        Self: LockWrites<Guard = LockGuard<S>>,
+    {
+        type Candidate = Candidate;
+        fn start_candidate(
+            &self,
+            name: &str,
+            resource: &str,
+            label: &str,
+            timing: ElectionTiming,
+        ) -> Result<Self::Candidate, Error> {
+            Candidate::start(Locks::new(self.0.clone()), name, resource, label, timing)
+        }
+        fn is_leader(candidate: &Self::Candidate) -> bool {
+            candidate.is_leader()
+        }
+        fn next_event(
+            &self,
+            candidate: &mut Self::Candidate,
+            within: Duration,
+        ) -> Option<LeaderEvent> {
+            candidate.events().recv_timeout(within).ok()
+        }
+        fn stop(&self, candidate: Self::Candidate) -> Vec<LeaderEvent> {
+            candidate.stop()
+        }
+    }
+
+    #[cfg(all(feature = "bb8", any(not(feature = "mysql"), feature = "async-mysql")))]
+    impl<P> Campaign for AsyncPool<P>
+    where
+        P: diesel_occ::asynchronous::AsyncLockPool,
+        Self: LockWrites<Guard = diesel_occ::asynchronous::AsyncLockGuard<P>>,
+    {
+        type Candidate = diesel_occ::asynchronous::AsyncCandidate;
+        fn start_candidate(
+            &self,
+            name: &str,
+            resource: &str,
+            label: &str,
+            timing: ElectionTiming,
+        ) -> Result<Self::Candidate, Error> {
+            let _runtime = self.runtime.enter();
+            let locks = diesel_occ::asynchronous::AsyncLocks::new(self.pool.clone());
+            diesel_occ::asynchronous::AsyncCandidate::start(locks, name, resource, label, timing)
+        }
+        fn is_leader(candidate: &Self::Candidate) -> bool {
+            candidate.is_leader()
+        }
+        fn next_event(
+            &self,
+            candidate: &mut Self::Candidate,
+            within: Duration,
+        ) -> Option<LeaderEvent> {
+            // The event channel's `recv` is cancel-safe, and the timeout polls it first.
+            self.runtime
+                .block_on(async { tokio::time::timeout(within, candidate.next_event()).await })
+                .ok()
+                .flatten()
+        }
+        fn stop(&self, candidate: Self::Candidate) -> Vec<LeaderEvent> {
+            self.runtime.block_on(candidate.stop())
+        }
+    }
+}
+
+// Leaders with a job (added with the conversion of tests/locks/held_lock.rs).
+
+#[cfg(feature = "locks")]
+#[allow(unused_imports)] // Unused in the test binaries without lock bodies.
+pub use campaigns_with_jobs::*;
+
+#[cfg(feature = "locks")]
+mod campaigns_with_jobs {
+    use super::*;
+
+    use diesel_occ::{Candidate, ElectionTiming, Held, LockConnection, LockGuard, Locks};
+    use std::sync::Arc;
+
+    /// A leader's job that only runs `work` (which may panic), the same on both drivers:
+    /// the blocking job calls it, the async job's future does.
+    pub type JobWork = Arc<dyn Fn() + Send + Sync>;
+
+    /// Candidates that run a job while they lead.
+    pub trait CampaignWithJob: Campaign {
+        fn start_candidate_with_job(
+            &self,
+            name: &str,
+            resource: &str,
+            label: &str,
+            timing: ElectionTiming,
+            work: JobWork,
+        ) -> Result<Self::Candidate, Error>;
+    }
+
+    impl<S> CampaignWithJob for BlockingPool<S>
+    where
+        S: ConnectionSource + Sync,
+        S::Connection: LockConnection + WriteTransaction,
+        Self: LockWrites<Guard = LockGuard<S>> + Campaign<Candidate = Candidate>,
+    {
+        fn start_candidate_with_job(
+            &self,
+            name: &str,
+            resource: &str,
+            label: &str,
+            timing: ElectionTiming,
+            work: JobWork,
+        ) -> Result<Self::Candidate, Error> {
+            let locks = Locks::new(self.0.clone());
+            Candidate::start_with_job(locks, name, resource, label, timing, move |_: &Held| work())
+        }
+    }
+
+    #[cfg(all(feature = "bb8", any(not(feature = "mysql"), feature = "async-mysql")))]
+    impl<P> CampaignWithJob for AsyncPool<P>
+    where
+        P: diesel_occ::asynchronous::AsyncLockPool,
+        Self: LockWrites<Guard = diesel_occ::asynchronous::AsyncLockGuard<P>>
+            + Campaign<Candidate = diesel_occ::asynchronous::AsyncCandidate>,
+    {
+        fn start_candidate_with_job(
+            &self,
+            name: &str,
+            resource: &str,
+            label: &str,
+            timing: ElectionTiming,
+            work: JobWork,
+        ) -> Result<Self::Candidate, Error> {
+            let _runtime = self.runtime.enter();
+            let locks = diesel_occ::asynchronous::AsyncLocks::new(self.pool.clone());
+            diesel_occ::asynchronous::AsyncCandidate::start_with_job(
+                locks,
+                name,
+                resource,
+                label,
+                timing,
+                move |_: Held| {
+                    let work = Arc::clone(&work);
+                    async move { work() }
+                },
+            )
+        }
+    }
+}
+
+// Another pool of the same kind on another URL (added with the conversion of
+// tests/locks/lock_stalls.rs).
+
+/// A pool executor like this one on `url` (say, through a proxy to the same database).
+pub trait PoolOnUrl: Sized {
+    fn on_url(&self, url: &str, backend: &str) -> Self;
+}
+
+impl<C: super::PoolByUrl> PoolOnUrl
+    for BlockingPool<diesel::r2d2::Pool<diesel_occ::CheckedManager<C>>>
+{
+    fn on_url(&self, url: &str, _backend: &str) -> Self {
+        BlockingPool(C::pool(url))
+    }
+}
+
+/// [`PoolOnUrl`] for bb8 pools of the diesel-async connection `$async`.
+#[cfg(all(feature = "bb8", any(not(feature = "mysql"), feature = "async-mysql")))]
+macro_rules! bb8_pool_on_url {
+    ($async:ty) => {
+        impl PoolOnUrl for AsyncPool<diesel_async::pooled_connection::bb8::Pool<$async>> {
+            fn on_url(&self, url: &str, backend: &str) -> Self {
+                let manager = manager::<$async>(url, backend);
+                AsyncPool::build(async move {
+                    diesel_async::pooled_connection::bb8::Pool::builder()
+                        .max_size(10)
+                        .build(manager)
+                        .await
+                        .expect("a bb8 pool")
+                })
+            }
+        }
+    };
+}
+
+#[cfg(all(
+    feature = "bb8",
+    feature = "sqlite",
+    any(not(feature = "mysql"), feature = "async-mysql")
+))]
+bb8_pool_on_url!(
+    diesel_async::sync_connection_wrapper::SyncConnectionWrapper<diesel::SqliteConnection>
+);
+#[cfg(all(
+    feature = "bb8",
+    feature = "postgres",
+    any(not(feature = "mysql"), feature = "async-mysql")
+))]
+bb8_pool_on_url!(diesel_async::AsyncPgConnection);
+#[cfg(all(feature = "bb8", feature = "async-mysql"))]
+bb8_pool_on_url!(diesel_async::AsyncMysqlConnection);

@@ -12,6 +12,9 @@
 //! - a renewal is never a success after the lease ended, and writes nothing then.
 //!
 //! `OCC_STALL_RUNS=20` repeats every scenario; each run prints its timings.
+//!
+//! Each body runs on both drivers (the blocking `Locks` on the test's r2d2 pool, and
+//! `AsyncLocks` on a bb8 pool of diesel-async connections).
 
 #![cfg(feature = "locks")]
 
@@ -19,10 +22,12 @@ use crate::common;
 
 use std::time::{Duration, Instant};
 
+use common::drivers::{Campaign, KeepAlive, LockRenewals, LockWrites, PoolOnUrl};
+
 use chrono::NaiveDateTime;
 use diesel::connection::SimpleConnection;
 use diesel::prelude::*;
-use diesel_occ::{occ_locks, Candidate, ElectionTiming, Error, LeaderEvent, Lease, Locks};
+use diesel_occ::{occ_locks, ElectionTiming, Error, LeaderEvent};
 
 diesel::table! {
     room (id) {
@@ -102,14 +107,6 @@ for_each_backend! {
         })
     }
 
-    /// A fresh database with the lock row of `name` created.
-    fn setup(name: &str) -> Option<(Db, Locks<diesel::r2d2::Pool<diesel_occ::CheckedManager<Conn>>>)> {
-        let db = db()?;
-        let locks = Locks::new(db.pool.clone());
-        locks.try_lock(name, "main", ms(1000), None).unwrap().release().unwrap();
-        Some((db, locks))
-    }
-
     /// The room, in a database of its own.
     fn room() -> Db {
         let db = db().unwrap();
@@ -159,20 +156,25 @@ for_each_backend! {
         Ok(())
     }
 
+    /// Creates the lock row of `name`, free.
+    fn create_lock_row<P: LockWrites>(p: &P, name: &str) {
+        let guard = p.try_lock(name, "main", ms(1000), None).unwrap();
+        p.release(guard).unwrap();
+    }
+
     /// An acquisition behind a held row waits for it, then computes its expiry: the grant
     /// starts after the stall ended, by the database's clock, and lasts the whole lease. A
     /// stall longer than the wait bound (a third of the lease) is a retryable refusal that
     /// grants nothing.
-    #[test]
-    fn an_acquisition_behind_a_held_row_computes_its_expiry_after_the_wait() {
+    fn an_acquisition_behind_a_held_row_computes_its_expiry_after_the_wait<P: LockWrites>(db: &Db, p: &P) {
+        create_lock_row(p, "stalled");
         for run in 0..runs() {
-            let Some((db, locks)) = setup("stalled") else { return };
             let conn = &mut Conn::establish(&db.url).unwrap();
             let ttl = ms(3000);
 
-            let stalled = stall(&db, "stalled", ms(500));
+            let stalled = stall(db, "stalled", ms(500));
             let started = Instant::now();
-            let guard = locks.try_lock("stalled", "main", ttl, Some("a")).unwrap();
+            let guard = p.try_lock("stalled", "main", ttl, Some("a")).unwrap();
             let waited = started.elapsed();
             let stall_ended = stalled.join().unwrap();
             let (_, _, acquired, expires) = lock_row(conn, "stalled");
@@ -180,15 +182,16 @@ for_each_backend! {
             println!("{BACKEND} run {run}: granted after {waited:?}; stall ended {stall_ended}, acquired {acquired}, expires {expires}");
             assert!(acquired >= stall_ended, "the expiry was computed before the wait ended");
             assert!(expires - acquired >= chrono::Duration::milliseconds(2999), "{acquired} .. {expires}");
-            assert!(guard.is_held());
-            guard.release().unwrap();
+            assert!(P::is_held(&guard));
+            p.release(guard).unwrap();
 
-            let stalled = stall(&db, "stalled", ms(1600));
+            let stalled = stall(db, "stalled", ms(1600));
             let started = Instant::now();
-            let refused = locks.try_lock("stalled", "main", ttl, Some("b"));
+            let refused = p.try_lock("stalled", "main", ttl, Some("b"));
             let waited = started.elapsed();
             stalled.join().unwrap();
             println!("{BACKEND} run {run}: behind a 1.6 s stall, {:?} after {waited:?}", refused.as_ref().err());
+            let refused = refused.map(|guard| p.drop_guard(guard));
             assert!(matches!(refused, Err(Error::Retryable { .. })), "{:?}", refused.err());
             assert_eq!(lock_row(conn, "stalled").0, None, "nothing was granted");
         }
@@ -197,19 +200,18 @@ for_each_backend! {
     /// A 900 ms lease whose row is held for 2.5 s: no renewal succeeds after the lease
     /// ended, none writes anything, the holder learns `LockLost` and its belief ends; a
     /// contender takes the lock once the stall is over, with a higher fence.
-    #[test]
-    fn a_renewal_that_comes_too_late_never_succeeds() {
+    fn a_renewal_that_comes_too_late_never_succeeds<P: LockRenewals>(db: &Db, p: &P) {
+        create_lock_row(p, "renewed");
         for run in 0..runs() {
-            let Some((db, locks)) = setup("renewed") else { return };
             let conn = &mut Conn::establish(&db.url).unwrap();
-            let mut guard = locks.try_lock("renewed", "main", ms(900), Some("a")).unwrap();
+            let mut guard = p.try_lock("renewed", "main", ms(900), Some("a")).unwrap();
             let (_, _, _, granted_until) = lock_row(conn, "renewed");
-            let deadline = guard.deadline().unwrap();
+            let deadline = P::deadline(&guard).unwrap();
             let started = Instant::now();
-            let stalled = stall(&db, "renewed", ms(2500));
+            let stalled = stall(db, "renewed", ms(2500));
             let mut outcomes = Vec::new();
             let lost = loop {
-                let result = guard.renew();
+                let result = p.renew(&mut guard);
                 outcomes.push((started.elapsed(), result.as_ref().err().map(common::faults::class_of)));
                 match result {
                     Ok(()) => assert!(Instant::now() < deadline, "a renewal succeeded after the deadline"),
@@ -219,53 +221,67 @@ for_each_backend! {
             };
             stalled.join().unwrap();
             println!("{BACKEND} run {run}: renewals {outcomes:?}; lost: {lost}");
-            assert!(!guard.is_held());
+            assert!(!P::is_held(&guard));
             assert_eq!(lock_row(conn, "renewed").3, granted_until, "a late renewal wrote an expiry");
-            let next = locks.try_lock("renewed", "main", ms(900), Some("b")).unwrap();
-            assert!(next.fence() > guard.fence());
-            assert!(matches!(guard.renew(), Err(Error::LockLost { .. })));
+            let next = p.try_lock("renewed", "main", ms(900), Some("b")).unwrap();
+            assert!(P::fence(&next) > P::fence(&guard));
+            assert!(matches!(p.renew(&mut guard), Err(Error::LockLost { .. })));
+            p.release(next).unwrap();
+            p.drop_guard(guard);
         }
     }
+
+    tests_on_both_drivers!(
+        |_: &Db| ();
+        ;
+        pooled:
+        an_acquisition_behind_a_held_row_computes_its_expiry_after_the_wait,
+        a_renewal_that_comes_too_late_never_succeeds,
+        a_kept_alive_lease_ends_at_its_deadline_while_its_row_is_held,
+        leaders_never_overlap_while_the_lease_row_is_held,
+        a_slow_link_does_not_stretch_the_belief,
+    );
 
     /// A kept-alive 900 ms lease whose row is held for 2.5 s: `check()` turns false at the
     /// deadline and never back, the contender that takes over after the database's lease
     /// ended never shares the room with it.
-    #[test]
-    fn a_kept_alive_lease_ends_at_its_deadline_while_its_row_is_held() {
+    fn a_kept_alive_lease_ends_at_its_deadline_while_its_row_is_held<P: KeepAlive>(db: &Db, p: &P) {
+        create_lock_row(p, "kept");
         for run in 0..runs() {
-            let Some((db, locks)) = setup("kept") else { return };
             let room = room();
-            let lease = Lease::keep_alive(locks.try_lock("kept", "main", ms(900), Some("a")).unwrap());
+            let lease = p.keep_alive(p.try_lock("kept", "main", ms(900), Some("a")).unwrap());
             let holder = {
                 let conn = &mut Conn::establish(&db.url).unwrap();
                 lock_row(conn, "kept").0.unwrap()
             };
-            let (url, room_pool) = (db.url.as_str(), &room.pool);
+            let (url, room_pool, lease_ref) = (db.url.as_str(), &room.pool, &lease);
             let started = Instant::now();
-            let stalled = stall(&db, "kept", ms(2500));
+            let stalled = stall(db, "kept", ms(2500));
             let (checks, occupied, taken) = std::thread::scope(|s| {
                 let sampler = s.spawn(|| {
                     let mut checks = Vec::new();
                     while started.elapsed() < ms(4000) {
-                        checks.push((started.elapsed(), lease.check().is_ok()));
+                        checks.push((started.elapsed(), P::lease_check(lease_ref).is_ok()));
                         std::thread::sleep(ms(2));
                     }
                     checks
                 });
                 let worker = s.spawn(|| {
                     let conn = &mut Conn::establish(url).unwrap();
-                    occupy(&mut room_pool.get().unwrap(), conn, "kept", "a", &holder, || lease.is_held())
+                    occupy(&mut room_pool.get().unwrap(), conn, "kept", "a", &holder, || P::lease_is_held(lease_ref))
                 });
                 let contender = s.spawn(|| {
-                    let guard = locks
+                    let guard = p
                         .lock("kept", "main", ms(900), Some("c"), ms(10_000), &diesel_occ::RetryPolicy::default().first_delay(ms(5)).max_delay(ms(20)))
                         .unwrap();
                     let at = started.elapsed();
                     let conn = &mut Conn::establish(url).unwrap();
                     let holder = lock_row(conn, "kept").0.unwrap();
                     let until = Instant::now() + ms(300);
-                    let occupied = occupy(&mut room_pool.get().unwrap(), conn, "kept", "c", &holder, || guard.is_held() && Instant::now() < until);
-                    (guard.fence(), at, occupied)
+                    let occupied = occupy(&mut room_pool.get().unwrap(), conn, "kept", "c", &holder, || P::is_held(&guard) && Instant::now() < until);
+                    let fence = P::fence(&guard);
+                    p.release(guard).unwrap();
+                    (fence, at, occupied)
                 });
                 (sampler.join().unwrap(), worker.join().unwrap(), contender.join().unwrap())
             });
@@ -276,8 +292,9 @@ for_each_backend! {
             assert!(!revived, "check() was Ok again after it failed");
             occupied.unwrap();
             taken.2.unwrap();
-            assert!(taken.0 > lease.fence());
-            assert!(matches!(lease.check(), Err(Error::LockLost { .. })));
+            assert!(taken.0 > P::lease_fence(&lease));
+            assert!(matches!(P::lease_check(&lease), Err(Error::LockLost { .. })));
+            p.drop_lease(lease);
         }
     }
 
@@ -285,30 +302,30 @@ for_each_backend! {
     /// The leader's `is_leader()` turns false and its `Lost` arrives before anyone is
     /// elected again (the other candidate, or the old leader in a new term); the two are
     /// never leaders at once, by their own word and by the room.
-    #[test]
-    fn leaders_never_overlap_while_the_lease_row_is_held() {
+    fn leaders_never_overlap_while_the_lease_row_is_held<P: Campaign>(db: &Db, p: &P) {
         let timing = ElectionTiming {
             lease: ms(1000),
             renew_deadline: ms(700),
             retry_period: ms(200),
         };
+        create_lock_row(p, "leader");
         for run in 0..runs() {
-            let Some((db, locks)) = setup("leader") else { return };
             let room = room();
             let room_conn = &mut room.conn();
-            let a = Candidate::start(locks.clone(), "leader", "main", "a", timing).unwrap();
-            let first_term = match a.events().recv_timeout(ms(5000)) {
-                Ok(LeaderEvent::Elected { fence }) => fence,
+            let mut a = p.start_candidate("leader", "main", "a", timing).unwrap();
+            let first_term = match p.next_event(&mut a, ms(5000)) {
+                Some(LeaderEvent::Elected { fence }) => fence,
                 other => panic!("{other:?}"),
             };
-            let b = Candidate::start(locks.clone(), "leader", "main", "b", timing).unwrap();
+            let b = p.start_candidate("leader", "main", "b", timing).unwrap();
+            let mut candidates = [(a, "a"), (b, "b")];
             let started = Instant::now();
-            let stalled = stall(&db, "leader", ms(2500));
+            let stalled = stall(db, "leader", ms(2500));
             let (mut a_lost, mut next_term, mut both) = (None, None, 0);
             let mut inside = [false, false];
             while started.elapsed() < ms(8000) && next_term.is_none() {
-                for (i, (candidate, me)) in [(&a, "a"), (&b, "b")].into_iter().enumerate() {
-                    let leads = candidate.is_leader();
+                for (i, (candidate, me)) in candidates.iter().enumerate() {
+                    let leads = P::is_leader(candidate);
                     if leads && !inside[i] {
                         enter(room_conn, me).unwrap();
                         inside[i] = true;
@@ -317,11 +334,11 @@ for_each_backend! {
                         inside[i] = false;
                     }
                 }
-                both += usize::from(a.is_leader() && b.is_leader());
-                for (candidate, me) in [(&a, "a"), (&b, "b")] {
-                    match candidate.events().try_recv() {
-                        Ok(LeaderEvent::Lost { reason }) => a_lost = Some((started.elapsed(), me, reason)),
-                        Ok(LeaderEvent::Elected { fence }) => next_term = Some((started.elapsed(), me, fence)),
+                both += usize::from(P::is_leader(&candidates[0].0) && P::is_leader(&candidates[1].0));
+                for (candidate, me) in candidates.iter_mut() {
+                    match p.next_event(candidate, Duration::ZERO) {
+                        Some(LeaderEvent::Lost { reason }) => a_lost = Some((started.elapsed(), *me, reason)),
+                        Some(LeaderEvent::Elected { fence }) => next_term = Some((started.elapsed(), *me, fence)),
                         _ => {}
                     }
                 }
@@ -335,28 +352,32 @@ for_each_backend! {
             assert!(lost_at < elected_at);
             assert_eq!(both, 0, "two leaders at once");
             assert!(fence > first_term);
-            drop(b.stop());
-            drop(a.stop());
+            let [(a, _), (b, _)] = candidates;
+            drop(p.stop(b));
+            drop(p.stop(a));
         }
     }
 
     /// Replies held back on a slow link (150 ms a piece on PostgreSQL, 50 ms on MySQL): the holder's belief is measured from
     /// before its request, so it ends before the database's lease, and the contender that
     /// takes over once that lease ended never shares the room with it.
-    #[test]
-    fn a_slow_link_does_not_stretch_the_belief() {
+    fn a_slow_link_does_not_stretch_the_belief<P>(db: &Db, p: &P)
+    where
+        P: LockRenewals + PoolOnUrl,
+        P::Guard: Sync,
+    {
         let server_port = match BACKEND {
             "postgres" => 5432,
             "mysql" => 3306,
             // Embedded: no link to slow down.
             _ => return,
         };
+        create_lock_row(p, "slow");
         for run in 0..runs() {
-            let Some((db, locks)) = setup("slow") else { return };
             let room = room();
             let link = common::slow_link::SlowLink::to(&format!("127.0.0.1:{server_port}"));
-            let slow = Locks::new(<Conn as common::PoolByUrl>::pool(&link.url(&db.url, server_port)));
-            drop(slow.try_lock("warm", "main", ms(1000), None).unwrap());
+            let slow = p.on_url(&link.url(&db.url, server_port), BACKEND);
+            slow.drop_guard(slow.try_lock("warm", "main", ms(1000), None).unwrap());
             // MySQL's replies come in more pieces, each held back.
             link.set_latency(ms(if BACKEND == "mysql" { 50 } else { 150 }));
             let started = Instant::now();
@@ -366,29 +387,32 @@ for_each_backend! {
             let conn = &mut Conn::establish(&db.url).unwrap();
             let (holder, _, acquired, expires) = lock_row(conn, "slow");
             let holder = holder.unwrap();
-            let (url, room_pool) = (db.url.as_str(), &room.pool);
+            let (url, room_pool, guard_ref) = (db.url.as_str(), &room.pool, &guard);
             let (occupied, taken) = std::thread::scope(|s| {
                 let worker = s.spawn(|| {
                     let conn = &mut Conn::establish(url).unwrap();
-                    occupy(&mut room_pool.get().unwrap(), conn, "slow", "a", &holder, || guard.is_held())
+                    occupy(&mut room_pool.get().unwrap(), conn, "slow", "a", &holder, || P::is_held(guard_ref))
                 });
                 let contender = s.spawn(|| {
-                    let next = locks
+                    let next = p
                         .lock("slow", "main", ms(3000), Some("c"), ms(10_000), &diesel_occ::RetryPolicy::default().first_delay(ms(5)).max_delay(ms(20)))
                         .unwrap();
                     let conn = &mut Conn::establish(url).unwrap();
                     let holder = lock_row(conn, "slow").0.unwrap();
                     let until = Instant::now() + ms(200);
-                    occupy(&mut room_pool.get().unwrap(), conn, "slow", "c", &holder, || next.is_held() && Instant::now() < until)
-                        .map(|()| (next.fence(), started.elapsed()))
+                    let occupied = occupy(&mut room_pool.get().unwrap(), conn, "slow", "c", &holder, || P::is_held(&next) && Instant::now() < until)
+                        .map(|()| (P::fence(&next), started.elapsed()));
+                    p.release(next).unwrap();
+                    occupied
                 });
                 (worker.join().unwrap(), contender.join().unwrap())
             });
-            let belief = guard.deadline().map(|d| d - started);
+            let belief = P::deadline(&guard).map(|d| d - started);
             println!("{BACKEND} run {run}: granted after {granted:?} (acquired {acquired:?}, expires {expires:?}); belief for {belief:?}; contender {taken:?}");
             occupied.unwrap();
             let (fence, _) = taken.unwrap();
-            assert!(fence > guard.fence());
+            assert!(fence > P::fence(&guard));
+            slow.drop_guard(guard);
         }
     }
 }

@@ -1,16 +1,24 @@
 //! Guarded status transitions: cancel vs ship has exactly one winner, the loser learns the
-//! winner's state, hooks commit or roll back with the move.
+//! winner's state, hooks commit or roll back with the move. Each body runs on both
+//! drivers (the blocking API and the async one).
 
 use crate::common;
 
 use std::sync::Barrier;
 
+use common::drivers::{race, Blocking, Transition, TransitionKey};
 use common::models::Order;
 use common::schema::orders;
 use common::HistoryRow;
+use diesel::dsl;
 use diesel::prelude::*;
 use diesel_occ::{no_extra, record, GuardedStatusTransition, GuardedTransition, HistoryEntry};
 use diesel_occ::{Error, Guarded, RetryPolicy, Status};
+
+/// No extra assignments.
+type NoExtra = diesel_occ::__private::NoChanges<orders::table>;
+/// A note written with the move.
+type Note = dsl::Eq<orders::note, &'static str>;
 
 /// An order's life: held orders can be released again, which is the ABA case.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Status)]
@@ -76,6 +84,7 @@ fn states_know_their_sources_and_stored_names() {
 }
 
 for_each_backend! {
+    type Db = common::TestDb<Conn>;
     type Pooled = diesel_occ::Pooled<Conn>;
 
     #[derive(Debug, Clone, PartialEq, Queryable, Selectable, Identifiable, Guarded)]
@@ -89,6 +98,69 @@ for_each_backend! {
         version: i64,
     }
 
+    /// Moves whose hook records the move in the history, on either driver.
+    trait RecordedMoves {
+        /// Ships order `id` by key; the hook records the move with actor `operator-7`.
+        fn ship_by_key_recorded(&mut self, id: i64) -> Result<ShopOrder, ShopError>;
+        /// Ships `row`; the hook records the move, then fails (the label printer is down).
+        fn ship_recorded_then_fail(&mut self, row: &mut ShopOrder) -> Result<i64, ShopError>;
+    }
+
+    impl RecordedMoves for Blocking<Pooled> {
+        fn ship_by_key_recorded(&mut self, id: i64) -> Result<ShopOrder, ShopError> {
+            ShopOrder::transition_by_key_then(&mut self.0, &id, OrderStatus::Shipped, no_extra(), |conn, from, row| {
+                let key = row.id.to_string();
+                record(conn, &HistoryEntry { entity: "orders", key: &key, from: from.name(), to: row.status.name(), actor: Some("operator-7") })
+                    .map_err(ShopError::from)
+            })
+        }
+        fn ship_recorded_then_fail(&mut self, row: &mut ShopOrder) -> Result<i64, ShopError> {
+            row.transition_then(&mut self.0, OrderStatus::Shipped, no_extra(), |conn, from, row| {
+                let key = row.id.to_string();
+                record(conn, &HistoryEntry { entity: "orders", key: &key, from: from.name(), to: row.status.name(), actor: None })?;
+                Err(ShopError::LabelPrinterDown)
+            })
+        }
+    }
+
+    #[cfg(all(feature = "async", any(not(feature = "mysql"), feature = "async-mysql")))]
+    type Async_ = <Conn as common::paths::AsyncOf>::Async;
+
+    #[cfg(all(feature = "async", any(not(feature = "mysql"), feature = "async-mysql")))]
+    impl RecordedMoves for common::drivers::Async<Async_> {
+        fn ship_by_key_recorded(&mut self, id: i64) -> Result<ShopOrder, ShopError> {
+            use diesel_occ::asynchronous::AsyncGuardedTransition;
+            let moved = <ShopOrder as AsyncGuardedTransition>::transition_by_key_then(
+                &mut self.conn,
+                &id,
+                OrderStatus::Shipped,
+                no_extra(),
+                async move |conn: &mut Async_, from: OrderStatus, row: &ShopOrder| {
+                    let key = row.id.to_string();
+                    let entry = HistoryEntry { entity: "orders", key: &key, from: from.name(), to: row.status.name(), actor: Some("operator-7") };
+                    diesel_occ::asynchronous::record(conn, &entry).await.map_err(ShopError::from)
+                },
+            );
+            self.runtime.block_on(moved)
+        }
+        fn ship_recorded_then_fail(&mut self, row: &mut ShopOrder) -> Result<i64, ShopError> {
+            use diesel_occ::asynchronous::AsyncGuardedTransition;
+            let moved = AsyncGuardedTransition::transition_then(
+                row,
+                &mut self.conn,
+                OrderStatus::Shipped,
+                no_extra(),
+                async move |conn: &mut Async_, from: OrderStatus, row: &ShopOrder| {
+                    let key = row.id.to_string();
+                    let entry = HistoryEntry { entity: "orders", key: &key, from: from.name(), to: row.status.name(), actor: None };
+                    diesel_occ::asynchronous::record(conn, &entry).await?;
+                    Err(ShopError::LabelPrinterDown)
+                },
+            );
+            self.runtime.block_on(moved)
+        }
+    }
+
     fn insert_orders(conn: &mut Pooled, count: i64) {
         let rows: Vec<Order> = (1..=count).map(|id| Order::new(id, "new")).collect();
         for chunk in rows.chunks(500) {
@@ -100,34 +172,25 @@ for_each_backend! {
         orders::table.find(id).select(ShopOrder::as_select()).first(conn).unwrap()
     }
 
-    /// 1,000 orders; for each, a cancel and a ship on two threads with their own pooled
+    /// 1,000 orders; for each, a cancel and a ship on two threads with their own
     /// connections, released together by a barrier.
-    #[test]
-    fn cancel_vs_ship_has_exactly_one_winner_per_order() {
+    fn cancel_vs_ship_has_exactly_one_winner_per_order<W>(db: &Db, w: impl Fn() -> W + Sync)
+    where
+        W: TransitionKey<ShopOrder, Note>,
+    {
         const ORDERS: i64 = 1000;
-        let Some(db) = db() else { return };
         insert_orders(&mut db.conn(), ORDERS);
         let start = Barrier::new(2);
         let policy = RetryPolicy::default().max_attempts(100);
-        let pool = &db.pool;
 
-        let outcomes: Vec<Vec<Result<i64, Error>>> = std::thread::scope(|s| {
-            let racers: Vec<_> = [OrderStatus::Cancelled, OrderStatus::Shipped]
-                .into_iter()
-                .map(|to| {
-                    let (start, policy) = (&start, &policy);
-                    s.spawn(move || {
-                        let mut conn = pool.get().unwrap();
-                        (1..=ORDERS)
-                            .map(|id| {
-                                start.wait();
-                                ShopOrder::transition_by_key(&mut conn, &id, to, orders::note.eq(to.name()), policy)
-                            })
-                            .collect()
-                    })
+        let outcomes: Vec<Vec<Result<i64, Error>>> = race(2, w, |racer, w| {
+            let to = [OrderStatus::Cancelled, OrderStatus::Shipped][racer];
+            (1..=ORDERS)
+                .map(|id| {
+                    start.wait();
+                    w.transition_by_key(&id, to, orders::note.eq(to.name()), &policy)
                 })
-                .collect();
-            racers.into_iter().map(|r| r.join().unwrap()).collect()
+                .collect()
         });
 
         let conn = &mut db.conn();
@@ -157,18 +220,20 @@ for_each_backend! {
 
     /// Valid, held, valid again between a copy's read and its write: the status alone
     /// cannot see it; the copy's token can.
-    #[test]
-    fn a_loaded_copy_sees_the_aba_case_that_the_status_alone_cannot() {
-        let Some(db) = db() else { return };
+    fn a_loaded_copy_sees_the_aba_case_that_the_status_alone_cannot<W>(db: &Db, w: impl Fn() -> W)
+    where
+        W: TransitionKey<ShopOrder, NoExtra> + Transition<ShopOrder, NoExtra> + Transition<ShopOrder, Note>,
+    {
         let conn = &mut db.conn();
+        let w = &mut w();
         insert_orders(conn, 1);
         let mut stale = load(conn, 1);
         let before = stale.clone();
         let policy = RetryPolicy::default();
-        ShopOrder::transition_by_key(conn, &1, OrderStatus::Held, no_extra(), &policy).unwrap();
-        ShopOrder::transition_by_key(conn, &1, OrderStatus::Valid, no_extra(), &policy).unwrap();
+        w.transition_by_key(&1, OrderStatus::Held, no_extra(), &policy).unwrap();
+        w.transition_by_key(&1, OrderStatus::Valid, no_extra(), &policy).unwrap();
 
-        let err = stale.transition(conn, OrderStatus::Shipped, no_extra()).unwrap_err();
+        let err = Transition::<_, NoExtra>::transition(w, &mut stale, OrderStatus::Shipped, no_extra()).unwrap_err();
 
         match &err {
             Error::Conflict(c) => assert_eq!(c.found, diesel_occ::Token::Version(2)),
@@ -177,23 +242,25 @@ for_each_backend! {
         assert_eq!(stale, before, "a failed transition leaves the copy as it was");
         // The fresh copy moves, and records the new state and token.
         let mut fresh = load(conn, 1);
-        assert_eq!(fresh.transition(conn, OrderStatus::Shipped, orders::note.eq("TRACK-1")).unwrap(), 3);
+        assert_eq!(Transition::<_, Note>::transition(w, &mut fresh, OrderStatus::Shipped, orders::note.eq("TRACK-1")).unwrap(), 3);
         assert_eq!((fresh.status, fresh.version), (OrderStatus::Shipped, 3));
         let stored = load(conn, 1);
         assert_eq!((stored.status, stored.version, stored.note.as_str()), (OrderStatus::Shipped, 3, "TRACK-1"));
     }
 
-    #[test]
-    fn an_invalid_transition_names_the_current_state_and_writes_nothing() {
-        let Some(db) = db() else { return };
+    fn an_invalid_transition_names_the_current_state_and_writes_nothing<W>(db: &Db, w: impl Fn() -> W)
+    where
+        W: TransitionKey<ShopOrder, NoExtra> + Transition<ShopOrder, NoExtra>,
+    {
         let conn = &mut db.conn();
+        let w = &mut w();
         insert_orders(conn, 1);
         let mut order = load(conn, 1);
-        order.transition(conn, OrderStatus::Cancelled, no_extra()).unwrap();
+        w.transition(&mut order, OrderStatus::Cancelled, no_extra()).unwrap();
 
-        let err = order.transition(conn, OrderStatus::Shipped, no_extra()).unwrap_err();
-        let by_key = ShopOrder::transition_by_key(conn, &1, OrderStatus::Delivered, no_extra(), &RetryPolicy::default()).unwrap_err();
-        let missing = ShopOrder::transition_by_key(conn, &9, OrderStatus::Shipped, no_extra(), &RetryPolicy::default()).unwrap_err();
+        let err = w.transition(&mut order, OrderStatus::Shipped, no_extra()).unwrap_err();
+        let by_key = w.transition_by_key(&1, OrderStatus::Delivered, no_extra(), &RetryPolicy::default()).unwrap_err();
+        let missing = w.transition_by_key(&9, OrderStatus::Shipped, no_extra(), &RetryPolicy::default()).unwrap_err();
 
         for err in [&err, &by_key] {
             match err {
@@ -208,27 +275,17 @@ for_each_backend! {
 
     /// The hook writes the history row on the move's transaction; when it fails, the move
     /// is rolled back with it.
-    #[test]
-    fn a_hook_commits_or_rolls_back_with_the_transition() {
-        let Some(db) = db() else { return };
+    fn a_hook_commits_or_rolls_back_with_the_transition<W: RecordedMoves>(db: &Db, w: impl Fn() -> W) {
         let conn = &mut db.conn();
+        let w = &mut w();
         insert_orders(conn, 2);
 
-        let moved = ShopOrder::transition_by_key_then(conn, &1, OrderStatus::Shipped, no_extra(), |conn, from, row| {
-            let key = row.id.to_string();
-            record(conn, &HistoryEntry { entity: "orders", key: &key, from: from.name(), to: row.status.name(), actor: Some("operator-7") })
-                .map_err(ShopError::from)
-        })
-        .unwrap_or_else(|e| match e {
+        let moved = w.ship_by_key_recorded(1).unwrap_or_else(|e| match e {
             ShopError::Occ(e) => panic!("{e}"),
             ShopError::LabelPrinterDown => panic!("the first hook does not fail"),
         });
         let mut second = load(conn, 2);
-        let failed = second.transition_then(conn, OrderStatus::Shipped, no_extra(), |conn, from, row| {
-            let key = row.id.to_string();
-            record(conn, &HistoryEntry { entity: "orders", key: &key, from: from.name(), to: row.status.name(), actor: None })?;
-            Err(ShopError::LabelPrinterDown)
-        });
+        let failed = w.ship_recorded_then_fail(&mut second);
 
         assert_eq!((moved.status, moved.version), (OrderStatus::Shipped, 1));
         assert!(matches!(failed, Err(ShopError::LabelPrinterDown)), "{failed:?}");
@@ -247,15 +304,13 @@ for_each_backend! {
 
     /// A stored state that is no variant fails clearly, with the raw value, table and
     /// column; nothing is written.
-    #[test]
-    fn an_unknown_stored_state_is_a_clear_error() {
-        let Some(db) = db() else { return };
+    fn an_unknown_stored_state_is_a_clear_error<W: TransitionKey<ShopOrder, NoExtra>>(db: &Db, w: impl Fn() -> W) {
         let conn = &mut db.conn();
         insert_orders(conn, 1);
         diesel::update(orders::table).set(orders::status.eq("lost in transit")).execute(conn).unwrap();
 
         let read = orders::table.find(1).select(ShopOrder::as_select()).first::<ShopOrder>(conn).unwrap_err();
-        let err = ShopOrder::transition_by_key(conn, &1, OrderStatus::Shipped, no_extra(), &RetryPolicy::default()).unwrap_err();
+        let err = w().transition_by_key(&1, OrderStatus::Shipped, no_extra(), &RetryPolicy::default()).unwrap_err();
 
         let cause = std::error::Error::source(&read).map(|e| e.to_string()).unwrap_or_default();
         assert!(cause.contains("\"lost in transit\" is not a `OrderStatus`"), "{read}: {cause}");
@@ -270,34 +325,41 @@ for_each_backend! {
         assert_eq!(raw, ("lost in transit".into(), 0));
     }
 
+    diesel::table! {
+        jobs (id) {
+            id -> BigInt,
+            state -> Integer,
+            version -> BigInt,
+        }
+    }
+
+    #[derive(Debug, Clone, PartialEq, Queryable, Selectable, Identifiable, Insertable, Guarded)]
+    #[diesel(table_name = jobs)]
+    pub struct Job {
+        id: i64,
+        #[occ(status)]
+        state: TaskState,
+        #[occ(version)]
+        version: i64,
+    }
+
+    /// No extra assignments to a job.
+    type NoJobExtra = diesel_occ::__private::NoChanges<jobs::table>;
+
     /// Integer storage: the discriminants are stored, and an unknown number is refused.
-    #[test]
-    fn integer_states_round_trip_and_transition() {
+    fn integer_states_round_trip_and_transition<W>(db: &Db, w: impl Fn() -> W)
+    where
+        W: Transition<Job, NoJobExtra> + TransitionKey<Job, NoJobExtra>,
+    {
         use diesel::connection::SimpleConnection;
-        diesel::table! {
-            jobs (id) {
-                id -> BigInt,
-                state -> Integer,
-                version -> BigInt,
-            }
-        }
-        #[derive(Debug, Clone, PartialEq, Queryable, Selectable, Identifiable, Insertable, Guarded)]
-        #[diesel(table_name = jobs)]
-        struct Job {
-            id: i64,
-            #[occ(status)]
-            state: TaskState,
-            #[occ(version)]
-            version: i64,
-        }
-        let Some(db) = db() else { return };
         let conn = &mut db.conn();
+        let w = &mut w();
         conn.batch_execute("CREATE TABLE jobs (id BIGINT PRIMARY KEY, state INTEGER NOT NULL, version BIGINT NOT NULL)").unwrap();
         diesel::insert_into(jobs::table).values(&Job { id: 1, state: TaskState::Open, version: 0 }).execute(conn).unwrap();
 
         let mut job: Job = jobs::table.find(1).select(Job::as_select()).first(conn).unwrap();
-        job.transition(conn, TaskState::Running, no_extra()).unwrap();
-        let skipped = Job::transition_by_key(conn, &1, TaskState::Open, no_extra(), &RetryPolicy::default()).unwrap_err();
+        w.transition(&mut job, TaskState::Running, no_extra()).unwrap();
+        let skipped = w.transition_by_key(&1, TaskState::Open, no_extra(), &RetryPolicy::default()).unwrap_err();
 
         let stored: i32 = jobs::table.find(1).select(jobs::state).first(conn).unwrap();
         assert_eq!(stored, 2);
@@ -307,4 +369,14 @@ for_each_backend! {
         let cause = std::error::Error::source(&err).map(|e| e.to_string()).unwrap_or_default();
         assert!(cause.contains("7 is not a `TaskState`"), "{err}: {cause}");
     }
+
+    tests_on_both_drivers!(
+        |_: &Db| ();
+        cancel_vs_ship_has_exactly_one_winner_per_order,
+        a_loaded_copy_sees_the_aba_case_that_the_status_alone_cannot,
+        an_invalid_transition_names_the_current_state_and_writes_nothing,
+        a_hook_commits_or_rolls_back_with_the_transition,
+        an_unknown_stored_state_is_a_clear_error,
+        integer_states_round_trip_and_transition,
+    );
 }

@@ -1,16 +1,18 @@
 //! Bad input the other test files do not already cover (the guide's failures chapter, "Bad input"): NUL bytes,
-//! unicode and SQL metacharacters in JSON keys and values, on every backend.
+//! unicode and SQL metacharacters in JSON keys and values, on every backend. Each body
+//! runs on both drivers (the blocking API and the async one).
 
 use crate::common;
 
+use common::drivers::{EditJsonColumn, MergeJsonInPlace};
 use diesel::prelude::*;
-use diesel_occ::GuardedJson;
-use diesel_occ::GuardedJsonMerge;
 use diesel_occ::{Error, RetryPolicy};
 use serde_json::json;
 
 for_each_backend! {
     json_profiles!();
+
+    type Db = common::TestDb<Conn>;
 
     fn load(conn: &mut diesel_occ::Pooled<Conn>) -> Profile {
         profiles::table.find(1).select(Profile::as_select()).first(conn).unwrap()
@@ -18,10 +20,12 @@ for_each_backend! {
 
     /// Unicode and SQL metacharacters in keys and values are data, stored exactly by both
     /// merge paths.
-    #[test]
-    fn unicode_and_sql_metacharacters_in_json_are_stored_exactly() {
-        let Some(db) = db() else { return };
+    fn unicode_and_sql_metacharacters_in_json_are_stored_exactly<W>(db: &Db, w: impl Fn() -> W)
+    where
+        W: EditJsonColumn<Profile, profiles::ext> + MergeJsonInPlace<Profile, profiles::ext>,
+    {
         let conn = &mut db.conn();
+        let w = &mut w();
         let row = Profile { id: 1, name: "p".into(), ext: json!({}), version: 0 };
         diesel::insert_into(profiles::table).values(&row).execute(conn).unwrap();
         let odd = json!({
@@ -29,10 +33,10 @@ for_each_backend! {
             "ключ 🔑 e\u{301}": {"$.a[0]": "\\\"quoted\\\""},
             "%_\\": ["a", {"b": "c"}],
         });
-        Profile::merge_json(conn, &1, profiles::ext, &odd, &RetryPolicy::default()).unwrap();
+        w.merge_json(&1, profiles::ext, &odd, &RetryPolicy::default()).unwrap();
         assert_eq!(load(conn).ext, odd);
         let more = json!({"ключ 🔑 e\u{301}": {"$.a[0]": null, "новый": 1}});
-        Profile::merge_json_in_place(conn, &1, profiles::ext, &more).unwrap();
+        w.merge_json_in_place(&1, profiles::ext, &more).unwrap();
         let mut expected = odd.clone();
         json_patch::merge(&mut expected, &more);
         assert_eq!(load(conn).ext, expected);
@@ -41,16 +45,18 @@ for_each_backend! {
     /// A NUL byte in a JSON key or string: SQLite and MySQL store it; PostgreSQL's `jsonb`
     /// cannot hold one and refuses the statement. Either way the answer is clear and a
     /// refused write writes nothing.
-    #[test]
-    fn a_nul_byte_in_json_is_stored_or_refused_never_half_written() {
-        let Some(db) = db() else { return };
+    fn a_nul_byte_in_json_is_stored_or_refused_never_half_written<W>(db: &Db, w: impl Fn() -> W)
+    where
+        W: EditJsonColumn<Profile, profiles::ext> + MergeJsonInPlace<Profile, profiles::ext>,
+    {
         let conn = &mut db.conn();
+        let w = &mut w();
         let row = Profile { id: 1, name: "p".into(), ext: json!({"keep": 1}), version: 0 };
         diesel::insert_into(profiles::table).values(&row).execute(conn).unwrap();
         for patch in [json!({"nul\u{0}key": 1}), json!({"k": "nul\u{0}value"})] {
             let before = load(conn);
-            let rmw = Profile::merge_json(conn, &1, profiles::ext, &patch, &RetryPolicy::default());
-            let one = Profile::merge_json_in_place(conn, &1, profiles::ext, &patch);
+            let rmw = w.merge_json(&1, profiles::ext, &patch, &RetryPolicy::default());
+            let one = w.merge_json_in_place(&1, profiles::ext, &patch);
             if BACKEND == "postgres" {
                 for result in [rmw.map(drop), one.map(drop)] {
                     match result {
@@ -69,4 +75,10 @@ for_each_backend! {
             }
         }
     }
+
+    tests_on_both_drivers!(
+        |_: &Db| ();
+        unicode_and_sql_metacharacters_in_json_are_stored_exactly,
+        a_nul_byte_in_json_is_stored_or_refused_never_half_written,
+    );
 }

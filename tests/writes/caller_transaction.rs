@@ -1,14 +1,27 @@
 //! A guarded write that fails inside the caller's transaction (a unique violation, a
 //! check constraint) leaves that transaction usable on every backend: what it wrote
 //! before stays, later writes go on, and the commit keeps both. PostgreSQL would abort
-//! the whole transaction; the library's savepoint keeps the three backends alike.
+//! the whole transaction; the library's savepoint keeps the three backends alike. Each
+//! body runs on both drivers (the blocking API and the async one), but for one the async
+//! API has no counterpart of.
 
 use crate::common;
 
+use common::drivers::{
+    BatchUpdate, BulkUpdate, InTransaction, Instrument, Modify, Read, Save, Update,
+};
 use diesel::connection::SimpleConnection;
+use diesel::dsl;
 use diesel::prelude::*;
-use diesel_occ::{guarded_operation, BatchMode, GuardedBatch, GuardedBulk, GuardedWrite};
+use diesel_occ::{guarded_operation, BatchMode, GuardedWrite};
 use diesel_occ::{Error, Guarded, LockWait, Pessimistic, RetryPolicy};
+
+/// The changes of a credit update.
+type Credit = dsl::Eq<accounts::credit, i32>;
+/// The changes of an email update.
+type Email = dsl::Eq<accounts::email, &'static str>;
+/// The accounts after an id.
+type IdAbove = dsl::Gt<accounts::id, i64>;
 
 diesel::table! {
     accounts (id) {
@@ -38,11 +51,11 @@ fn assert_constraint_error<T: std::fmt::Debug>(result: Result<T, Error>) {
 }
 
 for_each_backend! {
+    type Db = common::TestDb<Conn>;
     type Pooled = diesel_occ::Pooled<Conn>;
 
     /// Three accounts `a@x`, `b@x`, `c@x` with credit 10; emails unique, credit >= 0.
-    fn setup() -> Option<common::TestDb<Conn>> {
-        let db = db()?;
+    fn create_accounts(db: &Db) {
         let conn = &mut db.conn();
         let text = if BACKEND == "mysql" { "VARCHAR(64)" } else { "TEXT" };
         conn.batch_execute(&format!(
@@ -56,6 +69,12 @@ for_each_backend! {
             .map(|(name, id)| Account { id, email: format!("{name}@x"), credit: 10, version: 0 })
             .collect();
         diesel::insert_into(accounts::table).values(&rows).execute(conn).unwrap();
+    }
+
+    /// A fresh database with the accounts of [`create_accounts`].
+    fn setup() -> Option<Db> {
+        let db = db()?;
+        create_accounts(&db);
         Some(db)
     }
 
@@ -74,21 +93,22 @@ for_each_backend! {
 
     /// Write, fail on a unique and then a check violation, write again, commit: the two
     /// good writes are there, the failed ones left nothing.
-    #[test]
-    fn a_failed_write_leaves_the_callers_transaction_usable() {
-        let Some(db) = setup() else { return };
+    fn a_failed_write_leaves_the_callers_transaction_usable<W>(db: &Db, w: impl Fn() -> W)
+    where
+        W: InTransaction + Update<Account, Credit> + Update<Account, Email> + Save<Account> + Read<Account>,
+    {
         let conn = &mut db.conn();
         let (a, b, c) = (load(conn, 1), load(conn, 2), load(conn, 3));
-        conn.transaction::<_, Error, _>(|conn| {
-            assert_eq!(a.guarded_update(conn, accounts::credit.eq(7))?, 1);
-            assert_constraint_error(b.guarded_update(conn, accounts::email.eq("a@x")));
-            assert_constraint_error(b.guarded_update(conn, accounts::credit.eq(-1)));
+        w().in_transaction(|w| {
+            assert_eq!(Update::<_, Credit>::update(w, &a, accounts::credit.eq(7))?, 1);
+            assert_constraint_error(Update::<_, Email>::update(w, &b, accounts::email.eq("a@x")));
+            assert_constraint_error(Update::<_, Credit>::update(w, &b, accounts::credit.eq(-1)));
             let mut b = b.clone();
             b.email = "c@x".into();
-            assert_constraint_error(b.guarded_save(conn));
-            assert_eq!(c.guarded_update(conn, accounts::credit.eq(13))?, 1);
+            assert_constraint_error(w.save(&mut b));
+            assert_eq!(Update::<_, Credit>::update(w, &c, accounts::credit.eq(13))?, 1);
             // The failed writes left the second row as it was, inside the transaction too.
-            assert_eq!(load(conn, 2).version, 0);
+            assert_eq!(w.read(&2).unwrap().version, 0);
             Ok(())
         })
         .unwrap();
@@ -99,22 +119,30 @@ for_each_backend! {
     }
 
     /// The same for a partial batch and a bulk update that fail as a whole.
-    #[test]
-    fn a_failed_batch_or_bulk_update_leaves_the_callers_transaction_usable() {
-        let Some(db) = setup() else { return };
-        let conn = &mut db.conn();
-        conn.transaction::<_, Error, _>(|conn| {
-            let first = load(conn, 1);
-            assert_eq!(first.guarded_update(conn, accounts::credit.eq(1))?, 1);
+    fn a_failed_batch_or_bulk_update_leaves_the_callers_transaction_usable<W>(db: &Db, w: impl Fn() -> W)
+    where
+        W: InTransaction
+            + Update<Account, Credit>
+            + Read<Account>
+            + BatchUpdate<Account, Credit>
+            + BulkUpdate<Account, IdAbove, Email>,
+    {
+        w().in_transaction(|w| {
+            let first = w.read(&1).unwrap();
+            assert_eq!(w.update(&first, accounts::credit.eq(1))?, 1);
             let rows = vec![(2, 0, accounts::credit.eq(5)), (3, 0, accounts::credit.eq(-5))];
-            assert_constraint_error(Account::guarded_update_batch(conn, rows, BatchMode::Partial));
-            assert_constraint_error(Account::guarded_bulk_update(conn, accounts::id.gt(1), accounts::email.eq("same@x")));
-            let third = load(conn, 3);
-            assert_eq!(third.guarded_update(conn, accounts::credit.eq(3))?, 1);
+            assert_constraint_error(BatchUpdate::<Account, Credit>::update_batch(w, rows, BatchMode::Partial));
+            assert_constraint_error(BulkUpdate::<Account, IdAbove, Email>::bulk_update(
+                w,
+                accounts::id.gt(1),
+                accounts::email.eq("same@x"),
+            ));
+            let third = w.read(&3).unwrap();
+            assert_eq!(w.update(&third, accounts::credit.eq(3))?, 1);
             Ok(())
         })
         .unwrap();
-        let rows = stored(conn);
+        let rows = stored(&mut db.conn());
         assert_eq!((rows[0].1, rows[0].2), (1, 1));
         assert_eq!(rows[2], ("c@x".into(), 3, 1));
         // A batch that failed as a statement on one backend may have written its other
@@ -122,6 +150,7 @@ for_each_backend! {
         assert!(rows[1] == ("b@x".into(), 10, 0) || rows[1] == ("b@x".into(), 5, 1), "{rows:?}");
     }
 
+    // Blocking-only: the async API has no `guarded_operation` (version-row operations).
     /// Inside the library's own transactions, the caller's closures are the caller's: a
     /// failed write the closure handles does not spoil what commits.
     #[test]
@@ -151,46 +180,56 @@ for_each_backend! {
 
     /// The savepoint is PostgreSQL's, for the caller's transactions only: a
     /// read-modify-write, whose transaction is the library's, opens none.
-    #[test]
-    fn only_writes_in_the_callers_transaction_pay_for_a_savepoint_on_postgresql() {
-        use diesel::connection::{Connection, InstrumentationEvent};
-        use diesel_occ::GuardedModify;
+    fn only_writes_in_the_callers_transaction_pay_for_a_savepoint_on_postgresql<W>(db: &Db, w: impl Fn() -> W)
+    where
+        W: Instrument + InTransaction + Update<Account, Credit> + Modify<Account, (), Error>,
+    {
+        use diesel::connection::InstrumentationEvent;
         use std::sync::atomic::{AtomicUsize, Ordering};
         use std::sync::Arc;
 
-        let Some(db) = setup() else { return };
-        let conn = &mut db.conn();
+        let w = &mut w();
         let savepoints = Arc::new(AtomicUsize::new(0));
         let counter = Arc::clone(&savepoints);
-        conn.set_instrumentation(move |event: InstrumentationEvent<'_>| {
+        w.set_instrumentation(move |event: InstrumentationEvent<'_>| {
             if let InstrumentationEvent::BeginTransaction { depth, .. } = event {
                 if depth.get() > 1 {
                     counter.fetch_add(1, Ordering::SeqCst);
                 }
             }
         });
-        let a = load(conn, 1);
-        conn.transaction::<_, Error, _>(|conn| a.guarded_update(conn, accounts::credit.eq(2)).map(drop)).unwrap();
+        let a = load(&mut db.conn(), 1);
+        w.in_transaction(|w| w.update(&a, accounts::credit.eq(2)).map(drop)).unwrap();
         let in_callers = savepoints.swap(0, Ordering::SeqCst);
-        Account::modify(conn, &2, &RetryPolicy::default(), |b| -> Result<(), Error> {
+        w.modify(&2, &RetryPolicy::default(), |b: &mut Account| -> Result<(), Error> {
             b.credit += 1;
             Ok(())
         })
         .unwrap();
         let in_modify = savepoints.load(Ordering::SeqCst);
-        conn.set_instrumentation(|_: InstrumentationEvent<'_>| {});
+        w.set_instrumentation(|_: InstrumentationEvent<'_>| {});
         let expected = usize::from(BACKEND == "postgres");
         assert_eq!((in_callers, in_modify), (expected, 0));
     }
 
     /// Outside any transaction a failed write is just its error; nothing changes.
-    #[test]
-    fn a_failed_write_outside_a_transaction_writes_nothing() {
-        let Some(db) = setup() else { return };
+    fn a_failed_write_outside_a_transaction_writes_nothing<W>(db: &Db, w: impl Fn() -> W)
+    where
+        W: Update<Account, Credit> + Update<Account, Email>,
+    {
         let conn = &mut db.conn();
+        let w = &mut w();
         let b = load(conn, 2);
-        assert_constraint_error(b.guarded_update(conn, accounts::email.eq("c@x")));
-        assert_eq!(b.guarded_update(conn, accounts::credit.eq(4)).unwrap(), 1);
+        assert_constraint_error(Update::<_, Email>::update(w, &b, accounts::email.eq("c@x")));
+        assert_eq!(Update::<_, Credit>::update(w, &b, accounts::credit.eq(4)).unwrap(), 1);
         assert_eq!(stored(conn)[1], ("b@x".into(), 4, 1));
     }
+
+    tests_on_both_drivers!(
+        create_accounts;
+        a_failed_write_leaves_the_callers_transaction_usable,
+        a_failed_batch_or_bulk_update_leaves_the_callers_transaction_usable,
+        only_writes_in_the_callers_transaction_pay_for_a_savepoint_on_postgresql,
+        a_failed_write_outside_a_transaction_writes_nothing,
+    );
 }

@@ -1,4 +1,6 @@
-//! Real threads, each with its own pooled connection, writing one row at once.
+//! Real threads, each with its own connection, writing one row at once. Each body runs on
+//! both drivers (the blocking API and the async one), but for one the async API has no
+//! counterpart of.
 //!
 //! Every check is exact: the row's value equals the number of successful guarded writes,
 //! so a single lost update fails the test.
@@ -8,10 +10,17 @@ use crate::common;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Barrier;
 
+use common::drivers::{race, Read, Update, UpdateByKey};
 use common::models::Counter;
 use common::schema::counters;
+use diesel::dsl;
 use diesel::prelude::*;
 use diesel_occ::{Error, GuardedWrite, WriteTransaction};
+
+/// The changes that set a counter's value.
+type SetValue = dsl::Eq<counters::value, i64>;
+/// The changes that add to a counter's value.
+type AddValue = dsl::Eq<counters::value, dsl::Add<counters::value, i64>>;
 
 const THREADS: usize = 8;
 const INCREMENTS_PER_THREAD: usize = 25;
@@ -35,7 +44,9 @@ impl Retries {
 }
 
 for_each_backend! {
-    fn insert_counter(db: &common::TestDb<Conn>) {
+    type Db = common::TestDb<Conn>;
+
+    fn insert_counter(db: &Db) {
         let counter = Counter { name: "hits".into(), value: 0, rev: 0 };
         diesel::insert_into(counters::table).values(&counter).execute(&mut db.conn()).unwrap();
     }
@@ -75,15 +86,37 @@ for_each_backend! {
         successes.into_inner()
     }
 
-    #[test]
-    fn concurrent_guarded_increments_lose_no_update() {
-        let Some(db) = db() else { return };
-        insert_counter(&db);
-        let retries = Retries::default();
+    /// Runs `increment` on an executor of each thread's own, made by `w`, until it
+    /// succeeds `INCREMENTS_PER_THREAD` times in each thread.
+    fn race_increments<W>(
+        retries: &Retries,
+        w: impl Fn() -> W + Sync,
+        increment: impl Fn(&mut W) -> Result<(), Error> + Sync,
+    ) -> usize {
+        race(THREADS, w, |_, w| {
+            let mut done = 0;
+            while done < INCREMENTS_PER_THREAD {
+                match increment(w) {
+                    Ok(()) => done += 1,
+                    Err(e) => retries.count(e),
+                }
+            }
+            done
+        })
+        .into_iter()
+        .sum()
+    }
 
-        let successes = run_threads(&db, &retries, |conn| {
-            let current = load_counter(conn)?;
-            current.guarded_update(conn, counters::value.eq(current.value + 1))?;
+    fn concurrent_guarded_increments_lose_no_update<W>(db: &Db, w: impl Fn() -> W + Sync)
+    where
+        W: Read<Counter> + Update<Counter, SetValue>,
+    {
+        let retries = Retries::default();
+        let key = "hits".to_string();
+
+        let successes = race_increments(&retries, w, |w| {
+            let current = w.read(&key).unwrap();
+            w.update(&current, counters::value.eq(current.value + 1))?;
             Ok(())
         });
 
@@ -100,19 +133,16 @@ for_each_backend! {
 
     /// The web flow: a client reads the value and its version, and sends both back; the
     /// server writes by key and that version without loading the row first.
-    #[test]
-    fn concurrent_stateless_increments_by_key_lose_no_update() {
-        let Some(db) = db() else { return };
-        insert_counter(&db);
+    fn concurrent_stateless_increments_by_key_lose_no_update<W>(db: &Db, w: impl Fn() -> W + Sync)
+    where
+        W: Read<Counter> + UpdateByKey<Counter, SetValue>,
+    {
         let retries = Retries::default();
         let key = "hits".to_string();
 
-        let successes = run_threads(&db, &retries, |conn| {
-            let (value, rev): (i64, i16) = counters::table
-                .find(&key)
-                .select((counters::value, counters::revision))
-                .first(conn)?;
-            Counter::guarded_update_by_key(conn, &key, &rev, counters::value.eq(value + 1))?;
+        let successes = race_increments(&retries, w, |w| {
+            let Counter { value, rev, .. } = w.read(&key).unwrap();
+            w.update_by_key(&key, &rev, counters::value.eq(value + 1))?;
             Ok(())
         });
 
@@ -121,6 +151,14 @@ for_each_backend! {
         assert_eq!(end.rev as usize, successes);
     }
 
+    tests_on_both_drivers!(
+        insert_counter;
+        concurrent_guarded_increments_lose_no_update,
+        concurrent_stateless_increments_by_key_lose_no_update,
+    );
+
+    // Blocking-only: the async API has no write transaction of the caller's
+    // (`WriteTransaction::write_transaction`).
     #[test]
     fn concurrent_read_modify_write_in_write_transactions_loses_no_update() {
         let Some(db) = db() else { return };
@@ -146,124 +184,179 @@ for_each_backend! {
     }
 }
 
-/// SQLite: a guarded write sent outside a transaction takes its turn behind the library's
-/// write transaction in progress in this process (on another row), instead of meeting
-/// SQLite's lock: with a busy timeout of 0, SQLite itself would refuse it at once
-/// ("database is locked").
+/// SQLite-only bodies, each run on both drivers.
 #[cfg(feature = "sqlite")]
-#[test]
-fn sqlite_a_single_write_takes_its_turn_behind_a_write_transaction() {
-    use diesel::connection::SimpleConnection;
-    let Some(db) = common::sqlite() else { return };
-    insert_sqlite_counters(&db, ["held", "other"]);
-    let (began, wrote) = (Barrier::new(2), AtomicUsize::new(0));
-    let mut holder = db.conn();
-    std::thread::scope(|s| {
-        s.spawn(|| {
-            holder
-                .write_transaction(|conn| {
-                    let held: Counter = counters::table
-                        .find("held")
-                        .select(Counter::as_select())
-                        .first(conn)?;
-                    held.guarded_update(conn, counters::value.eq(1))?;
-                    began.wait();
-                    // Still holding SQLite's write lock when the other write arrives.
-                    std::thread::sleep(std::time::Duration::from_millis(300));
-                    wrote.store(1, Ordering::SeqCst);
-                    Ok::<_, Error>(())
-                })
-                .unwrap();
-        });
-        began.wait();
-        let mut single = diesel::SqliteConnection::establish(&db.url).unwrap();
-        single.batch_execute("PRAGMA busy_timeout = 0").unwrap();
-        Counter::guarded_update_by_key(
-            &mut single,
-            &"other".to_string(),
-            &0,
-            counters::value.eq(2),
-        )
-        .expect("the write waited for its turn");
-        assert_eq!(
-            wrote.load(Ordering::SeqCst),
-            1,
-            "the write went before the transaction ended"
-        );
-    });
-    let other: Counter = counters::table
-        .find("other")
-        .select(Counter::as_select())
-        .first(&mut db.conn())
-        .unwrap();
-    assert_eq!((other.value, other.rev), (2, 1));
-}
+mod sqlite_only {
+    use super::*;
 
-/// Sixteen threads write by key through the library on one SQLite file, each its own row,
-/// until they have written 6,400 times together: every write lands, and every thread gets
-/// at least a quarter of the mean thread's writes, the line BENCHMARKS.md holds the
-/// library's SQLite writers to. This catches a writer left waiting (a turn never handed
-/// on); it does not tell the gate from SQLite's busy handler, which in a debug build of
-/// this test let the slowest writer get 0.45-0.65 of the mean: the unfairness the gate is
-/// for shows at release-build speed, where the benchmark (W2, `worker_min_of_mean`)
-/// measures it.
-#[cfg(feature = "sqlite")]
-#[test]
-fn sqlite_writers_of_one_file_all_get_their_turns() {
-    const WRITERS: usize = 16;
-    const WRITES: usize = 6_400;
-    let Some(db) = common::sqlite() else { return };
-    let names: Vec<String> = (0..WRITERS).map(|w| format!("writer-{w}")).collect();
-    insert_sqlite_counters(&db, names.iter().map(String::as_str));
-    let pool = db.pool_with(&diesel_occ::PoolConfig {
-        max_size: WRITERS as u32,
-        ..common::pool_config()
-    });
-    let (start, total) = (Barrier::new(WRITERS), AtomicUsize::new(0));
-    let counts: Vec<usize> = std::thread::scope(|s| {
-        let writers: Vec<_> = names
-            .iter()
-            .map(|name| {
-                let (start, total, pool) = (&start, &total, &pool);
-                s.spawn(move || {
-                    let mut conn = pool.get().unwrap();
-                    start.wait();
-                    let mut rev = 0;
-                    while total.fetch_add(1, Ordering::SeqCst) < WRITES {
-                        rev = Counter::guarded_update_by_key(
-                            &mut conn,
-                            name,
-                            &rev,
-                            counters::value.eq(counters::value + 1),
-                        )
-                        .expect("a write to the thread's own row");
-                    }
-                    rev as usize
-                })
-            })
-            .collect();
-        writers.into_iter().map(|w| w.join().unwrap()).collect()
-    });
-    assert_eq!(counts.iter().sum::<usize>(), WRITES);
-    // Checked from the database too: each row holds its writer's count.
-    let rows: Vec<Counter> = counters::table
-        .select(Counter::as_select())
-        .load(&mut db.conn())
-        .unwrap();
-    assert_eq!(rows.len(), WRITERS);
-    for row in &rows {
-        let w = names.iter().position(|n| *n == row.name).unwrap();
-        assert_eq!(
-            (row.value as usize, row.rev as usize),
-            (counts[w], counts[w])
+    type Db = common::TestDb<diesel::SqliteConnection>;
+
+    /// SQLite: a guarded write sent outside a transaction takes its turn behind the
+    /// library's write transaction in progress in this process (on another row), instead
+    /// of meeting SQLite's lock: with a busy timeout of 0 (`single` makes an executor on a
+    /// connection of its own that has it), SQLite itself would refuse it at once
+    /// ("database is locked"). The write transaction is the blocking API's: the async API
+    /// has none of the caller's.
+    fn a_single_write_takes_its_turn_behind_a_write_transaction<W>(
+        db: &Db,
+        single: impl FnOnce() -> W,
+    ) where
+        W: UpdateByKey<Counter, SetValue>,
+    {
+        insert_sqlite_counters(db, ["held", "other"]);
+        let (began, wrote) = (Barrier::new(2), AtomicUsize::new(0));
+        let mut holder = db.conn();
+        let mut single = single();
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                holder
+                    .write_transaction(|conn| {
+                        let held: Counter = counters::table
+                            .find("held")
+                            .select(Counter::as_select())
+                            .first(conn)?;
+                        held.guarded_update(conn, counters::value.eq(1))?;
+                        began.wait();
+                        // Still holding SQLite's write lock when the other write arrives.
+                        std::thread::sleep(std::time::Duration::from_millis(300));
+                        wrote.store(1, Ordering::SeqCst);
+                        Ok::<_, Error>(())
+                    })
+                    .unwrap();
+            });
+            began.wait();
+            single
+                .update_by_key(&"other".to_string(), &0, counters::value.eq(2))
+                .expect("the write waited for its turn");
+            assert_eq!(
+                wrote.load(Ordering::SeqCst),
+                1,
+                "the write went before the transaction ended"
+            );
+        });
+        let other: Counter = counters::table
+            .find("other")
+            .select(Counter::as_select())
+            .first(&mut db.conn())
+            .unwrap();
+        assert_eq!((other.value, other.rev), (2, 1));
+    }
+
+    #[test]
+    fn blocking_a_single_write_takes_its_turn_behind_a_write_transaction() {
+        use diesel::connection::SimpleConnection;
+        let Some(db) = common::sqlite() else { return };
+        let url = db.url.clone();
+        a_single_write_takes_its_turn_behind_a_write_transaction(&db, move || {
+            let mut single = diesel::SqliteConnection::establish(&url).unwrap();
+            single.batch_execute("PRAGMA busy_timeout = 0").unwrap();
+            common::drivers::Blocking(single)
+        });
+    }
+
+    #[cfg(all(
+        feature = "async",
+        any(not(feature = "mysql"), feature = "async-mysql")
+    ))]
+    #[test]
+    fn async_a_single_write_takes_its_turn_behind_a_write_transaction() {
+        use common::paths::AsyncOf;
+        use diesel_async::SimpleAsyncConnection;
+        let Some(db) = common::sqlite() else { return };
+        let url = db.url.clone();
+        a_single_write_takes_its_turn_behind_a_write_transaction(&db, move || {
+            let runtime = common::paths::runtime();
+            let mut conn = diesel::SqliteConnection::connect(&url, &runtime);
+            runtime
+                .block_on(conn.batch_execute("PRAGMA busy_timeout = 0"))
+                .unwrap();
+            common::drivers::Async { conn, runtime }
+        });
+    }
+
+    /// Sixteen threads write by key through the library on one SQLite file, each its own
+    /// row, until they have written 6,400 times together: every write lands, and every
+    /// thread gets at least a quarter of the mean thread's writes, the line BENCHMARKS.md
+    /// holds the library's SQLite writers to. This catches a writer left waiting (a turn
+    /// never handed on); it does not tell the gate from SQLite's busy handler, which in a
+    /// debug build of this test let the slowest writer get 0.45-0.65 of the mean: the
+    /// unfairness the gate is for shows at release-build speed, where the benchmark (W2,
+    /// `worker_min_of_mean`) measures it.
+    fn writers_of_one_file_all_get_their_turns<W>(db: &Db, w: impl Fn() -> W + Sync)
+    where
+        W: UpdateByKey<Counter, AddValue>,
+    {
+        // One driver's 16 writers at a time: the two tests of this body running together
+        // on a small machine starve writers of CPU, not of turns.
+        static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+        let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+        const WRITERS: usize = 16;
+        const WRITES: usize = 6_400;
+        let names: Vec<String> = (0..WRITERS).map(|w| format!("writer-{w}")).collect();
+        insert_sqlite_counters(db, names.iter().map(String::as_str));
+        let total = AtomicUsize::new(0);
+        let counts: Vec<usize> = race(WRITERS, w, |writer, w| {
+            let name = &names[writer];
+            let mut rev = 0;
+            while total.fetch_add(1, Ordering::SeqCst) < WRITES {
+                rev = w
+                    .update_by_key(name, &rev, counters::value.eq(counters::value + 1))
+                    .expect("a write to the thread's own row");
+            }
+            rev as usize
+        });
+        assert_eq!(counts.iter().sum::<usize>(), WRITES);
+        // Checked from the database too: each row holds its writer's count.
+        let rows: Vec<Counter> = counters::table
+            .select(Counter::as_select())
+            .load(&mut db.conn())
+            .unwrap();
+        assert_eq!(rows.len(), WRITERS);
+        for row in &rows {
+            let w = names.iter().position(|n| *n == row.name).unwrap();
+            assert_eq!(
+                (row.value as usize, row.rev as usize),
+                (counts[w], counts[w])
+            );
+        }
+        let mean = WRITES as f64 / WRITERS as f64;
+        let slowest = *counts.iter().min().unwrap() as f64;
+        assert!(
+            slowest >= mean / 4.0,
+            "a writer got {slowest} writes against a mean of {mean}: {counts:?}"
         );
     }
-    let mean = WRITES as f64 / WRITERS as f64;
-    let slowest = *counts.iter().min().unwrap() as f64;
-    assert!(
-        slowest >= mean / 4.0,
-        "a writer got {slowest} writes against a mean of {mean}: {counts:?}"
-    );
+
+    #[test]
+    fn blocking_writers_of_one_file_all_get_their_turns() {
+        let Some(db) = common::sqlite() else { return };
+        let pool = db.pool_with(&diesel_occ::PoolConfig {
+            max_size: 16,
+            ..common::pool_config()
+        });
+        let pool = &pool;
+        writers_of_one_file_all_get_their_turns(&db, || {
+            common::drivers::Blocking(pool.get().unwrap())
+        });
+    }
+
+    #[cfg(all(
+        feature = "async",
+        any(not(feature = "mysql"), feature = "async-mysql")
+    ))]
+    #[test]
+    fn async_writers_of_one_file_all_get_their_turns() {
+        use common::paths::AsyncOf;
+        let Some(db) = common::sqlite() else { return };
+        let url = &db.url;
+        writers_of_one_file_all_get_their_turns(&db, || {
+            let runtime = common::paths::runtime();
+            common::drivers::Async {
+                conn: diesel::SqliteConnection::connect(url, &runtime),
+                runtime,
+            }
+        });
+    }
 }
 
 /// Counters at 0, one per name, in a SQLite test database.

@@ -1,15 +1,28 @@
 //! `#[occ(exclude)]` fields (view counters, last-seen times): their writes neither check
-//! nor advance the token, and a guarded save never overwrites them.
+//! nor advance the token, and a guarded save never overwrites them. Each body runs on
+//! both drivers (the blocking API and the async one).
 
 use crate::common;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Barrier;
 
+use common::drivers::{race, Read, Save, Update, WriteExcluded};
 use common::models::Order;
 use common::schema::orders;
+use diesel::dsl;
 use diesel::prelude::*;
-use diesel_occ::{Error, Guarded, GuardedWrite};
+use diesel_occ::{Error, Guarded};
+
+/// The changes that count a view.
+type AddView = dsl::Eq<orders::views, dsl::Add<orders::views, i64>>;
+/// The changes that set the view count.
+type SetViews = dsl::Eq<orders::views, i64>;
+/// The changes of a note update.
+type Note = dsl::Eq<orders::note, &'static str>;
+/// The changes of a note update to a note made at run time.
+type NoteText = dsl::Eq<orders::note, String>;
+/// The changes that set the view count and the version.
+type ViewsAndVersion = (dsl::Eq<orders::views, i64>, dsl::Eq<orders::version, i64>);
 
 /// An order as a page that counts its views sees it.
 #[derive(Debug, Clone, PartialEq, Queryable, Selectable, Identifiable, Guarded)]
@@ -24,6 +37,7 @@ struct TrackedOrder {
 }
 
 for_each_backend! {
+    type Db = common::TestDb<Conn>;
     type Pooled = diesel_occ::Pooled<Conn>;
 
     fn insert(conn: &mut Pooled) -> TrackedOrder {
@@ -35,99 +49,99 @@ for_each_backend! {
         orders::table.find(1).select(TrackedOrder::as_select()).first(conn).unwrap()
     }
 
-    #[test]
-    fn excluded_writes_neither_check_nor_advance_the_version() {
-        let Some(db) = db() else { return };
+    fn excluded_writes_neither_check_nor_advance_the_version<W>(db: &Db, w: impl Fn() -> W)
+    where
+        W: Save<TrackedOrder> + WriteExcluded<TrackedOrder, AddView>,
+    {
         let conn = &mut db.conn();
+        let w = &mut w();
         let mut order = insert(conn);
         let stale = order.clone();
         order.note = "edited".into();
-        order.guarded_save(conn).unwrap();
+        w.save(&mut order).unwrap();
 
         // A stale copy may still count a view, and that leaves the version alone.
-        stale.update_excluded(conn, orders::views.eq(orders::views + 1)).unwrap();
-        TrackedOrder::update_excluded_by_key(conn, &1, orders::views.eq(orders::views + 1)).unwrap();
+        w.update_excluded(&stale, orders::views.eq(orders::views + 1)).unwrap();
+        w.update_excluded_by_key(&1, orders::views.eq(orders::views + 1)).unwrap();
 
         let stored = load(conn);
         assert_eq!((stored.views, stored.version), (2, 1));
         // So the editor's copy is still current.
         order.note = "edited again".into();
-        assert_eq!(order.guarded_save(conn).unwrap(), 2);
+        assert_eq!(w.save(&mut order).unwrap(), 2);
     }
 
-    #[test]
-    fn guarded_save_leaves_excluded_fields_alone() {
-        let Some(db) = db() else { return };
+    fn guarded_save_leaves_excluded_fields_alone<W>(db: &Db, w: impl Fn() -> W)
+    where
+        W: Save<TrackedOrder> + WriteExcluded<TrackedOrder, AddView>,
+    {
         let conn = &mut db.conn();
+        let w = &mut w();
         let mut order = insert(conn);
         for _ in 0..5 {
-            order.update_excluded(conn, orders::views.eq(orders::views + 1)).unwrap();
+            w.update_excluded(&order, orders::views.eq(orders::views + 1)).unwrap();
         }
 
         order.note = "edited".into();
-        order.guarded_save(conn).unwrap();
+        w.save(&mut order).unwrap();
 
         assert_eq!(order.views, 0, "this copy never saw the views");
         assert_eq!(load(conn).views, 5, "the save did not write its stale count back");
     }
 
-    #[test]
-    fn update_excluded_refuses_guarded_columns_before_sending() {
-        let Some(db) = db() else { return };
+    fn update_excluded_refuses_guarded_columns_before_sending<W>(db: &Db, w: impl Fn() -> W)
+    where
+        W: WriteExcluded<TrackedOrder, Note> + WriteExcluded<TrackedOrder, ViewsAndVersion>,
+    {
         let conn = &mut db.conn();
+        let w = &mut w();
         let order = insert(conn);
 
         for err in [
-            order.update_excluded(conn, orders::note.eq("sneaky")).unwrap_err(),
-            order.update_excluded(conn, (orders::views.eq(9), orders::version.eq(5))).unwrap_err(),
+            WriteExcluded::<_, Note>::update_excluded(w, &order, orders::note.eq("sneaky")).unwrap_err(),
+            WriteExcluded::<_, ViewsAndVersion>::update_excluded(
+                w,
+                &order,
+                (orders::views.eq(9i64), orders::version.eq(5i64)),
+            )
+            .unwrap_err(),
         ] {
             assert!(matches!(&err, Error::NotExcluded { table: "orders", .. }), "{err:?}");
         }
         assert_eq!(load(conn), order, "nothing was written");
     }
 
-    #[test]
-    fn update_excluded_of_a_missing_row_is_not_found() {
-        let Some(db) = db() else { return };
-        let conn = &mut db.conn();
-
-        let err = TrackedOrder::update_excluded_by_key(conn, &3, orders::views.eq(1)).unwrap_err();
+    fn update_excluded_of_a_missing_row_is_not_found<W: WriteExcluded<TrackedOrder, SetViews>>(_: &Db, w: impl Fn() -> W) {
+        let err = w().update_excluded_by_key(&3, orders::views.eq(1i64)).unwrap_err();
 
         assert!(matches!(&err, Error::NotFound { key, .. } if key == "3"), "{err:?}");
     }
 
     /// Four threads count views while four edit the note through the guard: every view
     /// is counted, and the version moved exactly once per successful edit.
-    #[test]
-    fn concurrent_views_and_edits_lose_nothing() {
+    fn concurrent_views_and_edits_lose_nothing<W>(db: &Db, w: impl Fn() -> W + Sync)
+    where
+        W: WriteExcluded<TrackedOrder, AddView> + Read<TrackedOrder> + Update<TrackedOrder, NoteText>,
+    {
         const PER_THREAD: usize = 20;
-        let Some(db) = db() else { return };
         insert(&mut db.conn());
-        let (start, edits, retries) = (Barrier::new(8), AtomicUsize::new(0), AtomicUsize::new(0));
+        let edits = AtomicUsize::new(0);
 
-        std::thread::scope(|s| {
-            for writer in 0..8 {
-                let (start, edits, retries, pool) = (&start, &edits, &retries, &db.pool);
-                s.spawn(move || {
-                    let mut conn = pool.get().unwrap();
-                    start.wait();
-                    for i in 0..PER_THREAD {
-                        if writer % 2 == 0 {
-                            TrackedOrder::update_excluded_by_key(&mut conn, &1, orders::views.eq(orders::views + 1))
-                                .unwrap();
-                            continue;
-                        }
-                        loop {
-                            let order = load(&mut conn);
-                            match order.guarded_update(&mut conn, orders::note.eq(format!("{writer}-{i}"))) {
-                                Ok(_) => break,
-                                Err(e) if e.is_retryable() => retries.fetch_add(1, Ordering::Relaxed),
-                                Err(e) => panic!("{e}"),
-                            };
-                        }
-                        edits.fetch_add(1, Ordering::Relaxed);
-                    }
-                });
+        race(8, &w, |writer, w| {
+            for i in 0..PER_THREAD {
+                if writer % 2 == 0 {
+                    w.update_excluded_by_key(&1, orders::views.eq(orders::views + 1)).unwrap();
+                    continue;
+                }
+                loop {
+                    let order = w.read(&1).unwrap();
+                    match w.update(&order, orders::note.eq(format!("{writer}-{i}"))) {
+                        Ok(_) => break,
+                        Err(e) if e.is_retryable() => {}
+                        Err(e) => panic!("{e}"),
+                    };
+                }
+                edits.fetch_add(1, Ordering::Relaxed);
             }
         });
 
@@ -135,4 +149,13 @@ for_each_backend! {
         assert_eq!(stored.views, (4 * PER_THREAD) as i64, "a lost view");
         assert_eq!(stored.version, edits.into_inner() as i64);
     }
+
+    tests_on_both_drivers!(
+        |_: &Db| ();
+        excluded_writes_neither_check_nor_advance_the_version,
+        guarded_save_leaves_excluded_fields_alone,
+        update_excluded_refuses_guarded_columns_before_sending,
+        update_excluded_of_a_missing_row_is_not_found,
+        concurrent_views_and_edits_lose_nothing,
+    );
 }

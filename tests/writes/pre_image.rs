@@ -4,13 +4,23 @@
 
 use crate::common;
 
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Barrier;
-
+use common::drivers::{race, Read, SaveFrom, Update, UpdateByKey, WriteExcluded};
 use common::models::Order;
 use common::schema::orders;
+use diesel::dsl;
 use diesel::prelude::*;
-use diesel_occ::{Error, Guarded, GuardedChanges, GuardedWrite, Token};
+use diesel_occ::{Error, Guarded, GuardedChanges, Token};
+
+/// The changes of a note update.
+type Note = dsl::Eq<orders::note, &'static str>;
+/// The changes of a note update to a note read from the row.
+type SameNote = dsl::Eq<orders::note, String>;
+/// The changes of a status update.
+type Status = dsl::Eq<orders::status, &'static str>;
+/// The changes of a quantity update.
+type NewQuantity = dsl::Eq<orders::quantity, i32>;
+/// The changes that count a view.
+type AddView = dsl::Eq<orders::views, dsl::Add<orders::views, i64>>;
 
 /// A legacy view of `orders` with no version: every column it maps is compared, but for
 /// the excluded view counter.
@@ -48,6 +58,7 @@ struct QuantityOrder {
 }
 
 for_each_backend! {
+    type Db = common::TestDb<Conn>;
     type Pooled = diesel_occ::Pooled<Conn>;
 
     fn insert(conn: &mut Pooled) {
@@ -58,27 +69,21 @@ for_each_backend! {
         orders::table.find(1).select(LegacyOrder::as_select()).first(conn).unwrap()
     }
 
-    #[test]
-    fn the_original_copy_writes_while_the_row_is_unchanged() {
-        let Some(db) = db() else { return };
+    fn the_original_copy_writes_while_the_row_is_unchanged<W: Update<LegacyOrder, Note>>(db: &Db, w: impl Fn() -> W) {
         let conn = &mut db.conn();
-        insert(conn);
         let original = legacy(conn);
 
-        original.guarded_update(conn, orders::note.eq("edited")).unwrap();
+        w().update(&original, orders::note.eq("edited")).unwrap();
 
         assert_eq!(legacy(conn), LegacyOrder { note: "edited".into(), ..original });
     }
 
-    #[test]
-    fn a_change_to_any_compared_column_conflicts() {
-        let Some(db) = db() else { return };
+    fn a_change_to_any_compared_column_conflicts<W: Update<LegacyOrder, Note>>(db: &Db, w: impl Fn() -> W) {
         let conn = &mut db.conn();
-        insert(conn);
         let original = legacy(conn);
         diesel::update(orders::table.find(1)).set(orders::quantity.eq(5)).execute(conn).unwrap();
 
-        let err = original.guarded_update(conn, orders::note.eq("stale")).unwrap_err();
+        let err = w().update(&original, orders::note.eq("stale")).unwrap_err();
 
         let conflict = err.as_conflict().unwrap_or_else(|| panic!("{err:?}"));
         assert!(matches!((&conflict.expected, &conflict.found), (Token::PreImage(a), Token::PreImage(b)) if a != b));
@@ -88,18 +93,16 @@ for_each_backend! {
 
     /// `gift_message` is NULL when read and still NULL: that must match (plain `=` never
     /// does). Once it holds a value, the NULL the copy read no longer matches.
-    #[test]
-    fn nulls_compare_null_safely() {
-        let Some(db) = db() else { return };
+    fn nulls_compare_null_safely<W: Update<LegacyOrder, Note>>(db: &Db, w: impl Fn() -> W) {
         let conn = &mut db.conn();
-        insert(conn);
+        let w = &mut w();
         let original = legacy(conn);
         assert_eq!(original.gift_message, None);
 
-        original.guarded_update(conn, orders::note.eq("still null")).unwrap();
+        w.update(&original, orders::note.eq("still null")).unwrap();
         let copy = legacy(conn);
         diesel::update(orders::table.find(1)).set(orders::gift_message.eq("surprise")).execute(conn).unwrap();
-        let err = copy.guarded_update(conn, orders::note.eq("stale")).unwrap_err();
+        let err = w.update(&copy, orders::note.eq("stale")).unwrap_err();
 
         assert!(err.as_conflict().is_some(), "{err:?}");
         assert_eq!(legacy(conn).note, "still null");
@@ -107,20 +110,18 @@ for_each_backend! {
 
     /// The modified copy no longer holds the values it was read with: it saves by naming
     /// its original. A second copy of the same original then conflicts.
-    #[test]
-    fn save_from_the_original_writes_the_modified_copy_once() {
-        let Some(db) = db() else { return };
+    fn save_from_the_original_writes_the_modified_copy_once<W: SaveFrom<LegacyOrder>>(db: &Db, w: impl Fn() -> W) {
         let conn = &mut db.conn();
-        insert(conn);
+        let w = &mut w();
         let original = legacy(conn);
         let mut mine = original.clone();
         let mut theirs = original.clone();
 
         mine.note = "mine".into();
         mine.gift_message = Some("with love".into());
-        mine.guarded_save_from(conn, &original).unwrap();
+        w.save_from(&mut mine, &original).unwrap();
         theirs.quantity = 9;
-        let err = theirs.guarded_save_from(conn, &original).unwrap_err();
+        let err = w.save_from(&mut theirs, &original).unwrap_err();
 
         assert_eq!(legacy(conn), mine);
         assert_eq!(err.as_conflict().unwrap().current::<LegacyOrder>(), Some(&mine));
@@ -128,45 +129,41 @@ for_each_backend! {
 
     /// MySQL counts rows changed by default; an update that writes the values already
     /// there must still count as done (diesel asks for rows matched).
-    #[test]
-    fn a_write_that_changes_nothing_still_succeeds() {
-        let Some(db) = db() else { return };
+    fn a_write_that_changes_nothing_still_succeeds<W: Update<LegacyOrder, SameNote>>(db: &Db, w: impl Fn() -> W) {
         let conn = &mut db.conn();
-        insert(conn);
         let original = legacy(conn);
 
-        original.guarded_update(conn, orders::note.eq(original.note.clone())).unwrap();
+        w().update(&original, orders::note.eq(original.note.clone())).unwrap();
 
         assert_eq!(legacy(conn), original);
     }
 
     /// Views are excluded: counting one does not make the copy stale.
-    #[test]
-    fn excluded_columns_are_not_compared() {
-        let Some(db) = db() else { return };
+    fn excluded_columns_are_not_compared<W>(db: &Db, w: impl Fn() -> W)
+    where
+        W: WriteExcluded<LegacyOrder, AddView> + Update<LegacyOrder, Note>,
+    {
         let conn = &mut db.conn();
-        insert(conn);
+        let w = &mut w();
         let original = legacy(conn);
 
-        original.update_excluded(conn, orders::views.eq(orders::views + 1)).unwrap();
-        original.guarded_update(conn, orders::note.eq("edited")).unwrap();
+        w.update_excluded(&original, orders::views.eq(orders::views + 1)).unwrap();
+        w.update(&original, orders::note.eq("edited")).unwrap();
 
         let stored = legacy(conn);
         assert_eq!((stored.views, stored.note.as_str()), (1, "edited"));
     }
 
-    #[test]
-    fn named_columns_guard_only_what_they_name() {
-        let Some(db) = db() else { return };
+    fn named_columns_guard_only_what_they_name<W: Update<StatusOrder, Status>>(db: &Db, w: impl Fn() -> W) {
         let conn = &mut db.conn();
-        insert(conn);
+        let w = &mut w();
         let copy: StatusOrder = orders::table.find(1).select(StatusOrder::as_select()).first(conn).unwrap();
 
         // Someone edits the note: the status guard does not mind.
         diesel::update(orders::table.find(1)).set(orders::note.eq("theirs")).execute(conn).unwrap();
-        copy.guarded_update(conn, orders::status.eq("shipped")).unwrap();
+        w.update(&copy, orders::status.eq("shipped")).unwrap();
         // The status moved on: a copy that read "valid" cannot ship again.
-        let err = copy.guarded_update(conn, orders::status.eq("shipped")).unwrap_err();
+        let err = w.update(&copy, orders::status.eq("shipped")).unwrap_err();
 
         let conflict = err.as_conflict().unwrap_or_else(|| panic!("{err:?}"));
         assert_eq!(conflict.current::<StatusOrder>().unwrap().status, "shipped");
@@ -175,56 +172,73 @@ for_each_backend! {
 
     /// valid -> taken -> valid between the read and the write: the status pre-image sees
     /// no change and lets the write through; the version, which moved twice, refuses it.
-    #[test]
-    fn aba_is_invisible_to_a_pre_image_but_not_to_a_version() {
-        let Some(db) = db() else { return };
+    fn aba_is_invisible_to_a_pre_image_but_not_to_a_version<W>(db: &Db, w: impl Fn() -> W)
+    where
+        W: Update<Order, Status> + UpdateByKey<Order, Status> + Update<Order, Note> + Update<StatusOrder, Note>,
+    {
         let conn = &mut db.conn();
-        insert(conn);
+        let w = &mut w();
         let by_status: StatusOrder = orders::table.find(1).select(StatusOrder::as_select()).first(conn).unwrap();
         let by_version: Order = orders::table.find(1).select(Order::as_select()).first(conn).unwrap();
 
-        let v1 = by_version.guarded_update(conn, orders::status.eq("taken")).unwrap();
-        Order::guarded_update_by_key(conn, &1, &v1, orders::status.eq("valid")).unwrap();
+        let v1 = w.update(&by_version, orders::status.eq("taken")).unwrap();
+        UpdateByKey::<Order, Status>::update_by_key(w, &1, &v1, orders::status.eq("valid")).unwrap();
 
-        let version_outcome = by_version.guarded_update(conn, orders::note.eq("by version"));
-        let status_outcome = by_status.guarded_update(conn, orders::note.eq("by status"));
+        let version_outcome = w.update(&by_version, orders::note.eq("by version"));
+        let status_outcome = w.update(&by_status, orders::note.eq("by status"));
 
         assert!(version_outcome.unwrap_err().as_conflict().is_some());
         assert!(status_outcome.is_ok(), "the ABA case a pre-image guard cannot see");
     }
 
     /// Eight threads increment a quantity guarded by its own old value: exact end state.
-    #[test]
-    fn concurrent_increments_guarded_by_the_old_value_lose_no_update() {
+    fn concurrent_increments_guarded_by_the_old_value_lose_no_update<W>(db: &Db, w: impl Fn() -> W + Sync)
+    where
+        W: Read<QuantityOrder> + Update<QuantityOrder, NewQuantity>,
+    {
         const PER_THREAD: usize = 20;
-        let Some(db) = db() else { return };
-        insert(&mut db.conn());
-        let (start, retries) = (Barrier::new(8), AtomicUsize::new(0));
 
-        std::thread::scope(|s| {
-            for _ in 0..8 {
-                s.spawn(|| {
-                    let mut conn = db.pool.get().unwrap();
-                    start.wait();
-                    let mut done = 0;
-                    while done < PER_THREAD {
-                        let copy: QuantityOrder =
-                            orders::table.find(1).select(QuantityOrder::as_select()).first(&mut conn).unwrap();
-                        match copy.guarded_update(&mut conn, orders::quantity.eq(copy.quantity + 1)) {
-                            Ok(_) => done += 1,
-                            Err(e) if e.is_retryable() => {
-                                retries.fetch_add(1, Ordering::Relaxed);
-                            }
-                            Err(e) => panic!("{e}"),
-                        }
-                    }
-                });
+        race(8, &w, |_, w| {
+            let mut done = 0;
+            while done < PER_THREAD {
+                let copy: QuantityOrder = w.read(&1).unwrap();
+                match w.update(&copy, orders::quantity.eq(copy.quantity + 1)) {
+                    Ok(_) => done += 1,
+                    Err(e) if e.is_retryable() => {}
+                    Err(e) => panic!("{e}"),
+                }
             }
         });
 
         let end: QuantityOrder = orders::table.find(1).select(QuantityOrder::as_select()).first(&mut db.conn()).unwrap();
         assert_eq!(end.quantity, 1 + 8 * PER_THREAD as i32, "a lost update");
     }
+
+    fn missing_row_is_not_found<W: Update<LegacyOrder, Note>>(db: &Db, w: impl Fn() -> W) {
+        let conn = &mut db.conn();
+        let ghost = LegacyOrder { id: 2, ..legacy(conn) };
+
+        let err = w().update(&ghost, orders::note.eq("x")).unwrap_err();
+
+        assert!(matches!(err, Error::NotFound { .. }), "{err:?}");
+    }
+
+    tests_on_both_drivers!(
+        |db: &Db| insert(&mut db.conn());
+        the_original_copy_writes_while_the_row_is_unchanged,
+        a_change_to_any_compared_column_conflicts,
+        nulls_compare_null_safely,
+        save_from_the_original_writes_the_modified_copy_once,
+        a_write_that_changes_nothing_still_succeeds,
+        excluded_columns_are_not_compared,
+        named_columns_guard_only_what_they_name,
+        aba_is_invisible_to_a_pre_image_but_not_to_a_version,
+        concurrent_increments_guarded_by_the_old_value_lose_no_update,
+        missing_row_is_not_found,
+    );
+
+    // The changed-columns mode stays blocking-only: the async API has no
+    // `guarded_save_changes_from` (no async `GuardedChanges`).
 
     /// Hibernate's "dirty" mode: only the columns this copy changed are compared and
     /// written, so someone else's change to another column survives.
@@ -272,17 +286,5 @@ for_each_backend! {
         diesel::delete(orders::table.find(1)).execute(conn).unwrap();
 
         original.clone().guarded_save_changes_from(conn, &original).unwrap();
-    }
-
-    #[test]
-    fn missing_row_is_not_found() {
-        let Some(db) = db() else { return };
-        let conn = &mut db.conn();
-        insert(conn);
-        let ghost = LegacyOrder { id: 2, ..legacy(conn) };
-
-        let err = ghost.guarded_update(conn, orders::note.eq("x")).unwrap_err();
-
-        assert!(matches!(err, Error::NotFound { .. }), "{err:?}");
     }
 }

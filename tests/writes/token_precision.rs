@@ -3,16 +3,21 @@
 //! guard's tokens (PostgreSQL `timestamp(0)`, MariaDB `DATETIME`) is refused before the
 //! first write, naming the attribute to add; with that attribute every token is stored
 //! exactly and moves on with every write. SQLite stores the text written: nothing to
-//! refuse there.
+//! refuse there. Each body runs on both drivers (the blocking API and the async one).
 
 #![cfg(feature = "chrono")]
 
 use crate::common;
 
 use chrono::NaiveDateTime;
+use common::drivers::{Save, Touch, Update, UpdateByKey};
 use diesel::connection::SimpleConnection;
+use diesel::dsl;
 use diesel::prelude::*;
-use diesel_occ::{Error, Guarded, GuardedWrite, Pooled};
+use diesel_occ::{Error, Guarded, Pooled};
+
+/// The changes of a body update.
+type Body = dsl::Eq<coarse::body, &'static str>;
 
 diesel::table! {
     /// A last-modified column declared with whole seconds.
@@ -64,9 +69,10 @@ struct ServerSecond {
 }
 
 for_each_backend! {
+    type Db = common::TestDb<Conn>;
+
     /// One row, stamped 2026-01-01 10:00:00, in a column of whole seconds.
-    fn setup() -> Option<common::TestDb<Conn>> {
-        let db = db()?;
+    fn setup(db: &Db) {
         let column = match BACKEND {
             "postgres" => "TIMESTAMP(0)",
             "mysql" => "DATETIME",
@@ -78,7 +84,6 @@ for_each_backend! {
                  INSERT INTO coarse VALUES (1, 'draft', '2026-01-01 10:00:00')"
             ))
             .unwrap();
-        Some(db)
     }
 
     fn stored(conn: &mut Pooled<Conn>) -> (String, NaiveDateTime) {
@@ -97,24 +102,26 @@ for_each_backend! {
 
     /// Microsecond tokens on a column of seconds: refused before anything is written on
     /// the servers; on SQLite the token is stored as written and the next write works.
-    #[test]
-    fn finer_tokens_than_the_column_keeps_are_refused_before_writing() {
-        let Some(db) = setup() else { return };
+    fn finer_tokens_than_the_column_keeps_are_refused_before_writing<W>(db: &Db, w: impl Fn() -> W)
+    where
+        W: Save<Micro> + UpdateByKey<Micro, Body> + Touch<ServerMicro>,
+    {
         let conn = &mut db.conn();
+        let w = &mut w();
         let before = stored(conn);
         let mut row: Micro = coarse::table.find(1).select(Micro::as_select()).first(conn).unwrap();
         row.body = "edited".into();
         let mut server: ServerMicro = coarse::table.find(1).select(ServerMicro::as_select()).first(conn).unwrap();
         if BACKEND == "sqlite" {
-            let token = row.guarded_save(conn).unwrap();
+            let token = w.save(&mut row).unwrap();
             assert_eq!(stored(conn), ("edited".into(), token));
             row.body = "again".into();
-            row.guarded_save(conn).expect("the writer's own token matches what was stored");
+            w.save(&mut row).expect("the writer's own token matches what was stored");
             return;
         }
-        assert_refused(row.guarded_save(conn));
-        assert_refused(Micro::guarded_update_by_key(conn, &1, &before.1, coarse::body.eq("x")));
-        assert_refused(server.guarded_touch(conn));
+        assert_refused(w.save(&mut row));
+        assert_refused(w.update_by_key(&1, &before.1, coarse::body.eq("x")));
+        assert_refused(w.touch(&mut server));
         assert_eq!(stored(conn), before, "nothing was written");
     }
 
@@ -122,27 +129,35 @@ for_each_backend! {
     /// exactly what was stored, the writer's next write with it succeeds, the token moves
     /// on with every write even within one second, and a copy holding an older token
     /// conflicts.
-    #[test]
-    fn tokens_the_column_keeps_are_stored_exactly_and_always_move_on() {
-        let Some(db) = setup() else { return };
+    fn tokens_the_column_keeps_are_stored_exactly_and_always_move_on<W>(db: &Db, w: impl Fn() -> W)
+    where
+        W: Save<Second> + Touch<ServerSecond> + Update<Second, Body>,
+    {
         let conn = &mut db.conn();
+        let w = &mut w();
         let mut row: Second = coarse::table.find(1).select(Second::as_select()).first(conn).unwrap();
         let stale = row.clone();
         let mut tokens = vec![row.modified];
         for body in ["one", "two", "three"] {
             row.body = body.into();
-            let token = row.guarded_save(conn).unwrap();
+            let token = w.save(&mut row).unwrap();
             assert_eq!(stored(conn), (body.to_string(), token), "the token handed back is the one stored");
             tokens.push(token);
         }
         let mut server: ServerSecond = coarse::table.find(1).select(ServerSecond::as_select()).first(conn).unwrap();
         for _ in 0..3 {
-            let token = server.guarded_touch(conn).unwrap();
+            let token = w.touch(&mut server).unwrap();
             assert_eq!(stored(conn).1, token);
             tokens.push(token);
         }
         assert!(tokens.windows(2).all(|w| w[0] < w[1]), "every write moved the token on: {tokens:?}");
-        assert!(matches!(stale.guarded_update(conn, coarse::body.eq("stale")), Err(Error::Conflict(_))));
+        assert!(matches!(w.update(&stale, coarse::body.eq("stale")), Err(Error::Conflict(_))));
         assert_eq!(stored(conn).0, "three");
     }
+
+    tests_on_both_drivers!(
+        setup;
+        finer_tokens_than_the_column_keeps_are_refused_before_writing,
+        tokens_the_column_keeps_are_stored_exactly_and_always_move_on,
+    );
 }

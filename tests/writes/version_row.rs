@@ -1,5 +1,7 @@
 //! A version row guarding a business operation (P7): the operation's own writes are plain,
 //! and the guard on the version row still makes concurrent runs lose nothing.
+//!
+//! Blocking-only: the async API has no `guarded_operation` (version-row operations).
 
 use crate::common;
 
