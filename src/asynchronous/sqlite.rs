@@ -75,12 +75,11 @@ where
     O::Output: Send + 'static,
     O::Error: Send + 'static,
 {
-    fn run_async(
+    async fn run_async(
         self,
         conn: &mut AsyncSqlite,
-    ) -> impl Future<Output = Result<<Self as Operation>::Output, <Self as Operation>::Error>> + Send
-    {
-        async move { on_thread(conn, move |conn| self.run(conn)).await }
+    ) -> Result<<Self as Operation>::Output, <Self as Operation>::Error> {
+        on_thread(conn, move |conn| self.run(conn)).await
     }
 }
 

@@ -1047,14 +1047,14 @@ mod on_async_saves_and_excluded {
     use super::*;
 
     use super::super::paths::Async;
-    use diesel_occ::asynchronous::{AsyncGuardedWrite, AsyncUpdateExcluded, AsyncUpdateRow};
+    use diesel_occ::asynchronous::{AsyncGuardedWrite, AsyncRun};
+    use diesel_occ::op;
 
     // The bounds are those of the `AsyncGuardedWrite` methods each call makes.
     impl<A, T> SaveFrom<T> for Async<A>
     where
-        A: Send,
-        T: AsyncUpdateRow<A, <T as Guarded>::Changes>,
-        T::Changes: Send,
+        T: Guarded,
+        op::Update<T, T::Changes>: AsyncRun<A>,
     {
         fn save_from(&mut self, row: &mut T, original: &T) -> Result<TokenOf<T>, Error> {
             self.runtime.block_on(AsyncGuardedWrite::guarded_save_from(
@@ -1067,7 +1067,8 @@ mod on_async_saves_and_excluded {
 
     impl<A, T, Ch> WriteExcluded<T, Ch> for Async<A>
     where
-        T: AsyncUpdateExcluded<A, Ch>,
+        T: Guarded,
+        op::WriteExcluded<T, Ch>: AsyncRun<A>,
     {
         fn update_excluded(&mut self, row: &T, changes: Ch) -> Result<(), Error> {
             self.runtime.block_on(AsyncGuardedWrite::update_excluded(
@@ -1301,15 +1302,16 @@ mod on_async_transitions {
     use super::*;
 
     use super::super::paths::Async;
-    use diesel_occ::asynchronous::{
-        AsyncGuardedTransition, AsyncTransitionByKey, AsyncTransitionRow,
-    };
+    use diesel_occ::asynchronous::{AsyncGuardedTransition, AsyncRun};
+    use diesel_occ::op;
+    use diesel_occ::HasStatus;
     use diesel_occ::When;
 
     // The bounds are those of the `AsyncGuardedTransition` methods each call makes.
     impl<A, T, Ch> Transition<T, Ch> for Async<A>
     where
-        T: AsyncTransitionRow<A, Ch> + Clone,
+        T: HasStatus + Clone,
+        op::Transition<T, Ch>: AsyncRun<A>,
     {
         fn transition(
             &mut self,
@@ -1328,7 +1330,8 @@ mod on_async_transitions {
 
     impl<A, T, Ch, G> TransitionWhen<T, Ch, G> for Async<A>
     where
-        T: AsyncTransitionRow<A, Ch, When<G>> + Clone,
+        T: HasStatus + Clone,
+        op::Transition<T, Ch, When<G>>: AsyncRun<A>,
         G: diesel::AppearsOnTable<<T as HasTable>::Table>,
     {
         fn transition_when(
@@ -1351,7 +1354,8 @@ mod on_async_transitions {
 
     impl<A, T, Ch> TransitionKey<T, Ch> for Async<A>
     where
-        T: AsyncTransitionByKey<A, Ch> + Clone,
+        T: HasStatus + Clone,
+        op::KeyTransition<T, Ch>: AsyncRun<A>,
         T::Guard: AdvanceInSql,
     {
         fn transition_by_key(
@@ -1374,7 +1378,8 @@ mod on_async_transitions {
 
     impl<A, T, Ch, G> TransitionKeyWhen<T, Ch, G> for Async<A>
     where
-        T: AsyncTransitionByKey<A, Ch, When<G>> + Clone,
+        T: HasStatus + Clone,
+        op::KeyTransition<T, Ch, When<G>>: AsyncRun<A>,
         T::Guard: AdvanceInSql,
         G: diesel::AppearsOnTable<<T as HasTable>::Table>,
     {
