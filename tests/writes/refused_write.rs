@@ -77,7 +77,10 @@ mod postgres {
     /// The same refusal on the async path: PostgreSQL applies no commit late, so the
     /// async driver, like the blocking one, reports `Refused` (on a Galera node both ask
     /// the node and retry, see the cluster tests).
-    #[cfg(feature = "async")]
+    #[cfg(all(
+        feature = "async",
+        any(not(feature = "mysql"), feature = "async-mysql")
+    ))]
     #[test]
     fn update_skipped_by_a_trigger_is_refused_not_a_conflict_on_the_async_path() {
         use diesel_occ::asynchronous::AsyncGuardedWrite;

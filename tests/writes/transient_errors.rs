@@ -144,7 +144,10 @@ mod postgres_serialization {
         }
     }
 
-    #[cfg(feature = "async")]
+    #[cfg(all(
+        feature = "async",
+        any(not(feature = "mysql"), feature = "async-mysql")
+    ))]
     impl RepeatableRead for common::drivers::Async<diesel_async::AsyncPgConnection> {
         fn note_in_repeatable_read(
             &mut self,
