@@ -121,6 +121,55 @@ for_each_backend! {
         }
     }
 
+    /// A call's future sends nothing until it is first polled: made outside any runtime
+    /// (where SQLite's connection could not start its thread's work) and dropped
+    /// unpolled, as a `select!` whose other branch was ready drops it, each of these
+    /// leaves the rows as they were and never runs the caller's change.
+    #[test]
+    fn futures_dropped_before_their_first_poll_send_nothing() {
+        use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
+        use std::sync::Arc;
+        let Some(db) = db() else { return };
+        diesel::insert_into(orders::table).values(&Order::new(1, "new")).execute(&mut db.conn()).unwrap();
+        let read = || orders::table.select(Order::as_select()).order(orders::id).load(&mut db.conn()).unwrap();
+        let before = read();
+        let copy = before[0].clone();
+        let runtime = common::paths::runtime();
+        let mut conn: Async_ = Conn::connect(&db.url, &runtime);
+        let changed = Arc::new(AtomicBool::new(false));
+        let seen = changed.clone();
+        let policy = RetryPolicy::default();
+        let change = move |o: &mut Order| {
+            seen.store(true, SeqCst);
+            add_one_to(o, "x")
+        };
+        // Not inside `runtime`: a call that started its work here would panic.
+        drop(Order::modify(&mut conn, &1, &policy, change));
+        let patch = OrderPatch { note: Some("updated".into()), quantity: Some(9) };
+        drop(AsyncGuardedWrite::guarded_update(&copy, &mut conn, patch));
+        let mut saved = Order { note: "saved".into(), ..copy.clone() };
+        drop(AsyncGuardedWrite::guarded_save(&mut saved, &mut conn));
+        let mut touched = copy.clone();
+        drop(AsyncGuardedWrite::guarded_touch(&mut touched, &mut conn));
+        drop(AsyncGuardedWrite::guarded_delete(&copy, &mut conn));
+        let mut inserted = Order::new(2, "inserted");
+        drop(AsyncGuardedWrite::guarded_insert(&mut inserted, &mut conn));
+        let mut upserted = Order::new(3, "upserted");
+        drop(AsyncGuardedWrite::guarded_upsert(&mut upserted, &mut conn));
+
+        // The connection still works, and nothing the dropped calls held landed.
+        let patch = OrderPatch { note: Some("after".into()), quantity: Some(copy.quantity) };
+        runtime.block_on(AsyncGuardedWrite::guarded_update(&copy, &mut conn, patch)).unwrap();
+        drop(conn);
+        drop(runtime);
+        assert!(!changed.load(SeqCst), "a dropped read-modify-write ran the caller's change");
+        let after = read();
+        assert_eq!(after.len(), 1, "{after:?}");
+        assert_eq!(after[0].note, "after", "{after:?}");
+        assert_eq!(after[0].version, copy.version + 1, "only the awaited update landed: {after:?}");
+        assert_eq!((saved, touched, inserted, upserted.note.as_str()), (Order { note: "saved".into(), ..copy.clone() }, copy.clone(), Order::new(2, "inserted"), "upserted"));
+    }
+
     #[test]
     fn dropped_futures_leave_no_half_change_and_no_open_transaction() {
         let Some(db) = db() else { return };
