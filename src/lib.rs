@@ -155,11 +155,11 @@ pub mod prelude;
 
 /// The library's writes as values. A method such as
 /// [`guarded_update`](crate::GuardedWrite::guarded_update) builds one of these from its
-/// arguments and runs it: [`Run`](op::Run) on a blocking connection,
-/// [`AsyncRun`](crate::asynchronous::AsyncRun) on a diesel-async one. The value owns what
-/// the write needs (key, expected token, changes, stamp), so one description of a write
-/// serves both APIs, and SQLite's async connection runs the blocking [`Run`](op::Run) whole on its
-/// own thread.
+/// arguments and runs it: [`Run`](op::Run) on a blocking connection, `AsyncRun` (in
+/// `diesel_occ::asynchronous`, feature `async`) on a diesel-async one. The value owns
+/// what the write needs (key, expected token, changes, stamp), so one description of a
+/// write serves both APIs, and SQLite's async connection runs the blocking
+/// [`Run`](op::Run) whole on its own thread.
 ///
 /// You never build one yourself; you name one in the bounds of a helper generic in the
 /// connection, as diesel's own helpers name a query:
