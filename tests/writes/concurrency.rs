@@ -275,37 +275,35 @@ mod sqlite_only {
     }
 
     /// Sixteen threads write by key through the library on one SQLite file, each its own
-    /// row, until they have written 6,400 times together: every write lands, and every
-    /// thread gets at least a quarter of the mean thread's writes, the line BENCHMARKS.md
-    /// holds the library's SQLite writers to. This catches a writer left waiting (a turn
-    /// never handed on); it does not tell the gate from SQLite's busy handler, which in a
-    /// debug build of this test let the slowest writer get 0.45-0.65 of the mean: the
-    /// unfairness the gate is for shows at release-build speed, where the benchmark (W2,
-    /// `worker_min_of_mean`) measures it.
+    /// row, 400 times each: every write lands (none runs out its busy timeout behind the
+    /// others), and each row holds exactly its writer's count. This catches a writer left
+    /// waiting (a turn never handed on shows as a write refused as busy). How evenly the
+    /// turns are shared depends on which threads the OS runs, so it is not asserted here:
+    /// the benchmark measures it (W2, `worker_min_of_mean`, BENCHMARKS.md); the gate's own
+    /// unit tests check its hand-over rules with the clock under their control.
     fn writers_of_one_file_all_get_their_turns<W>(db: &Db, w: impl Fn() -> W + Sync)
     where
         W: UpdateByKey<Counter, AddValue>,
     {
         // One driver's 16 writers at a time: the two tests of this body running together
-        // on a small machine starve writers of CPU, not of turns.
+        // on a small machine only slow each other down.
         static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
         let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
         const WRITERS: usize = 16;
-        const WRITES: usize = 6_400;
+        const WRITES_EACH: i16 = 400;
         let names: Vec<String> = (0..WRITERS).map(|w| format!("writer-{w}")).collect();
         insert_sqlite_counters(db, names.iter().map(String::as_str));
-        let total = AtomicUsize::new(0);
-        let counts: Vec<usize> = race(WRITERS, w, |writer, w| {
+        let revs: Vec<i16> = race(WRITERS, w, |writer, w| {
             let name = &names[writer];
             let mut rev = 0;
-            while total.fetch_add(1, Ordering::SeqCst) < WRITES {
+            for _ in 0..WRITES_EACH {
                 rev = w
                     .update_by_key(name, &rev, counters::value.eq(counters::value + 1))
                     .expect("a write to the thread's own row");
             }
-            rev as usize
+            rev
         });
-        assert_eq!(counts.iter().sum::<usize>(), WRITES);
+        assert_eq!(revs, vec![WRITES_EACH; WRITERS]);
         // Checked from the database too: each row holds its writer's count.
         let rows: Vec<Counter> = counters::table
             .select(Counter::as_select())
@@ -313,18 +311,13 @@ mod sqlite_only {
             .unwrap();
         assert_eq!(rows.len(), WRITERS);
         for row in &rows {
-            let w = names.iter().position(|n| *n == row.name).unwrap();
+            assert!(names.contains(&row.name), "an unexpected row {row:?}");
             assert_eq!(
-                (row.value as usize, row.rev as usize),
-                (counts[w], counts[w])
+                (row.value, row.rev),
+                (WRITES_EACH.into(), WRITES_EACH),
+                "{row:?}"
             );
         }
-        let mean = WRITES as f64 / WRITERS as f64;
-        let slowest = *counts.iter().min().unwrap() as f64;
-        assert!(
-            slowest >= mean / 4.0,
-            "a writer got {slowest} writes against a mean of {mean}: {counts:?}"
-        );
     }
 
     #[test]
