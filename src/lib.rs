@@ -191,7 +191,8 @@ pub mod op {
     pub use crate::locks::fence_op::FencedUpdate;
     pub use crate::operation::{
         BatchDelete, BatchUpdate, BulkUpdate, Delete, Insert, JsonEdit, JsonMerge,
-        JsonMergeNoToken, Modify, Operation, Run, TouchStamp, Update, Upsert, WriteExcluded,
+        JsonMergeNoToken, Modify, Operation, Run, SaveChanged, TouchStamp, Update, Upsert,
+        WriteExcluded,
     };
     #[cfg(feature = "locks")]
     pub use crate::status::claim_op::{Claim, ClaimHeartbeat, CountedClaim, EndClaim, EndClaims};

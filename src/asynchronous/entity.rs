@@ -13,12 +13,13 @@ use super::run::AsyncRun;
 use super::send::{AsyncComplete, AsyncLoadByKey};
 use super::transaction::Call;
 use crate::error::Error;
+use crate::guard::pre_image::{ChangedColumns, ChangedUpdateOf};
 use crate::guard::stored_precision::PrecisionCheck;
 use crate::guard::{
     AdvanceInSql, Advancing, CompletionOf, GuardKind, Guarded, ReturnedTokenOf, TokenOf,
 };
 use crate::operation::{
-    Delete, Insert, Operation, SavedState, TouchStamp, Update, Upsert, WriteExcluded,
+    Delete, Insert, Operation, SaveChanged, SavedState, TouchStamp, Update, Upsert, WriteExcluded,
 };
 use crate::sql::new_token::Counted;
 use crate::sql::statement::{Assignments, NoChanges};
@@ -92,6 +93,29 @@ pub trait AsyncGuardedWrite: Guarded {
         let update = Update::new(original.key(), original.token(), self.changes());
         let update = update.saving_from(self, original);
         write_and_record(self, conn, update)
+    }
+
+    /// Writes the fields this modified copy changed since `original`, if the row still
+    /// holds their old values (entities with `#[occ(pre_image)]` that derive
+    /// [`ChangedColumns`]); see
+    /// [`GuardedChanges::guarded_save_changes_from`](crate::GuardedChanges::guarded_save_changes_from).
+    fn guarded_save_changes_from<'a, C>(
+        &'a mut self,
+        conn: &'a mut C,
+        original: &Self,
+    ) -> impl Future<Output = Result<(), Error>> + Send + 'a
+    where
+        Self: ChangedColumns,
+        SaveChanged<Self>: AsyncRun<C>,
+    {
+        let stamp = Self::stamp();
+        let saved = SaveChanged::new(self, original, stamp.clone()).run_async(conn);
+        async move {
+            if saved.await? {
+                self.set_stamp(&stamp);
+            }
+            Ok(())
+        }
     }
 
     /// Advances the token without changing anything else; see
@@ -299,6 +323,40 @@ where
         let write = CompareAndSet::one(statement, table, &key, miss);
         let written = run::<C, _, _, Counted, TokenOf<T>>(write, call.conn(), false).await;
         call.finish(written).map(drop)
+    }
+}
+
+impl<T, C> AsyncRun<C> for SaveChanged<T>
+where
+    T: AsyncLoadByKey<C> + ChangedColumns,
+    C: NativeAsyncConnection,
+    C::Backend: NativeAsync,
+    ChangedUpdateOf<T>: Assignments<C::Backend> + Send,
+    Counted: AsyncComplete<C, ChangedUpdateOf<T>, TokenOf<T>>,
+{
+    fn run_async(
+        self,
+        conn: &mut C,
+    ) -> impl Future<Output = Result<<Self as Operation>::Output, <Self as Operation>::Error>> + Send
+    {
+        // Built before the future: the copy's values need not be `Send`.
+        let statement = self.statement(<T as AsyncLoadByKey<C>>::table_name());
+        async move {
+            let Some((statement, key, expected)) = statement? else {
+                return Ok(false);
+            };
+            refuse_broken(conn)?;
+            let miss = RowMoved::<T>::expecting(&key, &expected);
+            let write = CompareAndSet::one(
+                statement,
+                <T as AsyncLoadByKey<C>>::table_name(),
+                &key,
+                miss,
+            );
+            let mut call = Call::start(conn);
+            let written = run::<C, _, _, Counted, TokenOf<T>>(write, call.conn(), false).await;
+            call.finish(written).map(|_| true)
+        }
     }
 }
 

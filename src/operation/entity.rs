@@ -1,8 +1,12 @@
-//! The writes of one entity's row: a guarded update or delete, and the two writes outside
-//! the guard (excluded fields, the update time).
+//! The writes of one entity's row: a guarded update or delete, a changed-columns save,
+//! and the two writes outside the guard (excluded fields, the update time).
+
+use diesel::query_builder::AsChangeset;
 
 use crate::error::Error;
+use crate::guard::pre_image::{ChangedColumns, ChangedUpdateOf};
 use crate::guard::{Guarded, TokenOf};
+use crate::sql::statement::{Comma, Joined, Unguarded};
 
 use super::Operation;
 
@@ -167,5 +171,56 @@ impl<T: Guarded> TouchStamp<T> {
 
 impl<T: Guarded> Operation for TouchStamp<T> {
     type Output = ();
+    type Error = Error;
+}
+
+/// A changed-columns save (Hibernate's "dirty" mode): the fields a copy changed since the
+/// copy it was edited from, written only while the row still holds their old values.
+/// Answers whether a statement was sent (none when nothing changed).
+pub struct SaveChanged<T: ChangedColumns> {
+    key: T::Key,
+    expected: TokenOf<T>,
+    state: SavedState<T>,
+    changed: Option<(T::ChangedValues, T::OldValues)>,
+    stamp: T::Stamp,
+}
+
+impl<T: ChangedColumns> SaveChanged<T> {
+    /// The save of what `copy` changed since `original`, stamped `stamp`.
+    pub(crate) fn new(copy: &T, original: &T, stamp: T::Stamp) -> Self {
+        Self {
+            key: original.key(),
+            expected: original.token(),
+            state: SavedState::edited_from(copy, original),
+            changed: copy.changed_since(original),
+            stamp,
+        }
+    }
+
+    /// The statement to send on `table`, with the key and the token its miss is explained
+    /// by; `None` when nothing changed (nothing is sent, so not even a missing row is
+    /// noticed). Refused when the copy moved to another state.
+    #[allow(clippy::type_complexity)]
+    pub(crate) fn statement(
+        self,
+        table: &'static str,
+    ) -> Result<Option<(ChangedUpdateOf<T>, T::Key, TokenOf<T>)>, Error> {
+        SavedState::refuse_move(Some(&self.state), table)?;
+        let Some((changes, predicate)) = self.changed else {
+            return Ok(None);
+        };
+        let statement = ChangedUpdateOf::<T>::new(
+            T::table(),
+            changes.as_changeset(),
+            Joined(Unguarded, self.stamp, Comma),
+            T::key_predicate(&self.key),
+            predicate,
+        );
+        Ok(Some((statement, self.key, self.expected)))
+    }
+}
+
+impl<T: ChangedColumns> Operation for SaveChanged<T> {
+    type Output = bool;
     type Error = Error;
 }

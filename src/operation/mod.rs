@@ -11,7 +11,7 @@ pub(crate) mod modify;
 pub use batch::{BatchDelete, BatchUpdate};
 pub use bulk::BulkUpdate;
 pub(crate) use entity::SavedState;
-pub use entity::{Delete, TouchStamp, Update, WriteExcluded};
+pub use entity::{Delete, SaveChanged, TouchStamp, Update, WriteExcluded};
 pub use insert::{Insert, Upsert};
 pub use json::{JsonEdit, JsonMerge, JsonMergeNoToken};
 pub use modify::Modify;

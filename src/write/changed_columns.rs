@@ -7,10 +7,10 @@ use diesel::query_dsl::methods::ExecuteDsl;
 use crate::connect::backend::OccBackend;
 use crate::error::Error;
 use crate::guard::pre_image::{ChangedColumns, ChangedUpdateOf};
-use diesel::query_builder::AsChangeset;
-
-use crate::sql::statement::{Assignments, Unguarded};
-use crate::write::entity::LoadByKey;
+use crate::operation::{Operation, Run, SaveChanged};
+use crate::sql::new_token::Counted;
+use crate::sql::statement::Assignments;
+use crate::write::entity::{run_guarded, LoadByKey, RowMoved};
 
 /// Changed-columns writes for every [`ChangedColumns`] entity.
 pub trait GuardedChanges: ChangedColumns {
@@ -23,7 +23,11 @@ pub trait GuardedChanges: ChangedColumns {
     where
         Self: SaveChanges<C>,
     {
-        self.save_changes_from(conn, original)
+        let stamp = Self::stamp();
+        if SaveChanged::new(self, original, stamp.clone()).run(conn)? {
+            self.set_stamp(&stamp);
+        }
+        Ok(())
     }
 }
 
@@ -38,7 +42,7 @@ impl<T: ChangedColumns> GuardedChanges for T {}
 pub trait SaveChanges<C>: ChangedColumns + LoadByKey<C> {
     /// Runs the write; [`GuardedChanges`] calls it.
     #[doc(hidden)]
-    fn save_changes_from(&mut self, conn: &mut C, original: &Self) -> Result<(), Error>;
+    fn save_changed(conn: &mut C, save: SaveChanged<Self>) -> Result<bool, Error>;
 }
 
 impl<T, C> SaveChanges<C> for T
@@ -48,25 +52,18 @@ where
     C::Backend: OccBackend,
     ChangedUpdateOf<T>: ExecuteDsl<C> + Assignments<C::Backend>,
 {
-    fn save_changes_from(&mut self, conn: &mut C, original: &T) -> Result<(), Error> {
-        crate::write::entity::refuse_status_move(self, original, T::table_name())?;
-        let Some((changes, predicate)) = self.changed_since(original) else {
-            return Ok(());
+    fn save_changed(conn: &mut C, save: SaveChanged<T>) -> Result<bool, Error> {
+        let Some((statement, key, expected)) = save.statement(T::table_name())? else {
+            return Ok(false);
         };
-        let stamp = T::stamp();
-        let statement = ChangedUpdateOf::<T>::new(
-            T::table(),
-            changes.as_changeset(),
-            crate::sql::statement::Joined(Unguarded, stamp.clone(), crate::sql::statement::Comma),
-            T::key_predicate(&original.key()),
-            predicate,
-        );
-        let (key, token) = (original.key(), original.token());
-        let miss = crate::write::entity::RowMoved::<T>::expecting(&key, &token);
-        crate::write::entity::run_guarded::<T, C, _, crate::sql::new_token::Counted>(
-            conn, miss, statement, false,
-        )?;
-        self.set_stamp(&stamp);
-        Ok(())
+        let miss = RowMoved::<T>::expecting(&key, &expected);
+        run_guarded::<T, C, _, Counted>(conn, miss, statement, false)?;
+        Ok(true)
+    }
+}
+
+impl<T: SaveChanges<C>, C> Run<C> for SaveChanged<T> {
+    fn run(self, conn: &mut C) -> Result<<Self as Operation>::Output, <Self as Operation>::Error> {
+        T::save_changed(conn, self)
     }
 }

@@ -546,17 +546,6 @@ pub(crate) fn unguarded_by_key<T: Guarded, X>(key: &T::Key, changes: X) -> Ungua
     )
 }
 
-/// [`Error::StatusNotWritable`] when `copy` is in another state than the `original` it
-/// was edited from: a save never writes the state, so it refuses rather than drop the
-/// move. Nothing is sent.
-pub(crate) fn refuse_status_move<T: Guarded>(
-    copy: &T,
-    original: &T,
-    table: &'static str,
-) -> Result<(), Error> {
-    SavedState::refuse_move(Some(&SavedState::edited_from(copy, original)), table)
-}
-
 /// Runs `update`, a save of `row`; on success `row` records the new token and the stamp
 /// it wrote.
 pub(crate) fn write_and_record<T, C, Ch>(

@@ -1018,6 +1018,21 @@ pub trait WriteExcluded<T: Guarded, Ch> {
     fn update_excluded_by_key(&mut self, key: &T::Key, changes: Ch) -> Result<(), Error>;
 }
 
+/// A changed-columns save (`guarded_save_changes_from`): the fields `row` changed since
+/// `original`, written while the row still holds their old values.
+pub trait SaveChangesFrom<T: Guarded> {
+    fn save_changes_from(&mut self, row: &mut T, original: &T) -> Result<(), Error>;
+}
+
+impl<C, T> SaveChangesFrom<T> for Blocking<C>
+where
+    T: diesel_occ::SaveChanges<C>,
+{
+    fn save_changes_from(&mut self, row: &mut T, original: &T) -> Result<(), Error> {
+        diesel_occ::GuardedChanges::guarded_save_changes_from(row, &mut self.0, original)
+    }
+}
+
 impl<C, T> SaveFrom<T> for Blocking<C>
 where
     T: UpdateRow<C, <T as Guarded>::Changes>,
@@ -1058,6 +1073,20 @@ mod on_async_saves_and_excluded {
     {
         fn save_from(&mut self, row: &mut T, original: &T) -> Result<TokenOf<T>, Error> {
             self.runtime.block_on(AsyncGuardedWrite::guarded_save_from(
+                row,
+                &mut self.conn,
+                original,
+            ))
+        }
+    }
+
+    impl<A, T> SaveChangesFrom<T> for Async<A>
+    where
+        T: diesel_occ::ChangedColumns,
+        op::SaveChanged<T>: AsyncRun<A>,
+    {
+        fn save_changes_from(&mut self, row: &mut T, original: &T) -> Result<(), Error> {
+            self.runtime.block_on(AsyncGuardedWrite::guarded_save_changes_from(
                 row,
                 &mut self.conn,
                 original,

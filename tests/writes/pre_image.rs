@@ -4,12 +4,12 @@
 
 use crate::common;
 
-use common::drivers::{race, Read, SaveFrom, Update, UpdateByKey, WriteExcluded};
+use common::drivers::{race, Read, SaveChangesFrom, SaveFrom, Update, UpdateByKey, WriteExcluded};
 use common::models::Order;
 use common::schema::orders;
 use diesel::dsl;
 use diesel::prelude::*;
-use diesel_occ::{Error, Guarded, GuardedChanges, Token};
+use diesel_occ::{Error, Guarded, Token};
 
 /// The changes of a note update.
 type Note = dsl::Eq<orders::note, &'static str>;
@@ -237,54 +237,79 @@ for_each_backend! {
         missing_row_is_not_found,
     );
 
-    // The changed-columns mode stays blocking-only: the async API has no
-    // `guarded_save_changes_from` (no async `GuardedChanges`).
-
     /// Hibernate's "dirty" mode: only the columns this copy changed are compared and
     /// written, so someone else's change to another column survives.
-    #[test]
-    fn changed_columns_mode_writes_and_compares_only_what_changed() {
-        let Some(db) = db() else { return };
+    fn changed_columns_mode_writes_and_compares_only_what_changed<W>(db: &Db, w: impl Fn() -> W)
+    where
+        W: SaveChangesFrom<LegacyOrder>,
+    {
         let conn = &mut db.conn();
-        insert(conn);
         let original = legacy(conn);
         let mut mine = original.clone();
         mine.note = "mine".into();
         mine.gift_message = Some("from a NULL".into());
         diesel::update(orders::table.find(1)).set(orders::quantity.eq(4)).execute(conn).unwrap();
 
-        mine.guarded_save_changes_from(conn, &original).unwrap();
+        w().save_changes_from(&mut mine, &original).unwrap();
 
         let stored = legacy(conn);
         assert_eq!((stored.note.as_str(), stored.gift_message.as_deref()), ("mine", Some("from a NULL")));
         assert_eq!(stored.quantity, 4, "their change to another column survives");
     }
 
-    #[test]
-    fn changed_columns_mode_conflicts_on_a_column_both_changed() {
-        let Some(db) = db() else { return };
+    fn changed_columns_mode_conflicts_on_a_column_both_changed<W>(db: &Db, w: impl Fn() -> W)
+    where
+        W: SaveChangesFrom<LegacyOrder>,
+    {
         let conn = &mut db.conn();
-        insert(conn);
         let original = legacy(conn);
         let mut mine = original.clone();
         mine.note = "mine".into();
         diesel::update(orders::table.find(1)).set(orders::note.eq("theirs")).execute(conn).unwrap();
 
-        let err = mine.guarded_save_changes_from(conn, &original).unwrap_err();
+        let err = w().save_changes_from(&mut mine, &original).unwrap_err();
 
         assert_eq!(err.as_conflict().unwrap().current::<LegacyOrder>().unwrap().note, "theirs");
         assert_eq!(legacy(conn).note, "theirs");
     }
 
-    /// Nothing changed: nothing is sent (so not even a missing row is noticed).
-    #[test]
-    fn changed_columns_mode_sends_nothing_when_nothing_changed() {
-        let Some(db) = db() else { return };
+    /// A changed copy whose row was deleted meanwhile: `NotFound`, nothing written.
+    fn changed_columns_mode_reports_a_deleted_row<W>(db: &Db, w: impl Fn() -> W)
+    where
+        W: SaveChangesFrom<LegacyOrder>,
+    {
         let conn = &mut db.conn();
-        insert(conn);
+        let original = legacy(conn);
+        let mut mine = original.clone();
+        mine.note = "mine".into();
+        diesel::delete(orders::table.find(1)).execute(conn).unwrap();
+
+        let err = w().save_changes_from(&mut mine, &original).unwrap_err();
+
+        assert!(matches!(err, Error::NotFound { .. }), "{err:?}");
+        assert_eq!(orders::table.count().get_result::<i64>(conn).unwrap(), 0);
+    }
+
+    /// Nothing changed: nothing is sent (so not even a missing row is noticed).
+    fn changed_columns_mode_sends_nothing_when_nothing_changed<W>(db: &Db, w: impl Fn() -> W)
+    where
+        W: SaveChangesFrom<LegacyOrder>,
+    {
+        let conn = &mut db.conn();
         let original = legacy(conn);
         diesel::delete(orders::table.find(1)).execute(conn).unwrap();
 
-        original.clone().guarded_save_changes_from(conn, &original).unwrap();
+        w().save_changes_from(&mut original.clone(), &original).unwrap();
+    }
+
+    mod changed_columns {
+        use super::*;
+        tests_on_both_drivers!(
+            |db: &Db| insert(&mut db.conn());
+            changed_columns_mode_writes_and_compares_only_what_changed,
+            changed_columns_mode_conflicts_on_a_column_both_changed,
+            changed_columns_mode_reports_a_deleted_row,
+            changed_columns_mode_sends_nothing_when_nothing_changed,
+        );
     }
 }
