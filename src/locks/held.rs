@@ -185,6 +185,31 @@ impl Held {
         }
     }
 
+    /// [`sleep`](Self::sleep) on the tokio runtime: waits `duration`, or until the lock is
+    /// lost or the holder told to stop, then [`Error::LockLost`] at once. For the pauses
+    /// of async work under the lock that should end early when the lock goes, but not be
+    /// dropped half way as racing it against [`lost`](Self::lost) would.
+    #[cfg(feature = "tokio")]
+    pub async fn sleep_async(&self, duration: Duration) -> Result<(), Error> {
+        use std::future::Future;
+        self.check()?;
+        // A duration past what `Instant` can hold (`Duration::MAX`) sleeps until the loss.
+        let Some(end) = tokio::time::Instant::now().checked_add(duration) else {
+            return Err(self.lost().await);
+        };
+        let (mut lost, mut slept) = (
+            std::pin::pin!(self.lost()),
+            std::pin::pin!(tokio::time::sleep_until(end)),
+        );
+        std::future::poll_fn(|cx| {
+            if let std::task::Poll::Ready(lost) = lost.as_mut().poll(cx) {
+                return std::task::Poll::Ready(Err(lost));
+            }
+            slept.as_mut().poll(cx).map(|()| self.check())
+        })
+        .await
+    }
+
     /// Runs `write` on `conn` in a transaction that commits only if this process still
     /// holds the lock by the database's own account: before committing, the lock row is
     /// locked and its holder token, fence and expiry (by the database's clock) checked.

@@ -1086,11 +1086,12 @@ mod on_async_saves_and_excluded {
         op::SaveChanged<T>: AsyncRun<A>,
     {
         fn save_changes_from(&mut self, row: &mut T, original: &T) -> Result<(), Error> {
-            self.runtime.block_on(AsyncGuardedWrite::guarded_save_changes_from(
-                row,
-                &mut self.conn,
-                original,
-            ))
+            self.runtime
+                .block_on(AsyncGuardedWrite::guarded_save_changes_from(
+                    row,
+                    &mut self.conn,
+                    original,
+                ))
         }
     }
 

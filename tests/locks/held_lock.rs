@@ -281,6 +281,7 @@ for_each_backend! {
         the_lease_check_does_not_depend_on_the_sessions_time_zone,
         replaced_holders_never_land_a_write_under_racing_takeovers,
         with_lock_renews_while_the_work_runs_then_releases,
+        with_lock_tells_the_work_when_the_lock_is_lost,
         a_job_that_returns_or_panics_ends_its_term_and_the_candidate_campaigns_again,
     );
 
@@ -296,6 +297,10 @@ for_each_backend! {
         /// `with_lock` of `report` whose work does nothing: the answer, and whether the
         /// work ran.
         fn with_lock_idle(&self, ttl: Duration) -> (Result<(), Error>, bool);
+        /// `with_lock` of `report` for `ttl` whose work runs `take_over`, sleeps a minute
+        /// under the lock (`Held::sleep`, `Held::sleep_async`) and then tries a protected
+        /// write: the answer, and what the sleep answered.
+        fn with_lock_sleeping_through(&self, ttl: Duration, take_over: impl Fn() + Send + Sync) -> (Result<&'static str, Error>, Option<Result<(), Error>>);
     }
 
     type R2d2Pool = diesel::r2d2::Pool<diesel_occ::CheckedManager<Conn>>;
@@ -324,6 +329,16 @@ for_each_backend! {
             });
             (held, ran)
         }
+        fn with_lock_sleeping_through(&self, ttl: Duration, take_over: impl Fn() + Send + Sync) -> (Result<&'static str, Error>, Option<Result<(), Error>>) {
+            let mut slept = None;
+            let outcome = Locks::new(self.0.clone()).with_lock("report", "main", ttl, None, |held| {
+                take_over();
+                slept = Some(held.sleep(Duration::from_secs(60)));
+                assert!(held.write_while_held(&mut self.0.get().unwrap(), |c| record(c, held.fence())).is_err());
+                Ok::<_, Error>("done")
+            });
+            (outcome, slept)
+        }
     }
 
     #[cfg(all(feature = "bb8", any(not(feature = "mysql"), feature = "async-mysql")))]
@@ -338,10 +353,7 @@ for_each_backend! {
             self.runtime.block_on(locks.with_lock("report", "main", ttl, Some("worker"), async move |held: Held| {
                 let mut conn = pool.get().await.unwrap();
                 for _ in 0..writes {
-                    // The async API has no `Held::sleep`: its lease drops the work when
-                    // the lock is lost; the check after the pause says so too.
-                    tokio::time::sleep(pause).await;
-                    held.check()?;
+                    held.sleep_async(pause).await?;
                     let sql = record_sql(held.fence());
                     held.write_while_held_async(&mut *conn, async move |c: &mut Async_| {
                         diesel_async::RunQueryDsl::execute(diesel::sql_query(sql), c).await.map_err(Error::from)
@@ -365,6 +377,27 @@ for_each_backend! {
                 Ok::<_, Error>(())
             }));
             (held, ran)
+        }
+        fn with_lock_sleeping_through(&self, ttl: Duration, take_over: impl Fn() + Send + Sync) -> (Result<&'static str, Error>, Option<Result<(), Error>>) {
+            let locks = diesel_occ::asynchronous::AsyncLocks::new(self.pool.clone());
+            let slept = std::sync::Mutex::new(None);
+            let (slept_in, pool, take_over) = (&slept, &self.pool, &take_over);
+            let outcome = self.runtime.block_on(locks.with_lock("report", "main", ttl, None, async move |held: Held| {
+                take_over();
+                let answer = held.sleep_async(Duration::from_secs(60)).await;
+                *slept_in.lock().unwrap() = Some(answer);
+                // Dropped at this `.await` (the lock is gone) or refused.
+                let mut conn = pool.get().await.unwrap();
+                let sql = record_sql(held.fence());
+                let refused = held
+                    .write_while_held_async(&mut *conn, async move |c: &mut Async_| {
+                        diesel_async::RunQueryDsl::execute(diesel::sql_query(sql), c).await.map_err(Error::from)
+                    })
+                    .await;
+                assert!(refused.is_err());
+                Ok::<_, Error>("done")
+            }));
+            (outcome, slept.into_inner().unwrap())
         }
     }
 
@@ -395,26 +428,19 @@ for_each_backend! {
         p.release(other).unwrap();
     }
 
-    // Blocking-only: the async API has no `Held::sleep` (its `with_lock` drops the work
-    // when the lock is lost instead of telling it), which this scenario checks.
     /// The lock is taken over while the work sleeps: the renewal finds it lost, the sleep
     /// ends at once with `LockLost`, and `with_lock` answers `LockLost` though the work
-    /// then returned `Ok`.
-    #[test]
-    fn with_lock_tells_the_work_when_the_lock_is_lost() {
-        let Some(db) = setup() else { return };
-        let locks = Locks::new(db.pool.clone());
+    /// then returned `Ok` (blocking) or was dropped at its next `.await` (async). Nothing
+    /// was written, and the intruder keeps its lock.
+    fn with_lock_tells_the_work_when_the_lock_is_lost<P: WithLock>(db: &Db, p: &P) {
         let conn = &mut db.conn();
         let slept = Instant::now();
-        let mut sleep_ended = None;
-        let outcome = locks.with_lock("report", "main", ms(300), None, |held| {
-            diesel::update(occ_locks::table).set(occ_locks::holder.eq("intruder")).execute(&mut db.conn()).unwrap();
-            sleep_ended = Some(held.sleep(Duration::from_secs(60)));
-            assert!(held.write_while_held(&mut db.conn(), |c| record(c, held.fence())).is_err());
-            Ok::<_, Error>("done")
+        let pool = db.pool.clone();
+        let (outcome, sleep_ended) = p.with_lock_sleeping_through(ms(300), move || {
+            diesel::update(occ_locks::table).set(occ_locks::holder.eq("intruder")).execute(&mut pool.get().unwrap()).unwrap();
         });
         assert!(slept.elapsed() < Duration::from_secs(60), "the sleep ended when the lock was lost, not at its end");
-        let why = lost_why(sleep_ended.unwrap());
+        let why = lost_why(sleep_ended.expect("the work slept"));
         assert!(why.contains("another holder holds it now"), "{why}");
         assert!(matches!(outcome, Err(Error::LockLost { .. })), "{outcome:?}");
         assert_eq!(ledger_row(conn), (0, 0, 0));
