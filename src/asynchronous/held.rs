@@ -4,33 +4,13 @@
 //! `COMMIT`, and the same end of the holder's belief when the check finds the lock lost
 //! ([`Held::settled`]).
 
-use std::future::Future;
-
 use super::connection::refuse_broken;
 use super::lock_connection::AsyncLockConnection;
 use super::transaction::OwnTransaction;
-use super::write_transaction::AsyncWriteConnection;
+use super::write_transaction::{AsyncWriteConnection, TransactionWork};
 use crate::error::Error;
 use crate::locks::held::Held;
 use crate::retry::Stop;
-
-/// A write while a lock is held, on an async connection: given the connection (on the
-/// transaction the check ends), it returns a future; an `async` closure,
-/// `async |conn| { ... }`, is one. Not a trait to implement.
-pub trait HeldWrite<'r, C: 'r, T, E>:
-    FnOnce(&'r mut C) -> <Self as HeldWrite<'r, C, T, E>>::Fut
-{
-    /// The write's future.
-    type Fut: Future<Output = Result<T, E>> + Send;
-}
-
-impl<'r, F, Fut, C: 'r, T, E> HeldWrite<'r, C, T, E> for F
-where
-    F: FnOnce(&'r mut C) -> Fut,
-    Fut: Future<Output = Result<T, E>> + Send,
-{
-    type Fut = Fut;
-}
 
 impl Held {
     /// [`write_while_held`](Self::write_while_held) on a diesel-async connection:
@@ -46,7 +26,7 @@ impl Held {
     pub async fn write_while_held_async<C, T, E, W>(&self, conn: &mut C, write: W) -> Result<T, E>
     where
         C: AsyncLockConnection + AsyncWriteConnection,
-        W: for<'r> HeldWrite<'r, C, T, E>,
+        W: for<'r> TransactionWork<'r, C, T, E>,
         E: From<Error>,
     {
         // Refused without a round trip when the belief already ended.

@@ -6,10 +6,10 @@
 use std::future::Future;
 use std::time::{Duration, Instant};
 
-use super::held::HeldWrite;
 use super::lock_connection::AsyncLockConnection;
 use super::locks::{AsyncLockGuard, AsyncLockPool, AsyncLocks};
 use super::write_transaction::AsyncWriteConnection;
+use super::write_transaction::TransactionWork;
 use crate::error::Error;
 use crate::locks::held::{first_of, Held, Loss};
 use crate::locks::lease::{next_renewal, outcome_under_lock, released_lease};
@@ -85,7 +85,7 @@ impl<S: AsyncLockPool> AsyncLease<S> {
     pub async fn write_while_held<C, T, E, W>(&self, conn: &mut C, write: W) -> Result<T, E>
     where
         C: AsyncLockConnection + AsyncWriteConnection,
-        W: for<'r> HeldWrite<'r, C, T, E>,
+        W: for<'r> TransactionWork<'r, C, T, E>,
         E: From<Error>,
     {
         self.held.write_while_held_async(conn, write).await

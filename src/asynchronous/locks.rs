@@ -13,10 +13,10 @@
 
 use std::time::{Duration, Instant};
 
-use super::held::HeldWrite;
 use super::lock_connection::AsyncLockConnection;
 use super::source::AsyncConnectionSource;
 use super::write_transaction::AsyncWriteConnection;
+use super::write_transaction::TransactionWork;
 use crate::error::Error;
 use crate::locks::belief::believed;
 use crate::locks::held::{Held, Loss};
@@ -264,7 +264,7 @@ impl<S: AsyncLockPool> AsyncLockGuard<S> {
     pub async fn write_while_held<C, T, E, W>(&self, conn: &mut C, write: W) -> Result<T, E>
     where
         C: AsyncLockConnection + AsyncWriteConnection,
-        W: for<'r> HeldWrite<'r, C, T, E>,
+        W: for<'r> TransactionWork<'r, C, T, E>,
         E: From<Error>,
     {
         self.held().write_while_held_async(conn, write).await

@@ -107,8 +107,6 @@ pub use connection::NativeAsyncConnection;
 pub use entity::AsyncGuardedWrite;
 #[cfg(feature = "locks")]
 pub use fence::AsyncFencedWrite;
-#[cfg(feature = "locks")]
-pub use held::HeldWrite;
 pub use json::{AsyncGuardedJson, AsyncGuardedJsonMerge};
 #[cfg(feature = "locks")]
 pub use leader::AsyncCandidate;
@@ -126,7 +124,7 @@ pub use source::AsyncConnectionSource;
 #[cfg(feature = "async-deadpool")]
 pub use source::DeadpoolCheckout;
 pub use transition::{record, AsyncGuardedTransition};
-pub use write_transaction::{AsyncWriteConnection, LockedWork, TransitionHook};
+pub use write_transaction::{AsyncWriteConnection, LockedWork, TransactionWork, TransitionHook};
 
 /// The async traits, to import with `use diesel_occ::asynchronous::prelude::*`.
 pub mod prelude {

@@ -168,6 +168,17 @@ where
         self.finish(result, |e| E::from_occ(failed_commit(e, nested)))
             .await
     }
+
+    /// [`finish`](Self::finish) for a transaction around caller code whose error type is
+    /// its own: `result` comes back unchanged, a failed `COMMIT` as [`failed_commit`] says.
+    pub(crate) async fn finish_for_caller<T, E: From<Error>>(
+        self,
+        result: Result<T, E>,
+    ) -> Result<T, E> {
+        let nested = self.nested;
+        self.finish(result, |e| E::from(failed_commit(e, nested)))
+            .await
+    }
 }
 
 /// The error of a failed top-level `COMMIT` on `conn`, as the blocking path reports it:

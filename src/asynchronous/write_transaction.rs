@@ -11,8 +11,10 @@ use std::future::Future;
 use diesel::QueryResult;
 use diesel_async::{AsyncConnection, TransactionManager};
 
-use super::connection::NativeAsyncConnection;
+use super::connection::{refuse_broken, NativeAsyncConnection};
+use super::transaction::OwnTransaction;
 use crate::connect::backend::OccBackend;
+use crate::error::Error;
 use crate::status::HasStatus;
 
 /// A diesel-async connection on which the library opens write transactions that run
@@ -22,6 +24,36 @@ pub trait AsyncWriteConnection: AsyncConnection<Backend: OccBackend> + Send {
     /// Begins the write transaction (a savepoint inside an open one).
     #[doc(hidden)]
     fn begin_write(&mut self) -> impl Future<Output = QueryResult<WriteTurn>> + Send;
+
+    /// Runs `work` in a transaction meant to write, as the blocking
+    /// [`WriteTransaction::write_transaction`](crate::WriteTransaction::write_transaction)
+    /// does: on SQLite `BEGIN IMMEDIATE`, after this process's earlier writers, so that it
+    /// never fails half way for want of the write lock. Commits when `work` answers `Ok`,
+    /// rolls back when it answers `Err` (which comes back unchanged); inside an open
+    /// transaction it nests as a savepoint. A failed `COMMIT` is judged as the library's
+    /// own are: retryable, [`Error::Ambiguous`](crate::Error::Ambiguous) when the
+    /// connection was lost at it.
+    ///
+    /// Unlike diesel-async's `transaction`, a future dropped before the transaction ended
+    /// leaves the connection marked broken (a pool then closes it, which ends the
+    /// transaction on the server) rather than open for the connection's next user.
+    fn write_transaction<'a, T, E, W>(
+        &'a mut self,
+        work: W,
+    ) -> impl Future<Output = Result<T, E>> + Send + 'a
+    where
+        Self: Sized,
+        W: for<'r> TransactionWork<'r, Self, T, E> + Send + 'a,
+        T: Send + 'a,
+        E: From<Error> + Send + 'a,
+    {
+        async move {
+            refuse_broken(self)?;
+            let mut transaction = OwnTransaction::begin_write(self).await?;
+            let done = work(transaction.conn()).await;
+            transaction.finish_for_caller(done).await
+        }
+    }
 }
 
 impl<C> AsyncWriteConnection for C
@@ -41,6 +73,24 @@ where
 pub struct WriteTurn {
     #[cfg(feature = "sqlite")]
     pub(crate) _turn: Option<crate::connect::write_gate::Turn>,
+}
+
+/// Caller code run on a connection inside a transaction the library opened (a write
+/// transaction, a write while a lock is held): given the connection, it returns a future;
+/// an `async` closure, `async |conn| { ... }`, is one. Not a trait to implement.
+pub trait TransactionWork<'r, C: 'r, T, E>:
+    FnOnce(&'r mut C) -> <Self as TransactionWork<'r, C, T, E>>::Fut
+{
+    /// The work's future.
+    type Fut: Future<Output = Result<T, E>> + Send;
+}
+
+impl<'r, F, Fut, C: 'r, T, E> TransactionWork<'r, C, T, E> for F
+where
+    F: FnOnce(&'r mut C) -> Fut,
+    Fut: Future<Output = Result<T, E>> + Send,
+{
+    type Fut = Fut;
 }
 
 /// A transition hook on an async connection: given the connection (on the move's

@@ -1118,6 +1118,73 @@ mod on_async_saves_and_excluded {
     }
 }
 
+// The caller's write transaction (`write_transaction`), added when the async API got one.
+
+/// A write transaction of the caller's (`write_transaction`) around a plain read of the
+/// row with `key` and a guarded update of it with `change(&row)`: the update's token; with
+/// `then_fail`, the work answers `Error::Database(RollbackTransaction)` after the update,
+/// and the transaction rolls back.
+pub trait UpdateInWriteTransaction<T: Guarded, Ch> {
+    fn update_in_write_transaction(
+        &mut self,
+        key: &T::Key,
+        change: &(dyn Fn(&T) -> Ch + Sync),
+        then_fail: bool,
+    ) -> Result<TokenOf<T>, Error>;
+}
+
+impl<C, T, Ch> UpdateInWriteTransaction<T, Ch> for Blocking<C>
+where
+    C: WriteTransaction,
+    T: UpdateRow<C, Ch>,
+{
+    fn update_in_write_transaction(
+        &mut self,
+        key: &T::Key,
+        change: &(dyn Fn(&T) -> Ch + Sync),
+        then_fail: bool,
+    ) -> Result<TokenOf<T>, Error> {
+        self.0.write_transaction(|conn| {
+            let row = T::read_by_key(conn, key)?.expect("the row exists");
+            let token = row.guarded_update(conn, change(&row))?;
+            if then_fail {
+                return Err(Error::Database(diesel::result::Error::RollbackTransaction));
+            }
+            Ok(token)
+        })
+    }
+}
+
+#[cfg(all(
+    feature = "async",
+    any(not(feature = "mysql"), feature = "async-mysql")
+))]
+impl<A, T, Ch> UpdateInWriteTransaction<T, Ch> for super::paths::Async<A>
+where
+    A: diesel_occ::asynchronous::AsyncWriteConnection + 'static,
+    T: diesel_occ::asynchronous::AsyncLoadByKey<A> + Send,
+    T::Key: Sync,
+    diesel_occ::op::Update<T, Ch>: diesel_occ::asynchronous::AsyncRun<A>,
+{
+    fn update_in_write_transaction(
+        &mut self,
+        key: &T::Key,
+        change: &(dyn Fn(&T) -> Ch + Sync),
+        then_fail: bool,
+    ) -> Result<TokenOf<T>, Error> {
+        use diesel_occ::asynchronous::AsyncGuardedWrite;
+        self.runtime
+            .block_on(self.conn.write_transaction(async move |conn: &mut A| {
+                let row = T::read_by_key(conn, key).await?.expect("the row exists");
+                let token = AsyncGuardedWrite::guarded_update(&row, conn, change(&row)).await?;
+                if then_fail {
+                    return Err(Error::Database(diesel::result::Error::RollbackTransaction));
+                }
+                Ok(token)
+            }))
+    }
+}
+
 // Transactions of the caller's around any of the writes above, and the connection's
 // instrumentation (added with the conversion of tests/writes/caller_transaction.rs).
 
