@@ -97,6 +97,7 @@ mod source;
 mod sqlite;
 mod transaction;
 mod transition;
+mod version_row;
 mod write_transaction;
 
 pub use batch::AsyncGuardedBatch;
@@ -124,6 +125,7 @@ pub use source::AsyncConnectionSource;
 #[cfg(feature = "async-deadpool")]
 pub use source::DeadpoolCheckout;
 pub use transition::{record, AsyncGuardedTransition};
+pub use version_row::guarded_operation;
 pub use write_transaction::{AsyncWriteConnection, LockedWork, TransactionWork, TransitionHook};
 
 /// The async traits, to import with `use diesel_occ::asynchronous::prelude::*`.

@@ -14,8 +14,8 @@ use super::entity::write_and_record;
 use super::run::AsyncRun;
 use super::send::AsyncLoadByKey;
 use super::source::AsyncConnectionSource;
-use super::transaction::{Call, OwnTransaction};
-use crate::connect::backend::OccBackend;
+use super::transaction::OwnTransaction;
+use super::write_transaction::AsyncWriteConnection;
 use crate::error::Error;
 use crate::flow::read_modify_write::{Effect, ReadModifyWrite};
 use crate::guard::{Guarded, TokenOf};
@@ -154,7 +154,7 @@ where
             &key,
             &policy,
             &suspects,
-            SaveChanged(change),
+            ChangeCopy(change),
         )
         .await
     }
@@ -179,7 +179,7 @@ where
             &key,
             &policy,
             &suspects,
-            SaveChanged(change),
+            ChangeCopy(change),
         )
         .await
     }
@@ -187,8 +187,10 @@ where
 
 /// The async driver of the read-modify-write [flow](crate::flow::read_modify_write): the
 /// attempts on connections from `attempts` (one attempt only when `nested` in the caller's
-/// transaction), each in a transaction of its own, the flow's pauses slept on tokio's
-/// timer with the connection given back.
+/// transaction), each in a write transaction of its own, the flow's pauses slept on
+/// tokio's timer with the connection given back. On SQLite it drives attempts whose step
+/// is the caller's async code (a guarded operation); a `modify` runs whole on the
+/// connection's thread instead.
 pub(crate) async fn modify_with<T, C, A, S, R, E>(
     mut attempts: A,
     nested: bool,
@@ -199,8 +201,7 @@ pub(crate) async fn modify_with<T, C, A, S, R, E>(
 ) -> Result<Modified<T, R>, E>
 where
     T: AsyncLoadByKey<C> + Clone,
-    C: NativeAsyncConnection,
-    C::Backend: NativeAsync,
+    C: AsyncWriteConnection,
     A: Attempts<C>,
     S: Step<T, C, R, E>,
     R: Send,
@@ -213,9 +214,9 @@ where
         effect = match effect {
             Effect::Begin => match attempts.next().await {
                 Ok(mut conn) => {
-                    let mut call = Call::start(&mut *conn);
-                    let next = run_attempt(call.conn(), &mut flow, key, &mut step).await;
-                    call.finish(());
+                    // Dropped half way, the attempt's transaction marks the connection
+                    // broken, whatever statement was on its way.
+                    let next = run_attempt(&mut *conn, &mut flow, key, &mut step).await;
                     // The connection goes back (to a pool) before any pause.
                     attempts.give_back(conn);
                     next
@@ -242,7 +243,7 @@ where
 
 /// What an attempt does with the row it read, inside its transaction: the changed row as
 /// written, its token and the caller's value. A change of the row's fields
-/// ([`SaveChanged`]), an edit of a JSON document.
+/// ([`ChangeCopy`]), an edit of a JSON document.
 pub(crate) trait Step<T: Guarded, C, R, E>: Send {
     /// Applies the step to `original` on `conn`.
     fn apply<'a>(
@@ -253,9 +254,9 @@ pub(crate) trait Step<T: Guarded, C, R, E>: Send {
 }
 
 /// `modify`'s step: the caller's change of a copy, saved from the row read.
-pub(crate) struct SaveChanged<F>(pub(crate) F);
+pub(crate) struct ChangeCopy<F>(pub(crate) F);
 
-impl<T, C, F, R, E> Step<T, C, R, E> for SaveChanged<F>
+impl<T, C, F, R, E> Step<T, C, R, E> for ChangeCopy<F>
 where
     T: Guarded + Clone,
     Update<T, T::Changes>: AsyncRun<C>,
@@ -292,13 +293,12 @@ async fn run_attempt<T, C, S, R, E>(
 ) -> Effect
 where
     T: AsyncLoadByKey<C>,
-    C: AsyncConnection,
-    C::Backend: OccBackend,
+    C: AsyncWriteConnection,
     S: Step<T, C, R, E>,
     R: Send,
     E: From<Error> + Send,
 {
-    let mut transaction = match OwnTransaction::begin(conn).await {
+    let mut transaction = match OwnTransaction::begin_write(conn).await {
         Ok(transaction) => transaction,
         Err(error) => return flow.began(Err(error)),
     };

@@ -20,7 +20,8 @@ use diesel::query_dsl::methods::ExecuteDsl;
 use crate::connect::backend::OccBackend;
 use crate::connect::transaction::WriteTransaction;
 use crate::error::Error;
-use crate::operation::Update;
+use crate::guard::Guarded;
+use crate::operation::{Operation, Run, Update};
 use crate::retry::{Contention, RetryPolicy, Stop};
 use crate::sql::new_token::Counted;
 use crate::sql::statement::{Assignments, InsertIfMissing, NoChanges};
@@ -61,6 +62,68 @@ pub(crate) type CreateIfMissing = InsertIfMissing<
     occ_versions::version,
 >;
 
+/// The creation of the version row `(lock_name, resource)` at version 0 unless it exists:
+/// the first step of a guarded operation, before its attempts. Names are checked when it
+/// is made.
+pub struct EnsureVersionRow {
+    pub(crate) key: (String, String),
+}
+
+impl EnsureVersionRow {
+    /// The creation of `(lock_name, resource)`; refused when a name is longer than
+    /// [`NAME_LIMIT`](crate::NAME_LIMIT) characters, empty, or holds a NUL.
+    pub(crate) fn new(lock_name: &str, resource: &str) -> Result<Self, Error> {
+        crate::sql::names::check_name("lock name", lock_name)?;
+        crate::sql::names::check_name("resource", resource)?;
+        Ok(Self {
+            key: (lock_name.to_string(), resource.to_string()),
+        })
+    }
+
+    /// The compare-and-set that creates the row: any count of rows is a success.
+    pub(crate) fn write(&self) -> CompareAndSet<'_, CreateIfMissing, CannotMiss> {
+        let create =
+            CreateIfMissing::new(diesel::insert_into(occ_versions::table).values(VersionRow {
+                lock_name: self.key.0.clone(),
+                resource: self.key.1.clone(),
+                version: 0,
+            }));
+        CompareAndSet::one(create, "occ_versions", &self.key, CannotMiss).matching(Matches::Any)
+    }
+
+    /// The policy of the operation's attempts: `policy`, optimistic whatever it says.
+    /// The operation locks the rows it writes before the version row is updated, so an
+    /// attempt that read the version row with its lock first would take the two in the
+    /// opposite order and deadlock with the others.
+    pub(crate) fn policy(policy: &RetryPolicy) -> RetryPolicy {
+        policy.clone().contention(Contention::Optimistic)
+    }
+}
+
+impl Operation for EnsureVersionRow {
+    type Output = ();
+    type Error = Error;
+}
+
+impl<C> Run<C> for EnsureVersionRow
+where
+    C: LoadConnection,
+    C::Backend: OccBackend,
+    CreateIfMissing: Assignments<C::Backend> + ExecuteDsl<C>,
+{
+    fn run(self, conn: &mut C) -> Result<(), Error> {
+        self.write().run::<C, Counted, i64>(conn, false).map(drop)
+    }
+}
+
+/// The end of an attempt: the advance of the version row from `read`, the version the
+/// attempt read, inside the attempt's transaction.
+pub(crate) fn advance(read: &VersionRow) -> Update<VersionRow, NoChanges<occ_versions::table>> {
+    Update::new(read.key(), read.version, NoChanges::default())
+        .saving(read)
+        .owned_transaction(true)
+}
+
 /// Runs `operation` guarded by the version row `(lock_name, resource)`: each attempt in a
 /// fresh write transaction reads the row's version, runs `operation` on the transaction,
 /// and advances the version if it is still the one read. When another run advanced it
@@ -85,33 +148,18 @@ pub fn guarded_operation<C, R, E>(
 where
     C: LoadConnection + WriteTransaction,
     C::Backend: OccBackend,
-    CreateIfMissing: Assignments<C::Backend> + ExecuteDsl<C>,
+    EnsureVersionRow: Run<C>,
     VersionRow: UpdateRow<C, NoChanges<occ_versions::table>>,
     E: From<Error>,
 {
-    crate::sql::names::check_name("lock name", lock_name)?;
-    crate::sql::names::check_name("resource", resource)?;
-    let key = (lock_name.to_string(), resource.to_string());
-    let create =
-        CreateIfMissing::new(diesel::insert_into(occ_versions::table).values(VersionRow {
-            lock_name: key.0.clone(),
-            resource: key.1.clone(),
-            version: 0,
-        }));
-    CompareAndSet::one(create, "occ_versions", &key, CannotMiss)
-        .matching(Matches::Any)
-        .run::<C, Counted, i64>(conn, false)?;
-    // Optimistic whatever the policy says: `operation` locks the rows it writes before the
-    // version row is updated, so an attempt that read the version row with its lock first
-    // would take the two in the opposite order and deadlock with the others.
-    let policy = policy.clone().contention(Contention::Optimistic);
+    let ensure = EnsureVersionRow::new(lock_name, resource)?;
+    let key = ensure.key.clone();
+    ensure.run(conn)?;
+    let policy = EnsureVersionRow::policy(policy);
     read_modify_write(conn, &key, &policy, "version", |conn, read: &VersionRow| {
         let value = operation(conn).map_err(Stop::Caller)?;
         let mut row = read.clone();
-        let update = Update::new(key.clone(), read.version, NoChanges::default())
-            .saving(read)
-            .owned_transaction(true);
-        let version = write_and_record(&mut row, conn, update)?;
+        let version = write_and_record(&mut row, conn, advance(read))?;
         Ok((row, version, value))
     })
 }

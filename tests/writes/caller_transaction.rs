@@ -2,8 +2,7 @@
 //! check constraint) leaves that transaction usable on every backend: what it wrote
 //! before stays, later writes go on, and the commit keeps both. PostgreSQL would abort
 //! the whole transaction; the library's savepoint keeps the three backends alike. Each
-//! body runs on both drivers (the blocking API and the async one), but for one the async
-//! API has no counterpart of.
+//! body runs on both drivers (the blocking API and the async one).
 
 use crate::common;
 
@@ -13,7 +12,7 @@ use common::drivers::{
 use diesel::connection::SimpleConnection;
 use diesel::dsl;
 use diesel::prelude::*;
-use diesel_occ::{guarded_operation, BatchMode, GuardedWrite};
+use diesel_occ::{BatchMode, GuardedWrite};
 use diesel_occ::{Error, Guarded, LockWait, Pessimistic, RetryPolicy};
 
 /// The changes of a credit update.
@@ -150,30 +149,73 @@ for_each_backend! {
         assert!(rows[1] == ("b@x".into(), 10, 0) || rows[1] == ("b@x".into(), 5, 1), "{rows:?}");
     }
 
-    // Blocking-only: the async API has no `guarded_operation` (version-row operations).
+    /// The library's own transactions around caller code, on either driver: each runs a
+    /// closure that meets a constraint error on one account's write, handles it, and then
+    /// writes another account.
+    trait LibraryTransactions {
+        /// `with_row_locked` of account 1: account 2 takes account 1's email (refused),
+        /// then account 1's credit becomes 9.
+        fn handle_a_failed_write_under_a_row_lock(&mut self) -> Result<(), Error>;
+        /// `guarded_operation` of `(billing, run-1)`: account 3's credit becomes -3
+        /// (refused), then 8. The attempts.
+        fn handle_a_failed_write_in_an_operation(&mut self) -> Result<u32, Error>;
+    }
+
+    impl LibraryTransactions for common::drivers::Blocking<Pooled> {
+        fn handle_a_failed_write_under_a_row_lock(&mut self) -> Result<(), Error> {
+            Account::with_row_locked(&mut self.0, &1, LockWait::Wait, |conn, a| -> Result<(), Error> {
+                let b = accounts::table.find(2).select(Account::as_select()).first(conn)?;
+                assert_constraint_error(b.guarded_update(conn, accounts::email.eq("a@x")));
+                a.guarded_update(conn, accounts::credit.eq(9))?;
+                Ok(())
+            })
+        }
+        fn handle_a_failed_write_in_an_operation(&mut self) -> Result<u32, Error> {
+            let done = diesel_occ::guarded_operation(&mut self.0, "billing", "run-1", &RetryPolicy::default(), |conn| -> Result<(), Error> {
+                let c = accounts::table.find(3).select(Account::as_select()).first(conn)?;
+                assert_constraint_error(c.guarded_update(conn, accounts::credit.eq(-3)));
+                c.guarded_update(conn, accounts::credit.eq(8))?;
+                Ok(())
+            })?;
+            Ok(done.attempts)
+        }
+    }
+
+    #[cfg(all(feature = "async", any(not(feature = "mysql"), feature = "async-mysql")))]
+    type AsyncConn = <Conn as common::paths::AsyncOf>::Async;
+
+    #[cfg(all(feature = "async", any(not(feature = "mysql"), feature = "async-mysql")))]
+    impl LibraryTransactions for common::drivers::Async<AsyncConn> {
+        fn handle_a_failed_write_under_a_row_lock(&mut self) -> Result<(), Error> {
+            use diesel_occ::asynchronous::{AsyncGuardedWrite, AsyncPessimistic};
+            self.runtime.block_on(<Account as AsyncPessimistic>::with_row_locked(&mut self.conn, &1, LockWait::Wait, async |conn: &mut AsyncConn, a: Account| -> Result<(), Error> {
+                let b: Account = diesel_async::RunQueryDsl::first(accounts::table.find(2).select(Account::as_select()), conn).await?;
+                assert_constraint_error(AsyncGuardedWrite::guarded_update(&b, conn, accounts::email.eq("a@x")).await);
+                AsyncGuardedWrite::guarded_update(&a, conn, accounts::credit.eq(9)).await?;
+                Ok(())
+            }))
+        }
+        fn handle_a_failed_write_in_an_operation(&mut self) -> Result<u32, Error> {
+            use diesel_occ::asynchronous::AsyncGuardedWrite;
+            let policy = RetryPolicy::default();
+            let done = self.runtime.block_on(diesel_occ::asynchronous::guarded_operation(&mut self.conn, "billing", "run-1", &policy, async |conn: &mut AsyncConn| -> Result<(), Error> {
+                let c: Account = diesel_async::RunQueryDsl::first(accounts::table.find(3).select(Account::as_select()), conn).await?;
+                assert_constraint_error(AsyncGuardedWrite::guarded_update(&c, conn, accounts::credit.eq(-3)).await);
+                AsyncGuardedWrite::guarded_update(&c, conn, accounts::credit.eq(8)).await?;
+                Ok(())
+            }))?;
+            Ok(done.attempts)
+        }
+    }
+
     /// Inside the library's own transactions, the caller's closures are the caller's: a
     /// failed write the closure handles does not spoil what commits.
-    #[test]
-    fn closures_the_library_runs_in_its_transactions_can_handle_a_failed_write() {
-        let Some(db) = setup() else { return };
-        let conn = &mut db.conn();
-        Account::with_row_locked(conn, &1, LockWait::Wait, |conn, a| -> Result<(), Error> {
-            let b = load(conn, 2);
-            assert_constraint_error(b.guarded_update(conn, accounts::email.eq("a@x")));
-            a.guarded_update(conn, accounts::credit.eq(9))?;
-            Ok(())
-        })
-        .unwrap();
-        let done = guarded_operation(conn, "billing", "run-1", &RetryPolicy::default(), |conn| -> Result<(), Error> {
-            let c = load(conn, 3);
-            assert_constraint_error(c.guarded_update(conn, accounts::credit.eq(-3)));
-            c.guarded_update(conn, accounts::credit.eq(8))?;
-            Ok(())
-        })
-        .unwrap();
-        assert_eq!(done.attempts, 1);
+    fn closures_the_library_runs_in_its_transactions_can_handle_a_failed_write<W: LibraryTransactions>(db: &Db, w: impl Fn() -> W) {
+        let mut w = w();
+        w.handle_a_failed_write_under_a_row_lock().unwrap();
+        assert_eq!(w.handle_a_failed_write_in_an_operation().unwrap(), 1);
         assert_eq!(
-            stored(conn),
+            stored(&mut db.conn()),
             [("a@x".into(), 9, 1), ("b@x".into(), 10, 0), ("c@x".into(), 8, 1)]
         );
     }
@@ -231,5 +273,6 @@ for_each_backend! {
         a_failed_batch_or_bulk_update_leaves_the_callers_transaction_usable,
         only_writes_in_the_callers_transaction_pay_for_a_savepoint_on_postgresql,
         a_failed_write_outside_a_transaction_writes_nothing,
+        closures_the_library_runs_in_its_transactions_can_handle_a_failed_write,
     );
 }
