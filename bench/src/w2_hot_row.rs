@@ -341,7 +341,7 @@ per_backend! {
         count: u64,
         policies: &(RetryPolicy, RetryPolicy),
     ) -> Result<u32, Error> {
-        use diesel_occ::asynchronous::{AsyncGuardedJson, AsyncGuardedJsonMerge};
+        use diesel_occ::asynchronous::AsyncGuardedJson;
         let patch = patch_of(key, count);
         match strategy {
             Strategy::HandWritten => {
@@ -350,11 +350,11 @@ per_backend! {
                 Ok(1)
             }
             Strategy::OneStatement => {
-                <Doc as AsyncGuardedJsonMerge>::merge_json_in_place(conn, &1, bench_docs::ext, &patch).await?;
+                <Doc as AsyncGuardedJson>::merge_json_in_place(conn, &1, bench_docs::ext, &patch).await?;
                 Ok(1)
             }
             Strategy::OneStatementNoToken => {
-                <Doc as AsyncGuardedJsonMerge>::merge_json_in_place_without_token(conn, &1, bench_docs::ext, &patch).await?;
+                <Doc as AsyncGuardedJson>::merge_json_in_place_without_token(conn, &1, bench_docs::ext, &patch).await?;
                 Ok(1)
             }
             Strategy::Optimistic => {

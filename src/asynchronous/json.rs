@@ -34,9 +34,11 @@ use crate::sql::statement::{Assignments, Unguarded};
 use crate::write::entity::{token_read_back, RowMoved};
 use crate::write::modify::Modified;
 
-/// Read-merge-write edits of JSON columns on a diesel-async connection; see
-/// [`GuardedJson`](crate::GuardedJson) for what each does and answers.
-pub trait AsyncGuardedJson: Guarded + Clone {
+/// Edits of JSON columns on a diesel-async connection: read-merge-write with retry
+/// ([`GuardedJson`](crate::GuardedJson)) and one-statement merges
+/// ([`GuardedJsonMerge`](crate::GuardedJsonMerge)); see there for what each does and
+/// answers.
+pub trait AsyncGuardedJson: Guarded {
     /// Runs `edit` on the document of column `Col` of the row with `key`, read fresh on
     /// every attempt, and writes the result under the row's guard.
     fn edit_json<'e, C, Col, F, R, E>(
@@ -156,9 +158,45 @@ pub trait AsyncGuardedJson: Guarded + Clone {
         };
         JsonEdit::new(key.clone(), policy.clone(), build).run_async(conn)
     }
+
+    /// Merges the RFC 7396 `patch` into the document of column `Col` of the row with
+    /// `key` and advances the row's token, in one statement (no read, no retry). Returns
+    /// the new token; see
+    /// [`GuardedJsonMerge::merge_json_in_place`](crate::GuardedJsonMerge::merge_json_in_place).
+    fn merge_json_in_place<C, Col>(
+        conn: &mut C,
+        key: &Self::Key,
+        column: Col,
+        patch: &Value,
+    ) -> impl Future<Output = Result<TokenOf<Self>, Error>> + Send
+    where
+        Self::Guard: AdvanceInSql,
+        JsonMerge<Self, Col>: AsyncRun<C>,
+    {
+        let _ = column;
+        JsonMerge::new(key.clone(), patch.clone()).run_async(conn)
+    }
+
+    /// [`merge_json_in_place`](Self::merge_json_in_place) without reading the new token
+    /// back; see [`GuardedJsonMerge::merge_json_in_place_without_token`](crate::GuardedJsonMerge::merge_json_in_place_without_token).
+    fn merge_json_in_place_without_token<C, Col>(
+        conn: &mut C,
+        key: &Self::Key,
+        column: Col,
+        patch: &Value,
+    ) -> impl Future<Output = Result<(), Error>> + Send
+    where
+        Self::Guard: AdvanceInSql,
+        JsonMergeNoToken<Self, Col>: AsyncRun<C>,
+    {
+        let _ = column;
+        JsonMerge::new(key.clone(), patch.clone())
+            .without_token()
+            .run_async(conn)
+    }
 }
 
-impl<T: Guarded + Clone> AsyncGuardedJson for T {}
+impl<T: Guarded> AsyncGuardedJson for T {}
 
 /// Runs the edit `build` makes (checked before anything is sent) of the document in
 /// column `Col`.
@@ -250,52 +288,6 @@ where
         )
         .await
     }
-}
-
-/// One-statement JSON merges on a diesel-async connection; see
-/// [`GuardedJsonMerge`](crate::GuardedJsonMerge).
-pub trait AsyncGuardedJsonMerge: Guarded
-where
-    Self::Guard: AdvanceInSql,
-{
-    /// Merges the RFC 7396 `patch` into the document of column `Col` of the row with
-    /// `key` and advances the row's token, in one statement. Returns the new token.
-    fn merge_json_in_place<C, Col>(
-        conn: &mut C,
-        key: &Self::Key,
-        column: Col,
-        patch: &Value,
-    ) -> impl Future<Output = Result<TokenOf<Self>, Error>> + Send
-    where
-        JsonMerge<Self, Col>: AsyncRun<C>,
-    {
-        let _ = column;
-        JsonMerge::new(key.clone(), patch.clone()).run_async(conn)
-    }
-
-    /// [`merge_json_in_place`](Self::merge_json_in_place) without reading the new token
-    /// back; see [`GuardedJsonMerge::merge_json_in_place_without_token`](crate::GuardedJsonMerge::merge_json_in_place_without_token).
-    fn merge_json_in_place_without_token<C, Col>(
-        conn: &mut C,
-        key: &Self::Key,
-        column: Col,
-        patch: &Value,
-    ) -> impl Future<Output = Result<(), Error>> + Send
-    where
-        JsonMergeNoToken<Self, Col>: AsyncRun<C>,
-    {
-        let _ = column;
-        JsonMerge::new(key.clone(), patch.clone())
-            .without_token()
-            .run_async(conn)
-    }
-}
-
-impl<T> AsyncGuardedJsonMerge for T
-where
-    T: Guarded,
-    T::Guard: AdvanceInSql,
-{
 }
 
 impl<T, C, Col> AsyncRun<C> for JsonMerge<T, Col>

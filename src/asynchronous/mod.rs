@@ -108,7 +108,7 @@ pub use connection::NativeAsyncConnection;
 pub use entity::AsyncGuardedWrite;
 #[cfg(feature = "locks")]
 pub use fence::AsyncFencedWrite;
-pub use json::{AsyncGuardedJson, AsyncGuardedJsonMerge};
+pub use json::AsyncGuardedJson;
 #[cfg(feature = "locks")]
 pub use leader::AsyncCandidate;
 #[cfg(feature = "locks")]
@@ -133,7 +133,7 @@ pub mod prelude {
     #[cfg(feature = "locks")]
     pub use super::{AsyncFencedWrite, AsyncGuardedClaim};
     pub use super::{
-        AsyncGuardedBatch, AsyncGuardedBulk, AsyncGuardedJson, AsyncGuardedJsonMerge,
-        AsyncGuardedModify, AsyncGuardedTransition, AsyncGuardedWrite, AsyncPessimistic,
+        AsyncGuardedBatch, AsyncGuardedBulk, AsyncGuardedJson, AsyncGuardedModify,
+        AsyncGuardedTransition, AsyncGuardedWrite, AsyncPessimistic,
     };
 }

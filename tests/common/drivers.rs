@@ -509,7 +509,7 @@ mod on_async {
     use diesel_async::AsyncConnection;
     use diesel_occ::asynchronous::{
         AsyncConnectionSource, AsyncGuardedBatch, AsyncGuardedBulk, AsyncGuardedJson,
-        AsyncGuardedJsonMerge, AsyncGuardedModify, AsyncGuardedWrite, AsyncLoadByKey, AsyncRun,
+        AsyncGuardedModify, AsyncGuardedWrite, AsyncLoadByKey, AsyncRun,
     };
     use diesel_occ::op;
 
@@ -878,7 +878,7 @@ mod on_async {
             patch: &Value,
         ) -> Result<TokenOf<T>, Error> {
             self.runtime
-                .block_on(<T as AsyncGuardedJsonMerge>::merge_json_in_place(
+                .block_on(<T as AsyncGuardedJson>::merge_json_in_place(
                     &mut self.conn,
                     key,
                     column,

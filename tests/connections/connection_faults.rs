@@ -35,7 +35,7 @@ use common::{KillOnDrop, PoolByUrl};
 use diesel::connection::SimpleConnection;
 use diesel::prelude::*;
 use diesel::r2d2::Pool;
-use diesel_occ::asynchronous::{AsyncConnectionSource, AsyncGuardedJson, AsyncGuardedJsonMerge};
+use diesel_occ::asynchronous::{AsyncConnectionSource, AsyncGuardedJson};
 use diesel_occ::asynchronous::{AsyncGuardedModify, AsyncGuardedTransition};
 use diesel_occ::GuardedJson;
 use diesel_occ::GuardedJsonMerge;
@@ -289,7 +289,7 @@ for_each_backend! {
         fn merge_in_place(&self, target: i64, patch: &Value) -> Result<(), Error> {
             self.runtime.block_on(async {
                 let mut conn = self.pool.checkout().await?;
-                let merged = <Profile as AsyncGuardedJsonMerge>::merge_json_in_place(&mut *conn, &target, profiles::ext, patch);
+                let merged = <Profile as AsyncGuardedJson>::merge_json_in_place(&mut *conn, &target, profiles::ext, patch);
                 merged.await.map(drop)
             })
         }

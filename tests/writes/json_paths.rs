@@ -123,10 +123,10 @@ for_each_backend! {
             self.runtime.block_on(<Profile as AsyncGuardedJson>::merge_json(&mut self.conn, &id, profiles::ext, patch, &policy))
         }
         fn merge_in_place(&mut self, id: i64, patch: &Value) -> Result<i64, Error> {
-            self.runtime.block_on(<Profile as AsyncGuardedJsonMerge>::merge_json_in_place(&mut self.conn, &id, profiles::ext, patch))
+            self.runtime.block_on(<Profile as AsyncGuardedJson>::merge_json_in_place(&mut self.conn, &id, profiles::ext, patch))
         }
         fn merge_without_token(&mut self, id: i64, patch: &Value) -> Result<(), Error> {
-            self.runtime.block_on(<Profile as AsyncGuardedJsonMerge>::merge_json_in_place_without_token(&mut self.conn, &id, profiles::ext, patch))
+            self.runtime.block_on(<Profile as AsyncGuardedJson>::merge_json_in_place_without_token(&mut self.conn, &id, profiles::ext, patch))
         }
         fn patch(&mut self, id: i64, patch: &json_patch::Patch) -> Result<Modified<Profile, ()>, Error> {
             let policy = RetryPolicy::default();
