@@ -232,13 +232,7 @@ where
             other => unreachable!("{other:?} is run inside an attempt"),
         };
     }
-    let ((row, token, value), attempts) = flow.outcome()?;
-    Ok(Modified {
-        row,
-        token,
-        value,
-        attempts,
-    })
+    Ok(Modified::of(flow.outcome()?))
 }
 
 /// What an attempt does with the row it read, inside its transaction: the changed row as

@@ -49,3 +49,16 @@ pub struct Modified<T: Guarded, R> {
     /// How many attempts it took (1 when nothing conflicted).
     pub attempts: u32,
 }
+
+impl<T: Guarded, R> Modified<T, R> {
+    /// The report of a read-modify-write flow's outcome: the attempt that was written (the
+    /// row, its token, the caller's value) and how many attempts it took.
+    pub(crate) fn of(((row, token, value), attempts): ((T, TokenOf<T>, R), u32)) -> Self {
+        Modified {
+            row,
+            token,
+            value,
+            attempts,
+        }
+    }
+}

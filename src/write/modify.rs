@@ -216,13 +216,7 @@ where
             other => unreachable!("{other:?} is run inside an attempt"),
         };
     }
-    let ((row, token, value), attempts) = flow.outcome()?;
-    Ok(Modified {
-        row,
-        token,
-        value,
-        attempts,
-    })
+    Ok(Modified::of(flow.outcome()?))
 }
 
 /// One attempt of `flow` on `conn`, from its `BEGIN` to its `COMMIT` or `ROLLBACK`
