@@ -134,6 +134,6 @@ pub mod prelude {
     pub use super::{AsyncFencedWrite, AsyncGuardedClaim};
     pub use super::{
         AsyncGuardedBatch, AsyncGuardedBulk, AsyncGuardedJson, AsyncGuardedModify,
-        AsyncGuardedTransition, AsyncGuardedWrite, AsyncPessimistic,
+        AsyncGuardedTransition, AsyncGuardedWrite, AsyncPessimistic, AsyncWriteConnection,
     };
 }

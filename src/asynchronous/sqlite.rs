@@ -2,7 +2,11 @@
 //! thread of its own. Each call of the library runs whole on that thread, as the blocking
 //! API runs it (its immediate transactions and fair write queue included), and the
 //! caller awaits the result. A dropped future leaves the call to finish there: nothing
-//! is left half done, and the connection's next call waits for it.
+//! is left half done, and the connection's next call waits for it. The calls that run
+//! the caller's async code inside a transaction (a write transaction, a guarded
+//! operation, a transition hook, work on a locked row, a write while a lock is held) open
+//! it from the awaiting task; dropped before it ended, that transaction leaves the
+//! connection marked broken, and every later call on it is refused.
 
 use std::future::Future;
 
@@ -30,13 +34,26 @@ where
     R: Send + 'static,
     E: From<Error> + Send + 'static,
 {
-    let task = conn.spawn_blocking(move |conn| Ok(rolled_back_on_panic(conn, call)));
+    let task = conn.spawn_blocking(move |conn| {
+        usable(conn)?;
+        Ok(rolled_back_on_panic(conn, call))
+    });
     async move {
         match task.await.map_err(|e| E::from(Error::Database(e)))? {
             Ok(result) => result,
             Err(panic) => std::panic::resume_unwind(panic),
         }
     }
+}
+
+/// Refuses a connection whose transaction manager a dropped transaction left broken (the
+/// transaction may still be open on it), as the other backends' calls refuse theirs:
+/// nothing more is sent on it, so no write lands in a transaction that will never commit.
+fn usable(conn: &mut SqliteConnection) -> diesel::QueryResult<()> {
+    use diesel::connection::{AnsiTransactionManager, TransactionManager};
+    AnsiTransactionManager::transaction_manager_status_mut(conn)
+        .transaction_depth()
+        .map(drop)
 }
 
 /// Runs `call` on `conn`, catching a panic: the transactions opened in `call` and left
@@ -175,7 +192,10 @@ where
         key: &T::Key,
     ) -> impl Future<Output = diesel::QueryResult<Option<T>>> + Send {
         let key = key.clone();
-        conn.spawn_blocking(move |conn| T::load_by_key(conn, &key))
+        conn.spawn_blocking(move |conn| {
+            usable(conn)?;
+            T::load_by_key(conn, &key)
+        })
     }
 
     fn read_by_key(
@@ -183,7 +203,10 @@ where
         key: &T::Key,
     ) -> impl Future<Output = diesel::QueryResult<Option<T>>> + Send {
         let key = key.clone();
-        conn.spawn_blocking(move |conn| T::read_by_key(conn, &key))
+        conn.spawn_blocking(move |conn| {
+            usable(conn)?;
+            T::read_by_key(conn, &key)
+        })
     }
 
     fn lock_by_key(
@@ -192,7 +215,10 @@ where
         lock: crate::sql::statement::RowLock,
     ) -> impl Future<Output = diesel::QueryResult<Option<T>>> + Send {
         let key = key.clone();
-        conn.spawn_blocking(move |conn| T::lock_by_key(conn, &key, lock))
+        conn.spawn_blocking(move |conn| {
+            usable(conn)?;
+            T::lock_by_key(conn, &key, lock)
+        })
     }
 
     fn load_by_keys(
@@ -200,7 +226,10 @@ where
         keys: &[T::Key],
     ) -> impl Future<Output = diesel::QueryResult<Vec<T>>> + Send {
         let keys = keys.to_vec();
-        conn.spawn_blocking(move |conn| T::load_by_keys(conn, &keys))
+        conn.spawn_blocking(move |conn| {
+            usable(conn)?;
+            T::load_by_keys(conn, &keys)
+        })
     }
 
     fn table_name() -> &'static str {

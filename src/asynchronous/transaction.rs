@@ -189,6 +189,7 @@ where
 /// is gone and the text decides. A failed `COMMIT` can leave the transaction open, so it
 /// is ended, as the blocking path ends it: a `ROLLBACK` that succeeds proves the server
 /// holds no transaction and the connection usable; otherwise it stays marked broken.
+/// SQLite's async connection has ended it already (diesel's blocking manager does).
 async fn after_failed_commit<C>(conn: &mut C, error: DieselError) -> DieselError
 where
     C: AsyncConnection,
@@ -199,6 +200,11 @@ where
         error => error,
     };
     let reason = C::Backend::retry_reason_async(conn, &cause).await;
+    if C::Backend::ASYNC_ENDS_FAILED_COMMIT {
+        // Already rolled back (or the manager marked broken): a `ROLLBACK` now would fail
+        // for want of a transaction and leave a usable connection marked broken.
+        return commit_error_given(cause, reason);
+    }
     let ended = conn.batch_execute("ROLLBACK").await.is_ok();
     let status = C::TransactionManager::transaction_manager_status_mut(conn);
     if ended {

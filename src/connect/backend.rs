@@ -55,6 +55,13 @@ pub trait OccBackend: Backend + Default {
     /// (see the module `connect::write_gate`), as write transactions do.
     const ONE_WRITER: bool = false;
 
+    /// Whether the backend's diesel-async connection ends, by itself, a transaction whose
+    /// top-level `COMMIT` failed: SQLite's (`SyncConnectionWrapper`) runs diesel's blocking
+    /// transaction manager, which rolls back then (or marks itself broken when it cannot),
+    /// where diesel-async's own manager leaves the transaction to its caller.
+    #[doc(hidden)]
+    const ASYNC_ENDS_FAILED_COMMIT: bool = false;
+
     /// Whether a `LIMIT` is written into the SQL as a number rather than bound, each limit
     /// then its own cached statement. SQLite (3.46 and later) recompiles a prepared
     /// statement whenever the value bound to its `LIMIT` changes, and diesel binds every
@@ -248,6 +255,7 @@ impl OccBackend for diesel::sqlite::Sqlite {
     const SKIP_LOCKED: &'static str = "";
     const FOR_UPDATE: &'static str = "";
     const ONE_WRITER: bool = true;
+    const ASYNC_ENDS_FAILED_COMMIT: bool = true;
     const RETURNING: bool = true;
     const LIMIT_IN_SQL: bool = true;
 

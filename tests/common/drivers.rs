@@ -1185,6 +1185,53 @@ where
     }
 }
 
+/// Raw SQL on the executor's connection: one statement as it is, or in a write
+/// transaction of the caller's (`write_transaction`), committed unless it fails.
+pub trait ExecuteSql {
+    fn execute(&mut self, sql: &'static str) -> Result<(), Error>;
+    fn execute_in_write_transaction(&mut self, sql: &'static str) -> Result<(), Error>;
+}
+
+impl<C> ExecuteSql for Blocking<C>
+where
+    C: WriteTransaction,
+    diesel::query_builder::SqlQuery: diesel::query_dsl::methods::ExecuteDsl<C>,
+{
+    fn execute(&mut self, sql: &'static str) -> Result<(), Error> {
+        diesel::RunQueryDsl::execute(diesel::sql_query(sql), &mut self.0)?;
+        Ok(())
+    }
+    fn execute_in_write_transaction(&mut self, sql: &'static str) -> Result<(), Error> {
+        self.0.write_transaction(|conn| {
+            diesel::RunQueryDsl::execute(diesel::sql_query(sql), conn)?;
+            Ok(())
+        })
+    }
+}
+
+#[cfg(all(
+    feature = "async",
+    any(not(feature = "mysql"), feature = "async-mysql")
+))]
+impl<A> ExecuteSql for super::paths::Async<A>
+where
+    A: diesel_occ::asynchronous::AsyncWriteConnection + 'static,
+    diesel::query_builder::SqlQuery: diesel_async::methods::ExecuteDsl<A>,
+{
+    fn execute(&mut self, sql: &'static str) -> Result<(), Error> {
+        let sent = diesel_async::RunQueryDsl::execute(diesel::sql_query(sql), &mut self.conn);
+        self.runtime.block_on(sent)?;
+        Ok(())
+    }
+    fn execute_in_write_transaction(&mut self, sql: &'static str) -> Result<(), Error> {
+        self.runtime
+            .block_on(self.conn.write_transaction(async move |conn: &mut A| {
+                diesel_async::RunQueryDsl::execute(diesel::sql_query(sql), conn).await?;
+                Ok::<_, Error>(())
+            }))
+    }
+}
+
 // Transactions of the caller's around any of the writes above, and the connection's
 // instrumentation (added with the conversion of tests/writes/caller_transaction.rs).
 

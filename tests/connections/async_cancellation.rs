@@ -1,4 +1,4 @@
-//! Async guarded writes and read-modify-writes dropped at random points (a tokio timeout
+//! Async guarded writes, read-modify-writes and write transactions dropped at random points (a tokio timeout
 //! drawn from 0 to twice the longest undisturbed call, at least 3 ms, two thousand times
 //! on one connection): no change lands in half, no
 //! transaction stays open on the server, and a connection left inside a transaction is
@@ -246,5 +246,60 @@ for_each_backend! {
         let mut fresh = row.clone();
         fresh.note.push('!');
         diesel_occ::GuardedWrite::guarded_save(&mut fresh, check).unwrap();
+    }
+
+    /// A write transaction and a guarded operation dropped half way through their work
+    /// (the work wrote, then waited): nothing they wrote commits, every later call of the
+    /// library on the connection is refused (no write lands in the transaction left open
+    /// on it, which on SQLite would answer `Ok` and then vanish), and once the connection
+    /// is closed no transaction stays open.
+    #[test]
+    fn a_write_transaction_dropped_half_way_leaves_its_connection_refused() {
+        let Some(db) = db() else { return };
+        diesel::insert_into(orders::table).values(&Order::new(1, "new")).execute(&mut db.conn()).unwrap();
+        let runtime = common::paths::runtime();
+        let policy = RetryPolicy::default();
+        let stalled = async |conn: &mut Async_| -> Result<(), Error> {
+            let write = diesel::update(orders::table.find(1)).set(orders::note.eq("never committed"));
+            diesel_async::RunQueryDsl::execute(write, conn).await?;
+            std::future::pending::<()>().await;
+            Ok(())
+        };
+        for operation in [false, true] {
+            let mut conn: Async_ = Conn::connect(&db.url, &runtime);
+            let read = orders::table.find(1).select(Order::as_select());
+            let copy = runtime.block_on(diesel_async::RunQueryDsl::first(read, &mut conn)).unwrap();
+            let limit = Duration::from_millis(300);
+            let dropped = if operation {
+                let call = diesel_occ::asynchronous::guarded_operation(&mut conn, "billing", "run-1", &policy, stalled);
+                runtime.block_on(async { tokio::time::timeout(limit, call).await }).map(drop)
+            } else {
+                let call = conn.write_transaction(stalled);
+                runtime.block_on(async { tokio::time::timeout(limit, call).await }).map(drop)
+            };
+            assert!(dropped.is_err(), "the work never ends: the call was dropped");
+
+            let broken = |answer: Result<(), Error>, what: &str| {
+                assert!(matches!(answer, Err(Error::Database(DieselError::BrokenTransactionManager))), "{what}: {answer:?}");
+            };
+            let update = AsyncGuardedWrite::guarded_update(&copy, &mut conn, orders::note.eq("after"));
+            broken(runtime.block_on(update).map(drop), "a guarded update");
+            let mut saved = Order { note: "saved".into(), ..copy.clone() };
+            broken(runtime.block_on(AsyncGuardedWrite::guarded_save(&mut saved, &mut conn)).map(drop), "a save");
+            let modify = Order::modify(&mut conn, &1, &policy, |o| add_one_to(o, "m"));
+            broken(runtime.block_on(modify).map(drop), "a read-modify-write");
+            let again = conn.write_transaction(async |_: &mut Async_| Ok::<_, Error>(()));
+            broken(runtime.block_on(again), "another write transaction");
+            drop(conn);
+
+            let check = &mut db.conn();
+            let deadline = Instant::now() + Duration::from_secs(20);
+            while common::open_transactions(check, BACKEND) > 0 {
+                assert!(Instant::now() < deadline, "a transaction stayed open");
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            let row = orders::table.find(1).select(Order::as_select()).first(check).unwrap();
+            assert_eq!((row.note.as_str(), row.version), ("new", 0), "nothing of the dropped call, nor after it, committed");
+        }
     }
 }

@@ -9,9 +9,10 @@ use crate::common;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Barrier;
 
-use common::drivers::{race, Read, Update, UpdateByKey, UpdateInWriteTransaction};
+use common::drivers::{race, ExecuteSql, Read, Update, UpdateByKey, UpdateInWriteTransaction};
 use common::models::Counter;
 use common::schema::counters;
+use diesel::connection::SimpleConnection;
 use diesel::dsl;
 use diesel::prelude::*;
 use diesel_occ::{Error, GuardedWrite, WriteTransaction};
@@ -197,12 +198,47 @@ for_each_backend! {
         assert_eq!(load_counter(&mut db.conn()).unwrap().value, 101);
     }
 
+    /// A write transaction whose `COMMIT` fails (a deferred foreign key it broke) answers
+    /// an error, wrote nothing, and leaves its connection usable: the next write
+    /// transaction on it commits. MySQL and MariaDB check foreign keys at each statement
+    /// (no deferred constraints), so there no `COMMIT` fails this way.
+    fn a_failed_commit_leaves_the_connection_usable<W: ExecuteSql>(db: &Db, w: impl Fn() -> W + Sync) {
+        if BACKEND == "mysql" {
+            return;
+        }
+        db.conn()
+            .batch_execute(
+                "CREATE TABLE parents (id BIGINT PRIMARY KEY); \
+                 CREATE TABLE children (id BIGINT PRIMARY KEY, parent_id BIGINT NOT NULL \
+                     REFERENCES parents (id) DEFERRABLE INITIALLY DEFERRED)",
+            )
+            .unwrap();
+        let mut w = w();
+        // SQLite checks foreign keys only when asked, per connection (the test pools ask).
+        if BACKEND == "sqlite" {
+            w.execute("PRAGMA foreign_keys = ON").unwrap();
+        }
+        let failed = w.execute_in_write_transaction("INSERT INTO children VALUES (1, 42)");
+        assert!(failed.is_err(), "the COMMIT broke a foreign key: {failed:?}");
+        w.execute_in_write_transaction("INSERT INTO parents VALUES (42)").unwrap();
+        w.execute_in_write_transaction("INSERT INTO children VALUES (2, 42)").unwrap();
+        let conn = &mut db.conn();
+        let children: Vec<i64> = diesel::sql_query("SELECT id AS value FROM children")
+            .load::<common::Value>(conn)
+            .unwrap()
+            .into_iter()
+            .map(|row| row.value)
+            .collect();
+        assert_eq!(children, [2], "the failed transaction wrote nothing");
+    }
+
     mod write_transactions {
         use super::*;
         tests_on_both_drivers!(
             insert_counter;
             concurrent_read_modify_write_in_write_transactions_loses_no_update,
             a_write_transaction_commits_on_ok_and_rolls_back_on_err,
+            a_failed_commit_leaves_the_connection_usable,
         );
     }
 }
