@@ -197,6 +197,7 @@ pub mod op {
     #[cfg(feature = "locks")]
     pub use crate::status::claim_op::{Claim, ClaimHeartbeat, CountedClaim, EndClaim, EndClaims};
     pub use crate::status::transition_op::{KeyTransition, Transition};
+    pub use crate::write::operation::EnsureVersionRow;
 }
 
 // Entities and their guards.

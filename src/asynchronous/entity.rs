@@ -339,7 +339,7 @@ where
         conn: &mut C,
     ) -> impl Future<Output = Result<<Self as Operation>::Output, <Self as Operation>::Error>> + Send
     {
-        // Built before the future: the copy's values need not be `Send`.
+        // Checked and built before the future, on the table name of the connection's backend.
         let statement = self.statement(<T as AsyncLoadByKey<C>>::table_name());
         async move {
             let Some((statement, key, expected)) = statement? else {

@@ -63,9 +63,12 @@
 //!   pool.
 //! - on MySQL, whose client cannot drop a statement half read, any call dropped before it
 //!   ended marks the connection broken the same way;
-//! - on SQLite the call runs to its end on the connection's thread, then the result is
+//! - on SQLite a call runs to its end on the connection's thread, then the result is
 //!   dropped (diesel-async waits for that thread when the future is dropped, which needs
-//!   tokio's multi-thread runtime).
+//!   tokio's multi-thread runtime). The calls that run your async code inside their
+//!   transaction (a write transaction, a guarded operation, a transition hook, work on a
+//!   locked row, a write while a lock is held) are transactions of the library's as
+//!   above: dropped before they ended, they leave the connection marked broken.
 
 mod batch;
 mod bulk;

@@ -55,7 +55,8 @@ where
         error
     }
 
-    /// Begins the write transaction of an operation that runs caller code (see
+    /// Begins a write transaction: SQLite's `BEGIN IMMEDIATE` after this process's
+    /// earlier writers, a plain `BEGIN` elsewhere (see
     /// [`AsyncWriteConnection`](super::write_transaction::AsyncWriteConnection)).
     pub(crate) async fn begin_write(conn: &'c mut C) -> Result<Self, Error>
     where

@@ -28,11 +28,15 @@ use crate::write::operation::{
 /// transaction, and advances the version if it is still the one read; when another run
 /// advanced it meanwhile, everything `operation` wrote is rolled back and, as `policy`
 /// allows, the attempt starts again. `operation` is an `async` closure,
-/// `async |conn| { ... }`, cloned for each attempt; its own error rolls back and comes back
-/// unchanged. Inside a transaction the caller opened, one attempt runs.
+/// `async |conn: &mut AsyncPgConnection| { ... }` (the parameter's type written out), cloned for each attempt (so what it captures must be `Clone`,
+/// a shared reference for instance), and its value and error own their data (`'static`);
+/// its own error rolls back and comes back unchanged. Inside a transaction the caller
+/// opened, one attempt runs.
 ///
-/// Dropped half way, the attempt's transaction leaves the connection marked broken (see
-/// the [module documentation](crate::asynchronous)) and nothing of it is committed.
+/// Dropped during an attempt, the attempt's transaction leaves the connection marked
+/// broken (see the [module documentation](crate::asynchronous)) and nothing of the
+/// attempt commits; dropped between attempts, nothing is open. The version row, created
+/// first, may then exist at its version.
 pub async fn guarded_operation<C, R, E, W>(
     conn: &mut C,
     lock_name: &str,

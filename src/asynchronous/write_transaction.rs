@@ -30,13 +30,45 @@ pub trait AsyncWriteConnection: AsyncConnection<Backend: OccBackend> + Send {
     /// does: on SQLite `BEGIN IMMEDIATE`, after this process's earlier writers, so that it
     /// never fails half way for want of the write lock. Commits when `work` answers `Ok`,
     /// rolls back when it answers `Err` (which comes back unchanged); inside an open
-    /// transaction it nests as a savepoint. A failed `COMMIT` is judged as the library's
-    /// own are: retryable, [`Error::Ambiguous`](crate::Error::Ambiguous) when the
-    /// connection was lost at it.
+    /// transaction it nests as a savepoint.
     ///
-    /// Unlike diesel-async's `transaction`, a future dropped before the transaction ended
-    /// leaves the connection marked broken (a pool then closes it, which ends the
-    /// transaction on the server) rather than open for the connection's next user.
+    /// Two differences from the blocking one: the error type converts from the library's
+    /// [`Error`](crate::Error) (which converts from diesel's, so `?` on a query works), and
+    /// a failed `BEGIN` or `COMMIT` is judged as the library's own transactions' are
+    /// ([`Error::Retryable`](crate::Error::Retryable) for a conflict or a busy database,
+    /// [`Error::Ambiguous`](crate::Error::Ambiguous) when the connection was lost at the
+    /// `COMMIT`). And unlike diesel-async's `transaction`, a future dropped before the
+    /// transaction ended leaves the connection marked broken, so that the library sends
+    /// nothing more on it and a pool closes it (which ends the transaction on the
+    /// server), rather than leaving the transaction open for the connection's next user.
+    ///
+    /// ```
+    /// # #[cfg(feature = "postgres")]
+    /// # mod example {
+    /// use diesel::prelude::*;
+    /// use diesel_async::{AsyncPgConnection, RunQueryDsl};
+    /// use diesel_occ::asynchronous::prelude::*;
+    /// use diesel_occ::Error;
+    /// # diesel::table! { ledger (id) { id -> BigInt, amount -> BigInt } }
+    ///
+    /// /// Moves `amount` from one ledger row to another: both or neither.
+    /// async fn transfer(conn: &mut AsyncPgConnection, from: i64, to: i64, amount: i64) -> Result<(), Error> {
+    ///     // The parameter's type is written out: the compiler does not infer it here.
+    ///     conn.write_transaction(async move |conn: &mut AsyncPgConnection| {
+    ///         diesel::update(ledger::table.find(from))
+    ///             .set(ledger::amount.eq(ledger::amount - amount))
+    ///             .execute(conn)
+    ///             .await?;
+    ///         diesel::update(ledger::table.find(to))
+    ///             .set(ledger::amount.eq(ledger::amount + amount))
+    ///             .execute(conn)
+    ///             .await?;
+    ///         Ok(())
+    ///     })
+    ///     .await
+    /// }
+    /// # }
+    /// ```
     fn write_transaction<'a, T, E, W>(
         &'a mut self,
         work: W,
@@ -77,7 +109,8 @@ pub struct WriteTurn {
 
 /// Caller code run on a connection inside a transaction the library opened (a write
 /// transaction, a write while a lock is held): given the connection, it returns a future;
-/// an `async` closure, `async |conn| { ... }`, is one. Not a trait to implement.
+/// an `async` closure, `async |conn: &mut AsyncPgConnection| { ... }` (the parameter's
+/// type written out), is one. Not a trait to implement.
 pub trait TransactionWork<'r, C: 'r, T, E>:
     FnOnce(&'r mut C) -> <Self as TransactionWork<'r, C, T, E>>::Fut
 {

@@ -193,13 +193,10 @@ impl Held {
     pub async fn sleep_async(&self, duration: Duration) -> Result<(), Error> {
         use std::future::Future;
         self.check()?;
-        // A duration past what `Instant` can hold (`Duration::MAX`) sleeps until the loss.
-        let Some(end) = tokio::time::Instant::now().checked_add(duration) else {
-            return Err(self.lost().await);
-        };
+        // tokio's `sleep` takes any duration (`Duration::MAX` sleeps until the loss).
         let (mut lost, mut slept) = (
             std::pin::pin!(self.lost()),
-            std::pin::pin!(tokio::time::sleep_until(end)),
+            std::pin::pin!(tokio::time::sleep(duration)),
         );
         std::future::poll_fn(|cx| {
             if let std::task::Poll::Ready(lost) = lost.as_mut().poll(cx) {
