@@ -42,8 +42,10 @@ pub trait NativeAsync: OccBackend {
 }
 
 /// A diesel-async connection that talks to its server itself (`AsyncPgConnection`,
-/// `AsyncMysqlConnection`): the library's statements are sent on it one by one. A pool's
-/// connection reaches it by `&mut *pooled`.
+/// `AsyncMysqlConnection`): the library's statements are sent on it one by one. Not
+/// nameable outside the crate (a caller names
+/// [`AsyncWriteConnection`](super::AsyncWriteConnection)); it keeps these connections'
+/// implementations apart from SQLite's, which runs the blocking path on its thread.
 pub trait NativeAsyncConnection: AsyncConnection {}
 
 #[cfg(feature = "postgres")]

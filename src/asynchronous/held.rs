@@ -5,7 +5,6 @@
 //! ([`Held::settled`]).
 
 use super::connection::refuse_broken;
-use super::lock_connection::AsyncLockConnection;
 use super::transaction::OwnTransaction;
 use super::write_transaction::{AsyncWriteConnection, TransactionWork};
 use crate::error::Error;
@@ -25,7 +24,7 @@ impl Held {
     /// passed), as a lost connection at `COMMIT` may have.
     pub async fn write_while_held_async<C, T, E, W>(&self, conn: &mut C, write: W) -> Result<T, E>
     where
-        C: AsyncLockConnection + AsyncWriteConnection,
+        C: AsyncWriteConnection,
         W: for<'r> TransactionWork<'r, C, T, E>,
         E: From<Error>,
     {

@@ -11,7 +11,8 @@ use std::time::Instant;
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 
-use super::locks::{AsyncLockPool, AsyncLocks, AsyncRenewal};
+use super::locks::{AsyncLocks, AsyncRenewal};
+use super::source::AsyncConnectionSource;
 use crate::error::Error;
 use crate::flow::leader_term::{Closing, Term, TermEnd, Woken};
 use crate::locks::held::{first_of, Held, Loss};
@@ -43,7 +44,7 @@ impl AsyncCandidate {
         timing: ElectionTiming,
     ) -> Result<AsyncCandidate, Error>
     where
-        S: AsyncLockPool,
+        S: AsyncConnectionSource,
     {
         Self::campaign(locks, name, resource, label, timing, None)
     }
@@ -63,7 +64,7 @@ impl AsyncCandidate {
         job: impl Fn(Held) -> F + Send + Sync + 'static,
     ) -> Result<AsyncCandidate, Error>
     where
-        S: AsyncLockPool,
+        S: AsyncConnectionSource,
         F: Future<Output = ()> + Send + 'static,
     {
         let job: AsyncJob = Arc::new(move |held| Box::pin(job(held)));
@@ -79,7 +80,7 @@ impl AsyncCandidate {
         job: Option<AsyncJob>,
     ) -> Result<AsyncCandidate, Error>
     where
-        S: AsyncLockPool,
+        S: AsyncConnectionSource,
     {
         check_candidate(name, resource, label, &timing)?;
         let runtime = tokio::runtime::Handle::try_current().map_err(|_| Error::InvalidSetting {
@@ -187,7 +188,7 @@ struct Runner<S> {
     stopped: watch::Receiver<bool>,
 }
 
-impl<S: AsyncLockPool> Runner<S> {
+impl<S: AsyncConnectionSource> Runner<S> {
     fn report(&self, event: LeaderEvent) {
         self.leadership.send_replace(Leadership::after(&event));
         let _ = self.events.send(event);

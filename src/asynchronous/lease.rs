@@ -6,8 +6,8 @@
 use std::future::Future;
 use std::time::{Duration, Instant};
 
-use super::lock_connection::AsyncLockConnection;
-use super::locks::{AsyncLockGuard, AsyncLockPool, AsyncLocks};
+use super::locks::{AsyncLockGuard, AsyncLocks};
+use super::source::AsyncConnectionSource;
 use super::write_transaction::AsyncWriteConnection;
 use super::write_transaction::TransactionWork;
 use crate::error::Error;
@@ -15,7 +15,7 @@ use crate::locks::held::{first_of, Held, Loss};
 use crate::locks::lease::{next_renewal, outcome_under_lock, released_lease};
 
 /// A lock whose lease a tokio task renews until it is released or dropped.
-pub struct AsyncLease<S: AsyncLockPool> {
+pub struct AsyncLease<S: AsyncConnectionSource> {
     guard: Option<AsyncLockGuard<S>>,
     /// The hold as the protected work sees it; its loss says why renewing stopped.
     held: Held,
@@ -23,7 +23,7 @@ pub struct AsyncLease<S: AsyncLockPool> {
     stop: tokio::sync::watch::Sender<bool>,
 }
 
-impl<S: AsyncLockPool> AsyncLease<S> {
+impl<S: AsyncConnectionSource> AsyncLease<S> {
     /// Starts renewing `guard`'s lease every third of its TTL (sooner again after a failed
     /// renewal, until the local deadline), on a task of the current tokio runtime.
     pub fn keep_alive(guard: AsyncLockGuard<S>) -> Self {
@@ -84,7 +84,7 @@ impl<S: AsyncLockPool> AsyncLease<S> {
     /// held by the database's clock.
     pub async fn write_while_held<C, T, E, W>(&self, conn: &mut C, write: W) -> Result<T, E>
     where
-        C: AsyncLockConnection + AsyncWriteConnection,
+        C: AsyncWriteConnection,
         W: for<'r> TransactionWork<'r, C, T, E>,
         E: From<Error>,
     {
@@ -145,7 +145,7 @@ impl<S: AsyncLockPool> AsyncLease<S> {
     }
 }
 
-impl<S: AsyncLockPool> AsyncLocks<S> {
+impl<S: AsyncConnectionSource> AsyncLocks<S> {
     /// Takes the lock ([`try_lock`](Self::try_lock): [`Error::LockHeld`] when someone
     /// holds it, and `work` does not run), runs `work` while an [`AsyncLease`] renews it
     /// every third of `ttl`, then releases it; see [`AsyncLease::run`] for what `work` is
@@ -167,14 +167,14 @@ impl<S: AsyncLockPool> AsyncLocks<S> {
     }
 }
 
-impl<S: AsyncLockPool> Drop for AsyncLease<S> {
+impl<S: AsyncConnectionSource> Drop for AsyncLease<S> {
     /// Stops renewing; the guard then releases the lock, best effort.
     fn drop(&mut self) {
         self.stop.send_replace(true);
     }
 }
 
-impl<S: AsyncLockPool> std::fmt::Debug for AsyncLease<S> {
+impl<S: AsyncConnectionSource> std::fmt::Debug for AsyncLease<S> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("AsyncLease")
             .field("guard", &self.guard)

@@ -25,10 +25,11 @@ use crate::locks::lock::{
 use crate::sql::new_token::{Counted, ReturnedBy};
 use crate::sql::statement::Assignments;
 
-/// A diesel-async connection locks can run on (`AsyncPgConnection`,
-/// `AsyncMysqlConnection`, `SyncConnectionWrapper<SqliteConnection>`): the three
-/// statements of a lock. Not a trait to implement.
-pub trait AsyncLockConnection: AsyncConnection + Send {
+/// The statements of a lock on a diesel-async connection, a part of
+/// [`AsyncWriteConnection`](super::AsyncWriteConnection) (feature `locks`): every
+/// connection of the library has them. Not nameable outside the crate: a caller names
+/// `AsyncWriteConnection`.
+pub trait LockStatements: AsyncConnection + Send {
     /// Takes the lock for `holder` if it is free or expired; its new fence. No statement
     /// waits longer than `wait`.
     #[doc(hidden)]
@@ -74,7 +75,7 @@ pub trait AsyncLockConnection: AsyncConnection + Send {
     ) -> impl Future<Output = Result<(), Error>> + Send + 'a;
 }
 
-impl<C> AsyncLockConnection for C
+impl<C> LockStatements for C
 where
     C: NativeAsyncConnection + Send,
     C::Backend: ServerLockBackend + NativeAsync,

@@ -13,7 +13,7 @@
 
 use std::time::{Duration, Instant};
 
-use super::lock_connection::AsyncLockConnection;
+use super::lock_connection::LockStatements;
 use super::source::AsyncConnectionSource;
 use super::write_transaction::AsyncWriteConnection;
 use super::write_transaction::TransactionWork;
@@ -24,20 +24,6 @@ use crate::locks::lock::{
     is_worth_waiting_on, judge_renewal, late_grant, renewable, wait_bound, Hold, LockRequest,
 };
 use crate::retry::RetryPolicy;
-
-/// A pool the async locks take their connections from: an [`AsyncConnectionSource`] that
-/// tasks of their own can keep (bb8's and deadpool's pools are such handles).
-pub trait AsyncLockPool:
-    AsyncConnectionSource<Connection: AsyncLockConnection> + Clone + Send + Sync + 'static
-{
-}
-
-impl<S> AsyncLockPool for S
-where
-    S: AsyncConnectionSource + Clone + Send + Sync + 'static,
-    S::Connection: AsyncLockConnection,
-{
-}
 
 /// Locks taken with connections from a pool of diesel-async connections.
 ///
@@ -69,7 +55,7 @@ pub struct AsyncLocks<S> {
     pool: S,
 }
 
-impl<S: AsyncLockPool> AsyncLocks<S> {
+impl<S: AsyncConnectionSource> AsyncLocks<S> {
     /// Locks whose statements run on connections from `pool` (a bb8 or deadpool pool of
     /// diesel-async connections).
     pub fn new(pool: S) -> Self {
@@ -180,7 +166,7 @@ impl<S> std::ops::Deref for AsyncRenewal<S> {
     }
 }
 
-impl<S: AsyncLockPool> AsyncRenewal<S> {
+impl<S: AsyncConnectionSource> AsyncRenewal<S> {
     /// Extends the lease and the belief, as the blocking renewal does.
     pub(crate) async fn renew(&self) -> Result<(), Error> {
         let start = Instant::now();
@@ -214,12 +200,12 @@ impl<S: AsyncLockPool> AsyncRenewal<S> {
 /// A lock held, on the async path: its fencing token, whether this process may still act
 /// as its holder, and renew and release. Dropping it releases it from a task of its own,
 /// best effort.
-pub struct AsyncLockGuard<S: AsyncLockPool> {
+pub struct AsyncLockGuard<S: AsyncConnectionSource> {
     renewal: AsyncRenewal<S>,
     released: bool,
 }
 
-impl<S: AsyncLockPool> AsyncLockGuard<S> {
+impl<S: AsyncConnectionSource> AsyncLockGuard<S> {
     /// The fencing token of this acquisition: larger than every earlier holder's.
     pub fn fence(&self) -> i64 {
         self.renewal.fence
@@ -263,7 +249,7 @@ impl<S: AsyncLockPool> AsyncLockGuard<S> {
     /// does not. See [`LockGuard::write_while_held`](crate::LockGuard::write_while_held).
     pub async fn write_while_held<C, T, E, W>(&self, conn: &mut C, write: W) -> Result<T, E>
     where
-        C: AsyncLockConnection + AsyncWriteConnection,
+        C: AsyncWriteConnection,
         W: for<'r> TransactionWork<'r, C, T, E>,
         E: From<Error>,
     {
@@ -295,7 +281,7 @@ impl<S: AsyncLockPool> AsyncLockGuard<S> {
     }
 }
 
-impl<S: AsyncLockPool> Drop for AsyncLockGuard<S> {
+impl<S: AsyncConnectionSource> Drop for AsyncLockGuard<S> {
     fn drop(&mut self) {
         if self.released {
             return;
@@ -310,7 +296,7 @@ impl<S: AsyncLockPool> Drop for AsyncLockGuard<S> {
     }
 }
 
-impl<S: AsyncLockPool> std::fmt::Debug for AsyncLockGuard<S> {
+impl<S: AsyncConnectionSource> std::fmt::Debug for AsyncLockGuard<S> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("AsyncLockGuard")
             .field("lock", &self.describe())

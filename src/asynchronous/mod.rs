@@ -107,7 +107,6 @@ pub use batch::AsyncGuardedBatch;
 pub use bulk::AsyncGuardedBulk;
 #[cfg(feature = "locks")]
 pub use claim::AsyncGuardedClaim;
-pub use connection::NativeAsyncConnection;
 pub use entity::AsyncGuardedWrite;
 #[cfg(feature = "locks")]
 pub use fence::AsyncFencedWrite;
@@ -117,9 +116,7 @@ pub use leader::AsyncCandidate;
 #[cfg(feature = "locks")]
 pub use lease::AsyncLease;
 #[cfg(feature = "locks")]
-pub use lock_connection::AsyncLockConnection;
-#[cfg(feature = "locks")]
-pub use locks::{AsyncLockGuard, AsyncLockPool, AsyncLocks};
+pub use locks::{AsyncLockGuard, AsyncLocks};
 pub use modify::AsyncGuardedModify;
 pub use pessimistic::AsyncPessimistic;
 pub use run::AsyncRun;

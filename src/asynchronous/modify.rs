@@ -15,7 +15,7 @@ use super::run::AsyncRun;
 use super::send::AsyncLoadByKey;
 use super::source::AsyncConnectionSource;
 use super::transaction::OwnTransaction;
-use super::write_transaction::AsyncWriteConnection;
+use super::write_transaction::BeginWrite;
 use crate::error::Error;
 use crate::flow::read_modify_write::{Effect, ReadModifyWrite};
 use crate::guard::{Guarded, TokenOf};
@@ -201,7 +201,7 @@ pub(crate) async fn modify_with<T, C, A, S, R, E>(
 ) -> Result<Modified<T, R>, E>
 where
     T: AsyncLoadByKey<C> + Clone,
-    C: AsyncWriteConnection,
+    C: BeginWrite,
     A: Attempts<C>,
     S: Step<T, C, R, E>,
     R: Send,
@@ -287,7 +287,7 @@ async fn run_attempt<T, C, S, R, E>(
 ) -> Effect
 where
     T: AsyncLoadByKey<C>,
-    C: AsyncWriteConnection,
+    C: BeginWrite,
     S: Step<T, C, R, E>,
     R: Send,
     E: From<Error> + Send,

@@ -5,16 +5,16 @@
 use std::future::Future;
 use std::ops::DerefMut;
 
-use diesel_async::AsyncConnection;
-
+use super::write_transaction::AsyncWriteConnection;
 use crate::error::Error;
 
-/// A pool that hands out diesel-async connections. A checkout that fails (the pool timed
-/// out, the server refused a new connection) is [`Error::Pool`] with the pool's own error
-/// as its source.
-pub trait AsyncConnectionSource: Sync {
+/// A pool that hands out diesel-async connections: a bb8 or deadpool pool (a handle that
+/// tasks of their own can keep, as the async locks' keep-alive does). A checkout that
+/// fails (the pool timed out, the server refused a new connection) is [`Error::Pool`]
+/// with the pool's own error as its source. Not a trait to implement.
+pub trait AsyncConnectionSource: Clone + Send + Sync + 'static {
     /// The connection the pool hands out.
-    type Connection: AsyncConnection + Send;
+    type Connection: AsyncWriteConnection;
 
     /// A checked-out connection, back in the pool when dropped.
     type Checkout<'a>: DerefMut<Target = Self::Connection> + Send

@@ -101,7 +101,7 @@ where
 }
 
 #[cfg(feature = "locks")]
-impl super::lock_connection::AsyncLockConnection for AsyncSqlite {
+impl super::lock_connection::LockStatements for AsyncSqlite {
     fn check_held<'a>(
         &'a mut self,
         key: &'a crate::locks::lock::LockKey,
@@ -160,7 +160,7 @@ impl super::lock_connection::AsyncLockConnection for AsyncSqlite {
 
 /// The blocking path's write transaction: this process's earlier writers first, then
 /// `BEGIN IMMEDIATE` (a savepoint inside an open transaction).
-impl super::write_transaction::AsyncWriteConnection for AsyncSqlite {
+impl super::write_transaction::BeginWrite for AsyncSqlite {
     async fn begin_write(&mut self) -> diesel::QueryResult<super::write_transaction::WriteTurn> {
         use diesel::connection::{AnsiTransactionManager, TransactionManager};
         self.spawn_blocking(|conn| {

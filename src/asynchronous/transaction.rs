@@ -60,7 +60,7 @@ where
     /// [`AsyncWriteConnection`](super::write_transaction::AsyncWriteConnection)).
     pub(crate) async fn begin_write(conn: &'c mut C) -> Result<Self, Error>
     where
-        C: super::write_transaction::AsyncWriteConnection,
+        C: super::write_transaction::BeginWrite,
     {
         let mut transaction = OwnTransaction::unsettled(conn);
         match transaction.conn.begin_write().await {

@@ -17,14 +17,14 @@ use crate::connect::backend::OccBackend;
 use crate::error::Error;
 use crate::status::HasStatus;
 
-/// A diesel-async connection on which the library opens write transactions that run
-/// caller code: `AsyncPgConnection`, `AsyncMysqlConnection` and
-/// `SyncConnectionWrapper<SqliteConnection>`.
-pub trait AsyncWriteConnection: AsyncConnection<Backend: OccBackend> + Send {
-    /// Begins the write transaction (a savepoint inside an open one).
-    #[doc(hidden)]
-    fn begin_write(&mut self) -> impl Future<Output = QueryResult<WriteTurn>> + Send;
-
+/// A diesel-async connection the library runs on: `AsyncPgConnection`,
+/// `AsyncMysqlConnection` (feature `async-mysql`) and
+/// `SyncConnectionWrapper<SqliteConnection>`, or a pool's connection of one passed as
+/// `&mut *conn`. The one connection bound a helper generic in the connection names
+/// besides its writes ([`AsyncRun`](super::AsyncRun)): it opens write transactions that
+/// run caller code, and (feature `locks`) sends the statements of locks and leases. Not a
+/// trait to implement.
+pub trait AsyncWriteConnection: BeginWrite + LockStatementsIfEnabled {
     /// Runs `work` in a transaction meant to write, as the blocking
     /// [`WriteTransaction::write_transaction`](crate::WriteTransaction::write_transaction)
     /// does: on SQLite `BEGIN IMMEDIATE`, after this process's earlier writers, so that it
@@ -88,7 +88,16 @@ pub trait AsyncWriteConnection: AsyncConnection<Backend: OccBackend> + Send {
     }
 }
 
-impl<C> AsyncWriteConnection for C
+impl<C: BeginWrite + LockStatementsIfEnabled> AsyncWriteConnection for C {}
+
+/// The begin of a write transaction, a part of [`AsyncWriteConnection`]. Not nameable
+/// outside the crate; the library's own flows that open one need only this part.
+pub trait BeginWrite: AsyncConnection<Backend: OccBackend> + Send {
+    /// Begins the write transaction (a savepoint inside an open one).
+    fn begin_write(&mut self) -> impl Future<Output = QueryResult<WriteTurn>> + Send;
+}
+
+impl<C> BeginWrite for C
 where
     C: NativeAsyncConnection + Send,
     C::Backend: OccBackend,
@@ -98,6 +107,17 @@ where
         Ok(WriteTurn::default())
     }
 }
+
+/// The statements of locks, with feature `locks`.
+#[cfg(feature = "locks")]
+pub(crate) use super::lock_connection::LockStatements as LockStatementsIfEnabled;
+
+/// The statements of locks, with feature `locks` (without it, nothing).
+#[cfg(not(feature = "locks"))]
+pub trait LockStatementsIfEnabled {}
+
+#[cfg(not(feature = "locks"))]
+impl<C> LockStatementsIfEnabled for C {}
 
 /// This process's SQLite write turn, held until the transaction ends (nothing elsewhere).
 #[doc(hidden)]

@@ -2,8 +2,9 @@
 //! stale copies read on the standby, writes sent to it, and a failover that loses the old
 //! primary's last commits.
 //!
-//! Each test starts a fresh pair with the script, so they need root (or sudo) and run one
-//! at a time. They are skipped unless `OCC_PG_REPLICA` is set (`scripts/test.sh` sets it),
+//! Each body runs on the blocking API (the pair's r2d2 pools) and on the async API (bb8
+//! pools of diesel-async connections to the same servers); each run starts a fresh pair
+//! with the script, so they need root (or sudo) and run one at a time. They are skipped unless `OCC_PG_REPLICA` is set (`scripts/test.sh` sets it),
 //! and fail without it when `OCC_REQUIRE_CLUSTER` is set.
 
 #![cfg(all(feature = "postgres", feature = "locks"))]
@@ -21,7 +22,8 @@ use diesel::connection::SimpleConnection;
 use diesel::prelude::*;
 use diesel::PgConnection;
 use diesel_occ::{
-    CheckedManager, Error, FencedWrite, GuardedModify, GuardedWrite, Locks, PoolConfig, RetryPolicy,
+    CheckedManager, Error, FencedWrite, GuardedModify, GuardedWrite, LockGuard, Locks, PoolConfig,
+    RetryPolicy,
 };
 
 type Pool = diesel::r2d2::Pool<CheckedManager<PgConnection>>;
@@ -51,6 +53,8 @@ fn script(action: &str) -> String {
 struct Pair {
     primary: Pool,
     standby: Pool,
+    primary_url: String,
+    standby_url: String,
 }
 
 impl Drop for Pair {
@@ -59,10 +63,6 @@ impl Drop for Pair {
         let path = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/pg-replica.sh");
         let _ = Command::new("bash").args([path, "stop"]).status();
     }
-}
-
-fn pair() -> Option<Pair> {
-    pair_started("start")
 }
 
 /// [`pair`], the pair started by the script's `action` (`start`, `start-sync`).
@@ -85,7 +85,12 @@ fn pair_started(action: &str) -> Option<Pair> {
     common::migrate_postgres(conn);
     conn.batch_execute(CREATE).unwrap();
     let standby = diesel_occ::postgres_pool(standby_url, &config).expect("standby pool");
-    let pair = Pair { primary, standby };
+    let pair = Pair {
+        primary,
+        standby,
+        primary_url: primary_url.to_string(),
+        standby_url: standby_url.to_string(),
+    };
     pair.wait_for_standby();
     Some(pair)
 }
@@ -134,29 +139,262 @@ fn conflicting_row<T: std::fmt::Debug>(result: Result<T, Error>) -> Order {
     }
 }
 
+/// Which server of the pair a call goes to.
+#[derive(Clone, Copy, Debug)]
+enum On {
+    Primary,
+    /// The standby; after a failover, the promoted server.
+    Standby,
+}
+
+/// The library's calls these tests make, on one driver.
+trait Driver: Sized {
+    /// Which API, for messages.
+    const NAME: &'static str;
+    /// A held lock.
+    type Guard;
+    /// The driver on `pair`'s two servers.
+    fn on(pair: &Pair) -> Self;
+    /// `copy.guarded_update` setting the note.
+    fn update(&self, on: On, copy: &Order, note: &str) -> Result<(), Error>;
+    /// `Order::modify` of order `id` with the default policy.
+    fn modify(
+        &self,
+        on: On,
+        id: i64,
+        change: impl FnMut(&mut Order) + Send + 'static,
+    ) -> Result<(), Error>;
+    /// `Protected::write_fenced` of row `id`'s value, carrying `fence`.
+    fn write_fenced(&self, on: On, id: i64, fence: i64, value: i64) -> Result<(), Error>;
+    /// `try_lock` of `("job", "nightly")` for `ttl`, labelled `label`.
+    fn try_lock(&self, on: On, ttl: Duration, label: &str) -> Result<Self::Guard, Error>;
+    fn fence(guard: &Self::Guard) -> i64;
+    fn release(&self, guard: Self::Guard) -> Result<(), Error>;
+}
+
+/// The blocking API on the pair's r2d2 pools.
+struct Blocking {
+    primary: Pool,
+    standby: Pool,
+}
+
+impl Blocking {
+    fn pool(&self, on: On) -> &Pool {
+        match on {
+            On::Primary => &self.primary,
+            On::Standby => &self.standby,
+        }
+    }
+}
+
+impl Driver for Blocking {
+    const NAME: &'static str = "blocking";
+    type Guard = LockGuard<Pool>;
+
+    fn on(pair: &Pair) -> Self {
+        Blocking {
+            primary: pair.primary.clone(),
+            standby: pair.standby.clone(),
+        }
+    }
+    fn update(&self, on: On, copy: &Order, note: &str) -> Result<(), Error> {
+        let conn = &mut self.pool(on).get().unwrap();
+        copy.guarded_update(conn, orders::note.eq(note.to_string()))
+            .map(drop)
+    }
+    fn modify(
+        &self,
+        on: On,
+        id: i64,
+        mut change: impl FnMut(&mut Order) + Send + 'static,
+    ) -> Result<(), Error> {
+        let conn = &mut self.pool(on).get().unwrap();
+        Order::modify(conn, &id, &RetryPolicy::default(), |o| {
+            change(o);
+            Ok::<_, Error>(())
+        })
+        .map(drop)
+    }
+    fn write_fenced(&self, on: On, id: i64, fence: i64, value: i64) -> Result<(), Error> {
+        let conn = &mut self.pool(on).get().unwrap();
+        Protected::write_fenced(
+            conn,
+            &id,
+            protected::last_fence,
+            fence,
+            protected::value.eq(value),
+        )
+    }
+    fn try_lock(&self, on: On, ttl: Duration, label: &str) -> Result<Self::Guard, Error> {
+        Locks::new(self.pool(on).clone()).try_lock("job", "nightly", ttl, Some(label))
+    }
+    fn fence(guard: &Self::Guard) -> i64 {
+        guard.fence()
+    }
+    fn release(&self, guard: Self::Guard) -> Result<(), Error> {
+        guard.release()
+    }
+}
+
+/// The async API on bb8 pools of diesel-async connections to the pair's servers, driven
+/// from the test's thread.
+#[cfg(feature = "bb8")]
+mod async_driver {
+    use super::*;
+
+    use diesel_async::pooled_connection::bb8;
+    use diesel_async::AsyncPgConnection;
+    use diesel_occ::asynchronous::{
+        AsyncFencedWrite, AsyncGuardedModify, AsyncGuardedWrite, AsyncLockGuard, AsyncLocks,
+    };
+
+    type AsyncPool = bb8::Pool<AsyncPgConnection>;
+
+    pub struct OnAsync {
+        runtime: tokio::runtime::Runtime,
+        primary: AsyncPool,
+        standby: AsyncPool,
+    }
+
+    impl OnAsync {
+        fn pool(&self, on: On) -> &AsyncPool {
+            match on {
+                On::Primary => &self.primary,
+                On::Standby => &self.standby,
+            }
+        }
+
+        /// A connection to `on`, for the call `call` makes on it.
+        fn with_conn<T>(&self, on: On, call: impl AsyncFnOnce(&mut AsyncPgConnection) -> T) -> T {
+            self.runtime.block_on(async {
+                let mut conn = self.pool(on).get().await.expect("a connection");
+                call(&mut conn).await
+            })
+        }
+    }
+
+    impl Driver for OnAsync {
+        const NAME: &'static str = "async";
+        type Guard = AsyncLockGuard<AsyncPool>;
+
+        fn on(pair: &Pair) -> Self {
+            let runtime = common::paths::runtime();
+            let build = |url: &str| {
+                let manager = common::drivers::manager::<AsyncPgConnection>(url, "postgres");
+                runtime.block_on(bb8::Pool::builder().max_size(4).build(manager))
+            };
+            let primary = build(&pair.primary_url).expect("a bb8 pool on the primary");
+            let standby = build(&pair.standby_url).expect("a bb8 pool on the standby");
+            OnAsync {
+                runtime,
+                primary,
+                standby,
+            }
+        }
+        fn update(&self, on: On, copy: &Order, note: &str) -> Result<(), Error> {
+            let changes = orders::note.eq(note.to_string());
+            self.with_conn(on, async |conn| {
+                AsyncGuardedWrite::guarded_update(copy, conn, changes)
+                    .await
+                    .map(drop)
+            })
+        }
+        fn modify(
+            &self,
+            on: On,
+            id: i64,
+            mut change: impl FnMut(&mut Order) + Send + 'static,
+        ) -> Result<(), Error> {
+            let pool = self.pool(on);
+            self.runtime.block_on(async {
+                let policy = RetryPolicy::default();
+                <Order as AsyncGuardedModify>::modify_pooled(pool, &id, &policy, move |o| {
+                    change(o);
+                    Ok::<_, Error>(())
+                })
+                .await
+                .map(drop)
+            })
+        }
+        fn write_fenced(&self, on: On, id: i64, fence: i64, value: i64) -> Result<(), Error> {
+            self.with_conn(on, async |conn| {
+                <Protected as AsyncFencedWrite>::write_fenced(
+                    conn,
+                    &id,
+                    protected::last_fence,
+                    fence,
+                    protected::value.eq(value),
+                )
+                .await
+            })
+        }
+        fn try_lock(&self, on: On, ttl: Duration, label: &str) -> Result<Self::Guard, Error> {
+            let locks = AsyncLocks::new(self.pool(on).clone());
+            self.runtime
+                .block_on(locks.try_lock("job", "nightly", ttl, Some(label)))
+        }
+        fn fence(guard: &Self::Guard) -> i64 {
+            guard.fence()
+        }
+        fn release(&self, guard: Self::Guard) -> Result<(), Error> {
+            self.runtime.block_on(guard.release())
+        }
+    }
+}
+
+/// Runs `body` on a pair the script's `action` started (`start`, `start-sync`), with
+/// driver `D`.
+fn run<D: Driver>(action: &str, body: fn(&Pair, &D)) {
+    let _one = PAIR.lock().unwrap_or_else(|p| p.into_inner());
+    let Some(pair) = pair_started(action) else {
+        return;
+    };
+    let driver = D::on(&pair);
+    body(&pair, &driver);
+}
+
+/// Each body as a `blocking` and an `on_async` test.
+macro_rules! on_both_drivers {
+    ($($action:literal => $body:ident),* $(,)?) => {
+        mod blocking {
+            $( #[test] fn $body() { super::run::<super::Blocking>($action, super::$body) } )*
+        }
+        #[cfg(feature = "bb8")]
+        mod on_async {
+            $( #[test] fn $body() {
+                super::run::<super::async_driver::OnAsync>($action, super::$body)
+            } )*
+        }
+    };
+}
+
+on_both_drivers!(
+    "start" => a_copy_read_on_the_standby_is_checked_against_the_primary,
+    "start" => writes_sent_to_the_standby_are_read_only,
+    "start" => fences_keep_rising_across_a_failover_that_loses_commits,
+    "start-sync" => a_failover_under_synchronous_replication_loses_no_acknowledged_write,
+);
+
 /// A copy read on the standby and written on the primary after someone else's write is a
 /// `Conflict` whose current row is the primary's, whether the standby had replayed that
 /// write (a stale read) or not (a lagging standby).
-#[test]
-fn a_copy_read_on_the_standby_is_checked_against_the_primary() {
-    let _one = PAIR.lock().unwrap_or_else(|p| p.into_inner());
-    let Some(pair) = pair() else { return };
-    let conn = &mut pair.primary.get().unwrap();
+fn a_copy_read_on_the_standby_is_checked_against_the_primary<D: Driver>(pair: &Pair, d: &D) {
     diesel::insert_into(orders::table)
         .values(&Order::new(1, "first"))
-        .execute(conn)
+        .execute(&mut pair.primary.get().unwrap())
         .unwrap();
     pair.wait_for_standby();
 
     // Replayed: the standby's copy is stale by the time it is written.
     let copy = order(&pair.standby, 1);
-    order(&pair.primary, 1)
-        .guarded_update(conn, orders::note.eq("by another writer"))
+    d.update(On::Primary, &order(&pair.primary, 1), "by another writer")
         .unwrap();
-    let current = conflicting_row(copy.guarded_update(conn, orders::note.eq("from the copy")));
+    let current = conflicting_row(d.update(On::Primary, &copy, "from the copy"));
     assert_eq!(
         (current.note.as_str(), current.version),
-        ("by another writer", 1)
+        ("by another writer", 1),
+        "{}",
+        D::NAME
     );
 
     // Lagging: the standby stops replaying, so its copy misses a write it never saw.
@@ -166,215 +404,176 @@ fn a_copy_read_on_the_standby_is_checked_against_the_primary() {
         .unwrap()
         .batch_execute("SELECT pg_wal_replay_pause()")
         .unwrap();
-    order(&pair.primary, 1)
-        .guarded_update(conn, orders::note.eq("unseen by the standby"))
-        .unwrap();
+    d.update(
+        On::Primary,
+        &order(&pair.primary, 1),
+        "unseen by the standby",
+    )
+    .unwrap();
     let lagging = order(&pair.standby, 1);
-    assert_eq!(lagging.version, 1, "the standby is behind");
-    let current =
-        conflicting_row(lagging.guarded_update(conn, orders::note.eq("from the lagging copy")));
+    assert_eq!(lagging.version, 1, "{}: the standby is behind", D::NAME);
+    let current = conflicting_row(d.update(On::Primary, &lagging, "from the lagging copy"));
     assert_eq!(
         (current.note.as_str(), current.version),
-        ("unseen by the standby", 2)
+        ("unseen by the standby", 2),
+        "{}",
+        D::NAME
     );
-    assert_eq!(order(&pair.primary, 1), current, "nothing else was written");
+    assert_eq!(
+        order(&pair.primary, 1),
+        current,
+        "{}: nothing else was written",
+        D::NAME
+    );
 }
 
 /// Every kind of write sent to the standby is `ReadOnly`, at once and unretried.
-#[test]
-fn writes_sent_to_the_standby_are_read_only() {
-    let _one = PAIR.lock().unwrap_or_else(|p| p.into_inner());
-    let Some(pair) = pair() else { return };
+fn writes_sent_to_the_standby_are_read_only<D: Driver>(pair: &Pair, d: &D) {
     diesel::insert_into(orders::table)
         .values(&Order::new(1, "first"))
         .execute(&mut pair.primary.get().unwrap())
         .unwrap();
     pair.wait_for_standby();
-    let standby = &mut pair.standby.get().unwrap();
     let copy = order(&pair.standby, 1);
     let read_only = |err: Error| {
-        assert!(matches!(err, Error::ReadOnly { .. }), "{err:?}");
-        assert!(!err.is_retryable(), "{err:?}");
+        assert!(
+            matches!(err, Error::ReadOnly { .. }),
+            "{}: {err:?}",
+            D::NAME
+        );
+        assert!(!err.is_retryable(), "{}: {err:?}", D::NAME);
     };
 
-    read_only(
-        copy.guarded_update(standby, orders::note.eq("on the standby"))
-            .unwrap_err(),
-    );
-    let mut attempts = 0;
-    let modified = Order::modify(standby, &1, &RetryPolicy::default(), |o| {
-        attempts += 1;
+    read_only(d.update(On::Standby, &copy, "on the standby").unwrap_err());
+    let attempts = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = attempts.clone();
+    let modified = d.modify(On::Standby, 1, move |o| {
+        counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         o.note = "modified on the standby".into();
-        Ok::<_, Error>(())
     });
-    read_only(modified.map(drop).unwrap_err());
-    assert_eq!(attempts, 1);
-    read_only(
-        Protected::write_fenced(
-            standby,
-            &1,
-            protected::last_fence,
-            1,
-            protected::value.eq(1),
-        )
-        .unwrap_err(),
+    read_only(modified.unwrap_err());
+    assert_eq!(
+        attempts.load(std::sync::atomic::Ordering::SeqCst),
+        1,
+        "{}",
+        D::NAME
     );
-    let locks = Locks::new(pair.standby.clone());
-    read_only(
-        locks
-            .try_lock("standby", "r", Duration::from_secs(30), None)
-            .map(drop)
-            .unwrap_err(),
+    read_only(d.write_fenced(On::Standby, 1, 1, 1).unwrap_err());
+    match d.try_lock(On::Standby, Duration::from_secs(30), "standby") {
+        Err(err) => read_only(err),
+        Ok(guard) => {
+            let fence = D::fence(&guard);
+            std::mem::forget(guard);
+            panic!("{}: a lock granted on the standby, fence {fence}", D::NAME)
+        }
+    }
+    assert_eq!(
+        order(&pair.primary, 1),
+        copy,
+        "{}: nothing was written",
+        D::NAME
     );
-    assert_eq!(order(&pair.primary, 1), copy, "nothing was written");
 }
 
 /// An asynchronous failover that loses the old primary's last commits (grants among
 /// them): the promoted standby's fences are above every fence the old primary handed
 /// out, though its fence sequence repeats values; a stale holder's fenced write is
 /// refused, and its lease is gone.
-#[test]
-fn fences_keep_rising_across_a_failover_that_loses_commits() {
-    let _one = PAIR.lock().unwrap_or_else(|p| p.into_inner());
-    let Some(pair) = pair() else { return };
-    let old = Locks::new(pair.primary.clone());
+fn fences_keep_rising_across_a_failover_that_loses_commits<D: Driver>(pair: &Pair, d: &D) {
     let ttl = Duration::from_secs(60);
 
     // Replicated: one grant, released.
-    let before = old.try_lock("job", "nightly", ttl, Some("before")).unwrap();
-    let first_fence = before.fence();
-    before.release().unwrap();
+    let before = d.try_lock(On::Primary, ttl, "before").unwrap();
+    let first_fence = D::fence(&before);
+    d.release(before).unwrap();
     pair.wait_for_standby();
 
     // Lost: 40 grants (more than the sequence logs ahead, 32) after the standby stopped,
     // the last one still held, and a fenced write with it.
     script("detach");
     for _ in 0..39 {
-        old.try_lock("job", "nightly", ttl, Some("lost"))
-            .unwrap()
-            .release()
-            .unwrap();
+        let lost = d.try_lock(On::Primary, ttl, "lost").unwrap();
+        d.release(lost).unwrap();
     }
-    let stale = old
-        .try_lock("job", "nightly", ttl, Some("stale holder"))
-        .unwrap();
-    let lost_fence = stale.fence();
-    assert!(lost_fence > first_fence);
-    Protected::write_fenced(
-        &mut pair.primary.get().unwrap(),
-        &1,
-        protected::last_fence,
-        lost_fence,
-        protected::value.eq(1),
-    )
-    .unwrap();
+    let stale = d.try_lock(On::Primary, ttl, "stale holder").unwrap();
+    let lost_fence = D::fence(&stale);
+    assert!(lost_fence > first_fence, "{}", D::NAME);
+    d.write_fenced(On::Primary, 1, lost_fence, 1).unwrap();
 
     script("fail-over");
-    let promoted = &pair.standby;
-    let new = Locks::new(promoted.clone());
     // The stale holder's grant was lost: the lock is free on the promoted server.
-    let holder = new
-        .try_lock("job", "nightly", ttl, Some("new holder"))
-        .unwrap();
+    let holder = d.try_lock(On::Standby, ttl, "new holder").unwrap();
+    let fence = D::fence(&holder);
     let mask = (1i64 << SEQUENCE_BITS) - 1;
     assert!(
-        holder.fence() & mask <= lost_fence & mask,
-        "the scenario repeats sequence values ({:#x} after {:#x}), as the issue saw",
-        holder.fence(),
-        lost_fence
+        fence & mask <= lost_fence & mask,
+        "{}: the scenario repeats sequence values ({fence:#x} after {lost_fence:#x}), as the issue saw",
+        D::NAME
     );
     assert!(
-        holder.fence() > lost_fence,
-        "the promoted server's fence {:#x} is above every fence of the old primary ({:#x})",
-        holder.fence(),
-        lost_fence
+        fence > lost_fence,
+        "{}: the promoted server's fence {fence:#x} is above every fence of the old primary ({lost_fence:#x})",
+        D::NAME
     );
     assert_eq!(
-        holder.fence() >> SEQUENCE_BITS,
+        fence >> SEQUENCE_BITS,
         2,
-        "the promoted server's timeline"
+        "{}: the promoted server's timeline",
+        D::NAME
     );
 
-    let conn = &mut promoted.get().unwrap();
-    let row = |conn: &mut diesel_occ::Pooled<PgConnection>| -> (i64, i64) {
+    let row = || -> (i64, i64) {
         protected::table
             .find(1)
             .select((protected::value, protected::last_fence))
-            .first(conn)
+            .first(&mut pair.standby.get().unwrap())
             .unwrap()
     };
     assert_eq!(
-        row(conn),
+        row(),
         (0, 0),
-        "the old primary's fenced write was lost with it"
+        "{}: the old primary's fenced write was lost with it",
+        D::NAME
     );
-    Protected::write_fenced(
-        conn,
-        &1,
-        protected::last_fence,
-        holder.fence(),
-        protected::value.eq(2),
-    )
-    .unwrap();
+    d.write_fenced(On::Standby, 1, fence, 2).unwrap();
     // The stale holder, still believing in its lease, writes to the promoted server.
-    match Protected::write_fenced(
-        conn,
-        &1,
-        protected::last_fence,
-        lost_fence,
-        protected::value.eq(3),
-    ) {
+    match d.write_fenced(On::Standby, 1, lost_fence, 3) {
         Err(Error::StaleFence { presented, current }) => {
-            assert_eq!((presented, current), (lost_fence, holder.fence()))
+            assert_eq!((presented, current), (lost_fence, fence), "{}", D::NAME)
         }
-        other => panic!("{other:?}"),
+        other => panic!("{}: {other:?}", D::NAME),
     }
-    assert_eq!(row(conn), (2, holder.fence()), "the newer write stands");
+    assert_eq!(row(), (2, fence), "{}: the newer write stands", D::NAME);
     let stale_on_new = diesel_occ::occ_locks::table
         .filter(diesel_occ::occ_locks::holder.eq("stale holder"))
         .count()
-        .get_result::<i64>(conn)
+        .get_result::<i64>(&mut pair.standby.get().unwrap())
         .unwrap();
-    assert_eq!(stale_on_new, 0);
+    assert_eq!(stale_on_new, 0, "{}", D::NAME);
     std::mem::forget(stale); // its connection's server is gone; nothing to release
-    holder.release().unwrap();
+    d.release(holder).unwrap();
 }
 
 /// With synchronous replication (`synchronous_commit = remote_apply`), a failover right
 /// after acknowledged grants, fenced writes and guarded writes loses none of them: the
 /// promoted server shows each, and its next fence is above them all.
-#[test]
-fn a_failover_under_synchronous_replication_loses_no_acknowledged_write() {
-    let _one = PAIR.lock().unwrap_or_else(|p| p.into_inner());
-    let Some(pair) = pair_started("start-sync") else {
-        return;
-    };
-    let old = Locks::new(pair.primary.clone());
+fn a_failover_under_synchronous_replication_loses_no_acknowledged_write<D: Driver>(
+    pair: &Pair,
+    d: &D,
+) {
     let ttl = Duration::from_secs(60);
-    let conn = &mut pair.primary.get().unwrap();
     diesel::insert_into(orders::table)
         .values(&Order::new(1, "first"))
-        .execute(conn)
+        .execute(&mut pair.primary.get().unwrap())
         .unwrap();
     let mut last = 0;
     for i in 1..=40 {
-        let guard = old.try_lock("job", "nightly", ttl, Some("holder")).unwrap();
-        Protected::write_fenced(
-            conn,
-            &1,
-            protected::last_fence,
-            guard.fence(),
-            protected::value.eq(i),
-        )
-        .unwrap();
-        Order::modify(conn, &1, &RetryPolicy::default(), |o| {
-            o.quantity += 1;
-            Ok::<_, Error>(())
-        })
-        .unwrap();
-        last = guard.fence();
+        let guard = d.try_lock(On::Primary, ttl, "holder").unwrap();
+        d.write_fenced(On::Primary, 1, D::fence(&guard), i).unwrap();
+        d.modify(On::Primary, 1, |o| o.quantity += 1).unwrap();
+        last = D::fence(&guard);
         if i < 40 {
-            guard.release().unwrap();
+            d.release(guard).unwrap();
         } else {
             std::mem::forget(guard); // held when the primary dies
         }
@@ -390,7 +589,8 @@ fn a_failover_under_synchronous_replication_loses_no_acknowledged_write() {
     assert_eq!(
         fenced,
         (40, last),
-        "every acknowledged fenced write is on the promoted server"
+        "{}: every acknowledged fenced write is on the promoted server",
+        D::NAME
     );
     let quantity: i32 = orders::table
         .find(1)
@@ -400,7 +600,8 @@ fn a_failover_under_synchronous_replication_loses_no_acknowledged_write() {
     assert_eq!(
         quantity,
         1 + 40,
-        "every acknowledged read-modify-write is there"
+        "{}: every acknowledged read-modify-write is there",
+        D::NAME
     );
     let (holder, fence): (Option<String>, i64) = diesel_occ::occ_locks::table
         .select((diesel_occ::occ_locks::label, diesel_occ::occ_locks::fence))
@@ -409,14 +610,22 @@ fn a_failover_under_synchronous_replication_loses_no_acknowledged_write() {
     assert_eq!(
         (holder.as_deref(), fence),
         (Some("holder"), last),
-        "the last grant is there"
+        "{}: the last grant is there",
+        D::NAME
     );
-    let new = Locks::new(pair.standby.clone());
-    match new.try_lock("job", "nightly", ttl, Some("successor")) {
+    match d.try_lock(On::Standby, ttl, "successor") {
         Err(Error::LockHeld { .. }) => {}
-        other => panic!(
-            "the held grant survived the failover, so: {:?}",
-            other.map(|g| g.fence())
+        Err(other) => panic!(
+            "{}: the held grant survived the failover, so: {other:?}",
+            D::NAME
         ),
+        Ok(guard) => {
+            let fence = D::fence(&guard);
+            std::mem::forget(guard);
+            panic!(
+                "{}: a second holder after the failover, fence {fence}",
+                D::NAME
+            )
+        }
     }
 }

@@ -1702,7 +1702,7 @@ mod lock_writes {
 
         use diesel_async::SimpleAsyncConnection;
         use diesel_occ::asynchronous::{
-            AsyncLease, AsyncLockGuard, AsyncLockPool, AsyncLocks, AsyncWriteConnection,
+            AsyncConnectionSource, AsyncLease, AsyncLockGuard, AsyncLocks, AsyncWriteConnection,
         };
 
         /// The async protected write: `sql`, then its own error with `fail`.
@@ -1721,7 +1721,7 @@ mod lock_writes {
 
         impl<P> LockWrites for AsyncPool<P>
         where
-            P: AsyncLockPool,
+            P: AsyncConnectionSource,
             P::Connection: AsyncWriteConnection,
             SqlQuery: diesel_async::methods::ExecuteDsl<P::Connection>,
         {
@@ -1848,7 +1848,7 @@ mod lock_renewals {
     #[cfg(all(feature = "bb8", any(not(feature = "mysql"), feature = "async-mysql")))]
     impl<P> LockRenewals for AsyncPool<P>
     where
-        P: diesel_occ::asynchronous::AsyncLockPool,
+        P: diesel_occ::asynchronous::AsyncConnectionSource,
         Self: LockWrites<Guard = diesel_occ::asynchronous::AsyncLockGuard<P>>,
     {
         fn renew(&self, guard: &mut Self::Guard) -> Result<(), Error> {
@@ -1913,7 +1913,7 @@ mod kept_alive {
     #[cfg(all(feature = "bb8", any(not(feature = "mysql"), feature = "async-mysql")))]
     impl<P> KeepAlive for AsyncPool<P>
     where
-        P: diesel_occ::asynchronous::AsyncLockPool,
+        P: diesel_occ::asynchronous::AsyncConnectionSource,
         Self: LockWrites<Guard = diesel_occ::asynchronous::AsyncLockGuard<P>>,
         diesel_occ::asynchronous::AsyncLease<P>: Sync,
     {
@@ -2009,7 +2009,7 @@ mod campaigns {
     #[cfg(all(feature = "bb8", any(not(feature = "mysql"), feature = "async-mysql")))]
     impl<P> Campaign for AsyncPool<P>
     where
-        P: diesel_occ::asynchronous::AsyncLockPool,
+        P: diesel_occ::asynchronous::AsyncConnectionSource,
         Self: LockWrites<Guard = diesel_occ::asynchronous::AsyncLockGuard<P>>,
     {
         type Candidate = diesel_occ::asynchronous::AsyncCandidate;
@@ -2095,7 +2095,7 @@ mod campaigns_with_jobs {
     #[cfg(all(feature = "bb8", any(not(feature = "mysql"), feature = "async-mysql")))]
     impl<P> CampaignWithJob for AsyncPool<P>
     where
-        P: diesel_occ::asynchronous::AsyncLockPool,
+        P: diesel_occ::asynchronous::AsyncConnectionSource,
         Self: LockWrites<Guard = diesel_occ::asynchronous::AsyncLockGuard<P>>
             + Campaign<Candidate = diesel_occ::asynchronous::AsyncCandidate>,
     {

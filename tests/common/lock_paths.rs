@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use diesel_occ::asynchronous::{AsyncLease, AsyncLockGuard, AsyncLockPool, AsyncLocks};
+use diesel_occ::asynchronous::{AsyncConnectionSource, AsyncLease, AsyncLockGuard, AsyncLocks};
 use diesel_occ::RetryPolicy;
 use diesel_occ::{ConnectionSource, Error, Held, Lease, LockConnection, LockGuard, Locks};
 
@@ -90,12 +90,12 @@ where
 }
 
 /// The async locks on pool `S`, driven on `runtime`.
-pub struct AsyncLocksOn<S: AsyncLockPool> {
+pub struct AsyncLocksOn<S: AsyncConnectionSource> {
     pub locks: AsyncLocks<S>,
     pub runtime: tokio::runtime::Handle,
 }
 
-impl<S: AsyncLockPool> LockPath for AsyncLocksOn<S> {
+impl<S: AsyncConnectionSource> LockPath for AsyncLocksOn<S> {
     const PATH: &'static str = "async";
     type Guard = AsyncLockGuard<S>;
 
