@@ -37,6 +37,9 @@ step "cargo clippy of each backend alone (feature gates)"
 cargo clippy --all-targets -- -D warnings
 cargo clippy --lib --no-default-features --features postgres -- -D warnings
 cargo clippy --lib --no-default-features --features mysql,locks -- -D warnings
+# The async API without locks (its connection bound has no lock statements then).
+cargo clippy --lib --no-default-features --features sqlite,async -- -D warnings
+cargo clippy --lib --no-default-features --features postgres,bb8 -- -D warnings
 step "no backend feature: one error that names the choices, and no warning"
 out=$(cargo check --lib --no-default-features --message-format short 2>&1 || true)
 grep -q "needs at least one database backend feature" <<<"$out" &&

@@ -23,8 +23,9 @@ use crate::status::HasStatus;
 /// `&mut *conn`. The one connection bound a helper generic in the connection names
 /// besides its writes ([`AsyncRun`](super::AsyncRun)): it opens write transactions that
 /// run caller code, and (feature `locks`) sends the statements of locks and leases. Not a
-/// trait to implement.
-pub trait AsyncWriteConnection: BeginWrite + LockStatementsIfEnabled {
+/// trait to implement: its two parts, `BeginWrite` and `LockStatements`, are the
+/// library's own and cannot be named outside it.
+pub trait AsyncWriteConnection: BeginWrite + LockStatements {
     /// Runs `work` in a transaction meant to write, as the blocking
     /// [`WriteTransaction::write_transaction`](crate::WriteTransaction::write_transaction)
     /// does: on SQLite `BEGIN IMMEDIATE`, after this process's earlier writers, so that it
@@ -88,7 +89,7 @@ pub trait AsyncWriteConnection: BeginWrite + LockStatementsIfEnabled {
     }
 }
 
-impl<C: BeginWrite + LockStatementsIfEnabled> AsyncWriteConnection for C {}
+impl<C: BeginWrite + LockStatements> AsyncWriteConnection for C {}
 
 /// The begin of a write transaction, a part of [`AsyncWriteConnection`]. Not nameable
 /// outside the crate; the library's own flows that open one need only this part.
@@ -110,14 +111,14 @@ where
 
 /// The statements of locks, with feature `locks`.
 #[cfg(feature = "locks")]
-pub(crate) use super::lock_connection::LockStatements as LockStatementsIfEnabled;
+pub(crate) use super::lock_connection::LockStatements;
 
 /// The statements of locks, with feature `locks` (without it, nothing).
 #[cfg(not(feature = "locks"))]
-pub trait LockStatementsIfEnabled {}
+pub trait LockStatements {}
 
 #[cfg(not(feature = "locks"))]
-impl<C> LockStatementsIfEnabled for C {}
+impl<C> LockStatements for C {}
 
 /// This process's SQLite write turn, held until the transaction ends (nothing elsewhere).
 #[doc(hidden)]

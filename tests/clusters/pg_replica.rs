@@ -4,8 +4,9 @@
 //!
 //! Each body runs on the blocking API (the pair's r2d2 pools) and on the async API (bb8
 //! pools of diesel-async connections to the same servers); each run starts a fresh pair
-//! with the script, so they need root (or sudo) and run one at a time. They are skipped unless `OCC_PG_REPLICA` is set (`scripts/test.sh` sets it),
-//! and fail without it when `OCC_REQUIRE_CLUSTER` is set.
+//! with the script, so they need root (or sudo) and run one at a time. They are skipped
+//! unless `OCC_PG_REPLICA` is set (`scripts/test.sh` sets it), and fail without it when
+//! `OCC_REQUIRE_CLUSTER` is set.
 
 #![cfg(all(feature = "postgres", feature = "locks"))]
 
@@ -251,9 +252,10 @@ mod async_driver {
     type AsyncPool = bb8::Pool<AsyncPgConnection>;
 
     pub struct OnAsync {
-        runtime: tokio::runtime::Runtime,
         primary: AsyncPool,
         standby: AsyncPool,
+        /// Dropped after the pools.
+        runtime: tokio::runtime::Runtime,
     }
 
     impl OnAsync {
@@ -286,9 +288,9 @@ mod async_driver {
             let primary = build(&pair.primary_url).expect("a bb8 pool on the primary");
             let standby = build(&pair.standby_url).expect("a bb8 pool on the standby");
             OnAsync {
-                runtime,
                 primary,
                 standby,
+                runtime,
             }
         }
         fn update(&self, on: On, copy: &Order, note: &str) -> Result<(), Error> {
@@ -305,15 +307,15 @@ mod async_driver {
             id: i64,
             mut change: impl FnMut(&mut Order) + Send + 'static,
         ) -> Result<(), Error> {
-            let pool = self.pool(on);
-            self.runtime.block_on(async {
-                let policy = RetryPolicy::default();
-                <Order as AsyncGuardedModify>::modify_pooled(pool, &id, &policy, move |o| {
-                    change(o);
-                    Ok::<_, Error>(())
-                })
-                .await
-                .map(drop)
+            let policy = RetryPolicy::default();
+            let change = move |o: &mut Order| {
+                change(o);
+                Ok::<_, Error>(())
+            };
+            self.with_conn(on, async |conn| {
+                <Order as AsyncGuardedModify>::modify(conn, &id, &policy, change)
+                    .await
+                    .map(drop)
             })
         }
         fn write_fenced(&self, on: On, id: i64, fence: i64, value: i64) -> Result<(), Error> {

@@ -1702,7 +1702,7 @@ mod lock_writes {
 
         use diesel_async::SimpleAsyncConnection;
         use diesel_occ::asynchronous::{
-            AsyncConnectionSource, AsyncLease, AsyncLockGuard, AsyncLocks, AsyncWriteConnection,
+            AsyncConnectionSource, AsyncLease, AsyncLockGuard, AsyncLocks,
         };
 
         /// The async protected write: `sql`, then its own error with `fail`.
@@ -1722,7 +1722,6 @@ mod lock_writes {
         impl<P> LockWrites for AsyncPool<P>
         where
             P: AsyncConnectionSource,
-            P::Connection: AsyncWriteConnection,
             SqlQuery: diesel_async::methods::ExecuteDsl<P::Connection>,
         {
             type Guard = AsyncLockGuard<P>;

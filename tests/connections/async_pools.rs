@@ -457,7 +457,11 @@ mod killed_sessions {
                         .await
                         .unwrap(),
                 );
-                let policy = RetryPolicy::default().max_attempts(100);
+                // A time budget far above the default 2 s: on a loaded machine a reconnect
+                // can outlast that, and what this test counts is attempts, not time.
+                let policy = RetryPolicy::default()
+                    .max_attempts(100)
+                    .max_elapsed(Duration::from_secs(120));
                 let tasks: Vec<_> = (0..4)
                     .map(|_| {
                         let (pool, policy, landed, ambiguous) = (
