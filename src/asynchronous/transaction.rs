@@ -120,9 +120,13 @@ where
         committed
     }
 
-    /// Rolls back (to the savepoint).
+    /// Rolls back (to the savepoint); a failed top-level `ROLLBACK` is repaired as the
+    /// blocking path repairs it ([`after_failed_rollback`]).
     pub(crate) async fn rollback(mut self) -> QueryResult<()> {
-        let rolled_back = C::TransactionManager::rollback_transaction(self.conn).await;
+        let rolled_back = match C::TransactionManager::rollback_transaction(self.conn).await {
+            Err(error) if !self.nested => after_failed_rollback(self.conn, error).await,
+            rolled_back => rolled_back,
+        };
         self.settled = true;
         rolled_back
     }
@@ -214,6 +218,27 @@ where
         status.set_in_error();
     }
     commit_error_given(cause, reason)
+}
+
+/// After a top-level `ROLLBACK` that failed (a cluster reports an abort at the next
+/// statement, `ROLLBACK` included: a Galera node that aborted the transaction for another
+/// node's conflicting write), which leaves diesel-async's manager broken for good: one more
+/// `ROLLBACK` that succeeds proves the server holds no transaction, and the connection is
+/// usable again; one that fails leaves it broken, for its pool to close. The blocking
+/// path's `roll_back_top_level`, awaited.
+async fn after_failed_rollback<C: AsyncConnection>(
+    conn: &mut C,
+    error: DieselError,
+) -> QueryResult<()> {
+    let ended = conn.batch_execute("ROLLBACK").await.is_ok();
+    let status = C::TransactionManager::transaction_manager_status_mut(conn);
+    if ended {
+        *status = Default::default();
+        Ok(())
+    } else {
+        status.set_in_error();
+        Err(error)
+    }
 }
 
 impl<C: AsyncConnection> Drop for OwnTransaction<'_, C> {

@@ -6,7 +6,9 @@
 //! The URLs of the nodes come from `GALERA_URLS` (comma-separated); without it the tests
 //! are skipped, unless `OCC_REQUIRE_CLUSTER` is set. Each test runs `OCC_CLUSTER_ROUNDS`
 //! rounds (default 20) of 8 threads x 50 operations, spread over the nodes, and checks
-//! the end state exactly on every node.
+//! the end state exactly on every node. Each body runs on the blocking API (r2d2 pools)
+//! and on the async API (bb8 pools of diesel-async's MySQL connections, each thread
+//! blocking on a shared multi-thread runtime).
 
 #![cfg(feature = "mysql")]
 
@@ -122,29 +124,30 @@ fn cluster() -> Option<Cluster> {
 }
 
 impl Cluster {
-    /// Runs `op(thread, i, conn)` until it succeeds `OPERATIONS` times in each of
-    /// `THREADS` threads, thread `t` on node `t % 3`. A retryable error counts as a
-    /// retry. A call whose connection the server ended (a call the node left waiting
-    /// for a reply, ended by the idle bound of `MysqlSettings`) counts as lost, and the
-    /// thread takes another connection, as a web back end's next request would; when
-    /// that happened at the `COMMIT` the outcome is ambiguous and counted apart. Any other
-    /// error fails the test.
-    fn run(
+    /// Runs `op(thread, i, worker)` until it succeeds `OPERATIONS` times in each of
+    /// `THREADS` threads, thread `t` on node `t % 3` with a connection of that node
+    /// (`driver`'s worker). A retryable error counts as a retry. A call whose connection
+    /// the server ended (a call the node left waiting for a reply, ended by the idle bound
+    /// of `MysqlSettings`) counts as lost, and the thread takes another connection, as a
+    /// web back end's next request would; when that happened at the `COMMIT` the outcome
+    /// is ambiguous and counted apart. Any other error fails the test.
+    fn run<D: Driver>(
         &self,
-        op: impl Fn(usize, usize, &mut diesel_occ::Pooled<MysqlConnection>) -> Result<(), Error> + Sync,
+        driver: &D,
+        op: impl Fn(usize, usize, &mut D::Worker) -> Result<(), Error> + Sync,
     ) -> Outcomes {
         let outcomes = Outcomes::default();
         let start = Barrier::new(THREADS);
         std::thread::scope(|s| {
             for t in 0..THREADS {
                 let (op, outcomes, start) = (&op, &outcomes, &start);
-                let pool = &self.pools[t % self.pools.len()];
+                let node = t % self.pools.len();
                 s.spawn(move || {
-                    let mut conn = pool.get().expect("a connection");
+                    let mut worker = driver.worker(node);
                     start.wait();
                     let mut i = 0;
                     while i < OPERATIONS {
-                        match op(t, i, &mut conn) {
+                        match op(t, i, &mut worker) {
                             Ok(()) => i += 1,
                             Err(e)
                                 if e.is_retryable()
@@ -154,13 +157,13 @@ impl Cluster {
                             }
                             Err(Error::Ambiguous { .. }) => {
                                 outcomes.ambiguous.fetch_add(1, Ordering::Relaxed);
-                                conn = pool.get().expect("a connection");
+                                worker = driver.worker(node);
                             }
                             Err(Error::Database(source)) if lost_connection(&source) => {
                                 outcomes.lost.fetch_add(1, Ordering::Relaxed);
-                                conn = pool.get().expect("a connection");
+                                worker = driver.worker(node);
                             }
-                            Err(e) => panic!("thread {t}, operation {i}: {e:?}"),
+                            Err(e) => panic!("{}: thread {t}, operation {i}: {e:?}", D::NAME),
                         }
                     }
                 });
@@ -223,9 +226,368 @@ fn quick() -> RetryPolicy {
         .max_delay(Duration::from_millis(20))
 }
 
-#[test]
-fn read_modify_writes_on_three_nodes_lose_nothing() {
+/// The library's calls these tests make, on one driver. Node `n` is the cluster's `n`th
+/// URL, in the test's database.
+trait Driver: Sync + Sized {
+    /// Which API, for messages.
+    const NAME: &'static str;
+    /// What a thread holds: a connection of its node.
+    type Worker;
+    /// A pool on a URL of the test's own (the read-only node's unprivileged user).
+    type Single;
+    /// A held lock.
+    type Guard;
+
+    fn on(cluster: &Cluster) -> Self;
+    fn worker(&self, node: usize) -> Self::Worker;
+    /// `Counter::modify` of counter `name` on the worker's connection, adding one.
+    fn increment_counter(&self, worker: &mut Self::Worker, name: &str) -> Result<(), Error>;
+    /// `Order::modify_pooled` of order `id` on node `node`'s pool, adding one to its
+    /// quantity, with the default policy.
+    fn increment_order_pooled(&self, node: usize, id: i64) -> Result<(), Error>;
+    /// `Profile::merge_json` of `patch` into profile `id`'s `ext`.
+    fn merge_json(
+        &self,
+        worker: &mut Self::Worker,
+        id: i64,
+        patch: &serde_json::Value,
+    ) -> Result<(), Error>;
+    /// A pool of one connection on `url`.
+    fn single(&self, url: &str) -> Self::Single;
+    /// `session`, then `Order::modify` of order `id` (adding one to its quantity), on the
+    /// pool's connection: the answer and how many attempts the closure saw.
+    fn increment_order_on(
+        &self,
+        single: &Self::Single,
+        session: &str,
+        id: i64,
+    ) -> (Result<(), Error>, usize);
+    /// `try_lock` of `("read-only", resource)` on the pool's connection, released at once.
+    fn try_lock_on(&self, single: &Self::Single, resource: &str) -> Result<(), Error>;
+    /// `lock` of `("cluster", resource)` on node `node`, waiting up to a minute.
+    fn lock(&self, node: usize, resource: &str) -> Result<Self::Guard, Error>;
+    fn fence(guard: &Self::Guard) -> i64;
+    fn release(&self, guard: Self::Guard) -> Result<(), Error>;
+    /// The fence of lock `("cluster", resource)` as node `node`'s row shows it, read on the
+    /// driver's own connection of that node.
+    fn fence_on_node(&self, node: usize, resource: &str) -> i64;
+}
+
+/// The fence of lock `("cluster", resource)`.
+fn fence_query(
+    resource: &str,
+) -> diesel::query_builder::BoxedSqlQuery<
+    'static,
+    diesel::mysql::Mysql,
+    diesel::query_builder::SqlQuery,
+> {
+    diesel::sql_query(
+        "SELECT fence AS value FROM occ_locks WHERE lock_name = 'cluster' AND resource = ?",
+    )
+    .into_boxed()
+    .bind::<diesel::sql_types::Text, _>(resource.to_string())
+}
+
+/// The blocking API on the cluster's r2d2 pools.
+struct Blocking {
+    pools: Vec<Pool>,
+}
+
+impl Driver for Blocking {
+    const NAME: &'static str = "blocking";
+    type Worker = diesel_occ::Pooled<MysqlConnection>;
+    type Single = Pool;
+    type Guard = diesel_occ::LockGuard<Pool>;
+
+    fn on(cluster: &Cluster) -> Self {
+        Blocking {
+            pools: cluster.pools.clone(),
+        }
+    }
+    fn worker(&self, node: usize) -> Self::Worker {
+        self.pools[node].get().expect("a connection")
+    }
+    fn increment_counter(&self, worker: &mut Self::Worker, name: &str) -> Result<(), Error> {
+        Counter::modify(worker, &name.to_string(), &quick(), |c| {
+            c.value += 1;
+            Ok::<_, Error>(())
+        })
+        .map(drop)
+    }
+    fn increment_order_pooled(&self, node: usize, id: i64) -> Result<(), Error> {
+        Order::modify_pooled(&self.pools[node], &id, &RetryPolicy::default(), |o| {
+            o.quantity += 1;
+            Ok::<_, Error>(())
+        })
+        .map(drop)
+    }
+    fn merge_json(
+        &self,
+        worker: &mut Self::Worker,
+        id: i64,
+        patch: &serde_json::Value,
+    ) -> Result<(), Error> {
+        Profile::merge_json(worker, &id, profiles::ext, patch, &quick()).map(drop)
+    }
+    fn single(&self, url: &str) -> Self::Single {
+        let config = PoolConfig {
+            max_size: 1,
+            ..common::pool_config()
+        };
+        diesel_occ::mysql_pool(url, &config).expect("a pool on the URL")
+    }
+    fn increment_order_on(
+        &self,
+        single: &Self::Single,
+        session: &str,
+        id: i64,
+    ) -> (Result<(), Error>, usize) {
+        let conn = &mut single.get().unwrap();
+        conn.batch_execute(session).unwrap();
+        let mut attempts = 0;
+        let done = Order::modify(conn, &id, &RetryPolicy::default(), |o| {
+            attempts += 1;
+            o.quantity += 1;
+            Ok::<_, Error>(())
+        });
+        (done.map(drop), attempts)
+    }
+    fn try_lock_on(&self, single: &Self::Single, resource: &str) -> Result<(), Error> {
+        diesel_occ::Locks::new(single.clone())
+            .try_lock("read-only", resource, Duration::from_secs(30), None)?
+            .release()
+    }
+    fn lock(&self, node: usize, resource: &str) -> Result<Self::Guard, Error> {
+        diesel_occ::Locks::new(self.pools[node].clone()).lock(
+            "cluster",
+            resource,
+            Duration::from_secs(30),
+            Some("test"),
+            Duration::from_secs(60),
+            &quick(),
+        )
+    }
+    fn fence(guard: &Self::Guard) -> i64 {
+        guard.fence()
+    }
+    fn release(&self, guard: Self::Guard) -> Result<(), Error> {
+        guard.release()
+    }
+    fn fence_on_node(&self, node: usize, resource: &str) -> i64 {
+        let row: FenceRow = fence_query(resource)
+            .get_result(&mut self.pools[node].get().unwrap())
+            .unwrap();
+        row.value
+    }
+}
+
+/// The async API on the cluster: diesel-async's MySQL client (mysql_async), a bb8 pool
+/// per node set up by `MysqlSettings::async_manager_config` (a reply a node never sends
+/// ends with the session's `wait_timeout`; reads are causal), every thread blocking on
+/// one multi-thread runtime.
+#[cfg(all(feature = "async-mysql", feature = "bb8"))]
+mod async_driver {
+    use super::*;
+    use diesel_async::pooled_connection::bb8;
+    use diesel_async::pooled_connection::AsyncDieselConnectionManager;
+    use diesel_async::{AsyncMysqlConnection, SimpleAsyncConnection};
+    use diesel_occ::asynchronous::{
+        AsyncGuardedJson, AsyncGuardedModify, AsyncLockGuard, AsyncLocks,
+    };
+
+    pub type AsyncPool = bb8::Pool<AsyncMysqlConnection>;
+
+    pub struct OnAsync {
+        pools: Vec<AsyncPool>,
+        /// Dropped after the pools.
+        runtime: tokio::runtime::Runtime,
+    }
+
+    impl OnAsync {
+        fn pool_on(&self, url: &str, size: u32) -> AsyncPool {
+            let settings = diesel_occ::MysqlSettings {
+                idle_session_timeout: Duration::from_secs(2),
+            };
+            let manager = AsyncDieselConnectionManager::<AsyncMysqlConnection>::new_with_config(
+                url,
+                settings.async_manager_config(),
+            );
+            self.runtime
+                .block_on(bb8::Pool::builder().max_size(size).build(manager))
+                .expect("a bb8 pool")
+        }
+    }
+
+    impl Driver for OnAsync {
+        const NAME: &'static str = "async";
+        type Worker = bb8::PooledConnection<'static, AsyncMysqlConnection>;
+        type Single = AsyncPool;
+        type Guard = AsyncLockGuard<AsyncPool>;
+
+        fn on(cluster: &Cluster) -> Self {
+            let runtime = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()
+                .unwrap();
+            let mut driver = OnAsync {
+                pools: Vec::new(),
+                runtime,
+            };
+            let urls = std::env::var("GALERA_URLS").expect("set, as cluster() found");
+            driver.pools = urls
+                .split(',')
+                .map(|url| {
+                    let url = common::with_database(url, &cluster.database);
+                    driver.pool_on(&url, THREADS as u32)
+                })
+                .collect();
+            driver
+        }
+        fn worker(&self, node: usize) -> Self::Worker {
+            self.runtime
+                .block_on(self.pools[node].get_owned())
+                .expect("a connection")
+        }
+        fn increment_counter(&self, worker: &mut Self::Worker, name: &str) -> Result<(), Error> {
+            let name = name.to_string();
+            self.runtime.block_on(async {
+                <Counter as AsyncGuardedModify>::modify(&mut **worker, &name, &quick(), |c| {
+                    c.value += 1;
+                    Ok::<_, Error>(())
+                })
+                .await
+                .map(drop)
+            })
+        }
+        fn increment_order_pooled(&self, node: usize, id: i64) -> Result<(), Error> {
+            let pool = &self.pools[node];
+            self.runtime.block_on(async {
+                let policy = RetryPolicy::default();
+                <Order as AsyncGuardedModify>::modify_pooled(pool, &id, &policy, |o| {
+                    o.quantity += 1;
+                    Ok::<_, Error>(())
+                })
+                .await
+                .map(drop)
+            })
+        }
+        fn merge_json(
+            &self,
+            worker: &mut Self::Worker,
+            id: i64,
+            patch: &serde_json::Value,
+        ) -> Result<(), Error> {
+            self.runtime.block_on(async {
+                <Profile as AsyncGuardedJson>::merge_json(
+                    &mut **worker,
+                    &id,
+                    profiles::ext,
+                    patch,
+                    &quick(),
+                )
+                .await
+                .map(drop)
+            })
+        }
+        fn single(&self, url: &str) -> Self::Single {
+            self.pool_on(url, 1)
+        }
+        fn increment_order_on(
+            &self,
+            single: &Self::Single,
+            session: &str,
+            id: i64,
+        ) -> (Result<(), Error>, usize) {
+            let attempts = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+            let counted = attempts.clone();
+            let done = self.runtime.block_on(async {
+                let mut conn = single.get().await.unwrap();
+                conn.batch_execute(session).await.unwrap();
+                let policy = RetryPolicy::default();
+                <Order as AsyncGuardedModify>::modify(&mut *conn, &id, &policy, move |o| {
+                    counted.fetch_add(1, Ordering::SeqCst);
+                    o.quantity += 1;
+                    Ok::<_, Error>(())
+                })
+                .await
+                .map(drop)
+            });
+            (done, attempts.load(Ordering::SeqCst))
+        }
+        fn try_lock_on(&self, single: &Self::Single, resource: &str) -> Result<(), Error> {
+            self.runtime.block_on(async {
+                AsyncLocks::new(single.clone())
+                    .try_lock("read-only", resource, Duration::from_secs(30), None)
+                    .await?
+                    .release()
+                    .await
+            })
+        }
+        fn lock(&self, node: usize, resource: &str) -> Result<Self::Guard, Error> {
+            let locks = AsyncLocks::new(self.pools[node].clone());
+            self.runtime.block_on(locks.lock(
+                "cluster",
+                resource,
+                Duration::from_secs(30),
+                Some("test"),
+                Duration::from_secs(60),
+                &quick(),
+            ))
+        }
+        fn fence(guard: &Self::Guard) -> i64 {
+            guard.fence()
+        }
+        fn release(&self, guard: Self::Guard) -> Result<(), Error> {
+            self.runtime.block_on(guard.release())
+        }
+        fn fence_on_node(&self, node: usize, resource: &str) -> i64 {
+            self.runtime.block_on(async {
+                let mut conn = self.pools[node].get().await.unwrap();
+                let row: FenceRow =
+                    diesel_async::RunQueryDsl::get_result(fence_query(resource), &mut *conn)
+                        .await
+                        .unwrap();
+                row.value
+            })
+        }
+    }
+}
+
+/// Runs `body` on a fresh database of the cluster with driver `D`.
+fn run<D: Driver>(body: fn(&Cluster, &D)) {
     let Some(cluster) = cluster() else { return };
+    let driver = D::on(&cluster);
+    body(&cluster, &driver);
+}
+
+/// Each body as a `blocking` and an `on_async` test.
+macro_rules! on_both_drivers {
+    ($($(#[$meta:meta])* $body:ident),* $(,)?) => {
+        mod blocking {
+            $( $(#[$meta])* #[test] fn $body() { super::run::<super::Blocking>(super::$body) } )*
+        }
+        #[cfg(all(feature = "async-mysql", feature = "bb8"))]
+        mod on_async {
+            $( $(#[$meta])* #[test] fn $body() {
+                super::run::<super::async_driver::OnAsync>(super::$body)
+            } )*
+        }
+    };
+}
+
+on_both_drivers!(
+    read_modify_writes_on_three_nodes_lose_nothing,
+    pooled_read_modify_writes_with_the_default_policy_lose_nothing,
+    json_merges_on_three_nodes_keep_every_key,
+    writes_on_a_read_only_node_are_read_only,
+    #[cfg(feature = "locks")]
+    lock_rounds_on_three_nodes_have_one_holder_and_rising_fences,
+);
+
+/// 8 threads x 50 read-modify-writes of one counter, each thread on its own connection of
+/// its node: a certification abort at `COMMIT` is retried, and nothing is lost.
+fn read_modify_writes_on_three_nodes_lose_nothing<D: Driver>(cluster: &Cluster, d: &D) {
     for round in 0..rounds() {
         let name = format!("hits-{round}");
         let counter = Counter {
@@ -237,13 +599,7 @@ fn read_modify_writes_on_three_nodes_lose_nothing() {
             .values(&counter)
             .execute(&mut cluster.pools[0].get().unwrap())
             .unwrap();
-        let retries = cluster.run(|_, _, conn| {
-            Counter::modify(conn, &name, &quick(), |c| {
-                c.value += 1;
-                Ok::<_, Error>(())
-            })
-            .map(drop)
-        });
+        let retries = cluster.run(d, |_, _, worker| d.increment_counter(worker, &name));
         let ends = cluster.on_every_node(|conn| {
             counters::table
                 .find(&name)
@@ -256,24 +612,30 @@ fn read_modify_writes_on_three_nodes_lose_nothing() {
             let landed = done..=done + retries.ambiguous();
             assert!(
                 landed.contains(&(value as usize)),
-                "round {round}: {value} after {done} successes, {retries:?}"
+                "{}, round {round}: {value} after {done} successes, {retries:?}",
+                D::NAME
             );
             assert_eq!(
                 value,
                 i64::from(revision),
-                "round {round}: one version per landed write"
+                "{}, round {round}: one version per landed write",
+                D::NAME
             );
         }
         eprintln!(
-            "round {round}: {} read-modify-writes, {retries:?}",
+            "{}, round {round}: {} read-modify-writes, {retries:?}",
+            D::NAME,
             THREADS * OPERATIONS
         );
     }
 }
 
-#[test]
-fn pooled_read_modify_writes_with_the_default_policy_lose_nothing() {
-    let Some(cluster) = cluster() else { return };
+/// 8 threads x 50 read-modify-writes through `modify_pooled` with the default policy (a
+/// connection per attempt), spread over the nodes: nothing is lost.
+fn pooled_read_modify_writes_with_the_default_policy_lose_nothing<D: Driver>(
+    cluster: &Cluster,
+    d: &D,
+) {
     for round in 0..rounds() {
         let id = round as i64 + 1;
         diesel::sql_query(format!(
@@ -281,25 +643,20 @@ fn pooled_read_modify_writes_with_the_default_policy_lose_nothing() {
         ))
         .execute(&mut cluster.pools[0].get().unwrap())
         .unwrap();
-        let retries = cluster.run(|t, _, _| {
-            let pool = &cluster.pools[t % cluster.pools.len()];
-            Order::modify_pooled(pool, &id, &RetryPolicy::default(), |o| {
-                o.quantity += 1;
-                Ok::<_, Error>(())
-            })
-            .map(drop)
-        });
+        let nodes = cluster.pools.len();
+        let retries = cluster.run(d, |t, _, _| d.increment_order_pooled(t % nodes, id));
         cluster.assert_order_landed(id, round, &retries);
         eprintln!(
-            "round {round}: {} pooled read-modify-writes, {retries:?}",
+            "{}, round {round}: {} pooled read-modify-writes, {retries:?}",
+            D::NAME,
             THREADS * OPERATIONS
         );
     }
 }
 
-#[test]
-fn json_merges_on_three_nodes_keep_every_key() {
-    let Some(cluster) = cluster() else { return };
+/// 8 threads x 50 JSON merges of a key of their own into one document, spread over the
+/// nodes: every key is there on every node.
+fn json_merges_on_three_nodes_keep_every_key<D: Driver>(cluster: &Cluster, d: &D) {
     for round in 0..rounds() {
         let id = round as i64 + 1;
         let row = Profile {
@@ -312,9 +669,8 @@ fn json_merges_on_three_nodes_keep_every_key() {
             .values(&row)
             .execute(&mut cluster.pools[0].get().unwrap())
             .unwrap();
-        let retries = cluster.run(|t, i, conn| {
-            let patch = json!({ format!("t{t}-{i}"): i });
-            Profile::merge_json(conn, &id, profiles::ext, &patch, &quick()).map(drop)
+        let retries = cluster.run(d, |t, i, worker| {
+            d.merge_json(worker, id, &json!({ format!("t{t}-{i}"): i }))
         });
         let ends = cluster.on_every_node(|conn| {
             profiles::table
@@ -329,16 +685,19 @@ fn json_merges_on_three_nodes_keep_every_key() {
             assert_eq!(
                 keys.len(),
                 THREADS * OPERATIONS,
-                "round {round}: a merge lost keys"
+                "{}, round {round}: a merge lost keys",
+                D::NAME
             );
             let landed = THREADS * OPERATIONS..=THREADS * OPERATIONS + retries.ambiguous();
             assert!(
                 landed.contains(&(version as usize)),
-                "round {round}: version {version}, {retries:?}"
+                "{}, round {round}: version {version}, {retries:?}",
+                D::NAME
             );
         }
         eprintln!(
-            "round {round}: {} merges, {retries:?}",
+            "{}, round {round}: {} merges, {retries:?}",
+            D::NAME,
             THREADS * OPERATIONS
         );
     }
@@ -347,9 +706,7 @@ fn json_merges_on_three_nodes_keep_every_key() {
 /// A node set `read_only` (as a replica would be) refuses a writer without the admin
 /// privilege with 1290: a guarded read-modify-write and a lock come back as
 /// `Error::ReadOnly` at once, in any message language, and nothing is written.
-#[test]
-fn writes_on_a_read_only_node_are_read_only() {
-    let Some(cluster) = cluster() else { return };
+fn writes_on_a_read_only_node_are_read_only<D: Driver>(cluster: &Cluster, d: &D) {
     let urls = std::env::var("GALERA_URLS").expect("set, as cluster() found");
     let node = urls.split(',').nth(2).expect("three nodes");
     let admin = &mut MysqlConnection::establish(node).expect("node 3 answers");
@@ -370,43 +727,33 @@ fn writes_on_a_read_only_node_are_read_only() {
             &node.replacen("root@", &format!("{user}@"), 1),
             &cluster.database,
         );
-        let pool = diesel_occ::mysql_pool(
-            &url,
-            &PoolConfig {
-                max_size: 1,
-                ..common::pool_config()
-            },
-        )
-        .expect("a pool of the unprivileged user");
+        // One connection: the lock below runs on the session whose language was set.
+        let single = d.single(&url);
         for language in ["de_DE", "en_US"] {
-            let mut conn = pool.get().unwrap();
-            conn.batch_execute(&format!("SET lc_messages = '{language}'"))
-                .unwrap();
-            let mut attempts = 0;
-            let err = Order::modify(&mut conn, &1, &RetryPolicy::default(), |o| {
-                attempts += 1;
-                o.quantity += 1;
-                Ok::<_, Error>(())
-            })
-            .map(drop)
-            .unwrap_err();
-            assert!(matches!(err, Error::ReadOnly { .. }), "{language}: {err:?}");
-            assert_eq!(attempts, 1, "{language}: not retried");
+            let session = format!("SET lc_messages = '{language}'");
+            let (done, attempts) = d.increment_order_on(&single, &session, 1);
+            let err = done.unwrap_err();
+            assert!(
+                matches!(err, Error::ReadOnly { .. }),
+                "{}, {language}: {err:?}",
+                D::NAME
+            );
+            assert_eq!(attempts, 1, "{}, {language}: not retried", D::NAME);
             if language == "de_DE" {
                 assert!(
                     err.to_string().contains("Anweisung"),
-                    "the server answered in German: {err}"
+                    "{}: the server answered in German: {err}",
+                    D::NAME
                 );
             }
-            drop(conn);
             #[cfg(feature = "locks")]
             {
-                let locks = diesel_occ::Locks::new(pool.clone());
-                let err = locks
-                    .try_lock("read-only", language, Duration::from_secs(30), None)
-                    .map(drop)
-                    .unwrap_err();
-                assert!(matches!(err, Error::ReadOnly { .. }), "{language}: {err:?}");
+                let err = d.try_lock_on(&single, language).unwrap_err();
+                assert!(
+                    matches!(err, Error::ReadOnly { .. }),
+                    "{}, {language}: {err:?}",
+                    D::NAME
+                );
             }
         }
         let quantity: i32 = orders::table
@@ -414,7 +761,7 @@ fn writes_on_a_read_only_node_are_read_only() {
             .select(orders::quantity)
             .first(&mut cluster.pools[2].get().unwrap())
             .unwrap();
-        assert_eq!(quantity, 0, "nothing was written");
+        assert_eq!(quantity, 0, "{}: nothing was written", D::NAME);
     }));
     admin
         .batch_execute(&format!("SET GLOBAL read_only = 0; DROP USER '{user}'@'%'"))
@@ -427,16 +774,16 @@ fn writes_on_a_read_only_node_are_read_only() {
 /// A round's grants: one per operation, none ambiguous (an ambiguous grant may have left
 /// the lock held by nobody for its lease), fences rising with each grant.
 #[cfg(feature = "locks")]
-fn assert_grants(round: usize, fences: &[i64], outcomes: &Outcomes) {
-    assert_eq!(fences.len(), THREADS * OPERATIONS);
+fn assert_grants(name: &str, round: usize, fences: &[i64], outcomes: &Outcomes) {
+    assert_eq!(fences.len(), THREADS * OPERATIONS, "{name}");
     assert_eq!(
         outcomes.ambiguous(),
         0,
-        "round {round}: ambiguous grants, {outcomes:?}"
+        "{name}, round {round}: ambiguous grants, {outcomes:?}"
     );
     assert!(
         fences.windows(2).all(|pair| pair[0] < pair[1]),
-        "round {round}: fences that do not rise with each grant: {fences:?}"
+        "{name}, round {round}: fences that do not rise with each grant: {fences:?}"
     );
 }
 
@@ -447,183 +794,48 @@ struct FenceRow {
     value: i64,
 }
 
-/// 8 threads on three nodes take one lock 50 times each (waiting for it with
-/// `Locks::lock`): never two holders at once, and the fences rise with every grant, in
-/// the order the grants happened.
+/// 8 threads on three nodes take one lock 50 times each (waiting for it with `lock`):
+/// never two holders at once, every grant shown by its node's row, and the fences rise
+/// with every grant, in the order the grants happened.
 #[cfg(feature = "locks")]
-#[test]
-fn lock_rounds_on_three_nodes_have_one_holder_and_rising_fences() {
-    use diesel_occ::Locks;
+fn lock_rounds_on_three_nodes_have_one_holder_and_rising_fences<D: Driver>(
+    cluster: &Cluster,
+    d: &D,
+) {
     use std::sync::atomic::AtomicBool;
     use std::sync::Mutex;
 
-    let Some(cluster) = cluster() else { return };
-    let locks: Vec<Locks<Pool>> = cluster
-        .pools
-        .iter()
-        .map(|pool| Locks::new(pool.clone()))
-        .collect();
+    let nodes = cluster.pools.len();
     for round in 0..rounds() {
         let resource = format!("round-{round}");
         let inside = AtomicBool::new(false);
         let fences = Mutex::new(Vec::new());
-        let retries = cluster.run(|t, _, _| {
-            let locks = &locks[t % locks.len()];
-            let guard = locks.lock(
-                "cluster",
-                &resource,
-                Duration::from_secs(30),
-                Some("test"),
-                Duration::from_secs(60),
-                &quick(),
-            )?;
+        let retries = cluster.run(d, |t, _, _| {
+            let node = t % nodes;
+            let guard = d.lock(node, &resource)?;
             assert!(
                 !inside.swap(true, Ordering::SeqCst),
-                "round {round}: two holders at once"
+                "{}, round {round}: two holders at once",
+                D::NAME
             );
-            fences.lock().unwrap().push(guard.fence());
+            fences.lock().unwrap().push(D::fence(&guard));
             // From the database: the node this thread talks to shows the grant (no phantom
             // grant of a transaction the node had aborted).
-            let mut check = cluster.pools[t % cluster.pools.len()].get().unwrap();
-            let row: FenceRow = diesel::sql_query(
-                "SELECT fence AS value FROM occ_locks WHERE lock_name = 'cluster' AND resource = ?",
-            )
-            .bind::<diesel::sql_types::Text, _>(&resource)
-            .get_result(&mut check)
-            .unwrap();
             assert_eq!(
-                row.value,
-                guard.fence(),
-                "round {round}: thread {t} was granted a fence its node's row does not show"
+                d.fence_on_node(node, &resource),
+                D::fence(&guard),
+                "{}, round {round}: thread {t} was granted a fence its node's row does not show",
+                D::NAME
             );
             inside.store(false, Ordering::SeqCst);
-            guard.release()
+            d.release(guard)
         });
         let fences = fences.into_inner().unwrap();
-        assert_grants(round, &fences, &retries);
-        eprintln!("round {round}: {} grants, {retries:?}", fences.len());
-    }
-}
-
-/// The async API on the cluster: diesel-async's MySQL client (mysql_async), a bb8 pool
-/// per node set up by `MysqlSettings::async_manager_config` (a reply a node never sends
-/// ends with the session's `wait_timeout`; reads are causal), tasks on a multi-thread
-/// runtime.
-#[cfg(all(feature = "async-mysql", feature = "bb8"))]
-mod on_async {
-    use super::*;
-    use diesel_async::pooled_connection::bb8;
-    use diesel_async::pooled_connection::AsyncDieselConnectionManager;
-    use diesel_async::AsyncMysqlConnection;
-    use std::future::Future;
-    use std::sync::Arc;
-
-    pub type AsyncPool = bb8::Pool<AsyncMysqlConnection>;
-
-    /// The runtime and a pool on each node of `cluster`'s database.
-    pub fn pools(cluster: &Cluster) -> (tokio::runtime::Runtime, Arc<Vec<AsyncPool>>) {
-        let urls = std::env::var("GALERA_URLS").expect("set, as cluster() found");
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .unwrap();
-        let pools = urls
-            .split(',')
-            .map(|url| {
-                let url = common::with_database(url, &cluster.database);
-                let settings = diesel_occ::MysqlSettings {
-                    idle_session_timeout: Duration::from_secs(2),
-                };
-                let manager = AsyncDieselConnectionManager::<AsyncMysqlConnection>::new_with_config(
-                    url,
-                    settings.async_manager_config(),
-                );
-                runtime
-                    .block_on(bb8::Pool::builder().max_size(THREADS as u32).build(manager))
-                    .expect("a bb8 pool on each node")
-            })
-            .collect();
-        (runtime, Arc::new(pools))
-    }
-
-    /// [`Cluster::run`] on the async API: `op(task, pool)` until it succeeds `OPERATIONS`
-    /// times in each of `THREADS` tasks, task `t` on node `t % 3`.
-    pub fn run<F, Fut>(
-        runtime: &tokio::runtime::Runtime,
-        pools: &Arc<Vec<AsyncPool>>,
-        op: F,
-    ) -> Outcomes
-    where
-        F: Fn(usize, AsyncPool) -> Fut + Send + Sync + 'static,
-        Fut: Future<Output = Result<(), Error>> + Send,
-    {
-        let outcomes = Arc::new(Outcomes::default());
-        let op = Arc::new(op);
-        let tasks: Vec<_> = (0..THREADS)
-            .map(|t| {
-                let (pool, outcomes, op) =
-                    (pools[t % pools.len()].clone(), outcomes.clone(), op.clone());
-                runtime.spawn(async move {
-                    let mut i = 0;
-                    while i < OPERATIONS {
-                        match op(t, pool.clone()).await {
-                            Ok(()) => i += 1,
-                            Err(e)
-                                if e.is_retryable()
-                                    || matches!(e, Error::RetriesExhausted { .. }) =>
-                            {
-                                outcomes.retried.fetch_add(1, Ordering::Relaxed);
-                            }
-                            Err(Error::Ambiguous { .. }) => {
-                                outcomes.ambiguous.fetch_add(1, Ordering::Relaxed);
-                            }
-                            Err(Error::Database(source)) if lost_connection(&source) => {
-                                outcomes.lost.fetch_add(1, Ordering::Relaxed);
-                            }
-                            Err(e) => panic!("task {t}, operation {i}: {e:?}"),
-                        }
-                    }
-                })
-            })
-            .collect();
-        runtime.block_on(async {
-            for task in tasks {
-                task.await.unwrap();
-            }
-        });
-        Arc::into_inner(outcomes).expect("every task ended")
-    }
-}
-
-/// 8 tasks x 50 read-modify-writes through the async `modify_pooled`, spread over the
-/// nodes: a certification abort at `COMMIT` is retried, and nothing is lost.
-#[cfg(all(feature = "async-mysql", feature = "bb8"))]
-#[test]
-fn async_read_modify_writes_on_three_nodes_lose_nothing() {
-    use diesel_occ::asynchronous::AsyncGuardedModify;
-
-    let Some(cluster) = cluster() else { return };
-    let (runtime, pools) = on_async::pools(&cluster);
-    for round in 0..rounds() {
-        let id = 100 + round as i64;
-        diesel::sql_query(format!(
-            "INSERT INTO orders (id, customer, note, status, quantity, version) VALUES ({id}, 'c', '', 'valid', 0, 0)"
-        ))
-        .execute(&mut cluster.pools[0].get().unwrap())
-        .unwrap();
-        let outcomes = on_async::run(&runtime, &pools, move |_, pool| async move {
-            <Order as AsyncGuardedModify>::modify_pooled(&pool, &id, &quick(), |o| {
-                o.quantity += 1;
-                Ok::<_, Error>(())
-            })
-            .await
-            .map(drop)
-        });
-        cluster.assert_order_landed(id, round, &outcomes);
+        assert_grants(D::NAME, round, &fences, &retries);
         eprintln!(
-            "round {round}: {} async read-modify-writes, {outcomes:?}",
-            THREADS * OPERATIONS
+            "{}, round {round}: {} grants, {retries:?}",
+            D::NAME,
+            fences.len()
         );
     }
 }
@@ -654,64 +866,5 @@ fn both_drivers_know_a_galera_node_applies_commits_late() {
             .expect("the node answers");
         let late = runtime.block_on(<Mysql as NativeAsync>::applies_writes_late(&mut conn));
         assert!(late, "{url}: async");
-    }
-}
-
-/// 8 tasks on three nodes take one lock 50 times each through the async `lock`: never two
-/// holders at once, every grant shown by its node's row, fences rising with each grant.
-#[cfg(all(feature = "async-mysql", feature = "bb8", feature = "locks"))]
-#[test]
-fn async_lock_rounds_on_three_nodes_have_one_holder_and_rising_fences() {
-    use diesel_occ::asynchronous::AsyncLocks;
-    use std::sync::atomic::AtomicBool;
-    use std::sync::{Arc, Mutex};
-
-    let Some(cluster) = cluster() else { return };
-    let (runtime, pools) = on_async::pools(&cluster);
-    for round in 0..rounds() {
-        let resource = Arc::new(format!("async-round-{round}"));
-        let inside = Arc::new(AtomicBool::new(false));
-        let fences = Arc::new(Mutex::new(Vec::new()));
-        let (r, i, f) = (resource.clone(), inside.clone(), fences.clone());
-        let outcomes = on_async::run(&runtime, &pools, move |t, pool| {
-            let (resource, inside, fences) = (r.clone(), i.clone(), f.clone());
-            async move {
-                let locks = AsyncLocks::new(pool.clone());
-                let guard = locks
-                    .lock(
-                        "cluster",
-                        &resource,
-                        Duration::from_secs(30),
-                        Some("test"),
-                        Duration::from_secs(60),
-                        &quick(),
-                    )
-                    .await?;
-                assert!(
-                    !inside.swap(true, Ordering::SeqCst),
-                    "round {round}: two holders at once"
-                );
-                fences.lock().unwrap().push(guard.fence());
-                let mut check = pool.get().await.unwrap();
-                let query = diesel::sql_query(
-                    "SELECT fence AS value FROM occ_locks WHERE lock_name = 'cluster' AND resource = ?",
-                )
-                .bind::<diesel::sql_types::Text, _>(resource.as_str());
-                let row: FenceRow = diesel_async::RunQueryDsl::get_result(query, &mut *check)
-                    .await
-                    .unwrap();
-                assert_eq!(
-                    row.value,
-                    guard.fence(),
-                    "round {round}: task {t} was granted a fence its node's row does not show"
-                );
-                drop(check);
-                inside.store(false, Ordering::SeqCst);
-                guard.release().await
-            }
-        });
-        let fences = Arc::into_inner(fences).unwrap().into_inner().unwrap();
-        assert_grants(round, &fences, &outcomes);
-        eprintln!("round {round}: {} async grants, {outcomes:?}", fences.len());
     }
 }
