@@ -199,6 +199,16 @@ impl RetryPolicy {
         self
     }
 
+    /// This policy, or one attempt only when `in_callers_transaction`: a retry could not
+    /// roll back the caller's earlier work, so only the caller can run it again.
+    pub(crate) fn one_attempt_if(&self, in_callers_transaction: bool) -> RetryPolicy {
+        if in_callers_transaction {
+            RetryPolicy::never()
+        } else {
+            self.clone()
+        }
+    }
+
     /// The most attempts this policy makes.
     pub fn attempts(&self) -> u32 {
         self.max_attempts

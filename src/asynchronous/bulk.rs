@@ -20,8 +20,7 @@ use crate::guard::{AdvanceInSql, CanAdvanceOf, Guarded};
 use crate::operation::{BulkUpdate, Operation};
 use crate::sql::new_token::Counted;
 use crate::sql::statement::{Assignments, Not};
-use crate::write::bulk::{bulk_plan, BulkPlan, BulkReport, BulkUpdateOf, CountWhere, EVERY_ROW};
-use crate::write::executor::{CannotMiss, CompareAndSet, Matches};
+use crate::write::bulk::{bulk_plan, bulk_write, BulkPlan, BulkReport, BulkUpdateOf, CountWhere};
 
 /// Bulk updates on async connections, for entities whose guard advances in SQL; see
 /// [`GuardedBulk`](crate::GuardedBulk).
@@ -29,8 +28,7 @@ pub trait AsyncGuardedBulk: Guarded
 where
     Self::Guard: AdvanceInSql,
 {
-    /// Applies `changes` to every row `filter` matches and advances each one's token, in
-    /// one statement; see
+    /// The bulk update of the rows `filter` matches; see
     /// [`GuardedBulk::guarded_bulk_update`](crate::GuardedBulk::guarded_bulk_update).
     fn guarded_bulk_update<C, F, Ch>(
         conn: &mut C,
@@ -90,8 +88,7 @@ where
             let report = async {
                 let conn = call.conn();
                 check_stored_precision::<T, C>(conn, table).await?;
-                let write = CompareAndSet::one(statement, table, &EVERY_ROW, CannotMiss)
-                    .matching(Matches::Any);
+                let write = bulk_write(statement, table);
                 let updated = run::<C, _, _, Counted, ()>(write, conn, false).await?.rows;
                 let at_maximum = match at_maximum {
                     Some(count) => match count.get_result::<i64>(conn).await {

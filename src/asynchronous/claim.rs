@@ -212,8 +212,7 @@ where
         if C::Backend::RETURNING {
             let table = <T as AsyncLoadByKey<C>>::table_name();
             check_stored_precision::<T, C>(conn, table).await?;
-            let claim = claim_in_one::<T, OwnerCol, AtCol, C::Backend>(request);
-            refuse_double_assignment(table, &claim.statement().update)?;
+            let claim = claim_in_one::<T, OwnerCol, AtCol, C::Backend>(table, request)?;
             let loaded = protect_caller(conn, false, async |conn| claim.load(conn).await).await?;
             return classified(conn, loaded).await;
         }

@@ -15,16 +15,14 @@ use super::transaction::Call;
 use crate::error::Error;
 use crate::guard::pre_image::{ChangedColumns, ChangedUpdateOf};
 use crate::guard::stored_precision::PrecisionCheck;
-use crate::guard::{
-    AdvanceInSql, Advancing, CompletionOf, GuardKind, Guarded, ReturnedTokenOf, TokenOf,
-};
+use crate::guard::{AdvanceInSql, Advancing, CompletionOf, Guarded, ReturnedTokenOf, TokenOf};
 use crate::operation::{
     Delete, Insert, Operation, SaveChanged, SavedState, TouchStamp, Update, Upsert, WriteExcluded,
 };
 use crate::sql::new_token::Counted;
 use crate::sql::statement::{Assignments, NoChanges};
 use crate::write::entity::{
-    excluded_changeset, guarded_statement_in, key_write, token_read_back, unguarded_by_key,
+    delete_statement, excluded_changeset, key_write, token_read_back, unguarded_by_key, update_in,
     DeleteOf, KeyWriteOf, RowMoved, UnguardedUpdateOf, UpdateOf,
 };
 use crate::write::executor::CompareAndSet;
@@ -279,11 +277,8 @@ where
         let table = <T as AsyncLoadByKey<C>>::table_name();
         SavedState::refuse_move(saved.as_ref(), table)?;
         refuse_broken(conn)?;
-        let (kept, state) = SavedState::split(saved);
-        let (statement, next) = guarded_statement_in::<T, C::Backend, Ch>(
-            table, &key, &expected, changes, stamp, kept,
-        )?;
-        let miss = RowMoved::<T>::expecting(&key, &expected).in_state(state);
+        let (statement, next, miss) =
+            update_in::<T, C::Backend, Ch>(table, &key, &expected, changes, stamp, saved)?;
         let write = CompareAndSet::one(statement, table, &key, miss);
         // From here until `finish`, every way out goes through `written`.
         let mut call = Call::start(conn);
@@ -314,11 +309,7 @@ where
         let Delete { key, expected } = self;
         let mut call = Call::start(conn);
         let table = <T as AsyncLoadByKey<C>>::table_name();
-        let statement = DeleteOf::<T>::new(
-            T::table(),
-            T::key_predicate(&key),
-            T::Guard::predicate(&expected),
-        );
+        let statement = delete_statement::<T>(&key, &expected);
         let miss = RowMoved::<T>::expecting(&key, &expected);
         let write = CompareAndSet::one(statement, table, &key, miss);
         let written = run::<C, _, _, Counted, TokenOf<T>>(write, call.conn(), false).await;

@@ -29,9 +29,8 @@ use crate::sql::statement::{Assignments, ColumnOfRow};
 /// Fenced writes on a diesel-async connection for every [`Guarded`] entity whose table has
 /// a `BIGINT` fence column; see [`FencedWrite`](crate::FencedWrite).
 pub trait AsyncFencedWrite: Guarded {
-    /// Applies `changes` to the row with `key` and records `fence` in `fence_column`,
-    /// unless the row has already seen a newer fence: then [`Error::StaleFence`] with the
-    /// newest one, and nothing is written; see
+    /// The write of `changes` to the row with `key` under `fence` ([`Error::StaleFence`]
+    /// once the row saw a newer one); see
     /// [`FencedWrite::write_fenced`](crate::FencedWrite::write_fenced).
     fn write_fenced<C, F, Ch>(
         conn: &mut C,

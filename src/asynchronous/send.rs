@@ -4,11 +4,11 @@
 
 use std::future::Future;
 
-use diesel::dsl::{AsSelect, Filter, Select};
+use diesel::dsl::{AsSelect, Filter};
 use diesel::query_builder::{QueryFragment, QueryId};
 use diesel::query_dsl::methods::{FilterDsl, SelectDsl};
 use diesel::query_source::QuerySource;
-use diesel::{OptionalExtension, QueryResult, Selectable, SelectableHelper};
+use diesel::{OptionalExtension, QueryResult, Selectable};
 use diesel_async::methods::{ExecuteDsl, LoadQuery};
 use diesel_async::{AsyncConnection, RunQueryDsl};
 
@@ -19,7 +19,7 @@ use crate::sql::names::table_name;
 use crate::sql::new_token::{Counted, Executed, ReadAfter, ReturnedBy, TokenPlan};
 use crate::sql::statement::{LatestRead, RowLock};
 use crate::sql::values_update::{RowAndToken, RowOnly, Template, ValuesUpdate};
-use crate::write::entity::{rows_by_keys, RowsByKeys};
+use crate::write::entity::{by_key, rows_by_keys, ByKey, RowsByKeys};
 
 /// The reads of an entity's row by key on async connection `C`, as
 /// [`LoadByKey`](crate::LoadByKey) does them on a blocking one.
@@ -62,20 +62,6 @@ pub trait AsyncLoadByKey<C>: Guarded {
     #[doc(hidden)]
     fn table_name() -> &'static str;
 }
-
-/// The `SELECT` of entity `T`'s row by key on backend `DB`.
-type SelectByKey<T, DB> = Select<
-    Filter<<T as diesel::associations::HasTable>::Table, <T as Guarded>::KeyPredicate>,
-    AsSelect<T, DB>,
->;
-
-/// The read of entity `T`'s row by key on backend `DB`.
-type ByKey<T, DB> = LatestRead<
-    Select<
-        Filter<<T as diesel::associations::HasTable>::Table, <T as Guarded>::KeyPredicate>,
-        AsSelect<T, DB>,
-    >,
->;
 
 impl<T, C> AsyncLoadByKey<C> for T
 where
@@ -128,23 +114,6 @@ where
     fn table_name() -> &'static str {
         table_name::<T::Table, C::Backend>(&T::table())
     }
-}
-
-/// The read of the row with `key`, made by `read` with `how` (locking or not).
-fn by_key<T, DB, How>(
-    key: &T::Key,
-    read: fn(SelectByKey<T, DB>, How) -> ByKey<T, DB>,
-    how: How,
-) -> ByKey<T, DB>
-where
-    T: Guarded + Selectable<DB>,
-    DB: diesel::backend::Backend,
-    T::SelectExpression: QueryId,
-    T::Table: FilterDsl<T::KeyPredicate>,
-    Filter<T::Table, T::KeyPredicate>: SelectDsl<AsSelect<T, DB>>,
-{
-    let filtered = FilterDsl::filter(T::table(), T::key_predicate(key));
-    read(SelectDsl::select(filtered, T::as_select()), how)
 }
 
 /// Sends a guarded statement on async connection `C`, as the blocking executor runs it on

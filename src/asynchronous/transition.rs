@@ -335,12 +335,7 @@ where
         } = self;
         let key = &key;
         refuse_broken(conn)?;
-        // Inside the caller's transaction only the caller can retry.
-        let policy = if in_transaction(conn) {
-            RetryPolicy::never()
-        } else {
-            policy
-        };
+        let policy = policy.one_attempt_if(in_transaction(conn));
         let mut run = policy.start();
         loop {
             let mut call = Call::start(&mut *conn);

@@ -923,11 +923,6 @@ impl<S, Row> Returning<S, Row> {
     pub fn new(statement: S, row: Row) -> Self {
         Returning { statement, row }
     }
-
-    /// The write, without its `RETURNING`.
-    pub(crate) fn statement(&self) -> &S {
-        &self.statement
-    }
 }
 
 #[cfg(feature = "locks")]

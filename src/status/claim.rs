@@ -67,7 +67,7 @@ use crate::status::{HasStatus, Status};
 use crate::write::bulk::BulkUpdateOf;
 use crate::write::complete::Complete;
 use crate::write::entity::{LoadByKey, RowMoved};
-use crate::write::executor::{classify, refuse_double_assignment, CompareAndSet, Matches, Miss};
+use crate::write::executor::{classify, CompareAndSet, Matches, Miss};
 
 /// What a worker asks for.
 #[derive(Debug, Clone, Copy)]
@@ -487,8 +487,7 @@ where
         }
         if C::Backend::RETURNING {
             crate::write::entity::check_stored_precision::<T, C>(conn)?;
-            let claim = claim_in_one::<T, OwnerCol, AtCol, C::Backend>(request);
-            refuse_double_assignment(T::table_name(), &claim.statement().update)?;
+            let claim = claim_in_one::<T, OwnerCol, AtCol, C::Backend>(T::table_name(), request)?;
             return protect_caller(conn, false, |conn| claim.load(conn))
                 .map_err(|e| classify(conn, e));
         }

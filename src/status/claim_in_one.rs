@@ -27,12 +27,14 @@ use diesel::query_builder::{AstPass, QueryFragment};
 use diesel::{QueryResult, Selectable, SelectableHelper, Table};
 
 use crate::connect::backend::OccBackend;
+use crate::error::Error;
 use crate::guard::AdvanceInSql;
-use crate::sql::statement::Returning;
+use crate::sql::statement::{Assignments, Returning};
 use crate::status::claim::{claim_update, ClaimChanges, ClaimRequest, Claimable, ClaimableOf};
 use crate::status::claimable_rows::ClaimableRows;
 use crate::status::HasStatus;
 use crate::write::bulk::BulkUpdateOf;
+use crate::write::executor::refuse_double_assignment;
 
 /// The name of the claim's common table expression: the keys of the rows it locked.
 const CLAIMABLE: &str = "occ_claimable";
@@ -115,15 +117,18 @@ pub(crate) type ClaimInOneOf<T, OwnerCol, AtCol, DB> = Returning<
     diesel::dsl::AsSelect<T, DB>,
 >;
 
-/// The one statement that claims what `request` asks for and answers with the rows as
-/// written.
+/// The one statement that claims what `request` asks for (in `table`) and answers with
+/// the rows as written; [`Error::ChangesetAssignsGuard`] before anything is sent when its
+/// update assigns a column twice.
 pub(crate) fn claim_in_one<T, OwnerCol, AtCol, DB>(
+    table: &'static str,
     request: &ClaimRequest<'_, T::Status>,
-) -> ClaimInOneOf<T, OwnerCol, AtCol, DB>
+) -> Result<ClaimInOneOf<T, OwnerCol, AtCol, DB>, Error>
 where
     T: HasStatus + Selectable<DB>,
     T::Guard: AdvanceInSql,
     DB: Backend,
+    ClaimInOneUpdateOf<T, OwnerCol, AtCol>: Assignments<DB>,
 {
     // Built twice: the CTE or the `IN` renders it, by backend.
     let keys = || {
@@ -144,5 +149,6 @@ where
         keys: keys(),
         update: claim_update::<T, OwnerCol, AtCol, _>(request, taken),
     };
-    Returning::new(update, T::as_select())
+    refuse_double_assignment(table, &update.update)?;
+    Ok(Returning::new(update, T::as_select()))
 }

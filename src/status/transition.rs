@@ -415,11 +415,7 @@ where
     Ch: Clone,
     G: Clone,
 {
-    let policy = if in_caller_transaction(conn) {
-        RetryPolicy::never()
-    } else {
-        policy.clone()
-    };
+    let policy = policy.one_attempt_if(in_caller_transaction(conn));
     let (token, _) = policy.run(|_| -> Result<TokenOf<T>, Stop<Error>> {
         Ok(T::transition_key(
             conn,

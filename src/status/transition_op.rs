@@ -57,15 +57,9 @@ impl<T: HasStatus, Ch, G> Operation for Transition<T, Ch, G> {
 
 impl<T: TransitionRow<C, Ch, G>, C, Ch, G> Run<C> for Transition<T, Ch, G> {
     fn run(self, conn: &mut C) -> Result<<Self as Operation>::Output, <Self as Operation>::Error> {
-        let Transition {
-            mut row,
-            to,
-            extra,
-            sources,
-            condition,
-            own,
-        } = self;
-        let token = row.transition_row(conn, to, extra, sources, condition, own)?;
+        let mut row = self.row;
+        let (to, sources, own) = (self.to, self.sources, self.own);
+        let token = row.transition_row(conn, to, self.extra, sources, self.condition, own)?;
         Ok((row, token))
     }
 }
@@ -114,13 +108,7 @@ where
     G: Clone,
 {
     fn run(self, conn: &mut C) -> Result<<Self as Operation>::Output, <Self as Operation>::Error> {
-        let KeyTransition {
-            key,
-            to,
-            extra,
-            condition,
-            policy,
-        } = self;
-        retried_by_key::<T, C, Ch, G>(conn, &key, to, extra, condition, &policy)
+        let (key, policy) = (&self.key, &self.policy);
+        retried_by_key::<T, C, Ch, G>(conn, key, self.to, self.extra, self.condition, policy)
     }
 }

@@ -33,15 +33,15 @@ use crate::connect::transaction::in_transaction;
 use crate::connect::transaction::WriteTransaction;
 use crate::error::Error;
 use crate::flow::batch::{Batch, Effect};
-use crate::guard::{CompletionOf, GuardKind, Guarded, TokenOf};
+use crate::guard::{CompletionOf, Guarded, TokenOf};
 use crate::operation::{BatchDelete, BatchUpdate, Operation, Run};
 use crate::sql::new_token::Counted;
 use crate::sql::statement::Assignments;
 use crate::write::complete::{Complete, CompleteEach};
 use crate::write::entity::check_stored_precision;
 use crate::write::entity::{
-    guarded_statement_in, run_guarded, DeleteOf, DeleteRow, GuardedWrite, LoadByKey, RowMoved,
-    UpdateOf, UpdateRow,
+    delete_statement, guarded_statement_in, run_guarded, DeleteOf, DeleteRow, GuardedWrite,
+    LoadByKey, RowMoved, UpdateOf, UpdateRow,
 };
 use crate::write::executor::{classify, refuse_double_assignment, run_each, Written};
 
@@ -191,11 +191,7 @@ where
 pub(crate) fn deletes<T: Guarded>(rows: Vec<(T::Key, TokenOf<T>)>) -> BuiltRows<T, DeleteOf<T>> {
     rows.into_iter()
         .map(|(key, expected)| {
-            let statement = DeleteOf::<T>::new(
-                T::table(),
-                T::key_predicate(&key),
-                T::Guard::predicate(&expected),
-            );
+            let statement = delete_statement::<T>(&key, &expected);
             let next = expected.clone();
             (Pending::new(key, expected, next), statement)
         })

@@ -136,8 +136,7 @@ where
             statement,
             at_maximum,
         } = bulk_plan::<T, C::Backend, F, Ch>(T::table_name(), filter, changes)?;
-        let updated = CompareAndSet::one(statement, T::table_name(), &EVERY_ROW, CannotMiss)
-            .matching(Matches::Any)
+        let updated = bulk_write(statement, T::table_name())
             .run::<C, Counted, ()>(conn, false)?
             .rows;
         let at_maximum = match at_maximum {
@@ -158,6 +157,15 @@ impl<T: UpdateBulk<C, F, Ch>, C, F, Ch> Run<C> for BulkUpdate<T, F, Ch> {
 
 /// What a bulk update's miss and messages name as its rows.
 pub(crate) const EVERY_ROW: &str = "(every row the filter matches)";
+
+/// The bulk `statement` (of `table`) as the executor runs it: any number of matched rows
+/// is its job done, none a miss.
+pub(crate) fn bulk_write<S>(
+    statement: S,
+    table: &'static str,
+) -> CompareAndSet<'static, S, CannotMiss> {
+    CompareAndSet::one(statement, table, &EVERY_ROW, CannotMiss).matching(Matches::Any)
+}
 
 /// A bulk update, checked: its statement, and the count of the rows it leaves alone at
 /// their token's maximum (`None` where every row can advance).

@@ -56,6 +56,16 @@ pub(crate) type DeleteOf<T> = GuardedDelete<
     <<T as Guarded>::Guard as GuardKind>::Predicate,
 >;
 
+/// The guarded delete of the row with `key` if it still holds `expected`: what every
+/// delete sends, blocking or async, alone or in a batch.
+pub(crate) fn delete_statement<T: Guarded>(key: &T::Key, expected: &TokenOf<T>) -> DeleteOf<T> {
+    DeleteOf::<T>::new(
+        T::table(),
+        T::key_predicate(key),
+        T::Guard::predicate(expected),
+    )
+}
+
 /// What the executor needs of an entity on connection `C`: its table's name and a read
 /// of the latest committed row by key (a locking read inside a transaction), to explain a write that
 /// matched no row. Implemented for every [`Guarded`] + [`Selectable`] entity whose query
@@ -92,30 +102,26 @@ where
     T::SelectExpression: QueryId,
     T::Table: FilterDsl<T::KeyPredicate>,
     Filter<T::Table, T::KeyPredicate>: SelectDsl<AsSelect<T, C::Backend>>,
-    LatestRead<Select<Filter<T::Table, T::KeyPredicate>, AsSelect<T, C::Backend>>>:
-        LoadQuery<'static, C, T>,
+    ByKey<T, C::Backend>: LoadQuery<'static, C, T>,
     T::Table: FilterDsl<T::KeysPredicate>,
     Filter<T::Table, T::KeysPredicate>: SelectDsl<AsSelect<T, C::Backend>>,
     RowsByKeys<T, C::Backend>: LoadQuery<'static, C, T>,
 {
     fn load_by_key(conn: &mut C, key: &Self::Key) -> QueryResult<Option<Self>> {
         let locking = in_transaction(conn);
-        let filtered = FilterDsl::filter(T::table(), T::key_predicate(key));
-        LatestRead::new(SelectDsl::select(filtered, T::as_select()), locking)
+        by_key::<T, C::Backend, _>(key, LatestRead::new, locking)
             .get_result(conn)
             .optional()
     }
 
     fn read_by_key(conn: &mut C, key: &Self::Key) -> QueryResult<Option<Self>> {
-        let filtered = FilterDsl::filter(T::table(), T::key_predicate(key));
-        LatestRead::new(SelectDsl::select(filtered, T::as_select()), false)
+        by_key::<T, C::Backend, _>(key, LatestRead::new, false)
             .get_result(conn)
             .optional()
     }
 
     fn lock_by_key(conn: &mut C, key: &Self::Key, lock: RowLock) -> QueryResult<Option<Self>> {
-        let filtered = FilterDsl::filter(T::table(), T::key_predicate(key));
-        LatestRead::locked(SelectDsl::select(filtered, T::as_select()), lock)
+        by_key::<T, C::Backend, _>(key, LatestRead::locked, lock)
             .get_result(conn)
             .optional()
     }
@@ -130,6 +136,31 @@ where
     fn table_name() -> &'static str {
         table_name::<T::Table, C::Backend>(&T::table())
     }
+}
+
+/// The `SELECT` of entity `T`'s row by key on backend `DB`.
+pub(crate) type SelectByKey<T, DB> =
+    Select<Filter<<T as HasTable>::Table, <T as Guarded>::KeyPredicate>, AsSelect<T, DB>>;
+
+/// The read of entity `T`'s row by key on backend `DB`.
+pub(crate) type ByKey<T, DB> = LatestRead<SelectByKey<T, DB>>;
+
+/// The read of the row with `key`, made by `read` with `how` (locking or not): what the
+/// blocking and the async reads by key send.
+pub(crate) fn by_key<T, DB, How>(
+    key: &T::Key,
+    read: fn(SelectByKey<T, DB>, How) -> ByKey<T, DB>,
+    how: How,
+) -> ByKey<T, DB>
+where
+    T: Guarded + Selectable<DB>,
+    DB: diesel::backend::Backend,
+    T::SelectExpression: QueryId,
+    T::Table: FilterDsl<T::KeyPredicate>,
+    Filter<T::Table, T::KeyPredicate>: SelectDsl<AsSelect<T, DB>>,
+{
+    let filtered = FilterDsl::filter(T::table(), T::key_predicate(key));
+    read(SelectDsl::select(filtered, T::as_select()), how)
 }
 
 /// The read of entity `T`'s rows by key on backend `DB`.
@@ -379,15 +410,16 @@ where
 
 impl<T: UpdateRow<C, Ch>, C, Ch> Run<C> for Update<T, Ch> {
     fn run(self, conn: &mut C) -> Result<<Self as Operation>::Output, <Self as Operation>::Error> {
-        let Update {
+        let (key, expected) = (&self.key, &self.expected);
+        T::update_row(
+            conn,
             key,
             expected,
-            changes,
-            stamp,
-            saved,
-            own,
-        } = self;
-        T::update_row(conn, &key, &expected, changes, stamp, saved, own)
+            self.changes,
+            self.stamp,
+            self.saved,
+            self.own,
+        )
     }
 }
 
@@ -422,13 +454,9 @@ where
     DeleteOf<T>: ExecuteDsl<C> + Assignments<C::Backend>,
 {
     fn delete_row(conn: &mut C, key: &T::Key, expected: &TokenOf<T>) -> Result<(), Error> {
-        let statement = DeleteOf::<T>::new(
-            T::table(),
-            T::key_predicate(key),
-            T::Guard::predicate(expected),
-        );
         let miss = RowMoved::<T>::expecting(key, expected);
-        run_guarded::<T, C, _, Counted>(conn, miss, statement, false).map(drop)
+        run_guarded::<T, C, _, Counted>(conn, miss, delete_statement::<T>(key, expected), false)
+            .map(drop)
     }
 
     fn delete_batch(
@@ -583,11 +611,11 @@ where
     UpdateOf<T, Ch::Changeset>: Assignments<C::Backend>,
     CompletionOf<T>: Complete<C, UpdateOf<T, Ch::Changeset>, TokenOf<T>>,
 {
-    SavedState::refuse_move(saved.as_ref(), T::table_name())?;
+    let table = T::table_name();
+    SavedState::refuse_move(saved.as_ref(), table)?;
     check_stored_precision::<T, C>(conn)?;
-    let (kept, state) = SavedState::split(saved);
-    let (statement, next) = guarded_statement::<T, C, Ch>(key, expected, changes, stamp, kept)?;
-    let miss = RowMoved::<T>::expecting(key, expected).in_state(state);
+    let (statement, next, miss) =
+        update_in::<T, C::Backend, Ch>(table, key, expected, changes, stamp, saved)?;
     let returned = run_guarded::<T, C, _, CompletionOf<T>>(conn, miss, statement, own)?;
     Ok(returned.unwrap_or(next))
 }
@@ -653,6 +681,37 @@ where
     );
     refuse_status_write(table, T::STATUS_COLUMN, &statement, 0)?;
     Ok((statement, next))
+}
+
+/// A guarded update checked before anything is sent: the statement, the token it moves
+/// the row to, and what explains a row it did not write.
+pub(crate) type CheckedUpdate<'k, T, Ch> = (
+    UpdateOf<T, <Ch as AsChangeset>::Changeset>,
+    TokenOf<T>,
+    RowMoved<'k, T>,
+);
+
+/// The guarded update of the row with `key` (of `table`) from `expected`, for a save in
+/// the state of the `saved` copy: [`guarded_statement_in`], and the miss naming that
+/// state. What the blocking and the async updates share.
+pub(crate) fn update_in<'k, T, DB, Ch>(
+    table: &'static str,
+    key: &'k T::Key,
+    expected: &'k TokenOf<T>,
+    changes: Ch,
+    stamp: T::Stamp,
+    saved: Option<SavedState<T>>,
+) -> Result<CheckedUpdate<'k, T, Ch>, Error>
+where
+    T: Guarded,
+    Ch: AsChangeset<Target = T::Table>,
+    UpdateOf<T, Ch::Changeset>: Assignments<DB>,
+{
+    let (kept, state) = SavedState::split(saved);
+    let (statement, next) =
+        guarded_statement_in::<T, DB, Ch>(table, key, expected, changes, stamp, kept)?;
+    let miss = RowMoved::<T>::expecting(key, expected).in_state(state);
+    Ok((statement, next, miss))
 }
 
 /// Runs a guarded `statement` on the row `miss` names the way `K` says; `miss` explains a
