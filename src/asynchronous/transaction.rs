@@ -210,13 +210,7 @@ where
         // for want of a transaction and leave a usable connection marked broken.
         return commit_error_given(cause, reason);
     }
-    let ended = conn.batch_execute("ROLLBACK").await.is_ok();
-    let status = C::TransactionManager::transaction_manager_status_mut(conn);
-    if ended {
-        *status = Default::default();
-    } else {
-        status.set_in_error();
-    }
+    end_on_server(conn).await;
     commit_error_given(cause, reason)
 }
 
@@ -230,15 +224,24 @@ async fn after_failed_rollback<C: AsyncConnection>(
     conn: &mut C,
     error: DieselError,
 ) -> QueryResult<()> {
+    match end_on_server(conn).await {
+        true => Ok(()),
+        false => Err(error),
+    }
+}
+
+/// Sends one more `ROLLBACK` after the manager lost track of the transaction: one that
+/// succeeds proves the server holds none, and the manager starts afresh; one that fails
+/// leaves the manager marked broken. Whether it succeeded.
+async fn end_on_server<C: AsyncConnection>(conn: &mut C) -> bool {
     let ended = conn.batch_execute("ROLLBACK").await.is_ok();
     let status = C::TransactionManager::transaction_manager_status_mut(conn);
     if ended {
         *status = Default::default();
-        Ok(())
     } else {
         status.set_in_error();
-        Err(error)
     }
+    ended
 }
 
 impl<C: AsyncConnection> Drop for OwnTransaction<'_, C> {
