@@ -6,10 +6,12 @@
 use crate::common;
 
 use chrono::{DateTime, NaiveDateTime, TimeDelta, Utc};
+use common::drivers::{BulkUpdate, Save, Update};
 use common::FrozenClock;
 use diesel::connection::SimpleConnection;
+use diesel::dsl;
 use diesel::prelude::*;
-use diesel_occ::{Error, Guarded, GuardedBulk, GuardedWrite};
+use diesel_occ::{Error, Guarded, GuardedWrite};
 
 diesel::table! {
     stamped_orders (id) {
@@ -47,7 +49,14 @@ impl diesel_occ::Clock for StoppedClock {
     }
 }
 
+/// The changes the bodies send.
+type NoteIs = dsl::Eq<stamped_orders::note, &'static str>;
+type IdIs = dsl::Eq<stamped_orders::id, i64>;
+type StampIs = dsl::Eq<stamped_orders::updated_at, NaiveDateTime>;
+
 for_each_backend! {
+    type Db = common::TestDb<Conn>;
+
     fn setup(db: &common::TestDb<Conn>) -> StampedOrder {
         let timestamp = if BACKEND == "mysql" { "DATETIME(6)" } else { "TIMESTAMP" };
         let conn = &mut db.conn();
@@ -152,42 +161,47 @@ for_each_backend! {
         stamped_orders::table.find(1).select(StampedOrder::as_select()).first(conn).unwrap()
     }
 
-    #[test]
-    fn every_write_stamps_the_row_and_a_save_stamps_the_copy() {
-        let Some(db) = db() else { return };
-        let mut order = setup(&db);
+    /// Every guarded write stamps the row, and a save stamps the copy too.
+    fn every_write_stamps_the_row_and_a_save_stamps_the_copy<W>(db: &Db, w: impl Fn() -> W)
+    where
+        W: Save<StampedOrder> + Update<StampedOrder, NoteIs> + BulkUpdate<StampedOrder, IdIs, NoteIs>,
+    {
+        let mut order = setup(db);
         let conn = &mut db.conn();
+        let w = &mut w();
 
         FrozenClock::freeze(at("2026-03-01T10:00:00.123456Z"));
         order.note = "saved".into();
-        order.guarded_save(conn).unwrap();
+        w.save(&mut order).unwrap();
         assert_eq!(load(conn), order, "the copy records the stamp it wrote");
         assert_eq!(order.updated_at, at("2026-03-01T10:00:00.123456Z").naive_utc());
 
         FrozenClock::freeze(at("2026-03-02T10:00:00Z"));
-        order.guarded_update(conn, stamped_orders::note.eq("updated")).unwrap();
+        w.update(&order, stamped_orders::note.eq("updated")).unwrap();
         assert_eq!(load(conn).updated_at, at("2026-03-02T10:00:00Z").naive_utc());
 
         FrozenClock::freeze(at("2026-03-03T10:00:00Z"));
-        StampedOrder::guarded_bulk_update(conn, stamped_orders::id.eq(1), stamped_orders::note.eq("bulk")).unwrap();
+        w.bulk_update(stamped_orders::id.eq(1), stamped_orders::note.eq("bulk")).unwrap();
         let stored = load(conn);
         assert_eq!((stored.version, stored.updated_at), (3, at("2026-03-03T10:00:00Z").naive_utc()));
     }
 
     /// The stamp is not the guard: a copy read before a write still conflicts by its
     /// version, and a failed write stamps nothing, in the row or in the copy.
-    #[test]
-    fn a_refused_write_stamps_nothing() {
-        let Some(db) = db() else { return };
-        let mut stale = setup(&db);
+    fn a_refused_write_stamps_nothing<W>(db: &Db, w: impl Fn() -> W)
+    where
+        W: Save<StampedOrder> + Update<StampedOrder, NoteIs>,
+    {
+        let mut stale = setup(db);
         let conn = &mut db.conn();
+        let w = &mut w();
         FrozenClock::freeze(at("2026-04-01T00:00:00Z"));
-        load(conn).guarded_update(conn, stamped_orders::note.eq("winner")).unwrap();
+        w.update(&load(conn), stamped_orders::note.eq("winner")).unwrap();
         let row = load(conn);
 
         FrozenClock::freeze(at("2026-05-01T00:00:00Z"));
         stale.note = "loser".into();
-        let err = stale.guarded_save(conn).unwrap_err();
+        let err = w.save(&mut stale).unwrap_err();
 
         assert!(err.as_conflict().is_some(), "{err:?}");
         assert_eq!(load(conn), row);
@@ -196,17 +210,25 @@ for_each_backend! {
     }
 
     /// The library sets the column: a changeset that also does is refused before sending.
-    #[test]
-    fn a_changeset_that_sets_the_stamp_is_refused() {
-        let Some(db) = db() else { return };
-        let order = setup(&db);
-        let conn = &mut db.conn();
+    fn a_changeset_that_sets_the_stamp_is_refused<W>(db: &Db, w: impl Fn() -> W)
+    where
+        W: Update<StampedOrder, StampIs>,
+    {
+        let order = setup(db);
         FrozenClock::freeze(at("2026-04-01T00:00:00Z"));
 
-        let err = order.guarded_update(conn, stamped_orders::updated_at.eq(at("2030-01-01T00:00:00Z").naive_utc())).unwrap_err();
+        let err = w().update(&order, stamped_orders::updated_at.eq(at("2030-01-01T00:00:00Z").naive_utc())).unwrap_err();
 
         assert!(matches!(&err, Error::ChangesetAssignsGuard { column, .. } if column == "updated_at"), "{err:?}");
+        assert_eq!(load(&mut db.conn()), order, "nothing was written");
     }
+
+    tests_on_both_drivers!(
+        |_: &Db| ();
+        every_write_stamps_the_row_and_a_save_stamps_the_copy,
+        a_refused_write_stamps_nothing,
+        a_changeset_that_sets_the_stamp_is_refused,
+    );
 
     /// A maintenance touch sets the update time outside the guard: the version stays, so
     /// a copy read before it still saves; the copy that touched records the stamp; a
