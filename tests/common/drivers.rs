@@ -1328,6 +1328,11 @@ pub trait Transition<T: diesel_occ::HasStatus, Ch> {
     fn transition(&mut self, row: &mut T, to: T::Status, extra: Ch) -> Result<TokenOf<T>, Error>;
 }
 
+/// A move of a loaded copy to any state, under its token (the library's `force_status`).
+pub trait ForceStatus<T: diesel_occ::HasStatus, Ch> {
+    fn force_status(&mut self, row: &mut T, to: T::Status, extra: Ch) -> Result<TokenOf<T>, Error>;
+}
+
 /// A guarded status transition of a loaded copy, only while the row meets `G`.
 pub trait TransitionWhen<T: diesel_occ::HasStatus, Ch, G> {
     fn transition_when(
@@ -1368,6 +1373,15 @@ where
 {
     fn transition(&mut self, row: &mut T, to: T::Status, extra: Ch) -> Result<TokenOf<T>, Error> {
         diesel_occ::GuardedTransition::transition(row, &mut self.0, to, extra)
+    }
+}
+
+impl<C, T, Ch> ForceStatus<T, Ch> for Blocking<C>
+where
+    T: diesel_occ::TransitionRow<C, Ch> + Clone,
+{
+    fn force_status(&mut self, row: &mut T, to: T::Status, extra: Ch) -> Result<TokenOf<T>, Error> {
+        diesel_occ::GuardedTransition::force_status(row, &mut self.0, to, extra)
     }
 }
 
@@ -1464,6 +1478,26 @@ mod on_async_transitions {
             extra: Ch,
         ) -> Result<TokenOf<T>, Error> {
             self.runtime.block_on(AsyncGuardedTransition::transition(
+                row,
+                &mut self.conn,
+                to,
+                extra,
+            ))
+        }
+    }
+
+    impl<A, T, Ch> ForceStatus<T, Ch> for Async<A>
+    where
+        T: HasStatus + Clone,
+        op::Transition<T, Ch>: AsyncRun<A>,
+    {
+        fn force_status(
+            &mut self,
+            row: &mut T,
+            to: T::Status,
+            extra: Ch,
+        ) -> Result<TokenOf<T>, Error> {
+            self.runtime.block_on(AsyncGuardedTransition::force_status(
                 row,
                 &mut self.conn,
                 to,

@@ -1,18 +1,22 @@
 //! The status column is moved by transitions only: every other write that would change it
 //! (a changeset, a saved copy, a batch, a bulk update, a fenced write, a transition's
 //! extra changes) is refused before anything is written, and `force_status` is the one
-//! explicit way around the declared moves. End states are read from the database.
+//! explicit way around the declared moves. End states are read from the database. Each
+//! body runs on both drivers.
 
 use crate::common;
 
 use std::sync::Barrier;
 
+use common::drivers::{
+    BatchUpdate, BulkUpdate, ForceStatus, Modify, Save, SaveFrom, Transition, TransitionKey,
+    Update, UpdateByKey,
+};
 use common::models::Order;
 use common::schema::orders;
+use diesel::dsl;
 use diesel::prelude::*;
-use diesel_occ::{no_extra, BatchMode, GuardedBatch, GuardedBulk, GuardedModify};
-use diesel_occ::{Error, Guarded, GuardedStatusTransition, GuardedTransition, GuardedWrite};
-use diesel_occ::{RetryPolicy, Status};
+use diesel_occ::{no_extra, BatchMode, Error, Guarded, RetryPolicy, Status};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Status)]
 #[occ(storage = "text")]
@@ -36,7 +40,16 @@ fn assert_status_refused(result: Result<impl std::fmt::Debug, Error>) {
     }
 }
 
+/// The changes the bodies send.
+type StatusText = dsl::Eq<orders::status, &'static str>;
+type StatusIs = dsl::Eq<orders::status, OrderStatus>;
+type NoteIs = dsl::Eq<orders::note, &'static str>;
+type NoteAndStatus = (NoteIs, StatusIs);
+type NoExtra = diesel_occ::__private::NoChanges<orders::table>;
+type AllRows = dsl::Gt<orders::id, i64>;
+
 for_each_backend! {
+    type Db = common::TestDb<Conn>;
     type Pooled = diesel_occ::Pooled<Conn>;
 
     #[derive(Debug, Clone, PartialEq, Queryable, Selectable, Identifiable, Guarded)]
@@ -50,11 +63,10 @@ for_each_backend! {
         version: i64,
     }
 
-    fn setup(count: i64) -> Option<common::TestDb<Conn>> {
-        let db = db()?;
-        let rows: Vec<Order> = (1..=count).map(|id| Order::new(id, "new")).collect();
+    /// Orders 1 to 3, `valid`, at version 0.
+    fn three_orders(db: &Db) {
+        let rows: Vec<Order> = (1..=3).map(|id| Order::new(id, "new")).collect();
         diesel::insert_into(orders::table).values(&rows).execute(&mut db.conn()).unwrap();
-        Some(db)
     }
 
     /// (status, version, note) as stored.
@@ -72,96 +84,90 @@ for_each_backend! {
 
     /// A shipped order cannot be moved back to `valid` by an ordinary update, by key or
     /// by copy, with the enum or with raw text; nothing is written.
-    #[test]
-    fn a_changeset_that_assigns_the_status_is_refused() {
-        let Some(db) = setup(1) else { return };
+    fn a_changeset_that_assigns_the_status_is_refused<W>(db: &Db, w: impl Fn() -> W)
+    where
+        W: Transition<ShopOrder, NoExtra>
+            + Update<ShopOrder, StatusText>
+            + Update<ShopOrder, NoteAndStatus>
+            + Update<ShopOrder, NoteIs>
+            + UpdateByKey<ShopOrder, StatusText>,
+    {
         let conn = &mut db.conn();
+        let w = &mut w();
         let mut order = load(conn, 1);
-        order.transition(conn, OrderStatus::Shipped, no_extra()).unwrap();
+        w.transition(&mut order, OrderStatus::Shipped, no_extra()).unwrap();
 
-        assert_status_refused(order.guarded_update(conn, orders::status.eq("valid")));
-        assert_status_refused(order.guarded_update(conn, (orders::note.eq("x"), orders::status.eq(OrderStatus::Valid))));
-        assert_status_refused(ShopOrder::guarded_update_by_key(conn, &1, &1, orders::status.eq("valid")));
+        assert_status_refused(w.update(&order, orders::status.eq("valid")));
+        assert_status_refused(w.update(&order, (orders::note.eq("x"), orders::status.eq(OrderStatus::Valid))));
+        assert_status_refused(w.update_by_key(&1, &1, orders::status.eq("valid")));
 
         assert_eq!(stored(conn, 1), ("shipped".into(), 1, "new".into()), "nothing written");
         // Other columns are written as before, the state left alone.
-        assert_eq!(order.guarded_update(conn, orders::note.eq("gift wrap")).unwrap(), 2);
+        assert_eq!(w.update(&order, orders::note.eq("gift wrap")).unwrap(), 2);
         assert_eq!(stored(conn, 1), ("shipped".into(), 2, "gift wrap".into()));
     }
 
     /// A saved copy never writes its state: a copy whose state was changed in memory is
     /// refused (and names both states), an unchanged one saves its other fields.
-    #[test]
-    fn a_saved_copy_cannot_change_the_status() {
-        let Some(db) = setup(1) else { return };
+    fn a_saved_copy_cannot_change_the_status<W>(db: &Db, w: impl Fn() -> W)
+    where
+        W: Transition<ShopOrder, NoExtra> + Save<ShopOrder> + SaveFrom<ShopOrder>,
+    {
         let conn = &mut db.conn();
+        let w = &mut w();
         let mut shipped = load(conn, 1);
-        shipped.transition(conn, OrderStatus::Shipped, no_extra()).unwrap();
+        w.transition(&mut shipped, OrderStatus::Shipped, no_extra()).unwrap();
 
         let mut edited = load(conn, 1);
         edited.status = OrderStatus::Valid;
         edited.note = "moved back".into();
-        let refused = edited.guarded_save(conn);
+        let refused = w.save(&mut edited);
         let message = format!("{}", refused.as_ref().unwrap_err());
         assert!(message.contains("`valid`") && message.contains("`shipped`"), "{message}");
         assert_status_refused(refused);
         assert_eq!(edited.version, 1, "the refused copy keeps its token");
 
         let original = load(conn, 1);
-        assert_status_refused(edited.guarded_save_from(conn, &original));
+        assert_status_refused(w.save_from(&mut edited, &original));
         assert_eq!(stored(conn, 1), ("shipped".into(), 1, "new".into()), "nothing written");
 
         let mut kept = load(conn, 1);
         kept.note = "left at the door".into();
-        assert_eq!(kept.guarded_save(conn).unwrap(), 2);
+        assert_eq!(w.save(&mut kept).unwrap(), 2);
         assert_eq!(stored(conn, 1), ("shipped".into(), 2, "left at the door".into()));
     }
 
     /// A read-modify-write whose closure changes the state is refused on its first
     /// attempt, not retried, and writes nothing.
-    #[test]
-    fn modify_cannot_change_the_status() {
-        let Some(db) = setup(1) else { return };
-        let conn = &mut db.conn();
-        let result = ShopOrder::modify(conn, &1, &RetryPolicy::default(), |order| -> Result<(), Error> {
+    fn modify_cannot_change_the_status<W>(db: &Db, w: impl Fn() -> W)
+    where
+        W: Modify<ShopOrder, (), Error>,
+    {
+        let attempts = std::sync::Arc::new(std::sync::atomic::AtomicU32::new(0));
+        let counted = attempts.clone();
+        let result = w().modify(&1, &RetryPolicy::default(), move |order| -> Result<(), Error> {
+            counted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             order.status = OrderStatus::Delivered;
             order.note = "skipped shipping".into();
             Ok(())
         });
         assert_status_refused(result.map(|m| m.row));
-        assert_eq!(stored(conn, 1), ("valid".into(), 0, "new".into()));
-
-        // The async driver refuses it the same way.
-        #[cfg(all(feature = "async", any(not(feature = "mysql"), feature = "async-mysql")))]
-        {
-            use diesel_occ::asynchronous::AsyncGuardedModify;
-            let runtime = common::paths::runtime();
-            let mut on_async = <Conn as common::paths::AsyncOf>::connect(&db.url, &runtime);
-            let attempts = std::sync::Arc::new(std::sync::atomic::AtomicU32::new(0));
-            let counted = attempts.clone();
-            let (key, policy) = (1, RetryPolicy::default());
-            let modified = <ShopOrder as AsyncGuardedModify>::modify(&mut on_async, &key, &policy, move |order| -> Result<(), Error> {
-                counted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                order.status = OrderStatus::Delivered;
-                order.note = "skipped shipping".into();
-                Ok(())
-            });
-            assert_status_refused(runtime.block_on(modified).map(|m| m.row));
-            assert_eq!(attempts.load(std::sync::atomic::Ordering::Relaxed), 1, "not retried");
-            assert_eq!(stored(conn, 1), ("valid".into(), 0, "new".into()));
-        }
+        assert_eq!(attempts.load(std::sync::atomic::Ordering::Relaxed), 1, "not retried");
+        assert_eq!(stored(&mut db.conn(), 1), ("valid".into(), 0, "new".into()));
     }
 
     /// Batches and bulk updates refuse the status column before sending anything.
-    #[test]
-    fn batches_and_bulk_updates_cannot_change_the_status() {
-        let Some(db) = setup(3) else { return };
-        let conn = &mut db.conn();
+    fn batches_and_bulk_updates_cannot_change_the_status<W>(db: &Db, w: impl Fn() -> W)
+    where
+        W: BatchUpdate<ShopOrder, StatusText> + BulkUpdate<ShopOrder, AllRows, StatusText>,
+    {
+        let w = &mut w();
         for mode in [BatchMode::AllOrNothing, BatchMode::Partial] {
-            let rows = (1..=3).map(|id| (id, 0, orders::status.eq("delivered")));
-            assert_status_refused(ShopOrder::guarded_update_batch(conn, rows, mode).map(|r| r.rows.len()));
+            let rows = (1..=3).map(|id| (id, 0, orders::status.eq("delivered"))).collect();
+            assert_status_refused(w.update_batch(rows, mode).map(|r| r.rows.len()));
         }
-        assert_status_refused(ShopOrder::guarded_bulk_update(conn, orders::id.gt(0), orders::status.eq("delivered")).map(|r| r.updated));
+        assert_status_refused(w.bulk_update(orders::id.gt(0), orders::status.eq("delivered")).map(|r| r.updated));
+        let conn = &mut db.conn();
         for id in 1..=3 {
             assert_eq!(stored(conn, id), ("valid".into(), 0, "new".into()), "row {id}");
         }
@@ -169,14 +175,16 @@ for_each_backend! {
 
     /// A transition's extra changes cannot set the status a second time (MySQL and SQLite
     /// would keep one of the two values silently).
-    #[test]
-    fn a_transitions_extra_changes_cannot_assign_the_status() {
-        let Some(db) = setup(1) else { return };
+    fn a_transitions_extra_changes_cannot_assign_the_status<W>(db: &Db, w: impl Fn() -> W)
+    where
+        W: Transition<ShopOrder, StatusText> + TransitionKey<ShopOrder, StatusText>,
+    {
         let conn = &mut db.conn();
+        let w = &mut w();
         let mut order = load(conn, 1);
-        assert_status_refused(order.transition(conn, OrderStatus::Shipped, orders::status.eq("delivered")));
-        assert_status_refused(ShopOrder::transition_by_key(
-            conn, &1, OrderStatus::Shipped, orders::status.eq("delivered"), &RetryPolicy::default(),
+        assert_status_refused(w.transition(&mut order, OrderStatus::Shipped, orders::status.eq("delivered")));
+        assert_status_refused(w.transition_by_key(
+            &1, OrderStatus::Shipped, orders::status.eq("delivered"), &RetryPolicy::default(),
         ));
         assert_eq!(order.status, OrderStatus::Valid, "the copy is as it was");
         assert_eq!(stored(conn, 1), ("valid".into(), 0, "new".into()));
@@ -184,60 +192,64 @@ for_each_backend! {
 
     /// `force_status` moves a row where no declared transition leads (delivered back to
     /// valid), checked by the copy's token like every guarded write.
-    #[test]
-    fn force_status_repairs_a_row_under_the_token_guard() {
-        let Some(db) = setup(1) else { return };
+    fn force_status_repairs_a_row_under_the_token_guard<W>(db: &Db, w: impl Fn() -> W)
+    where
+        W: Transition<ShopOrder, NoExtra> + ForceStatus<ShopOrder, NoteIs> + ForceStatus<ShopOrder, NoExtra>,
+    {
         let conn = &mut db.conn();
+        let w = &mut w();
         let mut order = load(conn, 1);
-        order.transition(conn, OrderStatus::Shipped, no_extra()).unwrap();
-        order.transition(conn, OrderStatus::Delivered, no_extra()).unwrap();
+        w.transition(&mut order, OrderStatus::Shipped, no_extra()).unwrap();
+        w.transition(&mut order, OrderStatus::Delivered, no_extra()).unwrap();
         let stale = load(conn, 1);
-        assert!(matches!(order.transition(conn, OrderStatus::Valid, no_extra()), Err(Error::InvalidTransition(_))));
+        assert!(matches!(w.transition(&mut order, OrderStatus::Valid, no_extra()), Err(Error::InvalidTransition(_))));
 
-        assert_eq!(order.force_status(conn, OrderStatus::Valid, orders::note.eq("repaired: ticket 42")).unwrap(), 3);
+        assert_eq!(w.force_status(&mut order, OrderStatus::Valid, orders::note.eq("repaired: ticket 42")).unwrap(), 3);
         assert_eq!((order.status, order.version), (OrderStatus::Valid, 3));
         assert_eq!(stored(conn, 1), ("valid".into(), 3, "repaired: ticket 42".into()));
 
         let mut stale = stale;
-        assert!(matches!(stale.force_status(conn, OrderStatus::Cancelled, no_extra()), Err(Error::Conflict(_))));
+        assert!(matches!(w.force_status(&mut stale, OrderStatus::Cancelled, no_extra()), Err(Error::Conflict(_))));
         assert_eq!(stored(conn, 1), ("valid".into(), 3, "repaired: ticket 42".into()), "the stale copy wrote nothing");
     }
 
     /// 8 threads on one row: 4 edit the note by read-modify-write, 3 save copies whose
     /// state they changed in memory (back to `valid`), 1 ships the order. The ship lands
     /// once and is never undone; every hostile save is refused; every note edit lands.
-    #[test]
-    fn racing_saves_never_undo_a_transition() {
+    fn racing_saves_never_undo_a_transition<W>(db: &Db, w: impl Fn() -> W + Sync)
+    where
+        W: TransitionKey<ShopOrder, NoExtra> + Modify<ShopOrder, (), Error> + Save<ShopOrder>,
+    {
         const EDITS: usize = 25;
-        let Some(db) = setup(1) else { return };
-        let (start, pool) = (Barrier::new(8), &db.pool);
+        let (start, pool, w) = (Barrier::new(8), &db.pool, &w);
         let policy = RetryPolicy::default().max_attempts(1_000);
         let hostile_landed = std::thread::scope(|s| {
             let mut hostile = Vec::new();
             for t in 0..8 {
                 let (start, policy) = (&start, &policy);
                 let handle = s.spawn(move || {
-                    let mut conn = pool.get().unwrap();
+                    let mut driver = w();
                     start.wait();
                     let mut landed = 0;
                     match t {
                         0 => {
-                            ShopOrder::transition_by_key(&mut conn, &1, OrderStatus::Shipped, no_extra(), policy).unwrap();
+                            driver.transition_by_key(&1, OrderStatus::Shipped, no_extra(), policy).unwrap();
                         }
                         1..=4 => {
                             for _ in 0..EDITS {
-                                ShopOrder::modify(&mut conn, &1, policy, |o| -> Result<(), Error> {
-                                    o.note.push('+');
-                                    Ok(())
-                                })
-                                .unwrap();
+                                driver
+                                    .modify(&1, policy, |o| -> Result<(), Error> {
+                                        o.note.push('+');
+                                        Ok(())
+                                    })
+                                    .unwrap();
                             }
                         }
                         _ => {
                             for _ in 0..EDITS {
-                                let mut copy = load(&mut conn, 1);
+                                let mut copy = load(&mut pool.get().unwrap(), 1);
                                 copy.status = OrderStatus::Valid;
-                                match copy.guarded_save(&mut conn) {
+                                match driver.save(&mut copy) {
                                     Ok(_) => landed += 1,
                                     Err(Error::StatusNotWritable { .. } | Error::Conflict(_)) => {}
                                     Err(Error::Retryable { .. }) => {}
@@ -262,4 +274,15 @@ for_each_backend! {
         assert_eq!(version as usize, 1 + 4 * EDITS + saves, "one version step per landed write");
         println!("{BACKEND}: {saves} saves of copies still valid landed, all others refused");
     }
+
+    tests_on_both_drivers!(
+        three_orders;
+        a_changeset_that_assigns_the_status_is_refused,
+        a_saved_copy_cannot_change_the_status,
+        modify_cannot_change_the_status,
+        batches_and_bulk_updates_cannot_change_the_status,
+        a_transitions_extra_changes_cannot_assign_the_status,
+        force_status_repairs_a_row_under_the_token_guard,
+        racing_saves_never_undo_a_transition,
+    );
 }
