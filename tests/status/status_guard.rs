@@ -9,7 +9,7 @@ use crate::common;
 use std::sync::Barrier;
 
 use common::drivers::{
-    BatchUpdate, BulkUpdate, ForceStatus, Modify, Save, SaveFrom, Transition, TransitionKey,
+    BatchUpdate, BulkUpdate, ForceStatus, Modify, Read, Save, SaveFrom, Transition, TransitionKey,
     Update, UpdateByKey,
 };
 use common::models::Order;
@@ -218,10 +218,10 @@ for_each_backend! {
     /// once and is never undone; every hostile save is refused; every note edit lands.
     fn racing_saves_never_undo_a_transition<W>(db: &Db, w: impl Fn() -> W + Sync)
     where
-        W: TransitionKey<ShopOrder, NoExtra> + Modify<ShopOrder, (), Error> + Save<ShopOrder>,
+        W: TransitionKey<ShopOrder, NoExtra> + Modify<ShopOrder, (), Error> + Save<ShopOrder> + Read<ShopOrder>,
     {
         const EDITS: usize = 25;
-        let (start, pool, w) = (Barrier::new(8), &db.pool, &w);
+        let (start, w) = (Barrier::new(8), &w);
         let policy = RetryPolicy::default().max_attempts(1_000);
         let hostile_landed = std::thread::scope(|s| {
             let mut hostile = Vec::new();
@@ -247,7 +247,7 @@ for_each_backend! {
                         }
                         _ => {
                             for _ in 0..EDITS {
-                                let mut copy = load(&mut pool.get().unwrap(), 1);
+                                let mut copy = driver.read(&1).expect("order 1");
                                 copy.status = OrderStatus::Valid;
                                 match driver.save(&mut copy) {
                                     Ok(_) => landed += 1,

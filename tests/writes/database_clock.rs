@@ -1,6 +1,7 @@
 //! The last-modified guard on the database's clock, on every backend: the server stamps
 //! the row, always moving on, and the writer learns the new timestamp from the same
-//! statement (`RETURNING`, PostgreSQL and SQLite) or the same transaction (MySQL).
+//! statement (`RETURNING`, PostgreSQL and SQLite) or the same transaction (MySQL). Each
+//! body runs on both drivers.
 
 #![cfg(feature = "chrono")]
 
@@ -9,9 +10,15 @@ use crate::common;
 use std::sync::Barrier;
 
 use chrono::{DateTime, NaiveDateTime, TimeDelta};
+use common::drivers::{BatchUpdate, InTransaction, Read, Save, Update};
 use diesel::connection::SimpleConnection;
+use diesel::dsl;
 use diesel::prelude::*;
-use diesel_occ::{BatchMode, Guarded, GuardedBatch, GuardedWrite, Pooled, RowOutcome};
+use diesel_occ::{BatchMode, Guarded, GuardedWrite, Pooled, RowOutcome};
+
+/// The changes the bodies send.
+type HitsAre = dsl::Eq<notes::hits, i64>;
+type BodyIs = dsl::Eq<notes::body, &'static str>;
 
 diesel::table! {
     notes (id) {
@@ -33,8 +40,10 @@ struct Note {
 }
 
 for_each_backend! {
-    fn setup(changed_at: NaiveDateTime) -> Option<common::TestDb<Conn>> {
-        let db = db()?;
+    type Db = common::TestDb<Conn>;
+
+    /// The notes table, note 1 stamped at the epoch.
+    fn setup(db: &Db) {
         let conn = &mut db.conn();
         let column = if BACKEND == "mysql" { "DATETIME(6)" } else { "TIMESTAMP" };
         conn.batch_execute(&format!(
@@ -42,9 +51,8 @@ for_each_backend! {
              hits BIGINT NOT NULL, changed_at {column} NOT NULL)"
         ))
         .unwrap();
-        let note = Note { id: 1, body: "draft".into(), hits: 0, changed_at };
+        let note = Note { id: 1, body: "draft".into(), hits: 0, changed_at: DateTime::UNIX_EPOCH.naive_utc() };
         diesel::insert_into(notes::table).values(&note).execute(conn).unwrap();
-        Some(db)
     }
 
     fn load(conn: &mut Pooled<Conn>) -> Note {
@@ -63,105 +71,86 @@ for_each_backend! {
             .unwrap()
     }
 
-    #[test]
-    fn the_server_stamps_the_row_and_the_writer_learns_it() {
-        let Some(db) = setup(DateTime::UNIX_EPOCH.naive_utc()) else { return };
+    fn the_server_stamps_the_row_and_the_writer_learns_it<W: Save<Note>>(db: &Db, w: impl Fn() -> W) {
         let conn = &mut db.conn();
+        let w = &mut w();
         let mut note = load(conn);
         let before = server_now(conn);
 
         note.body = "saved".into();
-        let stamped = note.guarded_save(conn).unwrap();
+        let stamped = w.save(&mut note).unwrap();
 
         let after = server_now(conn);
         assert!(before <= stamped && stamped <= after, "{before} <= {stamped} <= {after}");
         assert_eq!(load(conn), note, "the returned timestamp is the row's");
         // And the copy proves itself with it: the stored text compares equal.
         note.body = "saved again".into();
-        note.guarded_save(conn).unwrap();
+        w.save(&mut note).unwrap();
         assert_eq!(load(conn), note);
     }
 
     /// A row stamped in the future (another machine's clock, a manual fix) still advances,
     /// by one tick, and each write moves on again. (2037: MySQL binds diesel's `Timestamp`
     /// as a TIMESTAMP, whose range ends in 2038.)
-    #[test]
-    fn a_stored_timestamp_ahead_of_the_server_still_advances() {
+    fn a_stored_timestamp_ahead_of_the_server_still_advances<W>(db: &Db, w: impl Fn() -> W)
+    where
+        W: Save<Note> + Update<Note, BodyIs>,
+    {
         let ahead = DateTime::parse_from_rfc3339("2037-01-01T00:00:00Z").unwrap().naive_utc();
-        let Some(db) = setup(ahead) else { return };
         let conn = &mut db.conn();
+        diesel::update(notes::table.find(1)).set(notes::changed_at.eq(ahead)).execute(conn).unwrap();
+        let w = &mut w();
         let mut note = load(conn);
         let stale = note.clone();
 
         for i in 1..=3 {
             note.hits = i;
-            assert_eq!(note.guarded_save(conn).unwrap(), ahead + TimeDelta::microseconds(i));
+            assert_eq!(w.save(&mut note).unwrap(), ahead + TimeDelta::microseconds(i));
         }
 
-        let err = stale.guarded_update(conn, notes::body.eq("stale")).unwrap_err();
+        let err = w.update(&stale, notes::body.eq("stale")).unwrap_err();
         assert!(err.as_conflict().is_some(), "{err:?}");
         assert_eq!(load(conn), note);
     }
 
     /// Many writes inside one tick of the server's clock (SQLite's keeps milliseconds)
     /// each get their own timestamp.
-    #[test]
-    fn writes_within_one_server_tick_each_advance() {
-        let Some(db) = setup(DateTime::UNIX_EPOCH.naive_utc()) else { return };
+    fn writes_within_one_server_tick_each_advance<W: Save<Note>>(db: &Db, w: impl Fn() -> W) {
         let conn = &mut db.conn();
+        let w = &mut w();
         let mut note = load(conn);
         let mut seen = vec![note.changed_at];
 
         for i in 1..=50 {
             note.hits = i;
-            seen.push(note.guarded_save(conn).unwrap());
+            seen.push(w.save(&mut note).unwrap());
         }
 
         assert!(seen.windows(2).all(|w| w[0] < w[1]), "{seen:?}");
         assert_eq!(load(conn), note);
     }
 
-    /// A batch learns each written row's stamp: from its one statement on PostgreSQL,
-    /// row by row elsewhere.
-    #[test]
-    fn a_batch_returns_each_written_rows_stamp() {
-        let Some(db) = setup(DateTime::UNIX_EPOCH.naive_utc()) else { return };
-        let conn = &mut db.conn();
-        let note = load(conn);
-
-        let rows = vec![(1, note.changed_at, notes::hits.eq(3)), (2, note.changed_at, notes::hits.eq(3))];
-        let report = Note::guarded_update_batch(conn, rows, BatchMode::Partial).unwrap();
-
-        match (&report.rows[0], &report.rows[1]) {
-            (RowOutcome::Written(stamp), RowOutcome::NotFound) => {
-                assert_eq!(*stamp, load(conn).changed_at, "the returned stamp is the row's")
-            }
-            other => panic!("{other:?}"),
-        }
-    }
-
-    /// The same on diesel-async, with a stale row between: PostgreSQL's batch statement
-    /// returns each written row's stamp; elsewhere each row's write reads its own.
-    #[cfg(all(feature = "async", any(not(feature = "mysql"), feature = "async-mysql")))]
-    #[test]
-    fn an_async_batch_returns_each_written_rows_stamp() {
-        use common::paths::AsyncOf;
-        use diesel_occ::asynchronous::AsyncGuardedBatch;
-        let Some(db) = setup(DateTime::UNIX_EPOCH.naive_utc()) else { return };
+    /// A batch learns each written row's stamp (from its one statement on PostgreSQL,
+    /// row by row elsewhere), with a stale row between and a missing one after.
+    fn a_batch_returns_each_written_rows_stamp<W>(db: &Db, w: impl Fn() -> W)
+    where
+        W: BatchUpdate<Note, HitsAre>,
+    {
         let conn = &mut db.conn();
         let stale = load(conn);
         let second = Note { id: 2, ..stale.clone() };
         diesel::insert_into(notes::table).values(&second).execute(conn).unwrap();
         second.guarded_update(conn, notes::hits.eq(1)).unwrap();
-        let runtime = common::paths::runtime();
-        let mut async_conn = Conn::connect(&db.url, &runtime);
 
-        let rows = vec![(1, stale.changed_at, notes::hits.eq(3)), (2, stale.changed_at, notes::hits.eq(3))];
-        let batch = <Note as AsyncGuardedBatch>::guarded_update_batch(&mut async_conn, rows, BatchMode::Partial);
-        let report = runtime.block_on(batch).unwrap();
+        let rows = vec![
+            (1, stale.changed_at, notes::hits.eq(3)),
+            (2, stale.changed_at, notes::hits.eq(3)),
+            (3, stale.changed_at, notes::hits.eq(3)),
+        ];
+        let report = w().update_batch(rows, BatchMode::Partial).unwrap();
 
-        match (&report.rows[0], &report.rows[1]) {
-            (RowOutcome::Written(stamp), RowOutcome::Conflict(conflict)) => {
+        match (&report.rows[0], &report.rows[1], &report.rows[2]) {
+            (RowOutcome::Written(stamp), RowOutcome::Conflict(conflict), RowOutcome::NotFound) => {
                 assert_eq!(*stamp, load(conn).changed_at, "the returned stamp is the row's");
                 assert_eq!(conflict.current::<Note>().unwrap().hits, 1);
             }
@@ -171,16 +160,17 @@ for_each_backend! {
 
     /// Inside the caller's transaction (MySQL's read-back is then a savepoint), a stale
     /// write is still a conflict and the caller's transaction goes on.
-    #[test]
-    fn inside_a_transaction_the_stamp_is_read_back_and_conflicts_still_report() {
-        let Some(db) = setup(DateTime::UNIX_EPOCH.naive_utc()) else { return };
+    fn inside_a_transaction_the_stamp_is_read_back_and_conflicts_still_report<W>(db: &Db, w: impl Fn() -> W)
+    where
+        W: InTransaction + Update<Note, HitsAre>,
+    {
         let conn = &mut db.conn();
         let stale = load(conn);
 
-        let stamped = conn
-            .transaction::<_, diesel_occ::Error, _>(|conn| {
-                let stamped = stale.guarded_update(conn, notes::hits.eq(1))?;
-                let err = stale.guarded_update(conn, notes::hits.eq(2)).unwrap_err();
+        let stamped = w()
+            .in_transaction(|w| {
+                let stamped = w.update(&stale, notes::hits.eq(1))?;
+                let err = w.update(&stale, notes::hits.eq(2)).unwrap_err();
                 assert!(err.as_conflict().is_some(), "{err:?}");
                 Ok(stamped)
             })
@@ -190,22 +180,24 @@ for_each_backend! {
         assert_eq!((stored.hits, stored.changed_at), (1, stamped));
     }
 
-    #[test]
-    fn concurrent_increments_lose_no_update() {
+    fn concurrent_increments_lose_no_update<W>(db: &Db, w: impl Fn() -> W + Sync)
+    where
+        W: Update<Note, HitsAre> + Read<Note>,
+    {
         const THREADS: usize = 8;
         const PER_THREAD: usize = 20;
-        let Some(db) = setup(DateTime::UNIX_EPOCH.naive_utc()) else { return };
-        let start = Barrier::new(THREADS);
+        let (start, w) = (Barrier::new(THREADS), &w);
 
         std::thread::scope(|s| {
             for _ in 0..THREADS {
                 s.spawn(|| {
-                    let mut conn = db.pool.get().unwrap();
+                    // One connection a thread (the test pool holds 10).
+                    let mut driver = w();
                     start.wait();
                     let mut done = 0;
                     while done < PER_THREAD {
-                        let note = load(&mut conn);
-                        match note.guarded_update(&mut conn, notes::hits.eq(note.hits + 1)) {
+                        let note = driver.read(&1).expect("note 1");
+                        match driver.update(&note, notes::hits.eq(note.hits + 1)) {
                             Ok(_) => done += 1,
                             Err(e) if e.is_retryable() => {}
                             Err(e) => panic!("{e}"),
@@ -217,6 +209,16 @@ for_each_backend! {
 
         assert_eq!(load(&mut db.conn()).hits, (THREADS * PER_THREAD) as i64);
     }
+
+    tests_on_both_drivers!(
+        setup;
+        the_server_stamps_the_row_and_the_writer_learns_it,
+        a_stored_timestamp_ahead_of_the_server_still_advances,
+        writes_within_one_server_tick_each_advance,
+        a_batch_returns_each_written_rows_stamp,
+        inside_a_transaction_the_stamp_is_read_back_and_conflicts_still_report,
+        concurrent_increments_lose_no_update,
+    );
 }
 
 /// `timestamptz` read as `DateTime<Utc>`, at a declared precision (PostgreSQL).
