@@ -214,11 +214,10 @@ pub use guard::xmin::{Xid, XminGuard};
 pub use guard::{AdvanceInSql, Advancing, GuardKind, Guarded, TokenOf};
 
 // Writes.
+pub use flow::batch::rows::ROWS_PER_STATEMENT;
 pub use guard::pre_image::{ChangedColumns, ExactlyComparable};
 pub use guard::seed::SeedsTokens;
-pub use write::batch::{
-    BatchMode, BatchReport, GuardedBatch, RowOutcome, UpdateBatch, ROWS_PER_STATEMENT,
-};
+pub use write::batch::{BatchMode, BatchReport, GuardedBatch, RowOutcome, UpdateBatch};
 pub use write::bulk::{BulkReport, GuardedBulk, UpdateBulk};
 pub use write::changed_columns::{GuardedChanges, SaveChanges};
 pub use write::entity::{DeleteRow, GuardedWrite, LoadByKey, UpdateExcluded, UpdateRow};
@@ -234,6 +233,9 @@ pub use json::merge_in_place::{GuardedJsonMerge, MergeInPlace};
 
 // Status transitions and claims.
 #[cfg(feature = "locks")]
+pub use flow::finish_claims::report::FinishedClaims;
+pub use guard::status::{HasStatus, Status};
+#[cfg(feature = "locks")]
 pub use status::claim::{ClaimOrder, ClaimRequest, ClaimRows, FinishClaim, GuardedClaim};
 #[cfg(feature = "locks")]
 pub use status::claim_attempts::{AttemptLimit, ClaimCounted, Claimed};
@@ -241,12 +243,11 @@ pub use status::claim_attempts::{AttemptLimit, ClaimCounted, Claimed};
 pub use status::claim_heartbeat::ExtendClaim;
 pub use status::condition::{TransitionCondition, When};
 #[cfg(feature = "locks")]
-pub use status::finish_claims::{FinishClaims, FinishedClaims};
+pub use status::finish_claims::FinishClaims;
 pub use status::transition::{
     no_extra, occ_transitions, record, GuardedStatusTransition, GuardedTransition, HistoryEntry,
     TransitionByKey, TransitionRow,
 };
-pub use status::{HasStatus, Status};
 
 // Locks, leases, leader election and fencing.
 #[cfg(feature = "locks")]

@@ -12,6 +12,7 @@
 pub use crate::connect::transaction::WriteTransaction;
 pub use crate::error::Error;
 pub use crate::guard::pre_image::ChangedColumns;
+pub use crate::guard::status::{HasStatus, Status};
 pub use crate::guard::Guarded;
 pub use crate::json::document::{GuardedJson, JsonDocument};
 pub use crate::json::merge_in_place::GuardedJsonMerge;
@@ -21,7 +22,6 @@ pub use crate::retry::RetryPolicy;
 #[cfg(feature = "locks")]
 pub use crate::status::claim::GuardedClaim;
 pub use crate::status::transition::{GuardedStatusTransition, GuardedTransition};
-pub use crate::status::{HasStatus, Status};
 pub use crate::write::batch::GuardedBatch;
 pub use crate::write::bulk::GuardedBulk;
 pub use crate::write::changed_columns::GuardedChanges;

@@ -17,14 +17,16 @@ use super::send::{AsyncComplete, AsyncCompleteEach, AsyncLoadByKey};
 use super::transaction::{Call, OwnTransaction};
 use crate::connect::backend::OccBackend;
 use crate::error::Error;
+use crate::flow::batch::rows::RoundWritten;
 use crate::flow::batch::{Batch, Effect};
+use crate::flow::compare_and_set::CompareAndSet;
+use crate::flow::miss::RowMoved;
 use crate::guard::{CompletionOf, Guarded, TokenOf};
 use crate::operation::{BatchDelete, BatchUpdate, Operation};
 use crate::sql::new_token::Counted;
 use crate::sql::statement::Assignments;
-use crate::write::batch::{deletes, updates, written_token, BatchMode, BatchReport, RoundWritten};
-use crate::write::entity::{DeleteOf, RowMoved, UpdateOf};
-use crate::write::executor::CompareAndSet;
+use crate::write::batch::{deletes, updates, written_token, BatchMode, BatchReport};
+use crate::write::entity::{DeleteOf, UpdateOf};
 
 /// Guarded batches on async connections; see [`GuardedBatch`](crate::GuardedBatch).
 pub trait AsyncGuardedBatch: Guarded {

@@ -29,15 +29,20 @@ use super::send::{AsyncComplete, AsyncLoadByKey};
 use super::transaction::{Call, OwnTransaction};
 use crate::connect::backend::OccBackend;
 use crate::error::Error;
+use crate::flow::claim_lost::{ClaimIgnored, ClaimLost};
+use crate::flow::compare_and_set::{refuse_double_assignment, CompareAndSet};
+use crate::flow::finish_claims::report::FinishedClaims;
 use crate::flow::finish_claims::{Effect, FinishClaims as Flow};
+use crate::flow::miss::RowMoved;
+use crate::guard::status::HasStatus;
 use crate::guard::{AdvanceInSql, Guarded};
 use crate::operation::Operation;
 use crate::sql::new_token::Counted;
 use crate::sql::statement::Assignments;
 use crate::sql::statement::Returning;
 use crate::status::claim::{
-    check_owners, claim_query, claim_update, claim_write, finish_statement, ClaimIgnored,
-    ClaimLost, ClaimQueryOf, ClaimRequest, ClaimUpdateOf, FinishOf,
+    check_owners, claim_query, claim_update, claim_write, finish_statement, ClaimQueryOf,
+    ClaimRequest, ClaimUpdateOf, FinishOf,
 };
 use crate::status::claim_attempts::{
     check_limit, counted_claim_query, hand_over_statement, nothing_claimed, park_statement,
@@ -46,19 +51,14 @@ use crate::status::claim_attempts::{
 use crate::status::claim_heartbeat::{heartbeat_statement, HeartbeatOf};
 use crate::status::claim_in_one::{claim_in_one, ClaimInOneOf, ClaimInOneUpdateOf};
 use crate::status::claim_op::{Claim, ClaimHeartbeat, CountedClaim, EndClaim, EndClaims, Ending};
-use crate::status::finish_claims::{
-    finish_many_statement, FinishManyOf, FinishManyReturningOf, FinishedClaims,
-};
-use crate::status::HasStatus;
-use crate::write::entity::RowMoved;
-use crate::write::executor::{refuse_double_assignment, CompareAndSet};
+use crate::status::finish_claims::{finish_many_statement, FinishManyOf, FinishManyReturningOf};
 
 /// [`retried`](crate::status::claim_retry::retried) on diesel-async connection `$conn`
 /// for the future `$attempt` makes (made again for each attempt), its waits on tokio's
 /// timer.
 macro_rules! retried_async {
     ($conn:expr, $attempt:expr) => {{
-        let mut run = $crate::status::claim_retry::claim_run(
+        let mut run = $crate::flow::claim_policy::claim_run(
             $crate::asynchronous::connection::in_transaction($conn),
         );
         loop {

@@ -10,7 +10,7 @@ use diesel_async::{AsyncConnection, TransactionManager};
 
 use crate::connect::backend::OccBackend;
 use crate::error::Error;
-use crate::write::executor::classify_given;
+use crate::flow::compare_and_set::classify_given;
 
 /// A backend whose diesel-async connections talk to the server themselves (PostgreSQL,
 /// MySQL): the library's statements are sent on them one by one. SQLite's connection is a

@@ -13,6 +13,8 @@ use super::run::AsyncRun;
 use super::send::{AsyncComplete, AsyncLoadByKey};
 use super::transaction::Call;
 use crate::error::Error;
+use crate::flow::compare_and_set::CompareAndSet;
+use crate::flow::miss::RowMoved;
 use crate::guard::pre_image::{ChangedColumns, ChangedUpdateOf};
 use crate::guard::stored_precision::PrecisionCheck;
 use crate::guard::{AdvanceInSql, Advancing, CompletionOf, Guarded, ReturnedTokenOf, TokenOf};
@@ -23,9 +25,8 @@ use crate::sql::new_token::Counted;
 use crate::sql::statement::{Assignments, NoChanges};
 use crate::write::entity::{
     delete_statement, excluded_changeset, key_write, token_read_back, unguarded_by_key, update_in,
-    DeleteOf, KeyWriteOf, RowMoved, UnguardedUpdateOf, UpdateOf,
+    DeleteOf, KeyWriteOf, UnguardedUpdateOf, UpdateOf,
 };
-use crate::write::executor::CompareAndSet;
 
 /// Guarded writes for every [`Guarded`] entity on a diesel-async connection: the methods
 /// of [`GuardedWrite`](crate::GuardedWrite), as futures. Their outcomes are the same

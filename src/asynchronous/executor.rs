@@ -13,9 +13,9 @@ use super::send::{AsyncComplete, AsyncLoadByKey};
 use super::transaction::OwnTransaction;
 use crate::connect::backend::OccBackend;
 use crate::error::Error;
+use crate::flow::compare_and_set::{CompareAndSet, Judged, Written};
+use crate::flow::miss::{unreadable_row, Explanation, RowMoved};
 use crate::sql::statement::Assignments;
-use crate::write::entity::{unreadable_row, Explanation, RowMoved};
-use crate::write::executor::{CompareAndSet, Judged, Written};
 
 /// Why a statement matched fewer rows than it must, read from the database over an async
 /// connection: [`Miss`](crate::write::executor::Miss) of the async path.

@@ -15,13 +15,14 @@ use super::run::AsyncRun;
 use super::send::{AsyncComplete, AsyncLoadByKey};
 use super::transaction::Call;
 use crate::error::Error;
+use crate::flow::compare_and_set::{CompareAndSet, Matches};
 use crate::guard::seed::SeedsTokens;
 use crate::guard::{Advancing, CompletionOf, TokenOf};
 use crate::operation::{Insert, Operation, Upsert};
 use crate::sql::new_token::Counted;
 use crate::sql::statement::Assignments;
 use crate::write::entity::{guarded_statement_in, UpdateOf};
-use crate::write::executor::{CannotMiss, CompareAndSet, Matches};
+use crate::write::executor::CannotMiss;
 use crate::write::insert::{key_taken, seeded, taken, InsertOf};
 use crate::write::upsert::{insert_failed, saved_over, Unexplained, Upserted};
 

@@ -20,6 +20,7 @@ use super::run::AsyncRun;
 use super::send::{AsyncComplete, AsyncLoadByKey};
 use super::transaction::Call;
 use crate::error::Error;
+use crate::flow::miss::RowMoved;
 use crate::guard::{AdvanceInSql, Guarded, ReturnedTokenOf, TokenOf};
 use crate::json::document::{
     edited, merge_edit, patch_edit, remove_edit, set_edit, suspects, typed_edit, Edited,
@@ -31,7 +32,7 @@ use crate::operation::{JsonEdit, JsonMerge, JsonMergeNoToken, Operation, Update}
 use crate::retry::{RetryPolicy, Stop};
 use crate::sql::new_token::Counted;
 use crate::sql::statement::{Assignments, Unguarded};
-use crate::write::entity::{token_read_back, RowMoved};
+use crate::write::entity::token_read_back;
 use crate::write::modify::Modified;
 
 /// Edits of JSON columns on a diesel-async connection: read-merge-write with retry

@@ -21,6 +21,8 @@ use super::transaction::{Call, OwnTransaction};
 use super::write_transaction::{AsyncWriteConnection, TransitionHook};
 use crate::connect::backend::OccBackend;
 use crate::error::Error;
+use crate::flow::compare_and_set::CompareAndSet;
+use crate::guard::status::{HasStatus, Status};
 use crate::guard::{AdvanceInSql, CompletionOf, ReturnedTokenOf, TokenOf};
 use crate::operation::Operation;
 use crate::retry::{RetryPolicy, Stop};
@@ -31,8 +33,6 @@ use crate::status::transition::{
     RecordHistory, TransitionMiss, TransitionOf,
 };
 use crate::status::transition_op::{KeyTransition, Transition};
-use crate::status::{HasStatus, Status};
-use crate::write::executor::CompareAndSet;
 
 /// Guarded transitions for every entity with a `#[occ(status)]` field, on a diesel-async
 /// connection; see [`GuardedTransition`](crate::GuardedTransition) and

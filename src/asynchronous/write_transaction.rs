@@ -15,7 +15,7 @@ use super::connection::{refuse_broken, NativeAsyncConnection};
 use super::transaction::OwnTransaction;
 use crate::connect::backend::OccBackend;
 use crate::error::Error;
-use crate::status::HasStatus;
+use crate::guard::status::HasStatus;
 
 /// A diesel-async connection the library runs on: `AsyncPgConnection`,
 /// `AsyncMysqlConnection` (feature `async-mysql`) and

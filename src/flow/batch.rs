@@ -24,12 +24,11 @@ use diesel::result::Error as DieselError;
 
 use crate::connect::transaction::{failed_commit, LostCommit};
 use crate::error::Error;
+use crate::flow::compare_and_set::Written;
+use crate::flow::miss::unreadable_row;
 use crate::guard::{Guarded, TokenOf};
-use crate::write::batch::{
-    outcome, BatchMode, BatchReport, BuiltRows, Chunk, Pending, RoundWritten, RowOutcome,
-};
-use crate::write::entity::unreadable_row;
-use crate::write::executor::Written;
+use crate::operation::batch::{BatchMode, BatchReport, RowOutcome};
+use rows::{outcome, BuiltRows, Chunk, Pending, RoundWritten};
 
 /// What a driver does next; `S` is a row's statement, `K` the entity's key.
 #[derive(Debug, PartialEq)]
@@ -371,5 +370,6 @@ impl<T: Guarded, S, Out> Batch<T, S, Out> {
     }
 }
 
+pub(crate) mod rows;
 #[cfg(test)]
 mod tests;

@@ -23,11 +23,11 @@ use std::collections::VecDeque;
 use std::time::Duration;
 
 use crate::error::Error;
+use crate::flow::claim_policy::claim_run;
+use crate::guard::status::HasStatus;
 use crate::guard::AdvanceInSql;
 use crate::retry::{Run, Stop};
-use crate::status::claim_retry::claim_run;
-use crate::status::finish_claims::{distinct, FinishedClaims, KEYS_PER_STATEMENT};
-use crate::status::HasStatus;
+use report::{distinct, FinishedClaims, KEYS_PER_STATEMENT};
 
 /// What a driver does next; `K` is the entity's key.
 #[derive(Debug, Clone, PartialEq)]
@@ -289,5 +289,6 @@ fn out_of_turn(method: &str) -> Error {
     ))
 }
 
+pub(crate) mod report;
 #[cfg(test)]
 mod tests;

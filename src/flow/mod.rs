@@ -11,10 +11,16 @@
 //!
 //! Layering: flows use what lies below them (`error`, `retry`, `connect`'s judgements of
 //! a backend's answers, `sql`, `guard`); the drivers (`write`, `json`, `status`, `locks`,
-//! `asynchronous`) use the flows; nothing here names a connection type. Two flows still
-//! take their area's types from above (see CONTRIBUTING.md).
+//! `asynchronous`) use the flows; nothing here names a connection type or anything above.
+//! The pieces every driver shares sit here too: the compare-and-set write and the
+//! judgement of its answer, and the explanations of a miss.
 
 pub(crate) mod batch;
+#[cfg(feature = "locks")]
+pub(crate) mod claim_lost;
+#[cfg(feature = "locks")]
+pub(crate) mod claim_policy;
+pub(crate) mod compare_and_set;
 #[cfg(feature = "locks")]
 pub(crate) mod finish_claims;
 mod hot_rows;
@@ -22,6 +28,7 @@ mod hot_rows;
 pub(crate) mod leader_term;
 #[cfg(feature = "locks")]
 pub(crate) mod lock_transaction;
+pub(crate) mod miss;
 pub(crate) mod read_back;
 pub(crate) mod read_modify_write;
 pub(crate) mod row_read;

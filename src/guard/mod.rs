@@ -14,6 +14,7 @@ pub(crate) mod row_version;
 pub(crate) mod seed;
 #[cfg(feature = "chrono")]
 pub(crate) mod server_clock;
+pub(crate) mod status;
 pub(crate) mod stored_precision;
 #[cfg(feature = "chrono")]
 pub(crate) mod timestamp;

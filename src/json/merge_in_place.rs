@@ -38,15 +38,14 @@ use serde_json::Value;
 
 use crate::connect::backend::OccBackend;
 use crate::error::Error;
+use crate::flow::miss::RowMoved;
 use crate::guard::{AdvanceInSql, Guarded, ReturnedTokenOf, TokenOf};
 use crate::json::document::{JsonDocument, Place};
 use crate::operation::{JsonMerge, JsonMergeNoToken, Operation, Run};
 use crate::sql::new_token::Counted;
 use crate::sql::statement::{Assignments, Unguarded};
 use crate::write::complete::Complete;
-use crate::write::entity::{
-    token_read_back, write_by_key_completed, KeyWriteOf, LoadByKey, RowMoved,
-};
+use crate::write::entity::{token_read_back, write_by_key_completed, KeyWriteOf, LoadByKey};
 
 /// `"col" = <the document of "col" merged with ?patch>`, in the backend's SQL.
 #[derive(Debug, Clone)]

@@ -41,6 +41,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::connect::source::ConnectionSource;
+use crate::flow::compare_and_set::{CompareAndSet, Matches};
 use diesel::connection::{LoadConnection, SimpleConnection};
 use diesel::dsl::{Find, Select};
 use diesel::query_builder::InsertStatement;
@@ -63,7 +64,7 @@ use crate::sql::statement::{
     InsertIfMissing, Joined, LatestRead, Null, RowLock, Unguarded,
 };
 use crate::write::complete::Complete;
-use crate::write::executor::{classify, CannotMiss, CompareAndSet, Matches, Miss};
+use crate::write::executor::{classify, CannotMiss, Miss};
 
 diesel::table! {
     /// The library's locks and leases.

@@ -18,6 +18,7 @@ use diesel::{Column, RunQueryDsl, Selectable, SelectableHelper};
 use crate::connect::backend::OccBackend;
 use crate::connect::transaction::{commit_operation, WriteTransaction};
 use crate::error::Error;
+use crate::guard::status::{HasStatus, Status};
 use crate::guard::{AdvanceInSql, Guarded};
 use crate::sql::new_token::Counted;
 use crate::sql::statement::{Assignments, ColumnEq, Comma, Increment, Joined};
@@ -25,7 +26,6 @@ use crate::status::claim::{
     claim_changes, write_locked, ClaimChanges, ClaimRequest, Claimable, ClaimableOf,
 };
 use crate::status::claimable_rows::ClaimableRows;
-use crate::status::{HasStatus, Status};
 use crate::write::bulk::BulkUpdateOf;
 use crate::write::complete::Complete;
 use crate::write::entity::LoadByKey;

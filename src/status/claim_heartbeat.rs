@@ -14,15 +14,18 @@ use diesel::Column;
 use crate::connect::backend::OccBackend;
 use crate::connect::transaction::{commit_operation, WriteTransaction};
 use crate::error::Error;
+use crate::flow::claim_lost::ClaimLost;
+use crate::flow::compare_and_set::CompareAndSet;
+use crate::flow::miss::RowMoved;
 use crate::guard::server_clock::{ClockColumn, Shift};
+use crate::guard::status::HasStatus;
 use crate::guard::AdvanceInSql;
 use crate::sql::new_token::Counted;
 use crate::sql::statement::{Assignments, Comma, Joined};
-use crate::status::claim::{held_by, ClaimLost, HeldBy};
-use crate::status::HasStatus;
+use crate::status::claim::{held_by, HeldBy};
 use crate::write::complete::Complete;
-use crate::write::entity::{KeyWriteOf, LoadByKey, RowMoved};
-use crate::write::executor::{classify, CompareAndSet};
+use crate::write::entity::{KeyWriteOf, LoadByKey};
+use crate::write::executor::classify;
 
 /// `UPDATE ... SET claimed_at = <database now>, <token advanced> WHERE <key> AND status =
 /// ?held AND owner = ?me`.

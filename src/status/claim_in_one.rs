@@ -28,13 +28,13 @@ use diesel::{QueryResult, Selectable, SelectableHelper, Table};
 
 use crate::connect::backend::OccBackend;
 use crate::error::Error;
+use crate::flow::compare_and_set::refuse_double_assignment;
+use crate::guard::status::HasStatus;
 use crate::guard::AdvanceInSql;
 use crate::sql::statement::{Assignments, Returning};
 use crate::status::claim::{claim_update, ClaimChanges, ClaimRequest, Claimable, ClaimableOf};
 use crate::status::claimable_rows::ClaimableRows;
-use crate::status::HasStatus;
 use crate::write::bulk::BulkUpdateOf;
-use crate::write::executor::refuse_double_assignment;
 
 /// The name of the claim's common table expression: the keys of the rows it locked.
 const CLAIMABLE: &str = "occ_claimable";

@@ -4,12 +4,13 @@
 use std::marker::PhantomData;
 
 use crate::error::Error;
+use crate::flow::finish_claims::report::FinishedClaims;
+use crate::guard::status::HasStatus;
 use crate::operation::{Operation, Run};
 use crate::status::claim::{ClaimRequest, ClaimRows, FinishClaim};
 use crate::status::claim_attempts::{AttemptLimit, ClaimCounted, Claimed};
 use crate::status::claim_heartbeat::ExtendClaim;
-use crate::status::finish_claims::{FinishClaims, FinishedClaims};
-use crate::status::HasStatus;
+use crate::status::finish_claims::FinishClaims;
 
 /// The columns an operation names only by type.
 type Columns<Cols> = PhantomData<fn() -> Cols>;

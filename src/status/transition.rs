@@ -34,6 +34,9 @@ use diesel::{Column, Insertable};
 use crate::connect::backend::OccBackend;
 use crate::connect::transaction::{commit_operation, WriteTransaction};
 use crate::error::{Error, InvalidTransition};
+use crate::flow::compare_and_set::{refuse_status_write, CompareAndSet, Matches};
+use crate::flow::miss::{unreadable_row, RowMoved};
+use crate::guard::status::{HasStatus, Status, StatusIn};
 use crate::guard::{
     AdvanceInSql, AdvanceOf, CompletionOf, GuardKind, Guarded, ReturnedTokenOf, TokenOf,
 };
@@ -42,15 +45,10 @@ use crate::sql::new_token::Counted;
 use crate::sql::statement::{And, Assignments, ColumnEq, Comma, GuardedUpdate, Joined, NoChanges};
 use crate::sql::statement::{RowLock, Unguarded};
 use crate::status::condition::{TransitionCondition, When};
-use crate::status::{HasStatus, Status, StatusIn};
 use crate::write::complete::Complete;
 use crate::write::entity::check_stored_precision;
-use crate::write::entity::{
-    advance_from_in, unreadable_row, write_by_key, KeyWriteOf, LoadByKey, RowMoved,
-};
-use crate::write::executor::{
-    classify, refuse_status_write, CannotMiss, CompareAndSet, Matches, Miss,
-};
+use crate::write::entity::{advance_from_in, write_by_key, KeyWriteOf, LoadByKey};
+use crate::write::executor::{classify, CannotMiss, Miss};
 use crate::write::modify::in_caller_transaction;
 use crate::write::pessimistic::read_locked;
 

@@ -2,12 +2,12 @@
 //! key alone.
 
 use crate::error::Error;
+use crate::guard::status::HasStatus;
 use crate::guard::TokenOf;
 use crate::operation::{Operation, Run};
 use crate::retry::RetryPolicy;
 use crate::sql::statement::Unguarded;
 use crate::status::transition::{retried_by_key, TransitionByKey, TransitionRow};
-use crate::status::HasStatus;
 
 /// Moves a copy's row to state `to` (with the `extra` assignments) from one of `sources`,
 /// under `condition`, if the row still holds the copy's token. Answers the copy as moved

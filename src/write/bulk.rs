@@ -22,12 +22,13 @@ use diesel::{QueryResult, RunQueryDsl, Table};
 
 use crate::connect::backend::OccBackend;
 use crate::error::Error;
+use crate::flow::compare_and_set::{refuse_status_write, CompareAndSet, Matches};
 use crate::guard::{AdvanceAnyOf, AdvanceInSql, CanAdvanceOf, Guarded};
 use crate::operation::{BulkUpdate, Operation, Run};
 use crate::sql::new_token::Counted;
 use crate::sql::statement::{Assignments, Comma, GuardedUpdate, Joined, Not};
 use crate::write::entity::LoadByKey;
-use crate::write::executor::{classify, refuse_status_write, CannotMiss, CompareAndSet, Matches};
+use crate::write::executor::{classify, CannotMiss};
 
 pub use crate::operation::bulk::BulkReport;
 

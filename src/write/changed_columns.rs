@@ -6,11 +6,12 @@ use diesel::query_dsl::methods::ExecuteDsl;
 
 use crate::connect::backend::OccBackend;
 use crate::error::Error;
+use crate::flow::miss::RowMoved;
 use crate::guard::pre_image::{ChangedColumns, ChangedUpdateOf};
 use crate::operation::{Operation, Run, SaveChanged};
 use crate::sql::new_token::Counted;
 use crate::sql::statement::Assignments;
-use crate::write::entity::{run_guarded, LoadByKey, RowMoved};
+use crate::write::entity::{run_guarded, LoadByKey};
 
 /// Changed-columns writes for every [`ChangedColumns`] entity.
 pub trait GuardedChanges: ChangedColumns {

@@ -11,7 +11,9 @@ use diesel::{OptionalExtension, QueryResult, RunQueryDsl, Selectable, Selectable
 
 use crate::connect::backend::OccBackend;
 use crate::connect::transaction::in_transaction;
-use crate::error::{Conflict, Error};
+use crate::error::Error;
+use crate::flow::compare_and_set::{refuse_status_write, CompareAndSet};
+use crate::flow::miss::{unreadable_row, Explanation, RowMoved};
 use crate::guard::{
     AdvanceAnyOf, AdvanceInSql, AdvanceOf, Advancing, CanAdvanceOf, CompletionOf, GuardKind,
     Guarded, ReturnedTokenOf, TokenOf,
@@ -24,7 +26,7 @@ use crate::sql::statement::{
     NoChanges, RowLock, Unguarded,
 };
 use crate::write::complete::Complete;
-use crate::write::executor::{classify, refuse_status_write, CompareAndSet, Miss};
+use crate::write::executor::{classify, Miss};
 
 /// The guarded `UPDATE` of entity `T` with changeset `Ch`; a save also requires the row
 /// to be in the saved copy's state ([`Guarded::StatusKept`]).
@@ -843,117 +845,13 @@ pub(crate) fn token_read_back<Tok>(token: Option<Tok>) -> Result<Tok, Error> {
     })
 }
 
-/// A write on an entity's row matched nothing: the latest row, read by key, says why.
-/// Gone is [`Error::NotFound`]; holding another token than the one expected,
-/// [`Error::Conflict`] with it; for a write that advances whatever token the row holds, a
-/// token at its end ([`Error::VersionOverflow`]); else [`Error::Refused`]: nobody else
-/// won, the database ignored the write. A row that cannot be read is
-/// [`Error::InvalidData`].
-pub(crate) struct RowMoved<'k, T: Guarded> {
-    key: &'k T::Key,
-    expected: Option<&'k TokenOf<T>>,
-    at_end: fn(&TokenOf<T>) -> bool,
-    state: Option<&'static str>,
-}
-
-impl<'k, T: Guarded> RowMoved<'k, T> {
-    /// A write that expected the row to hold `expected`.
-    pub(crate) fn expecting(key: &'k T::Key, expected: &'k TokenOf<T>) -> Self {
-        RowMoved {
-            key,
-            expected: Some(expected),
-            at_end: |_| false,
-            state: None,
-        }
-    }
-
-    /// A write that took the row with any token and left the token alone.
-    pub(crate) fn any(key: &'k T::Key) -> Self {
-        RowMoved {
-            key,
-            expected: None,
-            at_end: |_| false,
-            state: None,
-        }
-    }
-
-    /// A write that takes the row with any token and advances it in SQL, leaving out a
-    /// row whose token `at_end` says cannot advance.
-    pub(crate) fn advancing_any(key: &'k T::Key, at_end: fn(&TokenOf<T>) -> bool) -> Self {
-        RowMoved {
-            key,
-            expected: None,
-            at_end,
-            state: None,
-        }
-    }
-
-    /// A save that required the row to be in the saved copy's `state` (`None` for an
-    /// entity without a status, or a write that is not a save).
-    pub(crate) fn in_state(self, state: Option<&'static str>) -> Self {
-        RowMoved { state, ..self }
-    }
-
-    /// The key, for explanations built on this one.
-    pub(crate) fn key(&self) -> &'k T::Key {
-        self.key
-    }
-
-    /// Whether `current` holds the token this write expected (always, for a write that
-    /// expected none).
-    pub(crate) fn holds_token_of(&self, current: &T) -> bool {
-        self.expected
-            .is_none_or(|expected| current.token() == *expected)
-    }
-
+impl<T: Guarded> RowMoved<'_, T> {
     /// Why the write missed, given the latest row.
     pub(crate) fn given<C>(self, current: Option<T>) -> Error
     where
         T: LoadByKey<C>,
     {
         self.given_in(T::table_name(), current)
-    }
-
-    /// [`given`](Self::given) for the entity of `table`.
-    pub(crate) fn given_in(self, table: &'static str, current: Option<T>) -> Error {
-        let key = self.key;
-        let Some(current) = current else {
-            return Error::NotFound {
-                table,
-                key: format!("{key:?}"),
-            };
-        };
-        let token = current.token();
-        match self.expected {
-            Some(expected) if token != *expected => Error::Conflict(Box::new(Conflict::new(
-                table,
-                format!("{key:?}"),
-                T::Guard::describe(expected),
-                T::Guard::describe(&token),
-                current,
-            ))),
-            None if (self.at_end)(&token) => Error::VersionOverflow {
-                table,
-                key: format!("{key:?}"),
-                current: T::Guard::describe(&token),
-            },
-            _ if self.state.is_some() && current.status_name() != self.state => {
-                Error::StatusNotWritable {
-                    table,
-                    column: T::STATUS_COLUMN.unwrap_or_default().to_string(),
-                    detail: format!(
-                        "the saved copy is in state `{}`, the row in `{}`",
-                        self.state.unwrap_or_default(),
-                        current.status_name().unwrap_or_default()
-                    ),
-                }
-            }
-            _ => Error::Refused {
-                table,
-                key: format!("{key:?}"),
-                token: T::Guard::describe(&token),
-            },
-        }
     }
 }
 
@@ -964,75 +862,15 @@ where
     C::Backend: OccBackend,
 {
     fn explain(self, conn: &mut C) -> Error {
-        match T::load_by_key(conn, self.key) {
+        match T::load_by_key(conn, self.key()) {
             Ok(current) => match Explanation::of(self.given::<C>(current)) {
                 Explanation::Done(error) => error,
                 Explanation::AskIfLate(refusal) => {
                     refusal.on_server(C::Backend::applies_writes_late(conn))
                 }
             },
-            Err(e) => unreadable::<T, C>(self.key, e).unwrap_or_else(|e| classify(conn, e)),
+            Err(e) => unreadable::<T, C>(self.key(), e).unwrap_or_else(|e| classify(conn, e)),
         }
-    }
-}
-
-/// The explanation of a write's miss from the row re-read after it, as the blocking and
-/// the async paths both complete it.
-pub(crate) enum Explanation {
-    /// The re-read says it all.
-    Done(Error),
-    /// The row holds the expected token, so nothing the caller could see refused the
-    /// write: ask the server whether it applies other servers' commits late
-    /// ([`OccBackend::applies_writes_late`]), then [`Refusal::on_server`].
-    AskIfLate(Refusal),
-}
-
-impl Explanation {
-    /// What `explained` (a re-read's verdict) still needs.
-    pub(crate) fn of(explained: Error) -> Self {
-        match explained {
-            Error::Refused { table, key, token } => {
-                Explanation::AskIfLate(Refusal { table, key, token })
-            }
-            done => Explanation::Done(done),
-        }
-    }
-}
-
-/// A write that matched nothing while the row holds the expected token.
-pub(crate) struct Refusal {
-    table: &'static str,
-    key: String,
-    token: crate::error::Token,
-}
-
-impl Refusal {
-    /// The refusal on a server that applies other servers' commits late or not
-    /// (`applies_late`): there (a Galera node) the node ran the `UPDATE` against its copy
-    /// before it had applied the commit that the caller's copy was read after (the
-    /// re-read, later, sees it), and the next attempt finds the row applied: retryable.
-    /// Elsewhere a trigger, rule or row-level policy refused it: [`Error::Refused`].
-    pub(crate) fn on_server(self, applies_late: bool) -> Error {
-        let Refusal { table, key, token } = self;
-        if applies_late {
-            behind_the_cluster(table, &key, &token)
-        } else {
-            Error::Refused { table, key, token }
-        }
-    }
-}
-
-/// A write that matched nothing on a node behind the cluster, see [`Refusal::on_server`].
-fn behind_the_cluster(table: &str, key: &str, token: &crate::error::Token) -> Error {
-    Error::Retryable {
-        reason: crate::RetryReason::SerializationFailure,
-        source: DieselError::DatabaseError(
-            diesel::result::DatabaseErrorKind::SerializationFailure,
-            Box::new(format!(
-                "the write to `{table}` row {key} matched nothing on a cluster node that had \
-                 not yet applied the commit at {token} when it ran"
-            )),
-        ),
     }
 }
 
@@ -1056,27 +894,6 @@ pub(crate) fn unreadable_in<T: LoadByKey<C>, C>(
     unreadable_row(T::table_name(), key, error, columns)
 }
 
-/// [`unreadable`], for a row of `table`, blaming `columns`.
-pub(crate) fn unreadable_row(
-    table: &'static str,
-    key: &impl std::fmt::Debug,
-    error: DieselError,
-    columns: String,
-) -> Result<Error, DieselError> {
-    match error {
-        DieselError::DeserializationError(cause) => Ok(Error::InvalidData {
-            table,
-            column: columns,
-            reason: format!(
-                "row {key:?} cannot be read back after the guarded write matched nothing \
-                 (a NULL or malformed value would do this): {}",
-                crate::error::with_sources(&*cause)
-            ),
-        }),
-        other => Err(other),
-    }
-}
-
 /// Refuses a guard whose time tokens the column of entity `T` would not store exactly.
 /// Checked once per entity and backend in a process; only a column that passed is
 /// remembered, so a refused one is looked at again once it is widened.
@@ -1095,44 +912,4 @@ where
     let stored = C::Backend::stored_second_digits(conn, schema, name, column)
         .map_err(|e| classify(conn, e))?;
     check.judge(stored)
-}
-
-#[cfg(test)]
-mod refusal_tests {
-    use super::*;
-    use crate::error::Token;
-
-    fn refused() -> Error {
-        Error::Refused {
-            table: "orders",
-            key: "1".into(),
-            token: Token::Version(4),
-        }
-    }
-
-    #[test]
-    fn a_refusal_on_a_node_that_applies_commits_late_is_retryable() {
-        let Explanation::AskIfLate(refusal) = Explanation::of(refused()) else {
-            panic!("a refusal asks the server")
-        };
-        let error = refusal.on_server(true);
-        assert!(error.is_retryable(), "{error:?}");
-        assert!(error.to_string().contains("had not yet applied"), "{error}");
-    }
-
-    #[test]
-    fn a_refusal_elsewhere_stays_refused_and_other_verdicts_ask_nothing() {
-        let Explanation::AskIfLate(refusal) = Explanation::of(refused()) else {
-            panic!("a refusal asks the server")
-        };
-        assert!(matches!(refusal.on_server(false), Error::Refused { .. }));
-        let not_found = Error::NotFound {
-            table: "orders",
-            key: "1".into(),
-        };
-        assert!(matches!(
-            Explanation::of(not_found),
-            Explanation::Done(Error::NotFound { .. })
-        ));
-    }
 }

@@ -9,6 +9,7 @@ use diesel::Insertable;
 
 use crate::connect::backend::OccBackend;
 use crate::error::Error;
+use crate::flow::compare_and_set::{CompareAndSet, Matches};
 use crate::guard::seed::SeedsTokens;
 use crate::guard::TokenOf;
 use crate::operation::{Insert, Operation, Run};
@@ -16,7 +17,7 @@ use crate::sql::new_token::Counted;
 use crate::sql::statement::Assignments;
 use crate::write::entity::check_stored_precision;
 use crate::write::entity::LoadByKey;
-use crate::write::executor::{CannotMiss, CompareAndSet, Matches};
+use crate::write::executor::CannotMiss;
 
 /// The `INSERT` of entity `T`'s row.
 pub(crate) type InsertOf<T> = InsertStatement<

@@ -15,13 +15,15 @@ use diesel::query_builder::AsChangeset;
 
 use crate::connect::backend::OccBackend;
 use crate::error::Error;
+use crate::flow::compare_and_set::CompareAndSet;
+use crate::flow::miss::RowMoved;
 use crate::guard::{Advancing, CompletionOf, TokenOf};
 use crate::operation::{Operation, Run, Upsert};
 use crate::sql::statement::Assignments;
 use crate::write::complete::Complete;
 use crate::write::entity::check_stored_precision;
-use crate::write::entity::{guarded_statement, RowMoved, UpdateOf};
-use crate::write::executor::{CompareAndSet, Miss};
+use crate::write::entity::{guarded_statement, UpdateOf};
+use crate::write::executor::Miss;
 use crate::write::insert::InsertRow;
 
 pub use crate::operation::insert::Upserted;
@@ -83,7 +85,7 @@ impl<T: UpsertRow<C>, C> Run<C> for Upsert<T> {
 /// matched (the insert decides), or the update's error.
 pub(crate) fn saved_over<T: crate::guard::Guarded>(
     row: &mut T,
-    updated: Result<crate::write::executor::Written<TokenOf<T>>, Error>,
+    updated: Result<crate::flow::compare_and_set::Written<TokenOf<T>>, Error>,
     next: TokenOf<T>,
     stamp: &T::Stamp,
 ) -> Result<Option<Upserted<TokenOf<T>>>, Error> {

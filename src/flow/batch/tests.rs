@@ -6,7 +6,8 @@ use diesel::result::{DatabaseErrorKind, Error as DieselError};
 
 use super::{Batch, Effect};
 use crate::error::{Conflict, Error, RetryReason, Token};
-use crate::write::batch::{BatchMode, BatchReport, Pending, RowOutcome, ROWS_PER_STATEMENT};
+use crate::flow::batch::rows::{Pending, ROWS_PER_STATEMENT};
+use crate::operation::batch::{BatchMode, BatchReport, RowOutcome};
 
 diesel::table! {
     items (id) {

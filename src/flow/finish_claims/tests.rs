@@ -6,7 +6,7 @@ use diesel::result::{DatabaseErrorKind, Error as DieselError};
 
 use super::{Effect, FinishClaims};
 use crate::error::{Error, RetryReason};
-use crate::status::finish_claims::{FinishedClaims, KEYS_PER_STATEMENT};
+use crate::flow::finish_claims::report::{FinishedClaims, KEYS_PER_STATEMENT};
 
 diesel::table! {
     tasks (id) {
