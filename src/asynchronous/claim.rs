@@ -305,10 +305,10 @@ where
         crate::sql::names::check_name("owner", owner)?;
         refuse_broken(conn)?;
         let table = <T as AsyncLoadByKey<C>>::table_name();
+        check_stored_precision::<T, C>(conn, table).await?;
         let mut transaction = OwnTransaction::begin(conn).await?;
         let kept = async {
             let conn = transaction.conn();
-            check_stored_precision::<T, C>(conn, table).await?;
             // Waits here for whoever holds the row, before the claim time is computed.
             if let Err(e) = T::load_by_key(conn, key).await {
                 return Err(classify(conn, e).await);
