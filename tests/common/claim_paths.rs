@@ -12,7 +12,7 @@ use diesel::prelude::*;
 use diesel_occ::asynchronous::{AsyncGuardedClaim, AsyncRun};
 use diesel_occ::op;
 use diesel_occ::{
-    AttemptLimit, ClaimCounted, ClaimOrder, ClaimRequest, ClaimRows, Claimed, Error, ExtendClaim,
+    AdvanceInSql, AttemptLimit, HasStatus, ClaimCounted, ClaimOrder, ClaimRequest, ClaimRows, Claimed, Error, ExtendClaim,
     FinishClaim, FinishClaims, FinishedClaims, GuardedClaim, Status,
 };
 
@@ -312,6 +312,137 @@ where
             cache_recorder(&statements),
         );
         statements
+    }
+}
+
+/// Claims on any table (entity `T`, owner column `O`, claim-time column `At`), for the
+/// bodies whose rows are not `jobs` (a two-column key, a loosely compared key): the
+/// library's `GuardedClaim`, or `AsyncGuardedClaim`.
+pub trait ClaimTable<T: HasStatus, O, At> {
+    fn claim_rows(
+        &mut self,
+        owner: O,
+        claimed_at: At,
+        request: &ClaimRequest<'_, T::Status>,
+    ) -> Result<Vec<T>, Error>;
+    fn end_claim(
+        &mut self,
+        key: &T::Key,
+        owner_column: O,
+        owner: &str,
+        held: T::Status,
+        to: T::Status,
+        next_owner: Option<&str>,
+    ) -> Result<(), Error>;
+    #[allow(clippy::too_many_arguments)]
+    fn end_claims(
+        &mut self,
+        keys: &[T::Key],
+        owner_column: O,
+        owner: &str,
+        held: T::Status,
+        to: T::Status,
+        next_owner: Option<&str>,
+    ) -> Result<FinishedClaims<T::Key>, Error>;
+}
+
+impl<C, T, O, At> ClaimTable<T, O, At> for Blocking<C>
+where
+    C: diesel::Connection,
+    T: ClaimRows<C, O, At> + FinishClaim<C, O> + FinishClaims<C, O>,
+    T::Guard: AdvanceInSql,
+{
+    fn claim_rows(
+        &mut self,
+        owner: O,
+        claimed_at: At,
+        request: &ClaimRequest<'_, T::Status>,
+    ) -> Result<Vec<T>, Error> {
+        <T as GuardedClaim>::claim(&mut self.0, owner, claimed_at, request)
+    }
+    fn end_claim(
+        &mut self,
+        key: &T::Key,
+        owner_column: O,
+        owner: &str,
+        held: T::Status,
+        to: T::Status,
+        next_owner: Option<&str>,
+    ) -> Result<(), Error> {
+        <T as GuardedClaim>::finish_claim(&mut self.0, key, owner_column, owner, held, to, next_owner)
+    }
+    fn end_claims(
+        &mut self,
+        keys: &[T::Key],
+        owner_column: O,
+        owner: &str,
+        held: T::Status,
+        to: T::Status,
+        next_owner: Option<&str>,
+    ) -> Result<FinishedClaims<T::Key>, Error> {
+        <T as GuardedClaim>::finish_claims(&mut self.0, keys, owner_column, owner, held, to, next_owner)
+    }
+}
+
+impl<A, T, O, At> ClaimTable<T, O, At> for Async<A>
+where
+    A: diesel_async::AsyncConnection,
+    T: HasStatus + Clone,
+    T::Guard: AdvanceInSql,
+    op::Claim<T, O, At>: AsyncRun<A>,
+    op::EndClaim<T, O>: AsyncRun<A>,
+    op::EndClaims<T, O>: AsyncRun<A>,
+{
+    fn claim_rows(
+        &mut self,
+        owner: O,
+        claimed_at: At,
+        request: &ClaimRequest<'_, T::Status>,
+    ) -> Result<Vec<T>, Error> {
+        self.runtime.block_on(<T as AsyncGuardedClaim>::claim(
+            &mut self.conn,
+            owner,
+            claimed_at,
+            request,
+        ))
+    }
+    fn end_claim(
+        &mut self,
+        key: &T::Key,
+        owner_column: O,
+        owner: &str,
+        held: T::Status,
+        to: T::Status,
+        next_owner: Option<&str>,
+    ) -> Result<(), Error> {
+        self.runtime.block_on(<T as AsyncGuardedClaim>::finish_claim(
+            &mut self.conn,
+            key,
+            owner_column,
+            owner,
+            held,
+            to,
+            next_owner,
+        ))
+    }
+    fn end_claims(
+        &mut self,
+        keys: &[T::Key],
+        owner_column: O,
+        owner: &str,
+        held: T::Status,
+        to: T::Status,
+        next_owner: Option<&str>,
+    ) -> Result<FinishedClaims<T::Key>, Error> {
+        self.runtime.block_on(<T as AsyncGuardedClaim>::finish_claims(
+            &mut self.conn,
+            keys,
+            owner_column,
+            owner,
+            held,
+            to,
+            next_owner,
+        ))
     }
 }
 
