@@ -2208,3 +2208,109 @@ bb8_pool_on_url!(
 bb8_pool_on_url!(diesel_async::AsyncPgConnection);
 #[cfg(all(feature = "bb8", feature = "async-mysql"))]
 bb8_pool_on_url!(diesel_async::AsyncMysqlConnection);
+
+// Lock holders' names and fenced writes on a connection of the executor's pool (added
+// with the conversion of tests/locks/lock.rs).
+
+#[cfg(feature = "locks")]
+#[allow(unused_imports)] // Unused in the test binaries without lock bodies.
+pub use lock_holders::*;
+
+#[cfg(feature = "locks")]
+mod lock_holders {
+    use super::*;
+
+    use diesel_occ::{FencedWrite, LockConnection, LockGuard, WriteFenced};
+
+    /// Who holds a lock taken with [`LockWrites`], as its lock row names the holder.
+    pub trait LockHolder: LockWrites {
+        fn holder(guard: &Self::Guard) -> String;
+    }
+
+    /// A fenced write (`write_fenced`) of `changes` to the row of `T` with `key`, on a
+    /// connection of the executor's pool.
+    pub trait WriteFencedPooled<T: Guarded, F, Ch> {
+        fn write_fenced(
+            &self,
+            key: &T::Key,
+            fence_column: F,
+            fence: i64,
+            changes: Ch,
+        ) -> Result<(), Error>;
+    }
+
+    impl<S> LockHolder for BlockingPool<S>
+    where
+        S: ConnectionSource + Sync,
+        S::Connection: LockConnection + WriteTransaction,
+        Self: LockWrites<Guard = LockGuard<S>>,
+    {
+        fn holder(guard: &Self::Guard) -> String {
+            guard.holder().to_owned()
+        }
+    }
+
+    impl<S, T, F, Ch> WriteFencedPooled<T, F, Ch> for BlockingPool<S>
+    where
+        S: ConnectionSource,
+        T: WriteFenced<S::Connection, F, Ch>,
+    {
+        fn write_fenced(
+            &self,
+            key: &T::Key,
+            fence_column: F,
+            fence: i64,
+            changes: Ch,
+        ) -> Result<(), Error> {
+            self.0.on_connection(|conn| {
+                <T as FencedWrite>::write_fenced(conn, key, fence_column, fence, changes)
+            })?
+        }
+    }
+
+    #[cfg(all(feature = "bb8", any(not(feature = "mysql"), feature = "async-mysql")))]
+    mod on_async {
+        use super::*;
+
+        use diesel_occ::asynchronous::{
+            AsyncConnectionSource, AsyncFencedWrite, AsyncLockGuard, AsyncRun,
+        };
+
+        impl<P> LockHolder for AsyncPool<P>
+        where
+            P: AsyncConnectionSource,
+            Self: LockWrites<Guard = AsyncLockGuard<P>>,
+        {
+            fn holder(guard: &Self::Guard) -> String {
+                guard.holder().to_owned()
+            }
+        }
+
+        impl<P, T, F, Ch> WriteFencedPooled<T, F, Ch> for AsyncPool<P>
+        where
+            P: AsyncConnectionSource,
+            T: Guarded,
+            diesel_occ::op::FencedUpdate<T, F, Ch>: AsyncRun<P::Connection>,
+        {
+            fn write_fenced(
+                &self,
+                key: &T::Key,
+                fence_column: F,
+                fence: i64,
+                changes: Ch,
+            ) -> Result<(), Error> {
+                self.runtime.block_on(async {
+                    let mut conn = self.pool.checkout().await?;
+                    <T as AsyncFencedWrite>::write_fenced(
+                        &mut *conn,
+                        key,
+                        fence_column,
+                        fence,
+                        changes,
+                    )
+                    .await
+                })
+            }
+        }
+    }
+}
