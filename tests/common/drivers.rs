@@ -2314,3 +2314,43 @@ mod lock_holders {
         }
     }
 }
+
+// Releases of kept-alive leases (added with the conversion of tests/locks/leader.rs).
+
+#[cfg(feature = "locks")]
+#[allow(unused_imports)] // Unused in the test binaries without lock bodies.
+pub use lease_releases::*;
+
+#[cfg(feature = "locks")]
+mod lease_releases {
+    use super::*;
+
+    use diesel_occ::{Lease, LockConnection};
+
+    /// The owner-checked release of a lease kept alive with [`KeepAlive`].
+    pub trait ReleaseLease: KeepAlive {
+        fn release_lease(&self, lease: Self::Lease) -> Result<(), Error>;
+    }
+
+    impl<S> ReleaseLease for BlockingPool<S>
+    where
+        S: ConnectionSource + Sync,
+        S::Connection: LockConnection + WriteTransaction,
+        Self: KeepAlive<Lease = Lease<S>>,
+    {
+        fn release_lease(&self, lease: Self::Lease) -> Result<(), Error> {
+            lease.release()
+        }
+    }
+
+    #[cfg(all(feature = "bb8", any(not(feature = "mysql"), feature = "async-mysql")))]
+    impl<P> ReleaseLease for AsyncPool<P>
+    where
+        P: diesel_occ::asynchronous::AsyncConnectionSource,
+        Self: KeepAlive<Lease = diesel_occ::asynchronous::AsyncLease<P>>,
+    {
+        fn release_lease(&self, lease: Self::Lease) -> Result<(), Error> {
+            self.runtime.block_on(lease.release())
+        }
+    }
+}

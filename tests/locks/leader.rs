@@ -5,6 +5,7 @@
 
 use crate::common;
 
+use common::drivers::{Campaign, ReleaseLease};
 use common::{KillOnDrop, PoolByUrl};
 
 use std::io::{BufRead, BufReader};
@@ -13,7 +14,6 @@ use std::time::{Duration, Instant};
 
 use diesel::prelude::*;
 use diesel_occ::Error;
-use diesel_occ::Lease;
 use diesel_occ::{occ_locks, Locks};
 use diesel_occ::{Candidate, ElectionTiming, LeaderEvent};
 
@@ -66,34 +66,25 @@ fn election_timings_are_validated() {
 }
 
 for_each_backend! {
-    /// A lease kept alive from `source` outlives its TTL many times; when someone else
-    /// takes the row over, the holder learns it within about a third of the TTL.
-    fn a_kept_alive_lease_outlives_its_ttl_and_learns_when_it_is_taken<S>(db: &common::TestDb<Conn>, source: S)
-    where
-        S: diesel_occ::ConnectionSource,
-        S::Connection: diesel_occ::LockConnection,
-    {
-        let locks = Locks::new(source);
-        let lease = Lease::keep_alive(locks.try_lock("worker", "w1", Duration::from_millis(300), Some("me")).unwrap());
+    type Db = common::TestDb<Conn>;
+
+    /// A lease kept alive outlives its TTL many times; when someone else takes the row
+    /// over, the holder learns it within about a third of the TTL.
+    fn a_kept_alive_lease_outlives_its_ttl_and_learns_when_it_is_taken<W: ReleaseLease>(db: &Db, w: &W) {
+        let lease = w.keep_alive(w.try_lock("worker", "w1", Duration::from_millis(300), Some("me")).unwrap());
 
         std::thread::sleep(Duration::from_millis(1000));
-        lease.check().unwrap();
-        assert!(matches!(locks.try_lock("worker", "w1", Duration::from_secs(5), None), Err(Error::LockHeld { .. })));
+        W::lease_check(&lease).unwrap();
+        assert!(matches!(w.try_lock("worker", "w1", Duration::from_secs(5), None), Err(Error::LockHeld { .. })));
 
         diesel::update(occ_locks::table).set(occ_locks::holder.eq("intruder")).execute(&mut db.conn()).unwrap();
         let taken = Instant::now();
-        while lease.check().is_ok() {
+        while W::lease_check(&lease).is_ok() {
             assert!(taken.elapsed() < Duration::from_millis(1000), "the lost lease went unnoticed");
             std::thread::sleep(Duration::from_millis(5));
         }
-        assert!(matches!(lease.check(), Err(Error::LockLost { .. })));
-        assert!(matches!(lease.release(), Err(Error::LockLost { .. })));
-    }
-
-    #[test]
-    fn a_kept_alive_lease_on_an_r2d2_pool_outlives_its_ttl() {
-        let Some(db) = db() else { return };
-        a_kept_alive_lease_outlives_its_ttl_and_learns_when_it_is_taken(&db, db.pool.clone());
+        assert!(matches!(W::lease_check(&lease), Err(Error::LockLost { .. })));
+        assert!(matches!(w.release_lease(lease), Err(Error::LockLost { .. })));
     }
 
     /// The keep-alive thread carries the runtime of the code that started it, where the
@@ -103,39 +94,28 @@ for_each_backend! {
     fn a_kept_alive_lease_on_a_deadpool_pool_outlives_its_ttl() {
         common::deadpool::in_runtime(|| {
             let Some(db) = db() else { return };
-            a_kept_alive_lease_outlives_its_ttl_and_learns_when_it_is_taken(&db, db.deadpool());
+            a_kept_alive_lease_outlives_its_ttl_and_learns_when_it_is_taken(&db, &common::drivers::BlockingPool(db.deadpool()));
         });
     }
 
-    /// Two candidates on `source`: one leads; when it steps down the other is elected,
-    /// with a higher fence.
-    fn one_candidate_leads_and_the_other_takes_over_when_it_steps_down<S>(source: S)
-    where
-        S: diesel_occ::ConnectionSource,
-        S::Connection: diesel_occ::LockConnection,
-    {
-        let locks = Locks::new(source);
-        let first = Candidate::start(locks.clone(), "scheduler", "main", "first", timing()).unwrap();
-        let Some(LeaderEvent::Elected { fence }) = next_event(&first, Duration::from_secs(5)) else { panic!("the first was not elected") };
-        let second = Candidate::start(locks.clone(), "scheduler", "main", "second", timing()).unwrap();
-        assert_eq!(next_event(&second, Duration::from_millis(500)), None, "two leaders");
-        assert!(first.is_leader() && !second.is_leader());
+    /// Two candidates: one leads; when it steps down the other is elected, with a higher
+    /// fence.
+    fn one_candidate_leads_and_the_other_takes_over_when_it_steps_down<W: Campaign>(_: &Db, w: &W) {
+        let mut first = w.start_candidate("scheduler", "main", "first", timing()).unwrap();
+        let Some(LeaderEvent::Elected { fence }) = w.next_event(&mut first, Duration::from_secs(5)) else { panic!("the first was not elected") };
+        let mut second = w.start_candidate("scheduler", "main", "second", timing()).unwrap();
+        assert_eq!(w.next_event(&mut second, Duration::from_millis(500)), None, "two leaders");
+        assert!(W::is_leader(&first) && !W::is_leader(&second));
 
-        assert_eq!(first.stop(), [LeaderEvent::SteppedDown], "the leader says it stepped down");
-        match next_event(&second, Duration::from_secs(5)) {
+        assert_eq!(w.stop(first), [LeaderEvent::SteppedDown], "the leader says it stepped down");
+        match w.next_event(&mut second, Duration::from_secs(5)) {
             Some(LeaderEvent::Elected { fence: next }) => assert!(next > fence),
             other => panic!("{other:?}"),
         }
-        assert!(second.is_leader());
-        let waiting = Candidate::start(locks, "scheduler", "main", "third", timing()).unwrap();
-        assert_eq!(waiting.stop(), [], "a candidate that never led has nothing to step down from");
-        assert_eq!(second.stop(), [LeaderEvent::SteppedDown]);
-    }
-
-    #[test]
-    fn on_an_r2d2_pool_one_candidate_leads_at_a_time() {
-        let Some(db) = db() else { return };
-        one_candidate_leads_and_the_other_takes_over_when_it_steps_down(db.pool.clone());
+        assert!(W::is_leader(&second));
+        let waiting = w.start_candidate("scheduler", "main", "third", timing()).unwrap();
+        assert_eq!(w.stop(waiting), [], "a candidate that never led has nothing to step down from");
+        assert_eq!(w.stop(second), [LeaderEvent::SteppedDown]);
     }
 
     #[cfg(feature = "deadpool")]
@@ -143,9 +123,17 @@ for_each_backend! {
     fn on_a_deadpool_pool_one_candidate_leads_at_a_time() {
         common::deadpool::in_runtime(|| {
             let Some(db) = db() else { return };
-            one_candidate_leads_and_the_other_takes_over_when_it_steps_down(db.deadpool());
+            one_candidate_leads_and_the_other_takes_over_when_it_steps_down(&db, &common::drivers::BlockingPool(db.deadpool()));
         });
     }
+
+    tests_on_both_drivers!(
+        |_: &Db| ();
+        ;
+        pooled:
+        a_kept_alive_lease_outlives_its_ttl_and_learns_when_it_is_taken,
+        one_candidate_leads_and_the_other_takes_over_when_it_steps_down,
+    );
 
     /// Async code follows leadership without blocking: on a current-thread runtime (one
     /// thread for everything), the first candidate's watch turns to `Leading`, the
