@@ -2354,3 +2354,27 @@ mod lease_releases {
         }
     }
 }
+
+/// A pool executor of `size` bb8-pooled diesel-async connections `A` to `url` (for a
+/// child process, which must reach its parent's database), on a runtime of its own.
+#[cfg(all(feature = "bb8", any(not(feature = "mysql"), feature = "async-mysql")))]
+pub fn bb8_pool_on<A>(
+    url: &str,
+    backend: &str,
+    size: u32,
+) -> AsyncPool<diesel_async::pooled_connection::bb8::Pool<A>>
+where
+    A: diesel_async::pooled_connection::PoolableConnection + 'static,
+    for<'a> diesel::dsl::select<diesel::dsl::AsExprOf<i32, diesel::sql_types::Integer>>:
+        diesel_async::methods::LoadQuery<'a, A, i32>,
+    diesel::query_builder::SqlQuery: diesel::query_builder::QueryFragment<A::Backend>,
+{
+    let manager = manager::<A>(url, backend);
+    AsyncPool::build(async move {
+        diesel_async::pooled_connection::bb8::Pool::builder()
+            .max_size(size)
+            .build(manager)
+            .await
+            .expect("a bb8 pool")
+    })
+}

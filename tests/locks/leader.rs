@@ -277,16 +277,14 @@ for_each_backend! {
         assert!(matches!(refused, Err(Error::InvalidSetting { what: "async job", .. })));
     }
 
-    /// The child side of the failover test: leads until killed.
-    #[test]
-    fn leader_child() {
-        let Ok(url) = std::env::var(format!("OCC_LEADER_CHILD_{BACKEND}")) else { return };
-        let locks = Locks::new(<Conn as PoolByUrl>::pool(&url));
-        if let Err(e) = locks.try_lock("failover-probe", "main", Duration::from_secs(1), None) {
-            println!("PROBE FAILED {e}");
+    /// The child side of the failover test, on either driver: leads until killed.
+    fn lead_until_killed<W: Campaign>(w: &W) {
+        match w.try_lock("failover-probe", "main", Duration::from_secs(1), None) {
+            Ok(probe) => w.drop_guard(probe),
+            Err(e) => println!("PROBE FAILED {e}"),
         }
-        let candidate = Candidate::start(locks, "failover", "main", "child", failover_timing()).unwrap();
-        if let Some(LeaderEvent::Elected { fence }) = next_event(&candidate, Duration::from_secs(30)) {
+        let mut candidate = w.start_candidate("failover", "main", "child", failover_timing()).unwrap();
+        if let Some(LeaderEvent::Elected { fence }) = w.next_event(&mut candidate, Duration::from_secs(30)) {
             println!("ELECTED {fence}");
         }
         loop {
@@ -294,22 +292,19 @@ for_each_backend! {
         }
     }
 
-    /// The child side on the async path: an `AsyncCandidate` (a tokio task) on a bb8 pool
-    /// leads until killed.
+    /// The child on the blocking API: a `Candidate` (a thread) on an r2d2 pool.
+    #[test]
+    fn leader_child() {
+        let Ok(url) = std::env::var(format!("OCC_LEADER_CHILD_{BACKEND}")) else { return };
+        lead_until_killed(&common::drivers::BlockingPool(<Conn as PoolByUrl>::pool(&url)));
+    }
+
+    /// The child on the async API: an `AsyncCandidate` (a tokio task) on a bb8 pool.
     #[cfg(all(feature = "bb8", any(not(feature = "mysql"), feature = "async-mysql")))]
     #[test]
     fn async_leader_child() {
-        async_pools!();
         let Ok(url) = std::env::var(format!("OCC_LEADER_CHILD_{BACKEND}")) else { return };
-        let runtime = common::paths::runtime();
-        let locks = diesel_occ::asynchronous::AsyncLocks::new(bb8_pool(&url, 4, &runtime));
-        runtime.block_on(async {
-            let mut candidate = diesel_occ::asynchronous::AsyncCandidate::start(locks, "failover", "main", "child", failover_timing()).unwrap();
-            if let Ok(Some(LeaderEvent::Elected { fence })) = tokio::time::timeout(Duration::from_secs(30), candidate.next_event()).await {
-                println!("ELECTED {fence}");
-            }
-            std::future::pending::<()>().await;
-        });
+        lead_until_killed(&common::drivers::bb8_pool_on::<<Conn as common::paths::AsyncOf>::Async>(&url, BACKEND, 4));
     }
 
     /// A child process leads and is killed with SIGKILL: this process is elected, with a
