@@ -315,6 +315,124 @@ where
     }
 }
 
+/// Claims of `jobs` rows inside transactions of the caller's.
+pub trait ClaimInTransaction: ClaimWorker + Sized {
+    /// Opens a transaction at isolation `level` ("rc" for the backend's default; "rr" and
+    /// "ser", PostgreSQL only: REPEATABLE READ and SERIALIZABLE), runs `work` on this
+    /// worker inside it, then commits when `work` answers `Ok` and rolls back otherwise:
+    /// `work`'s answer, or the commit's failure.
+    fn in_transaction_at<R>(
+        &mut self,
+        level: &str,
+        work: impl FnOnce(&mut Self) -> Result<R, Error>,
+    ) -> Result<R, Error>;
+    /// How many `jobs` rows (of `owner`, or all) this worker's connection sees.
+    fn count_jobs(&mut self, owner: Option<&str>) -> Result<i64, Error>;
+}
+
+/// The statement that sets a transaction's isolation `level`, first in the transaction.
+fn set_isolation(level: &str) -> Option<&'static str> {
+    match level {
+        "rr" => Some("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ"),
+        "ser" => Some("SET TRANSACTION ISOLATION LEVEL SERIALIZABLE"),
+        _ => None,
+    }
+}
+
+/// The count [`ClaimInTransaction::count_jobs`] reads.
+fn count_sql(owner: Option<&str>) -> String {
+    match owner {
+        Some(owner) => format!("SELECT COUNT(*) AS n FROM jobs WHERE owner = '{owner}'"),
+        None => "SELECT COUNT(*) AS n FROM jobs".to_string(),
+    }
+}
+
+#[derive(diesel::QueryableByName)]
+pub struct JobCount {
+    #[diesel(sql_type = diesel::sql_types::BigInt)]
+    n: i64,
+}
+
+impl<C> ClaimInTransaction for Blocking<C>
+where
+    Self: ClaimWorker,
+    C: diesel::Connection,
+    diesel::query_builder::SqlQuery: diesel::query_dsl::LoadQuery<'static, C, JobCount>,
+{
+    fn in_transaction_at<R>(
+        &mut self,
+        level: &str,
+        work: impl FnOnce(&mut Self) -> Result<R, Error>,
+    ) -> Result<R, Error> {
+        use diesel::connection::TransactionManager;
+        C::TransactionManager::begin_transaction(&mut self.0)?;
+        let answer = match set_isolation(level) {
+            Some(sql) => self.0.batch_execute(sql).map_err(Error::from),
+            None => Ok(()),
+        }
+        .and_then(|()| work(self));
+        match answer {
+            Ok(answer) => {
+                C::TransactionManager::commit_transaction(&mut self.0)?;
+                Ok(answer)
+            }
+            Err(error) => {
+                C::TransactionManager::rollback_transaction(&mut self.0)?;
+                Err(error)
+            }
+        }
+    }
+    fn count_jobs(&mut self, owner: Option<&str>) -> Result<i64, Error> {
+        Ok(diesel::sql_query(count_sql(owner))
+            .get_result::<JobCount>(&mut self.0)?
+            .n)
+    }
+}
+
+impl<A> ClaimInTransaction for Async<A>
+where
+    Self: ClaimWorker,
+    A: diesel_async::AsyncConnection,
+    diesel::query_builder::SqlQuery: diesel_async::methods::LoadQuery<'static, A, JobCount>,
+{
+    fn in_transaction_at<R>(
+        &mut self,
+        level: &str,
+        work: impl FnOnce(&mut Self) -> Result<R, Error>,
+    ) -> Result<R, Error> {
+        use diesel_async::TransactionManager;
+        self.runtime
+            .block_on(A::TransactionManager::begin_transaction(&mut self.conn))?;
+        let answer = match set_isolation(level) {
+            Some(sql) => self
+                .runtime
+                .block_on(self.conn.batch_execute(sql))
+                .map_err(Error::from),
+            None => Ok(()),
+        }
+        .and_then(|()| work(self));
+        match answer {
+            Ok(answer) => {
+                self.runtime
+                    .block_on(A::TransactionManager::commit_transaction(&mut self.conn))?;
+                Ok(answer)
+            }
+            Err(error) => {
+                self.runtime
+                    .block_on(A::TransactionManager::rollback_transaction(&mut self.conn))?;
+                Err(error)
+            }
+        }
+    }
+    fn count_jobs(&mut self, owner: Option<&str>) -> Result<i64, Error> {
+        let read = diesel_async::RunQueryDsl::get_result::<JobCount>(
+            diesel::sql_query(count_sql(owner)),
+            &mut self.conn,
+        );
+        Ok(self.runtime.block_on(read)?.n)
+    }
+}
+
 /// Claims on any table (entity `T`, owner column `O`, claim-time column `At`), for the
 /// bodies whose rows are not `jobs` (a two-column key, a loosely compared key): the
 /// library's `GuardedClaim`, or `AsyncGuardedClaim`.

@@ -17,7 +17,9 @@ use std::sync::Barrier;
 use std::time::{Duration, Instant};
 
 use chrono::NaiveDateTime;
-use common::claim_paths::{add_jobs, jobs, request, ClaimTable, ClaimWorker, Job, JobState};
+use common::claim_paths::{
+    add_jobs, jobs, request, ClaimInTransaction, ClaimTable, ClaimWorker, Job, JobState,
+};
 use diesel::connection::SimpleConnection;
 use diesel::prelude::*;
 use diesel_occ::{ClaimRequest, Error, GuardedClaim};
@@ -85,53 +87,6 @@ fn add_ctasks(
 
 fn crequest(owner: &str, limit: usize) -> ClaimRequest<'_, JobState> {
     request(owner, limit, MINUTE)
-}
-
-/// A caller's transaction at an isolation level ("rc", "rr", "ser"; only PostgreSQL
-/// tells them apart here).
-pub trait InTx: diesel::Connection + Sized {
-    fn in_tx<T>(
-        &mut self,
-        level: &str,
-        f: impl FnOnce(&mut Self) -> Result<T, Error>,
-    ) -> Result<T, Error>;
-}
-
-#[cfg(feature = "postgres")]
-impl InTx for diesel::PgConnection {
-    fn in_tx<T>(
-        &mut self,
-        level: &str,
-        f: impl FnOnce(&mut Self) -> Result<T, Error>,
-    ) -> Result<T, Error> {
-        match level {
-            "rr" => self.build_transaction().repeatable_read().run(f),
-            "ser" => self.build_transaction().serializable().run(f),
-            _ => self.transaction(f),
-        }
-    }
-}
-
-#[cfg(feature = "sqlite")]
-impl InTx for diesel::SqliteConnection {
-    fn in_tx<T>(
-        &mut self,
-        _level: &str,
-        f: impl FnOnce(&mut Self) -> Result<T, Error>,
-    ) -> Result<T, Error> {
-        self.transaction(f)
-    }
-}
-
-#[cfg(feature = "mysql")]
-impl InTx for diesel::MysqlConnection {
-    fn in_tx<T>(
-        &mut self,
-        _level: &str,
-        f: impl FnOnce(&mut Self) -> Result<T, Error>,
-    ) -> Result<T, Error> {
-        self.transaction(f)
-    }
 }
 
 #[derive(diesel::QueryableByName)]
@@ -378,30 +333,29 @@ for_each_backend! {
         composite_key_claim_and_finish,
         sqlite_finish_claims_of_1000_keys,
         finish_claims_with_a_loosely_compared_key,
+        claims_in_caller_transactions,
+        failed_claim_keeps_callers_transaction_usable,
     );
 
     /// Claims inside the caller's transaction: rolled back with it, committed with it, and
     /// raced by 8 workers at each isolation level (PostgreSQL: READ COMMITTED, REPEATABLE
     /// READ, SERIALIZABLE), with and without a read first that pins the snapshot.
-    #[test]
-    fn claims_in_caller_transactions() {
-        let Some(db) = db() else { return };
-        common::claim_paths::create_jobs(&mut *db.conn(), BACKEND);
+    fn claims_in_caller_transactions<W: ClaimInTransaction>(db: &Db, worker: impl Fn() -> W + Sync) {
         add_jobs(&mut *db.conn(), 1..=10);
         {
-            let conn = &mut *db.conn();
-            let r: Result<(), Error> = conn.transaction(|c| {
-                let rows = Job::claim(c, jobs::owner, jobs::claimed_at, &crequest("me", 3))?;
+            let w = &mut worker();
+            let r: Result<(), Error> = w.in_transaction_at("rc", |w| {
+                let rows = w.claim(&crequest("me", 3))?;
                 assert_eq!(rows.len(), 3);
                 Err(Error::Database(diesel::result::Error::RollbackTransaction))
             });
             assert!(r.is_err());
-            assert!(all(&db).iter().all(|t| t.state == JobState::Open && t.version == 0 && t.owner.is_none()), "rolled back claim left a trace");
-            let rows = conn.transaction(|c| Job::claim(c, jobs::owner, jobs::claimed_at, &crequest("me", 3))).unwrap();
+            assert!(all(db).iter().all(|t| t.state == JobState::Open && t.version == 0 && t.owner.is_none()), "{}: rolled back claim left a trace", W::PATH);
+            let rows = w.in_transaction_at("rc", |w| w.claim(&crequest("me", 3))).unwrap();
             assert_eq!(rows.len(), 3);
-            assert_eq!(all(&db).iter().filter(|t| t.owner.as_deref() == Some("me")).count(), 3);
+            assert_eq!(all(db).iter().filter(|t| t.owner.as_deref() == Some("me")).count(), 3);
             let ids: Vec<i64> = rows.iter().map(|t| t.id).collect();
-            let f = conn.transaction(|c| Job::finish_claims(c, &ids, jobs::owner, "me", JobState::Running, JobState::Done, None)).unwrap();
+            let f = w.in_transaction_at("rc", |w| w.finish_claims(&ids, "me", JobState::Running, JobState::Done, None)).unwrap();
             assert_eq!(f.finished, ids);
         }
         let levels: &[&str] = if BACKEND == "postgres" { &["rc", "rr", "ser"] } else { &["rc"] };
@@ -411,20 +365,20 @@ for_each_backend! {
                     db.conn().batch_execute("DELETE FROM jobs").unwrap();
                     let tasks = if limit == 1 { 200 } else { 2000 };
                     add_jobs(&mut *db.conn(), 1..=tasks);
-                    let results = db.race(8, |t, conn| {
+                    let results = common::drivers::race(8, &worker, |t, w| {
                         let me = format!("w{t}");
                         let (mut got, mut retries) = (Vec::new(), 0);
                         let mut empty = 0;
                         while empty < 2 {
-                            let r = (**conn).in_tx(level, |c| {
+                            let r = w.in_transaction_at(level, |w| {
                                 if read_first {
-                                    jobs::table.count().get_result::<i64>(c)?;
+                                    w.count_jobs(None)?;
                                     std::thread::sleep(Duration::from_millis(1));
                                 }
-                                let rows = Job::claim(c, jobs::owner, jobs::claimed_at, &crequest(&me, limit))?;
+                                let rows = w.claim(&crequest(&me, limit))?;
                                 if read_first {
                                     // the transaction is still usable after the claim
-                                    jobs::table.count().get_result::<i64>(c)?;
+                                    w.count_jobs(None)?;
                                 }
                                 Ok(rows)
                             });
@@ -436,7 +390,7 @@ for_each_backend! {
                                     got.extend(rows.into_iter().map(|r| (r.id, r.version)));
                                 }
                                 Err(Error::Retryable { .. }) => { retries += 1; assert!(retries < 100_000) }
-                                Err(e) => panic!("{BACKEND} {level} read_first={read_first}: {e:?}"),
+                                Err(e) => panic!("{BACKEND} {} {level} read_first={read_first}: {e:?}", W::PATH),
                             }
                         }
                         (me, got, retries)
@@ -447,47 +401,42 @@ for_each_backend! {
                         total_retries += retries;
                         for (id, v) in got {
                             assert_eq!(*v, 1);
-                            if let Some(o) = owner_of.insert(*id, me.clone()) { panic!("{BACKEND} {level}: row {id} claimed by {o} and {me}"); }
+                            if let Some(o) = owner_of.insert(*id, me.clone()) { panic!("{BACKEND} {} {level}: row {id} claimed by {o} and {me}", W::PATH); }
                         }
                     }
-                    let rows = all(&db);
+                    let rows = all(db);
                     let left = rows.iter().filter(|r| r.state == JobState::Open).count();
                     for r in &rows {
                         if r.state == JobState::Running {
-                            assert_eq!((r.owner.as_ref(), r.version), (owner_of.get(&r.id), 1), "{BACKEND} {level}: {r:?}");
+                            assert_eq!((r.owner.as_ref(), r.version), (owner_of.get(&r.id), 1), "{BACKEND} {} {level}: {r:?}", W::PATH);
                         } else {
-                            assert_eq!((r.owner.as_ref(), r.version), (None, 0), "{BACKEND} {level}: {r:?}");
+                            assert_eq!((r.owner.as_ref(), r.version), (None, 0), "{BACKEND} {} {level}: {r:?}", W::PATH);
                         }
                     }
                     assert_eq!(owner_of.len() + left, tasks as usize);
-                    assert_eq!(left, 0, "{BACKEND} {level} read_first={read_first} limit={limit}: rows left open");
-                    eprintln!("{BACKEND} caller tx {level} read_first={read_first} limit={limit}: {} claimed, {total_retries} retries", owner_of.len());
+                    assert_eq!(left, 0, "{BACKEND} {} {level} read_first={read_first} limit={limit}: rows left open", W::PATH);
+                    eprintln!("{BACKEND} {} caller tx {level} read_first={read_first} limit={limit}: {} claimed, {total_retries} retries", W::PATH, owner_of.len());
                 }
             }
         }
     }
 
     /// A claim that fails inside the caller's REPEATABLE READ transaction (the rows moved
-    /// after its snapshot) leaves the transaction usable and claims nothing.
-    #[test]
-    fn failed_claim_keeps_callers_transaction_usable() {
+    /// after its snapshot) leaves the transaction usable and claims nothing (PostgreSQL).
+    fn failed_claim_keeps_callers_transaction_usable<W: ClaimInTransaction>(db: &Db, worker: impl Fn() -> W) {
         if BACKEND != "postgres" { return; }
-        let Some(db) = db() else { return };
-        common::claim_paths::create_jobs(&mut *db.conn(), BACKEND);
         add_jobs(&mut *db.conn(), 1..=3);
-        let conn = &mut *db.conn();
-        let mut other = db.conn();
-        let r = InTx::in_tx(conn, "rr", |c| {
-            jobs::table.count().get_result::<i64>(c)?;
-            let stolen = Job::claim(&mut *other, jobs::owner, jobs::claimed_at, &crequest("other", 3)).unwrap();
+        let (w, other) = (&mut worker(), &mut worker());
+        let r = w.in_transaction_at("rr", |w| {
+            w.count_jobs(None)?;
+            let stolen = other.claim(&crequest("other", 3)).unwrap();
             assert_eq!(stolen.len(), 3);
-            let e = Job::claim(c, jobs::owner, jobs::claimed_at, &crequest("me", 3)).unwrap_err();
-            assert!(matches!(e, Error::Retryable { .. }), "{e:?}");
-            let n = jobs::table.filter(jobs::owner.eq("me")).count().get_result::<i64>(c)?;
-            Ok(n)
+            let e = w.claim(&crequest("me", 3)).unwrap_err();
+            assert!(matches!(e, Error::Retryable { .. }), "{}: {e:?}", W::PATH);
+            w.count_jobs(Some("me"))
         });
         assert_eq!(r.unwrap(), 0);
-        assert!(all(&db).iter().all(|t| t.owner.as_deref() == Some("other") && t.version == 1));
+        assert!(all(db).iter().all(|t| t.owner.as_deref() == Some("other") && t.version == 1));
     }
 
     /// A two-column key: 4 workers claim 3 at a time, then each ends its claims and some
