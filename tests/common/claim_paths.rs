@@ -12,8 +12,8 @@ use diesel::prelude::*;
 use diesel_occ::asynchronous::{AsyncGuardedClaim, AsyncRun};
 use diesel_occ::op;
 use diesel_occ::{
-    AdvanceInSql, AttemptLimit, HasStatus, ClaimCounted, ClaimOrder, ClaimRequest, ClaimRows, Claimed, Error, ExtendClaim,
-    FinishClaim, FinishClaims, FinishedClaims, GuardedClaim, Status,
+    AdvanceInSql, AttemptLimit, ClaimCounted, ClaimOrder, ClaimRequest, ClaimRows, Claimed, Error,
+    ExtendClaim, FinishClaim, FinishClaims, FinishedClaims, GuardedClaim, HasStatus, Status,
 };
 
 use std::sync::{Arc, Mutex};
@@ -487,7 +487,15 @@ where
         to: T::Status,
         next_owner: Option<&str>,
     ) -> Result<(), Error> {
-        <T as GuardedClaim>::finish_claim(&mut self.0, key, owner_column, owner, held, to, next_owner)
+        <T as GuardedClaim>::finish_claim(
+            &mut self.0,
+            key,
+            owner_column,
+            owner,
+            held,
+            to,
+            next_owner,
+        )
     }
     fn end_claims(
         &mut self,
@@ -498,7 +506,15 @@ where
         to: T::Status,
         next_owner: Option<&str>,
     ) -> Result<FinishedClaims<T::Key>, Error> {
-        <T as GuardedClaim>::finish_claims(&mut self.0, keys, owner_column, owner, held, to, next_owner)
+        <T as GuardedClaim>::finish_claims(
+            &mut self.0,
+            keys,
+            owner_column,
+            owner,
+            held,
+            to,
+            next_owner,
+        )
     }
 }
 
@@ -533,15 +549,16 @@ where
         to: T::Status,
         next_owner: Option<&str>,
     ) -> Result<(), Error> {
-        self.runtime.block_on(<T as AsyncGuardedClaim>::finish_claim(
-            &mut self.conn,
-            key,
-            owner_column,
-            owner,
-            held,
-            to,
-            next_owner,
-        ))
+        self.runtime
+            .block_on(<T as AsyncGuardedClaim>::finish_claim(
+                &mut self.conn,
+                key,
+                owner_column,
+                owner,
+                held,
+                to,
+                next_owner,
+            ))
     }
     fn end_claims(
         &mut self,
@@ -552,15 +569,16 @@ where
         to: T::Status,
         next_owner: Option<&str>,
     ) -> Result<FinishedClaims<T::Key>, Error> {
-        self.runtime.block_on(<T as AsyncGuardedClaim>::finish_claims(
-            &mut self.conn,
-            keys,
-            owner_column,
-            owner,
-            held,
-            to,
-            next_owner,
-        ))
+        self.runtime
+            .block_on(<T as AsyncGuardedClaim>::finish_claims(
+                &mut self.conn,
+                keys,
+                owner_column,
+                owner,
+                held,
+                to,
+                next_owner,
+            ))
     }
 }
 

@@ -45,7 +45,8 @@ macro_rules! assert_frozen_order_refuses_updates {
             .execute(conn)
             .unwrap();
 
-        let err = Update::<Order, NoteIs>::update($w, &order, orders::note.eq("edited")).unwrap_err();
+        let err =
+            Update::<Order, NoteIs>::update($w, &order, orders::note.eq("edited")).unwrap_err();
 
         assert_refused_at(&err, 0);
         let stored: Order = orders::table
@@ -90,10 +91,8 @@ mod postgres {
     /// A policy that lets a role read every row but update only open ones. Superusers
     /// bypass row-level security, so the executor's session switches to a role of its
     /// own (the order is inserted, and read back, as the superuser).
-    fn update_hidden_by_row_level_security_is_refused_not_a_conflict<W>(
-        db: &Db,
-        w: impl Fn() -> W,
-    ) where
+    fn update_hidden_by_row_level_security_is_refused_not_a_conflict<W>(db: &Db, w: impl Fn() -> W)
+    where
         W: Update<Order, NoteIs> + ExecuteSql,
     {
         let conn = &mut db.conn();
