@@ -2378,3 +2378,44 @@ where
             .expect("a bb8 pool")
     })
 }
+
+// Leadership watches (added with the conversion of tests/locks/leader.rs).
+
+#[cfg(all(feature = "locks", feature = "tokio"))]
+#[allow(unused_imports)] // Unused in the test binaries without lock bodies.
+pub use leadership_watches::*;
+
+#[cfg(all(feature = "locks", feature = "tokio"))]
+mod leadership_watches {
+    use super::*;
+
+    use diesel_occ::{Candidate, Leadership, LockConnection, LockGuard};
+
+    /// The leadership of a candidate started with [`Campaign`], as the `watch` channel
+    /// async code awaits (the library's `leadership`, on both candidates).
+    pub trait WatchLeadership: Campaign {
+        fn leadership(candidate: &Self::Candidate) -> tokio::sync::watch::Receiver<Leadership>;
+    }
+
+    impl<S> WatchLeadership for BlockingPool<S>
+    where
+        S: ConnectionSource + Sync,
+        S::Connection: LockConnection + WriteTransaction,
+        Self: LockWrites<Guard = LockGuard<S>> + Campaign<Candidate = Candidate>,
+    {
+        fn leadership(candidate: &Self::Candidate) -> tokio::sync::watch::Receiver<Leadership> {
+            candidate.leadership()
+        }
+    }
+
+    #[cfg(all(feature = "bb8", any(not(feature = "mysql"), feature = "async-mysql")))]
+    impl<P> WatchLeadership for AsyncPool<P>
+    where
+        P: diesel_occ::asynchronous::AsyncConnectionSource,
+        Self: Campaign<Candidate = diesel_occ::asynchronous::AsyncCandidate>,
+    {
+        fn leadership(candidate: &Self::Candidate) -> tokio::sync::watch::Receiver<Leadership> {
+            candidate.leadership()
+        }
+    }
+}

@@ -5,6 +5,8 @@
 
 use crate::common;
 
+#[cfg(feature = "tokio")]
+use common::drivers::WatchLeadership;
 use common::drivers::{Campaign, ReleaseLease};
 use common::{KillOnDrop, PoolByUrl};
 
@@ -133,6 +135,8 @@ for_each_backend! {
         pooled:
         a_kept_alive_lease_outlives_its_ttl_and_learns_when_it_is_taken,
         one_candidate_leads_and_the_other_takes_over_when_it_steps_down,
+        #[cfg(feature = "tokio")]
+        async_code_follows_leadership_on_a_watch,
     );
 
     /// Async code follows leadership without blocking: on a current-thread runtime (one
@@ -142,41 +146,38 @@ for_each_backend! {
     /// lock row names the holder each watch shows); a lead lost to a taken row turns it
     /// back too.
     #[cfg(feature = "tokio")]
-    #[test]
-    fn async_code_follows_leadership_on_a_watch() {
+    fn async_code_follows_leadership_on_a_watch<W: WatchLeadership>(db: &Db, w: &W) {
         use diesel_occ::Leadership;
-        let Some(db) = db() else { return };
         let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-        let holder = |db: &common::TestDb<Conn>| -> Option<String> {
+        let holder = |db: &Db| -> Option<String> {
             occ_locks::table.select(occ_locks::label).first::<Option<String>>(&mut db.conn()).ok().flatten()
         };
         let leading = |l: &Leadership| matches!(l, Leadership::Leading { .. });
         let bound = Duration::from_secs(10);
 
-        let locks = Locks::new(db.pool.clone());
-        let first = Candidate::start(locks.clone(), "scheduler", "main", "first", timing()).unwrap();
-        let mut first_watch = first.leadership();
+        let first = w.start_candidate("scheduler", "main", "first", timing()).unwrap();
+        let mut first_watch = W::leadership(&first);
         let Leadership::Leading { fence } = runtime
             .block_on(async { tokio::time::timeout(bound, first_watch.wait_for(leading)).await.map(|l| *l.unwrap()) })
             .expect("the first was elected")
         else {
             unreachable!()
         };
-        assert_eq!(holder(&db).as_deref(), Some("first"));
+        assert_eq!(holder(db).as_deref(), Some("first"));
 
-        let second = Candidate::start(locks, "scheduler", "main", "second", timing()).unwrap();
-        let mut second_watch = second.leadership();
+        let second = w.start_candidate("scheduler", "main", "second", timing()).unwrap();
+        let mut second_watch = W::leadership(&second);
         let stayed = runtime.block_on(async { tokio::time::timeout(Duration::from_millis(500), second_watch.wait_for(leading)).await.is_err() });
         assert!(stayed, "two leaders");
         assert_eq!(*second_watch.borrow(), Leadership::Following);
 
-        assert_eq!(first.stop(), [LeaderEvent::Elected { fence }, LeaderEvent::SteppedDown]);
+        assert_eq!(w.stop(first), [LeaderEvent::Elected { fence }, LeaderEvent::SteppedDown]);
         assert_eq!(*first_watch.borrow(), Leadership::Following, "a stopped leader follows");
         let next = runtime
             .block_on(async { tokio::time::timeout(bound, second_watch.wait_for(leading)).await.map(|l| *l.unwrap()) })
             .expect("the second was elected");
         assert!(matches!(next, Leadership::Leading { fence: next } if next > fence), "{next:?}");
-        assert_eq!(holder(&db).as_deref(), Some("second"));
+        assert_eq!(holder(db).as_deref(), Some("second"));
 
         // The row taken from under the leader: its watch turns back when the loss is
         // found, with the `Lost` event.
@@ -184,8 +185,8 @@ for_each_backend! {
         runtime
             .block_on(async { tokio::time::timeout(bound, second_watch.wait_for(|l| !leading(l))).await.map(|_| ()) })
             .expect("the lost lead was noticed");
-        assert!(!second.is_leader());
-        let events = second.stop();
+        assert!(!W::is_leader(&second));
+        let events = w.stop(second);
         assert!(events.iter().any(|e| matches!(e, LeaderEvent::Lost { .. })), "{events:?}");
     }
 
