@@ -12,8 +12,8 @@ use diesel::prelude::*;
 use diesel_occ::asynchronous::{AsyncGuardedClaim, AsyncRun};
 use diesel_occ::op;
 use diesel_occ::{
-    AttemptLimit, ClaimCounted, ClaimOrder, ClaimRequest, ClaimRows, Claimed, Error, ExtendClaim,
-    FinishClaim, FinishClaims, FinishedClaims, GuardedClaim, Status,
+    AdvanceInSql, AttemptLimit, ClaimCounted, ClaimOrder, ClaimRequest, ClaimRows, Claimed, Error,
+    ExtendClaim, FinishClaim, FinishClaims, FinishedClaims, GuardedClaim, HasStatus, Status,
 };
 
 use std::sync::{Arc, Mutex};
@@ -312,6 +312,273 @@ where
             cache_recorder(&statements),
         );
         statements
+    }
+}
+
+/// Claims of `jobs` rows inside transactions of the caller's.
+pub trait ClaimInTransaction: ClaimWorker + Sized {
+    /// Opens a transaction at isolation `level` ("rc" for the backend's default; "rr" and
+    /// "ser", PostgreSQL only: REPEATABLE READ and SERIALIZABLE), runs `work` on this
+    /// worker inside it, then commits when `work` answers `Ok` and rolls back otherwise:
+    /// `work`'s answer, or the commit's failure.
+    fn in_transaction_at<R>(
+        &mut self,
+        level: &str,
+        work: impl FnOnce(&mut Self) -> Result<R, Error>,
+    ) -> Result<R, Error>;
+    /// How many `jobs` rows (of `owner`, or all) this worker's connection sees.
+    fn count_jobs(&mut self, owner: Option<&str>) -> Result<i64, Error>;
+}
+
+/// The statement that sets a transaction's isolation `level`, first in the transaction.
+fn set_isolation(level: &str) -> Option<&'static str> {
+    match level {
+        "rr" => Some("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ"),
+        "ser" => Some("SET TRANSACTION ISOLATION LEVEL SERIALIZABLE"),
+        _ => None,
+    }
+}
+
+/// The count [`ClaimInTransaction::count_jobs`] reads.
+fn count_sql(owner: Option<&str>) -> String {
+    match owner {
+        Some(owner) => format!("SELECT COUNT(*) AS n FROM jobs WHERE owner = '{owner}'"),
+        None => "SELECT COUNT(*) AS n FROM jobs".to_string(),
+    }
+}
+
+#[derive(diesel::QueryableByName)]
+pub struct JobCount {
+    #[diesel(sql_type = diesel::sql_types::BigInt)]
+    n: i64,
+}
+
+impl<C> ClaimInTransaction for Blocking<C>
+where
+    Self: ClaimWorker,
+    C: diesel::Connection,
+    diesel::query_builder::SqlQuery: diesel::query_dsl::LoadQuery<'static, C, JobCount>,
+{
+    fn in_transaction_at<R>(
+        &mut self,
+        level: &str,
+        work: impl FnOnce(&mut Self) -> Result<R, Error>,
+    ) -> Result<R, Error> {
+        use diesel::connection::TransactionManager;
+        C::TransactionManager::begin_transaction(&mut self.0)?;
+        let answer = match set_isolation(level) {
+            Some(sql) => self.0.batch_execute(sql).map_err(Error::from),
+            None => Ok(()),
+        }
+        .and_then(|()| work(self));
+        match answer {
+            Ok(answer) => {
+                C::TransactionManager::commit_transaction(&mut self.0)?;
+                Ok(answer)
+            }
+            Err(error) => {
+                C::TransactionManager::rollback_transaction(&mut self.0)?;
+                Err(error)
+            }
+        }
+    }
+    fn count_jobs(&mut self, owner: Option<&str>) -> Result<i64, Error> {
+        Ok(diesel::sql_query(count_sql(owner))
+            .get_result::<JobCount>(&mut self.0)?
+            .n)
+    }
+}
+
+impl<A> ClaimInTransaction for Async<A>
+where
+    Self: ClaimWorker,
+    A: diesel_async::AsyncConnection,
+    diesel::query_builder::SqlQuery: diesel_async::methods::LoadQuery<'static, A, JobCount>,
+{
+    fn in_transaction_at<R>(
+        &mut self,
+        level: &str,
+        work: impl FnOnce(&mut Self) -> Result<R, Error>,
+    ) -> Result<R, Error> {
+        use diesel_async::TransactionManager;
+        self.runtime
+            .block_on(A::TransactionManager::begin_transaction(&mut self.conn))?;
+        let answer = match set_isolation(level) {
+            Some(sql) => self
+                .runtime
+                .block_on(self.conn.batch_execute(sql))
+                .map_err(Error::from),
+            None => Ok(()),
+        }
+        .and_then(|()| work(self));
+        match answer {
+            Ok(answer) => {
+                self.runtime
+                    .block_on(A::TransactionManager::commit_transaction(&mut self.conn))?;
+                Ok(answer)
+            }
+            Err(error) => {
+                self.runtime
+                    .block_on(A::TransactionManager::rollback_transaction(&mut self.conn))?;
+                Err(error)
+            }
+        }
+    }
+    fn count_jobs(&mut self, owner: Option<&str>) -> Result<i64, Error> {
+        let read = diesel_async::RunQueryDsl::get_result::<JobCount>(
+            diesel::sql_query(count_sql(owner)),
+            &mut self.conn,
+        );
+        Ok(self.runtime.block_on(read)?.n)
+    }
+}
+
+/// Claims on any table (entity `T`, owner column `O`, claim-time column `At`), for the
+/// bodies whose rows are not `jobs` (a two-column key, a loosely compared key): the
+/// library's `GuardedClaim`, or `AsyncGuardedClaim`.
+pub trait ClaimTable<T: HasStatus, O, At> {
+    fn claim_rows(
+        &mut self,
+        owner: O,
+        claimed_at: At,
+        request: &ClaimRequest<'_, T::Status>,
+    ) -> Result<Vec<T>, Error>;
+    fn end_claim(
+        &mut self,
+        key: &T::Key,
+        owner_column: O,
+        owner: &str,
+        held: T::Status,
+        to: T::Status,
+        next_owner: Option<&str>,
+    ) -> Result<(), Error>;
+    #[allow(clippy::too_many_arguments)]
+    fn end_claims(
+        &mut self,
+        keys: &[T::Key],
+        owner_column: O,
+        owner: &str,
+        held: T::Status,
+        to: T::Status,
+        next_owner: Option<&str>,
+    ) -> Result<FinishedClaims<T::Key>, Error>;
+}
+
+impl<C, T, O, At> ClaimTable<T, O, At> for Blocking<C>
+where
+    C: diesel::Connection,
+    T: ClaimRows<C, O, At> + FinishClaim<C, O> + FinishClaims<C, O>,
+    T::Guard: AdvanceInSql,
+{
+    fn claim_rows(
+        &mut self,
+        owner: O,
+        claimed_at: At,
+        request: &ClaimRequest<'_, T::Status>,
+    ) -> Result<Vec<T>, Error> {
+        <T as GuardedClaim>::claim(&mut self.0, owner, claimed_at, request)
+    }
+    fn end_claim(
+        &mut self,
+        key: &T::Key,
+        owner_column: O,
+        owner: &str,
+        held: T::Status,
+        to: T::Status,
+        next_owner: Option<&str>,
+    ) -> Result<(), Error> {
+        <T as GuardedClaim>::finish_claim(
+            &mut self.0,
+            key,
+            owner_column,
+            owner,
+            held,
+            to,
+            next_owner,
+        )
+    }
+    fn end_claims(
+        &mut self,
+        keys: &[T::Key],
+        owner_column: O,
+        owner: &str,
+        held: T::Status,
+        to: T::Status,
+        next_owner: Option<&str>,
+    ) -> Result<FinishedClaims<T::Key>, Error> {
+        <T as GuardedClaim>::finish_claims(
+            &mut self.0,
+            keys,
+            owner_column,
+            owner,
+            held,
+            to,
+            next_owner,
+        )
+    }
+}
+
+impl<A, T, O, At> ClaimTable<T, O, At> for Async<A>
+where
+    A: diesel_async::AsyncConnection,
+    T: HasStatus + Clone,
+    T::Guard: AdvanceInSql,
+    op::Claim<T, O, At>: AsyncRun<A>,
+    op::EndClaim<T, O>: AsyncRun<A>,
+    op::EndClaims<T, O>: AsyncRun<A>,
+{
+    fn claim_rows(
+        &mut self,
+        owner: O,
+        claimed_at: At,
+        request: &ClaimRequest<'_, T::Status>,
+    ) -> Result<Vec<T>, Error> {
+        self.runtime.block_on(<T as AsyncGuardedClaim>::claim(
+            &mut self.conn,
+            owner,
+            claimed_at,
+            request,
+        ))
+    }
+    fn end_claim(
+        &mut self,
+        key: &T::Key,
+        owner_column: O,
+        owner: &str,
+        held: T::Status,
+        to: T::Status,
+        next_owner: Option<&str>,
+    ) -> Result<(), Error> {
+        self.runtime
+            .block_on(<T as AsyncGuardedClaim>::finish_claim(
+                &mut self.conn,
+                key,
+                owner_column,
+                owner,
+                held,
+                to,
+                next_owner,
+            ))
+    }
+    fn end_claims(
+        &mut self,
+        keys: &[T::Key],
+        owner_column: O,
+        owner: &str,
+        held: T::Status,
+        to: T::Status,
+        next_owner: Option<&str>,
+    ) -> Result<FinishedClaims<T::Key>, Error> {
+        self.runtime
+            .block_on(<T as AsyncGuardedClaim>::finish_claims(
+                &mut self.conn,
+                keys,
+                owner_column,
+                owner,
+                held,
+                to,
+                next_owner,
+            ))
     }
 }
 

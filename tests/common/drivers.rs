@@ -2208,3 +2208,214 @@ bb8_pool_on_url!(
 bb8_pool_on_url!(diesel_async::AsyncPgConnection);
 #[cfg(all(feature = "bb8", feature = "async-mysql"))]
 bb8_pool_on_url!(diesel_async::AsyncMysqlConnection);
+
+// Lock holders' names and fenced writes on a connection of the executor's pool (added
+// with the conversion of tests/locks/lock.rs).
+
+#[cfg(feature = "locks")]
+#[allow(unused_imports)] // Unused in the test binaries without lock bodies.
+pub use lock_holders::*;
+
+#[cfg(feature = "locks")]
+mod lock_holders {
+    use super::*;
+
+    use diesel_occ::{FencedWrite, LockConnection, LockGuard, WriteFenced};
+
+    /// Who holds a lock taken with [`LockWrites`], as its lock row names the holder.
+    pub trait LockHolder: LockWrites {
+        fn holder(guard: &Self::Guard) -> String;
+    }
+
+    /// A fenced write (`write_fenced`) of `changes` to the row of `T` with `key`, on a
+    /// connection of the executor's pool.
+    pub trait WriteFencedPooled<T: Guarded, F, Ch> {
+        fn write_fenced(
+            &self,
+            key: &T::Key,
+            fence_column: F,
+            fence: i64,
+            changes: Ch,
+        ) -> Result<(), Error>;
+    }
+
+    impl<S> LockHolder for BlockingPool<S>
+    where
+        S: ConnectionSource + Sync,
+        S::Connection: LockConnection + WriteTransaction,
+        Self: LockWrites<Guard = LockGuard<S>>,
+    {
+        fn holder(guard: &Self::Guard) -> String {
+            guard.holder().to_owned()
+        }
+    }
+
+    impl<S, T, F, Ch> WriteFencedPooled<T, F, Ch> for BlockingPool<S>
+    where
+        S: ConnectionSource,
+        T: WriteFenced<S::Connection, F, Ch>,
+    {
+        fn write_fenced(
+            &self,
+            key: &T::Key,
+            fence_column: F,
+            fence: i64,
+            changes: Ch,
+        ) -> Result<(), Error> {
+            self.0.on_connection(|conn| {
+                <T as FencedWrite>::write_fenced(conn, key, fence_column, fence, changes)
+            })?
+        }
+    }
+
+    #[cfg(all(feature = "bb8", any(not(feature = "mysql"), feature = "async-mysql")))]
+    mod on_async {
+        use super::*;
+
+        use diesel_occ::asynchronous::{
+            AsyncConnectionSource, AsyncFencedWrite, AsyncLockGuard, AsyncRun,
+        };
+
+        impl<P> LockHolder for AsyncPool<P>
+        where
+            P: AsyncConnectionSource,
+            Self: LockWrites<Guard = AsyncLockGuard<P>>,
+        {
+            fn holder(guard: &Self::Guard) -> String {
+                guard.holder().to_owned()
+            }
+        }
+
+        impl<P, T, F, Ch> WriteFencedPooled<T, F, Ch> for AsyncPool<P>
+        where
+            P: AsyncConnectionSource,
+            T: Guarded,
+            diesel_occ::op::FencedUpdate<T, F, Ch>: AsyncRun<P::Connection>,
+        {
+            fn write_fenced(
+                &self,
+                key: &T::Key,
+                fence_column: F,
+                fence: i64,
+                changes: Ch,
+            ) -> Result<(), Error> {
+                self.runtime.block_on(async {
+                    let mut conn = self.pool.checkout().await?;
+                    <T as AsyncFencedWrite>::write_fenced(
+                        &mut *conn,
+                        key,
+                        fence_column,
+                        fence,
+                        changes,
+                    )
+                    .await
+                })
+            }
+        }
+    }
+}
+
+// Releases of kept-alive leases (added with the conversion of tests/locks/leader.rs).
+
+#[cfg(feature = "locks")]
+#[allow(unused_imports)] // Unused in the test binaries without lock bodies.
+pub use lease_releases::*;
+
+#[cfg(feature = "locks")]
+mod lease_releases {
+    use super::*;
+
+    use diesel_occ::{Lease, LockConnection};
+
+    /// The owner-checked release of a lease kept alive with [`KeepAlive`].
+    pub trait ReleaseLease: KeepAlive {
+        fn release_lease(&self, lease: Self::Lease) -> Result<(), Error>;
+    }
+
+    impl<S> ReleaseLease for BlockingPool<S>
+    where
+        S: ConnectionSource + Sync,
+        S::Connection: LockConnection + WriteTransaction,
+        Self: KeepAlive<Lease = Lease<S>>,
+    {
+        fn release_lease(&self, lease: Self::Lease) -> Result<(), Error> {
+            lease.release()
+        }
+    }
+
+    #[cfg(all(feature = "bb8", any(not(feature = "mysql"), feature = "async-mysql")))]
+    impl<P> ReleaseLease for AsyncPool<P>
+    where
+        P: diesel_occ::asynchronous::AsyncConnectionSource,
+        Self: KeepAlive<Lease = diesel_occ::asynchronous::AsyncLease<P>>,
+    {
+        fn release_lease(&self, lease: Self::Lease) -> Result<(), Error> {
+            self.runtime.block_on(lease.release())
+        }
+    }
+}
+
+/// A pool executor of `size` bb8-pooled diesel-async connections `A` to `url` (for a
+/// child process, which must reach its parent's database), on a runtime of its own.
+#[cfg(all(feature = "bb8", any(not(feature = "mysql"), feature = "async-mysql")))]
+pub fn bb8_pool_on<A>(
+    url: &str,
+    backend: &str,
+    size: u32,
+) -> AsyncPool<diesel_async::pooled_connection::bb8::Pool<A>>
+where
+    A: diesel_async::pooled_connection::PoolableConnection + 'static,
+    for<'a> diesel::dsl::select<diesel::dsl::AsExprOf<i32, diesel::sql_types::Integer>>:
+        diesel_async::methods::LoadQuery<'a, A, i32>,
+    diesel::query_builder::SqlQuery: diesel::query_builder::QueryFragment<A::Backend>,
+{
+    let manager = manager::<A>(url, backend);
+    AsyncPool::build(async move {
+        diesel_async::pooled_connection::bb8::Pool::builder()
+            .max_size(size)
+            .build(manager)
+            .await
+            .expect("a bb8 pool")
+    })
+}
+
+// Leadership watches (added with the conversion of tests/locks/leader.rs).
+
+#[cfg(all(feature = "locks", feature = "tokio"))]
+#[allow(unused_imports)] // Unused in the test binaries without lock bodies.
+pub use leadership_watches::*;
+
+#[cfg(all(feature = "locks", feature = "tokio"))]
+mod leadership_watches {
+    use super::*;
+
+    use diesel_occ::{Candidate, Leadership, LockConnection, LockGuard};
+
+    /// The leadership of a candidate started with [`Campaign`], as the `watch` channel
+    /// async code awaits (the library's `leadership`, on both candidates).
+    pub trait WatchLeadership: Campaign {
+        fn leadership(candidate: &Self::Candidate) -> tokio::sync::watch::Receiver<Leadership>;
+    }
+
+    impl<S> WatchLeadership for BlockingPool<S>
+    where
+        S: ConnectionSource + Sync,
+        S::Connection: LockConnection + WriteTransaction,
+        Self: LockWrites<Guard = LockGuard<S>> + Campaign<Candidate = Candidate>,
+    {
+        fn leadership(candidate: &Self::Candidate) -> tokio::sync::watch::Receiver<Leadership> {
+            candidate.leadership()
+        }
+    }
+
+    #[cfg(all(feature = "bb8", any(not(feature = "mysql"), feature = "async-mysql")))]
+    impl<P> WatchLeadership for AsyncPool<P>
+    where
+        P: diesel_occ::asynchronous::AsyncConnectionSource,
+        Self: Campaign<Candidate = diesel_occ::asynchronous::AsyncCandidate>,
+    {
+        fn leadership(candidate: &Self::Candidate) -> tokio::sync::watch::Receiver<Leadership> {
+            candidate.leadership()
+        }
+    }
+}

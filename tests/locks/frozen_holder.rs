@@ -6,6 +6,7 @@
 
 use crate::common;
 
+use common::drivers::{KeepAlive, WriteFencedPooled};
 use common::fenced::{protected, Protected};
 
 use std::io::{BufRead, BufReader, Write};
@@ -17,10 +18,12 @@ use common::{KillOnDrop, PoolByUrl};
 use diesel::connection::SimpleConnection;
 use diesel::prelude::*;
 use diesel_occ::FencedWrite;
-use diesel_occ::Lease;
 use diesel_occ::Locks;
 
 const TTL: Duration = Duration::from_millis(1000);
+
+/// The change the fenced writes send.
+type ValueIs = diesel::dsl::Eq<protected::value, i64>;
 
 /// Sends `signal` (`STOP`, `CONT`) to process `pid` with the system's `kill`.
 fn signal(pid: u32, signal: &str) {
@@ -45,18 +48,18 @@ fn expect(lines: &Receiver<String>, prefix: &str) -> String {
 }
 
 for_each_backend! {
-    /// The child: takes the lock with a kept-alive lease, says so, and on each line of
-    /// input checks its lease and tries a fenced write, printing both outcomes.
-    #[test]
-    fn frozen_holder_child() {
-        let Ok(url) = std::env::var(format!("OCC_FROZEN_CHILD_{BACKEND}")) else { return };
-        let pool = <Conn as PoolByUrl>::pool(&url);
-        let lease = Lease::keep_alive(Locks::new(pool.clone()).try_lock("frozen", "main", TTL, Some("child")).unwrap());
-        println!("HOLDING {}", lease.fence());
-        let mut conn = pool.get().unwrap();
+    /// The child, on either driver: takes the lock with a kept-alive lease, says so, and
+    /// on each line of input checks its lease and tries a fenced write, printing both
+    /// outcomes.
+    fn hold_and_answer<W>(w: &W)
+    where
+        W: KeepAlive + WriteFencedPooled<Protected, protected::last_fence, ValueIs>,
+    {
+        let lease = w.keep_alive(w.try_lock("frozen", "main", TTL, Some("child")).unwrap());
+        println!("HOLDING {}", W::lease_fence(&lease));
         for _ in std::io::stdin().lock().lines() {
-            let check = lease.check().err().map_or("ok".to_string(), |e| format!("{e:?}"));
-            let write = Protected::write_fenced(&mut conn, &1, protected::last_fence, lease.fence(), protected::value.eq(666))
+            let check = W::lease_check(&lease).err().map_or("ok".to_string(), |e| format!("{e:?}"));
+            let write = w.write_fenced(&1, protected::last_fence, W::lease_fence(&lease), protected::value.eq(666))
                 .err()
                 .map_or("ok".to_string(), |e| format!("{e:?}"));
             println!("CHECK {check}");
@@ -64,30 +67,20 @@ for_each_backend! {
         }
     }
 
-    /// The child on the async path (feature `async` and a diesel-async pool): the lease
-    /// kept alive by a tokio task on a bb8 pool, the same checks and writes.
+    /// The child on the blocking API: the lease kept alive by a thread, on an r2d2 pool.
+    #[test]
+    fn frozen_holder_child() {
+        let Ok(url) = std::env::var(format!("OCC_FROZEN_CHILD_{BACKEND}")) else { return };
+        hold_and_answer(&common::drivers::BlockingPool(<Conn as PoolByUrl>::pool(&url)));
+    }
+
+    /// The child on the async API (feature `async` and a diesel-async pool): the lease
+    /// kept alive by a tokio task, on a bb8 pool.
     #[cfg(all(feature = "bb8", any(not(feature = "mysql"), feature = "async-mysql")))]
     #[test]
     fn frozen_async_holder_child() {
-        async_pools!();
         let Ok(url) = std::env::var(format!("OCC_FROZEN_CHILD_{BACKEND}")) else { return };
-        let runtime = common::paths::runtime();
-        let locks = diesel_occ::asynchronous::AsyncLocks::new(bb8_pool(&url, 2, &runtime));
-        let guard = runtime.block_on(locks.try_lock("frozen", "main", TTL, Some("child"))).unwrap();
-        let lease = {
-            let _inside = runtime.enter();
-            diesel_occ::asynchronous::AsyncLease::keep_alive(guard)
-        };
-        println!("HOLDING {}", lease.fence());
-        let mut conn = <Conn as PoolByUrl>::pool(&url).get().unwrap();
-        for _ in std::io::stdin().lock().lines() {
-            let check = lease.check().err().map_or("ok".to_string(), |e| format!("{e:?}"));
-            let write = Protected::write_fenced(&mut conn, &1, protected::last_fence, lease.fence(), protected::value.eq(666))
-                .err()
-                .map_or("ok".to_string(), |e| format!("{e:?}"));
-            println!("CHECK {check}");
-            println!("WRITE {write}");
-        }
+        hold_and_answer(&common::drivers::bb8_pool_on::<<Conn as common::paths::AsyncOf>::Async>(&url, BACKEND, 2));
     }
 
     #[test]

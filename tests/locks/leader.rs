@@ -5,6 +5,9 @@
 
 use crate::common;
 
+#[cfg(feature = "tokio")]
+use common::drivers::WatchLeadership;
+use common::drivers::{Campaign, ReleaseLease};
 use common::{KillOnDrop, PoolByUrl};
 
 use std::io::{BufRead, BufReader};
@@ -13,7 +16,6 @@ use std::time::{Duration, Instant};
 
 use diesel::prelude::*;
 use diesel_occ::Error;
-use diesel_occ::Lease;
 use diesel_occ::{occ_locks, Locks};
 use diesel_occ::{Candidate, ElectionTiming, LeaderEvent};
 
@@ -66,34 +68,25 @@ fn election_timings_are_validated() {
 }
 
 for_each_backend! {
-    /// A lease kept alive from `source` outlives its TTL many times; when someone else
-    /// takes the row over, the holder learns it within about a third of the TTL.
-    fn a_kept_alive_lease_outlives_its_ttl_and_learns_when_it_is_taken<S>(db: &common::TestDb<Conn>, source: S)
-    where
-        S: diesel_occ::ConnectionSource,
-        S::Connection: diesel_occ::LockConnection,
-    {
-        let locks = Locks::new(source);
-        let lease = Lease::keep_alive(locks.try_lock("worker", "w1", Duration::from_millis(300), Some("me")).unwrap());
+    type Db = common::TestDb<Conn>;
+
+    /// A lease kept alive outlives its TTL many times; when someone else takes the row
+    /// over, the holder learns it within about a third of the TTL.
+    fn a_kept_alive_lease_outlives_its_ttl_and_learns_when_it_is_taken<W: ReleaseLease>(db: &Db, w: &W) {
+        let lease = w.keep_alive(w.try_lock("worker", "w1", Duration::from_millis(300), Some("me")).unwrap());
 
         std::thread::sleep(Duration::from_millis(1000));
-        lease.check().unwrap();
-        assert!(matches!(locks.try_lock("worker", "w1", Duration::from_secs(5), None), Err(Error::LockHeld { .. })));
+        W::lease_check(&lease).unwrap();
+        assert!(matches!(w.try_lock("worker", "w1", Duration::from_secs(5), None), Err(Error::LockHeld { .. })));
 
         diesel::update(occ_locks::table).set(occ_locks::holder.eq("intruder")).execute(&mut db.conn()).unwrap();
         let taken = Instant::now();
-        while lease.check().is_ok() {
+        while W::lease_check(&lease).is_ok() {
             assert!(taken.elapsed() < Duration::from_millis(1000), "the lost lease went unnoticed");
             std::thread::sleep(Duration::from_millis(5));
         }
-        assert!(matches!(lease.check(), Err(Error::LockLost { .. })));
-        assert!(matches!(lease.release(), Err(Error::LockLost { .. })));
-    }
-
-    #[test]
-    fn a_kept_alive_lease_on_an_r2d2_pool_outlives_its_ttl() {
-        let Some(db) = db() else { return };
-        a_kept_alive_lease_outlives_its_ttl_and_learns_when_it_is_taken(&db, db.pool.clone());
+        assert!(matches!(W::lease_check(&lease), Err(Error::LockLost { .. })));
+        assert!(matches!(w.release_lease(lease), Err(Error::LockLost { .. })));
     }
 
     /// The keep-alive thread carries the runtime of the code that started it, where the
@@ -103,39 +96,28 @@ for_each_backend! {
     fn a_kept_alive_lease_on_a_deadpool_pool_outlives_its_ttl() {
         common::deadpool::in_runtime(|| {
             let Some(db) = db() else { return };
-            a_kept_alive_lease_outlives_its_ttl_and_learns_when_it_is_taken(&db, db.deadpool());
+            a_kept_alive_lease_outlives_its_ttl_and_learns_when_it_is_taken(&db, &common::drivers::BlockingPool(db.deadpool()));
         });
     }
 
-    /// Two candidates on `source`: one leads; when it steps down the other is elected,
-    /// with a higher fence.
-    fn one_candidate_leads_and_the_other_takes_over_when_it_steps_down<S>(source: S)
-    where
-        S: diesel_occ::ConnectionSource,
-        S::Connection: diesel_occ::LockConnection,
-    {
-        let locks = Locks::new(source);
-        let first = Candidate::start(locks.clone(), "scheduler", "main", "first", timing()).unwrap();
-        let Some(LeaderEvent::Elected { fence }) = next_event(&first, Duration::from_secs(5)) else { panic!("the first was not elected") };
-        let second = Candidate::start(locks.clone(), "scheduler", "main", "second", timing()).unwrap();
-        assert_eq!(next_event(&second, Duration::from_millis(500)), None, "two leaders");
-        assert!(first.is_leader() && !second.is_leader());
+    /// Two candidates: one leads; when it steps down the other is elected, with a higher
+    /// fence.
+    fn one_candidate_leads_and_the_other_takes_over_when_it_steps_down<W: Campaign>(_: &Db, w: &W) {
+        let mut first = w.start_candidate("scheduler", "main", "first", timing()).unwrap();
+        let Some(LeaderEvent::Elected { fence }) = w.next_event(&mut first, Duration::from_secs(5)) else { panic!("the first was not elected") };
+        let mut second = w.start_candidate("scheduler", "main", "second", timing()).unwrap();
+        assert_eq!(w.next_event(&mut second, Duration::from_millis(500)), None, "two leaders");
+        assert!(W::is_leader(&first) && !W::is_leader(&second));
 
-        assert_eq!(first.stop(), [LeaderEvent::SteppedDown], "the leader says it stepped down");
-        match next_event(&second, Duration::from_secs(5)) {
+        assert_eq!(w.stop(first), [LeaderEvent::SteppedDown], "the leader says it stepped down");
+        match w.next_event(&mut second, Duration::from_secs(5)) {
             Some(LeaderEvent::Elected { fence: next }) => assert!(next > fence),
             other => panic!("{other:?}"),
         }
-        assert!(second.is_leader());
-        let waiting = Candidate::start(locks, "scheduler", "main", "third", timing()).unwrap();
-        assert_eq!(waiting.stop(), [], "a candidate that never led has nothing to step down from");
-        assert_eq!(second.stop(), [LeaderEvent::SteppedDown]);
-    }
-
-    #[test]
-    fn on_an_r2d2_pool_one_candidate_leads_at_a_time() {
-        let Some(db) = db() else { return };
-        one_candidate_leads_and_the_other_takes_over_when_it_steps_down(db.pool.clone());
+        assert!(W::is_leader(&second));
+        let waiting = w.start_candidate("scheduler", "main", "third", timing()).unwrap();
+        assert_eq!(w.stop(waiting), [], "a candidate that never led has nothing to step down from");
+        assert_eq!(w.stop(second), [LeaderEvent::SteppedDown]);
     }
 
     #[cfg(feature = "deadpool")]
@@ -143,9 +125,19 @@ for_each_backend! {
     fn on_a_deadpool_pool_one_candidate_leads_at_a_time() {
         common::deadpool::in_runtime(|| {
             let Some(db) = db() else { return };
-            one_candidate_leads_and_the_other_takes_over_when_it_steps_down(db.deadpool());
+            one_candidate_leads_and_the_other_takes_over_when_it_steps_down(&db, &common::drivers::BlockingPool(db.deadpool()));
         });
     }
+
+    tests_on_both_drivers!(
+        |_: &Db| ();
+        ;
+        pooled:
+        a_kept_alive_lease_outlives_its_ttl_and_learns_when_it_is_taken,
+        one_candidate_leads_and_the_other_takes_over_when_it_steps_down,
+        #[cfg(feature = "tokio")]
+        async_code_follows_leadership_on_a_watch,
+    );
 
     /// Async code follows leadership without blocking: on a current-thread runtime (one
     /// thread for everything), the first candidate's watch turns to `Leading`, the
@@ -154,41 +146,38 @@ for_each_backend! {
     /// lock row names the holder each watch shows); a lead lost to a taken row turns it
     /// back too.
     #[cfg(feature = "tokio")]
-    #[test]
-    fn async_code_follows_leadership_on_a_watch() {
+    fn async_code_follows_leadership_on_a_watch<W: WatchLeadership>(db: &Db, w: &W) {
         use diesel_occ::Leadership;
-        let Some(db) = db() else { return };
         let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-        let holder = |db: &common::TestDb<Conn>| -> Option<String> {
+        let holder = |db: &Db| -> Option<String> {
             occ_locks::table.select(occ_locks::label).first::<Option<String>>(&mut db.conn()).ok().flatten()
         };
         let leading = |l: &Leadership| matches!(l, Leadership::Leading { .. });
         let bound = Duration::from_secs(10);
 
-        let locks = Locks::new(db.pool.clone());
-        let first = Candidate::start(locks.clone(), "scheduler", "main", "first", timing()).unwrap();
-        let mut first_watch = first.leadership();
+        let first = w.start_candidate("scheduler", "main", "first", timing()).unwrap();
+        let mut first_watch = W::leadership(&first);
         let Leadership::Leading { fence } = runtime
             .block_on(async { tokio::time::timeout(bound, first_watch.wait_for(leading)).await.map(|l| *l.unwrap()) })
             .expect("the first was elected")
         else {
             unreachable!()
         };
-        assert_eq!(holder(&db).as_deref(), Some("first"));
+        assert_eq!(holder(db).as_deref(), Some("first"));
 
-        let second = Candidate::start(locks, "scheduler", "main", "second", timing()).unwrap();
-        let mut second_watch = second.leadership();
+        let second = w.start_candidate("scheduler", "main", "second", timing()).unwrap();
+        let mut second_watch = W::leadership(&second);
         let stayed = runtime.block_on(async { tokio::time::timeout(Duration::from_millis(500), second_watch.wait_for(leading)).await.is_err() });
         assert!(stayed, "two leaders");
         assert_eq!(*second_watch.borrow(), Leadership::Following);
 
-        assert_eq!(first.stop(), [LeaderEvent::Elected { fence }, LeaderEvent::SteppedDown]);
+        assert_eq!(w.stop(first), [LeaderEvent::Elected { fence }, LeaderEvent::SteppedDown]);
         assert_eq!(*first_watch.borrow(), Leadership::Following, "a stopped leader follows");
         let next = runtime
             .block_on(async { tokio::time::timeout(bound, second_watch.wait_for(leading)).await.map(|l| *l.unwrap()) })
             .expect("the second was elected");
         assert!(matches!(next, Leadership::Leading { fence: next } if next > fence), "{next:?}");
-        assert_eq!(holder(&db).as_deref(), Some("second"));
+        assert_eq!(holder(db).as_deref(), Some("second"));
 
         // The row taken from under the leader: its watch turns back when the loss is
         // found, with the `Lost` event.
@@ -196,8 +185,8 @@ for_each_backend! {
         runtime
             .block_on(async { tokio::time::timeout(bound, second_watch.wait_for(|l| !leading(l))).await.map(|_| ()) })
             .expect("the lost lead was noticed");
-        assert!(!second.is_leader());
-        let events = second.stop();
+        assert!(!W::is_leader(&second));
+        let events = w.stop(second);
         assert!(events.iter().any(|e| matches!(e, LeaderEvent::Lost { .. })), "{events:?}");
     }
 
@@ -289,16 +278,14 @@ for_each_backend! {
         assert!(matches!(refused, Err(Error::InvalidSetting { what: "async job", .. })));
     }
 
-    /// The child side of the failover test: leads until killed.
-    #[test]
-    fn leader_child() {
-        let Ok(url) = std::env::var(format!("OCC_LEADER_CHILD_{BACKEND}")) else { return };
-        let locks = Locks::new(<Conn as PoolByUrl>::pool(&url));
-        if let Err(e) = locks.try_lock("failover-probe", "main", Duration::from_secs(1), None) {
-            println!("PROBE FAILED {e}");
+    /// The child side of the failover test, on either driver: leads until killed.
+    fn lead_until_killed<W: Campaign>(w: &W) {
+        match w.try_lock("failover-probe", "main", Duration::from_secs(1), None) {
+            Ok(probe) => w.drop_guard(probe),
+            Err(e) => println!("PROBE FAILED {e}"),
         }
-        let candidate = Candidate::start(locks, "failover", "main", "child", failover_timing()).unwrap();
-        if let Some(LeaderEvent::Elected { fence }) = next_event(&candidate, Duration::from_secs(30)) {
+        let mut candidate = w.start_candidate("failover", "main", "child", failover_timing()).unwrap();
+        if let Some(LeaderEvent::Elected { fence }) = w.next_event(&mut candidate, Duration::from_secs(30)) {
             println!("ELECTED {fence}");
         }
         loop {
@@ -306,22 +293,19 @@ for_each_backend! {
         }
     }
 
-    /// The child side on the async path: an `AsyncCandidate` (a tokio task) on a bb8 pool
-    /// leads until killed.
+    /// The child on the blocking API: a `Candidate` (a thread) on an r2d2 pool.
+    #[test]
+    fn leader_child() {
+        let Ok(url) = std::env::var(format!("OCC_LEADER_CHILD_{BACKEND}")) else { return };
+        lead_until_killed(&common::drivers::BlockingPool(<Conn as PoolByUrl>::pool(&url)));
+    }
+
+    /// The child on the async API: an `AsyncCandidate` (a tokio task) on a bb8 pool.
     #[cfg(all(feature = "bb8", any(not(feature = "mysql"), feature = "async-mysql")))]
     #[test]
     fn async_leader_child() {
-        async_pools!();
         let Ok(url) = std::env::var(format!("OCC_LEADER_CHILD_{BACKEND}")) else { return };
-        let runtime = common::paths::runtime();
-        let locks = diesel_occ::asynchronous::AsyncLocks::new(bb8_pool(&url, 4, &runtime));
-        runtime.block_on(async {
-            let mut candidate = diesel_occ::asynchronous::AsyncCandidate::start(locks, "failover", "main", "child", failover_timing()).unwrap();
-            if let Ok(Some(LeaderEvent::Elected { fence })) = tokio::time::timeout(Duration::from_secs(30), candidate.next_event()).await {
-                println!("ELECTED {fence}");
-            }
-            std::future::pending::<()>().await;
-        });
+        lead_until_killed(&common::drivers::bb8_pool_on::<<Conn as common::paths::AsyncOf>::Async>(&url, BACKEND, 4));
     }
 
     /// A child process leads and is killed with SIGKILL: this process is elected, with a

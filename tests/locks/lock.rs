@@ -5,6 +5,7 @@
 
 use crate::common;
 
+use common::drivers::{LockHolder, LockRenewals, LockWrites, WriteFencedPooled};
 use common::fenced::{protected, Protected};
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -23,8 +24,20 @@ fn quick() -> RetryPolicy {
         .max_delay(Duration::from_millis(10))
 }
 
+/// The change the fenced writes send.
+type ValueIs = diesel::dsl::Eq<protected::value, i64>;
+
+/// The error of a lock that must be refused.
+fn refused<G>(taken: Result<G, Error>) -> Error {
+    match taken {
+        Ok(_) => panic!("expected an error, got the lock"),
+        Err(e) => e,
+    }
+}
+
 for_each_backend! {
     type Pooled = diesel_occ::Pooled<Conn>;
+    type Db = common::TestDb<Conn>;
 
     fn setup() -> Option<common::TestDb<Conn>> {
         let db = db()?;
@@ -208,69 +221,80 @@ for_each_backend! {
     /// A holder that stops renewing loses the lease by the database's clock; the next
     /// holder's fence is higher, and the old holder's renew, release and fenced write are
     /// all refused.
-    #[test]
-    fn a_lapsed_holder_is_locked_out_and_its_fenced_write_refused() {
-        let Some(db) = setup() else { return };
+    fn a_lapsed_holder_is_locked_out_and_its_fenced_write_refused<W>(db: &Db, w: &W)
+    where
+        W: LockRenewals + WriteFencedPooled<Protected, protected::last_fence, ValueIs>,
+    {
         let conn = &mut db.conn();
-        let locks = Locks::new(db.pool.clone());
-        let mut paused = locks.try_lock("leader", "eu", Duration::from_millis(300), Some("host-a")).unwrap();
+        let mut paused = w.try_lock("leader", "eu", Duration::from_millis(300), Some("host-a")).unwrap();
 
-        match locks.try_lock("leader", "eu", Duration::from_secs(30), Some("host-b")) {
+        match w.try_lock("leader", "eu", Duration::from_secs(30), Some("host-b")) {
             Err(Error::LockHeld { holder, until, .. }) => {
                 assert_eq!(holder.as_deref(), Some("host-a"));
                 assert!(until.is_some());
             }
-            other => panic!("expected LockHeld, got {other:?}"),
+            Err(other) => panic!("expected LockHeld, got {other:?}"),
+            Ok(_) => panic!("expected LockHeld, got the lock"),
         }
-        paused.renew().unwrap();
+        w.renew(&mut paused).unwrap();
         // Past the lease, by the database's clock.
         std::thread::sleep(Duration::from_millis(800));
-        let successor = locks.try_lock("leader", "eu", Duration::from_secs(30), Some("host-b")).unwrap();
-        assert!(successor.fence() > paused.fence());
-        Protected::write_fenced(conn, &1, protected::last_fence, successor.fence(), protected::value.eq(7)).unwrap();
+        let successor = w.try_lock("leader", "eu", Duration::from_secs(30), Some("host-b")).unwrap();
+        let (old, new) = (W::fence(&paused), W::fence(&successor));
+        assert!(new > old);
+        w.write_fenced(&1, protected::last_fence, new, protected::value.eq(7)).unwrap();
 
-        let renew = paused.renew().unwrap_err();
-        let write = Protected::write_fenced(conn, &1, protected::last_fence, paused.fence(), protected::value.eq(666)).unwrap_err();
-        let release = paused.release().unwrap_err();
+        let renew = w.renew(&mut paused).unwrap_err();
+        let write = w.write_fenced(&1, protected::last_fence, old, protected::value.eq(666)).unwrap_err();
+        let release = w.release(paused).unwrap_err();
 
         assert!(matches!(renew, Error::LockLost { .. }), "{renew}");
         assert!(matches!(release, Error::LockLost { .. }), "{release}");
         match write {
-            Error::StaleFence { presented, current } => assert_eq!((presented, current), (successor.fence() - 1, successor.fence())),
+            Error::StaleFence { presented, current } => assert_eq!((presented, current), (new - 1, new)),
             other => panic!("{other}"),
         }
-        assert_eq!(value(conn), (7, successor.fence()));
-        successor.release().unwrap();
+        assert_eq!(value(conn), (7, new));
+        w.release(successor).unwrap();
     }
 
     /// Not re-entrant; a dropped guard frees the lock; the row stays so the fence rises.
-    #[test]
-    fn locks_are_not_reentrant_and_a_dropped_guard_frees_the_lock() {
-        let Some(db) = setup() else { return };
-        let locks = Locks::new(db.pool.clone());
-        let first = locks.try_lock("job", "1", Duration::from_secs(30), None).unwrap();
-        assert!(matches!(locks.try_lock("job", "1", Duration::from_secs(30), None), Err(Error::LockHeld { .. })));
-        let fence = first.fence();
-        drop(first);
+    /// (The async guard's release runs in a task of its own, so the lock row is awaited.)
+    fn locks_are_not_reentrant_and_a_dropped_guard_frees_the_lock<W: LockWrites>(db: &Db, w: &W) {
+        let first = w.try_lock("job", "1", Duration::from_secs(30), None).unwrap();
+        assert!(matches!(w.try_lock("job", "1", Duration::from_secs(30), None), Err(Error::LockHeld { .. })));
+        let fence = W::fence(&first);
+        w.drop_guard(first);
+        wait_until_free(db, "job");
 
-        let second = locks.try_lock("job", "1", Duration::from_secs(30), None).unwrap();
-        assert_eq!(second.fence(), fence + 1);
-        second.release().unwrap();
+        let second = w.try_lock("job", "1", Duration::from_secs(30), None).unwrap();
+        assert_eq!(W::fence(&second), fence + 1);
+        w.release(second).unwrap();
         let rows: i64 = occ_locks::table.count().get_result(&mut db.conn()).unwrap();
         assert_eq!(rows, 1, "the row is kept on release");
     }
 
-    /// Bad names and leases are refused before anything is sent; odd but valid names are
-    /// bound, stored and read back exactly.
+    /// Waits (10 s at most) until lock `name`'s row names no holder.
+    fn wait_until_free(db: &Db, name: &str) {
+        let until = std::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let holder: Option<String> = occ_locks::table
+                .filter(occ_locks::lock_name.eq(name))
+                .select(occ_locks::holder)
+                .first(&mut db.conn())
+                .unwrap();
+            if holder.is_none() { return; }
+            assert!(std::time::Instant::now() < until, "the dropped guard's lock is still held");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
     /// A held row without an expiry (written by hand, or by a tool that knows no
     /// leases) counts as expired: it is taken at once, with a higher fence, instead of
     /// blocking its lock for ever.
-    #[test]
-    fn a_held_row_without_an_expiry_is_taken() {
-        let Some(db) = setup() else { return };
-        let locks = Locks::new(db.pool.clone());
-        let first = locks.try_lock("report", "nightly", Duration::from_secs(60), Some("first")).unwrap();
-        let fence = first.fence();
+    fn a_held_row_without_an_expiry_is_taken<W: LockHolder>(db: &Db, w: &W) {
+        let first = w.try_lock("report", "nightly", Duration::from_secs(60), Some("first")).unwrap();
+        let fence = W::fence(&first);
         std::mem::forget(first);
         let conn = &mut db.conn();
         diesel::update(occ_locks::table)
@@ -278,30 +302,27 @@ for_each_backend! {
             .execute(conn)
             .unwrap();
 
-        let second = locks.try_lock("report", "nightly", Duration::from_secs(60), Some("second")).unwrap();
+        let second = w.try_lock("report", "nightly", Duration::from_secs(60), Some("second")).unwrap();
 
-        assert!(second.fence() > fence, "{} > {fence}", second.fence());
+        assert!(W::fence(&second) > fence, "{} > {fence}", W::fence(&second));
         let (holder, label, expires): (Option<String>, Option<String>, Option<chrono::NaiveDateTime>) = occ_locks::table
             .select((occ_locks::holder, occ_locks::label, occ_locks::expires_at))
             .first(conn)
             .unwrap();
-        assert_eq!((holder.as_deref(), label.as_deref()), (Some(second.holder()), Some("second")));
+        assert_eq!((holder, label.as_deref()), (Some(W::holder(&second)), Some("second")));
         assert!(expires.is_some(), "the new holder's lease has an end");
-        second.release().unwrap();
+        w.release(second).unwrap();
     }
 
     /// Fences keep rising whatever happens to the lock row: deleted, the table emptied,
     /// the table dropped and created again. They come from a source of their own.
-    #[test]
-    fn fences_never_go_back_whatever_happens_to_the_row() {
-        let Some(db) = setup() else { return };
-        let locks = Locks::new(db.pool.clone());
+    fn fences_never_go_back_whatever_happens_to_the_row<W: LockWrites>(db: &Db, w: &W) {
         let conn = &mut db.conn();
         let mut fences = Vec::new();
         let mut take = |after: &str| {
-            let guard = locks.try_lock("purged", "main", Duration::from_secs(30), None).unwrap();
-            fences.push((after.to_string(), guard.fence()));
-            guard.release().unwrap();
+            let guard = w.try_lock("purged", "main", Duration::from_secs(30), None).unwrap();
+            fences.push((after.to_string(), W::fence(&guard)));
+            w.release(guard).unwrap();
         };
         take("first");
         take("second");
@@ -330,25 +351,22 @@ for_each_backend! {
             _ => "DROP TABLE occ_fence_source",
         })
         .unwrap();
-        let err = locks.try_lock("purged", "main", Duration::from_secs(30), None).unwrap_err();
+        let err = refused(w.try_lock("purged", "main", Duration::from_secs(30), None));
         assert!(matches!(err, Error::MissingTable { table: "occ_fence_source", .. }), "{err}");
     }
 
     /// Without the library's migrations, taking a lock says which table is missing and
     /// which migration creates it.
-    #[test]
-    fn a_missing_lock_table_names_the_migration() {
-        let Some(db) = setup() else { return };
+    fn a_missing_lock_table_names_the_migration<W: LockWrites>(db: &Db, w: &W) {
         db.conn().batch_execute("DROP TABLE occ_locks").unwrap();
-        let err = Locks::new(db.pool.clone()).try_lock("report", "nightly", Duration::from_secs(5), None).unwrap_err();
+        let err = refused(w.try_lock("report", "nightly", Duration::from_secs(5), None));
         assert!(matches!(err, Error::MissingTable { table: "occ_locks", .. }), "{err}");
         assert!(err.to_string().contains("diesel_occ::migrations::run"), "{err}");
     }
 
-    #[test]
-    fn bad_input_is_refused_and_odd_names_are_exact() {
-        let Some(db) = setup() else { return };
-        let locks = Locks::new(db.pool.clone());
+    /// Bad names and leases are refused before anything is sent; odd but valid names are
+    /// bound, stored and read back exactly.
+    fn bad_input_is_refused_and_odd_names_are_exact<W: LockWrites>(db: &Db, w: &W) {
         let ttl = Duration::from_secs(30);
         for (name, resource, ttl) in [
             ("", "r", ttl),
@@ -358,12 +376,12 @@ for_each_backend! {
             ("n", "r", Duration::ZERO),
             ("n", "r", MAX_TTL + Duration::from_secs(1)),
         ] {
-            let err = locks.try_lock(name, resource, ttl, None).unwrap_err();
+            let err = refused(w.try_lock(name, resource, ttl, None));
             assert!(matches!(err, Error::InvalidName { .. } | Error::InvalidSetting { .. }), "{err}");
         }
         let odd = ["Report", "report", "report ", "rapporté", "'; DROP TABLE occ_locks; --", "ключ/🔒"];
         for name in odd {
-            locks.try_lock(name, "r", ttl, Some("label ✓")).unwrap().release().unwrap();
+            w.release(w.try_lock(name, "r", ttl, Some("label ✓")).unwrap()).unwrap();
         }
         let mut stored: Vec<String> = occ_locks::table.select(occ_locks::lock_name).load(&mut db.conn()).unwrap();
         stored.sort();
@@ -371,64 +389,98 @@ for_each_backend! {
         expected.sort();
         assert_eq!(stored, expected);
     }
+
+    tests_on_both_drivers!(
+        |db: &Db| db.conn().batch_execute(common::fenced::CREATE).unwrap();
+        ;
+        pooled:
+        a_lapsed_holder_is_locked_out_and_its_fenced_write_refused,
+        locks_are_not_reentrant_and_a_dropped_guard_frees_the_lock,
+        a_held_row_without_an_expiry_is_taken,
+        fences_never_go_back_whatever_happens_to_the_row,
+        a_missing_lock_table_names_the_migration,
+        bad_input_is_refused_and_odd_names_are_exact,
+    );
 }
 
 /// Sessions whose transactions are SERIALIZABLE (PostgreSQL's
 /// `default_transaction_isolation`): concurrent acquisitions of one row fail with
-/// serialization failures, which `Locks::lock` waits on like a held lock instead of
-/// giving up. 4 workers x 20 holds: every hold is granted, one at a time.
+/// serialization failures, which `lock` waits on like a held lock instead of giving up.
+/// 4 workers x 20 holds on a pool of such sessions: every hold is granted, one at a time.
 #[cfg(feature = "postgres")]
-#[test]
-fn waiting_for_a_lock_rides_out_serialization_failures() {
-    const WORKERS: usize = 4;
-    const HOLDS: usize = 20;
-    let Some(db) = common::postgres() else { return };
-    let url = format!(
-        "{}%20-cdefault_transaction_isolation%3Dserializable",
-        db.url
-    );
-    let pool = diesel_occ::postgres_pool(&url, &common::pool_config()).unwrap();
-    let isolation: String = diesel::select(diesel::dsl::sql::<diesel::sql_types::Text>(
-        "current_setting('default_transaction_isolation')",
-    ))
-    .get_result(&mut pool.get().unwrap())
-    .unwrap();
-    assert_eq!(isolation, "serializable");
-    let locks = Locks::new(pool);
-    let inside = AtomicBool::new(false);
-    let start = Barrier::new(WORKERS);
-    std::thread::scope(|s| {
-        for w in 0..WORKERS {
-            let (locks, inside, start) = (&locks, &inside, &start);
-            s.spawn(move || {
-                start.wait();
-                for _ in 0..HOLDS {
-                    let label = format!("worker {w}");
-                    let guard = locks
-                        .lock(
-                            "cron",
-                            "tick",
-                            Duration::from_secs(30),
-                            Some(&label),
-                            Duration::from_secs(30),
-                            &quick(),
-                        )
-                        .unwrap();
-                    assert!(!inside.swap(true, Ordering::SeqCst), "two holders at once");
-                    std::thread::sleep(Duration::from_millis(1));
-                    inside.store(false, Ordering::SeqCst);
-                    guard.release().unwrap();
-                }
-            });
-        }
-    });
-    let changes: i64 = occ_locks::table
-        .select(occ_locks::holder_changes)
-        .first(&mut db.conn())
+mod serializable_sessions {
+    use super::*;
+
+    use common::drivers::PoolOnUrl;
+
+    type Conn = diesel::PgConnection;
+    type Db = common::TestDb<Conn>;
+    const BACKEND: &str = "postgres";
+
+    fn db() -> Option<Db> {
+        common::postgres()
+    }
+
+    fn waiting_for_a_lock_rides_out_serialization_failures<W>(db: &Db, w: &W)
+    where
+        W: LockWrites + PoolOnUrl,
+    {
+        const WORKERS: usize = 4;
+        const HOLDS: usize = 20;
+        let url = format!(
+            "{}%20-cdefault_transaction_isolation%3Dserializable",
+            db.url
+        );
+        // A session on the URL both drivers' pools are built from.
+        let isolation: String = diesel::select(diesel::dsl::sql::<diesel::sql_types::Text>(
+            "current_setting('default_transaction_isolation')",
+        ))
+        .get_result(&mut Conn::establish(&url).unwrap())
         .unwrap();
-    assert_eq!(
-        changes,
-        (WORKERS * HOLDS) as i64,
-        "every hold was granted once"
+        assert_eq!(isolation, "serializable");
+        let w = &w.on_url(&url, BACKEND);
+        let inside = AtomicBool::new(false);
+        let start = Barrier::new(WORKERS);
+        std::thread::scope(|s| {
+            for worker in 0..WORKERS {
+                let (inside, start) = (&inside, &start);
+                s.spawn(move || {
+                    start.wait();
+                    for _ in 0..HOLDS {
+                        let label = format!("worker {worker}");
+                        let guard = w
+                            .lock(
+                                "cron",
+                                "tick",
+                                Duration::from_secs(30),
+                                Some(&label),
+                                Duration::from_secs(30),
+                                &quick(),
+                            )
+                            .unwrap();
+                        assert!(!inside.swap(true, Ordering::SeqCst), "two holders at once");
+                        std::thread::sleep(Duration::from_millis(1));
+                        inside.store(false, Ordering::SeqCst);
+                        w.release(guard).unwrap();
+                    }
+                });
+            }
+        });
+        let changes: i64 = occ_locks::table
+            .select(occ_locks::holder_changes)
+            .first(&mut db.conn())
+            .unwrap();
+        assert_eq!(
+            changes,
+            (WORKERS * HOLDS) as i64,
+            "every hold was granted once"
+        );
+    }
+
+    crate::tests_on_both_drivers!(
+        |_: &Db| ();
+        ;
+        pooled:
+        waiting_for_a_lock_rides_out_serialization_failures,
     );
 }
