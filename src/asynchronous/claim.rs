@@ -28,12 +28,12 @@ use super::run::AsyncRun;
 use super::send::{AsyncComplete, AsyncLoadByKey};
 use super::transaction::{Call, OwnTransaction};
 use crate::connect::backend::OccBackend;
+use crate::drive::{Io, ReadOn, RunOn};
 use crate::error::Error;
 use crate::flow::claim_lost::{ClaimIgnored, ClaimLost};
 use crate::flow::compare_and_set::{refuse_double_assignment, CompareAndSet};
 use crate::flow::finish_claims::report::FinishedClaims;
 use crate::flow::finish_claims::{Effect, FinishClaims as Flow};
-use crate::flow::miss::RowMoved;
 use crate::guard::status::HasStatus;
 use crate::guard::{AdvanceInSql, Guarded};
 use crate::operation::Operation;
@@ -48,7 +48,7 @@ use crate::status::claim_attempts::{
     check_limit, counted_claim_query, hand_over_statement, nothing_claimed, park_statement,
     split_spent, AttemptLimit, Claimed, CountedClaimOf, CountedClaimQueryOf, ParkOf,
 };
-use crate::status::claim_heartbeat::{heartbeat_statement, HeartbeatOf};
+use crate::status::claim_heartbeat::{extend_claim, HeartbeatOf};
 use crate::status::claim_in_one::{claim_in_one, ClaimInOneOf, ClaimInOneUpdateOf};
 use crate::status::claim_op::{Claim, ClaimHeartbeat, CountedClaim, EndClaim, EndClaims, Ending};
 use crate::status::finish_claims::{finish_many_statement, FinishManyOf, FinishManyReturningOf};
@@ -288,43 +288,18 @@ where
 
 impl<T, C, OwnerCol, AtCol> AsyncRun<C> for ClaimHeartbeat<T, OwnerCol, AtCol>
 where
-    T: HasStatus + AsyncLoadByKey<C>,
+    T: HasStatus + ReadOn<C>,
     T::Guard: AdvanceInSql,
-    C: NativeAsyncConnection,
-    C::Backend: NativeAsync,
+    C: Io + NativeAsyncConnection,
     OwnerCol: Column<Table = T::Table, SqlType = Nullable<Text>> + 'static,
     AtCol: Column<Table = T::Table> + 'static,
-    HeartbeatOf<T, OwnerCol, AtCol>: Assignments<C::Backend> + Send,
-    Counted: AsyncComplete<C, HeartbeatOf<T, OwnerCol, AtCol>, ()>,
+    for<'k> Counted: RunOn<C, HeartbeatOf<T, OwnerCol, AtCol>, ClaimLost<'k, T>, ()>,
 {
     async fn run_async(
         self,
         conn: &mut C,
     ) -> Result<<Self as Operation>::Output, <Self as Operation>::Error> {
-        let (key, owner, held) = (&self.key, self.owner.as_str(), self.held);
-        crate::sql::names::check_name("owner", owner)?;
-        refuse_broken(conn)?;
-        let table = <T as AsyncLoadByKey<C>>::table_name();
-        check_stored_precision::<T, C>(conn, table).await?;
-        let mut transaction = OwnTransaction::begin(conn).await?;
-        let kept = async {
-            let conn = transaction.conn();
-            // Waits here for whoever holds the row, before the claim time is computed.
-            if let Err(e) = T::load_by_key(conn, key).await {
-                return Err(classify(conn, e).await);
-            }
-            let statement = heartbeat_statement::<T, OwnerCol, AtCol>(key, owner, held);
-            let miss = ClaimLost::<T> { key, owner, held };
-            let write = CompareAndSet::one(statement, table, key, miss);
-            run::<C, _, _, Counted, ()>(write, conn, true).await?;
-            match T::load_by_key(conn, key).await {
-                Ok(Some(row)) => Ok(row),
-                Ok(None) => Err(RowMoved::<T>::any(key).given_in(table, None)),
-                Err(e) => Err(classify(conn, e).await),
-            }
-        }
-        .await;
-        transaction.settle(kept).await
+        extend_claim::<T, C, OwnerCol, AtCol>(conn, &self.key, &self.owner, self.held).await
     }
 }
 

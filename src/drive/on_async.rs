@@ -1,0 +1,91 @@
+//! [`Io`] on a diesel-async connection that talks to its server itself (PostgreSQL,
+//! MySQL).
+
+use std::future::Future;
+
+use diesel::result::Error as DieselError;
+use diesel::QueryResult;
+
+use super::{Body, Io, ReadOn, RunOn};
+use crate::asynchronous::connection::{
+    classify, refuse_broken, NativeAsync, NativeAsyncConnection,
+};
+use crate::asynchronous::entity::check_stored_precision;
+use crate::asynchronous::executor::{run, AsyncMiss};
+use crate::asynchronous::send::{AsyncComplete, AsyncLoadByKey};
+use crate::asynchronous::transaction::OwnTransaction;
+use crate::error::Error;
+use crate::flow::compare_and_set::{CompareAndSet, Written};
+use crate::sql::statement::Assignments;
+
+impl<C> Io for C
+where
+    C: NativeAsyncConnection,
+    C::Backend: NativeAsync,
+{
+    type Backend = C::Backend;
+
+    fn refuse_broken(&mut self) -> Result<(), Error> {
+        refuse_broken(self)
+    }
+
+    fn classify(&mut self, error: DieselError) -> impl Future<Output = Error> + Send {
+        classify(self, error)
+    }
+
+    fn own_transaction<'a, 'c, T, F>(
+        &'c mut self,
+        body: F,
+    ) -> impl Future<Output = Result<T, Error>> + Send + 'c
+    where
+        for<'r> F: Body<&'r mut Self, Result<T, Error>, Fut: Send> + Send + 'a,
+        T: Send + 'a,
+        'a: 'c,
+    {
+        async move {
+            let mut transaction = OwnTransaction::begin(self).await?;
+            let done = body(transaction.conn()).await;
+            transaction.settle(done).await
+        }
+    }
+}
+
+impl<T, C> ReadOn<C> for T
+where
+    T: AsyncLoadByKey<C>,
+    C: NativeAsyncConnection,
+    C::Backend: NativeAsync,
+{
+    fn table_name() -> &'static str {
+        <T as AsyncLoadByKey<C>>::table_name()
+    }
+
+    fn load_by_key(
+        conn: &mut C,
+        key: &T::Key,
+    ) -> impl Future<Output = QueryResult<Option<T>>> + Send {
+        <T as AsyncLoadByKey<C>>::load_by_key(conn, key)
+    }
+
+    fn check_stored_precision(conn: &mut C) -> impl Future<Output = Result<(), Error>> + Send {
+        check_stored_precision::<T, C>(conn, <T as AsyncLoadByKey<C>>::table_name())
+    }
+}
+
+impl<K, C, S, M, Tok> RunOn<C, S, M, Tok> for K
+where
+    C: NativeAsyncConnection,
+    C::Backend: NativeAsync,
+    S: Assignments<C::Backend> + Send,
+    K: AsyncComplete<C, S, Tok>,
+    M: AsyncMiss<C> + Send,
+    Tok: Send,
+{
+    fn run(
+        conn: &mut C,
+        write: CompareAndSet<'_, S, M>,
+        own: bool,
+    ) -> impl Future<Output = Result<Written<Tok>, Error>> + Send {
+        run::<C, S, M, K, Tok>(write, conn, own)
+    }
+}
