@@ -28,7 +28,7 @@ use super::run::AsyncRun;
 use super::send::{AsyncComplete, AsyncLoadByKey};
 use super::transaction::{Call, OwnTransaction};
 use crate::connect::backend::OccBackend;
-use crate::drive::{Io, ReadOn, RunOn};
+use crate::drive::{Io, QueryOn, ReadOn, RunOn};
 use crate::error::Error;
 use crate::flow::claim_lost::{ClaimIgnored, ClaimLost};
 use crate::flow::compare_and_set::{refuse_double_assignment, CompareAndSet};
@@ -40,13 +40,14 @@ use crate::operation::Operation;
 use crate::sql::new_token::Counted;
 use crate::sql::statement::Assignments;
 use crate::sql::statement::Returning;
+use crate::status::claim::write_locked;
 use crate::status::claim::{
-    check_owners, claim_query, claim_update, claim_write, finish_statement, ClaimQueryOf,
-    ClaimRequest, ClaimUpdateOf, FinishOf,
+    check_owners, claim_query, claim_update, finish_statement, ClaimQueryOf, ClaimRequest,
+    ClaimUpdateOf, FinishOf,
 };
+use crate::status::claim_attempts::claim_counted;
 use crate::status::claim_attempts::{
-    check_limit, counted_claim_query, hand_over_statement, nothing_claimed, park_statement,
-    split_spent, AttemptLimit, Claimed, CountedClaimOf, CountedClaimQueryOf, ParkOf,
+    AttemptLimit, Claimed, CountedClaimOf, CountedClaimQueryOf, ParkOf,
 };
 use crate::status::claim_heartbeat::{extend_claim, HeartbeatOf};
 use crate::status::claim_in_one::{claim_in_one, ClaimInOneOf, ClaimInOneUpdateOf};
@@ -237,52 +238,22 @@ where
 impl<T, C, OwnerCol, AtCol, AttemptsCol> AsyncRun<C>
     for CountedClaim<T, OwnerCol, AtCol, AttemptsCol>
 where
-    T: HasStatus + Clone + Sync + AsyncLoadByKey<C> + Selectable<C::Backend>,
+    T: HasStatus + Clone + ReadOn<C> + Selectable<<C as Io>::Backend>,
     T::Guard: AdvanceInSql,
-    C: NativeAsyncConnection,
-    C::Backend: NativeAsync,
+    C: Io + NativeAsyncConnection,
     OwnerCol: Column<Table = T::Table, SqlType = Nullable<Text>> + 'static,
     AtCol: Column<Table = T::Table> + 'static,
     AttemptsCol: Column<Table = T::Table, SqlType = Integer> + Default + 'static,
-    CountedClaimQueryOf<T, AtCol, AttemptsCol, C::Backend>:
-        LoadQuery<'static, C, (T, i32)> + Send + 'static,
-    CountedClaimOf<T, OwnerCol, AtCol, AttemptsCol>: Assignments<C::Backend> + Send,
-    ParkOf<T, OwnerCol>: Assignments<C::Backend> + Send,
-    Counted: AsyncComplete<C, CountedClaimOf<T, OwnerCol, AtCol, AttemptsCol>, ()>
-        + AsyncComplete<C, ParkOf<T, OwnerCol>, ()>,
+    CountedClaimQueryOf<T, AtCol, AttemptsCol, <C as Io>::Backend>: QueryOn<C, (T, i32)>,
+    for<'k> Counted: RunOn<C, CountedClaimOf<T, OwnerCol, AtCol, AttemptsCol>, ClaimIgnored<'k, T>, ()>
+        + RunOn<C, ParkOf<T, OwnerCol>, ClaimIgnored<'k, T>, ()>,
 {
     async fn run_async(
         self,
         conn: &mut C,
     ) -> Result<<Self as Operation>::Output, <Self as Operation>::Error> {
-        let (request, limit) = (&self.request(), &self.limit);
-        crate::sql::names::check_name("owner", request.owner)?;
-        check_limit(request, limit)?;
-        if request.limit == 0 {
-            return Ok(nothing_claimed());
-        }
-        refuse_broken(conn)?;
-        let mut transaction = OwnTransaction::begin(conn).await?;
-        let claimed = async {
-            let conn = transaction.conn();
-            let query = counted_claim_query::<T, AtCol, AttemptsCol, C::Backend>(request);
-            let waiting: Vec<(T, i32)> = match query.load(conn).await {
-                Ok(rows) => rows,
-                Err(e) => return Err(classify(conn, e).await),
-            };
-            let (spent, fresh) = split_spent(waiting, limit);
-            let parked = write_locked(conn, &spent, |keys| {
-                park_statement::<T, OwnerCol>(limit.park_in, keys)
-            })
-            .await?;
-            let rows = write_locked(conn, &fresh, |keys| {
-                hand_over_statement::<T, OwnerCol, AtCol, AttemptsCol>(request, keys)
-            })
-            .await?;
-            Ok(Claimed { rows, parked })
-        }
-        .await;
-        transaction.settle(claimed).await
+        let request = self.request();
+        claim_counted::<T, C, OwnerCol, AtCol, AttemptsCol>(conn, &request, &self.limit).await
     }
 }
 
@@ -445,35 +416,6 @@ where
             Ok(false)
         }
         Err(e) => transaction.settle(Err(e)).await,
-    }
-}
-
-/// Runs the `UPDATE` that `update` builds for the keys of the `locked` rows, inside the
-/// claim's transaction, and reads them back as written; see the blocking `write_locked`.
-async fn write_locked<T, C, U>(
-    conn: &mut C,
-    locked: &[T],
-    update: impl FnOnce(T::KeysPredicate) -> U,
-) -> Result<Vec<T>, Error>
-where
-    T: AsyncLoadByKey<C> + Sync,
-    T::Guard: AdvanceInSql,
-    C: NativeAsyncConnection,
-    C::Backend: NativeAsync,
-    U: Assignments<C::Backend> + Send,
-    Counted: AsyncComplete<C, U, ()>,
-{
-    if locked.is_empty() {
-        return Ok(Vec::new());
-    }
-    let table = <T as AsyncLoadByKey<C>>::table_name();
-    check_stored_precision::<T, C>(conn, table).await?;
-    let keys: Vec<T::Key> = locked.iter().map(Guarded::key).collect();
-    let write = claim_write(locked, &keys, table, update);
-    run::<C, _, _, Counted, ()>(write, conn, true).await?;
-    match T::load_by_keys(conn, &keys).await {
-        Ok(rows) => Ok(rows),
-        Err(e) => Err(classify(conn, e).await),
     }
 }
 

@@ -3,11 +3,12 @@
 use std::future::{ready, Future};
 
 use diesel::connection::LoadConnection;
+use diesel::query_dsl::methods::LoadQuery;
 use diesel::result::Error as DieselError;
-use diesel::QueryResult;
+use diesel::{Connection, QueryResult, RunQueryDsl};
 use ref_cast::RefCast;
 
-use super::{now, Body, Io, ReadOn, RunOn};
+use super::{now, Body, Io, QueryOn, ReadOn, RunOn};
 use crate::connect::backend::OccBackend;
 use crate::connect::transaction::{commit_operation, WriteTransaction};
 use crate::error::Error;
@@ -76,10 +77,28 @@ where
         ready(<T as LoadByKey<C>>::load_by_key(&mut conn.0, key))
     }
 
+    fn load_by_keys(
+        conn: &mut Blocking<C>,
+        keys: &[T::Key],
+    ) -> impl Future<Output = QueryResult<Vec<T>>> + Send {
+        ready(<T as LoadByKey<C>>::load_by_keys(&mut conn.0, keys))
+    }
+
     fn check_stored_precision(
         conn: &mut Blocking<C>,
     ) -> impl Future<Output = Result<(), Error>> + Send {
         ready(check_stored_precision::<T, C>(&mut conn.0))
+    }
+}
+
+impl<Q, C, U> QueryOn<Blocking<C>, U> for Q
+where
+    Q: RunQueryDsl<C> + LoadQuery<'static, C, U>,
+    C: Connection,
+    U: Send,
+{
+    fn load_on(self, conn: &mut Blocking<C>) -> impl Future<Output = QueryResult<Vec<U>>> + Send {
+        ready(self.load(&mut conn.0))
     }
 }
 

@@ -69,8 +69,21 @@ pub(crate) trait ReadOn<C>: Guarded {
         key: &Self::Key,
     ) -> impl Future<Output = QueryResult<Option<Self>>> + Send;
 
+    /// The rows with any of `keys` that exist, in one statement (locked inside a
+    /// transaction).
+    fn load_by_keys(
+        conn: &mut C,
+        keys: &[Self::Key],
+    ) -> impl Future<Output = QueryResult<Vec<Self>>> + Send;
+
     /// Refuses a time guard whose column would not store its tokens exactly.
     fn check_stored_precision(conn: &mut C) -> impl Future<Output = Result<(), Error>> + Send;
+}
+
+/// A query that loads rows of `U` on connection `C`.
+pub(crate) trait QueryOn<C, U> {
+    /// The rows.
+    fn load_on(self, conn: &mut C) -> impl Future<Output = QueryResult<Vec<U>>> + Send;
 }
 
 /// Sends a compare-and-set write with statement `S` and miss `M` on connection `C` the

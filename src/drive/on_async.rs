@@ -5,8 +5,10 @@ use std::future::Future;
 
 use diesel::result::Error as DieselError;
 use diesel::QueryResult;
+use diesel_async::methods::LoadQuery;
+use diesel_async::RunQueryDsl;
 
-use super::{Body, Io, ReadOn, RunOn};
+use super::{Body, Io, QueryOn, ReadOn, RunOn};
 use crate::asynchronous::connection::{
     classify, refuse_broken, NativeAsync, NativeAsyncConnection,
 };
@@ -33,20 +35,15 @@ where
         classify(self, error)
     }
 
-    fn own_transaction<'a, 'c, T, F>(
-        &'c mut self,
-        body: F,
-    ) -> impl Future<Output = Result<T, Error>> + Send + 'c
+    async fn own_transaction<'a, 'c, T, F>(&'c mut self, body: F) -> Result<T, Error>
     where
         for<'r> F: Body<&'r mut Self, Result<T, Error>, Fut: Send> + Send + 'a,
         T: Send + 'a,
         'a: 'c,
     {
-        async move {
-            let mut transaction = OwnTransaction::begin(self).await?;
-            let done = body(transaction.conn()).await;
-            transaction.settle(done).await
-        }
+        let mut transaction = OwnTransaction::begin(self).await?;
+        let done = body(transaction.conn()).await;
+        transaction.settle(done).await
     }
 }
 
@@ -67,8 +64,26 @@ where
         <T as AsyncLoadByKey<C>>::load_by_key(conn, key)
     }
 
+    fn load_by_keys(
+        conn: &mut C,
+        keys: &[T::Key],
+    ) -> impl Future<Output = QueryResult<Vec<T>>> + Send {
+        <T as AsyncLoadByKey<C>>::load_by_keys(conn, keys)
+    }
+
     fn check_stored_precision(conn: &mut C) -> impl Future<Output = Result<(), Error>> + Send {
         check_stored_precision::<T, C>(conn, <T as AsyncLoadByKey<C>>::table_name())
+    }
+}
+
+impl<Q, C, U> QueryOn<C, U> for Q
+where
+    Q: LoadQuery<'static, C, U> + Send + 'static,
+    C: NativeAsyncConnection,
+    U: Send,
+{
+    fn load_on(self, conn: &mut C) -> impl Future<Output = QueryResult<Vec<U>>> + Send {
+        RunQueryDsl::load(self, conn)
     }
 }
 

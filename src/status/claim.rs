@@ -52,6 +52,7 @@ use diesel::{Column, QueryResult, RunQueryDsl, Selectable, SelectableHelper};
 use crate::connect::backend::OccBackend;
 use crate::connect::caller_transaction::protect_caller;
 use crate::connect::transaction::{commit_operation, WriteTransaction};
+use crate::drive::{now, Blocking, Io, ReadOn, RunOn};
 use crate::error::Error;
 use crate::flow::claim_lost::{ClaimIgnored, ClaimLost};
 use crate::flow::compare_and_set::{CompareAndSet, Matches};
@@ -438,9 +439,9 @@ where
             if waiting.is_empty() {
                 return Ok(Vec::new());
             }
-            write_locked(conn, &waiting, |keys| {
+            now(write_locked(Blocking::wrap(conn), &waiting, |keys| {
                 claim_update::<T, OwnerCol, AtCol, _>(request, keys)
-            })
+            }))
         })
     }
 }
@@ -580,28 +581,30 @@ where
     )
 }
 
-/// Runs the `UPDATE` that `update` builds for the keys of the `locked` rows (which the
-/// claim's read locked, so it must match every one), and reads them back as written.
-pub(crate) fn write_locked<T, C, U>(
+/// Runs the `UPDATE` that `update` builds for the keys of the `locked` rows, inside the
+/// claim's transaction, and reads them back as written, on either driver.
+pub(crate) async fn write_locked<T, C, U>(
     conn: &mut C,
     locked: &[T],
-    update: impl FnOnce(T::KeysPredicate) -> U,
+    update: impl FnOnce(T::KeysPredicate) -> U + Send,
 ) -> Result<Vec<T>, Error>
 where
-    T: LoadByKey<C>,
+    C: Io,
+    T: ReadOn<C>,
     T::Guard: AdvanceInSql,
-    C: LoadConnection,
-    C::Backend: OccBackend,
-    U: Assignments<C::Backend>,
-    Counted: Complete<C, U, ()>,
+    for<'k> Counted: RunOn<C, U, ClaimIgnored<'k, T>, ()>,
 {
     if locked.is_empty() {
         return Ok(Vec::new());
     }
-    crate::write::entity::check_stored_precision::<T, C>(conn)?;
+    T::check_stored_precision(conn).await?;
     let keys: Vec<T::Key> = locked.iter().map(Guarded::key).collect();
-    claim_write(locked, &keys, T::table_name(), update).run::<C, Counted, ()>(conn, true)?;
-    T::load_by_keys(conn, &keys).map_err(|e| classify(conn, e))
+    let write = claim_write(locked, &keys, T::table_name(), update);
+    <Counted as RunOn<C, _, _, ()>>::run(conn, write, true).await?;
+    match T::load_by_keys(conn, &keys).await {
+        Ok(rows) => Ok(rows),
+        Err(e) => Err(conn.classify(e).await),
+    }
 }
 
 /// The write of the `UPDATE` that `update` builds for the `locked` rows (with `keys`, in
