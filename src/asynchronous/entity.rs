@@ -491,7 +491,7 @@ where
     T: AsyncLoadByKey<C>,
     C: NativeAsyncConnection,
     C::Backend: NativeAsync,
-    S: Assignments<C::Backend>,
+    S: Assignments<C::Backend> + Send,
     Counted: AsyncComplete<C, S, TokenOf<T>>,
 {
     refuse_broken(conn)?;

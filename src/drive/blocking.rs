@@ -1,16 +1,18 @@
 //! [`Io`] on a blocking diesel connection: each step runs when it is called.
 
 use std::future::{ready, Future};
+use std::time::Duration;
 
 use diesel::connection::LoadConnection;
-use diesel::query_dsl::methods::LoadQuery;
+use diesel::query_dsl::methods::{ExecuteDsl, LoadQuery};
 use diesel::result::Error as DieselError;
 use diesel::{Connection, QueryResult, RunQueryDsl};
 use ref_cast::RefCast;
 
-use super::{now, Body, Io, QueryOn, ReadOn, RunOn};
+use super::{now, Body, ExecuteOn, Io, QueryOn, ReadOn, RunOn};
 use crate::connect::backend::OccBackend;
-use crate::connect::transaction::{commit_operation, WriteTransaction};
+use crate::connect::caller_transaction::protect_caller;
+use crate::connect::transaction::{commit_operation, in_transaction, LostCommit, WriteTransaction};
 use crate::error::Error;
 use crate::flow::compare_and_set::{CompareAndSet, Written};
 use crate::sql::statement::Assignments;
@@ -37,6 +39,10 @@ where
 {
     type Backend = C::Backend;
 
+    fn in_transaction(&mut self) -> bool {
+        in_transaction(&mut self.0)
+    }
+
     fn refuse_broken(&mut self) -> Result<(), Error> {
         Ok(())
     }
@@ -45,18 +51,47 @@ where
         ready(classify(&mut self.0, error))
     }
 
-    fn own_transaction<'a, 'c, T, F>(
+    fn pause(&mut self, pause: Duration) -> impl Future<Output = ()> + Send {
+        std::thread::sleep(pause);
+        ready(())
+    }
+
+    fn own_transaction<'a, 'c, T, E, F>(
         &'c mut self,
         body: F,
-    ) -> impl Future<Output = Result<T, Error>> + Send + 'c
+    ) -> impl Future<Output = Result<T, E>> + Send + 'c
     where
-        for<'r> F: Body<&'r mut Self, Result<T, Error>, Fut: Send> + Send + 'a,
+        for<'r> F: Body<&'r mut Self, Result<T, E>, Fut: Send> + Send + 'a,
         T: Send + 'a,
+        E: From<Error> + From<DieselError> + LostCommit + Send + 'a,
         'a: 'c,
     {
         ready(commit_operation(&mut self.0, |conn| {
             now(body(Blocking::wrap(conn)))
         }))
+    }
+
+    fn protect_caller<'a, 'c, T, F>(
+        &'c mut self,
+        own: bool,
+        body: F,
+    ) -> impl Future<Output = Result<T, Error>> + Send + 'c
+    where
+        for<'r> F: Body<&'r mut Self, QueryResult<T>, Fut: Send> + Send + 'a,
+        T: Send + 'a,
+        'a: 'c,
+    {
+        let sent = protect_caller(&mut self.0, own, |conn| now(body(Blocking::wrap(conn))));
+        ready(sent.map_err(|e| classify(&mut self.0, e)))
+    }
+
+    fn call<'a, 'c, T, F>(&'c mut self, body: F) -> impl Future<Output = T> + Send + 'c
+    where
+        for<'r> F: Body<&'r mut Self, T, Fut: Send> + Send + 'a,
+        T: Send + 'a,
+        'a: 'c,
+    {
+        ready(now(body(self)))
     }
 }
 
@@ -99,6 +134,16 @@ where
 {
     fn load_on(self, conn: &mut Blocking<C>) -> impl Future<Output = QueryResult<Vec<U>>> + Send {
         ready(self.load(&mut conn.0))
+    }
+}
+
+impl<S, C> ExecuteOn<Blocking<C>> for S
+where
+    S: ExecuteDsl<C>,
+    C: Connection,
+{
+    fn execute_on(self, conn: &mut Blocking<C>) -> impl Future<Output = QueryResult<usize>> + Send {
+        ready(ExecuteDsl::execute(self, &mut conn.0))
     }
 }
 

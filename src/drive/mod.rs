@@ -5,11 +5,13 @@
 use std::future::Future;
 use std::pin::pin;
 use std::task::{Context, Poll, Waker};
+use std::time::Duration;
 
 use diesel::result::Error as DieselError;
 use diesel::QueryResult;
 
 use crate::connect::backend::OccBackend;
+use crate::connect::transaction::LostCommit;
 use crate::error::Error;
 use crate::flow::compare_and_set::{CompareAndSet, Written};
 use crate::guard::Guarded;
@@ -41,19 +43,50 @@ pub(crate) trait Io: Send + Sized {
     /// The connection's backend.
     type Backend: OccBackend;
 
+    /// Whether the connection has an open transaction.
+    fn in_transaction(&mut self) -> bool;
+
     /// Refuses a connection an earlier cancelled call left inside a transaction.
     fn refuse_broken(&mut self) -> Result<(), Error>;
 
     /// Classifies an error a statement just returned.
     fn classify(&mut self, error: DieselError) -> impl Future<Output = Error> + Send;
 
-    /// Runs `body` in a write transaction of the library's, committed when it succeeds.
-    fn own_transaction<'a, 'c, T, F>(
+    /// Waits `pause` (a retry's backoff).
+    fn pause(&mut self, pause: Duration) -> impl Future<Output = ()> + Send;
+
+    /// Runs `body` in a write transaction of the library's (a savepoint inside the
+    /// caller's), committed when it succeeds and rolled back when it fails; a failed
+    /// `COMMIT` is judged as every transaction of the library's is.
+    fn own_transaction<'a, 'c, T, E, F>(
         &'c mut self,
+        body: F,
+    ) -> impl Future<Output = Result<T, E>> + Send + 'c
+    where
+        for<'r> F: Body<&'r mut Self, Result<T, E>, Fut: Send> + Send + 'a,
+        T: Send + 'a,
+        E: From<Error> + From<DieselError> + LostCommit + Send + 'a,
+        'a: 'c;
+
+    /// Runs the statements of `body` as one write: on PostgreSQL, inside a transaction
+    /// the caller controls (`own` false), under a savepoint that a failure rolls back
+    /// to; on SQLite after this process's earlier writers. Its error classified.
+    fn protect_caller<'a, 'c, T, F>(
+        &'c mut self,
+        own: bool,
         body: F,
     ) -> impl Future<Output = Result<T, Error>> + Send + 'c
     where
-        for<'r> F: Body<&'r mut Self, Result<T, Error>, Fut: Send> + Send + 'a,
+        for<'r> F: Body<&'r mut Self, QueryResult<T>, Fut: Send> + Send + 'a,
+        T: Send + 'a,
+        'a: 'c;
+
+    /// Runs `body` as one call that must not be dropped half way where the client cannot
+    /// drop a statement half read (MySQL's async one): dropped, it leaves the connection
+    /// marked broken.
+    fn call<'a, 'c, T, F>(&'c mut self, body: F) -> impl Future<Output = T> + Send + 'c
+    where
+        for<'r> F: Body<&'r mut Self, T, Fut: Send> + Send + 'a,
         T: Send + 'a,
         'a: 'c;
 }
@@ -84,6 +117,12 @@ pub(crate) trait ReadOn<C>: Guarded {
 pub(crate) trait QueryOn<C, U> {
     /// The rows.
     fn load_on(self, conn: &mut C) -> impl Future<Output = QueryResult<Vec<U>>> + Send;
+}
+
+/// A statement that changes rows on connection `C`.
+pub(crate) trait ExecuteOn<C> {
+    /// The rows it matched.
+    fn execute_on(self, conn: &mut C) -> impl Future<Output = QueryResult<usize>> + Send;
 }
 
 /// Sends a compare-and-set write with statement `S` and miss `M` on connection `C` the

@@ -2,20 +2,22 @@
 //! MySQL).
 
 use std::future::Future;
+use std::time::Duration;
 
 use diesel::result::Error as DieselError;
 use diesel::QueryResult;
-use diesel_async::methods::LoadQuery;
+use diesel_async::methods::{ExecuteDsl, LoadQuery};
 use diesel_async::RunQueryDsl;
 
-use super::{Body, Io, QueryOn, ReadOn, RunOn};
+use super::{Body, ExecuteOn, Io, QueryOn, ReadOn, RunOn};
 use crate::asynchronous::connection::{
-    classify, refuse_broken, NativeAsync, NativeAsyncConnection,
+    classified, classify, in_transaction, refuse_broken, NativeAsync, NativeAsyncConnection,
 };
 use crate::asynchronous::entity::check_stored_precision;
-use crate::asynchronous::executor::{run, AsyncMiss};
+use crate::asynchronous::executor::{protect_caller, run, AsyncMiss};
 use crate::asynchronous::send::{AsyncComplete, AsyncLoadByKey};
-use crate::asynchronous::transaction::OwnTransaction;
+use crate::asynchronous::transaction::{Call, OwnTransaction};
+use crate::connect::transaction::LostCommit;
 use crate::error::Error;
 use crate::flow::compare_and_set::{CompareAndSet, Written};
 use crate::sql::statement::Assignments;
@@ -27,6 +29,10 @@ where
 {
     type Backend = C::Backend;
 
+    fn in_transaction(&mut self) -> bool {
+        in_transaction(self)
+    }
+
     fn refuse_broken(&mut self) -> Result<(), Error> {
         refuse_broken(self)
     }
@@ -35,15 +41,41 @@ where
         classify(self, error)
     }
 
-    async fn own_transaction<'a, 'c, T, F>(&'c mut self, body: F) -> Result<T, Error>
+    fn pause(&mut self, pause: Duration) -> impl Future<Output = ()> + Send {
+        tokio::time::sleep(pause)
+    }
+
+    async fn own_transaction<'a, 'c, T, E, F>(&'c mut self, body: F) -> Result<T, E>
     where
-        for<'r> F: Body<&'r mut Self, Result<T, Error>, Fut: Send> + Send + 'a,
+        for<'r> F: Body<&'r mut Self, Result<T, E>, Fut: Send> + Send + 'a,
         T: Send + 'a,
+        E: From<Error> + From<DieselError> + LostCommit + Send + 'a,
         'a: 'c,
     {
         let mut transaction = OwnTransaction::begin(self).await?;
         let done = body(transaction.conn()).await;
         transaction.settle(done).await
+    }
+
+    async fn protect_caller<'a, 'c, T, F>(&'c mut self, own: bool, body: F) -> Result<T, Error>
+    where
+        for<'r> F: Body<&'r mut Self, QueryResult<T>, Fut: Send> + Send + 'a,
+        T: Send + 'a,
+        'a: 'c,
+    {
+        let sent = protect_caller(self, own, body).await?;
+        classified(self, sent).await
+    }
+
+    async fn call<'a, 'c, T, F>(&'c mut self, body: F) -> T
+    where
+        for<'r> F: Body<&'r mut Self, T, Fut: Send> + Send + 'a,
+        T: Send + 'a,
+        'a: 'c,
+    {
+        let mut call = Call::start(self);
+        let done = body(call.conn()).await;
+        call.finish(done)
     }
 }
 
@@ -84,6 +116,16 @@ where
 {
     fn load_on(self, conn: &mut C) -> impl Future<Output = QueryResult<Vec<U>>> + Send {
         RunQueryDsl::load(self, conn)
+    }
+}
+
+impl<S, C> ExecuteOn<C> for S
+where
+    S: ExecuteDsl<C> + Send + 'static,
+    C: NativeAsyncConnection,
+{
+    fn execute_on(self, conn: &mut C) -> impl Future<Output = QueryResult<usize>> + Send {
+        ExecuteDsl::execute(self, conn)
     }
 }
 
