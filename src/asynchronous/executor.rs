@@ -8,11 +8,11 @@ use diesel::result::Error as DieselError;
 use diesel::QueryResult;
 use diesel_async::AsyncConnection;
 
-use crate::drive::Body;
 use super::connection::{classified, classify, in_transaction, NativeAsync};
 use super::send::{AsyncComplete, AsyncLoadByKey};
 use super::transaction::OwnTransaction;
 use crate::connect::backend::OccBackend;
+use crate::drive::Body;
 use crate::error::Error;
 use crate::flow::compare_and_set::{CompareAndSet, Judged, Written};
 use crate::flow::miss::{unreadable_row, Explanation, RowMoved};
