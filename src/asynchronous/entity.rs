@@ -12,6 +12,7 @@ use super::executor::{run, AsyncMiss};
 use super::run::AsyncRun;
 use super::send::{AsyncComplete, AsyncLoadByKey};
 use super::transaction::Call;
+use crate::drive::{Io, ReadOn, RunOn};
 use crate::error::Error;
 use crate::flow::compare_and_set::CompareAndSet;
 use crate::flow::miss::RowMoved;
@@ -19,13 +20,14 @@ use crate::guard::pre_image::{ChangedColumns, ChangedUpdateOf};
 use crate::guard::stored_precision::PrecisionCheck;
 use crate::guard::{AdvanceInSql, Advancing, CompletionOf, Guarded, ReturnedTokenOf, TokenOf};
 use crate::operation::{
-    Delete, Insert, Operation, SaveChanged, SavedState, TouchStamp, Update, Upsert, WriteExcluded,
+    Delete, Insert, Operation, SaveChanged, TouchStamp, Update, Upsert, WriteExcluded,
 };
 use crate::sql::new_token::Counted;
 use crate::sql::statement::{Assignments, NoChanges};
+use crate::write::entity::{delete_row, update_row};
 use crate::write::entity::{
-    delete_statement, excluded_changeset, key_write, token_read_back, unguarded_by_key, update_in,
-    DeleteOf, KeyWriteOf, UnguardedUpdateOf, UpdateOf,
+    excluded_changeset, key_write, token_read_back, unguarded_by_key, DeleteOf, KeyWriteOf,
+    UnguardedUpdateOf, UpdateOf,
 };
 
 /// Guarded writes for every [`Guarded`] entity on a diesel-async connection: the methods
@@ -254,12 +256,11 @@ impl<T: Guarded> AsyncGuardedWrite for T {}
 
 impl<T, C, Ch> AsyncRun<C> for Update<T, Ch>
 where
-    T: AsyncLoadByKey<C>,
-    C: NativeAsyncConnection,
-    C::Backend: NativeAsync,
+    T: ReadOn<C>,
+    C: Io + NativeAsyncConnection,
     Ch: AsChangeset<Target = T::Table> + Send,
-    UpdateOf<T, Ch::Changeset>: Assignments<C::Backend> + Send,
-    CompletionOf<T>: AsyncComplete<C, UpdateOf<T, Ch::Changeset>, TokenOf<T>>,
+    UpdateOf<T, Ch::Changeset>: Assignments<<C as Io>::Backend> + Send,
+    for<'k> CompletionOf<T>: RunOn<C, UpdateOf<T, Ch::Changeset>, RowMoved<'k, T>, TokenOf<T>>,
     T::Stamp: Send,
     T::StatusKept: Send,
 {
@@ -275,46 +276,22 @@ where
             saved,
             own,
         } = self;
-        let table = <T as AsyncLoadByKey<C>>::table_name();
-        SavedState::refuse_move(saved.as_ref(), table)?;
-        refuse_broken(conn)?;
-        let (statement, next, miss) =
-            update_in::<T, C::Backend, Ch>(table, &key, &expected, changes, stamp, saved)?;
-        let write = CompareAndSet::one(statement, table, &key, miss);
-        // From here until `finish`, every way out goes through `written`.
-        let mut call = Call::start(conn);
-        let written = async {
-            let conn = call.conn();
-            check_stored_precision::<T, C>(conn, table).await?;
-            run::<C, _, _, CompletionOf<T>, _>(write, conn, own).await
-        }
-        .await;
-        call.finish(written)
-            .map(|written| written.token.unwrap_or(next))
+        update_row::<T, C, Ch>(conn, &key, &expected, changes, stamp, saved, own).await
     }
 }
 
 impl<T, C> AsyncRun<C> for Delete<T>
 where
-    T: AsyncLoadByKey<C>,
-    C: NativeAsyncConnection,
-    C::Backend: NativeAsync,
-    DeleteOf<T>: Assignments<C::Backend> + Send,
-    Counted: AsyncComplete<C, DeleteOf<T>, TokenOf<T>>,
+    T: ReadOn<C>,
+    C: Io + NativeAsyncConnection,
+    DeleteOf<T>: Assignments<<C as Io>::Backend> + Send,
+    for<'k> Counted: RunOn<C, DeleteOf<T>, RowMoved<'k, T>, TokenOf<T>>,
 {
     async fn run_async(
         self,
         conn: &mut C,
     ) -> Result<<Self as Operation>::Output, <Self as Operation>::Error> {
-        refuse_broken(conn)?;
-        let Delete { key, expected } = self;
-        let mut call = Call::start(conn);
-        let table = <T as AsyncLoadByKey<C>>::table_name();
-        let statement = delete_statement::<T>(&key, &expected);
-        let miss = RowMoved::<T>::expecting(&key, &expected);
-        let write = CompareAndSet::one(statement, table, &key, miss);
-        let written = run::<C, _, _, Counted, TokenOf<T>>(write, call.conn(), false).await;
-        call.finish(written).map(drop)
+        delete_row::<T, C>(conn, &self.key, &self.expected).await
     }
 }
 

@@ -44,20 +44,24 @@ pub(crate) trait Io: Send + Sized {
     type Backend: OccBackend;
 
     /// Whether the connection has an open transaction.
+    #[cfg_attr(not(feature = "locks"), allow(dead_code))] // Claims only, so far.
     fn in_transaction(&mut self) -> bool;
 
     /// Refuses a connection an earlier cancelled call left inside a transaction.
     fn refuse_broken(&mut self) -> Result<(), Error>;
 
     /// Classifies an error a statement just returned.
+    #[cfg_attr(not(feature = "locks"), allow(dead_code))] // Claims only, so far.
     fn classify(&mut self, error: DieselError) -> impl Future<Output = Error> + Send;
 
     /// Waits `pause` (a retry's backoff).
+    #[cfg_attr(not(feature = "locks"), allow(dead_code))] // Claims only, so far.
     fn pause(&mut self, pause: Duration) -> impl Future<Output = ()> + Send;
 
     /// Runs `body` in a write transaction of the library's (a savepoint inside the
     /// caller's), committed when it succeeds and rolled back when it fails; a failed
     /// `COMMIT` is judged as every transaction of the library's is.
+    #[cfg_attr(not(feature = "locks"), allow(dead_code))] // Claims only, so far.
     fn own_transaction<'a, 'c, T, E, F>(
         &'c mut self,
         body: F,
@@ -71,6 +75,7 @@ pub(crate) trait Io: Send + Sized {
     /// Runs the statements of `body` as one write: on PostgreSQL, inside a transaction
     /// the caller controls (`own` false), under a savepoint that a failure rolls back
     /// to; on SQLite after this process's earlier writers. Its error classified.
+    #[cfg_attr(not(feature = "locks"), allow(dead_code))] // Claims only, so far.
     fn protect_caller<'a, 'c, T, F>(
         &'c mut self,
         own: bool,
@@ -97,6 +102,7 @@ pub(crate) trait ReadOn<C>: Guarded {
     fn table_name() -> &'static str;
 
     /// The row with `key` as last committed (locked inside a transaction).
+    #[cfg_attr(not(feature = "locks"), allow(dead_code))] // Claims only, so far.
     fn load_by_key(
         conn: &mut C,
         key: &Self::Key,
@@ -104,6 +110,7 @@ pub(crate) trait ReadOn<C>: Guarded {
 
     /// The rows with any of `keys` that exist, in one statement (locked inside a
     /// transaction).
+    #[cfg_attr(not(feature = "locks"), allow(dead_code))] // Claims only, so far.
     fn load_by_keys(
         conn: &mut C,
         keys: &[Self::Key],
@@ -114,12 +121,14 @@ pub(crate) trait ReadOn<C>: Guarded {
 }
 
 /// A query that loads rows of `U` on connection `C`.
+#[cfg_attr(not(feature = "locks"), allow(dead_code))] // Claims only, so far.
 pub(crate) trait QueryOn<C, U> {
     /// The rows.
     fn load_on(self, conn: &mut C) -> impl Future<Output = QueryResult<Vec<U>>> + Send;
 }
 
 /// A statement that changes rows on connection `C`.
+#[cfg_attr(not(feature = "locks"), allow(dead_code))] // Claims only, so far.
 pub(crate) trait ExecuteOn<C> {
     /// The rows it matched.
     fn execute_on(self, conn: &mut C) -> impl Future<Output = QueryResult<usize>> + Send;

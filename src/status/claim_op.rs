@@ -170,6 +170,7 @@ pub(crate) struct Ending<S> {
 
 impl<S: Copy> Ending<S> {
     /// The ending as the drivers take it.
+    #[cfg(feature = "async")]
     pub(crate) fn as_ending(&self) -> (&str, S, S, Option<&str>) {
         (&self.owner, self.held, self.to, self.next_owner.as_deref())
     }

@@ -11,6 +11,8 @@ use diesel::{OptionalExtension, QueryResult, RunQueryDsl, Selectable, Selectable
 
 use crate::connect::backend::OccBackend;
 use crate::connect::transaction::in_transaction;
+use crate::connect::transaction::WriteTransaction;
+use crate::drive::{now, Blocking, Io, ReadOn, RunOn};
 use crate::error::Error;
 use crate::flow::compare_and_set::{refuse_status_write, CompareAndSet};
 use crate::flow::miss::{unreadable_row, Explanation, RowMoved};
@@ -391,10 +393,10 @@ pub trait UpdateRow<C, Ch>: LoadByKey<C> {
 impl<T, C, Ch> UpdateRow<C, Ch> for T
 where
     T: LoadByKey<C>,
-    C: LoadConnection,
+    C: LoadConnection + WriteTransaction + Send,
     C::Backend: OccBackend,
-    Ch: AsChangeset<Target = T::Table>,
-    UpdateOf<T, Ch::Changeset>: Assignments<C::Backend>,
+    Ch: AsChangeset<Target = T::Table> + Send,
+    UpdateOf<T, Ch::Changeset>: Assignments<C::Backend> + Send,
     CompletionOf<T>: Complete<C, UpdateOf<T, Ch::Changeset>, TokenOf<T>>,
 {
     fn update_row(
@@ -406,7 +408,10 @@ where
         saved: Option<SavedState<T>>,
         own: bool,
     ) -> Result<TokenOf<T>, Error> {
-        update_stamped::<T, C, Ch>(conn, key, expected, changes, stamp, saved, own)
+        let conn = Blocking::wrap(conn);
+        now(update_row::<T, _, Ch>(
+            conn, key, expected, changes, stamp, saved, own,
+        ))
     }
 }
 
@@ -451,14 +456,12 @@ pub trait DeleteRow<C>: LoadByKey<C> {
 impl<T, C> DeleteRow<C> for T
 where
     T: LoadByKey<C>,
-    C: LoadConnection,
+    C: LoadConnection + WriteTransaction + Send,
     C::Backend: OccBackend,
-    DeleteOf<T>: ExecuteDsl<C> + Assignments<C::Backend>,
+    DeleteOf<T>: ExecuteDsl<C> + Assignments<C::Backend> + Send,
 {
     fn delete_row(conn: &mut C, key: &T::Key, expected: &TokenOf<T>) -> Result<(), Error> {
-        let miss = RowMoved::<T>::expecting(key, expected);
-        run_guarded::<T, C, _, Counted>(conn, miss, delete_statement::<T>(key, expected), false)
-            .map(drop)
+        now(delete_row::<T, _>(Blocking::wrap(conn), key, expected))
     }
 
     fn delete_batch(
@@ -594,9 +597,10 @@ where
 }
 
 /// The guarded update of the row with `key` from `expected`, with the entity's `stamp`
-/// (and, for a save, in the state of the `saved` copy): what every updating method of
-/// [`GuardedWrite`] runs.
-fn update_stamped<T, C, Ch>(
+/// (and, for a save, in the state of the `saved` copy), on either driver: what every
+/// updating method of [`GuardedWrite`] runs. Refused before anything is sent when the
+/// token cannot advance or the changes assign the status; one call on the connection.
+pub(crate) async fn update_row<T, C, Ch>(
     conn: &mut C,
     key: &T::Key,
     expected: &TokenOf<T>,
@@ -606,20 +610,46 @@ fn update_stamped<T, C, Ch>(
     own: bool,
 ) -> Result<TokenOf<T>, Error>
 where
-    T: LoadByKey<C>,
-    C: LoadConnection,
-    C::Backend: OccBackend,
+    C: Io,
+    T: ReadOn<C>,
     Ch: AsChangeset<Target = T::Table>,
-    UpdateOf<T, Ch::Changeset>: Assignments<C::Backend>,
-    CompletionOf<T>: Complete<C, UpdateOf<T, Ch::Changeset>, TokenOf<T>>,
+    UpdateOf<T, Ch::Changeset>: Assignments<C::Backend> + Send,
+    for<'k> CompletionOf<T>: RunOn<C, UpdateOf<T, Ch::Changeset>, RowMoved<'k, T>, TokenOf<T>>,
 {
     let table = T::table_name();
     SavedState::refuse_move(saved.as_ref(), table)?;
-    check_stored_precision::<T, C>(conn)?;
+    conn.refuse_broken()?;
     let (statement, next, miss) =
         update_in::<T, C::Backend, Ch>(table, key, expected, changes, stamp, saved)?;
-    let returned = run_guarded::<T, C, _, CompletionOf<T>>(conn, miss, statement, own)?;
-    Ok(returned.unwrap_or(next))
+    let write = CompareAndSet::one(statement, table, key, miss);
+    let written = conn
+        .call(async |conn: &mut C| {
+            T::check_stored_precision(conn).await?;
+            <CompletionOf<T> as RunOn<C, _, _, _>>::run(conn, write, own).await
+        })
+        .await?;
+    Ok(written.token.unwrap_or(next))
+}
+
+/// The guarded delete of the row with `key` from `expected`, on either driver.
+pub(crate) async fn delete_row<T, C>(
+    conn: &mut C,
+    key: &T::Key,
+    expected: &TokenOf<T>,
+) -> Result<(), Error>
+where
+    C: Io,
+    T: ReadOn<C>,
+    DeleteOf<T>: Assignments<C::Backend> + Send,
+    for<'k> Counted: RunOn<C, DeleteOf<T>, RowMoved<'k, T>, TokenOf<T>>,
+{
+    conn.refuse_broken()?;
+    let statement = delete_statement::<T>(key, expected);
+    let miss = RowMoved::<T>::expecting(key, expected);
+    let write = CompareAndSet::one(statement, T::table_name(), key, miss);
+    conn.call(async |conn: &mut C| <Counted as RunOn<C, _, _, _>>::run(conn, write, false).await)
+        .await
+        .map(drop)
 }
 
 /// The guard's assignments that move the row with `key` (of `table`) past `expected`, and
