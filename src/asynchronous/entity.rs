@@ -7,11 +7,10 @@ use std::future::Future;
 use diesel::query_builder::{AsChangeset, QueryFragment};
 use diesel_async::AsyncConnection;
 
-use super::connection::{classified, refuse_broken, NativeAsync, NativeAsyncConnection};
+use super::connection::{classified, NativeAsync, NativeAsyncConnection};
 use super::executor::{run, AsyncMiss};
 use super::run::AsyncRun;
 use super::send::{AsyncComplete, AsyncLoadByKey};
-use super::transaction::Call;
 use crate::drive::{Io, ReadOn, RunOn};
 use crate::error::Error;
 use crate::flow::compare_and_set::CompareAndSet;
@@ -24,7 +23,8 @@ use crate::operation::{
 };
 use crate::sql::new_token::Counted;
 use crate::sql::statement::{Assignments, NoChanges};
-use crate::write::entity::{delete_row, update_row};
+use crate::write::changed_columns::save_changed;
+use crate::write::entity::{delete_row, update_row, write_unguarded};
 use crate::write::entity::{
     excluded_changeset, key_write, token_read_back, unguarded_by_key, DeleteOf, KeyWriteOf,
     UnguardedUpdateOf, UpdateOf,
@@ -297,11 +297,10 @@ where
 
 impl<T, C> AsyncRun<C> for SaveChanged<T>
 where
-    T: AsyncLoadByKey<C> + ChangedColumns,
-    C: NativeAsyncConnection,
-    C::Backend: NativeAsync,
-    ChangedUpdateOf<T>: Assignments<C::Backend> + Send,
-    Counted: AsyncComplete<C, ChangedUpdateOf<T>, TokenOf<T>>,
+    T: ReadOn<C> + ChangedColumns,
+    C: Io + NativeAsyncConnection,
+    ChangedUpdateOf<T>: Assignments<<C as Io>::Backend> + Send,
+    for<'k> Counted: RunOn<C, ChangedUpdateOf<T>, RowMoved<'k, T>, TokenOf<T>>,
 {
     fn run_async(
         self,
@@ -309,23 +308,8 @@ where
     ) -> impl Future<Output = Result<<Self as Operation>::Output, <Self as Operation>::Error>> + Send
     {
         // Checked and built before the future, on the table name of the connection's backend.
-        let statement = self.statement(<T as AsyncLoadByKey<C>>::table_name());
-        async move {
-            let Some((statement, key, expected)) = statement? else {
-                return Ok(false);
-            };
-            refuse_broken(conn)?;
-            let miss = RowMoved::<T>::expecting(&key, &expected);
-            let write = CompareAndSet::one(
-                statement,
-                <T as AsyncLoadByKey<C>>::table_name(),
-                &key,
-                miss,
-            );
-            let mut call = Call::start(conn);
-            let written = run::<C, _, _, Counted, TokenOf<T>>(write, call.conn(), false).await;
-            call.finish(written).map(|_| true)
-        }
+        let statement = self.statement(<T as ReadOn<C>>::table_name());
+        save_changed::<T, C>(conn, statement)
     }
 }
 
@@ -433,14 +417,13 @@ where
 
 impl<T, C, Ch> AsyncRun<C> for WriteExcluded<T, Ch>
 where
-    T: AsyncLoadByKey<C>,
-    C: NativeAsyncConnection,
-    C::Backend: NativeAsync,
+    T: ReadOn<C>,
+    C: Io + NativeAsyncConnection,
     Ch: AsChangeset<Target = T::Table>,
-    Ch::Changeset: QueryFragment<C::Backend>,
-    T::Stamp: QueryFragment<C::Backend>,
-    UnguardedUpdateOf<T, Ch::Changeset>: Assignments<C::Backend> + Send + 'static,
-    Counted: AsyncComplete<C, UnguardedUpdateOf<T, Ch::Changeset>, TokenOf<T>>,
+    Ch::Changeset: QueryFragment<<C as Io>::Backend>,
+    T::Stamp: QueryFragment<<C as Io>::Backend>,
+    UnguardedUpdateOf<T, Ch::Changeset>: Assignments<<C as Io>::Backend> + Send + 'static,
+    for<'k> Counted: RunOn<C, UnguardedUpdateOf<T, Ch::Changeset>, RowMoved<'k, T>, TokenOf<T>>,
 {
     fn run_async(
         self,
@@ -448,9 +431,9 @@ where
     ) -> impl Future<Output = Result<<Self as Operation>::Output, <Self as Operation>::Error>> + Send
     {
         let WriteExcluded { key, changes } = self;
-        let table = <T as AsyncLoadByKey<C>>::table_name();
+        let table = <T as ReadOn<C>>::table_name();
         // Checked before the future: the changes need not be `Send`.
-        let statement = excluded_changeset::<T, C::Backend, Ch>(table, changes)
+        let statement = excluded_changeset::<T, <C as Io>::Backend, Ch>(table, changes)
             .map(|changes| changes.map(|changes| unguarded_by_key::<T, _>(&key, changes)));
         async move {
             match statement? {
@@ -461,32 +444,13 @@ where
     }
 }
 
-/// Sends `statement`, an unguarded write of the row with `key`, as the blocking
-/// `write_unguarded_by_key` does: a missing row is [`Error::NotFound`].
-async fn write_unguarded<T, C, S>(conn: &mut C, key: &T::Key, statement: S) -> Result<(), Error>
-where
-    T: AsyncLoadByKey<C>,
-    C: NativeAsyncConnection,
-    C::Backend: NativeAsync,
-    S: Assignments<C::Backend> + Send,
-    Counted: AsyncComplete<C, S, TokenOf<T>>,
-{
-    refuse_broken(conn)?;
-    let table = <T as AsyncLoadByKey<C>>::table_name();
-    let write = CompareAndSet::one(statement, table, key, RowMoved::<T>::any(key));
-    let mut call = Call::start(conn);
-    let written = run::<C, _, _, Counted, TokenOf<T>>(write, call.conn(), false).await;
-    call.finish(written).map(drop)
-}
-
 impl<T, C> AsyncRun<C> for TouchStamp<T>
 where
-    T: AsyncLoadByKey<C>,
+    T: ReadOn<C>,
     T::Stamp: crate::write::updated_at_touch::UpdatedAtStamp + Send + 'static,
-    C: NativeAsyncConnection,
-    C::Backend: NativeAsync,
-    UnguardedUpdateOf<T, T::Stamp>: Assignments<C::Backend> + Send + 'static,
-    Counted: AsyncComplete<C, UnguardedUpdateOf<T, T::Stamp>, TokenOf<T>>,
+    C: Io + NativeAsyncConnection,
+    UnguardedUpdateOf<T, T::Stamp>: Assignments<<C as Io>::Backend> + Send + 'static,
+    for<'k> Counted: RunOn<C, UnguardedUpdateOf<T, T::Stamp>, RowMoved<'k, T>, TokenOf<T>>,
 {
     async fn run_async(
         self,

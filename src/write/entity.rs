@@ -395,7 +395,7 @@ where
     T: LoadByKey<C>,
     C: LoadConnection + WriteTransaction + Send,
     C::Backend: OccBackend,
-    Ch: AsChangeset<Target = T::Table> + Send,
+    Ch: AsChangeset<Target = T::Table>,
     UpdateOf<T, Ch::Changeset>: Assignments<C::Backend> + Send,
     CompletionOf<T>: Complete<C, UpdateOf<T, Ch::Changeset>, TokenOf<T>>,
 {
@@ -497,12 +497,12 @@ pub trait UpdateExcluded<C, Ch>: LoadByKey<C> {
 impl<T, C, Ch> UpdateExcluded<C, Ch> for T
 where
     T: LoadByKey<C>,
-    C: LoadConnection,
+    C: LoadConnection + WriteTransaction + Send,
     C::Backend: OccBackend,
     Ch: AsChangeset<Target = T::Table>,
     Ch::Changeset: QueryFragment<C::Backend>,
     T::Stamp: QueryFragment<C::Backend>,
-    UnguardedUpdateOf<T, Ch::Changeset>: ExecuteDsl<C> + Assignments<C::Backend>,
+    UnguardedUpdateOf<T, Ch::Changeset>: ExecuteDsl<C> + Assignments<C::Backend> + Send,
 {
     fn update_excluded_row(conn: &mut C, key: &T::Key, changes: Ch) -> Result<(), Error> {
         match excluded_changeset::<T, C::Backend, Ch>(T::table_name(), changes)? {
@@ -558,13 +558,35 @@ pub(crate) fn write_unguarded_by_key<T, C, X>(
 ) -> Result<(), Error>
 where
     T: LoadByKey<C>,
-    C: LoadConnection,
+    C: LoadConnection + WriteTransaction + Send,
     C::Backend: OccBackend,
-    UnguardedUpdateOf<T, X>: ExecuteDsl<C> + Assignments<C::Backend>,
+    UnguardedUpdateOf<T, X>: ExecuteDsl<C> + Assignments<C::Backend> + Send,
 {
     let statement = unguarded_by_key::<T, X>(key, changes);
-    CompareAndSet::one(statement, T::table_name(), key, RowMoved::<T>::any(key))
-        .run::<C, Counted, TokenOf<T>>(conn, false)
+    now(write_unguarded::<T, _, _>(
+        Blocking::wrap(conn),
+        key,
+        statement,
+    ))
+}
+
+/// Sends `statement`, an unguarded write of the row with `key`, on either driver: a
+/// missing row is [`Error::NotFound`].
+pub(crate) async fn write_unguarded<T, C, S>(
+    conn: &mut C,
+    key: &T::Key,
+    statement: S,
+) -> Result<(), Error>
+where
+    C: Io,
+    T: ReadOn<C>,
+    S: Assignments<C::Backend> + Send,
+    for<'k> Counted: RunOn<C, S, RowMoved<'k, T>, TokenOf<T>>,
+{
+    conn.refuse_broken()?;
+    let write = CompareAndSet::one(statement, T::table_name(), key, RowMoved::<T>::any(key));
+    conn.call(async |conn: &mut C| <Counted as RunOn<C, _, _, _>>::run(conn, write, false).await)
+        .await
         .map(drop)
 }
 
