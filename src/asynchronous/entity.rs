@@ -8,12 +8,11 @@ use diesel::query_builder::{AsChangeset, QueryFragment};
 use diesel_async::AsyncConnection;
 
 use super::connection::{classified, NativeAsync, NativeAsyncConnection};
-use super::executor::{run, AsyncMiss};
+use super::executor::AsyncMiss;
 use super::run::AsyncRun;
 use super::send::{AsyncComplete, AsyncLoadByKey};
 use crate::drive::{Io, ReadOn, RunOn};
 use crate::error::Error;
-use crate::flow::compare_and_set::CompareAndSet;
 use crate::flow::miss::RowMoved;
 use crate::guard::pre_image::{ChangedColumns, ChangedUpdateOf};
 use crate::guard::stored_precision::PrecisionCheck;
@@ -24,7 +23,7 @@ use crate::operation::{
 use crate::sql::new_token::Counted;
 use crate::sql::statement::{Assignments, NoChanges};
 use crate::write::changed_columns::save_changed;
-use crate::write::entity::{delete_row, update_row, write_unguarded};
+use crate::write::entity::{delete_row, update_row, write_key_statement, write_unguarded};
 use crate::write::entity::{
     excluded_changeset, key_write, token_read_back, unguarded_by_key, DeleteOf, KeyWriteOf,
     UnguardedUpdateOf, UpdateOf,
@@ -399,20 +398,14 @@ where
     C: NativeAsyncConnection,
     C::Backend: NativeAsync,
     KeyWriteOf<T, Ch, G>: Assignments<C::Backend> + Send + 'a,
-    Done: AsyncComplete<C, KeyWriteOf<T, Ch, G>, TokenOf<T>>,
+    Done: AsyncComplete<C, KeyWriteOf<T, Ch, G>, TokenOf<T>> + 'a,
     M: AsyncMiss<C> + Send + 'a,
 {
     let table = <T as AsyncLoadByKey<C>>::table_name();
     // Built and checked before the future: the changes need not be `Send`.
     let statement =
         key_write::<T, C::Backend, Ch, G>(table, key, changes, condition, status_assignments);
-    async move {
-        let statement = statement?;
-        check_stored_precision::<T, C>(conn, table).await?;
-        let write = CompareAndSet::one(statement, table, key, miss);
-        let written = run::<C, _, _, Done, TokenOf<T>>(write, conn, false).await?;
-        Ok(written.token)
-    }
+    write_key_statement::<Done, T, C, _, M>(conn, key, statement, miss)
 }
 
 impl<T, C, Ch> AsyncRun<C> for WriteExcluded<T, Ch>

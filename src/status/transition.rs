@@ -476,11 +476,11 @@ impl<T, C, Ch, G> TransitionByKey<C, Ch, G> for T
 where
     T: HasStatus + LoadByKey<C>,
     T::Guard: AdvanceInSql,
-    C: LoadConnection,
+    C: LoadConnection + WriteTransaction + Send,
     C::Backend: OccBackend,
     Ch: AsChangeset<Target = T::Table>,
-    G: TransitionCondition<C::Backend>,
-    KeyTransitionOf<T, Ch::Changeset, G>: Assignments<C::Backend>,
+    G: TransitionCondition<C::Backend> + Send,
+    KeyTransitionOf<T, Ch::Changeset, G>: Assignments<C::Backend> + Send,
     ReturnedTokenOf<T>: Complete<C, KeyTransitionOf<T, Ch::Changeset, G>, TokenOf<T>>,
 {
     fn transition_key(

@@ -814,11 +814,11 @@ pub(crate) fn write_by_key<T, C, Ch, G, M>(
 where
     T: LoadByKey<C>,
     T::Guard: AdvanceInSql,
-    C: LoadConnection,
+    C: LoadConnection + WriteTransaction + Send,
     C::Backend: OccBackend,
-    KeyWriteOf<T, Ch, G>: Assignments<C::Backend>,
+    KeyWriteOf<T, Ch, G>: Assignments<C::Backend> + Send,
     ReturnedTokenOf<T>: Complete<C, KeyWriteOf<T, Ch, G>, TokenOf<T>>,
-    M: Miss<C>,
+    M: Miss<C> + Send,
 {
     let token = write_by_key_completed::<ReturnedTokenOf<T>, T, C, Ch, G, M>(
         conn,
@@ -844,22 +844,42 @@ pub(crate) fn write_by_key_completed<Done, T, C, Ch, G, M>(
 where
     T: LoadByKey<C>,
     T::Guard: AdvanceInSql,
-    C: LoadConnection,
+    C: LoadConnection + WriteTransaction + Send,
     C::Backend: OccBackend,
-    KeyWriteOf<T, Ch, G>: Assignments<C::Backend>,
+    KeyWriteOf<T, Ch, G>: Assignments<C::Backend> + Send,
     Done: Complete<C, KeyWriteOf<T, Ch, G>, TokenOf<T>>,
-    M: Miss<C>,
+    M: Miss<C> + Send,
 {
-    check_stored_precision::<T, C>(conn)?;
-    let statement = key_write::<T, C::Backend, Ch, G>(
-        T::table_name(),
+    let table = T::table_name();
+    let statement =
+        key_write::<T, C::Backend, Ch, G>(table, key, changes, condition, status_assignments);
+    now(write_key_statement::<Done, T, _, _, _>(
+        Blocking::wrap(conn),
         key,
-        changes,
-        condition,
-        status_assignments,
-    )?;
-    let written = CompareAndSet::one(statement, T::table_name(), key, miss)
-        .run::<C, Done, TokenOf<T>>(conn, false)?;
+        statement,
+        miss,
+    ))
+}
+
+/// Sends the write by key alone `statement` (built and checked by [`key_write`]), run and
+/// completed by `Done`, on either driver; `miss` explains a row it did not write.
+pub(crate) async fn write_key_statement<Done, T, C, S, M>(
+    conn: &mut C,
+    key: &T::Key,
+    statement: Result<S, Error>,
+    miss: M,
+) -> Result<Option<TokenOf<T>>, Error>
+where
+    C: Io,
+    T: ReadOn<C>,
+    S: Assignments<C::Backend> + Send,
+    M: Send,
+    Done: RunOn<C, S, M, TokenOf<T>>,
+{
+    let statement = statement?;
+    T::check_stored_precision(conn).await?;
+    let write = CompareAndSet::one(statement, T::table_name(), key, miss);
+    let written = <Done as RunOn<C, _, _, _>>::run(conn, write, false).await?;
     Ok(written.token)
 }
 
