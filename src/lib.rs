@@ -132,6 +132,7 @@ compile_error!(
 extern crate self as diesel_occ;
 
 mod connect;
+mod drive;
 mod error;
 mod flow;
 mod guard;

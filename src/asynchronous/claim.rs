@@ -13,45 +13,35 @@
 
 use std::future::Future;
 
-use diesel::query_builder::QueryId;
 use diesel::sql_types::{Integer, Nullable, Text};
 use diesel::{Column, Selectable};
-use diesel_async::methods::{ExecuteDsl, LoadQuery};
-use diesel_async::{AsyncConnection, RunQueryDsl};
+use diesel_async::AsyncConnection;
 
-use super::connection::{
-    classified, classify, in_transaction, refuse_broken, NativeAsync, NativeAsyncConnection,
-};
-use super::entity::check_stored_precision;
-use super::executor::{protect_caller, run, AsyncMiss};
+use super::connection::{classify, NativeAsyncConnection};
+use super::executor::AsyncMiss;
 use super::run::AsyncRun;
-use super::send::{AsyncComplete, AsyncLoadByKey};
-use super::transaction::{Call, OwnTransaction};
+use super::send::AsyncLoadByKey;
 use crate::connect::backend::OccBackend;
+use crate::drive::{ExecuteOn, Io, QueryOn, ReadOn, RunOn};
 use crate::error::Error;
 use crate::flow::claim_lost::{ClaimIgnored, ClaimLost};
-use crate::flow::compare_and_set::{refuse_double_assignment, CompareAndSet};
 use crate::flow::finish_claims::report::FinishedClaims;
-use crate::flow::finish_claims::{Effect, FinishClaims as Flow};
-use crate::flow::miss::RowMoved;
 use crate::guard::status::HasStatus;
 use crate::guard::{AdvanceInSql, Guarded};
 use crate::operation::Operation;
 use crate::sql::new_token::Counted;
 use crate::sql::statement::Assignments;
-use crate::sql::statement::Returning;
-use crate::status::claim::{
-    check_owners, claim_query, claim_update, claim_write, finish_statement, ClaimQueryOf,
-    ClaimRequest, ClaimUpdateOf, FinishOf,
-};
+use crate::status::claim::{claim, end_claim};
+use crate::status::claim::{ClaimQueryOf, ClaimRequest, ClaimUpdateOf, FinishOf};
+use crate::status::claim_attempts::claim_counted;
 use crate::status::claim_attempts::{
-    check_limit, counted_claim_query, hand_over_statement, nothing_claimed, park_statement,
-    split_spent, AttemptLimit, Claimed, CountedClaimOf, CountedClaimQueryOf, ParkOf,
+    AttemptLimit, Claimed, CountedClaimOf, CountedClaimQueryOf, ParkOf,
 };
-use crate::status::claim_heartbeat::{heartbeat_statement, HeartbeatOf};
-use crate::status::claim_in_one::{claim_in_one, ClaimInOneOf, ClaimInOneUpdateOf};
-use crate::status::claim_op::{Claim, ClaimHeartbeat, CountedClaim, EndClaim, EndClaims, Ending};
-use crate::status::finish_claims::{finish_many_statement, FinishManyOf, FinishManyReturningOf};
+use crate::status::claim_heartbeat::{extend_claim, HeartbeatOf};
+use crate::status::claim_in_one::{ClaimInOneOf, ClaimInOneUpdateOf};
+use crate::status::claim_op::{Claim, ClaimHeartbeat, CountedClaim, EndClaim, EndClaims};
+use crate::status::finish_claims::end_claims;
+use crate::status::finish_claims::{FinishManyOf, FinishManyReturningOf};
 
 /// [`retried`](crate::status::claim_retry::retried) on diesel-async connection `$conn`
 /// for the future `$attempt` makes (made again for each attempt), its waits on tokio's
@@ -186,319 +176,96 @@ where
 
 impl<T, C, OwnerCol, AtCol> AsyncRun<C> for Claim<T, OwnerCol, AtCol>
 where
-    T: HasStatus + Clone + Sync + AsyncLoadByKey<C> + Selectable<C::Backend>,
+    T: HasStatus + Clone + ReadOn<C> + Selectable<<C as Io>::Backend>,
     T::Guard: AdvanceInSql,
-    C: NativeAsyncConnection,
-    C::Backend: NativeAsync,
+    C: Io + NativeAsyncConnection,
     OwnerCol: Column<Table = T::Table, SqlType = Nullable<Text>> + 'static,
     AtCol: Column<Table = T::Table> + 'static,
-    T::SelectExpression: QueryId,
-    ClaimQueryOf<T, AtCol, C::Backend>: LoadQuery<'static, C, T> + Send + 'static,
-    ClaimUpdateOf<T, OwnerCol, AtCol>: Assignments<C::Backend> + Send,
-    Counted: AsyncComplete<C, ClaimUpdateOf<T, OwnerCol, AtCol>, ()>,
-    ClaimInOneOf<T, OwnerCol, AtCol, C::Backend>: LoadQuery<'static, C, T> + Send + 'static,
-    ClaimInOneUpdateOf<T, OwnerCol, AtCol>: Assignments<C::Backend>,
+    ClaimQueryOf<T, AtCol, <C as Io>::Backend>: QueryOn<C, T> + Send,
+    for<'k> Counted: RunOn<C, ClaimUpdateOf<T, OwnerCol, AtCol>, ClaimIgnored<'k, T>, ()>,
+    ClaimInOneOf<T, OwnerCol, AtCol, <C as Io>::Backend>: QueryOn<C, T> + Send,
+    ClaimInOneUpdateOf<T, OwnerCol, AtCol>: Assignments<<C as Io>::Backend>,
 {
     async fn run_async(
         self,
         conn: &mut C,
     ) -> Result<<Self as Operation>::Output, <Self as Operation>::Error> {
-        let request = &self.request();
-        crate::sql::names::check_name("owner", request.owner)?;
-        if request.limit == 0 {
-            return Ok(Vec::new());
-        }
-        refuse_broken(conn)?;
-        if C::Backend::RETURNING {
-            let table = <T as AsyncLoadByKey<C>>::table_name();
-            check_stored_precision::<T, C>(conn, table).await?;
-            let claim = claim_in_one::<T, OwnerCol, AtCol, C::Backend>(table, request)?;
-            let loaded = protect_caller(conn, false, async |conn| claim.load(conn).await).await?;
-            return classified(conn, loaded).await;
-        }
-        let mut transaction = OwnTransaction::begin(conn).await?;
-        let claimed = async {
-            let conn = transaction.conn();
-            let query = claim_query::<T, AtCol, C::Backend>(request);
-            let waiting: Vec<T> = match query.load(conn).await {
-                Ok(rows) => rows,
-                Err(e) => return Err(classify(conn, e).await),
-            };
-            write_locked(conn, &waiting, |keys| {
-                claim_update::<T, OwnerCol, AtCol, _>(request, keys)
-            })
-            .await
-        }
-        .await;
-        transaction.settle(claimed).await
+        claim::<T, C, OwnerCol, AtCol>(conn, &self.request()).await
     }
 }
 
 impl<T, C, OwnerCol, AtCol, AttemptsCol> AsyncRun<C>
     for CountedClaim<T, OwnerCol, AtCol, AttemptsCol>
 where
-    T: HasStatus + Clone + Sync + AsyncLoadByKey<C> + Selectable<C::Backend>,
+    T: HasStatus + Clone + ReadOn<C> + Selectable<<C as Io>::Backend>,
     T::Guard: AdvanceInSql,
-    C: NativeAsyncConnection,
-    C::Backend: NativeAsync,
+    C: Io + NativeAsyncConnection,
     OwnerCol: Column<Table = T::Table, SqlType = Nullable<Text>> + 'static,
     AtCol: Column<Table = T::Table> + 'static,
     AttemptsCol: Column<Table = T::Table, SqlType = Integer> + Default + 'static,
-    CountedClaimQueryOf<T, AtCol, AttemptsCol, C::Backend>:
-        LoadQuery<'static, C, (T, i32)> + Send + 'static,
-    CountedClaimOf<T, OwnerCol, AtCol, AttemptsCol>: Assignments<C::Backend> + Send,
-    ParkOf<T, OwnerCol>: Assignments<C::Backend> + Send,
-    Counted: AsyncComplete<C, CountedClaimOf<T, OwnerCol, AtCol, AttemptsCol>, ()>
-        + AsyncComplete<C, ParkOf<T, OwnerCol>, ()>,
+    CountedClaimQueryOf<T, AtCol, AttemptsCol, <C as Io>::Backend>: QueryOn<C, (T, i32)>,
+    for<'k> Counted: RunOn<C, CountedClaimOf<T, OwnerCol, AtCol, AttemptsCol>, ClaimIgnored<'k, T>, ()>
+        + RunOn<C, ParkOf<T, OwnerCol>, ClaimIgnored<'k, T>, ()>,
 {
     async fn run_async(
         self,
         conn: &mut C,
     ) -> Result<<Self as Operation>::Output, <Self as Operation>::Error> {
-        let (request, limit) = (&self.request(), &self.limit);
-        crate::sql::names::check_name("owner", request.owner)?;
-        check_limit(request, limit)?;
-        if request.limit == 0 {
-            return Ok(nothing_claimed());
-        }
-        refuse_broken(conn)?;
-        let mut transaction = OwnTransaction::begin(conn).await?;
-        let claimed = async {
-            let conn = transaction.conn();
-            let query = counted_claim_query::<T, AtCol, AttemptsCol, C::Backend>(request);
-            let waiting: Vec<(T, i32)> = match query.load(conn).await {
-                Ok(rows) => rows,
-                Err(e) => return Err(classify(conn, e).await),
-            };
-            let (spent, fresh) = split_spent(waiting, limit);
-            let parked = write_locked(conn, &spent, |keys| {
-                park_statement::<T, OwnerCol>(limit.park_in, keys)
-            })
-            .await?;
-            let rows = write_locked(conn, &fresh, |keys| {
-                hand_over_statement::<T, OwnerCol, AtCol, AttemptsCol>(request, keys)
-            })
-            .await?;
-            Ok(Claimed { rows, parked })
-        }
-        .await;
-        transaction.settle(claimed).await
+        let request = self.request();
+        claim_counted::<T, C, OwnerCol, AtCol, AttemptsCol>(conn, &request, &self.limit).await
     }
 }
 
 impl<T, C, OwnerCol, AtCol> AsyncRun<C> for ClaimHeartbeat<T, OwnerCol, AtCol>
 where
-    T: HasStatus + AsyncLoadByKey<C>,
+    T: HasStatus + ReadOn<C>,
     T::Guard: AdvanceInSql,
-    C: NativeAsyncConnection,
-    C::Backend: NativeAsync,
+    C: Io + NativeAsyncConnection,
     OwnerCol: Column<Table = T::Table, SqlType = Nullable<Text>> + 'static,
     AtCol: Column<Table = T::Table> + 'static,
-    HeartbeatOf<T, OwnerCol, AtCol>: Assignments<C::Backend> + Send,
-    Counted: AsyncComplete<C, HeartbeatOf<T, OwnerCol, AtCol>, ()>,
+    for<'k> Counted: RunOn<C, HeartbeatOf<T, OwnerCol, AtCol>, ClaimLost<'k, T>, ()>,
 {
     async fn run_async(
         self,
         conn: &mut C,
     ) -> Result<<Self as Operation>::Output, <Self as Operation>::Error> {
-        let (key, owner, held) = (&self.key, self.owner.as_str(), self.held);
-        crate::sql::names::check_name("owner", owner)?;
-        refuse_broken(conn)?;
-        let table = <T as AsyncLoadByKey<C>>::table_name();
-        check_stored_precision::<T, C>(conn, table).await?;
-        let mut transaction = OwnTransaction::begin(conn).await?;
-        let kept = async {
-            let conn = transaction.conn();
-            // Waits here for whoever holds the row, before the claim time is computed.
-            if let Err(e) = T::load_by_key(conn, key).await {
-                return Err(classify(conn, e).await);
-            }
-            let statement = heartbeat_statement::<T, OwnerCol, AtCol>(key, owner, held);
-            let miss = ClaimLost::<T> { key, owner, held };
-            let write = CompareAndSet::one(statement, table, key, miss);
-            run::<C, _, _, Counted, ()>(write, conn, true).await?;
-            match T::load_by_key(conn, key).await {
-                Ok(Some(row)) => Ok(row),
-                Ok(None) => Err(RowMoved::<T>::any(key).given_in(table, None)),
-                Err(e) => Err(classify(conn, e).await),
-            }
-        }
-        .await;
-        transaction.settle(kept).await
+        extend_claim::<T, C, OwnerCol, AtCol>(conn, &self.key, &self.owner, self.held).await
     }
 }
 
 impl<T, C, OwnerCol> AsyncRun<C> for EndClaim<T, OwnerCol>
 where
-    T: HasStatus + AsyncLoadByKey<C>,
+    T: HasStatus + ReadOn<C>,
     T::Guard: AdvanceInSql,
-    C: NativeAsyncConnection,
-    C::Backend: NativeAsync,
+    C: Io + NativeAsyncConnection,
     OwnerCol: Column<Table = T::Table, SqlType = Nullable<Text>> + 'static,
-    FinishOf<T, OwnerCol>: Assignments<C::Backend> + Send,
-    Counted: AsyncComplete<C, FinishOf<T, OwnerCol>, ()>,
+    for<'k> Counted: RunOn<C, FinishOf<T, OwnerCol>, ClaimLost<'k, T>, ()>,
 {
     async fn run_async(
         self,
         conn: &mut C,
     ) -> Result<<Self as Operation>::Output, <Self as Operation>::Error> {
-        let key = &self.key;
-        let Ending {
-            owner,
-            held,
-            to,
-            next_owner,
-        } = &self.ending;
-        let (owner, held, to, next_owner) = (owner.as_str(), *held, *to, next_owner.as_deref());
-        check_owners(owner, next_owner)?;
-        refuse_broken(conn)?;
-        let table = <T as AsyncLoadByKey<C>>::table_name();
-        let mut call = Call::start(conn);
-        let finished = async {
-            let conn = call.conn();
-            check_stored_precision::<T, C>(conn, table).await?;
-            let statement = finish_statement::<T, OwnerCol>(key, owner, held, to, next_owner);
-            let miss = ClaimLost::<T> { key, owner, held };
-            let write = CompareAndSet::one(statement, table, key, miss);
-            run::<C, _, _, Counted, ()>(write, conn, false)
-                .await
-                .map(drop)
-        }
-        .await;
-        call.finish(finished)
+        let ending = self.ending.as_ending();
+        end_claim::<T, C, OwnerCol>(conn, &self.key, ending).await
     }
 }
 
 impl<T, C, OwnerCol> AsyncRun<C> for EndClaims<T, OwnerCol>
 where
-    T: HasStatus + Clone + Sync + AsyncLoadByKey<C>,
-    EndClaim<T, OwnerCol>: AsyncRun<C>,
-    T: Selectable<C::Backend>,
+    T: HasStatus + Clone + ReadOn<C>,
     T::Guard: AdvanceInSql,
-    C: NativeAsyncConnection,
-    C::Backend: NativeAsync,
+    C: Io + NativeAsyncConnection,
     OwnerCol: Column<Table = T::Table, SqlType = Nullable<Text>> + 'static,
-    FinishManyOf<T, OwnerCol>: Assignments<C::Backend> + ExecuteDsl<C> + Send + 'static,
-    FinishManyReturningOf<T, OwnerCol>: LoadQuery<'static, C, T::Key> + Send + 'static,
+    FinishManyOf<T, OwnerCol>: Assignments<<C as Io>::Backend> + ExecuteOn<C> + Send,
+    FinishManyReturningOf<T, OwnerCol>: QueryOn<C, T::Key> + Send,
+    for<'k> Counted: RunOn<C, FinishOf<T, OwnerCol>, ClaimLost<'k, T>, ()>,
 {
     async fn run_async(
         self,
         conn: &mut C,
     ) -> Result<<Self as Operation>::Output, <Self as Operation>::Error> {
-        let keys = self.keys.as_slice();
-        let Ending {
-            owner,
-            held,
-            to,
-            next_owner,
-        } = &self.ending;
-        let (owner, held, to, next_owner) = (owner.as_str(), *held, *to, next_owner.as_deref());
-        check_owners(owner, next_owner)?;
-        let statement = |keys: &[T::Key]| {
-            finish_many_statement::<T, OwnerCol>(keys, owner, held, to, next_owner)
-        };
-        let table = <T as AsyncLoadByKey<C>>::table_name();
-        let in_callers = in_transaction(conn);
-        let returning = C::Backend::RETURNING;
-        let mut flow = Flow::<T>::new(keys, table, (owner, held), returning, in_callers);
-        let mut effect = flow.start();
-        loop {
-            effect = match effect {
-                Effect::Check(key) => {
-                    refuse_broken(conn)?;
-                    // In a call: a read dropped half way on MySQL leaves its reply on the
-                    // socket.
-                    let mut call = Call::start(&mut *conn);
-                    let checked = check_stored_precision::<T, C>(call.conn(), table).await;
-                    flow.checked(
-                        call.finish(checked)
-                            .and_then(|()| refuse_double_assignment(table, &statement(&[key]))),
-                    )
-                }
-                Effect::SendReturning(chunk) => {
-                    let key_columns = diesel::Table::primary_key(&T::table());
-                    let returning = Returning::new(statement(&chunk), key_columns);
-                    let sent = protect_caller(conn, false, async |conn| returning.load(conn).await);
-                    let sent = sent.await;
-                    flow.returned(match sent {
-                        Ok(sent) => classified(conn, sent).await,
-                        Err(e) => Err(e),
-                    })
-                }
-                Effect::LookUp(key) => {
-                    let row = T::load_by_key(conn, &key).await;
-                    flow.looked_up(classified(conn, row).await)
-                }
-                Effect::SendAllOrNothing(chunk) => {
-                    let keys = chunk.len();
-                    flow.all_or_nothing(every_claim_ended(conn, statement(&chunk), keys).await)
-                }
-                Effect::EndAlone(key) => {
-                    let ended = EndClaim::<T, OwnerCol>::new(&key, owner, held, to, next_owner);
-                    flow.ended_alone(ended.run_async(conn).await)
-                }
-                Effect::Pause(pause) => {
-                    tokio::time::sleep(pause).await;
-                    flow.paused()
-                }
-                Effect::Done => return flow.outcome(),
-            }
-        }
-    }
-}
-
-/// Sends `statement` in a transaction and commits it when it matched all `keys` rows;
-/// otherwise rolls it back (`false`); see the blocking path's.
-async fn every_claim_ended<C, S>(conn: &mut C, statement: S, keys: usize) -> Result<bool, Error>
-where
-    C: NativeAsyncConnection,
-    C::Backend: NativeAsync,
-    S: ExecuteDsl<C> + Send,
-{
-    let mut transaction = OwnTransaction::begin(conn).await?;
-    let matched = {
-        let conn = transaction.conn();
-        match ExecuteDsl::execute(statement, conn).await {
-            Ok(matched) => Ok(matched),
-            Err(e) => Err(classify(conn, e).await),
-        }
-    };
-    match matched {
-        Ok(matched) if matched == keys => transaction.settle(Ok(true)).await,
-        Ok(_) => {
-            transaction.rollback().await.map_err(Error::Database)?;
-            Ok(false)
-        }
-        Err(e) => transaction.settle(Err(e)).await,
-    }
-}
-
-/// Runs the `UPDATE` that `update` builds for the keys of the `locked` rows, inside the
-/// claim's transaction, and reads them back as written; see the blocking `write_locked`.
-async fn write_locked<T, C, U>(
-    conn: &mut C,
-    locked: &[T],
-    update: impl FnOnce(T::KeysPredicate) -> U,
-) -> Result<Vec<T>, Error>
-where
-    T: AsyncLoadByKey<C> + Sync,
-    T::Guard: AdvanceInSql,
-    C: NativeAsyncConnection,
-    C::Backend: NativeAsync,
-    U: Assignments<C::Backend> + Send,
-    Counted: AsyncComplete<C, U, ()>,
-{
-    if locked.is_empty() {
-        return Ok(Vec::new());
-    }
-    let table = <T as AsyncLoadByKey<C>>::table_name();
-    check_stored_precision::<T, C>(conn, table).await?;
-    let keys: Vec<T::Key> = locked.iter().map(Guarded::key).collect();
-    let write = claim_write(locked, &keys, table, update);
-    run::<C, _, _, Counted, ()>(write, conn, true).await?;
-    match T::load_by_keys(conn, &keys).await {
-        Ok(rows) => Ok(rows),
-        Err(e) => Err(classify(conn, e).await),
+        let ending = self.ending.as_ending();
+        end_claims::<T, C, OwnerCol>(conn, &self.keys, ending).await
     }
 }
 

@@ -7,25 +7,26 @@ use std::future::Future;
 use diesel::query_builder::{AsChangeset, QueryFragment};
 use diesel_async::AsyncConnection;
 
-use super::connection::{classified, refuse_broken, NativeAsync, NativeAsyncConnection};
-use super::executor::{run, AsyncMiss};
+use super::connection::{classified, NativeAsync, NativeAsyncConnection};
+use super::executor::AsyncMiss;
 use super::run::AsyncRun;
 use super::send::{AsyncComplete, AsyncLoadByKey};
-use super::transaction::Call;
+use crate::drive::{Io, ReadOn, RunOn};
 use crate::error::Error;
-use crate::flow::compare_and_set::CompareAndSet;
 use crate::flow::miss::RowMoved;
 use crate::guard::pre_image::{ChangedColumns, ChangedUpdateOf};
 use crate::guard::stored_precision::PrecisionCheck;
 use crate::guard::{AdvanceInSql, Advancing, CompletionOf, Guarded, ReturnedTokenOf, TokenOf};
 use crate::operation::{
-    Delete, Insert, Operation, SaveChanged, SavedState, TouchStamp, Update, Upsert, WriteExcluded,
+    Delete, Insert, Operation, SaveChanged, TouchStamp, Update, Upsert, WriteExcluded,
 };
 use crate::sql::new_token::Counted;
 use crate::sql::statement::{Assignments, NoChanges};
+use crate::write::changed_columns::save_changed;
+use crate::write::entity::{delete_row, update_row, write_key_statement, write_unguarded};
 use crate::write::entity::{
-    delete_statement, excluded_changeset, key_write, token_read_back, unguarded_by_key, update_in,
-    DeleteOf, KeyWriteOf, UnguardedUpdateOf, UpdateOf,
+    excluded_changeset, key_write, token_read_back, unguarded_by_key, DeleteOf, KeyWriteOf,
+    UnguardedUpdateOf, UpdateOf,
 };
 
 /// Guarded writes for every [`Guarded`] entity on a diesel-async connection: the methods
@@ -254,12 +255,11 @@ impl<T: Guarded> AsyncGuardedWrite for T {}
 
 impl<T, C, Ch> AsyncRun<C> for Update<T, Ch>
 where
-    T: AsyncLoadByKey<C>,
-    C: NativeAsyncConnection,
-    C::Backend: NativeAsync,
+    T: ReadOn<C>,
+    C: Io + NativeAsyncConnection,
     Ch: AsChangeset<Target = T::Table> + Send,
-    UpdateOf<T, Ch::Changeset>: Assignments<C::Backend> + Send,
-    CompletionOf<T>: AsyncComplete<C, UpdateOf<T, Ch::Changeset>, TokenOf<T>>,
+    UpdateOf<T, Ch::Changeset>: Assignments<<C as Io>::Backend> + Send,
+    for<'k> CompletionOf<T>: RunOn<C, UpdateOf<T, Ch::Changeset>, RowMoved<'k, T>, TokenOf<T>>,
     T::Stamp: Send,
     T::StatusKept: Send,
 {
@@ -275,56 +275,31 @@ where
             saved,
             own,
         } = self;
-        let table = <T as AsyncLoadByKey<C>>::table_name();
-        SavedState::refuse_move(saved.as_ref(), table)?;
-        refuse_broken(conn)?;
-        let (statement, next, miss) =
-            update_in::<T, C::Backend, Ch>(table, &key, &expected, changes, stamp, saved)?;
-        let write = CompareAndSet::one(statement, table, &key, miss);
-        // From here until `finish`, every way out goes through `written`.
-        let mut call = Call::start(conn);
-        let written = async {
-            let conn = call.conn();
-            check_stored_precision::<T, C>(conn, table).await?;
-            run::<C, _, _, CompletionOf<T>, _>(write, conn, own).await
-        }
-        .await;
-        call.finish(written)
-            .map(|written| written.token.unwrap_or(next))
+        update_row::<T, C, Ch>(conn, &key, &expected, changes, stamp, saved, own).await
     }
 }
 
 impl<T, C> AsyncRun<C> for Delete<T>
 where
-    T: AsyncLoadByKey<C>,
-    C: NativeAsyncConnection,
-    C::Backend: NativeAsync,
-    DeleteOf<T>: Assignments<C::Backend> + Send,
-    Counted: AsyncComplete<C, DeleteOf<T>, TokenOf<T>>,
+    T: ReadOn<C>,
+    C: Io + NativeAsyncConnection,
+    DeleteOf<T>: Assignments<<C as Io>::Backend> + Send,
+    for<'k> Counted: RunOn<C, DeleteOf<T>, RowMoved<'k, T>, TokenOf<T>>,
 {
     async fn run_async(
         self,
         conn: &mut C,
     ) -> Result<<Self as Operation>::Output, <Self as Operation>::Error> {
-        refuse_broken(conn)?;
-        let Delete { key, expected } = self;
-        let mut call = Call::start(conn);
-        let table = <T as AsyncLoadByKey<C>>::table_name();
-        let statement = delete_statement::<T>(&key, &expected);
-        let miss = RowMoved::<T>::expecting(&key, &expected);
-        let write = CompareAndSet::one(statement, table, &key, miss);
-        let written = run::<C, _, _, Counted, TokenOf<T>>(write, call.conn(), false).await;
-        call.finish(written).map(drop)
+        delete_row::<T, C>(conn, &self.key, &self.expected).await
     }
 }
 
 impl<T, C> AsyncRun<C> for SaveChanged<T>
 where
-    T: AsyncLoadByKey<C> + ChangedColumns,
-    C: NativeAsyncConnection,
-    C::Backend: NativeAsync,
-    ChangedUpdateOf<T>: Assignments<C::Backend> + Send,
-    Counted: AsyncComplete<C, ChangedUpdateOf<T>, TokenOf<T>>,
+    T: ReadOn<C> + ChangedColumns,
+    C: Io + NativeAsyncConnection,
+    ChangedUpdateOf<T>: Assignments<<C as Io>::Backend> + Send,
+    for<'k> Counted: RunOn<C, ChangedUpdateOf<T>, RowMoved<'k, T>, TokenOf<T>>,
 {
     fn run_async(
         self,
@@ -332,23 +307,8 @@ where
     ) -> impl Future<Output = Result<<Self as Operation>::Output, <Self as Operation>::Error>> + Send
     {
         // Checked and built before the future, on the table name of the connection's backend.
-        let statement = self.statement(<T as AsyncLoadByKey<C>>::table_name());
-        async move {
-            let Some((statement, key, expected)) = statement? else {
-                return Ok(false);
-            };
-            refuse_broken(conn)?;
-            let miss = RowMoved::<T>::expecting(&key, &expected);
-            let write = CompareAndSet::one(
-                statement,
-                <T as AsyncLoadByKey<C>>::table_name(),
-                &key,
-                miss,
-            );
-            let mut call = Call::start(conn);
-            let written = run::<C, _, _, Counted, TokenOf<T>>(write, call.conn(), false).await;
-            call.finish(written).map(|_| true)
-        }
+        let statement = self.statement(<T as ReadOn<C>>::table_name());
+        save_changed::<T, C>(conn, statement)
     }
 }
 
@@ -438,32 +398,25 @@ where
     C: NativeAsyncConnection,
     C::Backend: NativeAsync,
     KeyWriteOf<T, Ch, G>: Assignments<C::Backend> + Send + 'a,
-    Done: AsyncComplete<C, KeyWriteOf<T, Ch, G>, TokenOf<T>>,
+    Done: AsyncComplete<C, KeyWriteOf<T, Ch, G>, TokenOf<T>> + 'a,
     M: AsyncMiss<C> + Send + 'a,
 {
     let table = <T as AsyncLoadByKey<C>>::table_name();
     // Built and checked before the future: the changes need not be `Send`.
     let statement =
         key_write::<T, C::Backend, Ch, G>(table, key, changes, condition, status_assignments);
-    async move {
-        let statement = statement?;
-        check_stored_precision::<T, C>(conn, table).await?;
-        let write = CompareAndSet::one(statement, table, key, miss);
-        let written = run::<C, _, _, Done, TokenOf<T>>(write, conn, false).await?;
-        Ok(written.token)
-    }
+    write_key_statement::<Done, T, C, _, M>(conn, key, statement, miss)
 }
 
 impl<T, C, Ch> AsyncRun<C> for WriteExcluded<T, Ch>
 where
-    T: AsyncLoadByKey<C>,
-    C: NativeAsyncConnection,
-    C::Backend: NativeAsync,
+    T: ReadOn<C>,
+    C: Io + NativeAsyncConnection,
     Ch: AsChangeset<Target = T::Table>,
-    Ch::Changeset: QueryFragment<C::Backend>,
-    T::Stamp: QueryFragment<C::Backend>,
-    UnguardedUpdateOf<T, Ch::Changeset>: Assignments<C::Backend> + Send + 'static,
-    Counted: AsyncComplete<C, UnguardedUpdateOf<T, Ch::Changeset>, TokenOf<T>>,
+    Ch::Changeset: QueryFragment<<C as Io>::Backend>,
+    T::Stamp: QueryFragment<<C as Io>::Backend>,
+    UnguardedUpdateOf<T, Ch::Changeset>: Assignments<<C as Io>::Backend> + Send + 'static,
+    for<'k> Counted: RunOn<C, UnguardedUpdateOf<T, Ch::Changeset>, RowMoved<'k, T>, TokenOf<T>>,
 {
     fn run_async(
         self,
@@ -471,9 +424,9 @@ where
     ) -> impl Future<Output = Result<<Self as Operation>::Output, <Self as Operation>::Error>> + Send
     {
         let WriteExcluded { key, changes } = self;
-        let table = <T as AsyncLoadByKey<C>>::table_name();
+        let table = <T as ReadOn<C>>::table_name();
         // Checked before the future: the changes need not be `Send`.
-        let statement = excluded_changeset::<T, C::Backend, Ch>(table, changes)
+        let statement = excluded_changeset::<T, <C as Io>::Backend, Ch>(table, changes)
             .map(|changes| changes.map(|changes| unguarded_by_key::<T, _>(&key, changes)));
         async move {
             match statement? {
@@ -484,32 +437,13 @@ where
     }
 }
 
-/// Sends `statement`, an unguarded write of the row with `key`, as the blocking
-/// `write_unguarded_by_key` does: a missing row is [`Error::NotFound`].
-async fn write_unguarded<T, C, S>(conn: &mut C, key: &T::Key, statement: S) -> Result<(), Error>
-where
-    T: AsyncLoadByKey<C>,
-    C: NativeAsyncConnection,
-    C::Backend: NativeAsync,
-    S: Assignments<C::Backend>,
-    Counted: AsyncComplete<C, S, TokenOf<T>>,
-{
-    refuse_broken(conn)?;
-    let table = <T as AsyncLoadByKey<C>>::table_name();
-    let write = CompareAndSet::one(statement, table, key, RowMoved::<T>::any(key));
-    let mut call = Call::start(conn);
-    let written = run::<C, _, _, Counted, TokenOf<T>>(write, call.conn(), false).await;
-    call.finish(written).map(drop)
-}
-
 impl<T, C> AsyncRun<C> for TouchStamp<T>
 where
-    T: AsyncLoadByKey<C>,
+    T: ReadOn<C>,
     T::Stamp: crate::write::updated_at_touch::UpdatedAtStamp + Send + 'static,
-    C: NativeAsyncConnection,
-    C::Backend: NativeAsync,
-    UnguardedUpdateOf<T, T::Stamp>: Assignments<C::Backend> + Send + 'static,
-    Counted: AsyncComplete<C, UnguardedUpdateOf<T, T::Stamp>, TokenOf<T>>,
+    C: Io + NativeAsyncConnection,
+    UnguardedUpdateOf<T, T::Stamp>: Assignments<<C as Io>::Backend> + Send + 'static,
+    for<'k> Counted: RunOn<C, UnguardedUpdateOf<T, T::Stamp>, RowMoved<'k, T>, TokenOf<T>>,
 {
     async fn run_async(
         self,

@@ -12,6 +12,7 @@ use super::connection::{classified, classify, in_transaction, NativeAsync};
 use super::send::{AsyncComplete, AsyncLoadByKey};
 use super::transaction::OwnTransaction;
 use crate::connect::backend::OccBackend;
+use crate::drive::Body;
 use crate::error::Error;
 use crate::flow::compare_and_set::{CompareAndSet, Judged, Written};
 use crate::flow::miss::{unreadable_row, Explanation, RowMoved};
@@ -60,7 +61,7 @@ pub(crate) async fn run<C, S, M, K, Tok>(
 where
     C: AsyncConnection,
     C::Backend: OccBackend,
-    S: Assignments<C::Backend>,
+    S: Assignments<C::Backend> + Send,
     K: AsyncComplete<C, S, Tok>,
     M: AsyncMiss<C>,
 {
@@ -75,14 +76,15 @@ where
 /// Runs the statements of `send` on `conn`; on PostgreSQL, inside a transaction the caller
 /// controls (`own` false), under a savepoint that a failure rolls back to, so that the
 /// caller's transaction stays usable. The blocking path's `protect_caller`, awaited.
-pub(crate) async fn protect_caller<C, T>(
+pub(crate) async fn protect_caller<C, T, F>(
     conn: &mut C,
     own: bool,
-    send: impl AsyncFnOnce(&mut C) -> QueryResult<T>,
+    send: F,
 ) -> Result<QueryResult<T>, Error>
 where
     C: AsyncConnection,
     C::Backend: OccBackend,
+    for<'r> F: Body<&'r mut C, QueryResult<T>, Fut: Send>,
 {
     if !own && C::Backend::FAILURE_ABORTS_TRANSACTION && in_transaction(conn) {
         let mut savepoint = OwnTransaction::begin(conn).await?;

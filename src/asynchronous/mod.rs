@@ -75,8 +75,8 @@ mod bulk;
 #[cfg(feature = "locks")]
 mod claim;
 pub(crate) mod connection;
-mod entity;
-mod executor;
+pub(crate) mod entity;
+pub(crate) mod executor;
 #[cfg(feature = "locks")]
 mod fence;
 #[cfg(feature = "locks")]
@@ -94,11 +94,11 @@ mod locks;
 mod modify;
 mod pessimistic;
 mod run;
-mod send;
+pub(crate) mod send;
 mod source;
 #[cfg(feature = "sqlite")]
 mod sqlite;
-mod transaction;
+pub(crate) mod transaction;
 mod transition;
 mod version_row;
 mod write_transaction;

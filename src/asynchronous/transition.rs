@@ -12,7 +12,7 @@ use diesel_async::AsyncConnection;
 use super::connection::{
     classifier, in_transaction, refuse_broken, NativeAsync, NativeAsyncConnection,
 };
-use super::entity::{check_stored_precision, write_by_key};
+use super::entity::write_by_key;
 use super::executor::{run, AsyncMiss};
 use super::pessimistic::read_locked;
 use super::run::AsyncRun;
@@ -20,17 +20,18 @@ use super::send::{AsyncComplete, AsyncLoadByKey};
 use super::transaction::{Call, OwnTransaction};
 use super::write_transaction::{AsyncWriteConnection, TransitionHook};
 use crate::connect::backend::OccBackend;
+use crate::drive::{Io, ReadOn, RunOn};
 use crate::error::Error;
-use crate::flow::compare_and_set::CompareAndSet;
 use crate::guard::status::{HasStatus, Status};
 use crate::guard::{AdvanceInSql, CompletionOf, ReturnedTokenOf, TokenOf};
 use crate::operation::Operation;
 use crate::retry::{RetryPolicy, Stop};
 use crate::sql::statement::{Assignments, RowLock, Unguarded};
 use crate::status::condition::{TransitionCondition, When};
+use crate::status::transition::transition_row;
 use crate::status::transition::{
-    history_insert, key_transition_parts, suspects, CopyMove, HistoryEntry, KeyTransitionOf,
-    RecordHistory, TransitionMiss, TransitionOf,
+    history_insert, key_transition_parts, suspects, HistoryEntry, KeyTransitionOf, RecordHistory,
+    TransitionMiss, TransitionOf,
 };
 use crate::status::transition_op::{KeyTransition, Transition};
 
@@ -271,14 +272,14 @@ where
 
 impl<T, C, Ch, G> AsyncRun<C> for Transition<T, Ch, G>
 where
-    T: HasStatus + AsyncLoadByKey<C>,
+    T: HasStatus + ReadOn<C>,
     T::Stamp: Send,
-    C: NativeAsyncConnection,
-    C::Backend: NativeAsync,
+    C: Io + NativeAsyncConnection,
     Ch: AsChangeset<Target = T::Table> + Send,
-    G: TransitionCondition<C::Backend> + Send + Sync,
-    TransitionOf<T, Ch::Changeset, G>: Assignments<C::Backend> + Send,
-    CompletionOf<T>: AsyncComplete<C, TransitionOf<T, Ch::Changeset, G>, TokenOf<T>>,
+    G: TransitionCondition<<C as Io>::Backend> + Send + Sync,
+    TransitionOf<T, Ch::Changeset, G>: Assignments<<C as Io>::Backend> + Send,
+    for<'k> CompletionOf<T>:
+        RunOn<C, TransitionOf<T, Ch::Changeset, G>, TransitionMiss<'k, T, G>, TokenOf<T>>,
 {
     async fn run_async(
         self,
@@ -292,21 +293,7 @@ where
             condition,
             own,
         } = self;
-        refuse_broken(conn)?;
-        let table = <T as AsyncLoadByKey<C>>::table_name();
-        let plan = CopyMove::of(&row, to);
-        let (statement, next) =
-            plan.statement::<C::Backend, Ch, G>(table, extra, sources, condition.clone())?;
-        let write = CompareAndSet::one(statement, table, &plan.key, plan.miss(sources, condition));
-        let mut call = Call::start(conn);
-        let written = async {
-            let conn = call.conn();
-            check_stored_precision::<T, C>(conn, table).await?;
-            run::<C, _, _, CompletionOf<T>, _>(write, conn, own).await
-        }
-        .await;
-        let token = call.finish(written)?.token.unwrap_or(next);
-        let token = plan.record(&mut row, token);
+        let token = transition_row(conn, &mut row, to, extra, sources, condition, own).await?;
         Ok((row, token))
     }
 }

@@ -37,6 +37,7 @@ use diesel::{Column, QueryResult};
 use serde_json::Value;
 
 use crate::connect::backend::OccBackend;
+use crate::connect::transaction::WriteTransaction;
 use crate::error::Error;
 use crate::flow::miss::RowMoved;
 use crate::guard::{AdvanceInSql, Guarded, ReturnedTokenOf, TokenOf};
@@ -309,10 +310,10 @@ impl<T, C, Col> MergeInPlace<C, Col> for T
 where
     T: JsonDocument<Col> + LoadByKey<C>,
     T::Guard: AdvanceInSql,
-    C: LoadConnection,
+    C: LoadConnection + WriteTransaction + Send,
     C::Backend: OccBackend,
     Col: Column,
-    MergeInPlaceOf<T, Col>: Assignments<C::Backend>,
+    MergeInPlaceOf<T, Col>: Assignments<C::Backend> + Send,
     ReturnedTokenOf<T>: Complete<C, MergeInPlaceOf<T, Col>, TokenOf<T>>,
     Counted: Complete<C, MergeInPlaceOf<T, Col>, TokenOf<T>>,
 {
@@ -351,10 +352,10 @@ fn merge_completed<Done, T, C, Col>(
 where
     T: JsonDocument<Col> + LoadByKey<C>,
     T::Guard: AdvanceInSql,
-    C: LoadConnection,
+    C: LoadConnection + WriteTransaction + Send,
     C::Backend: OccBackend,
     Col: Column,
-    MergeInPlaceOf<T, Col>: Assignments<C::Backend>,
+    MergeInPlaceOf<T, Col>: Assignments<C::Backend> + Send,
     Done: Complete<C, MergeInPlaceOf<T, Col>, TokenOf<T>>,
 {
     Place::<T, Col>::new(T::table_name(), key).check_merge_patch(patch)?;

@@ -200,11 +200,10 @@ impl<T: ChangedColumns> SaveChanged<T> {
     /// The statement to send on `table`, with the key and the token its miss is explained
     /// by; `None` when nothing changed (nothing is sent, so not even a missing row is
     /// noticed). Refused when the copy moved to another state.
-    #[allow(clippy::type_complexity)]
     pub(crate) fn statement(
         self,
         table: &'static str,
-    ) -> Result<Option<(ChangedUpdateOf<T>, T::Key, TokenOf<T>)>, Error> {
+    ) -> Result<Option<ChangedStatement<T>>, Error> {
         SavedState::refuse_move(Some(&self.state), table)?;
         let Some((changes, predicate)) = self.changed else {
             return Ok(None);
@@ -219,6 +218,10 @@ impl<T: ChangedColumns> SaveChanged<T> {
         Ok(Some((statement, self.key, self.expected)))
     }
 }
+
+/// A changed-columns write's statement, with the key and the token its miss is
+/// explained by.
+pub(crate) type ChangedStatement<T> = (ChangedUpdateOf<T>, <T as Guarded>::Key, TokenOf<T>);
 
 impl<T: ChangedColumns> Operation for SaveChanged<T> {
     type Output = bool;

@@ -47,11 +47,11 @@ use diesel::query_builder::{AstPass, QueryFragment, QueryId};
 use diesel::query_dsl::methods::LoadQuery;
 use diesel::serialize::ToSql;
 use diesel::sql_types::{Bool, HasSqlType, Nullable, Text};
-use diesel::{Column, QueryResult, RunQueryDsl, Selectable, SelectableHelper};
+use diesel::{Column, QueryResult, Selectable, SelectableHelper};
 
 use crate::connect::backend::OccBackend;
-use crate::connect::caller_transaction::protect_caller;
-use crate::connect::transaction::{commit_operation, WriteTransaction};
+use crate::connect::transaction::WriteTransaction;
+use crate::drive::{now, Blocking, Io, QueryOn, ReadOn, RunOn};
 use crate::error::Error;
 use crate::flow::claim_lost::{ClaimIgnored, ClaimLost};
 use crate::flow::compare_and_set::{CompareAndSet, Matches};
@@ -66,7 +66,7 @@ use crate::status::claim_heartbeat::ExtendClaim;
 use crate::status::claim_in_one::{claim_in_one, ClaimInOneOf, ClaimInOneUpdateOf};
 use crate::status::claim_retry::retried;
 use crate::status::claimable_rows::ClaimableRows;
-use crate::status::finish_claims::FinishClaims;
+use crate::status::finish_claims::{EndingOf, FinishClaims};
 use crate::write::bulk::BulkUpdateOf;
 use crate::write::complete::Complete;
 use crate::write::entity::LoadByKey;
@@ -409,40 +409,68 @@ impl<T, C, OwnerCol, AtCol> ClaimRows<C, OwnerCol, AtCol> for T
 where
     T: HasStatus + Clone,
     T::Guard: AdvanceInSql,
-    C: LoadConnection + WriteTransaction,
+    C: LoadConnection + WriteTransaction + Send,
     C::Backend: OccBackend,
     OwnerCol: Column<Table = T::Table, SqlType = Nullable<Text>>,
     AtCol: Column<Table = T::Table>,
     T: LoadByKey<C> + Selectable<C::Backend>,
     T::SelectExpression: QueryId,
-    ClaimQueryOf<T, AtCol, C::Backend>: LoadQuery<'static, C, Self>,
+    ClaimQueryOf<T, AtCol, C::Backend>: LoadQuery<'static, C, Self> + Send,
     ClaimUpdateOf<T, OwnerCol, AtCol>: Assignments<C::Backend>,
     Counted: Complete<C, ClaimUpdateOf<T, OwnerCol, AtCol>, ()>,
-    ClaimInOneOf<T, OwnerCol, AtCol, C::Backend>: LoadQuery<'static, C, T>,
+    ClaimInOneOf<T, OwnerCol, AtCol, C::Backend>: LoadQuery<'static, C, T> + Send,
     ClaimInOneUpdateOf<T, OwnerCol, AtCol>: Assignments<C::Backend>,
 {
     fn claim_rows(conn: &mut C, request: &ClaimRequest<'_, T::Status>) -> Result<Vec<T>, Error> {
-        crate::sql::names::check_name("owner", request.owner)?;
-        if request.limit == 0 {
-            return Ok(Vec::new());
-        }
-        if C::Backend::RETURNING {
-            crate::write::entity::check_stored_precision::<T, C>(conn)?;
-            let claim = claim_in_one::<T, OwnerCol, AtCol, C::Backend>(T::table_name(), request)?;
-            return protect_caller(conn, false, |conn| claim.load(conn))
-                .map_err(|e| classify(conn, e));
-        }
-        commit_operation(conn, |conn| {
-            let query = claim_query::<T, AtCol, C::Backend>(request);
-            let waiting: Vec<T> = query.load(conn).map_err(|e| classify(conn, e))?;
-            if waiting.is_empty() {
-                return Ok(Vec::new());
-            }
-            write_locked(conn, &waiting, |keys| {
-                claim_update::<T, OwnerCol, AtCol, _>(request, keys)
-            })
-        })
+        now(claim::<T, _, OwnerCol, AtCol>(
+            Blocking::wrap(conn),
+            request,
+        ))
     }
+}
+
+/// The claim, on either driver: one statement that claims and returns the rows where the
+/// backend has `RETURNING`; elsewhere a write transaction that reads the claimable rows
+/// (locked, skipping other workers' rows) and hands them over.
+pub(crate) async fn claim<T, C, OwnerCol, AtCol>(
+    conn: &mut C,
+    request: &ClaimRequest<'_, T::Status>,
+) -> Result<Vec<T>, Error>
+where
+    C: Io,
+    T: HasStatus + Clone + ReadOn<C> + Selectable<C::Backend>,
+    T::Guard: AdvanceInSql,
+    OwnerCol: Column<Table = T::Table, SqlType = Nullable<Text>>,
+    AtCol: Column<Table = T::Table>,
+    ClaimQueryOf<T, AtCol, C::Backend>: QueryOn<C, T> + Send,
+    for<'k> Counted: RunOn<C, ClaimUpdateOf<T, OwnerCol, AtCol>, ClaimIgnored<'k, T>, ()>,
+    ClaimInOneOf<T, OwnerCol, AtCol, C::Backend>: QueryOn<C, T> + Send,
+    ClaimInOneUpdateOf<T, OwnerCol, AtCol>: Assignments<C::Backend>,
+{
+    crate::sql::names::check_name("owner", request.owner)?;
+    if request.limit == 0 {
+        return Ok(Vec::new());
+    }
+    conn.refuse_broken()?;
+    if C::Backend::RETURNING {
+        T::check_stored_precision(conn).await?;
+        let claim = claim_in_one::<T, OwnerCol, AtCol, C::Backend>(T::table_name(), request)?;
+        return conn
+            .protect_caller(false, async |conn: &mut C| claim.load_on(conn).await)
+            .await;
+    }
+    conn.own_transaction(async |conn: &mut C| {
+        let query = claim_query::<T, AtCol, C::Backend>(request);
+        let waiting: Vec<T> = match query.load_on(conn).await {
+            Ok(rows) => rows,
+            Err(e) => return Err(conn.classify(e).await),
+        };
+        write_locked(conn, &waiting, |keys| {
+            claim_update::<T, OwnerCol, AtCol, _>(request, keys)
+        })
+        .await
+    })
+    .await
 }
 
 /// The read of up to `request.limit` rows `request` may claim, locked, skipping rows other
@@ -580,28 +608,30 @@ where
     )
 }
 
-/// Runs the `UPDATE` that `update` builds for the keys of the `locked` rows (which the
-/// claim's read locked, so it must match every one), and reads them back as written.
-pub(crate) fn write_locked<T, C, U>(
+/// Runs the `UPDATE` that `update` builds for the keys of the `locked` rows, inside the
+/// claim's transaction, and reads them back as written, on either driver.
+pub(crate) async fn write_locked<T, C, U>(
     conn: &mut C,
     locked: &[T],
-    update: impl FnOnce(T::KeysPredicate) -> U,
+    update: impl FnOnce(T::KeysPredicate) -> U + Send,
 ) -> Result<Vec<T>, Error>
 where
-    T: LoadByKey<C>,
+    C: Io,
+    T: ReadOn<C>,
     T::Guard: AdvanceInSql,
-    C: LoadConnection,
-    C::Backend: OccBackend,
-    U: Assignments<C::Backend>,
-    Counted: Complete<C, U, ()>,
+    for<'k> Counted: RunOn<C, U, ClaimIgnored<'k, T>, ()>,
 {
     if locked.is_empty() {
         return Ok(Vec::new());
     }
-    crate::write::entity::check_stored_precision::<T, C>(conn)?;
+    T::check_stored_precision(conn).await?;
     let keys: Vec<T::Key> = locked.iter().map(Guarded::key).collect();
-    claim_write(locked, &keys, T::table_name(), update).run::<C, Counted, ()>(conn, true)?;
-    T::load_by_keys(conn, &keys).map_err(|e| classify(conn, e))
+    let write = claim_write(locked, &keys, T::table_name(), update);
+    <Counted as RunOn<C, _, _, ()>>::run(conn, write, true).await?;
+    match T::load_by_keys(conn, &keys).await {
+        Ok(rows) => Ok(rows),
+        Err(e) => Err(conn.classify(e).await),
+    }
 }
 
 /// The write of the `UPDATE` that `update` builds for the `locked` rows (with `keys`, in
@@ -646,7 +676,7 @@ impl<T, C, OwnerCol> FinishClaim<C, OwnerCol> for T
 where
     T: HasStatus,
     T::Guard: AdvanceInSql,
-    C: LoadConnection,
+    C: LoadConnection + WriteTransaction + Send,
     C::Backend: OccBackend,
     OwnerCol: Column<Table = T::Table, SqlType = Nullable<Text>>,
     T: LoadByKey<C>,
@@ -661,12 +691,40 @@ where
         to: T::Status,
         next_owner: Option<&str>,
     ) -> Result<(), Error> {
-        check_owners(owner, next_owner)?;
-        crate::write::entity::check_stored_precision::<T, C>(conn)?;
+        let ending = (owner, held, to, next_owner);
+        now(end_claim::<T, _, OwnerCol>(
+            Blocking::wrap(conn),
+            key,
+            ending,
+        ))
+    }
+}
+
+/// The owner-checked end of the claim on the row with `key`, on either driver: one
+/// statement, a call that is not dropped half way.
+pub(crate) async fn end_claim<T, C, OwnerCol>(
+    conn: &mut C,
+    key: &T::Key,
+    (owner, held, to, next_owner): EndingOf<'_, T>,
+) -> Result<(), Error>
+where
+    C: Io,
+    T: HasStatus + ReadOn<C>,
+    T::Guard: AdvanceInSql,
+    OwnerCol: Column<Table = T::Table, SqlType = Nullable<Text>>,
+    for<'k> Counted: RunOn<C, FinishOf<T, OwnerCol>, ClaimLost<'k, T>, ()>,
+{
+    check_owners(owner, next_owner)?;
+    conn.refuse_broken()?;
+    let table = T::table_name();
+    conn.call(async |conn: &mut C| {
+        T::check_stored_precision(conn).await?;
         let statement = finish_statement::<T, OwnerCol>(key, owner, held, to, next_owner);
         let miss = ClaimLost::<T> { key, owner, held };
-        CompareAndSet::one(statement, T::table_name(), key, miss)
-            .run::<C, Counted, ()>(conn, false)
+        let write = CompareAndSet::one(statement, table, key, miss);
+        <Counted as RunOn<C, _, _, ()>>::run(conn, write, false)
+            .await
             .map(drop)
-    }
+    })
+    .await
 }

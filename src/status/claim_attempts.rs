@@ -13,11 +13,13 @@ use diesel::connection::LoadConnection;
 use diesel::dsl::AsSelect;
 use diesel::query_dsl::methods::LoadQuery;
 use diesel::sql_types::{Integer, Nullable, Text};
-use diesel::{Column, RunQueryDsl, Selectable, SelectableHelper};
+use diesel::{Column, Selectable, SelectableHelper};
 
 use crate::connect::backend::OccBackend;
-use crate::connect::transaction::{commit_operation, WriteTransaction};
+use crate::connect::transaction::WriteTransaction;
+use crate::drive::{now, Blocking, Io, QueryOn, ReadOn, RunOn};
 use crate::error::Error;
+use crate::flow::claim_lost::ClaimIgnored;
 use crate::guard::status::{HasStatus, Status};
 use crate::guard::{AdvanceInSql, Guarded};
 use crate::sql::new_token::Counted;
@@ -29,7 +31,6 @@ use crate::status::claimable_rows::ClaimableRows;
 use crate::write::bulk::BulkUpdateOf;
 use crate::write::complete::Complete;
 use crate::write::entity::LoadByKey;
-use crate::write::executor::classify;
 
 /// How many times a row may be claimed, and where it goes when it was claimed that often.
 #[derive(Debug, Clone, Copy)]
@@ -100,7 +101,7 @@ impl<T, C, OwnerCol, AtCol, AttemptsCol> ClaimCounted<C, OwnerCol, AtCol, Attemp
 where
     T: HasStatus + Clone,
     T::Guard: AdvanceInSql,
-    C: LoadConnection + WriteTransaction,
+    C: LoadConnection + WriteTransaction + Send,
     C::Backend: OccBackend,
     OwnerCol: Column<Table = T::Table, SqlType = Nullable<Text>>,
     AtCol: Column<Table = T::Table>,
@@ -117,24 +118,57 @@ where
         request: &ClaimRequest<'_, T::Status>,
         limit: &AttemptLimit<T::Status>,
     ) -> Result<Claimed<T>, Error> {
-        crate::sql::names::check_name("owner", request.owner)?;
-        check_limit(request, limit)?;
-        if request.limit == 0 {
-            return Ok(nothing_claimed());
-        }
-        commit_operation(conn, |conn| {
-            let query = counted_claim_query::<T, AtCol, AttemptsCol, C::Backend>(request);
-            let waiting: Vec<(T, i32)> = query.load(conn).map_err(|e| classify(conn, e))?;
-            let (spent, fresh) = split_spent(waiting, limit);
-            let parked = write_locked(conn, &spent, |keys| {
-                park_statement::<T, OwnerCol>(limit.park_in, keys)
-            })?;
-            let rows = write_locked(conn, &fresh, |keys| {
-                hand_over_statement::<T, OwnerCol, AtCol, AttemptsCol>(request, keys)
-            })?;
-            Ok(Claimed { rows, parked })
-        })
+        now(claim_counted::<T, _, OwnerCol, AtCol, AttemptsCol>(
+            Blocking::wrap(conn),
+            request,
+            limit,
+        ))
     }
+}
+
+/// The counted claim, on either driver: one write transaction that reads the claimable
+/// rows with their attempt counts (locked, skipping other workers' rows), parks the rows
+/// out of attempts and hands the others over.
+pub(crate) async fn claim_counted<T, C, OwnerCol, AtCol, AttemptsCol>(
+    conn: &mut C,
+    request: &ClaimRequest<'_, T::Status>,
+    limit: &AttemptLimit<T::Status>,
+) -> Result<Claimed<T>, Error>
+where
+    C: Io,
+    T: HasStatus + Clone + ReadOn<C> + Selectable<C::Backend>,
+    T::Guard: AdvanceInSql,
+    OwnerCol: Column<Table = T::Table, SqlType = Nullable<Text>>,
+    AtCol: Column<Table = T::Table>,
+    AttemptsCol: Column<Table = T::Table, SqlType = Integer> + Default,
+    CountedClaimQueryOf<T, AtCol, AttemptsCol, C::Backend>: QueryOn<C, (T, i32)>,
+    for<'k> Counted: RunOn<C, CountedClaimOf<T, OwnerCol, AtCol, AttemptsCol>, ClaimIgnored<'k, T>, ()>
+        + RunOn<C, ParkOf<T, OwnerCol>, ClaimIgnored<'k, T>, ()>,
+{
+    crate::sql::names::check_name("owner", request.owner)?;
+    check_limit(request, limit)?;
+    if request.limit == 0 {
+        return Ok(nothing_claimed());
+    }
+    conn.refuse_broken()?;
+    conn.own_transaction(async |conn: &mut C| {
+        let query = counted_claim_query::<T, AtCol, AttemptsCol, C::Backend>(request);
+        let waiting: Vec<(T, i32)> = match query.load_on(conn).await {
+            Ok(rows) => rows,
+            Err(e) => return Err(conn.classify(e).await),
+        };
+        let (spent, fresh) = split_spent(waiting, limit);
+        let parked = write_locked(conn, &spent, |keys| {
+            park_statement::<T, OwnerCol>(limit.park_in, keys)
+        })
+        .await?;
+        let rows = write_locked(conn, &fresh, |keys| {
+            hand_over_statement::<T, OwnerCol, AtCol, AttemptsCol>(request, keys)
+        })
+        .await?;
+        Ok(Claimed { rows, parked })
+    })
+    .await
 }
 
 /// The read of up to `request.limit` rows `request` may claim with their attempt counts,

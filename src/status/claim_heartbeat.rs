@@ -12,7 +12,8 @@ use diesel::sql_types::{Nullable, Text};
 use diesel::Column;
 
 use crate::connect::backend::OccBackend;
-use crate::connect::transaction::{commit_operation, WriteTransaction};
+use crate::connect::transaction::WriteTransaction;
+use crate::drive::{now, Blocking, Io, ReadOn, RunOn};
 use crate::error::Error;
 use crate::flow::claim_lost::ClaimLost;
 use crate::flow::compare_and_set::CompareAndSet;
@@ -25,7 +26,6 @@ use crate::sql::statement::{Assignments, Comma, Joined};
 use crate::status::claim::{held_by, HeldBy};
 use crate::write::complete::Complete;
 use crate::write::entity::{KeyWriteOf, LoadByKey};
-use crate::write::executor::classify;
 
 /// `UPDATE ... SET claimed_at = <database now>, <token advanced> WHERE <key> AND status =
 /// ?held AND owner = ?me`.
@@ -54,7 +54,7 @@ impl<T, C, OwnerCol, AtCol> ExtendClaim<C, OwnerCol, AtCol> for T
 where
     T: HasStatus + LoadByKey<C>,
     T::Guard: AdvanceInSql,
-    C: LoadConnection + WriteTransaction,
+    C: LoadConnection + WriteTransaction + Send,
     C::Backend: OccBackend,
     OwnerCol: Column<Table = T::Table, SqlType = Nullable<Text>>,
     AtCol: Column<Table = T::Table>,
@@ -67,22 +67,52 @@ where
         owner: &str,
         held: T::Status,
     ) -> Result<T, Error> {
-        crate::sql::names::check_name("owner", owner)?;
-        crate::write::entity::check_stored_precision::<T, C>(conn)?;
-        commit_operation(conn, |conn| {
-            // Waits here for whoever holds the row, before the claim time is computed.
-            T::load_by_key(conn, key).map_err(|e| classify(conn, e))?;
-            let statement = heartbeat_statement::<T, OwnerCol, AtCol>(key, owner, held);
-            let miss = ClaimLost::<T> { key, owner, held };
-            CompareAndSet::one(statement, T::table_name(), key, miss)
-                .run::<C, Counted, ()>(conn, true)?;
-            match T::load_by_key(conn, key) {
-                Ok(Some(row)) => Ok(row),
-                Ok(None) => Err(RowMoved::<T>::any(key).given::<C>(None)),
-                Err(e) => Err(classify(conn, e)),
-            }
-        })
+        now(extend_claim::<T, _, OwnerCol, AtCol>(
+            Blocking::wrap(conn),
+            key,
+            owner,
+            held,
+        ))
     }
+}
+
+/// The heartbeat of `owner`'s claim on the row with `key` (in state `held`), on either
+/// driver: one write transaction that reads the row with a lock (waiting for whoever
+/// holds it, so the claim time is computed after the wait), moves the claim time and
+/// reads the row back.
+pub(crate) async fn extend_claim<T, C, OwnerCol, AtCol>(
+    conn: &mut C,
+    key: &T::Key,
+    owner: &str,
+    held: T::Status,
+) -> Result<T, Error>
+where
+    C: Io,
+    T: HasStatus + ReadOn<C>,
+    T::Guard: AdvanceInSql,
+    OwnerCol: Column<Table = T::Table, SqlType = Nullable<Text>>,
+    AtCol: Column<Table = T::Table>,
+    for<'k> Counted: RunOn<C, HeartbeatOf<T, OwnerCol, AtCol>, ClaimLost<'k, T>, ()>,
+{
+    crate::sql::names::check_name("owner", owner)?;
+    conn.refuse_broken()?;
+    T::check_stored_precision(conn).await?;
+    let table = T::table_name();
+    conn.own_transaction(async |conn: &mut C| {
+        if let Err(e) = T::load_by_key(conn, key).await {
+            return Err(conn.classify(e).await);
+        }
+        let statement = heartbeat_statement::<T, OwnerCol, AtCol>(key, owner, held);
+        let miss = ClaimLost::<T> { key, owner, held };
+        let write = CompareAndSet::one(statement, table, key, miss);
+        <Counted as RunOn<C, _, _, ()>>::run(conn, write, true).await?;
+        match T::load_by_key(conn, key).await {
+            Ok(Some(row)) => Ok(row),
+            Ok(None) => Err(RowMoved::<T>::any(key).given_in(table, None)),
+            Err(e) => Err(conn.classify(e).await),
+        }
+    })
+    .await
 }
 
 /// The heartbeat of `owner`'s claim on the row with `key` (in state `held`).

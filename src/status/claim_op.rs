@@ -168,7 +168,13 @@ pub(crate) struct Ending<S> {
     pub(crate) next_owner: Option<String>,
 }
 
-impl<S> Ending<S> {
+impl<S: Copy> Ending<S> {
+    /// The ending as the drivers take it.
+    #[cfg(feature = "async")]
+    pub(crate) fn as_ending(&self) -> (&str, S, S, Option<&str>) {
+        (&self.owner, self.held, self.to, self.next_owner.as_deref())
+    }
+
     #[cfg(feature = "async")]
     fn new(owner: &str, held: S, to: S, next_owner: Option<&str>) -> Self {
         Self {

@@ -21,21 +21,23 @@ use diesel::sql_types::{Nullable, Text};
 use diesel::{Column, RunQueryDsl};
 
 use crate::connect::backend::OccBackend;
-use crate::connect::caller_transaction::protect_caller;
-use crate::connect::transaction::in_transaction;
-use crate::connect::transaction::{commit_operation, WriteTransaction};
+use crate::connect::transaction::WriteTransaction;
+use crate::drive::{now, Blocking, ExecuteOn, Io, QueryOn, ReadOn, RunOn};
 use crate::error::Error;
+use crate::flow::claim_lost::ClaimLost;
 use crate::flow::compare_and_set::refuse_double_assignment;
 use crate::flow::finish_claims::report::FinishedClaims;
 use crate::flow::finish_claims::{Effect, FinishClaims as Flow};
 use crate::guard::status::HasStatus;
 use crate::guard::{AdvanceInSql, Guarded};
 use crate::retry::Stop;
+use crate::sql::new_token::Counted;
 use crate::sql::statement::{Assignments, Returning};
-use crate::status::claim::{check_owners, finish_where, FinishClaim, FinishWhere};
-use crate::write::entity::check_stored_precision;
+use crate::status::claim::{
+    check_owners, end_claim, finish_where, FinishClaim, FinishOf, FinishWhere,
+};
+use crate::write::complete::Complete;
 use crate::write::entity::LoadByKey;
-use crate::write::executor::classify;
 
 /// The owner-checked end of the claims on the rows of many keys.
 pub(crate) type FinishManyOf<T, OwnerCol> = FinishWhere<T, OwnerCol, <T as Guarded>::KeysPredicate>;
@@ -86,11 +88,13 @@ impl<T, C, OwnerCol> FinishClaims<C, OwnerCol> for T
 where
     T: HasStatus + Clone + FinishClaim<C, OwnerCol>,
     T::Guard: AdvanceInSql,
-    C: LoadConnection + WriteTransaction,
+    C: LoadConnection + WriteTransaction + Send,
     C::Backend: OccBackend,
     OwnerCol: Column<Table = T::Table, SqlType = Nullable<Text>>,
-    FinishManyOf<T, OwnerCol>: Assignments<C::Backend> + ExecuteDsl<C>,
-    FinishManyReturningOf<T, OwnerCol>: LoadQuery<'static, C, T::Key>,
+    FinishManyOf<T, OwnerCol>: Assignments<C::Backend> + ExecuteDsl<C> + Send,
+    FinishManyReturningOf<T, OwnerCol>: RunQueryDsl<C> + LoadQuery<'static, C, T::Key> + Send,
+    FinishOf<T, OwnerCol>: Assignments<C::Backend>,
+    Counted: Complete<C, FinishOf<T, OwnerCol>, ()>,
 {
     fn finish_claims_rows(
         conn: &mut C,
@@ -100,43 +104,87 @@ where
         to: T::Status,
         next_owner: Option<&str>,
     ) -> Result<FinishedClaims<T::Key>, Error> {
-        check_owners(owner, next_owner)?;
-        let statement = |keys: &[T::Key]| {
-            finish_many_statement::<T, OwnerCol>(keys, owner, held, to, next_owner)
-        };
-        let in_callers = in_transaction(conn);
-        let returning = C::Backend::RETURNING;
-        let mut flow = Flow::<T>::new(keys, T::table_name(), (owner, held), returning, in_callers);
-        let mut effect = flow.start();
-        loop {
-            effect = match effect {
-                Effect::Check(key) => {
-                    flow.checked(check_stored_precision::<T, C>(conn).and_then(|()| {
-                        refuse_double_assignment(T::table_name(), &statement(&[key]))
-                    }))
-                }
-                Effect::SendReturning(chunk) => {
-                    let key_columns = diesel::Table::primary_key(&T::table());
-                    let returning = Returning::new(statement(&chunk), key_columns);
-                    let sent = protect_caller(conn, false, |conn| returning.load(conn));
-                    flow.returned(sent.map_err(|e| classify(conn, e)))
-                }
-                Effect::LookUp(key) => {
-                    flow.looked_up(T::load_by_key(conn, &key).map_err(|e| classify(conn, e)))
-                }
-                Effect::SendAllOrNothing(chunk) => {
-                    let keys = chunk.len();
-                    flow.all_or_nothing(every_claim_ended(conn, statement(&chunk), keys))
-                }
-                Effect::EndAlone(key) => {
-                    flow.ended_alone(T::finish_claim_row(conn, &key, owner, held, to, next_owner))
-                }
-                Effect::Pause(pause) => {
-                    std::thread::sleep(pause);
-                    flow.paused()
-                }
-                Effect::Done => return flow.outcome(),
+        let ending = (owner, held, to, next_owner);
+        now(end_claims::<T, _, OwnerCol>(
+            Blocking::wrap(conn),
+            keys,
+            ending,
+        ))
+    }
+}
+
+/// How claims end: `owner`'s claims in state `held` move to `to`, handed to `next_owner`
+/// or to no one.
+pub(crate) type EndingOf<'a, T> = (
+    &'a str,
+    <T as HasStatus>::Status,
+    <T as HasStatus>::Status,
+    Option<&'a str>,
+);
+
+/// The end of `owner`'s claims on the rows of `keys`, on either driver: the effects the
+/// flow ([`Flow`]) answers, performed.
+pub(crate) async fn end_claims<T, C, OwnerCol>(
+    conn: &mut C,
+    keys: &[T::Key],
+    (owner, held, to, next_owner): EndingOf<'_, T>,
+) -> Result<FinishedClaims<T::Key>, Error>
+where
+    C: Io,
+    T: HasStatus + Clone + ReadOn<C>,
+    T::Guard: AdvanceInSql,
+    OwnerCol: Column<Table = T::Table, SqlType = Nullable<Text>>,
+    FinishManyOf<T, OwnerCol>: Assignments<C::Backend> + ExecuteOn<C> + Send,
+    FinishManyReturningOf<T, OwnerCol>: QueryOn<C, T::Key> + Send,
+    for<'k> Counted: RunOn<C, FinishOf<T, OwnerCol>, ClaimLost<'k, T>, ()>,
+{
+    check_owners(owner, next_owner)?;
+    let statement =
+        |keys: &[T::Key]| finish_many_statement::<T, OwnerCol>(keys, owner, held, to, next_owner);
+    let table = T::table_name();
+    let returning = C::Backend::RETURNING;
+    let in_callers = conn.in_transaction();
+    let mut flow = Flow::<T>::new(keys, table, (owner, held), returning, in_callers);
+    let mut effect = flow.start();
+    loop {
+        effect = match effect {
+            Effect::Check(key) => {
+                conn.refuse_broken()?;
+                let checked = conn
+                    .call(async |conn: &mut C| T::check_stored_precision(conn).await)
+                    .await;
+                flow.checked(
+                    checked.and_then(|()| refuse_double_assignment(table, &statement(&[key]))),
+                )
             }
+            Effect::SendReturning(chunk) => {
+                let key_columns = diesel::Table::primary_key(&T::table());
+                let returning = Returning::new(statement(&chunk), key_columns);
+                let sent = conn
+                    .protect_caller(false, async |conn: &mut C| returning.load_on(conn).await)
+                    .await;
+                flow.returned(sent)
+            }
+            Effect::LookUp(key) => {
+                let row = match T::load_by_key(conn, &key).await {
+                    Ok(row) => Ok(row),
+                    Err(e) => Err(conn.classify(e).await),
+                };
+                flow.looked_up(row)
+            }
+            Effect::SendAllOrNothing(chunk) => {
+                let keys = chunk.len();
+                flow.all_or_nothing(every_claim_ended(conn, statement(&chunk), keys).await)
+            }
+            Effect::EndAlone(key) => {
+                let ending = (owner, held, to, next_owner);
+                flow.ended_alone(end_claim::<T, C, OwnerCol>(conn, &key, ending).await)
+            }
+            Effect::Pause(pause) => {
+                conn.pause(pause).await;
+                flow.paused()
+            }
+            Effect::Done => return flow.outcome(),
         }
     }
 }
@@ -144,23 +192,26 @@ where
 /// Sends `statement` in a transaction and commits it when it matched all `keys` rows;
 /// otherwise rolls it back (`false`): a backend without `RETURNING` cannot tell which
 /// claims it ended.
-fn every_claim_ended<C, S>(conn: &mut C, statement: S, keys: usize) -> Result<bool, Error>
+async fn every_claim_ended<C, S>(conn: &mut C, statement: S, keys: usize) -> Result<bool, Error>
 where
-    C: LoadConnection + WriteTransaction,
-    C::Backend: OccBackend,
-    S: ExecuteDsl<C>,
+    C: Io,
+    S: ExecuteOn<C> + Send,
 {
     /// Fewer rows matched than keys were given: roll back.
     struct Partial;
-    let ended = commit_operation(conn, |conn| -> Result<(), Stop<Partial>> {
-        let matched =
-            ExecuteDsl::execute(statement, conn).map_err(|e| Stop::Occ(classify(conn, e)))?;
-        if matched == keys {
-            Ok(())
-        } else {
-            Err(Stop::Caller(Partial))
-        }
-    });
+    let ended = conn
+        .own_transaction(async |conn: &mut C| -> Result<(), Stop<Partial>> {
+            let matched = match statement.execute_on(conn).await {
+                Ok(matched) => matched,
+                Err(e) => return Err(Stop::Occ(conn.classify(e).await)),
+            };
+            if matched == keys {
+                Ok(())
+            } else {
+                Err(Stop::Caller(Partial))
+            }
+        })
+        .await;
     match ended {
         Ok(()) => Ok(true),
         Err(Stop::Caller(Partial)) => Ok(false),

@@ -33,6 +33,7 @@ use diesel::{Column, Insertable};
 
 use crate::connect::backend::OccBackend;
 use crate::connect::transaction::{commit_operation, WriteTransaction};
+use crate::drive::{now, Blocking, Io, ReadOn, RunOn};
 use crate::error::{Error, InvalidTransition};
 use crate::flow::compare_and_set::{refuse_status_write, CompareAndSet, Matches};
 use crate::flow::miss::{unreadable_row, RowMoved};
@@ -46,7 +47,6 @@ use crate::sql::statement::{And, Assignments, ColumnEq, Comma, GuardedUpdate, Jo
 use crate::sql::statement::{RowLock, Unguarded};
 use crate::status::condition::{TransitionCondition, When};
 use crate::write::complete::Complete;
-use crate::write::entity::check_stored_precision;
 use crate::write::entity::{advance_from_in, write_by_key, KeyWriteOf, LoadByKey};
 use crate::write::executor::{classify, CannotMiss, Miss};
 use crate::write::modify::in_caller_transaction;
@@ -201,11 +201,11 @@ pub trait TransitionRow<C, Ch, G = Unguarded>: HasStatus + LoadByKey<C> {
 impl<T, C, Ch, G> TransitionRow<C, Ch, G> for T
 where
     T: HasStatus + LoadByKey<C>,
-    C: LoadConnection,
+    C: LoadConnection + WriteTransaction + Send,
     C::Backend: OccBackend,
     Ch: AsChangeset<Target = T::Table>,
-    G: TransitionCondition<C::Backend>,
-    TransitionOf<T, Ch::Changeset, G>: Assignments<C::Backend>,
+    G: TransitionCondition<C::Backend> + Send,
+    TransitionOf<T, Ch::Changeset, G>: Assignments<C::Backend> + Send,
     CompletionOf<T>: Complete<C, TransitionOf<T, Ch::Changeset, G>, TokenOf<T>>,
 {
     fn transition_row(
@@ -217,19 +217,47 @@ where
         condition: G,
         own: bool,
     ) -> Result<TokenOf<T>, Error> {
-        check_stored_precision::<T, C>(conn)?;
-        let plan = CopyMove::of(self, to);
-        let (statement, next) = plan.statement::<C::Backend, Ch, G>(
-            T::table_name(),
-            extra,
-            sources,
-            condition.clone(),
-        )?;
-        let miss = plan.miss(sources, condition);
-        let written = CompareAndSet::one(statement, T::table_name(), &plan.key, miss)
-            .run::<C, CompletionOf<T>, TokenOf<T>>(conn, own)?;
-        Ok(plan.record(self, written.token.unwrap_or(next)))
+        let conn = Blocking::wrap(conn);
+        now(transition_row(
+            conn, self, to, extra, sources, condition, own,
+        ))
     }
+}
+
+/// The move of `row`'s copy to `to` from one of `sources` under `condition`, on either
+/// driver; on success `row` records the moved copy. Refused before anything is sent when
+/// the token cannot advance or `extra` assigns the status; one call on the connection.
+pub(crate) async fn transition_row<T, C, Ch, G>(
+    conn: &mut C,
+    row: &mut T,
+    to: T::Status,
+    extra: Ch,
+    sources: &'static [T::Status],
+    condition: G,
+    own: bool,
+) -> Result<TokenOf<T>, Error>
+where
+    C: Io,
+    T: HasStatus + ReadOn<C>,
+    Ch: AsChangeset<Target = T::Table>,
+    G: TransitionCondition<C::Backend> + Send,
+    TransitionOf<T, Ch::Changeset, G>: Assignments<C::Backend> + Send,
+    for<'k> CompletionOf<T>:
+        RunOn<C, TransitionOf<T, Ch::Changeset, G>, TransitionMiss<'k, T, G>, TokenOf<T>>,
+{
+    conn.refuse_broken()?;
+    let table = T::table_name();
+    let plan = CopyMove::of(row, to);
+    let (statement, next) =
+        plan.statement::<C::Backend, Ch, G>(table, extra, sources, condition.clone())?;
+    let write = CompareAndSet::one(statement, table, &plan.key, plan.miss(sources, condition));
+    let written = conn
+        .call(async |conn: &mut C| {
+            T::check_stored_precision(conn).await?;
+            <CompletionOf<T> as RunOn<C, _, _, _>>::run(conn, write, own).await
+        })
+        .await?;
+    Ok(plan.record(row, written.token.unwrap_or(next)))
 }
 
 /// A transition of entity `T` with extra changes `Ch` under condition `G`, and the token
@@ -448,11 +476,11 @@ impl<T, C, Ch, G> TransitionByKey<C, Ch, G> for T
 where
     T: HasStatus + LoadByKey<C>,
     T::Guard: AdvanceInSql,
-    C: LoadConnection,
+    C: LoadConnection + WriteTransaction + Send,
     C::Backend: OccBackend,
     Ch: AsChangeset<Target = T::Table>,
-    G: TransitionCondition<C::Backend>,
-    KeyTransitionOf<T, Ch::Changeset, G>: Assignments<C::Backend>,
+    G: TransitionCondition<C::Backend> + Send,
+    KeyTransitionOf<T, Ch::Changeset, G>: Assignments<C::Backend> + Send,
     ReturnedTokenOf<T>: Complete<C, KeyTransitionOf<T, Ch::Changeset, G>, TokenOf<T>>,
 {
     fn transition_key(

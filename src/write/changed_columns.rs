@@ -5,13 +5,18 @@ use diesel::connection::LoadConnection;
 use diesel::query_dsl::methods::ExecuteDsl;
 
 use crate::connect::backend::OccBackend;
+use crate::connect::transaction::WriteTransaction;
+use crate::drive::{now, Blocking, Io, ReadOn, RunOn};
 use crate::error::Error;
+use crate::flow::compare_and_set::CompareAndSet;
 use crate::flow::miss::RowMoved;
 use crate::guard::pre_image::{ChangedColumns, ChangedUpdateOf};
+use crate::guard::TokenOf;
+use crate::operation::entity::ChangedStatement;
 use crate::operation::{Operation, Run, SaveChanged};
 use crate::sql::new_token::Counted;
 use crate::sql::statement::Assignments;
-use crate::write::entity::{run_guarded, LoadByKey};
+use crate::write::entity::LoadByKey;
 
 /// Changed-columns writes for every [`ChangedColumns`] entity.
 pub trait GuardedChanges: ChangedColumns {
@@ -49,18 +54,37 @@ pub trait SaveChanges<C>: ChangedColumns + LoadByKey<C> {
 impl<T, C> SaveChanges<C> for T
 where
     T: ChangedColumns + LoadByKey<C>,
-    C: LoadConnection,
+    C: LoadConnection + WriteTransaction + Send,
     C::Backend: OccBackend,
-    ChangedUpdateOf<T>: ExecuteDsl<C> + Assignments<C::Backend>,
+    ChangedUpdateOf<T>: ExecuteDsl<C> + Assignments<C::Backend> + Send,
 {
     fn save_changed(conn: &mut C, save: SaveChanged<T>) -> Result<bool, Error> {
-        let Some((statement, key, expected)) = save.statement(T::table_name())? else {
-            return Ok(false);
-        };
-        let miss = RowMoved::<T>::expecting(&key, &expected);
-        run_guarded::<T, C, _, Counted>(conn, miss, statement, false)?;
-        Ok(true)
+        let statement = save.statement(T::table_name());
+        now(save_changed::<T, _>(Blocking::wrap(conn), statement))
     }
+}
+
+/// Sends a changed-columns write, checked and built beforehand (`None`: nothing changed),
+/// on either driver. Whether it wrote.
+pub(crate) async fn save_changed<T, C>(
+    conn: &mut C,
+    statement: Result<Option<ChangedStatement<T>>, Error>,
+) -> Result<bool, Error>
+where
+    C: Io,
+    T: ChangedColumns + ReadOn<C>,
+    ChangedUpdateOf<T>: Assignments<C::Backend> + Send,
+    for<'k> Counted: RunOn<C, ChangedUpdateOf<T>, RowMoved<'k, T>, TokenOf<T>>,
+{
+    let Some((statement, key, expected)) = statement? else {
+        return Ok(false);
+    };
+    conn.refuse_broken()?;
+    let miss = RowMoved::<T>::expecting(&key, &expected);
+    let write = CompareAndSet::one(statement, T::table_name(), &key, miss);
+    conn.call(async |conn: &mut C| <Counted as RunOn<C, _, _, _>>::run(conn, write, false).await)
+        .await
+        .map(|_| true)
 }
 
 impl<T: SaveChanges<C>, C> Run<C> for SaveChanged<T> {

@@ -11,6 +11,8 @@ use diesel::{OptionalExtension, QueryResult, RunQueryDsl, Selectable, Selectable
 
 use crate::connect::backend::OccBackend;
 use crate::connect::transaction::in_transaction;
+use crate::connect::transaction::WriteTransaction;
+use crate::drive::{now, Blocking, Io, ReadOn, RunOn};
 use crate::error::Error;
 use crate::flow::compare_and_set::{refuse_status_write, CompareAndSet};
 use crate::flow::miss::{unreadable_row, Explanation, RowMoved};
@@ -391,10 +393,10 @@ pub trait UpdateRow<C, Ch>: LoadByKey<C> {
 impl<T, C, Ch> UpdateRow<C, Ch> for T
 where
     T: LoadByKey<C>,
-    C: LoadConnection,
+    C: LoadConnection + WriteTransaction + Send,
     C::Backend: OccBackend,
     Ch: AsChangeset<Target = T::Table>,
-    UpdateOf<T, Ch::Changeset>: Assignments<C::Backend>,
+    UpdateOf<T, Ch::Changeset>: Assignments<C::Backend> + Send,
     CompletionOf<T>: Complete<C, UpdateOf<T, Ch::Changeset>, TokenOf<T>>,
 {
     fn update_row(
@@ -406,7 +408,10 @@ where
         saved: Option<SavedState<T>>,
         own: bool,
     ) -> Result<TokenOf<T>, Error> {
-        update_stamped::<T, C, Ch>(conn, key, expected, changes, stamp, saved, own)
+        let conn = Blocking::wrap(conn);
+        now(update_row::<T, _, Ch>(
+            conn, key, expected, changes, stamp, saved, own,
+        ))
     }
 }
 
@@ -451,14 +456,12 @@ pub trait DeleteRow<C>: LoadByKey<C> {
 impl<T, C> DeleteRow<C> for T
 where
     T: LoadByKey<C>,
-    C: LoadConnection,
+    C: LoadConnection + WriteTransaction + Send,
     C::Backend: OccBackend,
-    DeleteOf<T>: ExecuteDsl<C> + Assignments<C::Backend>,
+    DeleteOf<T>: ExecuteDsl<C> + Assignments<C::Backend> + Send,
 {
     fn delete_row(conn: &mut C, key: &T::Key, expected: &TokenOf<T>) -> Result<(), Error> {
-        let miss = RowMoved::<T>::expecting(key, expected);
-        run_guarded::<T, C, _, Counted>(conn, miss, delete_statement::<T>(key, expected), false)
-            .map(drop)
+        now(delete_row::<T, _>(Blocking::wrap(conn), key, expected))
     }
 
     fn delete_batch(
@@ -494,12 +497,12 @@ pub trait UpdateExcluded<C, Ch>: LoadByKey<C> {
 impl<T, C, Ch> UpdateExcluded<C, Ch> for T
 where
     T: LoadByKey<C>,
-    C: LoadConnection,
+    C: LoadConnection + WriteTransaction + Send,
     C::Backend: OccBackend,
     Ch: AsChangeset<Target = T::Table>,
     Ch::Changeset: QueryFragment<C::Backend>,
     T::Stamp: QueryFragment<C::Backend>,
-    UnguardedUpdateOf<T, Ch::Changeset>: ExecuteDsl<C> + Assignments<C::Backend>,
+    UnguardedUpdateOf<T, Ch::Changeset>: ExecuteDsl<C> + Assignments<C::Backend> + Send,
 {
     fn update_excluded_row(conn: &mut C, key: &T::Key, changes: Ch) -> Result<(), Error> {
         match excluded_changeset::<T, C::Backend, Ch>(T::table_name(), changes)? {
@@ -555,13 +558,35 @@ pub(crate) fn write_unguarded_by_key<T, C, X>(
 ) -> Result<(), Error>
 where
     T: LoadByKey<C>,
-    C: LoadConnection,
+    C: LoadConnection + WriteTransaction + Send,
     C::Backend: OccBackend,
-    UnguardedUpdateOf<T, X>: ExecuteDsl<C> + Assignments<C::Backend>,
+    UnguardedUpdateOf<T, X>: ExecuteDsl<C> + Assignments<C::Backend> + Send,
 {
     let statement = unguarded_by_key::<T, X>(key, changes);
-    CompareAndSet::one(statement, T::table_name(), key, RowMoved::<T>::any(key))
-        .run::<C, Counted, TokenOf<T>>(conn, false)
+    now(write_unguarded::<T, _, _>(
+        Blocking::wrap(conn),
+        key,
+        statement,
+    ))
+}
+
+/// Sends `statement`, an unguarded write of the row with `key`, on either driver: a
+/// missing row is [`Error::NotFound`].
+pub(crate) async fn write_unguarded<T, C, S>(
+    conn: &mut C,
+    key: &T::Key,
+    statement: S,
+) -> Result<(), Error>
+where
+    C: Io,
+    T: ReadOn<C>,
+    S: Assignments<C::Backend> + Send,
+    for<'k> Counted: RunOn<C, S, RowMoved<'k, T>, TokenOf<T>>,
+{
+    conn.refuse_broken()?;
+    let write = CompareAndSet::one(statement, T::table_name(), key, RowMoved::<T>::any(key));
+    conn.call(async |conn: &mut C| <Counted as RunOn<C, _, _, _>>::run(conn, write, false).await)
+        .await
         .map(drop)
 }
 
@@ -594,9 +619,10 @@ where
 }
 
 /// The guarded update of the row with `key` from `expected`, with the entity's `stamp`
-/// (and, for a save, in the state of the `saved` copy): what every updating method of
-/// [`GuardedWrite`] runs.
-fn update_stamped<T, C, Ch>(
+/// (and, for a save, in the state of the `saved` copy), on either driver: what every
+/// updating method of [`GuardedWrite`] runs. Refused before anything is sent when the
+/// token cannot advance or the changes assign the status; one call on the connection.
+pub(crate) async fn update_row<T, C, Ch>(
     conn: &mut C,
     key: &T::Key,
     expected: &TokenOf<T>,
@@ -606,20 +632,46 @@ fn update_stamped<T, C, Ch>(
     own: bool,
 ) -> Result<TokenOf<T>, Error>
 where
-    T: LoadByKey<C>,
-    C: LoadConnection,
-    C::Backend: OccBackend,
+    C: Io,
+    T: ReadOn<C>,
     Ch: AsChangeset<Target = T::Table>,
-    UpdateOf<T, Ch::Changeset>: Assignments<C::Backend>,
-    CompletionOf<T>: Complete<C, UpdateOf<T, Ch::Changeset>, TokenOf<T>>,
+    UpdateOf<T, Ch::Changeset>: Assignments<C::Backend> + Send,
+    for<'k> CompletionOf<T>: RunOn<C, UpdateOf<T, Ch::Changeset>, RowMoved<'k, T>, TokenOf<T>>,
 {
     let table = T::table_name();
     SavedState::refuse_move(saved.as_ref(), table)?;
-    check_stored_precision::<T, C>(conn)?;
+    conn.refuse_broken()?;
     let (statement, next, miss) =
         update_in::<T, C::Backend, Ch>(table, key, expected, changes, stamp, saved)?;
-    let returned = run_guarded::<T, C, _, CompletionOf<T>>(conn, miss, statement, own)?;
-    Ok(returned.unwrap_or(next))
+    let write = CompareAndSet::one(statement, table, key, miss);
+    let written = conn
+        .call(async |conn: &mut C| {
+            T::check_stored_precision(conn).await?;
+            <CompletionOf<T> as RunOn<C, _, _, _>>::run(conn, write, own).await
+        })
+        .await?;
+    Ok(written.token.unwrap_or(next))
+}
+
+/// The guarded delete of the row with `key` from `expected`, on either driver.
+pub(crate) async fn delete_row<T, C>(
+    conn: &mut C,
+    key: &T::Key,
+    expected: &TokenOf<T>,
+) -> Result<(), Error>
+where
+    C: Io,
+    T: ReadOn<C>,
+    DeleteOf<T>: Assignments<C::Backend> + Send,
+    for<'k> Counted: RunOn<C, DeleteOf<T>, RowMoved<'k, T>, TokenOf<T>>,
+{
+    conn.refuse_broken()?;
+    let statement = delete_statement::<T>(key, expected);
+    let miss = RowMoved::<T>::expecting(key, expected);
+    let write = CompareAndSet::one(statement, T::table_name(), key, miss);
+    conn.call(async |conn: &mut C| <Counted as RunOn<C, _, _, _>>::run(conn, write, false).await)
+        .await
+        .map(drop)
 }
 
 /// The guard's assignments that move the row with `key` (of `table`) past `expected`, and
@@ -762,11 +814,11 @@ pub(crate) fn write_by_key<T, C, Ch, G, M>(
 where
     T: LoadByKey<C>,
     T::Guard: AdvanceInSql,
-    C: LoadConnection,
+    C: LoadConnection + WriteTransaction + Send,
     C::Backend: OccBackend,
-    KeyWriteOf<T, Ch, G>: Assignments<C::Backend>,
+    KeyWriteOf<T, Ch, G>: Assignments<C::Backend> + Send,
     ReturnedTokenOf<T>: Complete<C, KeyWriteOf<T, Ch, G>, TokenOf<T>>,
-    M: Miss<C>,
+    M: Miss<C> + Send,
 {
     let token = write_by_key_completed::<ReturnedTokenOf<T>, T, C, Ch, G, M>(
         conn,
@@ -792,22 +844,42 @@ pub(crate) fn write_by_key_completed<Done, T, C, Ch, G, M>(
 where
     T: LoadByKey<C>,
     T::Guard: AdvanceInSql,
-    C: LoadConnection,
+    C: LoadConnection + WriteTransaction + Send,
     C::Backend: OccBackend,
-    KeyWriteOf<T, Ch, G>: Assignments<C::Backend>,
+    KeyWriteOf<T, Ch, G>: Assignments<C::Backend> + Send,
     Done: Complete<C, KeyWriteOf<T, Ch, G>, TokenOf<T>>,
-    M: Miss<C>,
+    M: Miss<C> + Send,
 {
-    check_stored_precision::<T, C>(conn)?;
-    let statement = key_write::<T, C::Backend, Ch, G>(
-        T::table_name(),
+    let table = T::table_name();
+    let statement =
+        key_write::<T, C::Backend, Ch, G>(table, key, changes, condition, status_assignments);
+    now(write_key_statement::<Done, T, _, _, _>(
+        Blocking::wrap(conn),
         key,
-        changes,
-        condition,
-        status_assignments,
-    )?;
-    let written = CompareAndSet::one(statement, T::table_name(), key, miss)
-        .run::<C, Done, TokenOf<T>>(conn, false)?;
+        statement,
+        miss,
+    ))
+}
+
+/// Sends the write by key alone `statement` (built and checked by [`key_write`]), run and
+/// completed by `Done`, on either driver; `miss` explains a row it did not write.
+pub(crate) async fn write_key_statement<Done, T, C, S, M>(
+    conn: &mut C,
+    key: &T::Key,
+    statement: Result<S, Error>,
+    miss: M,
+) -> Result<Option<TokenOf<T>>, Error>
+where
+    C: Io,
+    T: ReadOn<C>,
+    S: Assignments<C::Backend> + Send,
+    M: Send,
+    Done: RunOn<C, S, M, TokenOf<T>>,
+{
+    let statement = statement?;
+    T::check_stored_precision(conn).await?;
+    let write = CompareAndSet::one(statement, T::table_name(), key, miss);
+    let written = <Done as RunOn<C, _, _, _>>::run(conn, write, false).await?;
     Ok(written.token)
 }
 

@@ -10,6 +10,7 @@ use diesel::query_builder::QueryFragment;
 use diesel::query_dsl::methods::ExecuteDsl;
 
 use crate::connect::backend::OccBackend;
+use crate::connect::transaction::WriteTransaction;
 use crate::error::Error;
 use crate::operation::{Operation, Run, TouchStamp};
 use crate::sql::statement::{Assignments, ColumnEq};
@@ -42,9 +43,9 @@ impl<T, C> TouchUpdatedAt<C> for T
 where
     T: LoadByKey<C>,
     T::Stamp: UpdatedAtStamp,
-    C: LoadConnection,
+    C: LoadConnection + WriteTransaction + Send,
     C::Backend: OccBackend,
-    UnguardedUpdateOf<T, T::Stamp>: ExecuteDsl<C> + Assignments<C::Backend>,
+    UnguardedUpdateOf<T, T::Stamp>: ExecuteDsl<C> + Assignments<C::Backend> + Send,
     T::Stamp: QueryFragment<C::Backend>,
 {
     fn touch_updated_at_row(conn: &mut C, key: &T::Key, stamp: T::Stamp) -> Result<(), Error> {

@@ -1,0 +1,166 @@
+//! [`Io`] on a blocking diesel connection: each step runs when it is called.
+
+use std::future::{ready, Future};
+use std::time::Duration;
+
+use diesel::connection::LoadConnection;
+use diesel::query_dsl::methods::{ExecuteDsl, LoadQuery};
+use diesel::result::Error as DieselError;
+use diesel::{Connection, QueryResult, RunQueryDsl};
+use ref_cast::RefCast;
+
+use super::{now, Body, ExecuteOn, Io, QueryOn, ReadOn, RunOn};
+use crate::connect::backend::OccBackend;
+use crate::connect::caller_transaction::protect_caller;
+use crate::connect::transaction::{commit_operation, in_transaction, LostCommit, WriteTransaction};
+use crate::error::Error;
+use crate::flow::compare_and_set::{CompareAndSet, Written};
+use crate::sql::statement::Assignments;
+use crate::write::complete::Complete;
+use crate::write::entity::{check_stored_precision, LoadByKey};
+use crate::write::executor::{classify, Miss};
+
+/// A blocking connection, driven through [`Io`].
+#[derive(RefCast)]
+#[repr(transparent)]
+pub(crate) struct Blocking<C>(C);
+
+impl<C> Blocking<C> {
+    /// `conn` as a [`Blocking`] one.
+    pub(crate) fn wrap(conn: &mut C) -> &mut Self {
+        Self::ref_cast_mut(conn)
+    }
+}
+
+impl<C> Io for Blocking<C>
+where
+    C: LoadConnection + WriteTransaction + Send,
+    C::Backend: OccBackend,
+{
+    type Backend = C::Backend;
+
+    fn in_transaction(&mut self) -> bool {
+        in_transaction(&mut self.0)
+    }
+
+    fn refuse_broken(&mut self) -> Result<(), Error> {
+        Ok(())
+    }
+
+    fn classify(&mut self, error: DieselError) -> impl Future<Output = Error> + Send {
+        ready(classify(&mut self.0, error))
+    }
+
+    fn pause(&mut self, pause: Duration) -> impl Future<Output = ()> + Send {
+        std::thread::sleep(pause);
+        ready(())
+    }
+
+    fn own_transaction<'a, 'c, T, E, F>(
+        &'c mut self,
+        body: F,
+    ) -> impl Future<Output = Result<T, E>> + Send + 'c
+    where
+        for<'r> F: Body<&'r mut Self, Result<T, E>, Fut: Send> + Send + 'a,
+        T: Send + 'a,
+        E: From<Error> + From<DieselError> + LostCommit + Send + 'a,
+        'a: 'c,
+    {
+        ready(commit_operation(&mut self.0, |conn| {
+            now(body(Blocking::wrap(conn)))
+        }))
+    }
+
+    fn protect_caller<'a, 'c, T, F>(
+        &'c mut self,
+        own: bool,
+        body: F,
+    ) -> impl Future<Output = Result<T, Error>> + Send + 'c
+    where
+        for<'r> F: Body<&'r mut Self, QueryResult<T>, Fut: Send> + Send + 'a,
+        T: Send + 'a,
+        'a: 'c,
+    {
+        let sent = protect_caller(&mut self.0, own, |conn| now(body(Blocking::wrap(conn))));
+        ready(sent.map_err(|e| classify(&mut self.0, e)))
+    }
+
+    fn call<'a, 'c, T, F>(&'c mut self, body: F) -> impl Future<Output = T> + Send + 'c
+    where
+        for<'r> F: Body<&'r mut Self, T, Fut: Send> + Send + 'a,
+        T: Send + 'a,
+        'a: 'c,
+    {
+        ready(now(body(self)))
+    }
+}
+
+impl<T, C> ReadOn<Blocking<C>> for T
+where
+    T: LoadByKey<C>,
+    C: LoadConnection + Send,
+    C::Backend: OccBackend,
+{
+    fn table_name() -> &'static str {
+        <T as LoadByKey<C>>::table_name()
+    }
+
+    fn load_by_key(
+        conn: &mut Blocking<C>,
+        key: &T::Key,
+    ) -> impl Future<Output = QueryResult<Option<T>>> + Send {
+        ready(<T as LoadByKey<C>>::load_by_key(&mut conn.0, key))
+    }
+
+    fn load_by_keys(
+        conn: &mut Blocking<C>,
+        keys: &[T::Key],
+    ) -> impl Future<Output = QueryResult<Vec<T>>> + Send {
+        ready(<T as LoadByKey<C>>::load_by_keys(&mut conn.0, keys))
+    }
+
+    fn check_stored_precision(
+        conn: &mut Blocking<C>,
+    ) -> impl Future<Output = Result<(), Error>> + Send {
+        ready(check_stored_precision::<T, C>(&mut conn.0))
+    }
+}
+
+impl<Q, C, U> QueryOn<Blocking<C>, U> for Q
+where
+    Q: RunQueryDsl<C> + LoadQuery<'static, C, U>,
+    C: Connection,
+    U: Send,
+{
+    fn load_on(self, conn: &mut Blocking<C>) -> impl Future<Output = QueryResult<Vec<U>>> + Send {
+        ready(self.load(&mut conn.0))
+    }
+}
+
+impl<S, C> ExecuteOn<Blocking<C>> for S
+where
+    S: ExecuteDsl<C>,
+    C: Connection,
+{
+    fn execute_on(self, conn: &mut Blocking<C>) -> impl Future<Output = QueryResult<usize>> + Send {
+        ready(ExecuteDsl::execute(self, &mut conn.0))
+    }
+}
+
+impl<K, C, S, M, Tok> RunOn<Blocking<C>, S, M, Tok> for K
+where
+    C: LoadConnection + Send,
+    C::Backend: OccBackend,
+    S: Assignments<C::Backend>,
+    K: Complete<C, S, Tok>,
+    M: Miss<C>,
+    Tok: Send,
+{
+    fn run(
+        conn: &mut Blocking<C>,
+        write: CompareAndSet<'_, S, M>,
+        own: bool,
+    ) -> impl Future<Output = Result<Written<Tok>, Error>> + Send {
+        ready(write.run::<C, K, Tok>(&mut conn.0, own))
+    }
+}

@@ -1,0 +1,155 @@
+//! One driver for both kinds of connection: an operation's steps are written once, as an
+//! `async fn` over [`Io`], and run on a blocking connection ([`Blocking`], whose steps
+//! are done by the time they are awaited, run by [`now`]) or on a diesel-async one.
+
+use std::future::Future;
+use std::pin::pin;
+use std::task::{Context, Poll, Waker};
+use std::time::Duration;
+
+use diesel::result::Error as DieselError;
+use diesel::QueryResult;
+
+use crate::connect::backend::OccBackend;
+use crate::connect::transaction::LostCommit;
+use crate::error::Error;
+use crate::flow::compare_and_set::{CompareAndSet, Written};
+use crate::guard::Guarded;
+
+pub(crate) mod blocking;
+#[cfg(feature = "async")]
+pub(crate) mod on_async;
+
+pub(crate) use blocking::Blocking;
+
+/// The body of a transaction: an async closure whose future is `Send` (diesel-async's
+/// way to say so of an `AsyncFnOnce`).
+pub(crate) trait Body<A, R>:
+    AsyncFnOnce(A) -> R + FnOnce(A) -> <Self as Body<A, R>>::Fut
+{
+    type Fut: Future<Output = R>;
+}
+
+impl<F, A, Fut, R> Body<A, R> for F
+where
+    F: AsyncFnOnce(A) -> R + FnOnce(A) -> Fut,
+    Fut: Future<Output = R>,
+{
+    type Fut = Fut;
+}
+
+/// A connection the library's operations run on.
+pub(crate) trait Io: Send + Sized {
+    /// The connection's backend.
+    type Backend: OccBackend;
+
+    /// Whether the connection has an open transaction.
+    #[cfg_attr(not(feature = "locks"), allow(dead_code))] // Claims only, so far.
+    fn in_transaction(&mut self) -> bool;
+
+    /// Refuses a connection an earlier cancelled call left inside a transaction.
+    fn refuse_broken(&mut self) -> Result<(), Error>;
+
+    /// Classifies an error a statement just returned.
+    #[cfg_attr(not(feature = "locks"), allow(dead_code))] // Claims only, so far.
+    fn classify(&mut self, error: DieselError) -> impl Future<Output = Error> + Send;
+
+    /// Waits `pause` (a retry's backoff).
+    #[cfg_attr(not(feature = "locks"), allow(dead_code))] // Claims only, so far.
+    fn pause(&mut self, pause: Duration) -> impl Future<Output = ()> + Send;
+
+    /// Runs `body` in a write transaction of the library's (a savepoint inside the
+    /// caller's), committed when it succeeds and rolled back when it fails; a failed
+    /// `COMMIT` is judged as every transaction of the library's is.
+    #[cfg_attr(not(feature = "locks"), allow(dead_code))] // Claims only, so far.
+    fn own_transaction<'a, 'c, T, E, F>(
+        &'c mut self,
+        body: F,
+    ) -> impl Future<Output = Result<T, E>> + Send + 'c
+    where
+        for<'r> F: Body<&'r mut Self, Result<T, E>, Fut: Send> + Send + 'a,
+        T: Send + 'a,
+        E: From<Error> + From<DieselError> + LostCommit + Send + 'a,
+        'a: 'c;
+
+    /// Runs the statements of `body` as one write: on PostgreSQL, inside a transaction
+    /// the caller controls (`own` false), under a savepoint that a failure rolls back
+    /// to; on SQLite after this process's earlier writers. Its error classified.
+    #[cfg_attr(not(feature = "locks"), allow(dead_code))] // Claims only, so far.
+    fn protect_caller<'a, 'c, T, F>(
+        &'c mut self,
+        own: bool,
+        body: F,
+    ) -> impl Future<Output = Result<T, Error>> + Send + 'c
+    where
+        for<'r> F: Body<&'r mut Self, QueryResult<T>, Fut: Send> + Send + 'a,
+        T: Send + 'a,
+        'a: 'c;
+
+    /// Runs `body` as one call that must not be dropped half way where the client cannot
+    /// drop a statement half read (MySQL's async one): dropped, it leaves the connection
+    /// marked broken.
+    fn call<'a, 'c, T, F>(&'c mut self, body: F) -> impl Future<Output = T> + Send + 'c
+    where
+        for<'r> F: Body<&'r mut Self, T, Fut: Send> + Send + 'a,
+        T: Send + 'a,
+        'a: 'c;
+}
+
+/// Reads of entity `Self`'s rows on connection `C`.
+pub(crate) trait ReadOn<C>: Guarded {
+    /// The table's SQL name.
+    fn table_name() -> &'static str;
+
+    /// The row with `key` as last committed (locked inside a transaction).
+    #[cfg_attr(not(feature = "locks"), allow(dead_code))] // Claims only, so far.
+    fn load_by_key(
+        conn: &mut C,
+        key: &Self::Key,
+    ) -> impl Future<Output = QueryResult<Option<Self>>> + Send;
+
+    /// The rows with any of `keys` that exist, in one statement (locked inside a
+    /// transaction).
+    #[cfg_attr(not(feature = "locks"), allow(dead_code))] // Claims only, so far.
+    fn load_by_keys(
+        conn: &mut C,
+        keys: &[Self::Key],
+    ) -> impl Future<Output = QueryResult<Vec<Self>>> + Send;
+
+    /// Refuses a time guard whose column would not store its tokens exactly.
+    fn check_stored_precision(conn: &mut C) -> impl Future<Output = Result<(), Error>> + Send;
+}
+
+/// A query that loads rows of `U` on connection `C`.
+#[cfg_attr(not(feature = "locks"), allow(dead_code))] // Claims only, so far.
+pub(crate) trait QueryOn<C, U> {
+    /// The rows.
+    fn load_on(self, conn: &mut C) -> impl Future<Output = QueryResult<Vec<U>>> + Send;
+}
+
+/// A statement that changes rows on connection `C`.
+#[cfg_attr(not(feature = "locks"), allow(dead_code))] // Claims only, so far.
+pub(crate) trait ExecuteOn<C> {
+    /// The rows it matched.
+    fn execute_on(self, conn: &mut C) -> impl Future<Output = QueryResult<usize>> + Send;
+}
+
+/// Sends a compare-and-set write with statement `S` and miss `M` on connection `C` the
+/// way `Self` (a token plan) says, and judges its answer.
+pub(crate) trait RunOn<C, S, M, Tok> {
+    /// Sends `write`; `own`: inside a transaction of the library's.
+    fn run(
+        conn: &mut C,
+        write: CompareAndSet<'_, S, M>,
+        own: bool,
+    ) -> impl Future<Output = Result<Written<Tok>, Error>> + Send;
+}
+
+/// Runs `future`, which must be ready when first polled: the steps of a blocking
+/// connection are done before their futures are awaited.
+pub(crate) fn now<F: Future>(future: F) -> F::Output {
+    match pin!(future).poll(&mut Context::from_waker(Waker::noop())) {
+        Poll::Ready(output) => output,
+        Poll::Pending => unreachable!("a step on a blocking connection never waits"),
+    }
+}

@@ -1,0 +1,148 @@
+//! [`Io`] on a diesel-async connection that talks to its server itself (PostgreSQL,
+//! MySQL).
+
+use std::future::Future;
+use std::time::Duration;
+
+use diesel::result::Error as DieselError;
+use diesel::QueryResult;
+use diesel_async::methods::{ExecuteDsl, LoadQuery};
+use diesel_async::RunQueryDsl;
+
+use super::{Body, ExecuteOn, Io, QueryOn, ReadOn, RunOn};
+use crate::asynchronous::connection::{
+    classified, classify, in_transaction, refuse_broken, NativeAsync, NativeAsyncConnection,
+};
+use crate::asynchronous::entity::check_stored_precision;
+use crate::asynchronous::executor::{protect_caller, run, AsyncMiss};
+use crate::asynchronous::send::{AsyncComplete, AsyncLoadByKey};
+use crate::asynchronous::transaction::{Call, OwnTransaction};
+use crate::connect::transaction::LostCommit;
+use crate::error::Error;
+use crate::flow::compare_and_set::{CompareAndSet, Written};
+use crate::sql::statement::Assignments;
+
+impl<C> Io for C
+where
+    C: NativeAsyncConnection,
+    C::Backend: NativeAsync,
+{
+    type Backend = C::Backend;
+
+    fn in_transaction(&mut self) -> bool {
+        in_transaction(self)
+    }
+
+    fn refuse_broken(&mut self) -> Result<(), Error> {
+        refuse_broken(self)
+    }
+
+    fn classify(&mut self, error: DieselError) -> impl Future<Output = Error> + Send {
+        classify(self, error)
+    }
+
+    fn pause(&mut self, pause: Duration) -> impl Future<Output = ()> + Send {
+        tokio::time::sleep(pause)
+    }
+
+    async fn own_transaction<'a, 'c, T, E, F>(&'c mut self, body: F) -> Result<T, E>
+    where
+        for<'r> F: Body<&'r mut Self, Result<T, E>, Fut: Send> + Send + 'a,
+        T: Send + 'a,
+        E: From<Error> + From<DieselError> + LostCommit + Send + 'a,
+        'a: 'c,
+    {
+        let mut transaction = OwnTransaction::begin(self).await?;
+        let done = body(transaction.conn()).await;
+        transaction.settle(done).await
+    }
+
+    async fn protect_caller<'a, 'c, T, F>(&'c mut self, own: bool, body: F) -> Result<T, Error>
+    where
+        for<'r> F: Body<&'r mut Self, QueryResult<T>, Fut: Send> + Send + 'a,
+        T: Send + 'a,
+        'a: 'c,
+    {
+        let sent = protect_caller(self, own, body).await?;
+        classified(self, sent).await
+    }
+
+    async fn call<'a, 'c, T, F>(&'c mut self, body: F) -> T
+    where
+        for<'r> F: Body<&'r mut Self, T, Fut: Send> + Send + 'a,
+        T: Send + 'a,
+        'a: 'c,
+    {
+        let mut call = Call::start(self);
+        let done = body(call.conn()).await;
+        call.finish(done)
+    }
+}
+
+impl<T, C> ReadOn<C> for T
+where
+    T: AsyncLoadByKey<C>,
+    C: NativeAsyncConnection,
+    C::Backend: NativeAsync,
+{
+    fn table_name() -> &'static str {
+        <T as AsyncLoadByKey<C>>::table_name()
+    }
+
+    fn load_by_key(
+        conn: &mut C,
+        key: &T::Key,
+    ) -> impl Future<Output = QueryResult<Option<T>>> + Send {
+        <T as AsyncLoadByKey<C>>::load_by_key(conn, key)
+    }
+
+    fn load_by_keys(
+        conn: &mut C,
+        keys: &[T::Key],
+    ) -> impl Future<Output = QueryResult<Vec<T>>> + Send {
+        <T as AsyncLoadByKey<C>>::load_by_keys(conn, keys)
+    }
+
+    fn check_stored_precision(conn: &mut C) -> impl Future<Output = Result<(), Error>> + Send {
+        check_stored_precision::<T, C>(conn, <T as AsyncLoadByKey<C>>::table_name())
+    }
+}
+
+impl<Q, C, U> QueryOn<C, U> for Q
+where
+    Q: LoadQuery<'static, C, U> + Send + 'static,
+    C: NativeAsyncConnection,
+    U: Send,
+{
+    fn load_on(self, conn: &mut C) -> impl Future<Output = QueryResult<Vec<U>>> + Send {
+        RunQueryDsl::load(self, conn)
+    }
+}
+
+impl<S, C> ExecuteOn<C> for S
+where
+    S: ExecuteDsl<C> + Send + 'static,
+    C: NativeAsyncConnection,
+{
+    fn execute_on(self, conn: &mut C) -> impl Future<Output = QueryResult<usize>> + Send {
+        ExecuteDsl::execute(self, conn)
+    }
+}
+
+impl<K, C, S, M, Tok> RunOn<C, S, M, Tok> for K
+where
+    C: NativeAsyncConnection,
+    C::Backend: NativeAsync,
+    S: Assignments<C::Backend> + Send,
+    K: AsyncComplete<C, S, Tok>,
+    M: AsyncMiss<C> + Send,
+    Tok: Send,
+{
+    fn run(
+        conn: &mut C,
+        write: CompareAndSet<'_, S, M>,
+        own: bool,
+    ) -> impl Future<Output = Result<Written<Tok>, Error>> + Send {
+        run::<C, S, M, K, Tok>(write, conn, own)
+    }
+}
