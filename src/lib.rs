@@ -215,13 +215,14 @@ pub use guard::xmin::{Xid, XminGuard};
 pub use guard::{AdvanceInSql, Advancing, GuardKind, Guarded, TokenOf};
 
 // Writes.
+pub use drive::blocking::load::LoadByKey;
 pub use flow::batch::rows::ROWS_PER_STATEMENT;
 pub use guard::pre_image::{ChangedColumns, ExactlyComparable};
 pub use guard::seed::SeedsTokens;
 pub use write::batch::{BatchMode, BatchReport, GuardedBatch, RowOutcome, UpdateBatch};
 pub use write::bulk::{BulkReport, GuardedBulk, UpdateBulk};
 pub use write::changed_columns::{GuardedChanges, SaveChanges};
-pub use write::entity::{DeleteRow, GuardedWrite, LoadByKey, UpdateExcluded, UpdateRow};
+pub use write::entity::{DeleteRow, GuardedWrite, UpdateExcluded, UpdateRow};
 pub use write::insert::InsertRow;
 pub use write::modify::{Connections, GuardedModify, Modified};
 pub use write::operation::{guarded_operation, occ_versions, VersionRow};
@@ -288,7 +289,7 @@ pub use sql::names::NAME_LIMIT;
 pub mod __private {
     /// The async backends' own questions (the cluster suite asks one directly).
     #[cfg(feature = "async")]
-    pub use crate::asynchronous::connection::NativeAsync;
+    pub use crate::drive::on_async::connection::NativeAsync;
     pub use crate::guard::pre_image::{all_of, AllOf, NullSafeEq};
     #[cfg(feature = "chrono")]
     pub use crate::guard::timestamp::stamp_now;

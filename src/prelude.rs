@@ -10,6 +10,7 @@
 //! `diesel::prelude::*`.
 
 pub use crate::connect::transaction::WriteTransaction;
+pub use crate::drive::blocking::load::LoadByKey;
 pub use crate::error::Error;
 pub use crate::guard::pre_image::ChangedColumns;
 pub use crate::guard::status::{HasStatus, Status};
@@ -25,7 +26,7 @@ pub use crate::status::transition::{GuardedStatusTransition, GuardedTransition};
 pub use crate::write::batch::GuardedBatch;
 pub use crate::write::bulk::GuardedBulk;
 pub use crate::write::changed_columns::GuardedChanges;
-pub use crate::write::entity::{GuardedWrite, LoadByKey};
+pub use crate::write::entity::GuardedWrite;
 pub use crate::write::modify::GuardedModify;
 pub use crate::write::pessimistic::Pessimistic;
 pub use crate::write::upsert::Upserted;

@@ -7,15 +7,15 @@ use std::future::Future;
 
 use diesel::query_builder::AsChangeset;
 
-use super::connection::{
+use super::run::AsyncRun;
+use crate::connect::backend::OccBackend;
+use crate::drive::on_async::connection::check_stored_precision;
+use crate::drive::on_async::connection::{
     classified, classifier, in_transaction, refuse_broken, NativeAsync, NativeAsyncConnection,
 };
-use super::entity::check_stored_precision;
-use super::executor::{protect_caller, run};
-use super::run::AsyncRun;
-use super::send::{AsyncComplete, AsyncCompleteEach, AsyncLoadByKey};
-use super::transaction::{Call, OwnTransaction};
-use crate::connect::backend::OccBackend;
+use crate::drive::on_async::executor::{protect_caller, run};
+use crate::drive::on_async::send::{AsyncComplete, AsyncCompleteEach, AsyncLoadByKey};
+use crate::drive::on_async::transaction::{Call, OwnTransaction};
 use crate::error::Error;
 use crate::flow::batch::rows::RoundWritten;
 use crate::flow::batch::{Batch, Effect};

@@ -9,12 +9,14 @@ use diesel::sql_types::Bool;
 use diesel_async::methods::{ExecuteDsl, LoadQuery};
 use diesel_async::RunQueryDsl;
 
-use super::connection::{classify, refuse_broken, NativeAsync, NativeAsyncConnection};
-use super::entity::check_stored_precision;
-use super::executor::run;
 use super::run::AsyncRun;
-use super::send::{AsyncComplete, AsyncLoadByKey};
-use super::transaction::Call;
+use crate::drive::on_async::connection::check_stored_precision;
+use crate::drive::on_async::connection::{
+    classify, refuse_broken, NativeAsync, NativeAsyncConnection,
+};
+use crate::drive::on_async::executor::run;
+use crate::drive::on_async::send::{AsyncComplete, AsyncLoadByKey};
+use crate::drive::on_async::transaction::Call;
 use crate::error::Error;
 use crate::guard::{AdvanceInSql, CanAdvanceOf, Guarded};
 use crate::operation::{BulkUpdate, Operation};

@@ -17,11 +17,11 @@ use diesel::sql_types::{Integer, Nullable, Text};
 use diesel::{Column, Selectable};
 use diesel_async::AsyncConnection;
 
-use super::connection::{classify, NativeAsyncConnection};
-use super::executor::AsyncMiss;
 use super::run::AsyncRun;
-use super::send::AsyncLoadByKey;
 use crate::connect::backend::OccBackend;
+use crate::drive::on_async::connection::{classify, NativeAsyncConnection};
+use crate::drive::on_async::executor::AsyncMiss;
+use crate::drive::on_async::send::AsyncLoadByKey;
 use crate::drive::{ExecuteOn, Io, QueryOn, ReadOn, RunOn};
 use crate::error::Error;
 use crate::flow::claim_lost::{ClaimIgnored, ClaimLost};
@@ -49,7 +49,7 @@ use crate::status::finish_claims::{FinishManyOf, FinishManyReturningOf};
 macro_rules! retried_async {
     ($conn:expr, $attempt:expr) => {{
         let mut run = $crate::flow::claim_policy::claim_run(
-            $crate::asynchronous::connection::in_transaction($conn),
+            $crate::drive::on_async::connection::in_transaction($conn),
         );
         loop {
             match $attempt.await {

@@ -5,17 +5,15 @@
 use std::future::Future;
 
 use diesel::query_builder::{AsChangeset, QueryFragment};
-use diesel_async::AsyncConnection;
 
-use super::connection::{classified, NativeAsync, NativeAsyncConnection};
-use super::executor::AsyncMiss;
 use super::run::AsyncRun;
-use super::send::{AsyncComplete, AsyncLoadByKey};
+use crate::drive::on_async::connection::{NativeAsync, NativeAsyncConnection};
+use crate::drive::on_async::executor::AsyncMiss;
+use crate::drive::on_async::send::{AsyncComplete, AsyncLoadByKey};
 use crate::drive::{Io, ReadOn, RunOn};
 use crate::error::Error;
 use crate::flow::miss::RowMoved;
 use crate::guard::pre_image::{ChangedColumns, ChangedUpdateOf};
-use crate::guard::stored_precision::PrecisionCheck;
 use crate::guard::{AdvanceInSql, Advancing, CompletionOf, Guarded, ReturnedTokenOf, TokenOf};
 use crate::operation::{
     Delete, Insert, Operation, SaveChanged, TouchStamp, Update, Upsert, WriteExcluded,
@@ -310,27 +308,6 @@ where
         let statement = self.statement(<T as ReadOn<C>>::table_name());
         save_changed::<T, C>(conn, statement)
     }
-}
-
-/// The blocking path's check that a time token's column keeps every digit, with the
-/// column's declared digits read over `conn`.
-pub(crate) async fn check_stored_precision<T, C>(
-    conn: &mut C,
-    table: &'static str,
-) -> Result<(), Error>
-where
-    T: Guarded,
-    C: AsyncConnection,
-    C: NativeAsyncConnection,
-    C::Backend: NativeAsync,
-{
-    let Some(check) = PrecisionCheck::of::<T, C::Backend>(table) else {
-        return Ok(());
-    };
-    let (schema, name, column) = check.column();
-    let stored = C::Backend::stored_second_digits(conn, schema, name, column).await;
-    let stored = classified(conn, stored).await?;
-    check.judge(stored)
 }
 
 /// The guarded update of `row`'s row with `key` from `expected`, in the state `saved`

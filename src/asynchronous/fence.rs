@@ -12,12 +12,14 @@ use diesel::{Column, OptionalExtension};
 use diesel_async::methods::LoadQuery;
 use diesel_async::{AsyncConnection, RunQueryDsl};
 
-use super::connection::{classify, refuse_broken, NativeAsync, NativeAsyncConnection};
-use super::executor::{run, AsyncMiss};
 use super::run::AsyncRun;
-use super::send::{AsyncComplete, AsyncLoadByKey};
-use super::transaction::Call;
 use crate::connect::backend::OccBackend;
+use crate::drive::on_async::connection::{
+    classify, refuse_broken, NativeAsync, NativeAsyncConnection,
+};
+use crate::drive::on_async::executor::{run, AsyncMiss};
+use crate::drive::on_async::send::{AsyncComplete, AsyncLoadByKey};
+use crate::drive::on_async::transaction::Call;
 use crate::error::Error;
 use crate::guard::Guarded;
 use crate::locks::fence::{fenced_write, FenceMoved, FencedUpdateOf};

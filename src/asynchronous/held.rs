@@ -4,9 +4,9 @@
 //! `COMMIT`, and the same end of the holder's belief when the check finds the lock lost
 //! ([`Held::settled`]).
 
-use super::connection::refuse_broken;
-use super::transaction::OwnTransaction;
 use super::write_transaction::{AsyncWriteConnection, TransactionWork};
+use crate::drive::on_async::connection::refuse_broken;
+use crate::drive::on_async::transaction::OwnTransaction;
 use crate::error::Error;
 use crate::locks::held::Held;
 use crate::retry::Stop;

@@ -8,12 +8,13 @@ use std::future::Future;
 use diesel::query_builder::AsChangeset;
 use diesel::Insertable;
 
-use super::connection::{refuse_broken, NativeAsync, NativeAsyncConnection};
-use super::entity::check_stored_precision;
-use super::executor::{run, AsyncMiss};
 use super::run::AsyncRun;
-use super::send::{AsyncComplete, AsyncLoadByKey};
-use super::transaction::Call;
+use crate::drive::blocking::executor::CannotMiss;
+use crate::drive::on_async::connection::check_stored_precision;
+use crate::drive::on_async::connection::{refuse_broken, NativeAsync, NativeAsyncConnection};
+use crate::drive::on_async::executor::{run, AsyncMiss};
+use crate::drive::on_async::send::{AsyncComplete, AsyncLoadByKey};
+use crate::drive::on_async::transaction::Call;
 use crate::error::Error;
 use crate::flow::compare_and_set::{CompareAndSet, Matches};
 use crate::guard::seed::SeedsTokens;
@@ -22,7 +23,6 @@ use crate::operation::{Insert, Operation, Upsert};
 use crate::sql::new_token::Counted;
 use crate::sql::statement::Assignments;
 use crate::write::entity::{guarded_statement_in, UpdateOf};
-use crate::write::executor::CannotMiss;
 use crate::write::insert::{key_taken, seeded, taken, InsertOf};
 use crate::write::upsert::{insert_failed, saved_over, Unexplained, Upserted};
 
@@ -31,7 +31,7 @@ macro_rules! explained_without_a_read {
     ($($miss:ty),*) => {$(
         impl<C> AsyncMiss<C> for $miss {
             fn explain(self, _: &mut C) -> impl Future<Output = Error> + Send {
-                std::future::ready(<$miss as crate::write::executor::Miss<()>>::explain(self, &mut ()))
+                std::future::ready(<$miss as crate::drive::blocking::executor::Miss<()>>::explain(self, &mut ()))
             }
         }
     )*};

@@ -13,12 +13,14 @@ use serde_json::Value;
 
 use diesel_async::AsyncConnection;
 
-use super::connection::{in_transaction, refuse_broken, NativeAsync, NativeAsyncConnection};
 use super::entity::write_by_key_completed;
 use super::modify::{modify_with, Caller, Step};
 use super::run::AsyncRun;
-use super::send::{AsyncComplete, AsyncLoadByKey};
-use super::transaction::Call;
+use crate::drive::on_async::connection::{
+    in_transaction, refuse_broken, NativeAsync, NativeAsyncConnection,
+};
+use crate::drive::on_async::send::{AsyncComplete, AsyncLoadByKey};
+use crate::drive::on_async::transaction::Call;
 use crate::error::Error;
 use crate::flow::miss::RowMoved;
 use crate::guard::{AdvanceInSql, Guarded, ReturnedTokenOf, TokenOf};

@@ -9,11 +9,13 @@ use diesel::OptionalExtension;
 use diesel_async::methods::LoadQuery;
 use diesel_async::{AsyncConnection, RunQueryDsl, SimpleAsyncConnection};
 
-use super::connection::{classified, classify, refuse_broken, NativeAsync, NativeAsyncConnection};
-use super::executor::{run, AsyncMiss};
-use super::send::AsyncComplete;
-use super::transaction::{Call, OwnTransaction};
 use crate::connect::backend::OccBackend;
+use crate::drive::on_async::connection::{
+    classified, classify, refuse_broken, NativeAsync, NativeAsyncConnection,
+};
+use crate::drive::on_async::executor::{run, AsyncMiss};
+use crate::drive::on_async::send::AsyncComplete;
+use crate::drive::on_async::transaction::{Call, OwnTransaction};
 use crate::error::Error;
 use crate::flow::lock_transaction::{Effect, LockTransaction};
 use crate::locks::backend::{facts, ServerLockBackend};

@@ -74,9 +74,7 @@ mod batch;
 mod bulk;
 #[cfg(feature = "locks")]
 mod claim;
-pub(crate) mod connection;
 pub(crate) mod entity;
-pub(crate) mod executor;
 #[cfg(feature = "locks")]
 mod fence;
 #[cfg(feature = "locks")]
@@ -94,15 +92,14 @@ mod locks;
 mod modify;
 mod pessimistic;
 mod run;
-pub(crate) mod send;
 mod source;
 #[cfg(feature = "sqlite")]
 mod sqlite;
-pub(crate) mod transaction;
 mod transition;
 mod version_row;
 mod write_transaction;
 
+pub use crate::drive::on_async::send::AsyncLoadByKey;
 pub use batch::AsyncGuardedBatch;
 pub use bulk::AsyncGuardedBulk;
 #[cfg(feature = "locks")]
@@ -120,7 +117,6 @@ pub use locks::{AsyncLockGuard, AsyncLocks};
 pub use modify::AsyncGuardedModify;
 pub use pessimistic::AsyncPessimistic;
 pub use run::AsyncRun;
-pub use send::AsyncLoadByKey;
 pub use source::AsyncConnectionSource;
 #[cfg(feature = "async-deadpool")]
 pub use source::DeadpoolCheckout;

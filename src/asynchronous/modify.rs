@@ -7,15 +7,15 @@ use std::ops::DerefMut;
 
 use diesel_async::AsyncConnection;
 
-use super::connection::{
-    classifier, in_transaction, refuse_broken, NativeAsync, NativeAsyncConnection,
-};
 use super::entity::write_and_record;
 use super::run::AsyncRun;
-use super::send::AsyncLoadByKey;
 use super::source::AsyncConnectionSource;
-use super::transaction::OwnTransaction;
-use super::write_transaction::BeginWrite;
+use crate::drive::on_async::connection::{
+    classifier, in_transaction, refuse_broken, NativeAsync, NativeAsyncConnection,
+};
+use crate::drive::on_async::send::AsyncLoadByKey;
+use crate::drive::on_async::transaction::BeginWrite;
+use crate::drive::on_async::transaction::OwnTransaction;
 use crate::error::Error;
 use crate::flow::read_modify_write::{Effect, ReadModifyWrite};
 use crate::guard::{Guarded, TokenOf};

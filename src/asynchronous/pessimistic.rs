@@ -6,11 +6,11 @@ use std::future::Future;
 
 use diesel_async::AsyncConnection;
 
-use super::connection::{classifier, refuse_broken};
-use super::send::AsyncLoadByKey;
-use super::transaction::OwnTransaction;
 use super::write_transaction::{AsyncWriteConnection, LockedWork};
 use crate::connect::backend::OccBackend;
+use crate::drive::on_async::connection::{classifier, refuse_broken};
+use crate::drive::on_async::send::AsyncLoadByKey;
+use crate::drive::on_async::transaction::OwnTransaction;
 use crate::error::Error;
 use crate::flow::row_read::{AfterLock, LockedRead};
 use crate::guard::{Guarded, TokenOf};

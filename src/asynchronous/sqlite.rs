@@ -160,8 +160,10 @@ impl super::lock_connection::LockStatements for AsyncSqlite {
 
 /// The blocking path's write transaction: this process's earlier writers first, then
 /// `BEGIN IMMEDIATE` (a savepoint inside an open transaction).
-impl super::write_transaction::BeginWrite for AsyncSqlite {
-    async fn begin_write(&mut self) -> diesel::QueryResult<super::write_transaction::WriteTurn> {
+impl crate::drive::on_async::transaction::BeginWrite for AsyncSqlite {
+    async fn begin_write(
+        &mut self,
+    ) -> diesel::QueryResult<crate::drive::on_async::transaction::WriteTurn> {
         use diesel::connection::{AnsiTransactionManager, TransactionManager};
         self.spawn_blocking(|conn| {
             let open = AnsiTransactionManager::transaction_manager_status_mut(conn)
@@ -176,16 +178,16 @@ impl super::write_transaction::BeginWrite for AsyncSqlite {
                 crate::connect::write_gate::MAX_WAIT,
             );
             AnsiTransactionManager::begin_transaction_sql(conn, "BEGIN IMMEDIATE")?;
-            Ok(super::write_transaction::WriteTurn { _turn: turn })
+            Ok(crate::drive::on_async::transaction::WriteTurn { _turn: turn })
         })
         .await
     }
 }
 
 /// Reads by key on the connection's thread, as the blocking path reads.
-impl<T> super::send::AsyncLoadByKey<AsyncSqlite> for T
+impl<T> crate::drive::on_async::send::AsyncLoadByKey<AsyncSqlite> for T
 where
-    T: crate::write::entity::LoadByKey<SqliteConnection> + Send + 'static,
+    T: crate::drive::blocking::load::LoadByKey<SqliteConnection> + Send + 'static,
 {
     fn load_by_key(
         conn: &mut AsyncSqlite,
@@ -233,6 +235,6 @@ where
     }
 
     fn table_name() -> &'static str {
-        <T as crate::write::entity::LoadByKey<SqliteConnection>>::table_name()
+        <T as crate::drive::blocking::load::LoadByKey<SqliteConnection>>::table_name()
     }
 }

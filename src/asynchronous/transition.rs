@@ -9,17 +9,17 @@ use diesel::expression::AppearsOnTable;
 use diesel::query_builder::AsChangeset;
 use diesel_async::AsyncConnection;
 
-use super::connection::{
-    classifier, in_transaction, refuse_broken, NativeAsync, NativeAsyncConnection,
-};
 use super::entity::write_by_key;
-use super::executor::{run, AsyncMiss};
 use super::pessimistic::read_locked;
 use super::run::AsyncRun;
-use super::send::{AsyncComplete, AsyncLoadByKey};
-use super::transaction::{Call, OwnTransaction};
 use super::write_transaction::{AsyncWriteConnection, TransitionHook};
 use crate::connect::backend::OccBackend;
+use crate::drive::on_async::connection::{
+    classifier, in_transaction, refuse_broken, NativeAsync, NativeAsyncConnection,
+};
+use crate::drive::on_async::executor::{run, AsyncMiss};
+use crate::drive::on_async::send::{AsyncComplete, AsyncLoadByKey};
+use crate::drive::on_async::transaction::{Call, OwnTransaction};
 use crate::drive::{Io, ReadOn, RunOn};
 use crate::error::Error;
 use crate::guard::status::{HasStatus, Status};

@@ -4,14 +4,16 @@
 
 use diesel::query_builder::QueryFragment;
 
-use super::connection::{in_transaction, refuse_broken, NativeAsync, NativeAsyncConnection};
 use super::entity::write_and_record;
-use super::executor::run;
 use super::modify::{modify_with, Caller, Step};
 use super::run::AsyncRun;
-use super::send::{AsyncComplete, AsyncLoadByKey};
-use super::transaction::Call;
 use super::write_transaction::{AsyncWriteConnection, TransactionWork};
+use crate::drive::on_async::connection::{
+    in_transaction, refuse_broken, NativeAsync, NativeAsyncConnection,
+};
+use crate::drive::on_async::executor::run;
+use crate::drive::on_async::send::{AsyncComplete, AsyncLoadByKey};
+use crate::drive::on_async::transaction::Call;
 use crate::error::Error;
 use crate::operation::{Operation, Update};
 use crate::retry::{RetryPolicy, Stop};

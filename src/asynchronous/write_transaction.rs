@@ -8,12 +8,8 @@
 
 use std::future::Future;
 
-use diesel::QueryResult;
-use diesel_async::{AsyncConnection, TransactionManager};
-
-use super::connection::{refuse_broken, NativeAsyncConnection};
-use super::transaction::OwnTransaction;
-use crate::connect::backend::OccBackend;
+use crate::drive::on_async::connection::refuse_broken;
+use crate::drive::on_async::transaction::{BeginWrite, OwnTransaction};
 use crate::error::Error;
 use crate::guard::status::HasStatus;
 
@@ -91,24 +87,6 @@ pub trait AsyncWriteConnection: BeginWrite + LockStatements {
 
 impl<C: BeginWrite + LockStatements> AsyncWriteConnection for C {}
 
-/// The begin of a write transaction, a part of [`AsyncWriteConnection`]. Not nameable
-/// outside the crate; the library's own flows that open one need only this part.
-pub trait BeginWrite: AsyncConnection<Backend: OccBackend> + Send {
-    /// Begins the write transaction (a savepoint inside an open one).
-    fn begin_write(&mut self) -> impl Future<Output = QueryResult<WriteTurn>> + Send;
-}
-
-impl<C> BeginWrite for C
-where
-    C: NativeAsyncConnection + Send,
-    C::Backend: OccBackend,
-{
-    async fn begin_write(&mut self) -> QueryResult<WriteTurn> {
-        C::TransactionManager::begin_transaction(self).await?;
-        Ok(WriteTurn::default())
-    }
-}
-
 /// The statements of locks, with feature `locks`.
 #[cfg(feature = "locks")]
 pub(crate) use super::lock_connection::LockStatements;
@@ -119,14 +97,6 @@ pub trait LockStatements {}
 
 #[cfg(not(feature = "locks"))]
 impl<C> LockStatements for C {}
-
-/// This process's SQLite write turn, held until the transaction ends (nothing elsewhere).
-#[doc(hidden)]
-#[derive(Default)]
-pub struct WriteTurn {
-    #[cfg(feature = "sqlite")]
-    pub(crate) _turn: Option<crate::connect::write_gate::Turn>,
-}
 
 /// Caller code run on a connection inside a transaction the library opened (a write
 /// transaction, a write while a lock is held): given the connection, it returns a future;

@@ -1,5 +1,9 @@
 //! [`Io`] on a blocking diesel connection: each step runs when it is called.
 
+pub(crate) mod complete;
+pub(crate) mod executor;
+pub(crate) mod load;
+
 use std::future::{ready, Future};
 use std::time::Duration;
 
@@ -13,12 +17,13 @@ use super::{now, Body, ExecuteOn, Io, QueryOn, ReadOn, RunOn};
 use crate::connect::backend::OccBackend;
 use crate::connect::caller_transaction::protect_caller;
 use crate::connect::transaction::{commit_operation, in_transaction, LostCommit, WriteTransaction};
+use crate::drive::blocking::complete::Complete;
+use crate::drive::blocking::load::{check_stored_precision, LoadByKey};
 use crate::error::Error;
 use crate::flow::compare_and_set::{CompareAndSet, Written};
 use crate::sql::statement::Assignments;
-use crate::write::complete::Complete;
-use crate::write::entity::{check_stored_precision, LoadByKey};
-use crate::write::executor::{classify, Miss};
+
+use crate::drive::blocking::executor::{classify, Miss};
 
 /// A blocking connection, driven through [`Io`].
 #[derive(RefCast)]

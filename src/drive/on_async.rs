@@ -1,6 +1,11 @@
 //! [`Io`] on a diesel-async connection that talks to its server itself (PostgreSQL,
 //! MySQL).
 
+pub(crate) mod connection;
+pub(crate) mod executor;
+pub(crate) mod send;
+pub(crate) mod transaction;
+
 use std::future::Future;
 use std::time::Duration;
 
@@ -10,17 +15,17 @@ use diesel_async::methods::{ExecuteDsl, LoadQuery};
 use diesel_async::RunQueryDsl;
 
 use super::{Body, ExecuteOn, Io, QueryOn, ReadOn, RunOn};
-use crate::asynchronous::connection::{
+use crate::connect::transaction::LostCommit;
+use crate::drive::on_async::connection::{
     classified, classify, in_transaction, refuse_broken, NativeAsync, NativeAsyncConnection,
 };
-use crate::asynchronous::entity::check_stored_precision;
-use crate::asynchronous::executor::{protect_caller, run, AsyncMiss};
-use crate::asynchronous::send::{AsyncComplete, AsyncLoadByKey};
-use crate::asynchronous::transaction::{Call, OwnTransaction};
-use crate::connect::transaction::LostCommit;
+use crate::drive::on_async::executor::{protect_caller, run, AsyncMiss};
+use crate::drive::on_async::send::{AsyncComplete, AsyncLoadByKey};
+use crate::drive::on_async::transaction::{Call, OwnTransaction};
 use crate::error::Error;
 use crate::flow::compare_and_set::{CompareAndSet, Written};
 use crate::sql::statement::Assignments;
+use connection::check_stored_precision;
 
 impl<C> Io for C
 where

@@ -9,6 +9,7 @@
 //! is one such pair (a version column, a timestamp, ...); the entity names its kind and
 //! hands out its token, and the one executor does the rest for every kind.
 
+pub(crate) mod by_key;
 pub(crate) mod pre_image;
 pub(crate) mod row_version;
 pub(crate) mod seed;

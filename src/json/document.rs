@@ -30,12 +30,13 @@ use serde_json::{Map, Value};
 
 use crate::connect::backend::OccBackend;
 use crate::connect::transaction::WriteTransaction;
+use crate::drive::blocking::load::LoadByKey;
 use crate::error::Error;
 use crate::guard::{Guarded, TokenOf};
 use crate::operation::{JsonEdit, Operation, Run};
 use crate::retry::{RetryPolicy, Stop};
 use crate::sql::statement::ColumnEq;
-use crate::write::entity::{LoadByKey, UpdateRow};
+use crate::write::entity::UpdateRow;
 use crate::write::modify::{read_modify_write, Modified};
 
 /// The largest document an edit may write, serialized: 1 MiB. Every retry reads and

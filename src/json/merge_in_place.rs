@@ -38,6 +38,8 @@ use serde_json::Value;
 
 use crate::connect::backend::OccBackend;
 use crate::connect::transaction::WriteTransaction;
+use crate::drive::blocking::complete::Complete;
+use crate::drive::blocking::load::LoadByKey;
 use crate::error::Error;
 use crate::flow::miss::RowMoved;
 use crate::guard::{AdvanceInSql, Guarded, ReturnedTokenOf, TokenOf};
@@ -45,8 +47,7 @@ use crate::json::document::{JsonDocument, Place};
 use crate::operation::{JsonMerge, JsonMergeNoToken, Operation, Run};
 use crate::sql::new_token::Counted;
 use crate::sql::statement::{Assignments, Unguarded};
-use crate::write::complete::Complete;
-use crate::write::entity::{token_read_back, write_by_key_completed, KeyWriteOf, LoadByKey};
+use crate::write::entity::{token_read_back, write_by_key_completed, KeyWriteOf};
 
 /// `"col" = <the document of "col" merged with ?patch>`, in the backend's SQL.
 #[derive(Debug, Clone)]

@@ -17,14 +17,15 @@ use diesel::sql_types::{BigInt, HasSqlType};
 use diesel::{Column, OptionalExtension, QueryResult};
 
 use crate::connect::backend::OccBackend;
+use crate::drive::blocking::complete::Complete;
+use crate::drive::blocking::load::LoadByKey;
 use crate::error::Error;
 use crate::flow::compare_and_set::{refuse_status_write, CompareAndSet};
 use crate::guard::Guarded;
 use crate::sql::new_token::Counted;
 use crate::sql::statement::{Assignments, ColumnEq, ColumnOfRow, GuardedUpdate};
-use crate::write::complete::Complete;
-use crate::write::entity::LoadByKey;
-use crate::write::executor::{classify, Miss};
+
+use crate::drive::blocking::executor::{classify, Miss};
 
 /// `"last_fence" <= ?`: the write's fence is not older than the newest seen.
 #[derive(Debug, Clone, Copy)]

@@ -50,6 +50,8 @@ use diesel::{Insertable, OptionalExtension, QueryDsl, RunQueryDsl};
 
 use crate::connect::backend::OccBackend;
 use crate::connect::transaction::WriteTransaction;
+use crate::drive::blocking::complete::Complete;
+use crate::drive::blocking::executor::{classify, CannotMiss, Miss};
 use crate::error::Error;
 use crate::flow::lock_transaction::{Effect, LockTransaction, LockWrite};
 use crate::guard::server_clock::{ClockColumn, Shift};
@@ -63,8 +65,6 @@ use crate::sql::statement::{
     And, Assignments, ColumnEq, ColumnOfRow, Comma, Either, GuardedUpdate, Increment,
     InsertIfMissing, Joined, LatestRead, Null, RowLock, Unguarded,
 };
-use crate::write::complete::Complete;
-use crate::write::executor::{classify, CannotMiss, Miss};
 
 diesel::table! {
     /// The library's locks and leases.

@@ -51,6 +51,8 @@ use diesel::{Column, QueryResult, Selectable, SelectableHelper};
 
 use crate::connect::backend::OccBackend;
 use crate::connect::transaction::WriteTransaction;
+use crate::drive::blocking::complete::Complete;
+use crate::drive::blocking::load::LoadByKey;
 use crate::drive::{now, Blocking, Io, QueryOn, ReadOn, RunOn};
 use crate::error::Error;
 use crate::flow::claim_lost::{ClaimIgnored, ClaimLost};
@@ -68,9 +70,8 @@ use crate::status::claim_retry::retried;
 use crate::status::claimable_rows::ClaimableRows;
 use crate::status::finish_claims::{EndingOf, FinishClaims};
 use crate::write::bulk::BulkUpdateOf;
-use crate::write::complete::Complete;
-use crate::write::entity::LoadByKey;
-use crate::write::executor::{classify, Miss};
+
+use crate::drive::blocking::executor::{classify, Miss};
 
 /// What a worker asks for.
 #[derive(Debug, Clone, Copy)]

@@ -17,6 +17,8 @@ use diesel::{Column, Selectable, SelectableHelper};
 
 use crate::connect::backend::OccBackend;
 use crate::connect::transaction::WriteTransaction;
+use crate::drive::blocking::complete::Complete;
+use crate::drive::blocking::load::LoadByKey;
 use crate::drive::{now, Blocking, Io, QueryOn, ReadOn, RunOn};
 use crate::error::Error;
 use crate::flow::claim_lost::ClaimIgnored;
@@ -29,8 +31,6 @@ use crate::status::claim::{
 };
 use crate::status::claimable_rows::ClaimableRows;
 use crate::write::bulk::BulkUpdateOf;
-use crate::write::complete::Complete;
-use crate::write::entity::LoadByKey;
 
 /// How many times a row may be claimed, and where it goes when it was claimed that often.
 #[derive(Debug, Clone, Copy)]

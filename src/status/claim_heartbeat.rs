@@ -13,6 +13,8 @@ use diesel::Column;
 
 use crate::connect::backend::OccBackend;
 use crate::connect::transaction::WriteTransaction;
+use crate::drive::blocking::complete::Complete;
+use crate::drive::blocking::load::LoadByKey;
 use crate::drive::{now, Blocking, Io, ReadOn, RunOn};
 use crate::error::Error;
 use crate::flow::claim_lost::ClaimLost;
@@ -24,8 +26,7 @@ use crate::guard::AdvanceInSql;
 use crate::sql::new_token::Counted;
 use crate::sql::statement::{Assignments, Comma, Joined};
 use crate::status::claim::{held_by, HeldBy};
-use crate::write::complete::Complete;
-use crate::write::entity::{KeyWriteOf, LoadByKey};
+use crate::write::entity::KeyWriteOf;
 
 /// `UPDATE ... SET claimed_at = <database now>, <token advanced> WHERE <key> AND status =
 /// ?held AND owner = ?me`.

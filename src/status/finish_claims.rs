@@ -22,6 +22,8 @@ use diesel::{Column, RunQueryDsl};
 
 use crate::connect::backend::OccBackend;
 use crate::connect::transaction::WriteTransaction;
+use crate::drive::blocking::complete::Complete;
+use crate::drive::blocking::load::LoadByKey;
 use crate::drive::{now, Blocking, ExecuteOn, Io, QueryOn, ReadOn, RunOn};
 use crate::error::Error;
 use crate::flow::claim_lost::ClaimLost;
@@ -36,8 +38,6 @@ use crate::sql::statement::{Assignments, Returning};
 use crate::status::claim::{
     check_owners, end_claim, finish_where, FinishClaim, FinishOf, FinishWhere,
 };
-use crate::write::complete::Complete;
-use crate::write::entity::LoadByKey;
 
 /// The owner-checked end of the claims on the rows of many keys.
 pub(crate) type FinishManyOf<T, OwnerCol> = FinishWhere<T, OwnerCol, <T as Guarded>::KeysPredicate>;

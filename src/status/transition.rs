@@ -33,6 +33,9 @@ use diesel::{Column, Insertable};
 
 use crate::connect::backend::OccBackend;
 use crate::connect::transaction::{commit_operation, WriteTransaction};
+use crate::drive::blocking::complete::Complete;
+use crate::drive::blocking::executor::{classify, CannotMiss, Miss};
+use crate::drive::blocking::load::LoadByKey;
 use crate::drive::{now, Blocking, Io, ReadOn, RunOn};
 use crate::error::{Error, InvalidTransition};
 use crate::flow::compare_and_set::{refuse_status_write, CompareAndSet, Matches};
@@ -46,9 +49,7 @@ use crate::sql::new_token::Counted;
 use crate::sql::statement::{And, Assignments, ColumnEq, Comma, GuardedUpdate, Joined, NoChanges};
 use crate::sql::statement::{RowLock, Unguarded};
 use crate::status::condition::{TransitionCondition, When};
-use crate::write::complete::Complete;
-use crate::write::entity::{advance_from_in, write_by_key, KeyWriteOf, LoadByKey};
-use crate::write::executor::{classify, CannotMiss, Miss};
+use crate::write::entity::{advance_from_in, write_by_key, KeyWriteOf};
 use crate::write::modify::in_caller_transaction;
 use crate::write::pessimistic::read_locked;
 

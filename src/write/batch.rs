@@ -31,6 +31,8 @@ use diesel::result::Error as DieselError;
 use crate::connect::backend::OccBackend;
 use crate::connect::transaction::in_transaction;
 use crate::connect::transaction::WriteTransaction;
+use crate::drive::blocking::complete::{Complete, CompleteEach};
+use crate::drive::blocking::load::{check_stored_precision, LoadByKey};
 use crate::error::Error;
 use crate::flow::batch::rows::{BuiltRows, Pending, RoundWritten};
 use crate::flow::batch::{Batch, Effect};
@@ -40,13 +42,12 @@ use crate::guard::{CompletionOf, Guarded, TokenOf};
 use crate::operation::{BatchDelete, BatchUpdate, Operation, Run};
 use crate::sql::new_token::Counted;
 use crate::sql::statement::Assignments;
-use crate::write::complete::{Complete, CompleteEach};
-use crate::write::entity::check_stored_precision;
+
+use crate::drive::blocking::executor::{classify, run_each};
 use crate::write::entity::{
     delete_statement, guarded_statement_in, run_guarded, DeleteOf, DeleteRow, GuardedWrite,
-    LoadByKey, UpdateOf, UpdateRow,
+    UpdateOf, UpdateRow,
 };
-use crate::write::executor::{classify, run_each};
 
 pub use crate::operation::batch::{BatchMode, BatchReport, RowOutcome};
 

@@ -21,14 +21,15 @@ use diesel::sql_types::{BigInt, Bool};
 use diesel::{QueryResult, RunQueryDsl, Table};
 
 use crate::connect::backend::OccBackend;
+use crate::drive::blocking::load::LoadByKey;
 use crate::error::Error;
 use crate::flow::compare_and_set::{refuse_status_write, CompareAndSet, Matches};
 use crate::guard::{AdvanceAnyOf, AdvanceInSql, CanAdvanceOf, Guarded};
 use crate::operation::{BulkUpdate, Operation, Run};
 use crate::sql::new_token::Counted;
 use crate::sql::statement::{Assignments, Comma, GuardedUpdate, Joined, Not};
-use crate::write::entity::LoadByKey;
-use crate::write::executor::{classify, CannotMiss};
+
+use crate::drive::blocking::executor::{classify, CannotMiss};
 
 pub use crate::operation::bulk::BulkReport;
 
@@ -132,7 +133,7 @@ where
     CanAdvanceOf<T>: QueryFragment<C::Backend>,
 {
     fn update_bulk(conn: &mut C, filter: F, changes: Ch) -> Result<BulkReport, Error> {
-        crate::write::entity::check_stored_precision::<T, C>(conn)?;
+        crate::drive::blocking::load::check_stored_precision::<T, C>(conn)?;
         let BulkPlan {
             statement,
             at_maximum,

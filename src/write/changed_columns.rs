@@ -6,6 +6,7 @@ use diesel::query_dsl::methods::ExecuteDsl;
 
 use crate::connect::backend::OccBackend;
 use crate::connect::transaction::WriteTransaction;
+use crate::drive::blocking::load::LoadByKey;
 use crate::drive::{now, Blocking, Io, ReadOn, RunOn};
 use crate::error::Error;
 use crate::flow::compare_and_set::CompareAndSet;
@@ -16,7 +17,6 @@ use crate::operation::entity::ChangedStatement;
 use crate::operation::{Operation, Run, SaveChanged};
 use crate::sql::new_token::Counted;
 use crate::sql::statement::Assignments;
-use crate::write::entity::LoadByKey;
 
 /// Changed-columns writes for every [`ChangedColumns`] entity.
 pub trait GuardedChanges: ChangedColumns {

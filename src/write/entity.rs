@@ -2,16 +2,15 @@
 
 use diesel::associations::HasTable;
 use diesel::connection::LoadConnection;
-use diesel::dsl::{AsSelect, Filter, Select};
-use diesel::query_builder::{AsChangeset, QueryFragment, QueryId};
-use diesel::query_dsl::methods::{ExecuteDsl, FilterDsl, LoadQuery, SelectDsl};
-use diesel::query_source::QuerySource;
+use diesel::query_builder::{AsChangeset, QueryFragment};
+use diesel::query_dsl::methods::ExecuteDsl;
 use diesel::result::Error as DieselError;
-use diesel::{OptionalExtension, QueryResult, RunQueryDsl, Selectable, SelectableHelper};
 
 use crate::connect::backend::OccBackend;
-use crate::connect::transaction::in_transaction;
 use crate::connect::transaction::WriteTransaction;
+use crate::drive::blocking::complete::Complete;
+use crate::drive::blocking::executor::{classify, Miss};
+use crate::drive::blocking::load::LoadByKey;
 use crate::drive::{now, Blocking, Io, ReadOn, RunOn};
 use crate::error::Error;
 use crate::flow::compare_and_set::{refuse_status_write, CompareAndSet};
@@ -21,14 +20,11 @@ use crate::guard::{
     Guarded, ReturnedTokenOf, TokenOf,
 };
 use crate::operation::{Delete, Operation, Run, SavedState, TouchStamp, Update, WriteExcluded};
-use crate::sql::names::table_name;
 use crate::sql::new_token::Counted;
 use crate::sql::statement::{
-    assigned_columns, And, Assignments, Comma, GuardedDelete, GuardedUpdate, Joined, LatestRead,
-    NoChanges, RowLock, Unguarded,
+    assigned_columns, And, Assignments, Comma, GuardedDelete, GuardedUpdate, Joined, NoChanges,
+    Unguarded,
 };
-use crate::write::complete::Complete;
-use crate::write::executor::{classify, Miss};
 
 /// The guarded `UPDATE` of entity `T` with changeset `Ch`; a save also requires the row
 /// to be in the saved copy's state ([`Guarded::StatusKept`]).
@@ -68,121 +64,6 @@ pub(crate) fn delete_statement<T: Guarded>(key: &T::Key, expected: &TokenOf<T>) 
         T::key_predicate(key),
         T::Guard::predicate(expected),
     )
-}
-
-/// What the executor needs of an entity on connection `C`: its table's name and a read
-/// of the latest committed row by key (a locking read inside a transaction), to explain a write that
-/// matched no row. Implemented for every [`Guarded`] + [`Selectable`] entity whose query
-/// fits `C`.
-pub trait LoadByKey<C>: Guarded {
-    /// The row with `key`, if it exists, as last committed. Inside a transaction the read
-    /// locks the row until the transaction ends.
-    fn load_by_key(conn: &mut C, key: &Self::Key) -> QueryResult<Option<Self>>;
-
-    /// The row with `key`, if it exists, by a plain read (inside a transaction, as the
-    /// transaction's snapshot shows it, without a lock): the read of an optimistic
-    /// read-modify-write, whose guarded write finds out whether the row moved on since.
-    fn read_by_key(conn: &mut C, key: &Self::Key) -> QueryResult<Option<Self>>;
-
-    /// The row with `key` read with the row lock `lock` (`FOR UPDATE`, `SKIP LOCKED`), for
-    /// pessimistic writes inside a transaction.
-    fn lock_by_key(conn: &mut C, key: &Self::Key, lock: RowLock) -> QueryResult<Option<Self>>;
-
-    /// The rows with any of `keys` that exist, in no particular order, read as
-    /// [`load_by_key`](Self::load_by_key) reads one: one statement for all of them.
-    fn load_by_keys(conn: &mut C, keys: &[Self::Key]) -> QueryResult<Vec<Self>>;
-
-    /// The table's SQL name, for messages.
-    fn table_name() -> &'static str;
-}
-
-impl<T, C> LoadByKey<C> for T
-where
-    T: Guarded + Selectable<C::Backend>,
-    C: LoadConnection,
-    C::Backend: OccBackend,
-    T::Table: 'static,
-    <T::Table as QuerySource>::FromClause: QueryFragment<C::Backend>,
-    T::SelectExpression: QueryId,
-    T::Table: FilterDsl<T::KeyPredicate>,
-    Filter<T::Table, T::KeyPredicate>: SelectDsl<AsSelect<T, C::Backend>>,
-    ByKey<T, C::Backend>: LoadQuery<'static, C, T>,
-    T::Table: FilterDsl<T::KeysPredicate>,
-    Filter<T::Table, T::KeysPredicate>: SelectDsl<AsSelect<T, C::Backend>>,
-    RowsByKeys<T, C::Backend>: LoadQuery<'static, C, T>,
-{
-    fn load_by_key(conn: &mut C, key: &Self::Key) -> QueryResult<Option<Self>> {
-        let locking = in_transaction(conn);
-        by_key::<T, C::Backend, _>(key, LatestRead::new, locking)
-            .get_result(conn)
-            .optional()
-    }
-
-    fn read_by_key(conn: &mut C, key: &Self::Key) -> QueryResult<Option<Self>> {
-        by_key::<T, C::Backend, _>(key, LatestRead::new, false)
-            .get_result(conn)
-            .optional()
-    }
-
-    fn lock_by_key(conn: &mut C, key: &Self::Key, lock: RowLock) -> QueryResult<Option<Self>> {
-        by_key::<T, C::Backend, _>(key, LatestRead::locked, lock)
-            .get_result(conn)
-            .optional()
-    }
-
-    fn load_by_keys(conn: &mut C, keys: &[Self::Key]) -> QueryResult<Vec<Self>> {
-        if keys.is_empty() {
-            return Ok(Vec::new());
-        }
-        rows_by_keys::<T, C::Backend>(keys, in_transaction(conn)).load(conn)
-    }
-
-    fn table_name() -> &'static str {
-        table_name::<T::Table, C::Backend>(&T::table())
-    }
-}
-
-/// The `SELECT` of entity `T`'s row by key on backend `DB`.
-pub(crate) type SelectByKey<T, DB> =
-    Select<Filter<<T as HasTable>::Table, <T as Guarded>::KeyPredicate>, AsSelect<T, DB>>;
-
-/// The read of entity `T`'s row by key on backend `DB`.
-pub(crate) type ByKey<T, DB> = LatestRead<SelectByKey<T, DB>>;
-
-/// The read of the row with `key`, made by `read` with `how` (locking or not): what the
-/// blocking and the async reads by key send.
-pub(crate) fn by_key<T, DB, How>(
-    key: &T::Key,
-    read: fn(SelectByKey<T, DB>, How) -> ByKey<T, DB>,
-    how: How,
-) -> ByKey<T, DB>
-where
-    T: Guarded + Selectable<DB>,
-    DB: diesel::backend::Backend,
-    T::SelectExpression: QueryId,
-    T::Table: FilterDsl<T::KeyPredicate>,
-    Filter<T::Table, T::KeyPredicate>: SelectDsl<AsSelect<T, DB>>,
-{
-    let filtered = FilterDsl::filter(T::table(), T::key_predicate(key));
-    read(SelectDsl::select(filtered, T::as_select()), how)
-}
-
-/// The read of entity `T`'s rows by key on backend `DB`.
-pub(crate) type RowsByKeys<T, DB> = LatestRead<
-    Select<Filter<<T as HasTable>::Table, <T as Guarded>::KeysPredicate>, AsSelect<T, DB>>,
->;
-
-/// The read of the rows with any of `keys`, one statement, locking them when `locking`.
-pub(crate) fn rows_by_keys<T, DB>(keys: &[T::Key], locking: bool) -> RowsByKeys<T, DB>
-where
-    T: Guarded + Selectable<DB>,
-    DB: diesel::backend::Backend,
-    T::SelectExpression: QueryId,
-    T::Table: FilterDsl<T::KeysPredicate>,
-    Filter<T::Table, T::KeysPredicate>: SelectDsl<AsSelect<T, DB>>,
-{
-    let filtered = FilterDsl::filter(T::table(), T::keys_predicate(keys));
-    LatestRead::new(SelectDsl::select(filtered, T::as_select()), locking)
 }
 
 /// Guarded writes for every [`Guarded`] entity.
@@ -964,24 +845,4 @@ pub(crate) fn unreadable_in<T: LoadByKey<C>, C>(
     columns: String,
 ) -> Result<Error, DieselError> {
     unreadable_row(T::table_name(), key, error, columns)
-}
-
-/// Refuses a guard whose time tokens the column of entity `T` would not store exactly.
-/// Checked once per entity and backend in a process; only a column that passed is
-/// remembered, so a refused one is looked at again once it is widened.
-pub(crate) fn check_stored_precision<T, C>(conn: &mut C) -> Result<(), Error>
-where
-    T: LoadByKey<C>,
-    C: LoadConnection,
-    C::Backend: OccBackend,
-{
-    let Some(check) =
-        crate::guard::stored_precision::PrecisionCheck::of::<T, C::Backend>(T::table_name())
-    else {
-        return Ok(());
-    };
-    let (schema, name, column) = check.column();
-    let stored = C::Backend::stored_second_digits(conn, schema, name, column)
-        .map_err(|e| classify(conn, e))?;
-    check.judge(stored)
 }

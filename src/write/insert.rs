@@ -8,6 +8,7 @@ use diesel::result::{DatabaseErrorKind, Error as DieselError};
 use diesel::Insertable;
 
 use crate::connect::backend::OccBackend;
+use crate::drive::blocking::load::{check_stored_precision, LoadByKey};
 use crate::error::Error;
 use crate::flow::compare_and_set::{CompareAndSet, Matches};
 use crate::guard::seed::SeedsTokens;
@@ -15,9 +16,8 @@ use crate::guard::TokenOf;
 use crate::operation::{Insert, Operation, Run};
 use crate::sql::new_token::Counted;
 use crate::sql::statement::Assignments;
-use crate::write::entity::check_stored_precision;
-use crate::write::entity::LoadByKey;
-use crate::write::executor::CannotMiss;
+
+use crate::drive::blocking::executor::CannotMiss;
 
 /// The `INSERT` of entity `T`'s row.
 pub(crate) type InsertOf<T> = InsertStatement<

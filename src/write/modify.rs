@@ -26,14 +26,15 @@ use crate::connect::backend::OccBackend;
 use crate::connect::source::ConnectionSource;
 use crate::connect::transaction::in_transaction;
 use crate::connect::transaction::WriteTransaction;
+use crate::drive::blocking::executor::classify;
+use crate::drive::blocking::load::LoadByKey;
 use crate::error::Error;
 use crate::flow::read_modify_write::{Effect, ReadModifyWrite};
 use crate::guard::{Guarded, TokenOf};
 use crate::operation::{Modify, Operation, Run, Update};
 use crate::retry::{RetryPolicy, Stop};
 use crate::sql::statement::RowLock;
-use crate::write::entity::{write_and_record, GuardedWrite, LoadByKey, UpdateRow};
-use crate::write::executor::classify;
+use crate::write::entity::{write_and_record, GuardedWrite, UpdateRow};
 
 /// Where the attempts of a retried operation get their connection.
 pub trait Connections {

@@ -19,6 +19,7 @@ use diesel::query_dsl::methods::ExecuteDsl;
 
 use crate::connect::backend::OccBackend;
 use crate::connect::transaction::WriteTransaction;
+use crate::drive::blocking::executor::CannotMiss;
 use crate::error::Error;
 use crate::flow::compare_and_set::{CompareAndSet, Matches};
 use crate::guard::Guarded;
@@ -27,7 +28,6 @@ use crate::retry::{Contention, RetryPolicy, Stop};
 use crate::sql::new_token::Counted;
 use crate::sql::statement::{Assignments, InsertIfMissing, NoChanges};
 use crate::write::entity::{write_and_record, UpdateRow};
-use crate::write::executor::CannotMiss;
 use crate::write::modify::{read_modify_write, Modified};
 
 diesel::table! {

@@ -14,14 +14,15 @@ use diesel::connection::LoadConnection;
 
 use crate::connect::backend::OccBackend;
 use crate::connect::transaction::{commit_operation, WriteTransaction};
+use crate::drive::blocking::load::LoadByKey;
 use crate::error::Error;
 use crate::flow::miss::RowMoved;
 use crate::flow::row_read::{AfterLock, LockedRead};
 use crate::guard::{Guarded, TokenOf};
 use crate::retry::Stop;
 use crate::sql::statement::RowLock;
-use crate::write::entity::LoadByKey;
-use crate::write::executor::classify;
+
+use crate::drive::blocking::executor::classify;
 
 /// Whether a locked read waits for a row another transaction holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

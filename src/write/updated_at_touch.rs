@@ -11,10 +11,11 @@ use diesel::query_dsl::methods::ExecuteDsl;
 
 use crate::connect::backend::OccBackend;
 use crate::connect::transaction::WriteTransaction;
+use crate::drive::blocking::load::LoadByKey;
 use crate::error::Error;
 use crate::operation::{Operation, Run, TouchStamp};
 use crate::sql::statement::{Assignments, ColumnEq};
-use crate::write::entity::{write_unguarded_by_key, LoadByKey, UnguardedUpdateOf};
+use crate::write::entity::{write_unguarded_by_key, UnguardedUpdateOf};
 
 /// The stamp of an entity with an `#[occ(updated_at)]` field; entities without one have
 /// nothing to touch.

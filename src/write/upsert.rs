@@ -14,16 +14,17 @@ use diesel::connection::LoadConnection;
 use diesel::query_builder::AsChangeset;
 
 use crate::connect::backend::OccBackend;
+use crate::drive::blocking::complete::Complete;
+use crate::drive::blocking::load::check_stored_precision;
 use crate::error::Error;
 use crate::flow::compare_and_set::CompareAndSet;
 use crate::flow::miss::RowMoved;
 use crate::guard::{Advancing, CompletionOf, TokenOf};
 use crate::operation::{Operation, Run, Upsert};
 use crate::sql::statement::Assignments;
-use crate::write::complete::Complete;
-use crate::write::entity::check_stored_precision;
+
+use crate::drive::blocking::executor::Miss;
 use crate::write::entity::{guarded_statement, UpdateOf};
-use crate::write::executor::Miss;
 use crate::write::insert::InsertRow;
 
 pub use crate::operation::insert::Upserted;

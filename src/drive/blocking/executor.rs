@@ -12,10 +12,10 @@ use diesel::result::Error as DieselError;
 
 use crate::connect::backend::OccBackend;
 use crate::connect::caller_transaction::protect_caller;
+use crate::drive::blocking::complete::{Complete, CompleteEach};
 use crate::error::Error;
 use crate::flow::compare_and_set::{classify_given, CompareAndSet, Judged, Written};
 use crate::sql::statement::Assignments;
-use crate::write::complete::{Complete, CompleteEach};
 
 /// Why a statement matched fewer rows than it must, read from the database after the
 /// miss (a re-read of the row, who holds a lock, ...).

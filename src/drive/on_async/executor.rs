@@ -19,7 +19,7 @@ use crate::flow::miss::{unreadable_row, Explanation, RowMoved};
 use crate::sql::statement::Assignments;
 
 /// Why a statement matched fewer rows than it must, read from the database over an async
-/// connection: [`Miss`](crate::write::executor::Miss) of the async path.
+/// connection: [`Miss`](crate::drive::blocking::executor::Miss) of the async path.
 pub(crate) trait AsyncMiss<C> {
     /// The error that explains the miss.
     fn explain(self, conn: &mut C) -> impl Future<Output = Error> + Send;

@@ -10,11 +10,13 @@
 //! transaction on the server, and the library sends nothing more on it
 //! ([`refuse_broken`](super::connection::refuse_broken)).
 
+use std::future::Future;
+
 use diesel::result::Error as DieselError;
 use diesel::QueryResult;
 use diesel_async::{AsyncConnection, TransactionManager};
 
-use super::connection::{classify, NativeAsync};
+use super::connection::{classify, NativeAsync, NativeAsyncConnection};
 use crate::connect::backend::OccBackend;
 use crate::connect::transaction::{commit_error_given, failed_commit, LostCommit};
 use crate::error::Error;
@@ -28,7 +30,7 @@ pub(crate) struct OwnTransaction<'c, C: AsyncConnection> {
     /// A savepoint inside a transaction that was open before.
     nested: bool,
     /// SQLite's write turn, held until the transaction ends.
-    _turn: super::write_transaction::WriteTurn,
+    _turn: WriteTurn,
 }
 
 impl<'c, C> OwnTransaction<'c, C>
@@ -57,10 +59,10 @@ where
 
     /// Begins a write transaction: SQLite's `BEGIN IMMEDIATE` after this process's
     /// earlier writers, a plain `BEGIN` elsewhere (see
-    /// [`AsyncWriteConnection`](super::write_transaction::AsyncWriteConnection)).
+    /// [`AsyncWriteConnection`](crate::asynchronous::write_transaction::AsyncWriteConnection)).
     pub(crate) async fn begin_write(conn: &'c mut C) -> Result<Self, Error>
     where
-        C: super::write_transaction::BeginWrite,
+        C: BeginWrite,
     {
         let mut transaction = OwnTransaction::unsettled(conn);
         match transaction.conn.begin_write().await {
@@ -294,4 +296,31 @@ impl<C: AsyncConnection> Drop for Call<'_, C> {
             C::TransactionManager::transaction_manager_status_mut(self.conn).set_in_error();
         }
     }
+}
+
+/// The begin of a write transaction, a part of
+/// [`AsyncWriteConnection`](crate::asynchronous::AsyncWriteConnection). Not nameable
+/// outside the crate; the library's own flows that open one need only this part.
+pub trait BeginWrite: AsyncConnection<Backend: OccBackend> + Send {
+    /// Begins the write transaction (a savepoint inside an open one).
+    fn begin_write(&mut self) -> impl Future<Output = QueryResult<WriteTurn>> + Send;
+}
+
+impl<C> BeginWrite for C
+where
+    C: NativeAsyncConnection + Send,
+    C::Backend: OccBackend,
+{
+    async fn begin_write(&mut self) -> QueryResult<WriteTurn> {
+        C::TransactionManager::begin_transaction(self).await?;
+        Ok(WriteTurn::default())
+    }
+}
+
+/// This process's SQLite write turn, held until the transaction ends (nothing elsewhere).
+#[doc(hidden)]
+#[derive(Default)]
+pub struct WriteTurn {
+    #[cfg(feature = "sqlite")]
+    pub(crate) _turn: Option<crate::connect::write_gate::Turn>,
 }

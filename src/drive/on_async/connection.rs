@@ -11,6 +11,8 @@ use diesel_async::{AsyncConnection, TransactionManager};
 use crate::connect::backend::OccBackend;
 use crate::error::Error;
 use crate::flow::compare_and_set::classify_given;
+use crate::guard::stored_precision::PrecisionCheck;
+use crate::guard::Guarded;
 
 /// A backend whose diesel-async connections talk to the server themselves (PostgreSQL,
 /// MySQL): the library's statements are sent on them one by one. SQLite's connection is a
@@ -172,4 +174,26 @@ where
         Ok(value) => Ok(value),
         Err(error) => Err(classify(conn, error).await),
     }
+}
+
+/// The check that a time token's column keeps every digit (the blocking path's), with
+/// the column's declared digits read over `conn`.
+pub(crate) async fn check_stored_precision<T, C>(
+    conn: &mut C,
+    table: &'static str,
+) -> Result<(), Error>
+where
+    T: Guarded,
+    C: AsyncConnection,
+    C: NativeAsyncConnection,
+    C::Backend: NativeAsync,
+{
+    let Some(check) = PrecisionCheck::of::<T, C::Backend>(table) else {
+        return Ok(());
+    };
+    let (schema, name, column) = check.column();
+    let stored =
+        <C::Backend as NativeAsync>::stored_second_digits(conn, schema, name, column).await;
+    let stored = classified(conn, stored).await?;
+    check.judge(stored)
 }

@@ -14,12 +14,12 @@ use diesel_async::{AsyncConnection, RunQueryDsl};
 
 use super::connection::{in_transaction, NativeAsync, NativeAsyncConnection};
 use crate::connect::backend::OccBackend;
+use crate::guard::by_key::{by_key, rows_by_keys, ByKey, RowsByKeys};
 use crate::guard::Guarded;
 use crate::sql::names::table_name;
 use crate::sql::new_token::{Counted, Executed, ReadAfter, ReturnedBy, TokenPlan};
 use crate::sql::statement::{LatestRead, RowLock};
 use crate::sql::values_update::{RowAndToken, RowOnly, Template, ValuesUpdate};
-use crate::write::entity::{by_key, rows_by_keys, ByKey, RowsByKeys};
 
 /// The reads of an entity's row by key on async connection `C`, as
 /// [`LoadByKey`](crate::LoadByKey) does them on a blocking one.
