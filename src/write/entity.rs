@@ -1,4 +1,4 @@
-//! The executor of guarded writes and the entity writes built on it.
+//! An entity's guarded writes: updates, deletes, excluded fields, writes by key alone.
 
 use diesel::associations::HasTable;
 use diesel::connection::LoadConnection;
