@@ -22,7 +22,7 @@ use crate::connect::backend::OccBackend;
 use crate::drive::on_async::connection::{classify, NativeAsyncConnection};
 use crate::drive::on_async::executor::AsyncMiss;
 use crate::drive::on_async::send::AsyncLoadByKey;
-use crate::drive::{ExecuteOn, Io, QueryOn, ReadOn, RunOn};
+use crate::drive::{ExecuteOn, Io, QueryOn, ReadOn, RunOn, Transactions};
 use crate::error::Error;
 use crate::flow::claim_lost::{ClaimIgnored, ClaimLost};
 use crate::flow::finish_claims::report::FinishedClaims;
@@ -178,7 +178,7 @@ impl<T, C, OwnerCol, AtCol> AsyncRun<C> for Claim<T, OwnerCol, AtCol>
 where
     T: HasStatus + Clone + ReadOn<C> + Selectable<<C as Io>::Backend>,
     T::Guard: AdvanceInSql,
-    C: Io + NativeAsyncConnection,
+    C: Transactions + NativeAsyncConnection,
     OwnerCol: Column<Table = T::Table, SqlType = Nullable<Text>> + 'static,
     AtCol: Column<Table = T::Table> + 'static,
     ClaimQueryOf<T, AtCol, <C as Io>::Backend>: QueryOn<C, T> + Send,
@@ -199,7 +199,7 @@ impl<T, C, OwnerCol, AtCol, AttemptsCol> AsyncRun<C>
 where
     T: HasStatus + Clone + ReadOn<C> + Selectable<<C as Io>::Backend>,
     T::Guard: AdvanceInSql,
-    C: Io + NativeAsyncConnection,
+    C: Transactions + NativeAsyncConnection,
     OwnerCol: Column<Table = T::Table, SqlType = Nullable<Text>> + 'static,
     AtCol: Column<Table = T::Table> + 'static,
     AttemptsCol: Column<Table = T::Table, SqlType = Integer> + Default + 'static,
@@ -220,7 +220,7 @@ impl<T, C, OwnerCol, AtCol> AsyncRun<C> for ClaimHeartbeat<T, OwnerCol, AtCol>
 where
     T: HasStatus + ReadOn<C>,
     T::Guard: AdvanceInSql,
-    C: Io + NativeAsyncConnection,
+    C: Transactions + NativeAsyncConnection,
     OwnerCol: Column<Table = T::Table, SqlType = Nullable<Text>> + 'static,
     AtCol: Column<Table = T::Table> + 'static,
     for<'k> Counted: RunOn<C, HeartbeatOf<T, OwnerCol, AtCol>, ClaimLost<'k, T>, ()>,
@@ -254,7 +254,7 @@ impl<T, C, OwnerCol> AsyncRun<C> for EndClaims<T, OwnerCol>
 where
     T: HasStatus + Clone + ReadOn<C>,
     T::Guard: AdvanceInSql,
-    C: Io + NativeAsyncConnection,
+    C: Transactions + NativeAsyncConnection,
     OwnerCol: Column<Table = T::Table, SqlType = Nullable<Text>> + 'static,
     FinishManyOf<T, OwnerCol>: Assignments<<C as Io>::Backend> + ExecuteOn<C> + Send,
     FinishManyReturningOf<T, OwnerCol>: QueryOn<C, T::Key> + Send,

@@ -13,7 +13,7 @@ use diesel::result::Error as DieselError;
 use diesel::{Connection, QueryResult, RunQueryDsl};
 use ref_cast::RefCast;
 
-use super::{now, Body, ExecuteOn, Io, QueryOn, ReadOn, RunOn};
+use super::{now, Body, ExecuteOn, Io, QueryOn, ReadOn, RunOn, Transactions};
 use crate::connect::backend::OccBackend;
 use crate::connect::caller_transaction::protect_caller;
 use crate::connect::transaction::{commit_operation, in_transaction, LostCommit, WriteTransaction};
@@ -39,7 +39,7 @@ impl<C> Blocking<C> {
 
 impl<C> Io for Blocking<C>
 where
-    C: LoadConnection + WriteTransaction + Send,
+    C: LoadConnection + Send,
     C::Backend: OccBackend,
 {
     type Backend = C::Backend;
@@ -59,21 +59,6 @@ where
     fn pause(&mut self, pause: Duration) -> impl Future<Output = ()> + Send {
         std::thread::sleep(pause);
         ready(())
-    }
-
-    fn own_transaction<'a, 'c, T, E, F>(
-        &'c mut self,
-        body: F,
-    ) -> impl Future<Output = Result<T, E>> + Send + 'c
-    where
-        for<'r> F: Body<&'r mut Self, Result<T, E>, Fut: Send> + Send + 'a,
-        T: Send + 'a,
-        E: From<Error> + From<DieselError> + LostCommit + Send + 'a,
-        'a: 'c,
-    {
-        ready(commit_operation(&mut self.0, |conn| {
-            now(body(Blocking::wrap(conn)))
-        }))
     }
 
     fn protect_caller<'a, 'c, T, F>(
@@ -97,6 +82,27 @@ where
         'a: 'c,
     {
         ready(now(body(self)))
+    }
+}
+
+impl<C> Transactions for Blocking<C>
+where
+    C: LoadConnection + WriteTransaction + Send,
+    C::Backend: OccBackend,
+{
+    fn own_transaction<'a, 'c, T, E, F>(
+        &'c mut self,
+        body: F,
+    ) -> impl Future<Output = Result<T, E>> + Send + 'c
+    where
+        for<'r> F: Body<&'r mut Self, Result<T, E>, Fut: Send> + Send + 'a,
+        T: Send + 'a,
+        E: From<Error> + From<DieselError> + LostCommit + Send + 'a,
+        'a: 'c,
+    {
+        ready(commit_operation(&mut self.0, |conn| {
+            now(body(Blocking::wrap(conn)))
+        }))
     }
 }
 

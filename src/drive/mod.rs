@@ -58,20 +58,6 @@ pub(crate) trait Io: Send + Sized {
     #[cfg_attr(not(feature = "locks"), allow(dead_code))] // Claims only, so far.
     fn pause(&mut self, pause: Duration) -> impl Future<Output = ()> + Send;
 
-    /// Runs `body` in a write transaction of the library's (a savepoint inside the
-    /// caller's), committed when it succeeds and rolled back when it fails; a failed
-    /// `COMMIT` is judged as every transaction of the library's is.
-    #[cfg_attr(not(feature = "locks"), allow(dead_code))] // Claims only, so far.
-    fn own_transaction<'a, 'c, T, E, F>(
-        &'c mut self,
-        body: F,
-    ) -> impl Future<Output = Result<T, E>> + Send + 'c
-    where
-        for<'r> F: Body<&'r mut Self, Result<T, E>, Fut: Send> + Send + 'a,
-        T: Send + 'a,
-        E: From<Error> + From<DieselError> + LostCommit + Send + 'a,
-        'a: 'c;
-
     /// Runs the statements of `body` as one write: on PostgreSQL, inside a transaction
     /// the caller controls (`own` false), under a savepoint that a failure rolls back
     /// to; on SQLite after this process's earlier writers. Its error classified.
@@ -93,6 +79,24 @@ pub(crate) trait Io: Send + Sized {
     where
         for<'r> F: Body<&'r mut Self, T, Fut: Send> + Send + 'a,
         T: Send + 'a,
+        'a: 'c;
+}
+
+/// A connection on which the library opens write transactions of its own (every
+/// connection the library supports; not every wrapper of one).
+pub(crate) trait Transactions: Io {
+    /// Runs `body` in a write transaction of the library's (a savepoint inside the
+    /// caller's), committed when it succeeds and rolled back when it fails; a failed
+    /// `COMMIT` is judged as every transaction of the library's is.
+    #[cfg_attr(not(feature = "locks"), allow(dead_code))] // Claims only, so far.
+    fn own_transaction<'a, 'c, T, E, F>(
+        &'c mut self,
+        body: F,
+    ) -> impl Future<Output = Result<T, E>> + Send + 'c
+    where
+        for<'r> F: Body<&'r mut Self, Result<T, E>, Fut: Send> + Send + 'a,
+        T: Send + 'a,
+        E: From<Error> + From<DieselError> + LostCommit + Send + 'a,
         'a: 'c;
 }
 

@@ -14,7 +14,7 @@ use diesel::QueryResult;
 use diesel_async::methods::{ExecuteDsl, LoadQuery};
 use diesel_async::RunQueryDsl;
 
-use super::{Body, ExecuteOn, Io, QueryOn, ReadOn, RunOn};
+use super::{Body, ExecuteOn, Io, QueryOn, ReadOn, RunOn, Transactions};
 use crate::connect::transaction::LostCommit;
 use crate::drive::on_async::connection::{
     classified, classify, in_transaction, refuse_broken, NativeAsync, NativeAsyncConnection,
@@ -50,18 +50,6 @@ where
         tokio::time::sleep(pause)
     }
 
-    async fn own_transaction<'a, 'c, T, E, F>(&'c mut self, body: F) -> Result<T, E>
-    where
-        for<'r> F: Body<&'r mut Self, Result<T, E>, Fut: Send> + Send + 'a,
-        T: Send + 'a,
-        E: From<Error> + From<DieselError> + LostCommit + Send + 'a,
-        'a: 'c,
-    {
-        let mut transaction = OwnTransaction::begin(self).await?;
-        let done = body(transaction.conn()).await;
-        transaction.settle(done).await
-    }
-
     async fn protect_caller<'a, 'c, T, F>(&'c mut self, own: bool, body: F) -> Result<T, Error>
     where
         for<'r> F: Body<&'r mut Self, QueryResult<T>, Fut: Send> + Send + 'a,
@@ -81,6 +69,24 @@ where
         let mut call = Call::start(self);
         let done = body(call.conn()).await;
         call.finish(done)
+    }
+}
+
+impl<C> Transactions for C
+where
+    C: NativeAsyncConnection,
+    C::Backend: NativeAsync,
+{
+    async fn own_transaction<'a, 'c, T, E, F>(&'c mut self, body: F) -> Result<T, E>
+    where
+        for<'r> F: Body<&'r mut Self, Result<T, E>, Fut: Send> + Send + 'a,
+        T: Send + 'a,
+        E: From<Error> + From<DieselError> + LostCommit + Send + 'a,
+        'a: 'c,
+    {
+        let mut transaction = OwnTransaction::begin(self).await?;
+        let done = body(transaction.conn()).await;
+        transaction.settle(done).await
     }
 }
 

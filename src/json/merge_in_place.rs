@@ -37,7 +37,6 @@ use diesel::{Column, QueryResult};
 use serde_json::Value;
 
 use crate::connect::backend::OccBackend;
-use crate::connect::transaction::WriteTransaction;
 use crate::drive::blocking::complete::Complete;
 use crate::drive::blocking::load::LoadByKey;
 use crate::error::Error;
@@ -311,7 +310,7 @@ impl<T, C, Col> MergeInPlace<C, Col> for T
 where
     T: JsonDocument<Col> + LoadByKey<C>,
     T::Guard: AdvanceInSql,
-    C: LoadConnection + WriteTransaction + Send,
+    C: LoadConnection + Send,
     C::Backend: OccBackend,
     Col: Column,
     MergeInPlaceOf<T, Col>: Assignments<C::Backend> + Send,
@@ -353,7 +352,7 @@ fn merge_completed<Done, T, C, Col>(
 where
     T: JsonDocument<Col> + LoadByKey<C>,
     T::Guard: AdvanceInSql,
-    C: LoadConnection + WriteTransaction + Send,
+    C: LoadConnection + Send,
     C::Backend: OccBackend,
     Col: Column,
     MergeInPlaceOf<T, Col>: Assignments<C::Backend> + Send,

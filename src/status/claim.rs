@@ -53,7 +53,7 @@ use crate::connect::backend::OccBackend;
 use crate::connect::transaction::WriteTransaction;
 use crate::drive::blocking::complete::Complete;
 use crate::drive::blocking::load::LoadByKey;
-use crate::drive::{now, Blocking, Io, QueryOn, ReadOn, RunOn};
+use crate::drive::{now, Blocking, Io, QueryOn, ReadOn, RunOn, Transactions};
 use crate::error::Error;
 use crate::flow::claim_lost::{ClaimIgnored, ClaimLost};
 use crate::flow::compare_and_set::{CompareAndSet, Matches};
@@ -438,7 +438,7 @@ pub(crate) async fn claim<T, C, OwnerCol, AtCol>(
     request: &ClaimRequest<'_, T::Status>,
 ) -> Result<Vec<T>, Error>
 where
-    C: Io,
+    C: Transactions,
     T: HasStatus + Clone + ReadOn<C> + Selectable<C::Backend>,
     T::Guard: AdvanceInSql,
     OwnerCol: Column<Table = T::Table, SqlType = Nullable<Text>>,
@@ -677,7 +677,7 @@ impl<T, C, OwnerCol> FinishClaim<C, OwnerCol> for T
 where
     T: HasStatus,
     T::Guard: AdvanceInSql,
-    C: LoadConnection + WriteTransaction + Send,
+    C: LoadConnection + Send,
     C::Backend: OccBackend,
     OwnerCol: Column<Table = T::Table, SqlType = Nullable<Text>>,
     T: LoadByKey<C>,

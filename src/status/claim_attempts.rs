@@ -19,7 +19,7 @@ use crate::connect::backend::OccBackend;
 use crate::connect::transaction::WriteTransaction;
 use crate::drive::blocking::complete::Complete;
 use crate::drive::blocking::load::LoadByKey;
-use crate::drive::{now, Blocking, Io, QueryOn, ReadOn, RunOn};
+use crate::drive::{now, Blocking, QueryOn, ReadOn, RunOn, Transactions};
 use crate::error::Error;
 use crate::flow::claim_lost::ClaimIgnored;
 use crate::guard::status::{HasStatus, Status};
@@ -135,7 +135,7 @@ pub(crate) async fn claim_counted<T, C, OwnerCol, AtCol, AttemptsCol>(
     limit: &AttemptLimit<T::Status>,
 ) -> Result<Claimed<T>, Error>
 where
-    C: Io,
+    C: Transactions,
     T: HasStatus + Clone + ReadOn<C> + Selectable<C::Backend>,
     T::Guard: AdvanceInSql,
     OwnerCol: Column<Table = T::Table, SqlType = Nullable<Text>>,

@@ -15,7 +15,7 @@ use crate::connect::backend::OccBackend;
 use crate::connect::transaction::WriteTransaction;
 use crate::drive::blocking::complete::Complete;
 use crate::drive::blocking::load::LoadByKey;
-use crate::drive::{now, Blocking, Io, ReadOn, RunOn};
+use crate::drive::{now, Blocking, ReadOn, RunOn, Transactions};
 use crate::error::Error;
 use crate::flow::claim_lost::ClaimLost;
 use crate::flow::compare_and_set::CompareAndSet;
@@ -88,7 +88,7 @@ pub(crate) async fn extend_claim<T, C, OwnerCol, AtCol>(
     held: T::Status,
 ) -> Result<T, Error>
 where
-    C: Io,
+    C: Transactions,
     T: HasStatus + ReadOn<C>,
     T::Guard: AdvanceInSql,
     OwnerCol: Column<Table = T::Table, SqlType = Nullable<Text>>,

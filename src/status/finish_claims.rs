@@ -24,7 +24,7 @@ use crate::connect::backend::OccBackend;
 use crate::connect::transaction::WriteTransaction;
 use crate::drive::blocking::complete::Complete;
 use crate::drive::blocking::load::LoadByKey;
-use crate::drive::{now, Blocking, ExecuteOn, Io, QueryOn, ReadOn, RunOn};
+use crate::drive::{now, Blocking, ExecuteOn, QueryOn, ReadOn, RunOn, Transactions};
 use crate::error::Error;
 use crate::flow::claim_lost::ClaimLost;
 use crate::flow::compare_and_set::refuse_double_assignment;
@@ -130,7 +130,7 @@ pub(crate) async fn end_claims<T, C, OwnerCol>(
     (owner, held, to, next_owner): EndingOf<'_, T>,
 ) -> Result<FinishedClaims<T::Key>, Error>
 where
-    C: Io,
+    C: Transactions,
     T: HasStatus + Clone + ReadOn<C>,
     T::Guard: AdvanceInSql,
     OwnerCol: Column<Table = T::Table, SqlType = Nullable<Text>>,
@@ -194,7 +194,7 @@ where
 /// claims it ended.
 async fn every_claim_ended<C, S>(conn: &mut C, statement: S, keys: usize) -> Result<bool, Error>
 where
-    C: Io,
+    C: Transactions,
     S: ExecuteOn<C> + Send,
 {
     /// Fewer rows matched than keys were given: roll back.

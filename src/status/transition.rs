@@ -202,7 +202,7 @@ pub trait TransitionRow<C, Ch, G = Unguarded>: HasStatus + LoadByKey<C> {
 impl<T, C, Ch, G> TransitionRow<C, Ch, G> for T
 where
     T: HasStatus + LoadByKey<C>,
-    C: LoadConnection + WriteTransaction + Send,
+    C: LoadConnection + Send,
     C::Backend: OccBackend,
     Ch: AsChangeset<Target = T::Table>,
     G: TransitionCondition<C::Backend> + Send,
@@ -477,7 +477,7 @@ impl<T, C, Ch, G> TransitionByKey<C, Ch, G> for T
 where
     T: HasStatus + LoadByKey<C>,
     T::Guard: AdvanceInSql,
-    C: LoadConnection + WriteTransaction + Send,
+    C: LoadConnection + Send,
     C::Backend: OccBackend,
     Ch: AsChangeset<Target = T::Table>,
     G: TransitionCondition<C::Backend> + Send,

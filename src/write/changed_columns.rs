@@ -5,7 +5,6 @@ use diesel::connection::LoadConnection;
 use diesel::query_dsl::methods::ExecuteDsl;
 
 use crate::connect::backend::OccBackend;
-use crate::connect::transaction::WriteTransaction;
 use crate::drive::blocking::load::LoadByKey;
 use crate::drive::{now, Blocking, Io, ReadOn, RunOn};
 use crate::error::Error;
@@ -54,7 +53,7 @@ pub trait SaveChanges<C>: ChangedColumns + LoadByKey<C> {
 impl<T, C> SaveChanges<C> for T
 where
     T: ChangedColumns + LoadByKey<C>,
-    C: LoadConnection + WriteTransaction + Send,
+    C: LoadConnection + Send,
     C::Backend: OccBackend,
     ChangedUpdateOf<T>: ExecuteDsl<C> + Assignments<C::Backend> + Send,
 {

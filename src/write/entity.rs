@@ -7,7 +7,6 @@ use diesel::query_dsl::methods::ExecuteDsl;
 use diesel::result::Error as DieselError;
 
 use crate::connect::backend::OccBackend;
-use crate::connect::transaction::WriteTransaction;
 use crate::drive::blocking::complete::Complete;
 use crate::drive::blocking::executor::{classify, Miss};
 use crate::drive::blocking::load::LoadByKey;
@@ -274,7 +273,7 @@ pub trait UpdateRow<C, Ch>: LoadByKey<C> {
 impl<T, C, Ch> UpdateRow<C, Ch> for T
 where
     T: LoadByKey<C>,
-    C: LoadConnection + WriteTransaction + Send,
+    C: LoadConnection + Send,
     C::Backend: OccBackend,
     Ch: AsChangeset<Target = T::Table>,
     UpdateOf<T, Ch::Changeset>: Assignments<C::Backend> + Send,
@@ -337,7 +336,7 @@ pub trait DeleteRow<C>: LoadByKey<C> {
 impl<T, C> DeleteRow<C> for T
 where
     T: LoadByKey<C>,
-    C: LoadConnection + WriteTransaction + Send,
+    C: LoadConnection + Send,
     C::Backend: OccBackend,
     DeleteOf<T>: ExecuteDsl<C> + Assignments<C::Backend> + Send,
 {
@@ -378,7 +377,7 @@ pub trait UpdateExcluded<C, Ch>: LoadByKey<C> {
 impl<T, C, Ch> UpdateExcluded<C, Ch> for T
 where
     T: LoadByKey<C>,
-    C: LoadConnection + WriteTransaction + Send,
+    C: LoadConnection + Send,
     C::Backend: OccBackend,
     Ch: AsChangeset<Target = T::Table>,
     Ch::Changeset: QueryFragment<C::Backend>,
@@ -439,7 +438,7 @@ pub(crate) fn write_unguarded_by_key<T, C, X>(
 ) -> Result<(), Error>
 where
     T: LoadByKey<C>,
-    C: LoadConnection + WriteTransaction + Send,
+    C: LoadConnection + Send,
     C::Backend: OccBackend,
     UnguardedUpdateOf<T, X>: ExecuteDsl<C> + Assignments<C::Backend> + Send,
 {
@@ -695,7 +694,7 @@ pub(crate) fn write_by_key<T, C, Ch, G, M>(
 where
     T: LoadByKey<C>,
     T::Guard: AdvanceInSql,
-    C: LoadConnection + WriteTransaction + Send,
+    C: LoadConnection + Send,
     C::Backend: OccBackend,
     KeyWriteOf<T, Ch, G>: Assignments<C::Backend> + Send,
     ReturnedTokenOf<T>: Complete<C, KeyWriteOf<T, Ch, G>, TokenOf<T>>,
@@ -725,7 +724,7 @@ pub(crate) fn write_by_key_completed<Done, T, C, Ch, G, M>(
 where
     T: LoadByKey<C>,
     T::Guard: AdvanceInSql,
-    C: LoadConnection + WriteTransaction + Send,
+    C: LoadConnection + Send,
     C::Backend: OccBackend,
     KeyWriteOf<T, Ch, G>: Assignments<C::Backend> + Send,
     Done: Complete<C, KeyWriteOf<T, Ch, G>, TokenOf<T>>,

@@ -10,7 +10,6 @@ use diesel::query_builder::QueryFragment;
 use diesel::query_dsl::methods::ExecuteDsl;
 
 use crate::connect::backend::OccBackend;
-use crate::connect::transaction::WriteTransaction;
 use crate::drive::blocking::load::LoadByKey;
 use crate::error::Error;
 use crate::operation::{Operation, Run, TouchStamp};
@@ -44,7 +43,7 @@ impl<T, C> TouchUpdatedAt<C> for T
 where
     T: LoadByKey<C>,
     T::Stamp: UpdatedAtStamp,
-    C: LoadConnection + WriteTransaction + Send,
+    C: LoadConnection + Send,
     C::Backend: OccBackend,
     UnguardedUpdateOf<T, T::Stamp>: ExecuteDsl<C> + Assignments<C::Backend> + Send,
     T::Stamp: QueryFragment<C::Backend>,
