@@ -157,3 +157,20 @@ pub(crate) fn now<F: Future>(future: F) -> F::Output {
         Poll::Pending => unreachable!("a step on a blocking connection never waits"),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::now;
+
+    #[test]
+    fn a_ready_step_gives_its_output() {
+        assert_eq!(now(async { 7 }), 7);
+        assert_eq!(now(std::future::ready("done")), "done");
+    }
+
+    #[test]
+    #[should_panic(expected = "never waits")]
+    fn a_step_that_would_wait_is_a_bug_caught_at_once() {
+        now(std::future::pending::<()>());
+    }
+}
