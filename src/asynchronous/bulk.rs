@@ -3,26 +3,19 @@
 
 use std::future::Future;
 
-use diesel::expression::{AppearsOnTable, Expression};
-use diesel::query_builder::{AsChangeset, QueryFragment};
-use diesel::sql_types::Bool;
-use diesel_async::methods::{ExecuteDsl, LoadQuery};
-use diesel_async::RunQueryDsl;
-
 use super::run::AsyncRun;
-use crate::drive::on_async::connection::check_stored_precision;
-use crate::drive::on_async::connection::{
-    classify, refuse_broken, NativeAsync, NativeAsyncConnection,
-};
-use crate::drive::on_async::executor::run;
-use crate::drive::on_async::send::{AsyncComplete, AsyncLoadByKey};
-use crate::drive::on_async::transaction::Call;
+use crate::drive::blocking::executor::CannotMiss;
+use crate::drive::on_async::connection::NativeAsyncConnection;
+use crate::drive::{Io, QueryOn, ReadOn, RunOn};
 use crate::error::Error;
 use crate::guard::{AdvanceInSql, CanAdvanceOf, Guarded};
 use crate::operation::{BulkUpdate, Operation};
 use crate::sql::new_token::Counted;
 use crate::sql::statement::{Assignments, Not};
-use crate::write::bulk::{bulk_plan, bulk_write, BulkPlan, BulkReport, BulkUpdateOf, CountWhere};
+use crate::write::bulk::{bulk_plan, update_bulk, BulkReport, BulkUpdateOf, CountWhere};
+use diesel::expression::{AppearsOnTable, Expression};
+use diesel::query_builder::{AsChangeset, QueryFragment};
+use diesel::sql_types::Bool;
 
 /// Bulk updates on async connections, for entities whose guard advances in SQL; see
 /// [`GuardedBulk`](crate::GuardedBulk).
@@ -53,21 +46,20 @@ where
 
 impl<T, C, F, Ch> AsyncRun<C> for BulkUpdate<T, F, Ch>
 where
-    T: AsyncLoadByKey<C>,
+    T: ReadOn<C>,
     T::Guard: AdvanceInSql,
-    C: NativeAsyncConnection,
-    C::Backend: NativeAsync,
+    C: Io + NativeAsyncConnection,
     F: Expression<SqlType = Bool>
         + AppearsOnTable<T::Table>
-        + QueryFragment<C::Backend>
+        + QueryFragment<<C as Io>::Backend>
         + Clone
         + Send
         + 'static,
     Ch: AsChangeset<Target = T::Table>,
-    BulkUpdateOf<T, Ch::Changeset, F>: Assignments<C::Backend> + ExecuteDsl<C> + Send + 'static,
-    Counted: AsyncComplete<C, BulkUpdateOf<T, Ch::Changeset, F>, ()>,
-    CountWhere<T::Table, F, Not<CanAdvanceOf<T>>>: LoadQuery<'static, C, i64> + Send + 'static,
-    CanAdvanceOf<T>: QueryFragment<C::Backend>,
+    BulkUpdateOf<T, Ch::Changeset, F>: Assignments<<C as Io>::Backend> + Send + 'static,
+    Counted: RunOn<C, BulkUpdateOf<T, Ch::Changeset, F>, CannotMiss, ()>,
+    CountWhere<T::Table, F, Not<CanAdvanceOf<T>>>: QueryOn<C, i64> + Send + 'static,
+    CanAdvanceOf<T>: QueryFragment<<C as Io>::Backend>,
 {
     fn run_async(
         self,
@@ -77,32 +69,9 @@ where
         let BulkUpdate {
             filter, changes, ..
         } = self;
-        let table = <T as AsyncLoadByKey<C>>::table_name();
+        let table = <T as ReadOn<C>>::table_name();
         // Built and checked before the future: the changes need not be `Send`.
-        let plan = bulk_plan::<T, C::Backend, F, Ch>(table, filter, changes);
-        async move {
-            let BulkPlan {
-                statement,
-                at_maximum,
-            } = plan?;
-            refuse_broken(conn)?;
-            let mut call = Call::start(conn);
-            let report = async {
-                let conn = call.conn();
-                check_stored_precision::<T, C>(conn, table).await?;
-                let write = bulk_write(statement, table);
-                let updated = run::<C, _, _, Counted, ()>(write, conn, false).await?.rows;
-                let at_maximum = match at_maximum {
-                    Some(count) => match count.get_result::<i64>(conn).await {
-                        Ok(count) => count,
-                        Err(e) => return Err(classify(conn, e).await),
-                    },
-                    None => 0,
-                };
-                Ok(BulkReport::of(updated, at_maximum))
-            }
-            .await;
-            call.finish(report)
-        }
+        let plan = bulk_plan::<T, <C as Io>::Backend, F, Ch>(table, filter, changes);
+        update_bulk::<T, C, F, Ch::Changeset>(conn, plan)
     }
 }

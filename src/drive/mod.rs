@@ -51,7 +51,6 @@ pub(crate) trait Io: Send + Sized {
     fn refuse_broken(&mut self) -> Result<(), Error>;
 
     /// Classifies an error a statement just returned.
-    #[cfg_attr(not(feature = "locks"), allow(dead_code))] // Claims only, so far.
     fn classify(&mut self, error: DieselError) -> impl Future<Output = Error> + Send;
 
     /// Waits `pause` (a retry's backoff).
@@ -125,7 +124,6 @@ pub(crate) trait ReadOn<C>: Guarded {
 }
 
 /// A query that loads rows of `U` on connection `C`.
-#[cfg_attr(not(feature = "locks"), allow(dead_code))] // Claims only, so far.
 pub(crate) trait QueryOn<C, U> {
     /// The rows.
     fn load_on(self, conn: &mut C) -> impl Future<Output = QueryResult<Vec<U>>> + Send;

@@ -22,6 +22,7 @@ use diesel::{QueryResult, RunQueryDsl, Table};
 
 use crate::connect::backend::OccBackend;
 use crate::drive::blocking::load::LoadByKey;
+use crate::drive::{now, Blocking, Io, QueryOn, ReadOn, RunOn};
 use crate::error::Error;
 use crate::flow::compare_and_set::{refuse_status_write, CompareAndSet, Matches};
 use crate::guard::{AdvanceAnyOf, AdvanceInSql, CanAdvanceOf, Guarded};
@@ -29,7 +30,7 @@ use crate::operation::{BulkUpdate, Operation, Run};
 use crate::sql::new_token::Counted;
 use crate::sql::statement::{Assignments, Comma, GuardedUpdate, Joined, Not};
 
-use crate::drive::blocking::executor::{classify, CannotMiss};
+use crate::drive::blocking::executor::CannotMiss;
 
 pub use crate::operation::bulk::BulkReport;
 
@@ -124,31 +125,65 @@ impl<T, C, F, Ch> UpdateBulk<C, F, Ch> for T
 where
     T: LoadByKey<C>,
     T::Guard: AdvanceInSql,
-    C: LoadConnection,
+    C: LoadConnection + Send,
     C::Backend: OccBackend,
-    F: Expression<SqlType = Bool> + AppearsOnTable<T::Table> + QueryFragment<C::Backend> + Clone,
+    F: Expression<SqlType = Bool>
+        + AppearsOnTable<T::Table>
+        + QueryFragment<C::Backend>
+        + Clone
+        + Send,
     Ch: AsChangeset<Target = T::Table>,
-    BulkUpdateOf<T, Ch::Changeset, F>: ExecuteDsl<C> + Assignments<C::Backend>,
-    CountWhere<T::Table, F, Not<CanAdvanceOf<T>>>: LoadQuery<'static, C, i64>,
+    BulkUpdateOf<T, Ch::Changeset, F>: ExecuteDsl<C> + Assignments<C::Backend> + Send,
+    CountWhere<T::Table, F, Not<CanAdvanceOf<T>>>: LoadQuery<'static, C, i64> + Send,
     CanAdvanceOf<T>: QueryFragment<C::Backend>,
 {
     fn update_bulk(conn: &mut C, filter: F, changes: Ch) -> Result<BulkReport, Error> {
-        crate::drive::blocking::load::check_stored_precision::<T, C>(conn)?;
-        let BulkPlan {
-            statement,
-            at_maximum,
-        } = bulk_plan::<T, C::Backend, F, Ch>(T::table_name(), filter, changes)?;
-        let updated = bulk_write(statement, T::table_name())
-            .run::<C, Counted, ()>(conn, false)?
+        let plan = bulk_plan::<T, C::Backend, F, Ch>(T::table_name(), filter, changes);
+        now(update_bulk::<T, _, F, Ch::Changeset>(
+            Blocking::wrap(conn),
+            plan,
+        ))
+    }
+}
+
+/// The bulk update `plan` (built and checked beforehand, so the caller's changes need
+/// not be `Send`), on either driver: one call on the connection, the write and, for a
+/// guard with a last token, the count of the matching rows left at it.
+pub(crate) async fn update_bulk<T, C, F, Changes>(
+    conn: &mut C,
+    plan: Result<BulkPlan<T, Changes, F>, Error>,
+) -> Result<BulkReport, Error>
+where
+    C: Io,
+    T: ReadOn<C>,
+    T::Guard: AdvanceInSql,
+    F: Send,
+    BulkUpdateOf<T, Changes, F>: Assignments<C::Backend> + Send,
+    Counted: RunOn<C, BulkUpdateOf<T, Changes, F>, CannotMiss, ()>,
+    CountWhere<T::Table, F, Not<CanAdvanceOf<T>>>: QueryOn<C, i64> + Send,
+{
+    let BulkPlan {
+        statement,
+        at_maximum,
+    } = plan?;
+    conn.refuse_broken()?;
+    let table = T::table_name();
+    conn.call(async |conn: &mut C| {
+        T::check_stored_precision(conn).await?;
+        let write = bulk_write(statement, table);
+        let updated = <Counted as RunOn<C, _, _, ()>>::run(conn, write, false)
+            .await?
             .rows;
         let at_maximum = match at_maximum {
-            Some(count) => count
-                .get_result::<i64>(conn)
-                .map_err(|e| classify(conn, e))?,
+            Some(count) => match count.load_on(conn).await {
+                Ok(counted) => counted.into_iter().next().unwrap_or(0),
+                Err(e) => return Err(conn.classify(e).await),
+            },
             None => 0,
         };
         Ok(BulkReport::of(updated, at_maximum))
-    }
+    })
+    .await
 }
 
 impl<T: UpdateBulk<C, F, Ch>, C, F, Ch> Run<C> for BulkUpdate<T, F, Ch> {
