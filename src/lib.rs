@@ -215,6 +215,7 @@ pub use guard::xmin::{Xid, XminGuard};
 pub use guard::{AdvanceInSql, Advancing, GuardKind, Guarded, TokenOf};
 
 // Writes.
+pub use connect::source::Connections;
 pub use drive::blocking::load::LoadByKey;
 pub use flow::batch::rows::ROWS_PER_STATEMENT;
 pub use guard::pre_image::{ChangedColumns, ExactlyComparable};
@@ -224,7 +225,7 @@ pub use write::bulk::{BulkReport, GuardedBulk, UpdateBulk};
 pub use write::changed_columns::{GuardedChanges, SaveChanges};
 pub use write::entity::{DeleteRow, GuardedWrite, UpdateExcluded, UpdateRow};
 pub use write::insert::InsertRow;
-pub use write::modify::{Connections, GuardedModify, Modified};
+pub use write::modify::{GuardedModify, Modified};
 pub use write::operation::{guarded_operation, occ_versions, VersionRow};
 pub use write::pessimistic::{LockWait, Pessimistic};
 pub use write::upsert::{UpsertRow, Upserted};

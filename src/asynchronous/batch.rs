@@ -281,7 +281,7 @@ where
         Effect::ReadMissed(keys) => {
             let read = T::load_by_keys(conn, &keys).await;
             let classify = classifier(conn, read.as_ref().err()).await;
-            flow.read_missed(read, classify)
+            flow.read_missed(read, |e| classify.classify(e))
         }
         Effect::WriteRow(statement) => {
             let (key, expected) = flow.row();

@@ -10,7 +10,7 @@ use super::run::AsyncRun;
 use crate::drive::on_async::connection::{NativeAsync, NativeAsyncConnection};
 use crate::drive::on_async::executor::AsyncMiss;
 use crate::drive::on_async::send::{AsyncComplete, AsyncLoadByKey};
-use crate::drive::{Io, ReadOn, RunOn};
+use crate::drive::{Io, ReadOn, RunOn, UpdateOn};
 use crate::error::Error;
 use crate::flow::miss::RowMoved;
 use crate::guard::pre_image::{ChangedColumns, ChangedUpdateOf};
@@ -21,7 +21,9 @@ use crate::operation::{
 use crate::sql::new_token::Counted;
 use crate::sql::statement::{Assignments, NoChanges};
 use crate::write::changed_columns::save_changed;
-use crate::write::entity::{delete_row, update_row, write_key_statement, write_unguarded};
+use crate::write::entity::{
+    delete_row, update_row, write_and_record, write_key_statement, write_unguarded,
+};
 use crate::write::entity::{
     excluded_changeset, key_write, token_read_back, unguarded_by_key, DeleteOf, KeyWriteOf,
     UnguardedUpdateOf, UpdateOf,
@@ -310,26 +312,17 @@ where
     }
 }
 
-/// The guarded update of `row`'s row with `key` from `expected`, in the state `saved`
-/// names; on success `row` records the new token and the stamp it wrote. `own`: inside a
-/// transaction of the library's.
-pub(crate) fn write_and_record<'a, T, C, Ch>(
-    row: &'a mut T,
-    conn: &'a mut C,
-    update: Update<T, Ch>,
-) -> impl Future<Output = Result<TokenOf<T>, Error>> + Send + 'a
+/// The async API's update, as the one read-modify-write driver runs it.
+impl<T, C, Ch> UpdateOn<C, Ch> for T
 where
     T: Guarded,
-    Ch: 'a,
     Update<T, Ch>: AsyncRun<C>,
 {
-    let stamp = T::stamp();
-    let written = update.stamped(stamp.clone()).run_async(conn);
-    async move {
-        let next = written.await?;
-        row.set_token(next.clone());
-        row.set_stamp(&stamp);
-        Ok(next)
+    fn update_on(
+        conn: &mut C,
+        update: Update<T, Ch>,
+    ) -> impl Future<Output = Result<TokenOf<T>, Error>> {
+        update.run_async(conn)
     }
 }
 

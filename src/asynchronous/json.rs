@@ -11,27 +11,24 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use serde_json::Value;
 
-use diesel_async::AsyncConnection;
-
 use super::entity::write_by_key_completed;
-use super::modify::{modify_with, Caller, Step};
 use super::run::AsyncRun;
-use crate::drive::on_async::connection::{
-    in_transaction, refuse_broken, NativeAsync, NativeAsyncConnection,
-};
+use crate::drive::on_async::connection::{refuse_broken, NativeAsync, NativeAsyncConnection};
 use crate::drive::on_async::send::{AsyncComplete, AsyncLoadByKey};
 use crate::drive::on_async::transaction::Call;
+use crate::drive::on_async::Caller;
+use crate::drive::read_modify_write::read_modify_write;
 use crate::error::Error;
 use crate::flow::miss::RowMoved;
 use crate::guard::{AdvanceInSql, Guarded, ReturnedTokenOf, TokenOf};
 use crate::json::document::{
-    edited, merge_edit, patch_edit, remove_edit, set_edit, suspects, typed_edit, Edited,
+    merge_edit, patch_edit, remove_edit, set_edit, suspects, typed_edit, EditDocument,
     JsonDocument, Place, SetDocument,
 };
 use crate::json::merge_in_place::{MergeInPlaceOf, MergePatch};
 use crate::operation::json::Edit;
 use crate::operation::{JsonEdit, JsonMerge, JsonMergeNoToken, Operation, Update};
-use crate::retry::{RetryPolicy, Stop};
+use crate::retry::RetryPolicy;
 use crate::sql::new_token::Counted;
 use crate::sql::statement::{Assignments, Unguarded};
 use crate::write::entity::token_read_back;
@@ -221,44 +218,6 @@ where
     JsonEdit::new(key.clone(), policy.clone(), build).run_async(conn)
 }
 
-/// The step of an edit: `edit` on the document as read, written back under the guard
-/// when it changed anything.
-struct EditDocument<T, Col, F> {
-    place: Place<T, Col>,
-    edit: F,
-}
-
-impl<T, C, Col, F, R, E> Step<T, C, R, E> for EditDocument<T, Col, F>
-where
-    T: JsonDocument<Col> + Clone,
-    Update<T, SetDocument<Col>>: AsyncRun<C>,
-    C: AsyncConnection,
-    Col: Column + Send + 'static,
-    F: FnMut(&mut Value) -> Result<R, E> + Send,
-    R: Send + 'static,
-    E: Send + 'static,
-{
-    async fn apply<'a>(
-        &'a mut self,
-        conn: &'a mut C,
-        original: &'a T,
-    ) -> Result<(T, TokenOf<T>, R), Stop<E>> {
-        match edited(&self.place, original, &mut self.edit)? {
-            Edited::Unchanged(done) => Ok(done),
-            Edited::Write(document, stamp, record) => {
-                let (key, expected) = (original.key(), original.token());
-                let update = Update::new(key, expected, document).stamped(stamp);
-                let token = update
-                    .owned_transaction(true)
-                    .run_async(conn)
-                    .await
-                    .map_err(Stop::Occ)?;
-                Ok(record.written(token))
-            }
-        }
-    }
-}
-
 impl<'e, T, C, Col, R, E> AsyncRun<C> for JsonEdit<'e, T, Col, R, E>
 where
     T: JsonDocument<Col> + AsyncLoadByKey<C> + Clone,
@@ -277,19 +236,9 @@ where
         let table = <T as AsyncLoadByKey<C>>::table_name();
         // Checked before anything is sent.
         let edit = build(table, &key)?;
-        refuse_broken(conn)?;
-        let nested = in_transaction(conn);
         let place = Place::<T, Col>::new(table, &key);
         let step = EditDocument { place, edit };
-        modify_with(
-            Caller(Some(conn)),
-            nested,
-            &key,
-            &policy,
-            &suspects::<T, Col>(),
-            step,
-        )
-        .await
+        read_modify_write(Caller(conn), &key, &policy, &suspects::<T, Col>(), step).await
     }
 }
 

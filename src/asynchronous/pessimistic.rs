@@ -112,12 +112,12 @@ where
     let read = LockedRead::new(T::table_name(), key, suspects);
     let locked = T::lock_by_key(conn, key, lock).await;
     let classify = classifier(conn, locked.as_ref().err()).await;
-    match read.locked(locked, classify) {
+    match read.locked(locked, |e| classify.classify(e)) {
         AfterLock::Done(row) => row,
         AfterLock::ReadUnlocked => {
             let unlocked = T::read_by_key(conn, key).await;
             let classify = classifier(conn, unlocked.as_ref().err()).await;
-            read.unlocked(unlocked, classify)
+            read.unlocked(unlocked, |e| classify.classify(e))
         }
     }
 }

@@ -266,7 +266,7 @@ where
     async fn explain(self, conn: &mut C) -> Error {
         let read = T::load_by_key(conn, self.key()).await;
         let classify = classifier(conn, read.as_ref().err()).await;
-        self.given::<C::Backend>(T::table_name(), read, classify)
+        self.given::<C::Backend>(T::table_name(), read, |e| classify.classify(e))
     }
 }
 

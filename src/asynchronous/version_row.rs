@@ -2,26 +2,26 @@
 //! blocking [`guarded_operation`](crate::guarded_operation), with the operation an async
 //! closure. The same row, created the same way, the same attempts and outcomes.
 
+use std::future::Future;
+
 use diesel::query_builder::QueryFragment;
 
-use super::entity::write_and_record;
-use super::modify::{modify_with, Caller, Step};
 use super::run::AsyncRun;
 use super::write_transaction::{AsyncWriteConnection, TransactionWork};
-use crate::drive::on_async::connection::{
-    in_transaction, refuse_broken, NativeAsync, NativeAsyncConnection,
-};
+use crate::drive::on_async::connection::{refuse_broken, NativeAsync, NativeAsyncConnection};
 use crate::drive::on_async::executor::run;
 use crate::drive::on_async::send::{AsyncComplete, AsyncLoadByKey};
 use crate::drive::on_async::transaction::Call;
+use crate::drive::on_async::Caller;
+use crate::drive::read_modify_write::read_modify_write;
 use crate::error::Error;
 use crate::operation::{Operation, Update};
-use crate::retry::{RetryPolicy, Stop};
+use crate::retry::RetryPolicy;
 use crate::sql::new_token::Counted;
 use crate::sql::statement::{Assignments, NoChanges};
 use crate::write::modify::Modified;
 use crate::write::operation::{
-    advance, occ_versions, CreateIfMissing, EnsureVersionRow, VersionRow,
+    occ_versions, CreateIfMissing, EnsureVersionRow, VersionRow, Versioned, Work,
 };
 
 /// Runs `operation` guarded by the version row `(lock_name, resource)`, as
@@ -39,54 +39,44 @@ use crate::write::operation::{
 /// broken (see the [module documentation](crate::asynchronous)) and nothing of the
 /// attempt commits; dropped between attempts, nothing is open. The version row, created
 /// first, may then exist at its version.
-pub async fn guarded_operation<C, R, E, W>(
-    conn: &mut C,
-    lock_name: &str,
-    resource: &str,
-    policy: &RetryPolicy,
+pub fn guarded_operation<'a, C, R, E, W>(
+    conn: &'a mut C,
+    lock_name: &'a str,
+    resource: &'a str,
+    policy: &'a RetryPolicy,
     operation: W,
-) -> Result<Modified<VersionRow, R>, E>
+) -> impl Future<Output = Result<Modified<VersionRow, R>, E>> + Send + 'a
 where
     C: AsyncWriteConnection + 'static,
     VersionRow: AsyncLoadByKey<C>,
     EnsureVersionRow: AsyncRun<C>,
     Update<VersionRow, NoChanges<occ_versions::table>>: AsyncRun<C>,
-    W: for<'r> TransactionWork<'r, C, R, E> + Clone + Send,
+    W: for<'r> TransactionWork<'r, C, R, E> + Clone + Send + 'a,
     R: Send + 'static,
     E: From<Error> + Send + 'static,
 {
-    let ensure = EnsureVersionRow::new(lock_name, resource)?;
-    let key = ensure.key.clone();
-    refuse_broken(conn)?;
-    ensure.run_async(conn).await?;
-    let nested = in_transaction(conn);
-    let policy = EnsureVersionRow::policy(policy);
-    let step = VersionedStep(operation);
-    modify_with(Caller(Some(conn)), nested, &key, &policy, "version", step).await
+    // `Send` is proven here, for every connection, where the compiler can prove it of the
+    // one driver's closures (rust-lang/rust#100013).
+    async move {
+        let ensure = EnsureVersionRow::new(lock_name, resource)?;
+        let key = ensure.key.clone();
+        refuse_broken(conn)?;
+        ensure.run_async(conn).await?;
+        let policy = EnsureVersionRow::policy(policy);
+        let step = Versioned(OnAsync(operation));
+        read_modify_write(Caller(conn), &key, &policy, "version", step).await
+    }
 }
 
-/// A guarded operation's attempt: the caller's operation, then the version's advance.
-struct VersionedStep<W>(W);
+/// An async operation, an async closure of the connection cloned for each attempt.
+struct OnAsync<W>(W);
 
-impl<C, W, R, E> Step<VersionRow, C, R, E> for VersionedStep<W>
+impl<C, W, R, E> Work<C, R, E> for OnAsync<W>
 where
-    C: Send + 'static,
-    W: for<'r> TransactionWork<'r, C, R, E> + Clone + Send,
-    Update<VersionRow, NoChanges<occ_versions::table>>: AsyncRun<C>,
-    R: Send + 'static,
-    E: Send + 'static,
+    W: for<'r> TransactionWork<'r, C, R, E> + Clone,
 {
-    async fn apply<'a>(
-        &'a mut self,
-        conn: &'a mut C,
-        read: &'a VersionRow,
-    ) -> Result<(VersionRow, i64, R), Stop<E>> {
-        let value = (self.0.clone())(conn).await.map_err(Stop::Caller)?;
-        let mut row = read.clone();
-        let version = write_and_record(&mut row, conn, advance(read))
-            .await
-            .map_err(Stop::Occ)?;
-        Ok((row, version, value))
+    fn work<'a>(&'a mut self, conn: &'a mut C) -> impl Future<Output = Result<R, E>> {
+        (self.0.clone())(conn)
     }
 }
 

@@ -134,3 +134,37 @@ pub(crate) fn spawn_in_runtime<T: Send + 'static>(
     #[cfg(not(feature = "tokio"))]
     std::thread::spawn(work)
 }
+
+/// Where the attempts of a retried operation get their connection.
+pub trait Connections {
+    /// The connection an attempt runs on.
+    type Connection: Connection;
+
+    /// Whether each attempt gets a connection of its own, so that an attempt whose
+    /// connection died before its `COMMIT` (nothing written) can run again on another.
+    const FRESH_PER_ATTEMPT: bool = false;
+
+    /// Runs `f` on a connection for one attempt.
+    fn with<T>(&mut self, f: impl FnOnce(&mut Self::Connection) -> T) -> Result<T, Error>;
+}
+
+/// The caller's connection serves every attempt.
+impl<C: Connection> Connections for &mut C {
+    type Connection = C;
+
+    fn with<T>(&mut self, f: impl FnOnce(&mut C) -> T) -> Result<T, Error> {
+        Ok(f(self))
+    }
+}
+
+/// Each attempt checks a connection out of the pool and returns it when done, so a
+/// connection that died is replaced and waits between attempts hold none.
+impl<S: ConnectionSource> Connections for &S {
+    type Connection = S::Connection;
+
+    const FRESH_PER_ATTEMPT: bool = true;
+
+    fn with<T>(&mut self, f: impl FnOnce(&mut S::Connection) -> T) -> Result<T, Error> {
+        self.on_connection(f)
+    }
+}

@@ -13,15 +13,19 @@ use diesel::result::Error as DieselError;
 use diesel::{Connection, QueryResult, RunQueryDsl};
 use ref_cast::RefCast;
 
-use super::{now, Body, ExecuteOn, Io, QueryOn, ReadOn, RunOn, Transactions};
+use super::{
+    now, Attempts, Body, End, Ended, ExecuteOn, Io, QueryOn, ReadOn, ReadRow, RunOn, Transactions,
+    WriteAttempt,
+};
 use crate::connect::backend::OccBackend;
 use crate::connect::caller_transaction::protect_caller;
+use crate::connect::source::Connections;
 use crate::connect::transaction::{commit_operation, in_transaction, LostCommit, WriteTransaction};
 use crate::drive::blocking::complete::Complete;
 use crate::drive::blocking::load::{check_stored_precision, LoadByKey};
 use crate::error::Error;
-use crate::flow::compare_and_set::{CompareAndSet, Written};
-use crate::sql::statement::Assignments;
+use crate::flow::compare_and_set::{Classifier, CompareAndSet, Written};
+use crate::sql::statement::{Assignments, RowLock};
 
 use crate::drive::blocking::executor::{classify, Miss};
 
@@ -34,6 +38,11 @@ impl<C> Blocking<C> {
     /// `conn` as a [`Blocking`] one.
     pub(crate) fn wrap(conn: &mut C) -> &mut Self {
         Self::ref_cast_mut(conn)
+    }
+
+    /// The connection itself.
+    pub(crate) fn inner(&mut self) -> &mut C {
+        &mut self.0
     }
 }
 
@@ -173,5 +182,104 @@ where
         own: bool,
     ) -> impl Future<Output = Result<Written<Tok>, Error>> + Send {
         ready(write.run::<C, K, Tok>(&mut conn.0, own))
+    }
+}
+
+impl<C> WriteAttempt for Blocking<C>
+where
+    C: LoadConnection + WriteTransaction,
+    C::Backend: OccBackend,
+{
+    type Backend = C::Backend;
+
+    fn caller_transaction(&mut self) -> Result<bool, Error> {
+        Ok(in_transaction(&mut self.0))
+    }
+
+    /// diesel's transaction, as [`WriteTransaction`] begins and ends it on each backend.
+    fn write_transaction<T, F>(&mut self, body: F) -> impl Future<Output = Ended<T>>
+    where
+        for<'r> F: Body<&'r mut Self, (End, T)>,
+    {
+        let mut ended = None;
+        let transaction = self.0.write_transaction(|conn| {
+            let (end, value) = now(body(Blocking::wrap(conn)));
+            ended = Some((end, value));
+            match end {
+                End::Commit => Ok(()),
+                End::Rollback => Err(DieselError::RollbackTransaction),
+            }
+        });
+        ready(match (ended, transaction) {
+            (Some((End::Commit, value)), committed) => Ended::Committed(value, committed),
+            (Some((End::Rollback, value)), _) => Ended::RolledBack(value),
+            (None, Err(e)) => Ended::NotBegun(classify(&mut self.0, e)),
+            (None, Ok(())) => unreachable!("a transaction that began runs its body"),
+        })
+    }
+
+    fn classifier(&mut self, error: Option<&DieselError>) -> impl Future<Output = Classifier> {
+        ready(Classifier {
+            in_transaction: in_transaction(&mut self.0),
+            reason: error.and_then(|e| C::Backend::retry_reason(&mut self.0, e)),
+        })
+    }
+}
+
+impl<T, C> ReadRow<Blocking<C>> for T
+where
+    T: LoadByKey<C>,
+{
+    fn table_name() -> &'static str {
+        <T as LoadByKey<C>>::table_name()
+    }
+
+    fn read_row(
+        conn: &mut Blocking<C>,
+        key: &T::Key,
+        lock: RowLock,
+    ) -> impl Future<Output = QueryResult<Option<T>>> {
+        ready(match lock {
+            RowLock::None => T::read_by_key(&mut conn.0, key),
+            lock => T::lock_by_key(&mut conn.0, key, lock),
+        })
+    }
+}
+
+/// The attempts of a blocking call: on the caller's connection, or one checked out of a
+/// pool for each ([`Connections`]); the pauses between them sleep the thread.
+pub(crate) struct Sourced<S>(pub(crate) S);
+
+impl<S> Attempts<Blocking<S::Connection>> for Sourced<S>
+where
+    S: Connections,
+    S::Connection: LoadConnection + WriteTransaction,
+    <S::Connection as Connection>::Backend: OccBackend,
+{
+    const FRESH_PER_ATTEMPT: bool = S::FRESH_PER_ATTEMPT;
+
+    fn caller_transaction(&mut self) -> Result<bool, Error> {
+        self.0.with(|conn| in_transaction(conn))
+    }
+
+    fn attempt<T, F>(&mut self, body: F) -> impl Future<Output = Result<T, Error>>
+    where
+        for<'r> F: Body<&'r mut Blocking<S::Connection>, T>,
+    {
+        let mut ran = None;
+        let checkout = self
+            .0
+            .with(|conn| ran = Some(now(body(Blocking::wrap(conn)))));
+        ready(match (ran, checkout) {
+            // The attempt ran: its outcome stands, whatever the source said after.
+            (Some(ran), _) => Ok(ran),
+            (None, Err(error)) => Err(error),
+            (None, Ok(())) => unreachable!("a source that succeeds runs the attempt"),
+        })
+    }
+
+    fn pause(&mut self, pause: Duration) -> impl Future<Output = ()> {
+        std::thread::sleep(pause);
+        ready(())
     }
 }

@@ -13,12 +13,15 @@ use diesel::QueryResult;
 use crate::connect::backend::OccBackend;
 use crate::connect::transaction::LostCommit;
 use crate::error::Error;
-use crate::flow::compare_and_set::{CompareAndSet, Written};
-use crate::guard::Guarded;
+use crate::flow::compare_and_set::{Classifier, CompareAndSet, Written};
+use crate::guard::{Guarded, TokenOf};
+use crate::operation::Update;
+use crate::sql::statement::RowLock;
 
 pub(crate) mod blocking;
 #[cfg(feature = "async")]
 pub(crate) mod on_async;
+pub(crate) mod read_modify_write;
 
 pub(crate) use blocking::Blocking;
 
@@ -145,6 +148,99 @@ pub(crate) trait RunOn<C, S, M, Tok> {
         write: CompareAndSet<'_, S, M>,
         own: bool,
     ) -> impl Future<Output = Result<Written<Tok>, Error>> + Send;
+}
+
+/// How the body of a flow's own write transaction asks it to end.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum End {
+    /// Send the `COMMIT` (release the savepoint inside the caller's transaction).
+    Commit,
+    /// Send the `ROLLBACK` (to the savepoint).
+    Rollback,
+}
+
+/// How a flow's own write transaction ended.
+pub(crate) enum Ended<T> {
+    /// Its `BEGIN` failed, classified: nothing is open and nothing was written.
+    NotBegun(Error),
+    /// The body asked for the `COMMIT`: what it gave, and the `COMMIT`'s answer (a failed
+    /// top-level one already judged as every transaction of the library's: MySQL's error
+    /// number asked for, the transaction ended on the server).
+    Committed(T, QueryResult<()>),
+    /// The body asked for the `ROLLBACK`: what it gave. A failed `ROLLBACK` leaves the
+    /// connection marked broken, for its pool to discard and the next call to refuse.
+    RolledBack(T),
+}
+
+/// A connection on which a flow runs write transactions whose end it decides (the
+/// attempts of a read-modify-write): a blocking one ([`Blocking`]) or any diesel-async
+/// one, SQLite's included, which runs each statement on its thread.
+///
+/// Its futures are not declared `Send`: they are `Send` wherever what the flow holds
+/// across its steps is, so the blocking API asks nothing of the caller's closures that
+/// it did not ask before.
+pub(crate) trait WriteAttempt: Sized {
+    /// The connection's backend.
+    type Backend: OccBackend;
+
+    /// Refuses a connection an earlier cancelled call left inside a transaction; else
+    /// whether a transaction (the caller's) is open on it.
+    fn caller_transaction(&mut self) -> Result<bool, Error>;
+
+    /// Runs `body` in a write transaction of the library's (SQLite's immediate one after
+    /// this process's earlier writers; a savepoint inside the caller's), ended as `body`
+    /// says.
+    fn write_transaction<T, F>(&mut self, body: F) -> impl Future<Output = Ended<T>>
+    where
+        for<'r> F: Body<&'r mut Self, (End, T)>;
+
+    /// What classifies `error` (when there is one) as a statement's on this connection:
+    /// the server asked first where the client keeps only the text (MySQL's async one).
+    fn classifier(&mut self, error: Option<&DieselError>) -> impl Future<Output = Classifier>;
+}
+
+/// Reads of entity `Self`'s rows inside a flow's write transaction on connection `C`.
+pub(crate) trait ReadRow<C>: Guarded {
+    /// The table's SQL name.
+    fn table_name() -> &'static str;
+
+    /// The row with `key`, with `lock`.
+    fn read_row(
+        conn: &mut C,
+        key: &Self::Key,
+        lock: RowLock,
+    ) -> impl Future<Output = QueryResult<Option<Self>>>;
+}
+
+/// A guarded update of entity `Self` with changes `Ch` on connection `C`: the blocking
+/// API's [`UpdateRow`](crate::UpdateRow), or the async one's.
+pub(crate) trait UpdateOn<C, Ch>: Guarded {
+    /// Runs `update`: the row's new token.
+    fn update_on(
+        conn: &mut C,
+        update: Update<Self, Ch>,
+    ) -> impl Future<Output = Result<TokenOf<Self>, Error>>;
+}
+
+/// Where the attempts of a flow get their connection: the caller's for every attempt, or
+/// a pool's for each.
+pub(crate) trait Attempts<C: WriteAttempt> {
+    /// Whether each attempt gets a connection of its own, so that one whose connection
+    /// died before its `COMMIT` (nothing written) can run again on another.
+    const FRESH_PER_ATTEMPT: bool;
+
+    /// Whether the attempts run inside a transaction the caller opened (then a retry could
+    /// not undo the caller's earlier work); a broken connection of the caller's refused.
+    fn caller_transaction(&mut self) -> Result<bool, Error>;
+
+    /// Runs `body` on the connection of one attempt, given back (to its pool) when it
+    /// ends; [`Error::Pool`] when none could be had, and then `body` did not run.
+    fn attempt<T, F>(&mut self, body: F) -> impl Future<Output = Result<T, Error>>
+    where
+        for<'r> F: Body<&'r mut C, T>;
+
+    /// Waits `pause` between attempts, holding no connection.
+    fn pause(&mut self, pause: Duration) -> impl Future<Output = ()>;
 }
 
 /// Runs `future`, which must be ready when first polled: the steps of a blocking

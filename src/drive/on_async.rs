@@ -14,17 +14,23 @@ use diesel::QueryResult;
 use diesel_async::methods::{ExecuteDsl, LoadQuery};
 use diesel_async::RunQueryDsl;
 
-use super::{Body, ExecuteOn, Io, QueryOn, ReadOn, RunOn, Transactions};
+use diesel_async::AsyncConnection;
+
+use super::{
+    Attempts, Body, End, Ended, ExecuteOn, Io, QueryOn, ReadOn, ReadRow, RunOn, Transactions,
+    WriteAttempt,
+};
 use crate::connect::transaction::LostCommit;
 use crate::drive::on_async::connection::{
-    classified, classify, in_transaction, refuse_broken, NativeAsync, NativeAsyncConnection,
+    classified, classifier, classify, in_transaction, refuse_broken, NativeAsync,
+    NativeAsyncConnection,
 };
 use crate::drive::on_async::executor::{protect_caller, run, AsyncMiss};
 use crate::drive::on_async::send::{AsyncComplete, AsyncLoadByKey};
-use crate::drive::on_async::transaction::{Call, OwnTransaction};
+use crate::drive::on_async::transaction::{BeginWrite, Call, OwnTransaction};
 use crate::error::Error;
-use crate::flow::compare_and_set::{CompareAndSet, Written};
-use crate::sql::statement::Assignments;
+use crate::flow::compare_and_set::{Classifier, CompareAndSet, Written};
+use crate::sql::statement::{Assignments, RowLock};
 use connection::check_stored_precision;
 
 impl<C> Io for C
@@ -155,5 +161,87 @@ where
         own: bool,
     ) -> impl Future<Output = Result<Written<Tok>, Error>> + Send {
         run::<C, S, M, K, Tok>(write, conn, own)
+    }
+}
+
+/// Every diesel-async connection, SQLite's included (its statements run on its thread).
+impl<C> WriteAttempt for C
+where
+    C: BeginWrite,
+{
+    type Backend = C::Backend;
+
+    fn caller_transaction(&mut self) -> Result<bool, Error> {
+        refuse_broken(self)?;
+        Ok(in_transaction(self))
+    }
+
+    /// Dropped half way, the transaction marks the connection broken
+    /// ([`OwnTransaction`]).
+    async fn write_transaction<T, F>(&mut self, body: F) -> Ended<T>
+    where
+        for<'r> F: Body<&'r mut Self, (End, T)>,
+    {
+        let mut transaction = match OwnTransaction::begin_write(self).await {
+            Ok(transaction) => transaction,
+            Err(error) => return Ended::NotBegun(error),
+        };
+        match body(transaction.conn()).await {
+            (End::Commit, value) => Ended::Committed(value, transaction.commit().await),
+            (End::Rollback, value) => {
+                let _ = transaction.rollback().await;
+                Ended::RolledBack(value)
+            }
+        }
+    }
+
+    fn classifier(&mut self, error: Option<&DieselError>) -> impl Future<Output = Classifier> {
+        classifier(self, error)
+    }
+}
+
+impl<T, C> ReadRow<C> for T
+where
+    T: AsyncLoadByKey<C>,
+    C: AsyncConnection,
+{
+    fn table_name() -> &'static str {
+        <T as AsyncLoadByKey<C>>::table_name()
+    }
+
+    fn read_row(
+        conn: &mut C,
+        key: &T::Key,
+        lock: RowLock,
+    ) -> impl Future<Output = QueryResult<Option<T>>> {
+        async move {
+            match lock {
+                RowLock::None => T::read_by_key(conn, key).await,
+                lock => T::lock_by_key(conn, key, lock).await,
+            }
+        }
+    }
+}
+
+/// Every attempt on the caller's connection; the pauses between them sleep on tokio's
+/// timer.
+pub(crate) struct Caller<'c, C>(pub(crate) &'c mut C);
+
+impl<C: BeginWrite> Attempts<C> for Caller<'_, C> {
+    const FRESH_PER_ATTEMPT: bool = false;
+
+    fn caller_transaction(&mut self) -> Result<bool, Error> {
+        self.0.caller_transaction()
+    }
+
+    async fn attempt<T, F>(&mut self, body: F) -> Result<T, Error>
+    where
+        for<'r> F: Body<&'r mut C, T>,
+    {
+        Ok(body(self.0).await)
+    }
+
+    fn pause(&mut self, pause: Duration) -> impl Future<Output = ()> {
+        tokio::time::sleep(pause)
     }
 }

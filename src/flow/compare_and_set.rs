@@ -163,6 +163,23 @@ pub(crate) fn refuse_status_write<DB, S: Assignments<DB>>(
     })
 }
 
+/// The classification of one statement's error, made ready beforehand: whether the
+/// statement ran inside a transaction and the retry reason the backend read (asked of
+/// the server where the client keeps only the text), for a judgement that takes it as a
+/// closure.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Classifier {
+    pub(crate) in_transaction: bool,
+    pub(crate) reason: Option<crate::error::RetryReason>,
+}
+
+impl Classifier {
+    /// `error`, classified.
+    pub(crate) fn classify(self, error: DieselError) -> Error {
+        classify_given(error, self.in_transaction, |_| self.reason)
+    }
+}
+
 /// [`classify`] given whether the statement ran inside a transaction and how the backend
 /// reads a retry reason: what the sync and the async executors share.
 pub(crate) fn classify_given(

@@ -31,13 +31,16 @@ use serde_json::{Map, Value};
 use crate::connect::backend::OccBackend;
 use crate::connect::transaction::WriteTransaction;
 use crate::drive::blocking::load::LoadByKey;
+use crate::drive::blocking::Sourced;
+use crate::drive::read_modify_write::{read_modify_write, Step};
+use crate::drive::{now, UpdateOn};
 use crate::error::Error;
 use crate::guard::{Guarded, TokenOf};
-use crate::operation::{JsonEdit, Operation, Run};
+use crate::operation::{JsonEdit, Operation, Run, Update};
 use crate::retry::{RetryPolicy, Stop};
 use crate::sql::statement::ColumnEq;
 use crate::write::entity::UpdateRow;
-use crate::write::modify::{read_modify_write, Modified};
+use crate::write::modify::Modified;
 
 /// The largest document an edit may write, serialized: 1 MiB. Every retry reads and
 /// writes the whole document, so a larger one makes each conflict expensive and belongs
@@ -121,24 +124,48 @@ where
         conn: &mut C,
         key: &T::Key,
         policy: &RetryPolicy,
-        mut edit: impl FnMut(&mut Value) -> Result<R, E>,
+        edit: impl FnMut(&mut Value) -> Result<R, E>,
     ) -> Result<Modified<T, R>, E> {
         let place = Place::<T, Col>::new(T::table_name(), key);
-        let suspects = suspects::<T, Col>();
-        read_modify_write(
-            conn,
+        let step = EditDocument { place, edit };
+        now(read_modify_write(
+            Sourced(conn),
             key,
             policy,
-            &suspects,
-            |conn, original: &T| match edited(&place, original, &mut edit)? {
-                Edited::Unchanged(done) => Ok(done),
-                Edited::Write(document, stamp, record) => {
-                    let token =
-                        T::update_row(conn, key, &original.token(), document, stamp, None, true)?;
-                    Ok(record.written(token))
-                }
-            },
-        )
+            &suspects::<T, Col>(),
+            step,
+        ))
+    }
+}
+
+/// The step of an edit, on either driver: `edit` on the document as read, written back
+/// under the row's guard when it changed anything.
+pub(crate) struct EditDocument<T, Col, F> {
+    pub(crate) place: Place<T, Col>,
+    pub(crate) edit: F,
+}
+
+impl<T, C, Col, F, R, E> Step<T, C, R, E> for EditDocument<T, Col, F>
+where
+    T: JsonDocument<Col> + Clone + UpdateOn<C, SetDocument<Col>>,
+    Col: Column,
+    F: FnMut(&mut Value) -> Result<R, E>,
+{
+    async fn apply<'a>(
+        &'a mut self,
+        conn: &'a mut C,
+        original: &'a T,
+    ) -> Result<(T, TokenOf<T>, R), Stop<E>> {
+        match edited(&self.place, original, &mut self.edit)? {
+            Edited::Unchanged(done) => Ok(done),
+            Edited::Write(document, stamp, record) => {
+                let update = Update::new(original.key(), original.token(), document)
+                    .stamped(stamp)
+                    .owned_transaction(true);
+                let token = T::update_on(conn, update).await?;
+                Ok(record.written(token))
+            }
+        }
     }
 }
 

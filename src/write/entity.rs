@@ -1,5 +1,7 @@
 //! An entity's guarded writes: updates, deletes, excluded fields, writes by key alone.
 
+use std::future::{ready, Future};
+
 use diesel::associations::HasTable;
 use diesel::connection::LoadConnection;
 use diesel::query_builder::{AsChangeset, QueryFragment};
@@ -10,7 +12,7 @@ use crate::connect::backend::OccBackend;
 use crate::drive::blocking::complete::Complete;
 use crate::drive::blocking::executor::{classify, Miss};
 use crate::drive::blocking::load::LoadByKey;
-use crate::drive::{now, Blocking, Io, ReadOn, RunOn};
+use crate::drive::{now, Blocking, Io, ReadOn, RunOn, UpdateOn};
 use crate::error::Error;
 use crate::flow::compare_and_set::{refuse_status_write, CompareAndSet};
 use crate::flow::miss::{unreadable_row, Explanation, RowMoved};
@@ -115,7 +117,7 @@ pub trait GuardedWrite: Guarded {
         Self: UpdateRow<C, <Self as Guarded>::Changes>,
     {
         let update = Update::new(self.key(), self.token(), self.changes()).saving(self);
-        write_and_record(self, conn, update)
+        now(write_and_record(self, Blocking::wrap(conn), update))
     }
 
     /// Writes every updatable field of this modified copy if the row still holds the
@@ -133,7 +135,7 @@ pub trait GuardedWrite: Guarded {
     {
         let update = Update::new(original.key(), original.token(), self.changes());
         let update = update.saving_from(self, original);
-        write_and_record(self, conn, update)
+        now(write_and_record(self, Blocking::wrap(conn), update))
     }
 
     /// Advances the token without changing anything else ("force increment"), e.g. to
@@ -145,7 +147,7 @@ pub trait GuardedWrite: Guarded {
         Self: UpdateRow<C, NoChanges<<Self as HasTable>::Table>>,
     {
         let update = Update::new(self.key(), self.token(), NoChanges::default()).saving(self);
-        write_and_record(self, conn, update)
+        now(write_and_record(self, Blocking::wrap(conn), update))
     }
 
     /// Inserts this copy as a new row, with a first token no copy of an earlier row with
@@ -481,21 +483,36 @@ pub(crate) fn unguarded_by_key<T: Guarded, X>(key: &T::Key, changes: X) -> Ungua
     )
 }
 
-/// Runs `update`, a save of `row`; on success `row` records the new token and the stamp
-/// it wrote.
-pub(crate) fn write_and_record<T, C, Ch>(
-    row: &mut T,
-    conn: &mut C,
+/// Runs `update`, a save of `row`, on either driver; on success `row` records the new
+/// token and the stamp it wrote. The update is on its way before the future is: the
+/// future holds only it and the row.
+pub(crate) fn write_and_record<'a, T, C, Ch>(
+    row: &'a mut T,
+    conn: &'a mut C,
     update: Update<T, Ch>,
-) -> Result<TokenOf<T>, Error>
+) -> impl Future<Output = Result<TokenOf<T>, Error>> + 'a
 where
-    T: UpdateRow<C, Ch>,
+    T: UpdateOn<C, Ch>,
+    Ch: 'a,
 {
     let stamp = T::stamp();
-    let next = update.stamped(stamp.clone()).run(conn)?;
-    row.set_token(next.clone());
-    row.set_stamp(&stamp);
-    Ok(next)
+    let written = T::update_on(conn, update.stamped(stamp.clone()));
+    async move {
+        let next = written.await?;
+        row.set_token(next.clone());
+        row.set_stamp(&stamp);
+        Ok(next)
+    }
+}
+
+/// The blocking API's update, as the one read-modify-write driver runs it.
+impl<T: UpdateRow<C, Ch>, C, Ch> UpdateOn<Blocking<C>, Ch> for T {
+    fn update_on(
+        conn: &mut Blocking<C>,
+        update: Update<T, Ch>,
+    ) -> impl Future<Output = Result<TokenOf<T>, Error>> {
+        ready(update.run(conn.inner()))
+    }
 }
 
 /// The guarded update of the row with `key` from `expected`, with the entity's `stamp`

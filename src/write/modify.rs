@@ -20,55 +20,18 @@
 
 use diesel::connection::{Connection, LoadConnection};
 
-use diesel::result::Error as DieselError;
-
 use crate::connect::backend::OccBackend;
-use crate::connect::source::ConnectionSource;
+use crate::connect::source::{ConnectionSource, Connections};
 use crate::connect::transaction::in_transaction;
 use crate::connect::transaction::WriteTransaction;
-use crate::drive::blocking::executor::classify;
-use crate::drive::blocking::load::LoadByKey;
+use crate::drive::blocking::Sourced;
+use crate::drive::read_modify_write::{read_modify_write, Step};
+use crate::drive::{now, UpdateOn};
 use crate::error::Error;
-use crate::flow::read_modify_write::{Effect, ReadModifyWrite};
 use crate::guard::{Guarded, TokenOf};
 use crate::operation::{Modify, Operation, Run, Update};
 use crate::retry::{RetryPolicy, Stop};
-use crate::sql::statement::RowLock;
 use crate::write::entity::{write_and_record, GuardedWrite, UpdateRow};
-
-/// Where the attempts of a retried operation get their connection.
-pub trait Connections {
-    /// The connection an attempt runs on.
-    type Connection: Connection;
-
-    /// Whether each attempt gets a connection of its own, so that an attempt whose
-    /// connection died before its `COMMIT` (nothing written) can run again on another.
-    const FRESH_PER_ATTEMPT: bool = false;
-
-    /// Runs `f` on a connection for one attempt.
-    fn with<T>(&mut self, f: impl FnOnce(&mut Self::Connection) -> T) -> Result<T, Error>;
-}
-
-/// The caller's connection serves every attempt.
-impl<C: Connection> Connections for &mut C {
-    type Connection = C;
-
-    fn with<T>(&mut self, f: impl FnOnce(&mut C) -> T) -> Result<T, Error> {
-        Ok(f(self))
-    }
-}
-
-/// Each attempt checks a connection out of the pool and returns it when done, so a
-/// connection that died is replaced and waits between attempts hold none.
-impl<S: ConnectionSource> Connections for &S {
-    type Connection = S::Connection;
-
-    const FRESH_PER_ATTEMPT: bool = true;
-
-    fn with<T>(&mut self, f: impl FnOnce(&mut S::Connection) -> T) -> Result<T, Error> {
-        self.on_connection(f)
-    }
-}
 
 pub use crate::operation::modify::Modified;
 
@@ -142,7 +105,7 @@ fn modify_on<T, S, R, E>(
     source: S,
     key: &T::Key,
     policy: &RetryPolicy,
-    mut change: impl FnMut(&mut T) -> Result<R, E>,
+    change: impl FnMut(&mut T) -> Result<R, E>,
 ) -> Result<Modified<T, R>, E>
 where
     T: GuardedWrite + Clone + UpdateRow<S::Connection, <T as Guarded>::Changes>,
@@ -152,15 +115,14 @@ where
     E: From<Error>,
 {
     let suspects = T::GUARD_COLUMNS.join(", ");
-    read_modify_write(source, key, policy, &suspects, |conn, original: &T| {
-        let mut row = original.clone();
-        let value = change(&mut row).map_err(Stop::Caller)?;
-        let update = Update::new(original.key(), original.token(), row.changes())
-            .saving_from(&row, original)
-            .owned_transaction(true);
-        let token = write_and_record(&mut row, conn, update)?;
-        Ok((row, token, value))
-    })
+    let step = ChangeCopy(change);
+    now(read_modify_write(
+        Sourced(source),
+        key,
+        policy,
+        &suspects,
+        step,
+    ))
 }
 
 impl<T: GuardedWrite + Clone> GuardedModify for T {}
@@ -171,103 +133,26 @@ pub(crate) fn in_caller_transaction<C: Connection>(conn: &mut C) -> bool {
     in_transaction(conn)
 }
 
-/// The blocking driver of the read-modify-write [flow](crate::flow::read_modify_write):
-/// runs `attempt` (given the connection and the row as read) in a write transaction per
-/// attempt on connections from `source`, sleeping out the flow's pauses, until the flow is
-/// done. `attempt` returns the row as written, its new token and the caller's value.
-/// `suspects` names the columns an unreadable row is blamed on.
-pub(crate) fn read_modify_write<T, S, R, E>(
-    mut source: S,
-    key: &T::Key,
-    policy: &RetryPolicy,
-    suspects: &str,
-    mut attempt: impl FnMut(&mut S::Connection, &T) -> Result<(T, TokenOf<T>, R), Stop<E>>,
-) -> Result<Modified<T, R>, E>
-where
-    T: LoadByKey<S::Connection>,
-    S: Connections,
-    S::Connection: LoadConnection + WriteTransaction,
-    <S::Connection as Connection>::Backend: OccBackend,
-    E: From<Error>,
-{
-    let nested = source.with(in_caller_transaction)?;
-    let table = T::table_name();
-    let mut flow = ReadModifyWrite::new(policy, nested, S::FRESH_PER_ATTEMPT, table, key, suspects);
-    let mut effect = flow.start();
-    loop {
-        effect = match effect {
-            Effect::Begin => {
-                let mut ran = None;
-                let checkout = source.with(|conn| {
-                    ran = Some(run_attempt(conn, &mut flow, key, &mut attempt));
-                });
-                match (ran, checkout) {
-                    // The attempt ran: its outcome stands, whatever the source said after.
-                    (Some(next), _) => next,
-                    // No connection for the attempt: nothing began.
-                    (None, Err(error)) => flow.began(Err(error)),
-                    (None, Ok(())) => unreachable!("a source that succeeds runs the attempt"),
-                }
-            }
-            Effect::Pause(pause) => {
-                std::thread::sleep(pause);
-                flow.paused()
-            }
-            Effect::Done => break,
-            other => unreachable!("{other:?} is run inside an attempt"),
-        };
-    }
-    Ok(Modified::of(flow.outcome()?))
-}
+/// `modify`'s step, on either driver: the caller's change of a copy of the row, saved
+/// from the row as read.
+pub(crate) struct ChangeCopy<F>(pub(crate) F);
 
-/// One attempt of `flow` on `conn`, from its `BEGIN` to its `COMMIT` or `ROLLBACK`
-/// (diesel's transaction, as [`WriteTransaction`] begins and ends it on each backend):
-/// the effect after it.
-fn run_attempt<T, C, V, E>(
-    conn: &mut C,
-    flow: &mut ReadModifyWrite<'_, T, V, E>,
-    key: &T::Key,
-    attempt: &mut impl FnMut(&mut C, &T) -> Result<V, Stop<E>>,
-) -> Effect
+impl<T, C, F, R, E> Step<T, C, R, E> for ChangeCopy<F>
 where
-    T: LoadByKey<C>,
-    C: LoadConnection + WriteTransaction,
-    C::Backend: OccBackend,
-    E: From<Error>,
+    T: Guarded + Clone + UpdateOn<C, <T as Guarded>::Changes>,
+    F: FnMut(&mut T) -> Result<R, E>,
 {
-    let mut ended = None;
-    let transaction = conn.write_transaction(|conn| {
-        let mut effect = flow.began(Ok(()));
-        loop {
-            effect = match effect {
-                Effect::Read(lock) => {
-                    let read = match lock {
-                        RowLock::None => T::read_by_key(conn, key),
-                        lock => T::lock_by_key(conn, key, lock),
-                    };
-                    flow.read(read, |e| classify(conn, e))
-                }
-                Effect::Change => {
-                    let changed = attempt(conn, flow.row());
-                    flow.changed(changed)
-                }
-                Effect::Commit => {
-                    ended = Some(Effect::Commit);
-                    return Ok(());
-                }
-                Effect::Rollback => {
-                    ended = Some(Effect::Rollback);
-                    return Err(DieselError::RollbackTransaction);
-                }
-                other => unreachable!("{other:?} inside an attempt's transaction"),
-            }
-        }
-    });
-    match (ended, transaction) {
-        (Some(Effect::Commit), committed) => flow.committed(committed),
-        (Some(_), _) => flow.rolled_back(),
-        // The BEGIN failed: nothing is open.
-        (None, Err(e)) => flow.began(Err(classify(conn, e))),
-        (None, Ok(())) => unreachable!("an attempt's transaction ends by the flow's word"),
+    async fn apply<'a>(
+        &'a mut self,
+        conn: &'a mut C,
+        original: &'a T,
+    ) -> Result<(T, TokenOf<T>, R), Stop<E>> {
+        let mut row = original.clone();
+        let value = (self.0)(&mut row).map_err(Stop::Caller)?;
+        let update = Update::new(original.key(), original.token(), row.changes())
+            .saving_from(&row, original)
+            .owned_transaction(true);
+        let token = write_and_record(&mut row, conn, update).await?;
+        Ok((row, token, value))
     }
 }

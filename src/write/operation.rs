@@ -11,6 +11,8 @@
 //! anything is sent when longer than [`NAME_LIMIT`] characters, empty, or holding a NUL.
 //! Needs the library's tables ([`migrations`](crate::migrations)).
 
+use std::future::{ready, Future};
+
 use diesel::connection::LoadConnection;
 use diesel::prelude::*;
 
@@ -20,6 +22,9 @@ use diesel::query_dsl::methods::ExecuteDsl;
 use crate::connect::backend::OccBackend;
 use crate::connect::transaction::WriteTransaction;
 use crate::drive::blocking::executor::CannotMiss;
+use crate::drive::blocking::Sourced;
+use crate::drive::read_modify_write::{read_modify_write, Step};
+use crate::drive::{now, Blocking, UpdateOn};
 use crate::error::Error;
 use crate::flow::compare_and_set::{CompareAndSet, Matches};
 use crate::guard::Guarded;
@@ -28,7 +33,7 @@ use crate::retry::{Contention, RetryPolicy, Stop};
 use crate::sql::new_token::Counted;
 use crate::sql::statement::{Assignments, InsertIfMissing, NoChanges};
 use crate::write::entity::{write_and_record, UpdateRow};
-use crate::write::modify::{read_modify_write, Modified};
+use crate::write::modify::Modified;
 
 diesel::table! {
     /// The library's version rows.
@@ -157,10 +162,51 @@ where
     let key = ensure.key.clone();
     ensure.run(conn)?;
     let policy = EnsureVersionRow::policy(policy);
-    read_modify_write(conn, &key, &policy, "version", |conn, read: &VersionRow| {
-        let value = operation(conn).map_err(Stop::Caller)?;
+    let step = Versioned(OnBlocking(&mut operation));
+    now(read_modify_write(
+        Sourced(conn),
+        &key,
+        &policy,
+        "version",
+        step,
+    ))
+}
+
+/// A guarded operation's attempt, on either driver: the caller's operation on the
+/// attempt's transaction, then the version's advance.
+pub(crate) struct Versioned<W>(pub(crate) W);
+
+/// The caller's operation of a guarded operation, on connection `C`.
+pub(crate) trait Work<C, R, E> {
+    /// Runs it once on `conn`.
+    fn work<'a>(&'a mut self, conn: &'a mut C) -> impl Future<Output = Result<R, E>>;
+}
+
+/// A blocking operation, a closure of the connection.
+pub(crate) struct OnBlocking<'f, F>(&'f mut F);
+
+impl<C, F, R, E> Work<Blocking<C>, R, E> for OnBlocking<'_, F>
+where
+    F: FnMut(&mut C) -> Result<R, E>,
+{
+    fn work<'a>(&'a mut self, conn: &'a mut Blocking<C>) -> impl Future<Output = Result<R, E>> {
+        ready((self.0)(conn.inner()))
+    }
+}
+
+impl<C, W, R, E> Step<VersionRow, C, R, E> for Versioned<W>
+where
+    W: Work<C, R, E>,
+    VersionRow: UpdateOn<C, NoChanges<occ_versions::table>>,
+{
+    async fn apply<'a>(
+        &'a mut self,
+        conn: &'a mut C,
+        read: &'a VersionRow,
+    ) -> Result<(VersionRow, i64, R), Stop<E>> {
+        let value = self.0.work(conn).await.map_err(Stop::Caller)?;
         let mut row = read.clone();
-        let version = write_and_record(&mut row, conn, advance(read))?;
+        let version = write_and_record(&mut row, conn, advance(read)).await?;
         Ok((row, version, value))
-    })
+    }
 }

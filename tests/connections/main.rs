@@ -16,3 +16,4 @@ mod connection_sources;
 mod http_service;
 mod killed_writer;
 mod pool;
+mod send_futures;

@@ -10,7 +10,7 @@ use diesel_async::{AsyncConnection, TransactionManager};
 
 use crate::connect::backend::OccBackend;
 use crate::error::Error;
-use crate::flow::compare_and_set::classify_given;
+use crate::flow::compare_and_set::{classify_given, Classifier};
 use crate::guard::stored_precision::PrecisionCheck;
 use crate::guard::Guarded;
 
@@ -148,20 +148,20 @@ where
 
 /// [`classify`] made ready for `error`, the one a judgement that takes the
 /// classification as a closure may hand it: the server is asked before the judgement runs.
-pub(crate) async fn classifier<C>(
-    conn: &mut C,
-    error: Option<&DieselError>,
-) -> impl FnOnce(DieselError) -> Error
+pub(crate) async fn classifier<C>(conn: &mut C, error: Option<&DieselError>) -> Classifier
 where
     C: AsyncConnection,
     C::Backend: OccBackend,
 {
-    let inside = in_transaction(conn);
+    let in_transaction = in_transaction(conn);
     let reason = match error {
         Some(error) => C::Backend::retry_reason_async(conn, error).await,
         None => None,
     };
-    move |error| classify_given(error, inside, |_| reason)
+    Classifier {
+        in_transaction,
+        reason,
+    }
 }
 
 /// `result`, its error [classified](classify) on `conn`.
