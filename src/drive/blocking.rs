@@ -14,14 +14,14 @@ use diesel::{Connection, QueryResult, RunQueryDsl};
 use ref_cast::RefCast;
 
 use super::{
-    now, Attempts, Body, End, Ended, ExecuteOn, Io, QueryOn, ReadOn, ReadRow, RunOn, Transactions,
-    WriteAttempt,
+    now, Attempts, Body, End, Ended, ExecuteOn, Io, QueryOn, ReadOn, ReadRow, RunEachOn, RunOn,
+    Transactions, WriteAttempt,
 };
 use crate::connect::backend::OccBackend;
 use crate::connect::caller_transaction::protect_caller;
 use crate::connect::source::Connections;
 use crate::connect::transaction::{commit_operation, in_transaction, LostCommit, WriteTransaction};
-use crate::drive::blocking::complete::Complete;
+use crate::drive::blocking::complete::{Complete, CompleteEach};
 use crate::drive::blocking::load::{check_stored_precision, LoadByKey};
 use crate::error::Error;
 use crate::flow::compare_and_set::{Classifier, CompareAndSet, Written};
@@ -190,8 +190,6 @@ where
     C: LoadConnection + WriteTransaction,
     C::Backend: OccBackend,
 {
-    type Backend = C::Backend;
-
     fn caller_transaction(&mut self) -> Result<bool, Error> {
         Ok(in_transaction(&mut self.0))
     }
@@ -212,7 +210,10 @@ where
         });
         ready(match (ended, transaction) {
             (Some((End::Commit, value)), committed) => Ended::Committed(value, committed),
-            (Some((End::Rollback, value)), _) => Ended::RolledBack(value),
+            (Some((End::Rollback, value)), Err(DieselError::RollbackTransaction)) => {
+                Ended::RolledBack(value, Ok(()))
+            }
+            (Some((End::Rollback, value)), rolled_back) => Ended::RolledBack(value, rolled_back),
             (None, Err(e)) => Ended::NotBegun(classify(&mut self.0, e)),
             (None, Ok(())) => unreachable!("a transaction that began runs its body"),
         })
@@ -281,5 +282,18 @@ where
     fn pause(&mut self, pause: Duration) -> impl Future<Output = ()> {
         std::thread::sleep(pause);
         ready(())
+    }
+}
+
+impl<K, C, S, Tok> RunEachOn<Blocking<C>, S, Tok> for K
+where
+    K: CompleteEach<C, S, Tok>,
+    Tok: Send,
+{
+    fn run_each(
+        conn: &mut Blocking<C>,
+        statements: Vec<S>,
+    ) -> impl Future<Output = QueryResult<Vec<(usize, Option<Tok>)>>> + Send {
+        ready(K::run_each(&mut conn.0, statements))
     }
 }

@@ -150,6 +150,17 @@ pub(crate) trait RunOn<C, S, M, Tok> {
     ) -> impl Future<Output = Result<Written<Tok>, Error>> + Send;
 }
 
+/// Sends statements `S` on connection `C` in as few statements as the backend allows,
+/// the way `Self` (a token plan) says: the index of each one that wrote its row, with its
+/// token where the database computed it. The statements must not share a key.
+pub(crate) trait RunEachOn<C, S, Tok> {
+    /// Sends `statements`.
+    fn run_each(
+        conn: &mut C,
+        statements: Vec<S>,
+    ) -> impl Future<Output = QueryResult<Vec<(usize, Option<Tok>)>>> + Send;
+}
+
 /// How the body of a flow's own write transaction asks it to end.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum End {
@@ -167,9 +178,10 @@ pub(crate) enum Ended<T> {
     /// top-level one already judged as every transaction of the library's: MySQL's error
     /// number asked for, the transaction ended on the server).
     Committed(T, QueryResult<()>),
-    /// The body asked for the `ROLLBACK`: what it gave. A failed `ROLLBACK` leaves the
-    /// connection marked broken, for its pool to discard and the next call to refuse.
-    RolledBack(T),
+    /// The body asked for the `ROLLBACK`: what it gave, and the `ROLLBACK`'s answer (a
+    /// failed one leaves the connection marked broken, for its pool to discard and the
+    /// next call to refuse).
+    RolledBack(T, QueryResult<()>),
 }
 
 /// A connection on which a flow runs write transactions whose end it decides (the
@@ -180,9 +192,6 @@ pub(crate) enum Ended<T> {
 /// across its steps is, so the blocking API asks nothing of the caller's closures that
 /// it did not ask before.
 pub(crate) trait WriteAttempt: Sized {
-    /// The connection's backend.
-    type Backend: OccBackend;
-
     /// Refuses a connection an earlier cancelled call left inside a transaction; else
     /// whether a transaction (the caller's) is open on it.
     fn caller_transaction(&mut self) -> Result<bool, Error>;

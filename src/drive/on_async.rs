@@ -17,8 +17,8 @@ use diesel_async::RunQueryDsl;
 use diesel_async::AsyncConnection;
 
 use super::{
-    Attempts, Body, End, Ended, ExecuteOn, Io, QueryOn, ReadOn, ReadRow, RunOn, Transactions,
-    WriteAttempt,
+    Attempts, Body, End, Ended, ExecuteOn, Io, QueryOn, ReadOn, ReadRow, RunEachOn, RunOn,
+    Transactions, WriteAttempt,
 };
 use crate::connect::transaction::LostCommit;
 use crate::drive::on_async::connection::{
@@ -26,7 +26,7 @@ use crate::drive::on_async::connection::{
     NativeAsyncConnection,
 };
 use crate::drive::on_async::executor::{protect_caller, run, AsyncMiss};
-use crate::drive::on_async::send::{AsyncComplete, AsyncLoadByKey};
+use crate::drive::on_async::send::{AsyncComplete, AsyncCompleteEach, AsyncLoadByKey};
 use crate::drive::on_async::transaction::{BeginWrite, Call, OwnTransaction};
 use crate::error::Error;
 use crate::flow::compare_and_set::{Classifier, CompareAndSet, Written};
@@ -169,8 +169,6 @@ impl<C> WriteAttempt for C
 where
     C: BeginWrite,
 {
-    type Backend = C::Backend;
-
     fn caller_transaction(&mut self) -> Result<bool, Error> {
         refuse_broken(self)?;
         Ok(in_transaction(self))
@@ -188,10 +186,7 @@ where
         };
         match body(transaction.conn()).await {
             (End::Commit, value) => Ended::Committed(value, transaction.commit().await),
-            (End::Rollback, value) => {
-                let _ = transaction.rollback().await;
-                Ended::RolledBack(value)
-            }
+            (End::Rollback, value) => Ended::RolledBack(value, transaction.rollback().await),
         }
     }
 
@@ -243,5 +238,18 @@ impl<C: BeginWrite> Attempts<C> for Caller<'_, C> {
 
     fn pause(&mut self, pause: Duration) -> impl Future<Output = ()> {
         tokio::time::sleep(pause)
+    }
+}
+
+impl<K, C, S, Tok> RunEachOn<C, S, Tok> for K
+where
+    C: NativeAsyncConnection,
+    K: AsyncCompleteEach<C, S, Tok>,
+{
+    fn run_each(
+        conn: &mut C,
+        statements: Vec<S>,
+    ) -> impl Future<Output = QueryResult<Vec<(usize, Option<Tok>)>>> + Send {
+        K::run_each(conn, statements)
     }
 }

@@ -109,6 +109,6 @@ where
         Ended::Committed((), committed) => flow.committed(committed),
         // A failed ROLLBACK leaves the connection broken, which the next call refuses;
         // the attempt's own failure is what counts.
-        Ended::RolledBack(()) => flow.rolled_back(),
+        Ended::RolledBack((), _) => flow.rolled_back(),
     }
 }

@@ -24,29 +24,28 @@
 //! PostgreSQL it undoes the whole statement it hit, so in a partial batch the rows of
 //! that statement are not written either.
 
+use std::future::Future;
+
 use diesel::connection::LoadConnection;
 use diesel::query_builder::{AsChangeset, QueryFragment};
-use diesel::result::Error as DieselError;
 
 use crate::connect::backend::OccBackend;
-use crate::connect::transaction::in_transaction;
 use crate::connect::transaction::WriteTransaction;
 use crate::drive::blocking::complete::{Complete, CompleteEach};
-use crate::drive::blocking::load::{check_stored_precision, LoadByKey};
+use crate::drive::blocking::load::LoadByKey;
+use crate::drive::{now, Blocking, End, Ended, Io, ReadOn, RunEachOn, RunOn, WriteAttempt};
 use crate::error::Error;
 use crate::flow::batch::rows::{BuiltRows, Pending, RoundWritten};
 use crate::flow::batch::{Batch, Effect};
-use crate::flow::compare_and_set::refuse_double_assignment;
+use crate::flow::compare_and_set::{refuse_double_assignment, CompareAndSet};
 use crate::flow::miss::RowMoved;
 use crate::guard::{CompletionOf, Guarded, TokenOf};
 use crate::operation::{BatchDelete, BatchUpdate, Operation, Run};
 use crate::sql::new_token::Counted;
 use crate::sql::statement::Assignments;
 
-use crate::drive::blocking::executor::{classify, run_each};
 use crate::write::entity::{
-    delete_statement, guarded_statement_in, run_guarded, DeleteOf, DeleteRow, GuardedWrite,
-    UpdateOf, UpdateRow,
+    delete_statement, guarded_statement_in, DeleteOf, DeleteRow, GuardedWrite, UpdateOf, UpdateRow,
 };
 
 pub use crate::operation::batch::{BatchMode, BatchReport, RowOutcome};
@@ -114,10 +113,10 @@ pub trait UpdateBatch<C, Ch>: UpdateRow<C, Ch> {
 impl<T, C, Ch> UpdateBatch<C, Ch> for T
 where
     T: UpdateRow<C, Ch>,
-    C: LoadConnection + WriteTransaction,
+    C: LoadConnection + WriteTransaction + Send,
     C::Backend: OccBackend,
     Ch: AsChangeset<Target = T::Table>,
-    UpdateOf<T, Ch::Changeset>: Assignments<C::Backend> + QueryFragment<C::Backend>,
+    UpdateOf<T, Ch::Changeset>: Assignments<C::Backend> + QueryFragment<C::Backend> + Send,
     CompletionOf<T>: Complete<C, UpdateOf<T, Ch::Changeset>, TokenOf<T>>
         + CompleteEach<C, UpdateOf<T, Ch::Changeset>, TokenOf<T>>,
 {
@@ -128,17 +127,10 @@ where
     ) -> Result<BatchReport<TokenOf<T>>, Error> {
         let table = T::table_name();
         let rows = updates::<T, C::Backend, Ch>(table, rows)?;
-        let flow = Batch::new(table, rows, mode, in_transaction(conn), written_token::<T>)
+        let conn = Blocking::wrap(conn);
+        let flow = Batch::new(table, rows, mode, conn.in_transaction(), written_token::<T>)
             .of_updates(C::Backend::COMBINES_UPDATES);
-        drive(
-            conn,
-            flow,
-            &mut |conn, updates, own| run_each::<C, _, CompletionOf<T>, _>(conn, own, updates),
-            &mut |conn, key, expected, statement, own| {
-                let miss = RowMoved::<T>::expecting(key, expected);
-                run_guarded::<T, C, _, CompletionOf<T>>(conn, miss, statement, own)
-            },
-        )
+        now(drive::<T, _, _, _, Updates>(conn, flow))
     }
 }
 
@@ -210,106 +202,181 @@ pub(crate) fn delete_batch<T, C>(
 ) -> Result<BatchReport<()>, Error>
 where
     T: LoadByKey<C>,
-    C: LoadConnection + WriteTransaction,
+    C: LoadConnection + WriteTransaction + Send,
     C::Backend: OccBackend,
-    DeleteOf<T>: Assignments<C::Backend>,
+    DeleteOf<T>: Assignments<C::Backend> + Send,
     Counted: Complete<C, DeleteOf<T>, TokenOf<T>>,
 {
     let rows = deletes::<T>(rows);
-    let flow = Batch::new(T::table_name(), rows, mode, in_transaction(conn), |_, _| ());
-    drive(
-        conn,
-        flow,
-        &mut no_rounds,
-        &mut |conn, key, expected, statement, own| {
-            let miss = RowMoved::<T>::expecting(key, expected);
-            run_guarded::<T, C, _, Counted>(conn, miss, statement, own)
-        },
-    )
+    let conn = Blocking::wrap(conn);
+    let flow = Batch::new(
+        T::table_name(),
+        rows,
+        mode,
+        conn.in_transaction(),
+        |_, _| (),
+    );
+    now(drive::<T, _, _, _, Deletes>(conn, flow))
 }
 
-/// The rounds of a batch whose rows are written one by one: never asked for.
-fn no_rounds<C, S, Tok>(_: &mut C, _: Vec<S>, _: bool) -> Result<RoundWritten<Tok>, Error> {
-    unreachable!("a batch of deletes writes its rows one by one")
+/// How a batch's statements `S` of entity `T` are sent on connection `C`.
+pub(crate) trait SendBatch<T: Guarded, C, S> {
+    /// Sends a round's statements as the backend's combined statements.
+    fn round(
+        conn: &mut C,
+        updates: Vec<S>,
+        own: bool,
+    ) -> impl Future<Output = Result<RoundWritten<TokenOf<T>>, Error>> + Send;
+
+    /// Sends one row's statement as a guarded write: the token read back, if the guard
+    /// reads one.
+    fn row(
+        conn: &mut C,
+        key: &T::Key,
+        expected: &TokenOf<T>,
+        statement: S,
+        own: bool,
+    ) -> impl Future<Output = Result<Option<TokenOf<T>>, Error>> + Send;
 }
 
-/// The blocking driver of the batch [flow](crate::flow::batch): `round` sends a round's
-/// combined statements, `row` one row's guarded write; an all-or-nothing batch runs in
-/// diesel's transaction, as [`WriteTransaction`] begins and ends it on each backend.
-fn drive<T, C, S, Out>(
+/// A batch of guarded updates: combined rounds where the backend combines them.
+pub(crate) struct Updates;
+
+impl<T, C, S> SendBatch<T, C, S> for Updates
+where
+    C: Io,
+    T: ReadOn<C>,
+    S: Assignments<C::Backend> + Send,
+    CompletionOf<T>: RunEachOn<C, S, TokenOf<T>> + for<'k> RunOn<C, S, RowMoved<'k, T>, TokenOf<T>>,
+{
+    async fn round(
+        conn: &mut C,
+        updates: Vec<S>,
+        own: bool,
+    ) -> Result<RoundWritten<TokenOf<T>>, Error> {
+        if updates.is_empty() {
+            return Ok(Vec::new());
+        }
+        let send = async |conn: &mut C| CompletionOf::<T>::run_each(conn, updates).await;
+        conn.protect_caller(own, send).await
+    }
+
+    fn row(
+        conn: &mut C,
+        key: &T::Key,
+        expected: &TokenOf<T>,
+        update: S,
+        own: bool,
+    ) -> impl Future<Output = Result<Option<TokenOf<T>>, Error>> + Send {
+        guarded_row::<T, C, S, CompletionOf<T>>(conn, key, expected, update, own)
+    }
+}
+
+/// A batch of guarded deletes: one statement per row on every backend.
+pub(crate) struct Deletes;
+
+impl<T, C, S> SendBatch<T, C, S> for Deletes
+where
+    C: Io,
+    T: ReadOn<C>,
+    S: Assignments<C::Backend> + Send,
+    Counted: for<'k> RunOn<C, S, RowMoved<'k, T>, TokenOf<T>>,
+{
+    async fn round(_: &mut C, _: Vec<S>, _: bool) -> Result<RoundWritten<TokenOf<T>>, Error> {
+        unreachable!("a batch of deletes writes its rows one by one")
+    }
+
+    fn row(
+        conn: &mut C,
+        key: &T::Key,
+        expected: &TokenOf<T>,
+        delete: S,
+        own: bool,
+    ) -> impl Future<Output = Result<Option<TokenOf<T>>, Error>> + Send {
+        guarded_row::<T, C, S, Counted>(conn, key, expected, delete, own)
+    }
+}
+
+/// One row's guarded write, its statement sent the way `K` says: the token read back, if
+/// the guard reads one.
+async fn guarded_row<T, C, S, K>(
+    conn: &mut C,
+    key: &T::Key,
+    expected: &TokenOf<T>,
+    statement: S,
+    own: bool,
+) -> Result<Option<TokenOf<T>>, Error>
+where
+    C: Io,
+    T: ReadOn<C>,
+    K: for<'k> RunOn<C, S, RowMoved<'k, T>, TokenOf<T>>,
+{
+    let miss = RowMoved::<T>::expecting(key, expected);
+    let write = CompareAndSet::one(statement, T::table_name(), key, miss);
+    Ok(K::run(conn, write, own).await?.token)
+}
+
+/// The driver of the batch [flow](crate::flow::batch), on both APIs: `K` sends the
+/// statements, each told whether the open transaction is the library's; an
+/// all-or-nothing batch runs in a write transaction of the library's.
+pub(crate) async fn drive<T, C, S, Out, K>(
     conn: &mut C,
     mut flow: Batch<T, S, Out>,
-    round: &mut impl FnMut(&mut C, Vec<S>, bool) -> Result<RoundWritten<TokenOf<T>>, Error>,
-    row: &mut impl FnMut(&mut C, &T::Key, &TokenOf<T>, S, bool) -> Result<Option<TokenOf<T>>, Error>,
 ) -> Result<BatchReport<Out>, Error>
 where
-    T: LoadByKey<C>,
-    C: LoadConnection + WriteTransaction,
-    C::Backend: OccBackend,
+    C: Io + WriteAttempt,
+    T: ReadOn<C>,
+    K: SendBatch<T, C, S>,
 {
     let mut effect = flow.start();
     loop {
         effect = match effect {
             Effect::Begin => {
-                // Whether the flow asked for the COMMIT (else the ROLLBACK), once it did.
-                let mut commit = None;
-                let transaction = conn.write_transaction(|conn| {
+                let transaction = async |conn: &mut C| {
                     let mut effect = flow.began(Ok(()));
                     loop {
                         effect = match effect {
-                            Effect::Commit => {
-                                commit = Some(true);
-                                return Ok(());
-                            }
-                            Effect::Rollback => {
-                                commit = Some(false);
-                                return Err(DieselError::RollbackTransaction);
-                            }
-                            other => step(conn, &mut flow, other, round, row),
+                            Effect::Commit => return (End::Commit, ()),
+                            Effect::Rollback => return (End::Rollback, ()),
+                            other => step::<T, C, S, Out, K>(conn, &mut flow, other).await,
                         }
                     }
-                });
-                match (commit, transaction) {
-                    (Some(true), committed) => flow.committed(committed),
-                    (Some(false), Err(DieselError::RollbackTransaction)) => {
-                        flow.rolled_back(Ok(()))
-                    }
-                    (Some(false), rolled_back) => flow.rolled_back(rolled_back),
-                    // The BEGIN failed: nothing is open.
-                    (None, Err(e)) => flow.began(Err(classify(conn, e))),
-                    (None, Ok(())) => unreachable!("a batch's transaction ends by the flow's word"),
+                };
+                match conn.write_transaction(transaction).await {
+                    Ended::NotBegun(error) => flow.began(Err(error)),
+                    Ended::Committed((), committed) => flow.committed(committed),
+                    Ended::RolledBack((), rolled_back) => flow.rolled_back(rolled_back),
                 }
             }
             Effect::Done => return flow.outcome(),
-            other => step(conn, &mut flow, other, round, row),
+            other => step::<T, C, S, Out, K>(conn, &mut flow, other).await,
         };
     }
 }
 
 /// Performs one effect of a batch outside its transaction's beginning and end.
-fn step<T, C, S, Out>(
+async fn step<T, C, S, Out, K>(
     conn: &mut C,
     flow: &mut Batch<T, S, Out>,
     effect: Effect<S, T::Key>,
-    round: &mut impl FnMut(&mut C, Vec<S>, bool) -> Result<RoundWritten<TokenOf<T>>, Error>,
-    row: &mut impl FnMut(&mut C, &T::Key, &TokenOf<T>, S, bool) -> Result<Option<TokenOf<T>>, Error>,
 ) -> Effect<S, T::Key>
 where
-    T: LoadByKey<C>,
-    C: LoadConnection,
-    C::Backend: OccBackend,
+    C: Io + WriteAttempt,
+    T: ReadOn<C>,
+    K: SendBatch<T, C, S>,
 {
     let own = flow.own_transaction();
     match effect {
-        Effect::CheckPrecision => flow.checked(check_stored_precision::<T, C>(conn)),
-        Effect::SendRound(updates) => flow.sent_round(round(conn, updates, own)),
+        Effect::CheckPrecision => flow.checked(T::check_stored_precision(conn).await),
+        Effect::SendRound(updates) => flow.sent_round(K::round(conn, updates, own).await),
         Effect::ReadMissed(keys) => {
-            let read = T::load_by_keys(conn, &keys);
-            flow.read_missed(read, |e| classify(conn, e))
+            let read = T::load_by_keys(conn, &keys).await;
+            let classifier = conn.classifier(read.as_ref().err()).await;
+            flow.read_missed(read, |e| classifier.classify(e))
         }
         Effect::WriteRow(statement) => {
             let (key, expected) = flow.row();
-            let wrote = row(conn, key, expected, statement, own);
+            let wrote = K::row(conn, key, expected, statement, own).await;
             flow.wrote_row(wrote)
         }
         _ => unreachable!("the batch driver begins and ends the transaction itself"),

@@ -665,27 +665,6 @@ where
     Ok((statement, next, miss))
 }
 
-/// Runs a guarded `statement` on the row `miss` names the way `K` says; `miss` explains a
-/// row it did not write. The token the statement read back, if it reads one.
-pub(crate) fn run_guarded<T, C, S, K>(
-    conn: &mut C,
-    miss: RowMoved<'_, T>,
-    statement: S,
-    own: bool,
-) -> Result<Option<TokenOf<T>>, Error>
-where
-    T: LoadByKey<C>,
-    C: LoadConnection,
-    C::Backend: OccBackend,
-    S: Assignments<C::Backend>,
-    K: Complete<C, S, TokenOf<T>>,
-{
-    let key = miss.key();
-    let written =
-        CompareAndSet::one(statement, T::table_name(), key, miss).run::<C, K, _>(conn, own)?;
-    Ok(written.token)
-}
-
 /// A write of entity `T`'s row by key alone: changes `Ch`, the token advanced in SQL,
 /// under condition `G` and as long as the token can advance.
 pub(crate) type KeyWriteOf<T, Ch, G> = GuardedUpdate<

@@ -12,7 +12,7 @@ use diesel::result::Error as DieselError;
 
 use crate::connect::backend::OccBackend;
 use crate::connect::caller_transaction::protect_caller;
-use crate::drive::blocking::complete::{Complete, CompleteEach};
+use crate::drive::blocking::complete::Complete;
 use crate::error::Error;
 use crate::flow::compare_and_set::{classify_given, CompareAndSet, Judged, Written};
 use crate::sql::statement::Assignments;
@@ -63,27 +63,6 @@ impl<S, M> CompareAndSet<'_, S, M> {
             Judged::Missed(miss) => Err(miss.explain(conn)),
         }
     }
-}
-
-/// Runs `statements` in as few statements as the backend allows ([`CompleteEach`]):
-/// the index of each one that wrote its row, with its token where the database computed
-/// it. The statements must not share a key, and have passed [`refuse_double_assignment`];
-/// the caller judges the answer and explains the misses
-/// ([`Chunk`](crate::flow::batch::rows::Chunk)).
-pub(crate) fn run_each<C, S, K, Tok>(
-    conn: &mut C,
-    own: bool,
-    statements: Vec<S>,
-) -> Result<Vec<(usize, Option<Tok>)>, Error>
-where
-    C: LoadConnection,
-    C::Backend: OccBackend,
-    K: CompleteEach<C, S, Tok>,
-{
-    if statements.is_empty() {
-        return Ok(Vec::new());
-    }
-    protect_caller(conn, own, |conn| K::run_each(conn, statements)).map_err(|e| classify(conn, e))
 }
 
 /// Classifies an error a statement just returned on `conn`: [`Error::Ambiguous`] when the

@@ -253,7 +253,7 @@ where
     message = "this guard cannot run a batch of its statements on `{C}`",
     note = "the statement, its guard's assignments or the token's column type do not fit this connection's backend"
 )]
-pub trait AsyncCompleteEach<C, S, Tok> {
+pub(crate) trait AsyncCompleteEach<C, S, Tok> {
     /// Sends `updates` on `conn`; they must not share a key.
     fn run_each(
         conn: &mut C,
