@@ -7,25 +7,22 @@ use std::time::Duration;
 
 use diesel::OptionalExtension;
 use diesel_async::methods::LoadQuery;
-use diesel_async::{AsyncConnection, RunQueryDsl, SimpleAsyncConnection};
+use diesel_async::{AsyncConnection, AsyncConnectionCore, RunQueryDsl, SimpleAsyncConnection};
 
 use crate::connect::backend::OccBackend;
-use crate::drive::on_async::connection::{
-    classified, classify, refuse_broken, NativeAsync, NativeAsyncConnection,
-};
-use crate::drive::on_async::executor::{run, AsyncMiss};
-use crate::drive::on_async::send::AsyncComplete;
-use crate::drive::on_async::transaction::{Call, OwnTransaction};
+use crate::drive::blocking::executor::CannotMiss;
+use crate::drive::on_async::connection::{classify, NativeAsync, NativeAsyncConnection};
+use crate::drive::on_async::executor::AsyncMiss;
+use crate::drive::on_async::transaction::OwnTransaction;
+use crate::drive::{Body, Io, QueryOn, RunOn};
 use crate::error::Error;
-use crate::flow::lock_transaction::{Effect, LockTransaction};
-use crate::locks::backend::{facts, ServerLockBackend};
+use crate::locks::backend::ServerLockBackend;
 use crate::locks::lock::{
-    acquire_write, create_write, fence_not_read_back, grant_in_row, occ_locks, release_write,
-    renew_write, AcquireLock, CreateLock, HeldRow, LeaseLost, LockHolder, LockKey, LockOwner,
+    occ_locks, AcquireLock, CreateLock, HeldRow, LeaseLost, LockHolder, LockKey, LockOwner,
     LockRow, LockStep, LockTaken, ReleaseLock, RenewLock,
 };
+use crate::locks::lock_io::{check_held, write_lock, LockIo};
 use crate::sql::new_token::{Counted, ReturnedBy};
-use crate::sql::statement::Assignments;
 
 /// The statements of a lock on a diesel-async connection, a part of
 /// [`AsyncWriteConnection`](super::AsyncWriteConnection) (feature `locks`): every
@@ -79,53 +76,35 @@ pub trait LockStatements: AsyncConnection + Send {
 
 impl<C> LockStatements for C
 where
-    C: NativeAsyncConnection + Send,
-    C::Backend: ServerLockBackend + NativeAsync,
-    AcquireLock: Assignments<C::Backend>,
-    RenewLock: Assignments<C::Backend>,
-    ReleaseLock: Assignments<C::Backend>,
-    CreateLock: Assignments<C::Backend>,
-    ReturnedBy<occ_locks::fence>: AsyncComplete<C, AcquireLock, i64>,
-    Counted: AsyncComplete<C, RenewLock, i64>
-        + AsyncComplete<C, ReleaseLock, i64>
-        + AsyncComplete<C, CreateLock, i64>,
-    LockHolder:
-        LoadQuery<'static, C, (Option<String>, Option<chrono::NaiveDateTime>)> + Send + 'static,
-    LockOwner: LoadQuery<'static, C, (Option<String>, Option<String>, i64)> + Send + 'static,
-    LockRow: LoadQuery<'static, C, i64> + Send + 'static,
-    HeldRow: LoadQuery<'static, C, i64> + Send + 'static,
+    C: Io + NativeAsyncConnection + Send,
+    <C as Io>::Backend: ServerLockBackend,
+    <C as AsyncConnectionCore>::Backend: ServerLockBackend + NativeAsync,
+    LockRow: QueryOn<C, i64>,
+    HeldRow: QueryOn<C, i64>,
+    LockOwner: QueryOn<C, (Option<String>, Option<String>, i64)>,
+    Counted: RunOn<C, CreateLock, CannotMiss, i64>,
+    for<'k> ReturnedBy<occ_locks::fence>: RunOn<C, AcquireLock, LockTaken<'k>, i64>,
+    for<'k> Counted:
+        RunOn<C, RenewLock, LeaseLost<'k>, i64> + RunOn<C, ReleaseLock, LeaseLost<'k>, i64>,
 {
-    async fn check_held<'a>(
+    fn check_held<'a>(
         &'a mut self,
         key: &'a LockKey,
         holder: &'a str,
         fence: i64,
-    ) -> Result<(), Error> {
-        // The blocking path's two locking reads: the first waits for the row, the second
-        // reads the clock after that wait.
-        let waited = key.locked_row().get_result::<i64>(self).await.optional();
-        classified(self, waited).await?;
-        let held = key
-            .held_row(holder, fence)
-            .get_result::<i64>(self)
-            .await
-            .optional();
-        let held = classified(self, held).await?;
-        match held {
-            Some(_) => Ok(()),
-            None => Err(LeaseLost { key, holder, fence }.explain(self).await),
-        }
+    ) -> impl Future<Output = Result<(), Error>> + Send + 'a {
+        check_held(self, key, holder, fence)
     }
 
-    async fn acquire_lock<'a>(
+    fn acquire_lock<'a>(
         &'a mut self,
         key: &'a LockKey,
         holder: &'a str,
         label: Option<&'a str>,
         ttl: Duration,
         wait: Duration,
-    ) -> Result<i64, Error> {
-        bounded(self, wait, key, holder, LockStep::Acquire { label, ttl }).await
+    ) -> impl Future<Output = Result<i64, Error>> + Send + 'a {
+        write_lock(self, key, holder, LockStep::Acquire { label, ttl }, wait)
     }
 
     async fn renew_lock<'a>(
@@ -136,9 +115,8 @@ where
         ttl: Duration,
         wait: Duration,
     ) -> Result<(), Error> {
-        bounded(self, wait, key, holder, LockStep::Renew { fence, ttl })
-            .await
-            .map(drop)
+        let step = LockStep::Renew { fence, ttl };
+        write_lock(self, key, holder, step, wait).await.map(drop)
     }
 
     async fn release_lock<'a>(
@@ -148,94 +126,34 @@ where
         fence: i64,
         wait: Duration,
     ) -> Result<(), Error> {
-        bounded(self, wait, key, holder, LockStep::Release { fence })
-            .await
-            .map(drop)
+        let step = LockStep::Release { fence };
+        write_lock(self, key, holder, step, wait).await.map(drop)
     }
 }
 
-/// Runs `step` in a transaction of its own on `conn` whose every wait is bounded by `wait`
-/// (the backend's settings, as the blocking path sets them), its statements in the order
-/// [`LockTransaction`] gives, and judges its `COMMIT` as the blocking path does: a lost
-/// one is [`Error::Ambiguous`]. The fence the lock has after it.
-async fn bounded<C>(
-    conn: &mut C,
-    wait: Duration,
-    key: &LockKey,
-    holder: &str,
-    step: LockStep<'_>,
-) -> Result<i64, Error>
+/// A lock's bounded transaction on a server's async connection: the backend's settings
+/// (before `BEGIN`, first inside, restored after whatever the outcome, as the blocking
+/// path sets them) around a transaction of the library's.
+impl<C> LockIo for C
 where
-    C: NativeAsyncConnection + Send,
-    C::Backend: ServerLockBackend + NativeAsync,
-    AcquireLock: Assignments<C::Backend>,
-    RenewLock: Assignments<C::Backend>,
-    ReleaseLock: Assignments<C::Backend>,
-    CreateLock: Assignments<C::Backend>,
-    ReturnedBy<occ_locks::fence>: AsyncComplete<C, AcquireLock, i64>,
-    Counted: AsyncComplete<C, RenewLock, i64>
-        + AsyncComplete<C, ReleaseLock, i64>
-        + AsyncComplete<C, CreateLock, i64>,
-    LockHolder:
-        LoadQuery<'static, C, (Option<String>, Option<chrono::NaiveDateTime>)> + Send + 'static,
-    LockOwner: LoadQuery<'static, C, (Option<String>, Option<String>, i64)> + Send + 'static,
-    LockRow: LoadQuery<'static, C, i64> + Send + 'static,
+    C: Io + NativeAsyncConnection + Send,
+    <C as Io>::Backend: ServerLockBackend,
+    <C as AsyncConnectionCore>::Backend: ServerLockBackend + NativeAsync,
 {
-    refuse_broken(conn)?;
-    let bounds = C::Backend::wait_bounds(wait);
-    let mut flow = LockTransaction::new(step.write(), facts::<C::Backend>());
-    let mut call = Call::start(conn);
-    let result = async {
-        let conn = call.conn();
-        setting(conn, bounds.before.as_deref()).await?;
+    async fn bounded<'a, 'c, T, F>(&'c mut self, bound: Duration, body: F) -> Result<T, Error>
+    where
+        for<'r> F: Body<&'r mut Self, Result<T, Error>, Fut: Send> + Send + 'a,
+        T: Send + 'a,
+        'a: 'c,
+    {
+        let bounds = <C as Io>::Backend::wait_bounds(bound);
+        setting(self, bounds.before.as_deref()).await?;
         let ended = async {
-            let mut transaction = OwnTransaction::begin(&mut *conn).await?;
+            let mut transaction = OwnTransaction::begin(&mut *self).await?;
             let sent = async {
                 let conn = transaction.conn();
                 setting(conn, bounds.inside.as_deref()).await?;
-                let mut effect = flow.begun();
-                loop {
-                    effect = match effect {
-                        Effect::ReadRow => {
-                            let row = key.locked_row().get_result::<i64>(conn).await.optional();
-                            flow.read_row(classified(conn, row).await?.is_some())
-                        }
-                        Effect::CreateRow => {
-                            run::<C, _, _, Counted, i64>(create_write(key), conn, true).await?;
-                            flow.created_row()
-                        }
-                        // Only SQLite draws fences, and its async connection runs the
-                        // blocking path: a fence not drawn would repeat the last one.
-                        Effect::DrawFence => {
-                            return Err(Error::InvalidSetting {
-                                what: "lock backend",
-                                reason: "this backend draws fences, which the async path \
-                                         does not send"
-                                    .into(),
-                            })
-                        }
-                        Effect::Write => break,
-                    }
-                }
-                match step {
-                    LockStep::Acquire { label, ttl } => {
-                        let write = acquire_write(key, holder, label, ttl);
-                        run::<C, _, _, ReturnedBy<occ_locks::fence>, i64>(write, conn, true)
-                            .await?
-                            .token
-                            .ok_or_else(fence_not_read_back)
-                    }
-                    LockStep::Renew { fence, ttl } => {
-                        let write = renew_write(key, holder, fence, ttl);
-                        run::<C, _, _, Counted, i64>(write, conn, true).await?;
-                        Ok(fence)
-                    }
-                    LockStep::Release { fence } => {
-                        let write = release_write(key, holder, fence);
-                        run::<C, _, _, Counted, i64>(write, conn, true).await?;
-                        Ok(fence)
-                    }
-                }
+                body(conn).await
             }
             .await;
             transaction.settle(sent).await
@@ -244,18 +162,18 @@ where
         // Whatever the outcome (a failed `BEGIN` too), as the blocking path restores it: a
         // committed grant stays a grant when the restore fails (the connection died right
         // after the commit).
-        let _ = setting(conn, bounds.after.as_deref()).await;
-        let fence = ended?;
-        if flow.confirms_grant() {
-            // The blocking path's read-back of the grant after its `COMMIT`.
-            let row = key.owner_read().get_result(conn).await.optional();
-            let row = classified(conn, row).await?;
-            grant_in_row(key, holder, fence, row)?;
-        }
-        Ok(fence)
+        let _ = setting(self, bounds.after.as_deref()).await;
+        ended.map_err(<C as Io>::Backend::bounded_error)
     }
-    .await;
-    call.finish(result).map_err(C::Backend::bounded_error)
+
+    async fn draw_fence(&mut self) -> Result<(), Error> {
+        // Only SQLite draws fences, and its async connection runs the blocking path: a
+        // fence not drawn would repeat the last one.
+        Err(Error::InvalidSetting {
+            what: "lock backend",
+            reason: "this backend draws fences, which the async path does not send".into(),
+        })
+    }
 }
 
 /// Sends a session or transaction setting, if there is one.

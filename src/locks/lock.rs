@@ -48,16 +48,17 @@ use diesel::query_builder::InsertStatement;
 use diesel::query_dsl::methods::{ExecuteDsl, LoadQuery};
 use diesel::{Insertable, OptionalExtension, QueryDsl, RunQueryDsl};
 
-use crate::connect::backend::OccBackend;
 use crate::connect::transaction::WriteTransaction;
 use crate::drive::blocking::complete::Complete;
 use crate::drive::blocking::executor::{classify, CannotMiss, Miss};
+use crate::drive::{now, Blocking};
 use crate::error::Error;
-use crate::flow::lock_transaction::{Effect, LockTransaction, LockWrite};
+use crate::flow::lock_transaction::LockWrite;
 use crate::guard::server_clock::{ClockColumn, Shift};
-use crate::locks::backend::{facts, LockBackend, NextFence};
+use crate::locks::backend::{LockBackend, NextFence};
 use crate::locks::belief::{believed, Belief};
 use crate::locks::held::{Held, Loss};
+use crate::locks::lock_io::{check_held, write_lock};
 use crate::retry::RetryPolicy;
 use crate::sql::names::check_name;
 use crate::sql::new_token::{Counted, ReturnedBy};
@@ -476,7 +477,7 @@ pub trait LockConnection {
 
 impl<C> LockConnection for C
 where
-    C: LoadConnection + WriteTransaction + SimpleConnection,
+    C: LoadConnection + WriteTransaction + SimpleConnection + Send,
     C::Backend: LockBackend,
     AcquireLock: Assignments<C::Backend>,
     RenewLock: Assignments<C::Backend>,
@@ -497,7 +498,8 @@ where
         ttl: Duration,
         wait: Duration,
     ) -> Result<i64, Error> {
-        write_lock(self, key, holder, LockStep::Acquire { label, ttl }, wait)
+        let step = LockStep::Acquire { label, ttl };
+        now(write_lock(Blocking::wrap(self), key, holder, step, wait))
     }
 
     fn renew_lock(
@@ -508,27 +510,12 @@ where
         ttl: Duration,
         wait: Duration,
     ) -> Result<(), Error> {
-        write_lock(self, key, holder, LockStep::Renew { fence, ttl }, wait).map(drop)
+        let step = LockStep::Renew { fence, ttl };
+        now(write_lock(Blocking::wrap(self), key, holder, step, wait)).map(drop)
     }
 
     fn check_held(&mut self, key: &LockKey, holder: &str, fence: i64) -> Result<(), Error> {
-        // Two statements, for the reason the acquisition has two: the first waits for the
-        // row (a renewal in flight, someone's `FOR UPDATE`), the second reads the clock
-        // after that wait. Both lock, so that they read the latest row even in a
-        // REPEATABLE READ snapshot taken before the caller's write.
-        key.locked_row()
-            .get_result::<i64>(self)
-            .optional()
-            .map_err(|e| classify(self, e))?;
-        let held = key
-            .held_row(holder, fence)
-            .get_result::<i64>(self)
-            .optional()
-            .map_err(|e| classify(self, e))?;
-        match held {
-            Some(_) => Ok(()),
-            None => Err(LeaseLost { key, holder, fence }.explain(self)),
-        }
+        now(check_held(Blocking::wrap(self), key, holder, fence))
     }
 
     fn release_lock(
@@ -538,88 +525,9 @@ where
         fence: i64,
         wait: Duration,
     ) -> Result<(), Error> {
-        write_lock(self, key, holder, LockStep::Release { fence }, wait).map(drop)
+        let step = LockStep::Release { fence };
+        now(write_lock(Blocking::wrap(self), key, holder, step, wait)).map(drop)
     }
-}
-
-/// Runs `step` on the lock `key` for `holder` in the backend's bounded transaction, its
-/// statements in the order [`LockTransaction`] gives, and reads a grant back after the
-/// `COMMIT` where the backend needs it: the fence the lock has after it.
-fn write_lock<C>(
-    conn: &mut C,
-    key: &LockKey,
-    holder: &str,
-    step: LockStep<'_>,
-    wait: Duration,
-) -> Result<i64, Error>
-where
-    C: LoadConnection + WriteTransaction + SimpleConnection,
-    C::Backend: LockBackend,
-    AcquireLock: Assignments<C::Backend>,
-    RenewLock: Assignments<C::Backend>,
-    ReleaseLock: Assignments<C::Backend>,
-    CreateLock: Assignments<C::Backend> + ExecuteDsl<C>,
-    ReturnedBy<occ_locks::fence>: Complete<C, AcquireLock, i64>,
-    Counted: Complete<C, RenewLock, i64> + Complete<C, ReleaseLock, i64>,
-    LockHolder: LoadQuery<'static, C, (Option<String>, Option<chrono::NaiveDateTime>)>,
-    LockOwner: LoadQuery<'static, C, (Option<String>, Option<String>, i64)>,
-    LockRow: LoadQuery<'static, C, i64>,
-{
-    let mut flow = LockTransaction::new(step.write(), facts::<C::Backend>());
-    let fence = C::Backend::bounded(conn, wait, |conn| {
-        let mut effect = flow.begun();
-        loop {
-            effect = match effect {
-                Effect::ReadRow => {
-                    let row = key.locked_row().get_result::<i64>(conn).optional();
-                    flow.read_row(row.map_err(|e| classify(conn, e))?.is_some())
-                }
-                Effect::CreateRow => {
-                    create_write(key).run::<C, Counted, i64>(conn, true)?;
-                    flow.created_row()
-                }
-                Effect::DrawFence => {
-                    C::Backend::draw_fence(conn).map_err(|e| classify(conn, e))?;
-                    flow.drew_fence()
-                }
-                Effect::Write => {
-                    return match step {
-                        LockStep::Acquire { label, ttl } => acquire_write(key, holder, label, ttl)
-                            .run::<C, ReturnedBy<occ_locks::fence>, i64>(conn, true)?
-                            .token
-                            .ok_or_else(fence_not_read_back),
-                        LockStep::Renew { fence, ttl } => renew_write(key, holder, fence, ttl)
-                            .run::<C, Counted, i64>(conn, true)
-                            .map(|_| fence),
-                        LockStep::Release { fence } => release_write(key, holder, fence)
-                            .run::<C, Counted, i64>(conn, true)
-                            .map(|_| fence),
-                    }
-                }
-            }
-        }
-    })?;
-    if flow.confirms_grant() {
-        confirm_grant(conn, key, holder, fence)?;
-    }
-    Ok(fence)
-}
-
-/// Reads the grant of `fence` to `holder` back after its `COMMIT` (see
-/// [`LockBackend::CONFIRMS_GRANTS`]): one plain read, which sees this session's own
-/// commit.
-fn confirm_grant<C>(conn: &mut C, key: &LockKey, holder: &str, fence: i64) -> Result<(), Error>
-where
-    C: LoadConnection,
-    C::Backend: OccBackend,
-    LockOwner: LoadQuery<'static, C, (Option<String>, Option<String>, i64)>,
-{
-    let row = key
-        .owner_read()
-        .get_result(conn)
-        .optional()
-        .map_err(|e| classify(conn, e))?;
-    grant_in_row(key, holder, fence, row)
 }
 
 /// Judges a grant's read-back: a grant the row does not show never happened, and the

@@ -9,3 +9,4 @@ pub(crate) mod held;
 pub(crate) mod leader;
 pub(crate) mod lease;
 pub(crate) mod lock;
+pub(crate) mod lock_io;
