@@ -39,6 +39,9 @@ use crate::write::operation::{
 /// broken (see the [module documentation](crate::asynchronous)) and nothing of the
 /// attempt commits; dropped between attempts, nothing is open. The version row, created
 /// first, may then exist at its version.
+// Not an `async fn`: its future is declared `Send` here, where the compiler can prove
+// it for every connection (rust-lang/rust#100013 keeps it from proving it at a call site).
+#[allow(clippy::manual_async_fn)]
 pub fn guarded_operation<'a, C, R, E, W>(
     conn: &'a mut C,
     lock_name: &'a str,
@@ -55,8 +58,6 @@ where
     R: Send + 'static,
     E: From<Error> + Send + 'static,
 {
-    // `Send` is proven here, for every connection, where the compiler can prove it of the
-    // one driver's closures (rust-lang/rust#100013).
     async move {
         let ensure = EnsureVersionRow::new(lock_name, resource)?;
         let key = ensure.key.clone();

@@ -190,10 +190,6 @@ where
     C: LoadConnection + WriteTransaction,
     C::Backend: OccBackend,
 {
-    fn caller_transaction(&mut self) -> Result<bool, Error> {
-        Ok(in_transaction(&mut self.0))
-    }
-
     /// diesel's transaction, as [`WriteTransaction`] begins and ends it on each backend.
     fn write_transaction<T, F>(&mut self, body: F) -> impl Future<Output = Ended<T>>
     where
@@ -260,7 +256,7 @@ where
     const FRESH_PER_ATTEMPT: bool = S::FRESH_PER_ATTEMPT;
 
     fn caller_transaction(&mut self) -> Result<bool, Error> {
-        self.0.with(|conn| in_transaction(conn))
+        self.0.with(in_transaction)
     }
 
     fn attempt<T, F>(&mut self, body: F) -> impl Future<Output = Result<T, Error>>

@@ -25,8 +25,9 @@ pub(crate) mod read_modify_write;
 
 pub(crate) use blocking::Blocking;
 
-/// The body of a transaction: an async closure whose future is `Send` (diesel-async's
-/// way to say so of an `AsyncFnOnce`).
+/// The body of a transaction or a call: an async closure whose future type can be named,
+/// so that a bound can ask it to be `Send` (diesel-async's way to say so of an
+/// `AsyncFnOnce`).
 pub(crate) trait Body<A, R>:
     AsyncFnOnce(A) -> R + FnOnce(A) -> <Self as Body<A, R>>::Fut
 {
@@ -47,7 +48,6 @@ pub(crate) trait Io: Send + Sized {
     type Backend: OccBackend;
 
     /// Whether the connection has an open transaction.
-    #[cfg_attr(not(feature = "locks"), allow(dead_code))] // Claims only, so far.
     fn in_transaction(&mut self) -> bool;
 
     /// Refuses a connection an earlier cancelled call left inside a transaction.
@@ -63,7 +63,6 @@ pub(crate) trait Io: Send + Sized {
     /// Runs the statements of `body` as one write: on PostgreSQL, inside a transaction
     /// the caller controls (`own` false), under a savepoint that a failure rolls back
     /// to; on SQLite after this process's earlier writers. Its error classified.
-    #[cfg_attr(not(feature = "locks"), allow(dead_code))] // Claims only, so far.
     fn protect_caller<'a, 'c, T, F>(
         &'c mut self,
         own: bool,
@@ -116,7 +115,6 @@ pub(crate) trait ReadOn<C>: Guarded {
 
     /// The rows with any of `keys` that exist, in one statement (locked inside a
     /// transaction).
-    #[cfg_attr(not(feature = "locks"), allow(dead_code))] // Claims only, so far.
     fn load_by_keys(
         conn: &mut C,
         keys: &[Self::Key],
@@ -192,10 +190,6 @@ pub(crate) enum Ended<T> {
 /// across its steps is, so the blocking API asks nothing of the caller's closures that
 /// it did not ask before.
 pub(crate) trait WriteAttempt: Sized {
-    /// Refuses a connection an earlier cancelled call left inside a transaction; else
-    /// whether a transaction (the caller's) is open on it.
-    fn caller_transaction(&mut self) -> Result<bool, Error>;
-
     /// Runs `body` in a write transaction of the library's (SQLite's immediate one after
     /// this process's earlier writers; a savepoint inside the caller's), ended as `body`
     /// says.

@@ -1,5 +1,7 @@
-//! [`Io`] on a diesel-async connection that talks to its server itself (PostgreSQL,
-//! MySQL).
+//! The drive traits on diesel-async connections: [`Io`] on those that talk to their
+//! server themselves (PostgreSQL, MySQL), and a flow's own write transaction
+//! ([`WriteAttempt`]) and reads ([`ReadRow`]) on every one, SQLite's included (its
+//! statements run on its thread).
 
 pub(crate) mod connection;
 pub(crate) mod executor;
@@ -169,11 +171,6 @@ impl<C> WriteAttempt for C
 where
     C: BeginWrite,
 {
-    fn caller_transaction(&mut self) -> Result<bool, Error> {
-        refuse_broken(self)?;
-        Ok(in_transaction(self))
-    }
-
     /// Dropped half way, the transaction marks the connection broken
     /// ([`OwnTransaction`]).
     async fn write_transaction<T, F>(&mut self, body: F) -> Ended<T>
@@ -204,16 +201,10 @@ where
         <T as AsyncLoadByKey<C>>::table_name()
     }
 
-    fn read_row(
-        conn: &mut C,
-        key: &T::Key,
-        lock: RowLock,
-    ) -> impl Future<Output = QueryResult<Option<T>>> {
-        async move {
-            match lock {
-                RowLock::None => T::read_by_key(conn, key).await,
-                lock => T::lock_by_key(conn, key, lock).await,
-            }
+    async fn read_row(conn: &mut C, key: &T::Key, lock: RowLock) -> QueryResult<Option<T>> {
+        match lock {
+            RowLock::None => T::read_by_key(conn, key).await,
+            lock => T::lock_by_key(conn, key, lock).await,
         }
     }
 }
@@ -226,7 +217,8 @@ impl<C: BeginWrite> Attempts<C> for Caller<'_, C> {
     const FRESH_PER_ATTEMPT: bool = false;
 
     fn caller_transaction(&mut self) -> Result<bool, Error> {
-        self.0.caller_transaction()
+        refuse_broken(self.0)?;
+        Ok(in_transaction(self.0))
     }
 
     async fn attempt<T, F>(&mut self, body: F) -> Result<T, Error>

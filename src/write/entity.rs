@@ -484,8 +484,8 @@ pub(crate) fn unguarded_by_key<T: Guarded, X>(key: &T::Key, changes: X) -> Ungua
 }
 
 /// Runs `update`, a save of `row`, on either driver; on success `row` records the new
-/// token and the stamp it wrote. The update is on its way before the future is: the
-/// future holds only it and the row.
+/// token and the stamp it wrote. The update is handed to the driver before the future is
+/// made, so the future holds the driver's future and the row, not the update's changes.
 pub(crate) fn write_and_record<'a, T, C, Ch>(
     row: &'a mut T,
     conn: &'a mut C,
