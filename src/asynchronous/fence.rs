@@ -14,15 +14,12 @@ use diesel_async::{AsyncConnection, RunQueryDsl};
 
 use super::run::AsyncRun;
 use crate::connect::backend::OccBackend;
-use crate::drive::on_async::connection::{
-    classify, refuse_broken, NativeAsync, NativeAsyncConnection,
-};
-use crate::drive::on_async::executor::{run, AsyncMiss};
-use crate::drive::on_async::send::{AsyncComplete, AsyncLoadByKey};
-use crate::drive::on_async::transaction::Call;
+use crate::drive::on_async::connection::{classify, NativeAsyncConnection};
+use crate::drive::on_async::executor::AsyncMiss;
+use crate::drive::{Io, ReadOn, RunOn};
 use crate::error::Error;
 use crate::guard::Guarded;
-use crate::locks::fence::{fenced_write, FenceMoved, FencedUpdateOf};
+use crate::locks::fence::{fenced_write, send_fenced, FenceMoved, FencedUpdateOf};
 use crate::locks::fence_op::FencedUpdate;
 use crate::operation::Operation;
 use crate::sql::new_token::Counted;
@@ -53,16 +50,20 @@ impl<T: Guarded> AsyncFencedWrite for T {}
 
 impl<T, C, F, Ch> AsyncRun<C> for FencedUpdate<T, F, Ch>
 where
-    T: AsyncLoadByKey<C>,
-    C: NativeAsyncConnection + Send,
-    C::Backend: NativeAsync,
+    T: ReadOn<C>,
+    C: Io + NativeAsyncConnection,
     F: Column<Table = T::Table, SqlType = BigInt> + Send,
     Ch: AsChangeset<Target = T::Table> + Send,
     <T::Table as diesel::QuerySource>::FromClause: Clone,
     T::KeyPredicate: Clone,
-    FencedUpdateOf<T, Ch::Changeset, F>: Assignments<C::Backend> + Send,
-    Counted: AsyncComplete<C, FencedUpdateOf<T, Ch::Changeset, F>, ()>,
-    ColumnOfRow<T::Table, T::KeyPredicate, F>: LoadQuery<'static, C, i64> + Send + 'static,
+    FencedUpdateOf<T, Ch::Changeset, F>: Assignments<<C as Io>::Backend> + Send,
+    ColumnOfRow<T::Table, T::KeyPredicate, F>: Send,
+    for<'k> Counted: RunOn<
+        C,
+        FencedUpdateOf<T, Ch::Changeset, F>,
+        FenceMoved<'k, ColumnOfRow<T::Table, T::KeyPredicate, F>>,
+        (),
+    >,
 {
     async fn run_async(
         self,
@@ -74,14 +75,9 @@ where
             changes,
             ..
         } = self;
-        let key = &key;
-        refuse_broken(conn)?;
-        let table = <T as AsyncLoadByKey<C>>::table_name();
-        let write = fenced_write::<C::Backend, T, Ch, F>(table, key, fence, changes)?;
-        // A call dropped half way leaves a MySQL connection marked broken, never half read.
-        let mut call = Call::start(conn);
-        let written = run::<C, _, _, Counted, ()>(write, call.conn(), false).await;
-        call.finish(written).map(drop)
+        let table = T::table_name();
+        let write = fenced_write::<<C as Io>::Backend, T, Ch, F>(table, &key, fence, changes)?;
+        send_fenced(conn, write).await
     }
 }
 

@@ -26,6 +26,7 @@ use crate::sql::new_token::Counted;
 use crate::sql::statement::{Assignments, ColumnEq, ColumnOfRow, GuardedUpdate};
 
 use crate::drive::blocking::executor::{classify, Miss};
+use crate::drive::{now, Blocking, Io, RunOn};
 
 /// `"last_fence" <= ?`: the write's fence is not older than the newest seen.
 #[derive(Debug, Clone, Copy)]
@@ -103,21 +104,38 @@ pub trait WriteFenced<C, F, Ch>: LoadByKey<C> {
 impl<T, C, F, Ch> WriteFenced<C, F, Ch> for T
 where
     T: LoadByKey<C>,
-    C: LoadConnection,
+    C: LoadConnection + Send,
     C::Backend: OccBackend,
     F: Column<Table = T::Table, SqlType = BigInt>,
     Ch: AsChangeset<Target = T::Table>,
     <T::Table as diesel::QuerySource>::FromClause: Clone,
     T::KeyPredicate: Clone,
-    FencedUpdateOf<T, Ch::Changeset, F>: Assignments<C::Backend>,
+    FencedUpdateOf<T, Ch::Changeset, F>: Assignments<C::Backend> + Send,
     Counted: Complete<C, FencedUpdateOf<T, Ch::Changeset, F>, ()>,
-    ColumnOfRow<T::Table, T::KeyPredicate, F>: LoadQuery<'static, C, i64>,
+    ColumnOfRow<T::Table, T::KeyPredicate, F>: LoadQuery<'static, C, i64> + Send,
 {
     fn write_fenced_row(conn: &mut C, key: &T::Key, fence: i64, changes: Ch) -> Result<(), Error> {
-        fenced_write::<C::Backend, T, Ch, F>(T::table_name(), key, fence, changes)?
-            .run::<C, Counted, ()>(conn, false)
-            .map(drop)
+        let write = fenced_write::<C::Backend, T, Ch, F>(T::table_name(), key, fence, changes)?;
+        now(send_fenced(Blocking::wrap(conn), write))
     }
+}
+
+/// A fenced write's compare-and-set (checked by [`fenced_write`]), sent on either driver
+/// as one call: dropped half way, it leaves a MySQL connection marked broken, never half
+/// read.
+pub(crate) async fn send_fenced<C, S, Q>(
+    conn: &mut C,
+    write: CompareAndSet<'_, S, FenceMoved<'_, Q>>,
+) -> Result<(), Error>
+where
+    C: Io,
+    S: Send,
+    Q: Send,
+    for<'k> Counted: RunOn<C, S, FenceMoved<'k, Q>, ()>,
+{
+    conn.refuse_broken()?;
+    let send = async |conn: &mut C| <Counted as RunOn<C, _, _, ()>>::run(conn, write, false).await;
+    conn.call(send).await.map(drop)
 }
 
 /// The compare-and-set of a fenced write of `changes` to the row of entity `T` (in

@@ -588,27 +588,11 @@ pub(crate) fn advance_from_in<T: Guarded>(
 /// A guarded update of entity `T` with changes `Ch`, and the token it moves the row to.
 pub(crate) type StatementAndNext<T, Ch> = (UpdateOf<T, <Ch as AsChangeset>::Changeset>, TokenOf<T>);
 
-/// The guarded update of the row with `key` from `expected` (in the state `kept` names,
-/// for a save), and the token it moves the row to when the guard can compute it.
+/// The guarded update of the row of `table` (on backend `DB`) with `key` from `expected`
+/// (in the state `kept` names, for a save), and the token it moves the row to when the
+/// guard can compute it.
 /// [`Error::VersionOverflow`] when the token cannot advance and
 /// [`Error::StatusNotWritable`] when `changes` assign the status column: nothing is sent.
-pub(crate) fn guarded_statement<T, C, Ch>(
-    key: &T::Key,
-    expected: &TokenOf<T>,
-    changes: Ch,
-    stamp: T::Stamp,
-    kept: Option<T::StatusKept>,
-) -> Result<StatementAndNext<T, Ch>, Error>
-where
-    T: LoadByKey<C>,
-    C: diesel::Connection,
-    Ch: AsChangeset<Target = T::Table>,
-    UpdateOf<T, Ch::Changeset>: Assignments<C::Backend>,
-{
-    guarded_statement_in::<T, C::Backend, Ch>(T::table_name(), key, expected, changes, stamp, kept)
-}
-
-/// [`guarded_statement`] for the entity of `table` on backend `DB`.
 pub(crate) fn guarded_statement_in<T, DB, Ch>(
     table: &'static str,
     key: &T::Key,

@@ -8,7 +8,8 @@ use diesel::result::{DatabaseErrorKind, Error as DieselError};
 use diesel::Insertable;
 
 use crate::connect::backend::OccBackend;
-use crate::drive::blocking::load::{check_stored_precision, LoadByKey};
+use crate::drive::blocking::load::LoadByKey;
+use crate::drive::{now, Blocking, Io, ReadOn, RunOn};
 use crate::error::Error;
 use crate::flow::compare_and_set::{CompareAndSet, Matches};
 use crate::guard::seed::SeedsTokens;
@@ -42,30 +43,45 @@ impl<T, C> InsertRow<C> for T
 where
     T: LoadByKey<C> + Insertable<T::Table> + Clone,
     T::Guard: SeedsTokens,
-    C: LoadConnection,
+    C: LoadConnection + Send,
     C::Backend: OccBackend,
-    InsertOf<T>: ExecuteDsl<C> + Assignments<C::Backend>,
+    InsertOf<T>: ExecuteDsl<C> + Assignments<C::Backend> + Send,
 {
     fn insert_row(&mut self, conn: &mut C) -> Result<TokenOf<T>, Error> {
-        check_stored_precision::<T, C>(conn)?;
-        let (row, seed) = seeded(self);
-        let key = row.key();
-        let insert = diesel::insert_into(T::table()).values(row.clone());
-        let written = CompareAndSet::one(insert, T::table_name(), &key, CannotMiss)
-            .matching(Matches::Any)
-            .run::<C, Counted, ()>(conn, false);
-        match key_taken(written) {
-            Ok(Ok(())) => {
-                *self = row;
-                Ok(seed)
-            }
-            Ok(Err(info)) => {
-                let read = T::load_by_key(conn, &key);
-                Err(taken(T::table_name(), &key, info, read))
-            }
-            Err(other) => Err(other),
-        }
+        let (row, seed) = now(insert_row(Blocking::wrap(conn), self))?;
+        *self = row;
+        Ok(seed)
     }
+}
+
+/// The guarded insert of `row`'s copy with a seeded first token, on either driver: the
+/// copy as written and its token. A taken key is [`Error::AlreadyExists`] with the row
+/// that holds it. One call on the connection.
+pub(crate) async fn insert_row<T, C>(conn: &mut C, row: &T) -> Result<(T, TokenOf<T>), Error>
+where
+    C: Io,
+    T: ReadOn<C> + Insertable<T::Table> + Clone,
+    T::Guard: SeedsTokens,
+    InsertOf<T>: Assignments<C::Backend> + Send,
+    Counted: RunOn<C, InsertOf<T>, CannotMiss, ()>,
+{
+    conn.refuse_broken()?;
+    let table = T::table_name();
+    let (row, seed) = seeded(row);
+    let key = row.key();
+    let insert = diesel::insert_into(T::table()).values(row.clone());
+    let write = CompareAndSet::one(insert, table, &key, CannotMiss).matching(Matches::Any);
+    let key = &key;
+    conn.call(async |conn: &mut C| {
+        T::check_stored_precision(conn).await?;
+        let written = <Counted as RunOn<C, _, _, ()>>::run(conn, write, false).await;
+        match key_taken(written)? {
+            Ok(()) => Ok(()),
+            Err(info) => Err(taken(table, key, info, T::load_by_key(conn, key).await)),
+        }
+    })
+    .await?;
+    Ok((row, seed))
 }
 
 impl<T: InsertRow<C>, C> Run<C> for Insert<T> {

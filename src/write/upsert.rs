@@ -14,17 +14,23 @@ use diesel::connection::LoadConnection;
 use diesel::query_builder::AsChangeset;
 
 use crate::connect::backend::OccBackend;
+use diesel::Insertable;
+
 use crate::drive::blocking::complete::Complete;
-use crate::drive::blocking::load::check_stored_precision;
+use crate::drive::blocking::executor::CannotMiss;
+use crate::drive::{now, Blocking, Io, ReadOn, RunOn};
 use crate::error::Error;
 use crate::flow::compare_and_set::CompareAndSet;
 use crate::flow::miss::RowMoved;
+use crate::guard::seed::SeedsTokens;
 use crate::guard::{Advancing, CompletionOf, TokenOf};
 use crate::operation::{Operation, Run, Upsert};
+use crate::sql::new_token::Counted;
 use crate::sql::statement::Assignments;
+use crate::write::insert::{insert_row, InsertOf};
 
 use crate::drive::blocking::executor::Miss;
-use crate::write::entity::{guarded_statement, UpdateOf};
+use crate::write::entity::{guarded_statement_in, UpdateOf};
 use crate::write::insert::InsertRow;
 
 pub use crate::operation::insert::Upserted;
@@ -44,33 +50,66 @@ pub trait UpsertRow<C>: InsertRow<C> {
 
 impl<T, C> UpsertRow<C> for T
 where
-    T: InsertRow<C>,
-    T::Guard: Advancing,
-    C: LoadConnection,
+    T: InsertRow<C> + Insertable<T::Table> + Clone,
+    T::Guard: Advancing + SeedsTokens,
+    C: LoadConnection + Send,
     C::Backend: OccBackend,
     T::Changes: AsChangeset<Target = T::Table>,
-    UpdateOf<T, <T::Changes as AsChangeset>::Changeset>: Assignments<C::Backend>,
+    UpdateOf<T, <T::Changes as AsChangeset>::Changeset>: Assignments<C::Backend> + Send,
     CompletionOf<T>: Complete<C, UpdateOf<T, <T::Changes as AsChangeset>::Changeset>, TokenOf<T>>,
+    InsertOf<T>: Assignments<C::Backend> + Send,
+    Counted: Complete<C, InsertOf<T>, ()>,
 {
     fn upsert_row(&mut self, conn: &mut C) -> Result<Upserted<TokenOf<T>>, Error> {
-        check_stored_precision::<T, C>(conn)?;
-        let (key, expected, stamp) = (self.key(), self.token(), T::stamp());
-        let (statement, next) = guarded_statement::<T, C, T::Changes>(
-            &key,
-            &expected,
-            self.changes(),
-            stamp.clone(),
-            Some(self.status_kept()),
-        )?;
-        let updated = CompareAndSet::one(statement, T::table_name(), &key, Unexplained)
-            .run::<C, CompletionOf<T>, TokenOf<T>>(conn, false);
-        if let Some(done) = saved_over(self, updated, next, &stamp)? {
-            return Ok(done);
-        }
-        let state = self.status_name();
-        let inserted = self.insert_row(conn);
-        inserted_or_conflict::<T>(T::table_name(), &key, &expected, state, inserted)
+        now(upsert_row(Blocking::wrap(conn), self))
     }
+}
+
+/// The guarded upsert of `row`, on either driver: saved over its row if the row still
+/// holds its token (the statement built and checked before anything is sent), else
+/// inserted with a seeded first token; `row` records what was written.
+pub(crate) async fn upsert_row<T, C>(
+    conn: &mut C,
+    row: &mut T,
+) -> Result<Upserted<TokenOf<T>>, Error>
+where
+    C: Io,
+    T: ReadOn<C> + Insertable<T::Table> + Clone,
+    T::Guard: Advancing + SeedsTokens,
+    T::Changes: AsChangeset<Target = T::Table>,
+    UpdateOf<T, <T::Changes as AsChangeset>::Changeset>: Assignments<C::Backend> + Send,
+    CompletionOf<T>:
+        RunOn<C, UpdateOf<T, <T::Changes as AsChangeset>::Changeset>, Unexplained, TokenOf<T>>,
+    InsertOf<T>: Assignments<C::Backend> + Send,
+    Counted: RunOn<C, InsertOf<T>, CannotMiss, ()>,
+{
+    conn.refuse_broken()?;
+    let table = T::table_name();
+    let (key, expected, stamp) = (row.key(), row.token(), T::stamp());
+    let (statement, next) = guarded_statement_in::<T, C::Backend, T::Changes>(
+        table,
+        &key,
+        &expected,
+        row.changes(),
+        stamp.clone(),
+        Some(row.status_kept()),
+    )?;
+    let write = CompareAndSet::one(statement, table, &key, Unexplained);
+    let updated = conn
+        .call(async |conn: &mut C| {
+            T::check_stored_precision(conn).await?;
+            <CompletionOf<T> as RunOn<C, _, _, _>>::run(conn, write, false).await
+        })
+        .await;
+    if let Some(done) = saved_over(row, updated, next, &stamp)? {
+        return Ok(done);
+    }
+    let state = row.status_name();
+    let inserted = insert_row(conn, row).await.map(|(copy, seed)| {
+        *row = copy;
+        seed
+    });
+    inserted_or_conflict::<T>(table, &key, &expected, state, inserted)
 }
 
 impl<T: UpsertRow<C>, C> Run<C> for Upsert<T> {
