@@ -7,26 +7,21 @@ use std::future::Future;
 use diesel::query_builder::{AsChangeset, QueryFragment};
 
 use super::run::AsyncRun;
-use crate::drive::on_async::connection::{NativeAsync, NativeAsyncConnection};
-use crate::drive::on_async::executor::AsyncMiss;
-use crate::drive::on_async::send::{AsyncComplete, AsyncLoadByKey};
+use crate::drive::on_async::connection::NativeAsyncConnection;
 use crate::drive::{Io, ReadOn, RunOn, UpdateOn};
 use crate::error::Error;
 use crate::flow::miss::RowMoved;
 use crate::guard::pre_image::{ChangedColumns, ChangedUpdateOf};
-use crate::guard::{AdvanceInSql, Advancing, CompletionOf, Guarded, ReturnedTokenOf, TokenOf};
+use crate::guard::{Advancing, CompletionOf, Guarded, TokenOf};
 use crate::operation::{
     Delete, Insert, Operation, SaveChanged, TouchStamp, Update, Upsert, WriteExcluded,
 };
 use crate::sql::new_token::Counted;
 use crate::sql::statement::{Assignments, NoChanges};
 use crate::write::changed_columns::save_changed;
+use crate::write::entity::{delete_row, update_row, write_and_record, write_unguarded};
 use crate::write::entity::{
-    delete_row, update_row, write_and_record, write_key_statement, write_unguarded,
-};
-use crate::write::entity::{
-    excluded_changeset, key_write, token_read_back, unguarded_by_key, DeleteOf, KeyWriteOf,
-    UnguardedUpdateOf, UpdateOf,
+    excluded_changeset, unguarded_by_key, DeleteOf, UnguardedUpdateOf, UpdateOf,
 };
 
 /// Guarded writes for every [`Guarded`] entity on a diesel-async connection: the methods
@@ -324,58 +319,6 @@ where
     ) -> impl Future<Output = Result<TokenOf<T>, Error>> {
         update.run_async(conn)
     }
-}
-
-/// Writes `changes` to the row with `key` if `condition` holds, whatever token the row
-/// holds, advancing the token in SQL; the blocking path's
-/// [`write_by_key`](crate::write::entity::write_by_key), awaited. The new token, read back
-/// by the statement; `miss` explains a row it did not write.
-pub(crate) fn write_by_key<'a, T, C, Ch, G, M>(
-    conn: &'a mut C,
-    key: &'a T::Key,
-    changes: Ch,
-    condition: G,
-    miss: M,
-    status_assignments: usize,
-) -> impl Future<Output = Result<TokenOf<T>, Error>> + Send + 'a
-where
-    T: AsyncLoadByKey<C>,
-    T::Guard: AdvanceInSql,
-    C: NativeAsyncConnection,
-    C::Backend: NativeAsync,
-    KeyWriteOf<T, Ch, G>: Assignments<C::Backend> + Send + 'a,
-    ReturnedTokenOf<T>: AsyncComplete<C, KeyWriteOf<T, Ch, G>, TokenOf<T>>,
-    M: AsyncMiss<C> + Send + 'a,
-{
-    let write = write_by_key_completed::<ReturnedTokenOf<T>, T, C, Ch, G, M>;
-    let written = write(conn, key, changes, condition, miss, status_assignments);
-    async move { token_read_back(written.await?) }
-}
-
-/// [`write_by_key`], run and completed by `Done`: with [`Counted`](crate::sql::new_token::Counted)
-/// it reads no token back (`None`), which spares MySQL its second round trip.
-pub(crate) fn write_by_key_completed<'a, Done, T, C, Ch, G, M>(
-    conn: &'a mut C,
-    key: &'a T::Key,
-    changes: Ch,
-    condition: G,
-    miss: M,
-    status_assignments: usize,
-) -> impl Future<Output = Result<Option<TokenOf<T>>, Error>> + Send + 'a
-where
-    T: AsyncLoadByKey<C>,
-    T::Guard: AdvanceInSql,
-    C: NativeAsyncConnection,
-    C::Backend: NativeAsync,
-    KeyWriteOf<T, Ch, G>: Assignments<C::Backend> + Send + 'a,
-    Done: AsyncComplete<C, KeyWriteOf<T, Ch, G>, TokenOf<T>> + 'a,
-    M: AsyncMiss<C> + Send + 'a,
-{
-    let table = <T as AsyncLoadByKey<C>>::table_name();
-    // Built and checked before the future: the changes need not be `Send`.
-    let statement =
-        key_write::<T, C::Backend, Ch, G>(table, key, changes, condition, status_assignments);
-    write_key_statement::<Done, T, C, _, M>(conn, key, statement, miss)
 }
 
 impl<T, C, Ch> AsyncRun<C> for WriteExcluded<T, Ch>

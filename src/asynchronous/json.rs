@@ -11,13 +11,12 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use serde_json::Value;
 
-use super::entity::write_by_key_completed;
 use super::run::AsyncRun;
-use crate::drive::on_async::connection::{refuse_broken, NativeAsync, NativeAsyncConnection};
-use crate::drive::on_async::send::{AsyncComplete, AsyncLoadByKey};
-use crate::drive::on_async::transaction::Call;
+use crate::drive::on_async::connection::{NativeAsync, NativeAsyncConnection};
+use crate::drive::on_async::send::AsyncLoadByKey;
 use crate::drive::on_async::Caller;
 use crate::drive::read_modify_write::read_modify_write;
+use crate::drive::{Io, ReadOn, RunOn};
 use crate::error::Error;
 use crate::flow::miss::RowMoved;
 use crate::guard::{AdvanceInSql, Guarded, ReturnedTokenOf, TokenOf};
@@ -25,12 +24,12 @@ use crate::json::document::{
     merge_edit, patch_edit, remove_edit, set_edit, suspects, typed_edit, EditDocument,
     JsonDocument, Place, SetDocument,
 };
-use crate::json::merge_in_place::{MergeInPlaceOf, MergePatch};
+use crate::json::merge_in_place::{merge_completed, MergeInPlaceOf};
 use crate::operation::json::Edit;
 use crate::operation::{JsonEdit, JsonMerge, JsonMergeNoToken, Operation, Update};
 use crate::retry::RetryPolicy;
 use crate::sql::new_token::Counted;
-use crate::sql::statement::{Assignments, Unguarded};
+use crate::sql::statement::Assignments;
 use crate::write::entity::token_read_back;
 use crate::write::modify::Modified;
 
@@ -244,32 +243,30 @@ where
 
 impl<T, C, Col> AsyncRun<C> for JsonMerge<T, Col>
 where
-    T: JsonDocument<Col> + AsyncLoadByKey<C>,
+    T: JsonDocument<Col> + ReadOn<C>,
     T::Guard: AdvanceInSql,
-    C: NativeAsyncConnection,
-    C::Backend: NativeAsync,
+    C: Io + NativeAsyncConnection,
     Col: Column + Send + 'static,
-    MergeInPlaceOf<T, Col>: Assignments<C::Backend> + Send,
-    ReturnedTokenOf<T>: AsyncComplete<C, MergeInPlaceOf<T, Col>, TokenOf<T>>,
+    MergeInPlaceOf<T, Col>: Assignments<<C as Io>::Backend> + Send,
+    for<'k> ReturnedTokenOf<T>: RunOn<C, MergeInPlaceOf<T, Col>, RowMoved<'k, T>, TokenOf<T>>,
 {
     async fn run_async(
         self,
         conn: &mut C,
     ) -> Result<<Self as Operation>::Output, <Self as Operation>::Error> {
-        let merged = merge_completed::<ReturnedTokenOf<T>, T, C, Col>(conn, &self.key, &self.patch);
-        token_read_back(merged.await?)
+        let merge = merge_completed::<ReturnedTokenOf<T>, T, C, Col>;
+        token_read_back(merge(conn, &self.key, &self.patch).await?)
     }
 }
 
 impl<T, C, Col> AsyncRun<C> for JsonMergeNoToken<T, Col>
 where
-    T: JsonDocument<Col> + AsyncLoadByKey<C>,
+    T: JsonDocument<Col> + ReadOn<C>,
     T::Guard: AdvanceInSql,
-    C: NativeAsyncConnection,
-    C::Backend: NativeAsync,
+    C: Io + NativeAsyncConnection,
     Col: Column + Send + 'static,
-    MergeInPlaceOf<T, Col>: Assignments<C::Backend> + Send,
-    Counted: AsyncComplete<C, MergeInPlaceOf<T, Col>, TokenOf<T>>,
+    MergeInPlaceOf<T, Col>: Assignments<<C as Io>::Backend> + Send,
+    for<'k> Counted: RunOn<C, MergeInPlaceOf<T, Col>, RowMoved<'k, T>, TokenOf<T>>,
 {
     async fn run_async(
         self,
@@ -279,36 +276,5 @@ where
         merge_completed::<Counted, T, C, Col>(conn, &merge.key, &merge.patch)
             .await
             .map(drop)
-    }
-}
-
-/// The checked patch merged by one statement run and completed by `Done`.
-fn merge_completed<'a, Done, T, C, Col>(
-    conn: &'a mut C,
-    key: &'a T::Key,
-    patch: &Value,
-) -> impl Future<Output = Result<Option<TokenOf<T>>, Error>> + Send + 'a
-where
-    T: JsonDocument<Col> + AsyncLoadByKey<C>,
-    T::Guard: AdvanceInSql,
-    C: NativeAsyncConnection,
-    C::Backend: NativeAsync,
-    Col: Column + Send + 'static,
-    MergeInPlaceOf<T, Col>: Assignments<C::Backend> + Send,
-    Done: AsyncComplete<C, MergeInPlaceOf<T, Col>, TokenOf<T>>,
-{
-    let checked = Place::<T, Col>::new(<T as AsyncLoadByKey<C>>::table_name(), key)
-        .check_merge_patch(patch)
-        .map(|()| patch.clone());
-    async move {
-        refuse_broken(conn)?;
-        let miss = RowMoved::<T>::advancing_any(key, T::Guard::at_end);
-        let changes = MergePatch::<Col>::new(checked?);
-        // Dropped half way (on MySQL, a reply half read, or the version noted and not yet
-        // read back), the call marks the connection broken.
-        let mut call = Call::start(conn);
-        let merge = write_by_key_completed::<Done, T, C, _, _, _>;
-        let merged = merge(call.conn(), key, changes, Unguarded, miss, 0).await;
-        call.finish(merged)
     }
 }

@@ -9,17 +9,14 @@ use diesel::expression::AppearsOnTable;
 use diesel::query_builder::AsChangeset;
 use diesel_async::AsyncConnection;
 
-use super::entity::write_by_key;
 use super::pessimistic::read_locked;
 use super::run::AsyncRun;
 use super::write_transaction::{AsyncWriteConnection, TransitionHook};
 use crate::connect::backend::OccBackend;
-use crate::drive::on_async::connection::{
-    classifier, in_transaction, refuse_broken, NativeAsync, NativeAsyncConnection,
-};
+use crate::drive::on_async::connection::{classifier, refuse_broken, NativeAsyncConnection};
 use crate::drive::on_async::executor::{run, AsyncMiss};
-use crate::drive::on_async::send::{AsyncComplete, AsyncLoadByKey};
-use crate::drive::on_async::transaction::{Call, OwnTransaction};
+use crate::drive::on_async::send::AsyncLoadByKey;
+use crate::drive::on_async::transaction::OwnTransaction;
 use crate::drive::{Io, ReadOn, RunOn};
 use crate::error::Error;
 use crate::guard::status::{HasStatus, Status};
@@ -30,7 +27,7 @@ use crate::sql::statement::{Assignments, RowLock, Unguarded};
 use crate::status::condition::{TransitionCondition, When};
 use crate::status::transition::transition_row;
 use crate::status::transition::{
-    history_insert, key_transition_parts, suspects, HistoryEntry, KeyTransitionOf, RecordHistory,
+    history_insert, key_transition, suspects, HistoryEntry, KeyTransitionOf, RecordHistory,
     TransitionMiss, TransitionOf,
 };
 use crate::status::transition_op::{KeyTransition, Transition};
@@ -300,14 +297,14 @@ where
 
 impl<T, C, Ch, G> AsyncRun<C> for KeyTransition<T, Ch, G>
 where
-    T: HasStatus + AsyncLoadByKey<C>,
+    T: HasStatus + ReadOn<C>,
     T::Guard: AdvanceInSql,
-    C: NativeAsyncConnection,
-    C::Backend: NativeAsync,
-    Ch: AsChangeset<Target = T::Table> + Clone + Send + Sync,
-    G: TransitionCondition<C::Backend> + Send + Sync,
-    KeyTransitionOf<T, Ch::Changeset, G>: Assignments<C::Backend> + Send,
-    ReturnedTokenOf<T>: AsyncComplete<C, KeyTransitionOf<T, Ch::Changeset, G>, TokenOf<T>>,
+    C: Io + NativeAsyncConnection,
+    Ch: AsChangeset<Target = T::Table> + Clone + Send,
+    G: TransitionCondition<<C as Io>::Backend> + Clone + Send,
+    KeyTransitionOf<T, Ch::Changeset, G>: Assignments<<C as Io>::Backend> + Send,
+    for<'k> ReturnedTokenOf<T>:
+        RunOn<C, KeyTransitionOf<T, Ch::Changeset, G>, TransitionMiss<'k, T, G>, TokenOf<T>>,
 {
     async fn run_async(
         self,
@@ -320,48 +317,8 @@ where
             condition,
             policy,
         } = self;
-        let key = &key;
-        refuse_broken(conn)?;
-        let policy = policy.one_attempt_if(in_transaction(conn));
-        let mut run = policy.start();
-        loop {
-            let mut call = Call::start(&mut *conn);
-            let moved = key_transition::<T, C, Ch, G>(
-                call.conn(),
-                key,
-                to,
-                extra.clone(),
-                condition.clone(),
-            )
-            .await;
-            match call.finish(moved) {
-                Ok(token) => return Ok(token),
-                Err(e) => tokio::time::sleep(run.wait_after(Stop::<Error>::Occ(e))?).await,
-            }
-        }
+        key_transition::<T, C, Ch, G>(conn, &key, to, extra, condition, &policy).await
     }
-}
-
-/// One attempt of a key-only transition.
-async fn key_transition<T, C, Ch, G>(
-    conn: &mut C,
-    key: &T::Key,
-    to: T::Status,
-    extra: Ch,
-    condition: G,
-) -> Result<TokenOf<T>, Error>
-where
-    T: HasStatus + AsyncLoadByKey<C>,
-    T::Guard: AdvanceInSql,
-    C: NativeAsyncConnection,
-    C::Backend: NativeAsync,
-    Ch: AsChangeset<Target = T::Table>,
-    G: TransitionCondition<C::Backend> + Send + Sync,
-    KeyTransitionOf<T, Ch::Changeset, G>: Assignments<C::Backend> + Send,
-    ReturnedTokenOf<T>: AsyncComplete<C, KeyTransitionOf<T, Ch::Changeset, G>, TokenOf<T>>,
-{
-    let (changes, condition, miss) = key_transition_parts::<T, Ch, G>(key, to, extra, condition);
-    write_by_key::<T, C, _, _, _>(conn, key, changes, condition, miss, 1).await
 }
 
 /// Appends `entry` to the library's transition history on an async connection, for a

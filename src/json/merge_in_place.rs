@@ -39,6 +39,7 @@ use serde_json::Value;
 use crate::connect::backend::OccBackend;
 use crate::drive::blocking::complete::Complete;
 use crate::drive::blocking::load::LoadByKey;
+use crate::drive::{now, Blocking, Io, ReadOn, RunOn};
 use crate::error::Error;
 use crate::flow::miss::RowMoved;
 use crate::guard::{AdvanceInSql, Guarded, ReturnedTokenOf, TokenOf};
@@ -46,7 +47,7 @@ use crate::json::document::{JsonDocument, Place};
 use crate::operation::{JsonMerge, JsonMergeNoToken, Operation, Run};
 use crate::sql::new_token::Counted;
 use crate::sql::statement::{Assignments, Unguarded};
-use crate::write::entity::{token_read_back, write_by_key_completed, KeyWriteOf};
+use crate::write::entity::{key_write, token_read_back, write_key_statement, KeyWriteOf};
 
 /// `"col" = <the document of "col" merged with ?patch>`, in the backend's SQL.
 #[derive(Debug, Clone)]
@@ -318,8 +319,8 @@ where
     Counted: Complete<C, MergeInPlaceOf<T, Col>, TokenOf<T>>,
 {
     fn merge_in_place(conn: &mut C, key: &T::Key, patch: &Value) -> Result<TokenOf<T>, Error> {
-        let token = merge_completed::<ReturnedTokenOf<T>, T, C, Col>(conn, key, patch)?;
-        token_read_back(token)
+        let merge = merge_completed::<ReturnedTokenOf<T>, T, _, Col>;
+        token_read_back(now(merge(Blocking::wrap(conn), key, patch))?)
     }
 
     fn merge_in_place_without_token(
@@ -327,7 +328,8 @@ where
         key: &T::Key,
         patch: &Value,
     ) -> Result<(), Error> {
-        merge_completed::<Counted, T, C, Col>(conn, key, patch).map(drop)
+        let merge = merge_completed::<Counted, T, _, Col>;
+        now(merge(Blocking::wrap(conn), key, patch)).map(drop)
     }
 }
 
@@ -343,29 +345,30 @@ impl<T: MergeInPlace<C, Col>, C, Col> Run<C> for JsonMergeNoToken<T, Col> {
     }
 }
 
-/// The checked patch merged by one statement run and completed by `Done`.
-fn merge_completed<Done, T, C, Col>(
+/// The checked patch merged by one statement run and completed by `Done`, on either
+/// driver: one call on the connection (dropped half way on MySQL, a reply half read or
+/// the version noted and not yet read back, it marks the connection broken).
+pub(crate) async fn merge_completed<Done, T, C, Col>(
     conn: &mut C,
     key: &T::Key,
     patch: &Value,
 ) -> Result<Option<TokenOf<T>>, Error>
 where
-    T: JsonDocument<Col> + LoadByKey<C>,
+    C: Io,
+    T: JsonDocument<Col> + ReadOn<C>,
     T::Guard: AdvanceInSql,
-    C: LoadConnection + Send,
-    C::Backend: OccBackend,
     Col: Column,
     MergeInPlaceOf<T, Col>: Assignments<C::Backend> + Send,
-    Done: Complete<C, MergeInPlaceOf<T, Col>, TokenOf<T>>,
+    for<'k> Done: RunOn<C, MergeInPlaceOf<T, Col>, RowMoved<'k, T>, TokenOf<T>>,
 {
-    Place::<T, Col>::new(T::table_name(), key).check_merge_patch(patch)?;
+    let table = T::table_name();
+    Place::<T, Col>::new(table, key).check_merge_patch(patch)?;
+    conn.refuse_broken()?;
     let miss = RowMoved::<T>::advancing_any(key, T::Guard::at_end);
-    write_by_key_completed::<Done, T, C, _, _, _>(
-        conn,
-        key,
-        MergePatch::new(patch.clone()),
-        Unguarded,
-        miss,
-        0,
-    )
+    let changes = MergePatch::<Col>::new(patch.clone());
+    let statement = key_write::<T, C::Backend, _, _>(table, key, changes, Unguarded, 0);
+    let merge = async |conn: &mut C| {
+        write_key_statement::<Done, T, C, _, _>(conn, key, statement, miss).await
+    };
+    conn.call(merge).await
 }

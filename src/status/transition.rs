@@ -49,8 +49,9 @@ use crate::sql::new_token::Counted;
 use crate::sql::statement::{And, Assignments, ColumnEq, Comma, GuardedUpdate, Joined, NoChanges};
 use crate::sql::statement::{RowLock, Unguarded};
 use crate::status::condition::{TransitionCondition, When};
-use crate::write::entity::{advance_from_in, write_by_key, KeyWriteOf};
-use crate::write::modify::in_caller_transaction;
+use crate::write::entity::{
+    advance_from_in, key_write, token_read_back, write_key_statement, KeyWriteOf,
+};
 use crate::write::pessimistic::read_locked;
 
 /// No extra assignment: the transition sets the status (and advances the token) only.
@@ -363,7 +364,7 @@ where
         Ch: Clone,
         Self: TransitionByKey<C, Ch>,
     {
-        retried_by_key::<Self, C, Ch, Unguarded>(conn, key, to, extra, Unguarded, policy)
+        Self::transition_key(conn, key, to, extra, Unguarded, policy)
     }
 
     /// [`transition_by_key`](Self::transition_by_key), and only while the row also meets
@@ -384,7 +385,7 @@ where
         Self: TransitionByKey<C, Ch, When<G>>,
         G: AppearsOnTable<<Self as diesel::associations::HasTable>::Table> + Clone,
     {
-        retried_by_key::<Self, C, Ch, When<G>>(conn, key, to, extra, When(condition), policy)
+        Self::transition_key(conn, key, to, extra, When(condition), policy)
     }
 
     /// Moves the row with `key` to `to` and runs `hook` (given the state the row left and
@@ -426,9 +427,11 @@ where
 {
 }
 
-/// A by-key transition under `condition`, retried as `policy` allows (one attempt inside
-/// a transaction of the caller's, which only the caller can retry).
-pub(crate) fn retried_by_key<T, C, Ch, G>(
+/// The key-only transition of the row with `key` to `to` (with `extra`, under
+/// `condition`), on either driver: each attempt one statement built and checked before it
+/// is sent, one call on the connection; transient errors retried as `policy` allows (one
+/// attempt inside the caller's transaction). The new token.
+pub(crate) async fn key_transition<T, C, Ch, G>(
     conn: &mut C,
     key: &T::Key,
     to: T::Status,
@@ -437,22 +440,32 @@ pub(crate) fn retried_by_key<T, C, Ch, G>(
     policy: &RetryPolicy,
 ) -> Result<TokenOf<T>, Error>
 where
-    T: TransitionByKey<C, Ch, G>,
-    C: diesel::Connection,
-    Ch: Clone,
-    G: Clone,
+    C: Io,
+    T: HasStatus + ReadOn<C>,
+    T::Guard: AdvanceInSql,
+    Ch: AsChangeset<Target = T::Table> + Clone,
+    G: TransitionCondition<C::Backend> + Clone + Send,
+    KeyTransitionOf<T, Ch::Changeset, G>: Assignments<C::Backend> + Send,
+    for<'k> ReturnedTokenOf<T>:
+        RunOn<C, KeyTransitionOf<T, Ch::Changeset, G>, TransitionMiss<'k, T, G>, TokenOf<T>>,
 {
-    let policy = policy.one_attempt_if(in_caller_transaction(conn));
-    let (token, _) = policy.run(|_| -> Result<TokenOf<T>, Stop<Error>> {
-        Ok(T::transition_key(
-            conn,
-            key,
-            to,
-            extra.clone(),
-            condition.clone(),
-        )?)
-    })?;
-    Ok(token)
+    conn.refuse_broken()?;
+    let policy = policy.one_attempt_if(conn.in_transaction());
+    let mut run = policy.start();
+    loop {
+        let (changes, when, miss) =
+            key_transition_parts::<T, Ch, G>(key, to, extra.clone(), condition.clone());
+        let table = T::table_name();
+        let statement = key_write::<T, C::Backend, _, _>(table, key, changes, when, 1);
+        let send = async |conn: &mut C| {
+            let write = write_key_statement::<ReturnedTokenOf<T>, T, C, _, _>;
+            token_read_back(write(conn, key, statement, miss).await?)
+        };
+        match conn.call(send).await {
+            Ok(token) => return Ok(token),
+            Err(e) => conn.pause(run.wait_after(Stop::<Error>::Occ(e))?).await,
+        }
+    }
 }
 
 /// The key-only transition of entity `Self` with extra changes `Ch` on connection `C`, as
@@ -462,7 +475,8 @@ where
     note = "the extra changes must be for the entity's table (`no_extra()` for none), the connection a diesel connection of a backend diesel-occ supports, and the guard must advance in SQL (not a pre-image)"
 )]
 pub trait TransitionByKey<C, Ch, G = Unguarded>: HasStatus + LoadByKey<C> {
-    /// Runs one attempt under `condition`; [`GuardedStatusTransition`] calls it.
+    /// Runs the transition under `condition`, retried as `policy` allows;
+    /// [`GuardedStatusTransition`] calls it.
     #[doc(hidden)]
     fn transition_key(
         conn: &mut C,
@@ -470,6 +484,7 @@ pub trait TransitionByKey<C, Ch, G = Unguarded>: HasStatus + LoadByKey<C> {
         to: Self::Status,
         extra: Ch,
         condition: G,
+        policy: &RetryPolicy,
     ) -> Result<TokenOf<Self>, Error>;
 }
 
@@ -479,8 +494,8 @@ where
     T::Guard: AdvanceInSql,
     C: LoadConnection + Send,
     C::Backend: OccBackend,
-    Ch: AsChangeset<Target = T::Table>,
-    G: TransitionCondition<C::Backend> + Send,
+    Ch: AsChangeset<Target = T::Table> + Clone,
+    G: TransitionCondition<C::Backend> + Clone + Send,
     KeyTransitionOf<T, Ch::Changeset, G>: Assignments<C::Backend> + Send,
     ReturnedTokenOf<T>: Complete<C, KeyTransitionOf<T, Ch::Changeset, G>, TokenOf<T>>,
 {
@@ -490,10 +505,12 @@ where
         to: T::Status,
         extra: Ch,
         condition: G,
+        policy: &RetryPolicy,
     ) -> Result<TokenOf<T>, Error> {
-        let (changes, condition, miss) =
-            key_transition_parts::<T, Ch, G>(key, to, extra, condition);
-        write_by_key::<T, C, _, _, _>(conn, key, changes, condition, miss, 1)
+        let conn = Blocking::wrap(conn);
+        now(key_transition::<T, _, Ch, G>(
+            conn, key, to, extra, condition, policy,
+        ))
     }
 }
 

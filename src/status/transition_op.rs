@@ -7,7 +7,7 @@ use crate::guard::TokenOf;
 use crate::operation::{Operation, Run};
 use crate::retry::RetryPolicy;
 use crate::sql::statement::Unguarded;
-use crate::status::transition::{retried_by_key, TransitionByKey, TransitionRow};
+use crate::status::transition::{TransitionByKey, TransitionRow};
 
 /// Moves a copy's row to state `to` (with the `extra` assignments) from one of `sources`,
 /// under `condition`, if the row still holds the copy's token. Answers the copy as moved
@@ -103,12 +103,9 @@ impl<T: HasStatus, Ch, G> Operation for KeyTransition<T, Ch, G> {
 impl<T, C, Ch, G> Run<C> for KeyTransition<T, Ch, G>
 where
     T: TransitionByKey<C, Ch, G>,
-    C: diesel::Connection,
-    Ch: Clone,
-    G: Clone,
 {
     fn run(self, conn: &mut C) -> Result<<Self as Operation>::Output, <Self as Operation>::Error> {
         let (key, policy) = (&self.key, &self.policy);
-        retried_by_key::<T, C, Ch, G>(conn, key, self.to, self.extra, self.condition, policy)
+        T::transition_key(conn, key, self.to, self.extra, self.condition, policy)
     }
 }

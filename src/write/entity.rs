@@ -18,7 +18,7 @@ use crate::flow::compare_and_set::{refuse_status_write, CompareAndSet};
 use crate::flow::miss::{unreadable_row, Explanation, RowMoved};
 use crate::guard::{
     AdvanceAnyOf, AdvanceInSql, AdvanceOf, Advancing, CanAdvanceOf, CompletionOf, GuardKind,
-    Guarded, ReturnedTokenOf, TokenOf,
+    Guarded, TokenOf,
 };
 use crate::operation::{Delete, Operation, Run, SavedState, TouchStamp, Update, WriteExcluded};
 use crate::sql::new_token::Counted;
@@ -659,68 +659,6 @@ pub(crate) type KeyWriteOf<T, Ch, G> = GuardedUpdate<
     Joined<G, CanAdvanceOf<T>, And>,
 >;
 
-/// Writes `changes` to the row with `key` if `condition` holds, whatever token the row
-/// holds, advancing the token in SQL: one statement, no read before it. Returns the new
-/// token, read back by the statement; `miss` explains a row it did not write. `changes`
-/// may assign the status column `status_assignments` times (once for a transition).
-pub(crate) fn write_by_key<T, C, Ch, G, M>(
-    conn: &mut C,
-    key: &T::Key,
-    changes: Ch,
-    condition: G,
-    miss: M,
-    status_assignments: usize,
-) -> Result<TokenOf<T>, Error>
-where
-    T: LoadByKey<C>,
-    T::Guard: AdvanceInSql,
-    C: LoadConnection + Send,
-    C::Backend: OccBackend,
-    KeyWriteOf<T, Ch, G>: Assignments<C::Backend> + Send,
-    ReturnedTokenOf<T>: Complete<C, KeyWriteOf<T, Ch, G>, TokenOf<T>>,
-    M: Miss<C> + Send,
-{
-    let token = write_by_key_completed::<ReturnedTokenOf<T>, T, C, Ch, G, M>(
-        conn,
-        key,
-        changes,
-        condition,
-        miss,
-        status_assignments,
-    )?;
-    token_read_back(token)
-}
-
-/// [`write_by_key`], run and completed by `Done`: with [`Counted`](crate::sql::new_token::Counted)
-/// it reads no token back (`None`), which spares MySQL its second round trip.
-pub(crate) fn write_by_key_completed<Done, T, C, Ch, G, M>(
-    conn: &mut C,
-    key: &T::Key,
-    changes: Ch,
-    condition: G,
-    miss: M,
-    status_assignments: usize,
-) -> Result<Option<TokenOf<T>>, Error>
-where
-    T: LoadByKey<C>,
-    T::Guard: AdvanceInSql,
-    C: LoadConnection + Send,
-    C::Backend: OccBackend,
-    KeyWriteOf<T, Ch, G>: Assignments<C::Backend> + Send,
-    Done: Complete<C, KeyWriteOf<T, Ch, G>, TokenOf<T>>,
-    M: Miss<C> + Send,
-{
-    let table = T::table_name();
-    let statement =
-        key_write::<T, C::Backend, Ch, G>(table, key, changes, condition, status_assignments);
-    now(write_key_statement::<Done, T, _, _, _>(
-        Blocking::wrap(conn),
-        key,
-        statement,
-        miss,
-    ))
-}
-
 /// Sends the write by key alone `statement` (built and checked by [`key_write`]), run and
 /// completed by `Done`, on either driver; `miss` explains a row it did not write.
 pub(crate) async fn write_key_statement<Done, T, C, S, M>(
@@ -743,7 +681,7 @@ where
     Ok(written.token)
 }
 
-/// The write by key alone of [`write_by_key`] (of `table`), checked before anything is
+/// A write by key alone (of `table`), checked before anything is
 /// sent: `changes` may assign the status column `status_assignments` times.
 pub(crate) fn key_write<T, DB, Ch, G>(
     table: &'static str,

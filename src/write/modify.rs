@@ -22,7 +22,6 @@ use diesel::connection::{Connection, LoadConnection};
 
 use crate::connect::backend::OccBackend;
 use crate::connect::source::{ConnectionSource, Connections};
-use crate::connect::transaction::in_transaction;
 use crate::connect::transaction::WriteTransaction;
 use crate::drive::blocking::Sourced;
 use crate::drive::read_modify_write::{read_modify_write, Step};
@@ -126,12 +125,6 @@ where
 }
 
 impl<T: GuardedWrite + Clone> GuardedModify for T {}
-
-/// Whether `conn` is inside a transaction its caller opened: then an operation makes one
-/// attempt only, since a retry could not roll back the caller's earlier work.
-pub(crate) fn in_caller_transaction<C: Connection>(conn: &mut C) -> bool {
-    in_transaction(conn)
-}
 
 /// `modify`'s step, on either driver: the caller's change of a copy of the row, saved
 /// from the row as read.
