@@ -4,19 +4,11 @@
 
 use std::future::Future;
 
-use diesel_async::AsyncConnection;
-
 use super::write_transaction::{AsyncWriteConnection, LockedWork};
-use crate::connect::backend::OccBackend;
-use crate::drive::on_async::connection::{classifier, refuse_broken};
 use crate::drive::on_async::send::AsyncLoadByKey;
-use crate::drive::on_async::transaction::OwnTransaction;
 use crate::error::Error;
-use crate::flow::row_read::{AfterLock, LockedRead};
 use crate::guard::{Guarded, TokenOf};
-use crate::retry::Stop;
-use crate::sql::statement::RowLock;
-use crate::write::pessimistic::{row_lock, still_expected, LockWait};
+use crate::write::pessimistic::{locked_on, LockWait, RowWork};
 
 /// Pessimistic work on one row on an async connection; see
 /// [`Pessimistic`](crate::Pessimistic) for what each call does and answers.
@@ -68,56 +60,31 @@ impl<T: Guarded> AsyncPessimistic for T {}
 
 /// The row with `key` locked in a write transaction (and, if `expected` is given, still
 /// holding that token), handed to `work`; committed when `work` succeeds.
-async fn locked<T, C, R, E, W>(
-    conn: &mut C,
-    key: &T::Key,
-    expected: Option<&TokenOf<T>>,
+fn locked<'a, T, C, R, E, W>(
+    conn: &'a mut C,
+    key: &'a T::Key,
+    expected: Option<&'a TokenOf<T>>,
     wait: LockWait,
     work: W,
-) -> Result<R, E>
+) -> impl Future<Output = Result<R, E>> + Send + 'a
 where
     T: AsyncLoadByKey<C> + Send,
     C: AsyncWriteConnection,
-    W: for<'r> LockedWork<'r, C, T, R, E> + Send,
-    R: Send,
-    E: From<Error> + Send,
+    W: for<'r> LockedWork<'r, C, T, R, E> + Send + 'a,
+    R: Send + 'a,
+    E: From<Error> + Send + 'a,
 {
-    refuse_broken(conn)?;
-    let mut transaction = OwnTransaction::begin_write(conn).await?;
-    let result = async {
-        let conn = transaction.conn();
-        let suspects = T::GUARD_COLUMNS.join(", ");
-        let row = read_locked::<T, C>(conn, key, row_lock(wait), &suspects).await?;
-        let row = still_expected::<T>(T::table_name(), key, expected, row)?;
-        work(conn, row).await.map_err(Stop::Caller)
-    }
-    .await;
-    let result = transaction.settle(result).await;
-    result.map_err(Stop::into_error)
+    locked_on(conn, key, expected, wait, OnAsync(work))
 }
 
-/// The row with `key` read with `lock` on the library's write transaction; when it is not
-/// there, why: another transaction holds it (a skipped row that exists), or it is missing.
-pub(crate) async fn read_locked<T, C>(
-    conn: &mut C,
-    key: &T::Key,
-    lock: RowLock,
-    suspects: &str,
-) -> Result<T, Error>
+/// An async closure given the connection and the row.
+struct OnAsync<W>(W);
+
+impl<C, T, R, E, W> RowWork<C, T, R, E> for OnAsync<W>
 where
-    T: AsyncLoadByKey<C>,
-    C: AsyncConnection,
-    C::Backend: OccBackend,
+    W: for<'r> LockedWork<'r, C, T, R, E>,
 {
-    let read = LockedRead::new(T::table_name(), key, suspects);
-    let locked = T::lock_by_key(conn, key, lock).await;
-    let classify = classifier(conn, locked.as_ref().err()).await;
-    match read.locked(locked, |e| classify.classify(e)) {
-        AfterLock::Done(row) => row,
-        AfterLock::ReadUnlocked => {
-            let unlocked = T::read_by_key(conn, key).await;
-            let classify = classifier(conn, unlocked.as_ref().err()).await;
-            read.unlocked(unlocked, |e| classify.classify(e))
-        }
+    fn work(self, conn: &mut C, row: T) -> impl Future<Output = Result<R, E>> {
+        (self.0)(conn, row)
     }
 }

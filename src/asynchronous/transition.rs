@@ -9,7 +9,6 @@ use diesel::expression::AppearsOnTable;
 use diesel::query_builder::AsChangeset;
 use diesel_async::AsyncConnection;
 
-use super::pessimistic::read_locked;
 use super::run::AsyncRun;
 use super::write_transaction::{AsyncWriteConnection, TransitionHook};
 use crate::connect::backend::OccBackend;
@@ -31,6 +30,7 @@ use crate::status::transition::{
     TransitionMiss, TransitionOf,
 };
 use crate::status::transition_op::{KeyTransition, Transition};
+use crate::write::pessimistic::read_locked_on;
 
 /// Guarded transitions for every entity with a `#[occ(status)]` field, on a diesel-async
 /// connection; see [`GuardedTransition`](crate::GuardedTransition) and
@@ -226,7 +226,7 @@ pub trait AsyncGuardedTransition: HasStatus + Clone {
                 // The lock that reads the latest row (PostgreSQL's `FOR NO KEY UPDATE`, which
                 // lets other sessions insert rows referencing it), held until the end.
                 let suspects = suspects::<Self>();
-                let row = read_locked::<Self, C>(conn, key, RowLock::Latest, &suspects).await?;
+                let row = read_locked_on::<Self, C>(conn, key, RowLock::Latest, &suspects).await?;
                 let from = row.status();
                 let moving = Transition::new(row, to, extra, Self::Status::sources(to), Unguarded);
                 let (row, _) = moving.in_own_transaction().run_async(conn).await?;

@@ -190,6 +190,10 @@ where
     C: LoadConnection + WriteTransaction,
     C::Backend: OccBackend,
 {
+    fn caller_transaction(&mut self) -> Result<bool, Error> {
+        Ok(in_transaction(&mut self.0))
+    }
+
     /// diesel's transaction, as [`WriteTransaction`] begins and ends it on each backend.
     fn write_transaction<T, F>(&mut self, body: F) -> impl Future<Output = Ended<T>>
     where

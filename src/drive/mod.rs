@@ -11,7 +11,7 @@ use diesel::result::Error as DieselError;
 use diesel::QueryResult;
 
 use crate::connect::backend::OccBackend;
-use crate::connect::transaction::LostCommit;
+use crate::connect::transaction::{failed_commit, LostCommit};
 use crate::error::Error;
 use crate::flow::compare_and_set::{Classifier, CompareAndSet, Written};
 use crate::guard::{Guarded, TokenOf};
@@ -190,6 +190,10 @@ pub(crate) enum Ended<T> {
 /// across its steps is, so the blocking API asks nothing of the caller's closures that
 /// it did not ask before.
 pub(crate) trait WriteAttempt: Sized {
+    /// Refuses a connection an earlier cancelled call left inside a transaction; else
+    /// whether a transaction (the caller's) is open on it.
+    fn caller_transaction(&mut self) -> Result<bool, Error>;
+
     /// Runs `body` in a write transaction of the library's (SQLite's immediate one after
     /// this process's earlier writers; a savepoint inside the caller's), ended as `body`
     /// says.
@@ -200,6 +204,23 @@ pub(crate) trait WriteAttempt: Sized {
     /// What classifies `error` (when there is one) as a statement's on this connection:
     /// the server asked first where the client keeps only the text (MySQL's async one).
     fn classifier(&mut self, error: Option<&DieselError>) -> impl Future<Output = Classifier>;
+}
+
+/// What the body of a write transaction of the library's gave, judged as every such
+/// transaction is (`nested`: a savepoint inside the caller's transaction): a failed
+/// `BEGIN` wrote nothing; a failure before the `COMMIT` was sent rolled everything back
+/// (a lost connection is a plain database error then); a failed `COMMIT` is what
+/// [`failed_commit`] says. A failed `ROLLBACK` does not hide the failure that asked for
+/// it.
+pub(crate) fn settled<T, E: LostCommit>(ended: Ended<Result<T, E>>, nested: bool) -> Result<T, E> {
+    match ended {
+        Ended::NotBegun(error) => Err(E::from_occ(error)),
+        Ended::Committed(value, Ok(())) => value,
+        Ended::Committed(_, Err(source)) => Err(E::from_occ(failed_commit(source, nested))),
+        Ended::RolledBack(Ok(_), _) => unreachable!("a body that succeeded commits"),
+        Ended::RolledBack(Err(error), _) if nested => Err(error),
+        Ended::RolledBack(Err(error), _) => Err(error.rolled_back()),
+    }
 }
 
 /// Reads of entity `Self`'s rows inside a flow's write transaction on connection `C`.

@@ -171,6 +171,11 @@ impl<C> WriteAttempt for C
 where
     C: BeginWrite,
 {
+    fn caller_transaction(&mut self) -> Result<bool, Error> {
+        refuse_broken(self)?;
+        Ok(in_transaction(self))
+    }
+
     /// Dropped half way, the transaction marks the connection broken
     /// ([`OwnTransaction`]).
     async fn write_transaction<T, F>(&mut self, body: F) -> Ended<T>
@@ -217,8 +222,7 @@ impl<C: BeginWrite> Attempts<C> for Caller<'_, C> {
     const FRESH_PER_ATTEMPT: bool = false;
 
     fn caller_transaction(&mut self) -> Result<bool, Error> {
-        refuse_broken(self.0)?;
-        Ok(in_transaction(self.0))
+        self.0.caller_transaction()
     }
 
     async fn attempt<T, F>(&mut self, body: F) -> Result<T, Error>

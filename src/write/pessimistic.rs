@@ -10,19 +10,20 @@
 //! on each server's error code for `NOWAIT`). SQLite cannot refuse without waiting: a busy
 //! database waits for the busy timeout, then fails as retryable.
 
+use std::future::{ready, Future};
+
 use diesel::connection::LoadConnection;
 
 use crate::connect::backend::OccBackend;
-use crate::connect::transaction::{commit_operation, WriteTransaction};
+use crate::connect::transaction::WriteTransaction;
 use crate::drive::blocking::load::LoadByKey;
+use crate::drive::{now, settled, Blocking, End, ReadRow, WriteAttempt};
 use crate::error::Error;
 use crate::flow::miss::RowMoved;
 use crate::flow::row_read::{AfterLock, LockedRead};
 use crate::guard::{Guarded, TokenOf};
 use crate::retry::Stop;
 use crate::sql::statement::RowLock;
-
-use crate::drive::blocking::executor::classify;
 
 /// Whether a locked read waits for a row another transaction holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -93,14 +94,63 @@ where
     T: LoadByKey<C>,
     E: From<Error>,
 {
-    let lock = row_lock(wait);
-    let result = commit_operation(conn, |conn| -> Result<R, Stop<E>> {
-        let table = T::table_name();
-        let row = read_locked::<T, C>(conn, key, lock, &T::GUARD_COLUMNS.join(", "))?;
-        let row = still_expected::<T>(table, key, expected, row)?;
-        work(conn, row).map_err(Stop::Caller)
-    });
-    result.map_err(Stop::into_error)
+    let work = OnBlocking(work);
+    now(locked_on(Blocking::wrap(conn), key, expected, wait, work))
+}
+
+/// Work on a locked row on connection `C`: the caller's closure, sync on the blocking
+/// driver, awaited on the async one.
+pub(crate) trait RowWork<C, T, R, E> {
+    /// Runs it on `conn` with `row`.
+    fn work(self, conn: &mut C, row: T) -> impl Future<Output = Result<R, E>>;
+}
+
+/// A blocking closure given the connection and the row.
+struct OnBlocking<F>(F);
+
+impl<C, T, R, E, F> RowWork<Blocking<C>, T, R, E> for OnBlocking<F>
+where
+    F: FnOnce(&mut C, T) -> Result<R, E>,
+{
+    fn work(self, conn: &mut Blocking<C>, row: T) -> impl Future<Output = Result<R, E>> {
+        ready((self.0)(conn.inner(), row))
+    }
+}
+
+/// The row with `key` locked in a write transaction of the library's (and, if `expected`
+/// is given, still holding that token), handed to `work`; committed when `work`
+/// succeeds, on either driver.
+pub(crate) async fn locked_on<T, C, R, E, W>(
+    conn: &mut C,
+    key: &T::Key,
+    expected: Option<&TokenOf<T>>,
+    wait: LockWait,
+    work: W,
+) -> Result<R, E>
+where
+    C: WriteAttempt,
+    T: ReadRow<C>,
+    W: RowWork<C, T, R, E>,
+    E: From<Error>,
+{
+    let nested = conn.caller_transaction()?;
+    let suspects = T::GUARD_COLUMNS.join(", ");
+    let body = async |conn: &mut C| -> (End, Result<R, Stop<E>>) {
+        let result = async {
+            let row = read_locked_on::<T, C>(conn, key, row_lock(wait), &suspects).await?;
+            let row = still_expected::<T>(T::table_name(), key, expected, row)?;
+            work.work(conn, row).await.map_err(Stop::Caller)
+        }
+        .await;
+        let end = if result.is_ok() {
+            End::Commit
+        } else {
+            End::Rollback
+        };
+        (end, result)
+    };
+    let ended = conn.write_transaction(body).await;
+    settled(ended, nested).map_err(Stop::into_error)
 }
 
 /// The row lock to read with for `wait`.
@@ -111,8 +161,8 @@ pub(crate) fn row_lock(wait: LockWait) -> RowLock {
     }
 }
 
-/// The row with `key`, read with `lock` ([`LockedRead`] judges the answers): the
-/// blocking driver of the locked read.
+/// The row with `key`, read with `lock` ([`LockedRead`] judges the answers), on a
+/// blocking connection.
 pub(crate) fn read_locked<T, C>(
     conn: &mut C,
     key: &T::Key,
@@ -121,13 +171,40 @@ pub(crate) fn read_locked<T, C>(
 ) -> Result<T, Error>
 where
     T: LoadByKey<C>,
-    C: LoadConnection,
+    C: LoadConnection + WriteTransaction,
     C::Backend: OccBackend,
 {
+    now(read_locked_on::<T, _>(
+        Blocking::wrap(conn),
+        key,
+        lock,
+        suspects,
+    ))
+}
+
+/// The row with `key` read with `lock` inside a write transaction of the library's, on
+/// either driver; when it is not there, why: another transaction holds it (a skipped row
+/// that exists), or it is missing.
+pub(crate) async fn read_locked_on<T, C>(
+    conn: &mut C,
+    key: &T::Key,
+    lock: RowLock,
+    suspects: &str,
+) -> Result<T, Error>
+where
+    C: WriteAttempt,
+    T: ReadRow<C>,
+{
     let read = LockedRead::new(T::table_name(), key, suspects);
-    match read.locked(T::lock_by_key(conn, key, lock), |e| classify(conn, e)) {
+    let locked = T::read_row(conn, key, lock).await;
+    let classifier = conn.classifier(locked.as_ref().err()).await;
+    match read.locked(locked, |e| classifier.classify(e)) {
         AfterLock::Done(row) => row,
-        AfterLock::ReadUnlocked => read.unlocked(T::read_by_key(conn, key), |e| classify(conn, e)),
+        AfterLock::ReadUnlocked => {
+            let unlocked = T::read_row(conn, key, RowLock::None).await;
+            let classifier = conn.classifier(unlocked.as_ref().err()).await;
+            read.unlocked(unlocked, |e| classifier.classify(e))
+        }
     }
 }
 
