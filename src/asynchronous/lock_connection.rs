@@ -10,6 +10,7 @@ use diesel_async::methods::LoadQuery;
 use diesel_async::{AsyncConnection, AsyncConnectionCore, RunQueryDsl, SimpleAsyncConnection};
 
 use crate::connect::backend::OccBackend;
+use crate::connect::transaction::LostCommit;
 use crate::drive::blocking::executor::CannotMiss;
 use crate::drive::on_async::connection::{classify, NativeAsync, NativeAsyncConnection};
 use crate::drive::on_async::executor::AsyncMiss;
@@ -149,7 +150,9 @@ where
         let bounds = <C as Io>::Backend::wait_bounds(bound);
         setting(self, bounds.before.as_deref()).await?;
         let ended = async {
-            let mut transaction = OwnTransaction::begin(&mut *self).await?;
+            // A failed `BEGIN` wrote nothing: a lost connection is no `Ambiguous` here.
+            let begun = OwnTransaction::begin(&mut *self).await;
+            let mut transaction = begun.map_err(LostCommit::rolled_back)?;
             let sent = async {
                 let conn = transaction.conn();
                 setting(conn, bounds.inside.as_deref()).await?;

@@ -57,7 +57,6 @@ pub(crate) trait Io: Send + Sized {
     fn classify(&mut self, error: DieselError) -> impl Future<Output = Error> + Send;
 
     /// Waits `pause` (a retry's backoff).
-    #[cfg_attr(not(feature = "locks"), allow(dead_code))] // Claims only, so far.
     fn pause(&mut self, pause: Duration) -> impl Future<Output = ()> + Send;
 
     /// Runs the statements of `body` as one write: on PostgreSQL, inside a transaction
@@ -107,7 +106,6 @@ pub(crate) trait ReadOn<C>: Guarded {
     fn table_name() -> &'static str;
 
     /// The row with `key` as last committed (locked inside a transaction).
-    #[cfg_attr(not(feature = "locks"), allow(dead_code))] // Claims only, so far.
     fn load_by_key(
         conn: &mut C,
         key: &Self::Key,
@@ -208,13 +206,13 @@ pub(crate) trait WriteAttempt: Sized {
 
 /// What the body of a write transaction of the library's gave, judged as every such
 /// transaction is (`nested`: a savepoint inside the caller's transaction): a failed
-/// `BEGIN` wrote nothing; a failure before the `COMMIT` was sent rolled everything back
-/// (a lost connection is a plain database error then); a failed `COMMIT` is what
-/// [`failed_commit`] says. A failed `ROLLBACK` does not hide the failure that asked for
-/// it.
+/// `BEGIN` wrote nothing and a failure before the `COMMIT` was sent rolled everything
+/// back (a lost connection is then a plain database error, never `Ambiguous`); a failed
+/// `COMMIT` is what [`failed_commit`] says. A failed `ROLLBACK` does not hide the failure
+/// that asked for it.
 pub(crate) fn settled<T, E: LostCommit>(ended: Ended<Result<T, E>>, nested: bool) -> Result<T, E> {
     match ended {
-        Ended::NotBegun(error) => Err(E::from_occ(error)),
+        Ended::NotBegun(error) => Err(E::from_occ(error).rolled_back()),
         Ended::Committed(value, Ok(())) => value,
         Ended::Committed(_, Err(source)) => Err(E::from_occ(failed_commit(source, nested))),
         Ended::RolledBack(Ok(_), _) => unreachable!("a body that succeeded commits"),

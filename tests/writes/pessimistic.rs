@@ -39,6 +39,16 @@ trait LockedCounter {
         wait: LockWait,
         look: impl FnOnce(&Counter) -> (Option<Set>, R) + Send,
     ) -> Result<R, Error>;
+    /// The server's id of this connection's session (a server backend's).
+    fn session(&mut self) -> i64;
+}
+
+/// The SQL that gives a server session's id, as a `BIGINT`.
+fn session_id_sql(backend: &str) -> &'static str {
+    match backend {
+        "postgres" => "CAST(pg_backend_pid() AS BIGINT)",
+        _ => "CAST(CONNECTION_ID() AS SIGNED)",
+    }
 }
 
 for_each_backend! {
@@ -72,6 +82,10 @@ for_each_backend! {
                 }
                 Ok(answer)
             })
+        }
+        fn session(&mut self) -> i64 {
+            let sql = diesel::dsl::sql::<diesel::sql_types::BigInt>(session_id_sql(BACKEND));
+            diesel::select(sql).get_result(&mut self.0).unwrap()
         }
     }
 
@@ -124,6 +138,11 @@ for_each_backend! {
                 },
             );
             self.runtime.block_on(work)
+        }
+        fn session(&mut self) -> i64 {
+            let sql = diesel::dsl::sql::<diesel::sql_types::BigInt>(session_id_sql(BACKEND));
+            let id = diesel_async::RunQueryDsl::get_result(diesel::select(sql), &mut self.conn);
+            self.runtime.block_on(id).unwrap()
         }
     }
 
@@ -233,11 +252,53 @@ for_each_backend! {
         assert_eq!((stored.value, stored.rev), (1, 1));
     }
 
+    /// A session killed before the lock's transaction began wrote nothing: the answer is a
+    /// database error (retryable or not), never `Ambiguous` ("may have been applied"), and
+    /// the work never ran. SQLite has no session to lose.
+    fn a_session_lost_before_the_lock_began_is_not_ambiguous<W: LockedCounter>(db: &Db, w: impl Fn() -> W) {
+        if BACKEND == "sqlite" {
+            return;
+        }
+        insert(db);
+        let mut holder = w();
+        let id = holder.session();
+        let kill = match BACKEND {
+            "postgres" => format!("SELECT pg_terminate_backend({id})"),
+            _ => format!("KILL {id}"),
+        };
+        let admin = &mut db.conn();
+        diesel::connection::SimpleConnection::batch_execute(admin, &kill).unwrap();
+        // The server ends the session on its own time: wait until it is gone.
+        let alive = match BACKEND {
+            "postgres" => format!("SELECT COUNT(*) FROM pg_stat_activity WHERE pid = {id}"),
+            _ => format!("SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE ID = {id}"),
+        };
+        let sessions = || {
+            diesel::select(diesel::dsl::sql::<diesel::sql_types::BigInt>(&format!("({alive})")))
+                .get_result::<i64>(&mut db.conn())
+                .unwrap()
+        };
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while sessions() > 0 {
+            assert!(std::time::Instant::now() < deadline, "session {id} outlived its kill");
+            std::thread::yield_now();
+        }
+        let ran = std::sync::atomic::AtomicBool::new(false);
+        let result = holder.row_locked("hits", LockWait::Wait, |_| {
+            ran.store(true, std::sync::atomic::Ordering::SeqCst);
+            (Some(Set { value: Some(99), revision: None }), ())
+        });
+        assert!(matches!(result, Err(Error::Database(_) | Error::Retryable { .. })), "{result:?}");
+        assert!(!ran.load(std::sync::atomic::Ordering::SeqCst), "the work ran on a lost session");
+        assert_eq!(load(&mut db.conn()).value, 0, "nothing was written");
+    }
+
     tests_on_both_drivers!(
         |_: &Db| ();
         work_on_a_locked_row_loses_no_update,
         no_wait_is_refused_while_another_holds_the_row,
         a_copy_is_locked_only_while_current,
         racing_confirmations_of_one_copy_apply_once,
+        a_session_lost_before_the_lock_began_is_not_ambiguous,
     );
 }
