@@ -156,13 +156,27 @@ where
         let fence = conn.bounded(wait, sent).await?;
         if confirms {
             // Read back after the `COMMIT`: one plain read, which sees this session's own
-            // commit.
+            // commit. Lost, it leaves a grant whose `COMMIT` answered unconfirmed.
             let row = first(key.owner_read(), conn).await;
-            grant_in_row(key, holder, fence, classified(conn, row).await?)?;
+            let row = classified(conn, row).await.map_err(unconfirmed)?;
+            grant_in_row(key, holder, fence, row)?;
         }
         Ok(fence)
     })
     .await
+}
+
+/// A grant's read-back that failed: its `COMMIT` answered, so the grant may stand (it
+/// holds the lock until its lease ends) or may not (see
+/// [`LockBackend::CONFIRMS_GRANTS`]). Neither a plain failure nor a refusal to retry:
+/// [`Error::Ambiguous`], which tells the caller to read the row before deciding.
+fn unconfirmed(error: Error) -> Error {
+    match error {
+        Error::Database(source) | Error::Retryable { source, .. } | Error::Ambiguous { source } => {
+            Error::Ambiguous { source }
+        }
+        other => other,
+    }
 }
 
 /// Inside the caller's open transaction: [`Error::LockLost`] unless `holder` still holds

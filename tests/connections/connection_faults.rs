@@ -416,11 +416,14 @@ for_each_backend! {
     }
 
     /// The shared lock's row, read with a few tries (a restart of the server may be
-    /// under way).
+    /// under way). The read locks the row, so that it waits for a transaction still
+    /// ending on it: MariaDB's `KILL` closes the socket at once, and the killed session's
+    /// `COMMIT` can land after its client was told the connection was lost.
     fn lock_row(pool: &Pool<Manager>) -> Option<LockRow> {
+        let locking = if BACKEND == "sqlite" { "" } else { " FOR UPDATE" };
         (0..20).find_map(|_| {
             let mut conn = pool.get().ok()?;
-            diesel::sql_query(SHARED_LOCK_ROW)
+            diesel::sql_query(format!("{SHARED_LOCK_ROW}{locking}"))
                 .get_result::<LockRow>(&mut conn)
                 .ok()
         })

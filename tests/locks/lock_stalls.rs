@@ -240,6 +240,7 @@ for_each_backend! {
         a_kept_alive_lease_ends_at_its_deadline_while_its_row_is_held,
         leaders_never_overlap_while_the_lease_row_is_held,
         a_slow_link_does_not_stretch_the_belief,
+        a_link_cut_after_the_grants_commit_is_granted_or_ambiguous,
     );
 
     /// A kept-alive 900 ms lease whose row is held for 2.5 s: `check()` turns false at the
@@ -413,6 +414,55 @@ for_each_backend! {
             let (fence, _) = taken.unwrap();
             assert!(fence > P::fence(&guard));
             slow.drop_guard(guard);
+        }
+    }
+
+    /// The link is cut right after the server answered an acquisition's `COMMIT`: MySQL
+    /// then reads the grant back (a Galera node can answer a `COMMIT` that ended nothing)
+    /// and finds the connection lost, PostgreSQL sends nothing more. The caller is told it
+    /// holds the lock or that it may (`Ambiguous`), never a plain failure while the row
+    /// names it for the whole lease.
+    fn a_link_cut_after_the_grants_commit_is_granted_or_ambiguous<P>(db: &Db, p: &P)
+    where
+        P: LockWrites + PoolOnUrl,
+    {
+        let server_port = match BACKEND {
+            "postgres" => 5432,
+            "mysql" => 3306,
+            // Embedded: no link to cut.
+            _ => return,
+        };
+        create_lock_row(p, "cut");
+        for run in 0..runs() {
+            let link = common::slow_link::SlowLink::to(&format!("127.0.0.1:{server_port}"));
+            let cut = p.on_url(&link.url(&db.url, server_port), BACKEND);
+            cut.release(cut.try_lock("warm", "main", ms(1000), None).unwrap()).unwrap();
+            link.cut_after_reply_to(b"COMMIT");
+            let label = format!("cut-{run}");
+            let granted = cut.try_lock("cut", "main", ms(60_000), Some(&label));
+            let conn = &mut Conn::establish(&db.url).unwrap();
+            let (holder, fence, _, _) = lock_row(conn, "cut");
+            let in_row: Option<String> = occ_locks::table
+                .find(("cut", "main"))
+                .select(occ_locks::label)
+                .first(conn)
+                .unwrap();
+            println!("{BACKEND} run {run}: {:?}; the row: {holder:?}, {in_row:?}, fence {fence}", granted.as_ref().err());
+            assert!(holder.is_some() && in_row.as_deref() == Some(label.as_str()), "the grant committed");
+            match granted {
+                Ok(guard) => {
+                    assert_ne!(BACKEND, "mysql", "a grant MySQL could not read back was believed");
+                    assert_eq!(P::fence(&guard), fence);
+                    cut.release(guard).unwrap();
+                }
+                Err(Error::Ambiguous { .. }) => {
+                    diesel::update(occ_locks::table.find(("cut", "main")))
+                        .set((occ_locks::holder.eq(None::<String>), occ_locks::expires_at.eq(None::<NaiveDateTime>)))
+                        .execute(conn)
+                        .unwrap();
+                }
+                Err(other) => panic!("a committed grant reported as {other:?}"),
+            }
         }
     }
 }
