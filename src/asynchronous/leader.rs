@@ -6,16 +6,17 @@
 
 use std::future::Future;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 
-use super::locks::{AsyncLocks, AsyncRenewal};
+use super::locks::{AsyncLockGuard, AsyncLocks, AsyncRenewal};
 use super::source::AsyncConnectionSource;
 use crate::error::Error;
-use crate::flow::leader_term::{Closing, Term, TermEnd, Woken};
-use crate::locks::held::{first_of, Held, Loss};
+use crate::flow::leader_term::{Term, TermEnd, Woken};
+use crate::locks::campaign::{campaign, CampaignIo};
+use crate::locks::held::{first_of, Held};
 use crate::locks::leader::{
     check_candidate, panic_message, ElectionTiming, LeaderEvent, Leadership, Terms,
 };
@@ -108,7 +109,7 @@ impl AsyncCandidate {
             events,
             leadership,
             stop,
-            runner: Some(runtime.spawn(runner.run())),
+            runner: Some(runtime.spawn(campaign(runner, timing))),
         })
     }
 
@@ -188,83 +189,32 @@ struct Runner<S> {
     stopped: watch::Receiver<bool>,
 }
 
-impl<S: AsyncConnectionSource> Runner<S> {
-    fn report(&self, event: LeaderEvent) {
-        self.leadership.send_replace(Leadership::after(&event));
-        let _ = self.events.send(event);
+/// The async runner's steps, on the candidate's task.
+impl<S: AsyncConnectionSource> CampaignIo for Runner<S> {
+    type Guard = AsyncLockGuard<S>;
+    type Renewal = AsyncRenewal<S>;
+    type Job = JoinHandle<()>;
+
+    async fn acquire(&mut self) -> Result<AsyncLockGuard<S>, Error> {
+        let timing = self.timing;
+        let label = Some(self.label.as_str());
+        let (name, resource) = (&self.name, &self.resource);
+        (self.locks)
+            .acquire(name, resource, timing.lease, label, timing.renew_deadline)
+            .await
     }
 
-    async fn run(mut self) {
-        let timing = self.timing;
-        loop {
-            // Campaign: try now, then every retry period.
-            let elected = self
-                .locks
-                .acquire(
-                    &self.name,
-                    &self.resource,
-                    timing.lease,
-                    Some(&self.label),
-                    timing.renew_deadline,
-                )
-                .await;
-            let Ok(guard) = elected else {
-                if self.wait(timing.retry_period).await {
-                    return;
-                }
-                continue;
-            };
-            let (renewal, fence) = (guard.renewal(), guard.fence());
-            self.terms.begin(renewal.belief(), fence);
-            self.report(LeaderEvent::Elected { fence });
-            let loss = Loss::new();
-            let mut job = self.start_job(renewal.held(Arc::clone(&loss)));
-            let mut guard = Some(guard);
-            let end = self.lead(&renewal, &mut job).await;
-            for step in end.closing(loss.why(), timing.retry_period) {
-                match step {
-                    Closing::EndBelief => {
-                        renewal.end();
-                        self.terms.end();
-                    }
-                    Closing::Report(event) => self.report(event),
-                    Closing::TellJob(why) => loss.set(why),
-                    Closing::AwaitJob => {
-                        if let Some(job) = job.take() {
-                            let _ = job.await;
-                        }
-                    }
-                    Closing::Release => {
-                        if let Some(guard) = guard.take() {
-                            let _ = guard.release().await;
-                        }
-                    }
-                    Closing::CampaignAfter(pause) => {
-                        if self.wait(pause).await {
-                            return;
-                        }
-                    }
-                    Closing::End => return,
-                }
-            }
-        }
+    fn renewal(guard: &AsyncLockGuard<S>) -> AsyncRenewal<S> {
+        guard.renewal()
     }
 
     /// Starts the job, if there is one, for the term `held`: it runs until it returns or
     /// the term ends ([`Held::lost`]); a panic comes back as the task's error.
-    fn start_job(&self, held: Held) -> Option<JoinHandle<()>> {
+    fn start_job(&self, held: Held, _fence: i64) -> Option<JoinHandle<()>> {
         let job = Arc::clone(self.job.as_ref()?);
         Some(tokio::spawn(async move {
             first_of(job(held.clone()), held.lost()).await;
         }))
-    }
-
-    /// Waits `period` for a stop; `true` when stopped.
-    async fn wait(&mut self, period: std::time::Duration) -> bool {
-        tokio::select! {
-            _ = self.stopped.wait_for(|stop| *stop) => true,
-            () = tokio::time::sleep(period) => false,
-        }
     }
 
     /// Leads the term until it ends, as [`Term`] decides: renewals as tasks of their
@@ -273,6 +223,7 @@ impl<S: AsyncConnectionSource> Runner<S> {
         &mut self,
         renewal: &AsyncRenewal<S>,
         job: &mut Option<JoinHandle<()>>,
+        _fence: i64,
     ) -> TermEnd {
         let mut term = Term::begin(self.timing.retry_period, Instant::now());
         let mut renewing: Option<JoinHandle<Result<(), Error>>> = None;
@@ -311,5 +262,30 @@ impl<S: AsyncConnectionSource> Runner<S> {
                 }
             }
         }
+    }
+
+    async fn await_job(job: JoinHandle<()>) {
+        let _ = job.await;
+    }
+
+    async fn release(guard: AsyncLockGuard<S>) {
+        let _ = guard.release().await;
+    }
+
+    /// Waits `period` for a stop; `true` when stopped.
+    async fn wait(&mut self, period: Duration) -> bool {
+        tokio::select! {
+            _ = self.stopped.wait_for(|stop| *stop) => true,
+            () = tokio::time::sleep(period) => false,
+        }
+    }
+
+    fn report(&self, event: LeaderEvent) {
+        self.leadership.send_replace(Leadership::after(&event));
+        let _ = self.events.send(event);
+    }
+
+    fn terms(&self) -> &Terms {
+        &self.terms
     }
 }

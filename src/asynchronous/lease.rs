@@ -12,7 +12,7 @@ use super::write_transaction::AsyncWriteConnection;
 use super::write_transaction::TransactionWork;
 use crate::error::Error;
 use crate::locks::held::{first_of, Held, Loss};
-use crate::locks::lease::{next_renewal, outcome_under_lock, released_lease};
+use crate::locks::lease::{keep_renewing, outcome_under_lock, released_lease, Pauses};
 
 /// A lock whose lease a tokio task renews until it is released or dropped.
 pub struct AsyncLease<S: AsyncConnectionSource> {
@@ -31,24 +31,12 @@ impl<S: AsyncConnectionSource> AsyncLease<S> {
         let renewal = guard.renewal();
         let held = renewal.held(std::sync::Arc::clone(&loss));
         let interval = guard.ttl() / 3;
-        let (stop, mut stopped) = tokio::sync::watch::channel(false);
+        let (stop, stopped) = tokio::sync::watch::channel(false);
         // Stopped only between renewals, never in the middle of one (a renewal cut short
         // costs its connection, and a checkout cut short can cost the pool one).
         tokio::spawn(async move {
-            let mut pause = interval;
-            loop {
-                tokio::select! {
-                    _ = stopped.wait_for(|stop| *stop) => return,
-                    () = tokio::time::sleep(pause) => {}
-                }
-                match next_renewal(renewal.renew().await, renewal.is_held(), interval) {
-                    Ok(next) => pause = next,
-                    Err(why) => {
-                        renewal.end();
-                        loss.set(why);
-                        return;
-                    }
-                }
+            if let Some(why) = keep_renewing(interval, stopped, renewal).await {
+                loss.set(why);
             }
         });
         AsyncLease {
@@ -142,6 +130,18 @@ impl<S: AsyncConnectionSource> AsyncLease<S> {
             .take()
             .expect("a lease holds its guard until released");
         released_lease(guard.release().await, lost)
+    }
+}
+
+/// The task's pause: stopped when the lease says so.
+impl Pauses for tokio::sync::watch::Receiver<bool> {
+    fn stopped_after(&mut self, pause: Duration) -> impl Future<Output = bool> + Send {
+        async move {
+            tokio::select! {
+                _ = self.wait_for(|stop| *stop) => true,
+                () = tokio::time::sleep(pause) => false,
+            }
+        }
     }
 }
 

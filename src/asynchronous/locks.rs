@@ -166,6 +166,12 @@ impl<S> std::ops::Deref for AsyncRenewal<S> {
     }
 }
 
+impl<S: AsyncConnectionSource> crate::locks::lease::Renews for AsyncRenewal<S> {
+    fn renew_lease(&self) -> impl std::future::Future<Output = Result<(), Error>> + Send {
+        self.renew()
+    }
+}
+
 impl<S: AsyncConnectionSource> AsyncRenewal<S> {
     /// Extends the lease and the belief, as the blocking renewal does.
     pub(crate) async fn renew(&self) -> Result<(), Error> {

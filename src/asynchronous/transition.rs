@@ -12,25 +12,24 @@ use diesel_async::AsyncConnection;
 use super::run::AsyncRun;
 use super::write_transaction::{AsyncWriteConnection, TransitionHook};
 use crate::connect::backend::OccBackend;
-use crate::drive::on_async::connection::{classifier, refuse_broken, NativeAsyncConnection};
+use crate::drive::on_async::connection::{classifier, NativeAsyncConnection};
 use crate::drive::on_async::executor::{run, AsyncMiss};
 use crate::drive::on_async::send::AsyncLoadByKey;
-use crate::drive::on_async::transaction::OwnTransaction;
 use crate::drive::{Io, ReadOn, RunOn};
 use crate::error::Error;
 use crate::guard::status::{HasStatus, Status};
 use crate::guard::{AdvanceInSql, CompletionOf, ReturnedTokenOf, TokenOf};
 use crate::operation::Operation;
-use crate::retry::{RetryPolicy, Stop};
-use crate::sql::statement::{Assignments, RowLock, Unguarded};
+use crate::retry::RetryPolicy;
+use crate::sql::statement::{Assignments, Unguarded};
 use crate::status::condition::{TransitionCondition, When};
+use crate::status::hooked::{copy_move_then, key_move_then, MoveHook, MoveOn};
 use crate::status::transition::transition_row;
 use crate::status::transition::{
-    history_insert, key_transition, suspects, HistoryEntry, KeyTransitionOf, RecordHistory,
-    TransitionMiss, TransitionOf,
+    history_insert, key_transition, HistoryEntry, KeyTransitionOf, RecordHistory, TransitionMiss,
+    TransitionOf,
 };
 use crate::status::transition_op::{KeyTransition, Transition};
-use crate::write::pessimistic::read_locked_on;
 
 /// Guarded transitions for every entity with a `#[occ(status)]` field, on a diesel-async
 /// connection; see [`GuardedTransition`](crate::GuardedTransition) and
@@ -177,24 +176,11 @@ pub trait AsyncGuardedTransition: HasStatus + Clone {
         Ch: Send + 'a,
     {
         async move {
-            refuse_broken(conn)?;
-            let (before, from) = (self.clone(), self.status());
-            let mut transaction = OwnTransaction::begin_write(conn).await?;
-            let result = async {
-                let conn = transaction.conn();
-                let sources = Self::Status::sources(to);
-                let moving = Transition::new(self.clone(), to, extra, sources, Unguarded);
-                let (moved, token) = moving.in_own_transaction().run_async(conn).await?;
-                *self = moved;
-                hook(conn, from, self).await.map_err(Stop::Caller)?;
-                Ok(token)
-            }
-            .await;
-            let result = transaction.settle(result).await;
-            result.map_err(|stop: Stop<E>| {
-                *self = before;
-                stop.into_error()
-            })
+            let moving = AsyncMove { to, extra };
+            let (moved, token) =
+                copy_move_then(conn, self.clone(), moving, AsyncHook(hook)).await?;
+            *self = moved;
+            Ok(token)
         }
     }
 
@@ -218,29 +204,48 @@ pub trait AsyncGuardedTransition: HasStatus + Clone {
         E: From<Error> + Send + 'a,
         Ch: Send + 'a,
     {
-        async move {
-            refuse_broken(conn)?;
-            let mut transaction = OwnTransaction::begin_write(conn).await?;
-            let result = async {
-                let conn = transaction.conn();
-                // The lock that reads the latest row (PostgreSQL's `FOR NO KEY UPDATE`, which
-                // lets other sessions insert rows referencing it), held until the end.
-                let suspects = suspects::<Self>();
-                let row = read_locked_on::<Self, C>(conn, key, RowLock::Latest, &suspects).await?;
-                let from = row.status();
-                let moving = Transition::new(row, to, extra, Self::Status::sources(to), Unguarded);
-                let (row, _) = moving.in_own_transaction().run_async(conn).await?;
-                hook(conn, from, &row).await.map_err(Stop::Caller)?;
-                Ok(row)
-            }
-            .await;
-            let result = transaction.settle(result).await;
-            result.map_err(Stop::into_error)
-        }
+        key_move_then(conn, key, AsyncMove { to, extra }, AsyncHook(hook))
     }
 }
 
 impl<T: HasStatus + Clone> AsyncGuardedTransition for T {}
+
+/// An async move to `to` with the `extra` assignments: the [`Transition`] the bound
+/// names, in the library's own transaction.
+struct AsyncMove<S, Ch> {
+    to: S,
+    extra: Ch,
+}
+
+impl<C, T, Ch> MoveOn<C, T> for AsyncMove<T::Status, Ch>
+where
+    T: HasStatus,
+    Transition<T, Ch>: AsyncRun<C>,
+{
+    fn moved(self, conn: &mut C, row: T) -> impl Future<Output = Result<(T, TokenOf<T>), Error>> {
+        let sources = T::Status::sources(self.to);
+        let moving = Transition::new(row, self.to, self.extra, sources, Unguarded);
+        moving.in_own_transaction().run_async(conn)
+    }
+}
+
+/// An async hook: a closure that returns a future.
+struct AsyncHook<H>(H);
+
+impl<C, T, E, H> MoveHook<C, T, E> for AsyncHook<H>
+where
+    T: HasStatus,
+    H: for<'r> TransitionHook<'r, C, T, E>,
+{
+    fn after_move<'r>(
+        self,
+        conn: &'r mut C,
+        from: T::Status,
+        row: &'r T,
+    ) -> impl Future<Output = Result<(), E>> {
+        (self.0)(conn, from, row)
+    }
+}
 
 /// Runs `moving`, a move of `row`'s copy, and records the moved copy in `row`; a move
 /// that did not happen leaves `row` as it was.

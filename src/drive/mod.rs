@@ -166,6 +166,16 @@ pub(crate) enum End {
     Rollback,
 }
 
+impl End {
+    /// Commit what succeeded, roll back what failed.
+    pub(crate) fn after<T, E>(result: &Result<T, E>) -> End {
+        match result {
+            Ok(_) => End::Commit,
+            Err(_) => End::Rollback,
+        }
+    }
+}
+
 /// How a flow's own write transaction ended.
 pub(crate) enum Ended<T> {
     /// Its `BEGIN` failed, classified: nothing is open and nothing was written.

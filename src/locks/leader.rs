@@ -15,6 +15,7 @@
 //! act on stale belief when it wakes, which is what the fence is for: storage that checks
 //! fences ([`FencedWrite`](crate::FencedWrite)) refuses its writes.
 
+use std::future::{ready, Future};
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::mpsc::{channel, Receiver, RecvTimeoutError, Sender};
 use std::sync::{Arc, Mutex};
@@ -23,12 +24,14 @@ use std::time::{Duration, Instant};
 
 use crate::connect::source::ConnectionSource;
 
+use crate::drive::now;
 use crate::error::Error;
 pub use crate::flow::leader_term::LeaderEvent;
-use crate::flow::leader_term::{Closing, Term, TermEnd, Woken};
+use crate::flow::leader_term::{Term, TermEnd, Woken};
 use crate::locks::belief::Belief;
-use crate::locks::held::{Held, Loss};
-use crate::locks::lock::{LockConnection, Locks, Renewal};
+use crate::locks::campaign::{campaign, CampaignIo};
+use crate::locks::held::Held;
+use crate::locks::lock::{LockConnection, LockGuard, Locks, Renewal};
 
 /// A leader's job: run on a thread of its own for each term; see
 /// [`Candidate::start_with_job`].
@@ -389,63 +392,36 @@ where
     S: ConnectionSource,
     S::Connection: LockConnection,
 {
-    fn report(&self, event: LeaderEvent) {
-        #[cfg(feature = "tokio")]
-        self.leadership.send_replace(Leadership::after(&event));
-        let _ = self.events.send(event);
-    }
-
     fn run(self) {
         let timing = self.timing;
-        loop {
-            // Campaign: try now, then every retry period.
-            let elected = self.locks.acquire(
-                &self.name,
-                &self.resource,
-                timing.lease,
-                Some(&self.label),
-                timing.renew_deadline,
-            );
-            let Ok(guard) = elected else {
-                if self.wait(timing.retry_period) {
-                    return;
-                }
-                continue;
-            };
-            let (renewal, fence) = (guard.renewal(), guard.fence());
-            self.terms.begin(renewal.belief(), fence);
-            self.report(LeaderEvent::Elected { fence });
-            let loss = Loss::new();
-            let mut job = self.start_job(renewal.held(Arc::clone(&loss)), fence);
-            let mut guard = Some(guard);
-            let end = self.lead(&renewal, fence);
-            for step in end.closing(loss.why(), timing.retry_period) {
-                match step {
-                    Closing::EndBelief => {
-                        renewal.end();
-                        self.terms.end();
-                    }
-                    Closing::Report(event) => self.report(event),
-                    Closing::TellJob(why) => loss.set(why),
-                    Closing::AwaitJob => {
-                        if let Some(job) = job.take() {
-                            let _ = job.join();
-                        }
-                    }
-                    Closing::Release => {
-                        if let Some(guard) = guard.take() {
-                            let _ = guard.release();
-                        }
-                    }
-                    Closing::CampaignAfter(pause) => {
-                        if self.wait(pause) {
-                            return;
-                        }
-                    }
-                    Closing::End => return,
-                }
-            }
-        }
+        now(campaign(self, timing));
+    }
+}
+
+/// The blocking runner's steps: each call returns when it is done (`recv_timeout` waits),
+/// so the campaign's future is always ready.
+impl<S> CampaignIo for Runner<S>
+where
+    S: ConnectionSource,
+    S::Connection: LockConnection,
+{
+    type Guard = LockGuard<S>;
+    type Renewal = Renewal<S>;
+    type Job = JoinHandle<()>;
+
+    fn acquire(&mut self) -> impl Future<Output = Result<LockGuard<S>, Error>> {
+        let timing = self.timing;
+        ready(self.locks.acquire(
+            &self.name,
+            &self.resource,
+            timing.lease,
+            Some(&self.label),
+            timing.renew_deadline,
+        ))
+    }
+
+    fn renewal(guard: &LockGuard<S>) -> Renewal<S> {
+        guard.renewal()
     }
 
     /// Starts the job, if there is one, for the term with `fence`; it tells the runner
@@ -460,30 +436,19 @@ where
         }))
     }
 
-    /// Waits `period` for a stop; `true` when stopped. Late renewals of ended terms are
-    /// passed over.
-    fn wait(&self, period: Duration) -> bool {
-        let until = Instant::now() + period;
-        loop {
-            match self
-                .received
-                .recv_timeout(until.saturating_duration_since(Instant::now()))
-            {
-                Ok(Signal::Stop) | Err(RecvTimeoutError::Disconnected) => return true,
-                Ok(Signal::Renewed(..) | Signal::JobEnded(..)) => continue,
-                Err(RecvTimeoutError::Timeout) => return false,
-            }
-        }
-    }
-
     /// Leads the term with `fence` until it ends, as [`Term`] decides: renewals on
     /// threads of their own, their answers and the job's end as signals.
-    fn lead(&self, renewal: &Renewal<S>, fence: i64) -> TermEnd {
+    fn lead(
+        &mut self,
+        renewal: &Renewal<S>,
+        _job: &mut Option<JoinHandle<()>>,
+        fence: i64,
+    ) -> impl Future<Output = TermEnd> {
         let mut term = Term::begin(self.timing.retry_period, Instant::now());
-        loop {
+        ready(loop {
             let wake = match term.wait_until(renewal.deadline()) {
                 Ok(wake) => wake,
-                Err(end) => return end,
+                Err(end) => break end,
             };
             let woken = match self
                 .received
@@ -498,7 +463,7 @@ where
                 Err(RecvTimeoutError::Timeout) => Woken::Timeout,
             };
             match term.woken(woken, renewal.is_held(), Instant::now()) {
-                Err(end) => return end,
+                Err(end) => break end,
                 Ok(false) => {}
                 Ok(true) => {
                     let (renewal, signals) = (renewal.clone(), self.signals.clone());
@@ -507,7 +472,43 @@ where
                     });
                 }
             }
-        }
+        })
+    }
+
+    fn await_job(job: JoinHandle<()>) -> impl Future<Output = ()> {
+        let _ = job.join();
+        ready(())
+    }
+
+    fn release(guard: LockGuard<S>) -> impl Future<Output = ()> {
+        let _ = guard.release();
+        ready(())
+    }
+
+    /// Waits `period` for a stop; `true` when stopped. Late renewals of ended terms are
+    /// passed over.
+    fn wait(&mut self, period: Duration) -> impl Future<Output = bool> {
+        let until = Instant::now() + period;
+        ready(loop {
+            match self
+                .received
+                .recv_timeout(until.saturating_duration_since(Instant::now()))
+            {
+                Ok(Signal::Stop) | Err(RecvTimeoutError::Disconnected) => break true,
+                Ok(Signal::Renewed(..) | Signal::JobEnded(..)) => continue,
+                Err(RecvTimeoutError::Timeout) => break false,
+            }
+        })
+    }
+
+    fn report(&self, event: LeaderEvent) {
+        #[cfg(feature = "tokio")]
+        self.leadership.send_replace(Leadership::after(&event));
+        let _ = self.events.send(event);
+    }
+
+    fn terms(&self) -> &Terms {
+        &self.terms
     }
 }
 

@@ -12,7 +12,7 @@
 //! check cannot stop a write that a pause delays past it. [`Lease::run`] and
 //! [`Locks::with_lock`] run a closure under the lease and release it after.
 
-use std::sync::mpsc::{channel, RecvTimeoutError, Sender};
+use std::sync::mpsc::{channel, Receiver, RecvTimeoutError, Sender};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -20,9 +20,11 @@ use std::time::{Duration, Instant};
 use crate::connect::source::ConnectionSource;
 
 use crate::connect::transaction::WriteTransaction;
+use crate::drive::now;
 use crate::error::Error;
 use crate::locks::held::{Held, Loss};
-use crate::locks::lock::{LockConnection, LockGuard, Locks};
+use crate::locks::lock::{Hold, LockConnection, LockGuard, Locks, Renewal};
+use std::future::Future;
 
 /// A lock whose lease renews itself until it is released or dropped.
 pub struct Lease<S: ConnectionSource>
@@ -51,6 +53,59 @@ pub(crate) fn next_renewal(
         Err(e) => Err(format!(
             "no renewal succeeded before the local deadline: {e}"
         )),
+    }
+}
+
+/// The keep-alive's loop, written once for the thread and the tokio task: pause
+/// (`stopped_after` answers whether it was told to stop meanwhile), renew, and choose the
+/// next pause ([`next_renewal`]), until stopped (`None`) or the lease is lost: then the
+/// belief ends, and the answer says why.
+pub(crate) async fn keep_renewing<R: Renews>(
+    interval: Duration,
+    mut stop: impl Pauses,
+    renewal: R,
+) -> Option<String> {
+    let mut pause = interval;
+    loop {
+        if stop.stopped_after(pause).await {
+            return None;
+        }
+        match next_renewal(renewal.renew_lease().await, renewal.is_held(), interval) {
+            Ok(next) => pause = next,
+            Err(why) => {
+                renewal.end();
+                return Some(why);
+            }
+        }
+    }
+}
+
+/// The keep-alive's pause between renewals on either driver, cut short by a stop.
+pub(crate) trait Pauses {
+    /// Waits `pause`; whether it was told to stop meanwhile.
+    fn stopped_after(&mut self, pause: Duration) -> impl Future<Output = bool> + Send;
+}
+
+/// The thread's pause: stopped by a message, or by the lease dropping its sender.
+impl Pauses for Receiver<()> {
+    fn stopped_after(&mut self, pause: Duration) -> impl Future<Output = bool> + Send {
+        let timed_out = matches!(self.recv_timeout(pause), Err(RecvTimeoutError::Timeout));
+        std::future::ready(!timed_out)
+    }
+}
+
+/// A lease's renewal on either driver.
+pub(crate) trait Renews: std::ops::Deref<Target = Hold> {
+    /// Extends the lease and the belief.
+    fn renew_lease(&self) -> impl Future<Output = Result<(), Error>> + Send;
+}
+
+impl<S: ConnectionSource> Renews for Renewal<S>
+where
+    S::Connection: LockConnection,
+{
+    fn renew_lease(&self) -> impl Future<Output = Result<(), Error>> + Send {
+        std::future::ready(self.renew())
     }
 }
 
@@ -100,21 +155,8 @@ where
         let interval = guard.ttl() / 3;
         let shared = Arc::clone(&loss);
         let thread = crate::connect::source::spawn_in_runtime(move || {
-            let mut pause = interval;
-            loop {
-                match stopped.recv_timeout(pause) {
-                    Err(RecvTimeoutError::Timeout) => {}
-                    // Stopped, or the lease was dropped.
-                    _ => return,
-                }
-                match next_renewal(renewal.renew(), renewal.is_held(), interval) {
-                    Ok(next) => pause = next,
-                    Err(why) => {
-                        renewal.end();
-                        shared.set(why);
-                        return;
-                    }
-                }
+            if let Some(why) = now(keep_renewing(interval, stopped, renewal)) {
+                shared.set(why);
             }
         });
         Lease {

@@ -3,6 +3,7 @@
 
 pub(crate) mod backend;
 pub(crate) mod belief;
+pub(crate) mod campaign;
 pub(crate) mod fence;
 pub(crate) mod fence_op;
 pub(crate) mod held;

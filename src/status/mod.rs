@@ -36,5 +36,6 @@ pub(crate) mod claimable_rows;
 pub(crate) mod condition;
 #[cfg(feature = "locks")]
 pub(crate) mod finish_claims;
+pub(crate) mod hooked;
 pub(crate) mod transition;
 pub(crate) mod transition_op;

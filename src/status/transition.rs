@@ -32,7 +32,7 @@ use diesel::query_dsl::methods::ExecuteDsl;
 use diesel::{Column, Insertable};
 
 use crate::connect::backend::OccBackend;
-use crate::connect::transaction::{commit_operation, WriteTransaction};
+use crate::connect::transaction::WriteTransaction;
 use crate::drive::blocking::complete::Complete;
 use crate::drive::blocking::executor::{classify, CannotMiss, Miss};
 use crate::drive::blocking::load::LoadByKey;
@@ -46,13 +46,13 @@ use crate::guard::{
 };
 use crate::retry::{RetryPolicy, Stop};
 use crate::sql::new_token::Counted;
+use crate::sql::statement::Unguarded;
 use crate::sql::statement::{And, Assignments, ColumnEq, Comma, GuardedUpdate, Joined, NoChanges};
-use crate::sql::statement::{RowLock, Unguarded};
 use crate::status::condition::{TransitionCondition, When};
+use crate::status::hooked::{copy_move_then, key_move_then, BlockingHook, BlockingMove};
 use crate::write::entity::{
     advance_from_in, key_write, token_read_back, write_key_statement, KeyWriteOf,
 };
-use crate::write::pessimistic::read_locked;
 
 /// No extra assignment: the transition sets the status (and advances the token) only.
 /// The table is inferred from the entity.
@@ -161,18 +161,11 @@ pub trait GuardedTransition: HasStatus + Clone {
         Self: TransitionRow<C, Ch>,
         E: From<Error>,
     {
-        let before = self.clone();
-        let from = self.status();
-        let result = commit_operation(conn, |conn| -> Result<_, Stop<E>> {
-            let sources = Self::Status::sources(to);
-            let token = self.transition_row(conn, to, extra, sources, Unguarded, true)?;
-            hook(conn, from, self).map_err(Stop::Caller)?;
-            Ok(token)
-        });
-        result.map_err(|stop| {
-            *self = before;
-            stop.into_error()
-        })
+        let (moving, hook) = (BlockingMove { to, extra }, BlockingHook(hook));
+        let conn = Blocking::wrap(conn);
+        let (moved, token) = now(copy_move_then(conn, self.clone(), moving, hook))?;
+        *self = moved;
+        Ok(token)
     }
 }
 
@@ -406,17 +399,8 @@ where
         Self: TransitionRow<C, Ch>,
         E: From<Error>,
     {
-        let result = commit_operation(conn, |conn| -> Result<Self, Stop<E>> {
-            // The lock that reads the latest row (PostgreSQL's `FOR NO KEY UPDATE`, which
-            // lets other sessions insert rows referencing it), held until the end.
-            let lock = RowLock::Latest;
-            let mut row = read_locked::<Self, C>(conn, key, lock, &suspects::<Self>())?;
-            let from = row.status();
-            row.transition_row(conn, to, extra, Self::Status::sources(to), Unguarded, true)?;
-            hook(conn, from, &row).map_err(Stop::Caller)?;
-            Ok(row)
-        });
-        result.map_err(Stop::into_error)
+        let (moving, hook) = (BlockingMove { to, extra }, BlockingHook(hook));
+        now(key_move_then(Blocking::wrap(conn), key, moving, hook))
     }
 }
 

@@ -142,12 +142,7 @@ where
             work.work(conn, row).await.map_err(Stop::Caller)
         }
         .await;
-        let end = if result.is_ok() {
-            End::Commit
-        } else {
-            End::Rollback
-        };
-        (end, result)
+        (End::after(&result), result)
     };
     let ended = conn.write_transaction(body).await;
     settled(ended, nested).map_err(Stop::into_error)
@@ -159,27 +154,6 @@ pub(crate) fn row_lock(wait: LockWait) -> RowLock {
         LockWait::Wait => RowLock::ForUpdate,
         LockWait::NoWait => RowLock::SkipLocked,
     }
-}
-
-/// The row with `key`, read with `lock` ([`LockedRead`] judges the answers), on a
-/// blocking connection.
-pub(crate) fn read_locked<T, C>(
-    conn: &mut C,
-    key: &T::Key,
-    lock: RowLock,
-    suspects: &str,
-) -> Result<T, Error>
-where
-    T: LoadByKey<C>,
-    C: LoadConnection + WriteTransaction,
-    C::Backend: OccBackend,
-{
-    now(read_locked_on::<T, _>(
-        Blocking::wrap(conn),
-        key,
-        lock,
-        suspects,
-    ))
 }
 
 /// The row with `key` read with `lock` inside a write transaction of the library's, on
