@@ -267,6 +267,8 @@ pub use locks::leader::{Candidate, ElectionTiming, LeaderEvent, Leadership};
 pub use locks::lease::Lease;
 #[cfg(feature = "locks")]
 pub use locks::lock::{occ_locks, LockConnection, LockGuard, Locks, MAX_TTL};
+#[cfg(feature = "locks")]
+pub use locks::lock_time::LockTime;
 
 // Outcomes, retries, connections.
 pub use connect::backend::OccBackend;

@@ -135,12 +135,10 @@ impl<S: AsyncConnectionSource> AsyncLease<S> {
 
 /// The task's pause: stopped when the lease says so.
 impl Pauses for tokio::sync::watch::Receiver<bool> {
-    fn stopped_after(&mut self, pause: Duration) -> impl Future<Output = bool> + Send {
-        async move {
-            tokio::select! {
-                _ = self.wait_for(|stop| *stop) => true,
-                () = tokio::time::sleep(pause) => false,
-            }
+    async fn stopped_after(&mut self, pause: Duration) -> bool {
+        tokio::select! {
+            _ = self.wait_for(|stop| *stop) => true,
+            () = tokio::time::sleep(pause) => false,
         }
     }
 }

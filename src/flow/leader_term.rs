@@ -155,14 +155,19 @@ pub(crate) enum Closing {
 }
 
 impl TermEnd {
-    /// How the term closes, knowing why the term's hold was `lost`, if it was (a job that
-    /// ended because one of its writes found the lock lost lost the lead): belief ended;
-    /// the loss reported at once; the job told and awaited; only then the lock freed, so
-    /// the next leader is elected after this one's job stopped; then the runner ends or
-    /// campaigns again.
+    /// How the term closes, knowing why the term's hold was `lost`, if it was: belief
+    /// ended; the loss reported at once; the job told and awaited; only then the lock
+    /// freed, so the next leader is elected after this one's job stopped; then the runner
+    /// ends or campaigns again.
+    ///
+    /// A hold found lost (by one of the job's writes, which read the lock's row) says why
+    /// better than the runner can: the runner only sees the belief end, or its deadline
+    /// pass, and would report "the lease was lost" without naming the new holder. So that
+    /// reason is the term's, and a job that ended because its write found the lock lost
+    /// lost the lead.
     pub(crate) fn closing(self, lost: Option<String>, retry_period: Duration) -> Vec<Closing> {
         let end = match (self, lost) {
-            (TermEnd::JobEnded(_), Some(why)) => TermEnd::Lost(why),
+            (TermEnd::JobEnded(_) | TermEnd::Lost(_), Some(why)) => TermEnd::Lost(why),
             (end, _) => end,
         };
         let mut steps = vec![Closing::EndBelief];

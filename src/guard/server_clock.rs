@@ -86,10 +86,14 @@ pub trait ServerClock: Backend {
         out: &mut AstPass<'_, '_, Self>,
     ) -> QueryResult<()>;
 
-    /// Pushes the database's now moved by `shift`, as a UTC timestamp at the clock's own
-    /// precision. On SQLite it is text of fixed width (`%Y-%m-%d %H:%M:%f`), so values
-    /// written and compared this way order as text the way they order in time.
-    fn push_shifted<'b>(out: &mut AstPass<'_, 'b, Self>, shift: &'b Shift) -> QueryResult<()>;
+    /// Pushes the database's now moved by `shift`, at the clock's own precision: an
+    /// instant for a column of zoned times `Ts` (PostgreSQL's `timestamptz`), else UTC
+    /// without a zone. On SQLite it is text of fixed width (`%Y-%m-%d %H:%M:%f`), so
+    /// values written and compared this way order as text the way they order in time.
+    fn push_shifted<'b, Ts: Timestamp>(
+        out: &mut AstPass<'_, 'b, Self>,
+        shift: &'b Shift,
+    ) -> QueryResult<()>;
 }
 
 #[cfg(feature = "postgres")]
@@ -115,8 +119,15 @@ impl ServerClock for diesel::pg::Pg {
         Ok(())
     }
 
-    fn push_shifted<'b>(out: &mut AstPass<'_, 'b, Self>, shift: &'b Shift) -> QueryResult<()> {
-        out.push_sql("((clock_timestamp() AT TIME ZONE 'UTC') + ");
+    fn push_shifted<'b, Ts: Timestamp>(
+        out: &mut AstPass<'_, 'b, Self>,
+        shift: &'b Shift,
+    ) -> QueryResult<()> {
+        out.push_sql(if Ts::ZONED {
+            "(clock_timestamp() + "
+        } else {
+            "((clock_timestamp() AT TIME ZONE 'UTC') + "
+        });
         out.push_bind_param::<diesel::sql_types::BigInt, i64>(&shift.micros)?;
         out.push_sql(" * interval '1 microsecond')");
         Ok(())
@@ -143,7 +154,10 @@ impl ServerClock for diesel::mysql::Mysql {
         Ok(())
     }
 
-    fn push_shifted<'b>(out: &mut AstPass<'_, 'b, Self>, shift: &'b Shift) -> QueryResult<()> {
+    fn push_shifted<'b, Ts: Timestamp>(
+        out: &mut AstPass<'_, 'b, Self>,
+        shift: &'b Shift,
+    ) -> QueryResult<()> {
         out.push_sql("(UTC_TIMESTAMP(6) + INTERVAL ");
         out.push_bind_param::<diesel::sql_types::BigInt, i64>(&shift.micros)?;
         out.push_sql(" MICROSECOND)");
@@ -181,7 +195,10 @@ impl ServerClock for diesel::sqlite::Sqlite {
         })
     }
 
-    fn push_shifted<'b>(out: &mut AstPass<'_, 'b, Self>, shift: &'b Shift) -> QueryResult<()> {
+    fn push_shifted<'b, Ts: Timestamp>(
+        out: &mut AstPass<'_, 'b, Self>,
+        shift: &'b Shift,
+    ) -> QueryResult<()> {
         out.push_sql("strftime('%Y-%m-%d %H:%M:%f', 'now', ");
         out.push_bind_param::<diesel::sql_types::Text, String>(&shift.sqlite)?;
         out.push_sql(")");
@@ -291,17 +308,19 @@ impl<Col, Ts, P> Advancing for DatabaseClockGuard<Col, Ts, P> where Self: GuardK
 
 /// Column `Col` against the database's now moved by a shift: `"col" = <now>` after `SET`,
 /// `"col" < <now>` or `"col" >= <now>` after `WHERE`. Expiry and claim times are written
-/// and compared in this one form, so that they order the same way on every backend.
+/// and compared in this one form, so that they order the same way on every backend. `Ts`
+/// says how the column keeps time: `NaiveDateTime` for UTC without a zone,
+/// `DateTime<Utc>` for instants (PostgreSQL's `timestamptz`).
 #[cfg(feature = "locks")]
 #[derive(Debug, Clone)]
-pub struct ClockColumn<Col> {
+pub struct ClockColumn<Col, Ts = chrono::NaiveDateTime> {
     operator: &'static str,
     shift: Shift,
-    column: PhantomData<Col>,
+    column: PhantomData<(Col, Ts)>,
 }
 
 #[cfg(feature = "locks")]
-impl<Col> ClockColumn<Col> {
+impl<Col, Ts> ClockColumn<Col, Ts> {
     fn new(operator: &'static str, shift: Shift) -> Self {
         ClockColumn {
             operator,
@@ -327,11 +346,11 @@ impl<Col> ClockColumn<Col> {
 }
 
 #[cfg(feature = "locks")]
-impl<Col: Column, DB: ServerClock> QueryFragment<DB> for ClockColumn<Col> {
+impl<Col: Column, Ts: Timestamp, DB: ServerClock> QueryFragment<DB> for ClockColumn<Col, Ts> {
     fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, DB>) -> QueryResult<()> {
         out.push_identifier(Col::NAME)?;
         out.push_sql(self.operator);
-        DB::push_shifted(&mut out, &self.shift)
+        DB::push_shifted::<Ts>(&mut out, &self.shift)
     }
 }
 

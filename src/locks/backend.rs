@@ -134,12 +134,21 @@ impl LockBackend for diesel::pg::Pg {
 /// row lock can take two waits (for the tuple lock among other waiters, then for its
 /// holder), each under `lock_timeout` and together over the statement's bound. So it is
 /// retryable here, though a statement timeout elsewhere is not (it would time out again).
+///
+/// A cancel without a named timeout (`57014` "due to user request") is this bound too, or
+/// an operator's `pg_cancel_backend`: PostgreSQL reports a timeout that fired as its
+/// statement was ending on the next statement, with its reason already cleared. Either
+/// way the transaction rolled back and granted nothing, so it is retryable as well.
 #[cfg(feature = "postgres")]
 fn statement_timeout_is_a_lock_timeout(error: Error) -> Error {
+    const CANCELLED: [&str; 2] = [
+        "canceling statement due to statement timeout",
+        "canceling statement due to user request",
+    ];
     match error {
         Error::Database(source @ diesel::result::Error::DatabaseError(_, _))
             if matches!(&source, diesel::result::Error::DatabaseError(_, info)
-                if info.message() == "canceling statement due to statement timeout") =>
+                if CANCELLED.contains(&info.message())) =>
         {
             Error::Retryable {
                 reason: crate::RetryReason::LockTimeout,

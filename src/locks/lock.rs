@@ -55,6 +55,9 @@ use crate::drive::{now, Blocking};
 use crate::error::Error;
 use crate::flow::lock_transaction::LockWrite;
 use crate::guard::server_clock::{ClockColumn, Shift};
+
+/// The database's clock against a lock time: an instant (see [`occ_locks`]).
+type LockClock<Col> = ClockColumn<Col, chrono::DateTime<chrono::Utc>>;
 use crate::locks::backend::{LockBackend, NextFence};
 use crate::locks::belief::{believed, Belief};
 use crate::locks::held::{Held, Loss};
@@ -68,13 +71,16 @@ use crate::sql::statement::{
 };
 
 diesel::table! {
+    use diesel::sql_types::*;
+    use crate::locks::lock_time::LockTime;
+
     /// The library's locks and leases.
     ///
-    /// Times are UTC, written only by the database's own clock expression
-    /// (`clock_timestamp() AT TIME ZONE 'UTC'` on PostgreSQL, `UTC_TIMESTAMP(6)` on MySQL,
-    /// `strftime` on SQLite) and compared only with it, in a column without a time zone:
-    /// no session's time zone takes part, where a PostgreSQL `timestamptz` column would
-    /// convert every value bound as diesel's `Timestamp` through the session's zone.
+    /// Times are written only by the database's own clock expression and compared only
+    /// with it, so they order the same way on every backend: instants on PostgreSQL
+    /// (`timestamptz`, `clock_timestamp()`), which no server or session time zone moves;
+    /// UTC without a zone on MySQL (`DATETIME(6)`, `UTC_TIMESTAMP(6)`) and SQLite
+    /// (`strftime` text of fixed width). Read as UTC `NaiveDateTime` ([`LockTime`]).
     occ_locks (lock_name, resource) {
         /// What is locked ("nightly-report").
         lock_name -> Text,
@@ -89,11 +95,11 @@ diesel::table! {
         /// How many times the lock was taken.
         holder_changes -> BigInt,
         /// When the current holder took it (database clock, UTC).
-        acquired_at -> Nullable<Timestamp>,
+        acquired_at -> Nullable<LockTime>,
         /// When the current holder last renewed it.
-        renewed_at -> Nullable<Timestamp>,
+        renewed_at -> Nullable<LockTime>,
         /// When the current lease ends.
-        expires_at -> Nullable<Timestamp>,
+        expires_at -> Nullable<LockTime>,
     }
 }
 
@@ -355,23 +361,23 @@ pub(crate) type AcquireLock = LockUpdate<
             Comma,
         >,
         Joined<
-            Joined<ClockColumn<occ_locks::acquired_at>, ClockColumn<occ_locks::renewed_at>, Comma>,
-            ClockColumn<occ_locks::expires_at>,
+            Joined<LockClock<occ_locks::acquired_at>, LockClock<occ_locks::renewed_at>, Comma>,
+            LockClock<occ_locks::expires_at>,
             Comma,
         >,
         Comma,
     >,
     Either<
         Null<occ_locks::holder>,
-        Either<Null<occ_locks::expires_at>, ClockColumn<occ_locks::expires_at>>,
+        Either<Null<occ_locks::expires_at>, LockClock<occ_locks::expires_at>>,
     >,
 >;
 
 /// Renewing the lease: `SET renewed_at = now, expires_at = now + ttl WHERE <key> AND
 /// holder = ? AND fence = ? AND expires_at >= now`.
 pub(crate) type RenewLock = LockUpdate<
-    Joined<ClockColumn<occ_locks::renewed_at>, ClockColumn<occ_locks::expires_at>, Comma>,
-    Joined<HeldBy, ClockColumn<occ_locks::expires_at>, And>,
+    Joined<LockClock<occ_locks::renewed_at>, LockClock<occ_locks::expires_at>, Comma>,
+    Joined<HeldBy, LockClock<occ_locks::expires_at>, And>,
 >;
 
 /// Releasing the lock: `SET holder = NULL, label = NULL, expires_at = NULL WHERE <key>
@@ -422,7 +428,7 @@ pub(crate) type LockRow =
 pub(crate) type HeldRow = LatestRead<
     ColumnOfRow<
         occ_locks::table,
-        Joined<Joined<KeyOf, HeldBy, And>, ClockColumn<occ_locks::expires_at>, And>,
+        Joined<Joined<KeyOf, HeldBy, And>, LockClock<occ_locks::expires_at>, And>,
         occ_locks::fence,
     >,
 >;

@@ -11,3 +11,4 @@ pub(crate) mod leader;
 pub(crate) mod lease;
 pub(crate) mod lock;
 pub(crate) mod lock_io;
+pub(crate) mod lock_time;

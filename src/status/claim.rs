@@ -189,7 +189,7 @@ where
             out.push_sql(" AND ");
             out.push_identifier(AtCol::NAME)?;
             out.push_sql(" < ");
-            DB::push_shifted(&mut out, before)?;
+            DB::push_shifted::<chrono::NaiveDateTime>(&mut out, before)?;
             out.push_sql(")");
         }
         out.push_sql(")");

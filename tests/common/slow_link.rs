@@ -23,6 +23,7 @@ pub struct SlowLink {
 #[derive(Default)]
 struct Cut {
     marker: Mutex<Option<Vec<u8>>>,
+    fired: AtomicU64,
 }
 
 impl Cut {
@@ -34,6 +35,7 @@ impl Cut {
             .is_some_and(|m| chunk.windows(m.len()).any(|w| w == m));
         if hit {
             *marker = None;
+            self.fired.fetch_add(1, Ordering::SeqCst);
         }
         hit
     }
@@ -89,24 +91,31 @@ impl SlowLink {
         *self.cut.marker.lock().unwrap() = Some(marker.to_vec());
     }
 
+    /// How many armed cuts found their statement.
+    pub fn cuts(&self) -> u64 {
+        self.cut.fired.load(Ordering::SeqCst)
+    }
+
     /// Holds every chunk the server sends from now on for `latency`.
     pub fn set_latency(&self, latency: Duration) {
         self.latency_micros
             .store(latency.as_micros() as u64, Ordering::SeqCst);
     }
 
-    /// `url` (`scheme://user@127.0.0.1:<port>/...`) through this link. A MySQL URL also
-    /// turns off mysql_async's switch to the server's Unix socket on a loopback address,
-    /// which would leave the link.
+    /// `url` (`scheme://user@127.0.0.1:<port>/...`) through this link, in clear text so
+    /// that a cut can find its statement: libpq would negotiate TLS where the server
+    /// offers it, and mysql_async would leave the link for the server's Unix socket on a
+    /// loopback address.
     pub fn url(&self, url: &str, server_port: u16) -> String {
         let from = format!(":{server_port}/");
         assert!(url.contains(&from), "{url} names port {server_port}");
         let linked = url.replacen(&from, &format!(":{}/", self.port), 1);
-        if !linked.starts_with("mysql:") {
-            return linked;
-        }
         let join = if linked.contains('?') { '&' } else { '?' };
-        format!("{linked}{join}prefer_socket=false")
+        if linked.starts_with("mysql:") {
+            format!("{linked}{join}prefer_socket=false")
+        } else {
+            format!("{linked}{join}sslmode=disable")
+        }
     }
 }
 
@@ -128,6 +137,12 @@ fn forward(mut from: TcpStream, mut to: TcpStream, direction: Direction, fired: 
                 Ok(0) | Err(_) => break,
                 Ok(n) => n,
             };
+            // A reply read after the marked statement was sent is its reply: the client
+            // sends a statement only after the previous reply was passed on whole. Read
+            // here, before passing the chunk on, so that the reply to the statement before
+            // the marked one is never taken for the marked one's.
+            let last_reply =
+                matches!(direction, Direction::ToClient(_)) && fired.load(Ordering::SeqCst);
             match &direction {
                 Direction::ToServer(cut) => {
                     if cut.fires_on(&buffer[..n]) {
@@ -144,9 +159,7 @@ fn forward(mut from: TcpStream, mut to: TcpStream, direction: Direction, fired: 
             if to.write_all(&buffer[..n]).is_err() {
                 break;
             }
-            // The client's statements wait for their replies, so the first chunk back
-            // after the marked statement is its reply.
-            if matches!(direction, Direction::ToClient(_)) && fired.load(Ordering::SeqCst) {
+            if last_reply {
                 break;
             }
         }

@@ -213,6 +213,54 @@ for_each_backend! {
         assert_eq!(ledger_row(&mut db.conn()).0, 2);
     }
 
+    /// On PostgreSQL a lease's times are instants (`timestamptz`): from sessions 11 hours
+    /// behind UTC, in UTC and 14 hours ahead, an operator's `expires_at > now()` is true
+    /// while the lease lasts, and the time left is the lease's. MySQL's `DATETIME` and
+    /// SQLite's text have no zone: their times are UTC by the database's clock, as the
+    /// library writes and compares them.
+    fn a_lease_reads_as_the_same_instant_in_every_session_time_zone<P: LockWrites>(db: &Db, p: &P) {
+        if BACKEND != "postgres" {
+            return;
+        }
+        #[derive(QueryableByName, Debug)]
+        struct Lease {
+            #[diesel(sql_type = diesel::sql_types::Bool)]
+            ahead: bool,
+            #[diesel(sql_type = diesel::sql_types::Double)]
+            seconds: f64,
+        }
+        #[derive(QueryableByName)]
+        struct Kind {
+            #[diesel(sql_type = diesel::sql_types::Text)]
+            name: String,
+        }
+        let conn = &mut db.conn();
+        let kinds: Vec<String> = diesel::sql_query(
+            "SELECT data_type AS name FROM information_schema.columns WHERE table_name = 'occ_locks' \
+             AND column_name IN ('acquired_at', 'renewed_at', 'expires_at') AND table_schema = current_schema()",
+        )
+        .load::<Kind>(conn)
+        .unwrap()
+        .into_iter()
+        .map(|row| row.name)
+        .collect();
+        assert_eq!(kinds, ["timestamp with time zone"; 3]);
+        let guard = p.try_lock("zoned", "main", Duration::from_secs(60), None).unwrap();
+        for zone in ["Pacific/Pago_Pago", "UTC", "Pacific/Kiritimati"] {
+            let mut reader = Conn::establish(&db.url).unwrap();
+            reader.batch_execute(&format!("SET TIME ZONE '{zone}'")).unwrap();
+            let lease: Lease = diesel::sql_query(
+                "SELECT expires_at > now() AS ahead, \
+                 EXTRACT(EPOCH FROM expires_at - now())::float8 AS seconds \
+                 FROM occ_locks WHERE lock_name = 'zoned'",
+            )
+            .get_result(&mut reader)
+            .unwrap();
+            assert!(lease.ahead && lease.seconds > 50.0 && lease.seconds <= 60.0, "{zone}: {lease:?}");
+        }
+        p.release(guard).unwrap();
+    }
+
     /// Four holders take turns on one lock while a saboteur keeps ending the current
     /// lease by the database's clock (the holders' beliefs never notice): every
     /// protected write that reports success landed, in fence order, and no write of a
@@ -279,6 +327,7 @@ for_each_backend! {
         a_protected_write_lands_only_while_the_lock_is_held,
         a_protected_write_is_refused_when_the_lease_ended_or_the_row_is_gone,
         the_lease_check_does_not_depend_on_the_sessions_time_zone,
+        a_lease_reads_as_the_same_instant_in_every_session_time_zone,
         replaced_holders_never_land_a_write_under_racing_takeovers,
         with_lock_renews_while_the_work_runs_then_releases,
         with_lock_tells_the_work_when_the_lock_is_lost,
@@ -487,7 +536,10 @@ for_each_backend! {
 
     /// Another holder takes the leader's lock: the leader's job writes nothing after the
     /// takeover, `Lost` names the new holder, the job is told and awaited, and the
-    /// candidate then campaigns (the intruder keeps its lock).
+    /// candidate then campaigns (the intruder keeps its lock). The job's write finds the
+    /// takeover first (it writes every 10 ms, the runner renews every 100) and the job
+    /// then takes 300 ms to wind down, so the runner sees its belief end before the job
+    /// returns: the reason is still the one the write read.
     #[test]
     fn a_leaders_job_stops_writing_when_the_lead_is_lost() {
         let Some(db) = setup() else { return };
@@ -497,6 +549,7 @@ for_each_backend! {
             while held.sleep(ms(10)).is_ok() {
                 let _ = held.write_while_held(&mut conn, |c| record(c, held.fence()));
             }
+            std::thread::sleep(ms(300));
             diesel::insert_into(job_exits::table).values((job_exits::term.eq(held.fence()), job_exits::lock_still_held.eq(0))).execute(&mut conn).unwrap();
         })
         .unwrap();

@@ -241,6 +241,7 @@ for_each_backend! {
         leaders_never_overlap_while_the_lease_row_is_held,
         a_slow_link_does_not_stretch_the_belief,
         a_link_cut_after_the_grants_commit_is_granted_or_ambiguous,
+        a_lock_wait_cancelled_from_outside_is_retryable_and_grants_nothing,
     );
 
     /// A kept-alive 900 ms lease whose row is held for 2.5 s: `check()` turns false at the
@@ -440,6 +441,7 @@ for_each_backend! {
             link.cut_after_reply_to(b"COMMIT");
             let label = format!("cut-{run}");
             let granted = cut.try_lock("cut", "main", ms(60_000), Some(&label));
+            assert_eq!(link.cuts(), 1, "the link was cut after the COMMIT");
             let conn = &mut Conn::establish(&db.url).unwrap();
             let (holder, fence, _, _) = lock_row(conn, "cut");
             let in_row: Option<String> = occ_locks::table
@@ -453,16 +455,85 @@ for_each_backend! {
                 Ok(guard) => {
                     assert_ne!(BACKEND, "mysql", "a grant MySQL could not read back was believed");
                     assert_eq!(P::fence(&guard), fence);
-                    cut.release(guard).unwrap();
+                    // Its pool may hand the cut connection out again: freed by hand below.
+                    cut.drop_guard(guard);
                 }
-                Err(Error::Ambiguous { .. }) => {
-                    diesel::update(occ_locks::table.find(("cut", "main")))
-                        .set((occ_locks::holder.eq(None::<String>), occ_locks::expires_at.eq(None::<NaiveDateTime>)))
-                        .execute(conn)
-                        .unwrap();
-                }
+                Err(Error::Ambiguous { .. }) => {}
                 Err(other) => panic!("a committed grant reported as {other:?}"),
             }
+            diesel::sql_query("UPDATE occ_locks SET holder = NULL, expires_at = NULL WHERE lock_name = 'cut'")
+                .execute(conn)
+                .unwrap();
+        }
+    }
+
+    /// The server session of a statement waiting on a lock row, once it has waited a
+    /// while (a statement's short waits end before a cancel would reach them).
+    fn waiting_session(conn: &mut Conn) -> i64 {
+        #[derive(QueryableByName)]
+        struct Session {
+            #[diesel(sql_type = diesel::sql_types::BigInt)]
+            id: i64,
+        }
+        // This test's sessions only (its database on MySQL, its schema's application name
+        // on PostgreSQL): other tests run on the same servers.
+        let sql = match BACKEND {
+            "postgres" => {
+                "SELECT pid::bigint AS id FROM pg_stat_activity WHERE wait_event_type = 'Lock' \
+                 AND application_name = current_setting('application_name') \
+                 AND query LIKE '%occ_locks%' \
+                 AND clock_timestamp() - query_start > interval '200 milliseconds' \
+                 AND pid <> pg_backend_pid()"
+            }
+            _ => {
+                "SELECT CAST(id AS SIGNED) AS id FROM information_schema.processlist \
+                 WHERE command IN ('Query', 'Execute') AND db = DATABASE() \
+                 AND info LIKE '%occ_locks%' AND time_ms > 200 AND id <> CONNECTION_ID()"
+            }
+        };
+        let started = Instant::now();
+        loop {
+            if let Some(session) = diesel::sql_query(sql).load::<Session>(conn).unwrap().first() {
+                return session.id;
+            }
+            assert!(started.elapsed() < ms(10_000), "no statement waits on the lock row");
+            std::thread::sleep(ms(5));
+        }
+    }
+
+    /// An acquisition waiting behind a held row whose statement is cancelled from outside
+    /// (PostgreSQL's `pg_cancel_backend`, which reports "due to user request" as a timeout
+    /// of the library's own bound can; MariaDB's `KILL QUERY`): a retryable refusal, never
+    /// a raw database error, and nothing granted.
+    fn a_lock_wait_cancelled_from_outside_is_retryable_and_grants_nothing<P: LockWrites>(db: &Db, p: &P) {
+        if BACKEND == "sqlite" {
+            return; // no statement of another session to cancel
+        }
+        create_lock_row(p, "cancelled");
+        for run in 0..runs() {
+            let stalled = stall(db, "cancelled", ms(3000));
+            let url = db.url.clone();
+            let canceller = std::thread::spawn(move || {
+                let conn = &mut Conn::establish(&url).unwrap();
+                let id = waiting_session(conn);
+                println!("{BACKEND}: cancelling the statement of session {id}");
+                let cancel = match BACKEND {
+                    "postgres" => format!("SELECT pg_cancel_backend({id})"),
+                    _ => format!("KILL QUERY {id}"),
+                };
+                diesel::sql_query(cancel).execute(conn).unwrap();
+            });
+            let started = Instant::now();
+            let refused = p.try_lock("cancelled", "main", ms(30_000), Some("a"));
+            let waited = started.elapsed();
+            canceller.join().unwrap();
+            stalled.join().unwrap();
+            println!("{BACKEND} run {run}: after {waited:?}: {:?}", refused.as_ref().err());
+            let refused = refused.map(|guard| p.drop_guard(guard));
+            assert!(matches!(refused, Err(Error::Retryable { .. })), "{:?}", refused.err());
+            assert!(waited < ms(3000), "the cancel ended the wait");
+            let conn = &mut Conn::establish(&db.url).unwrap();
+            assert_eq!(lock_row(conn, "cancelled").0, None, "nothing was granted");
         }
     }
 }

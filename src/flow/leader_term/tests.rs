@@ -224,3 +224,20 @@ fn a_job_that_ended_because_its_write_found_the_lock_lost_lost_the_lead() {
     );
     assert_eq!(steps.last(), Some(&Closing::CampaignAfter(PERIOD)));
 }
+
+#[test]
+fn a_lead_lost_after_a_write_found_the_lock_taken_names_the_new_holder() {
+    // The job's write read the row first; the runner then saw only its belief end.
+    let lost = Some("its lease ended and intruder holds it now, with fence 9".to_string());
+    let steps = TermEnd::Lost("the lease was lost".into()).closing(lost, PERIOD);
+    assert_eq!(
+        steps[1],
+        Closing::Report(LeaderEvent::Lost {
+            reason: "its lease ended and intruder holds it now, with fence 9".into()
+        })
+    );
+    // Stepping down stays stepping down, whatever the hold learnt meanwhile.
+    let lost = Some("it was released".to_string());
+    let steps = TermEnd::Stopped.closing(lost, PERIOD);
+    assert_eq!(steps.last(), Some(&Closing::End));
+}
