@@ -80,7 +80,7 @@ diesel::table! {
     /// with it, so they order the same way on every backend: instants on PostgreSQL
     /// (`timestamptz`, `clock_timestamp()`), which no server or session time zone moves;
     /// UTC without a zone on MySQL (`DATETIME(6)`, `UTC_TIMESTAMP(6)`) and SQLite
-    /// (`strftime` text of fixed width). Read as UTC `NaiveDateTime` ([`LockTime`]).
+    /// (`strftime` text of fixed width). Read as UTC `NaiveDateTime` ([`LockTime`](crate::LockTime)).
     occ_locks (lock_name, resource) {
         /// What is locked ("nightly-report").
         lock_name -> Text,
