@@ -159,6 +159,9 @@ where
                 body(conn).await
             }
             .await;
+            // The bound's errors as the lock reports them, before the `COMMIT`: a failed
+            // `COMMIT` is judged as every transaction's (it may have landed).
+            let sent = sent.map_err(<C as Io>::Backend::bounded_error);
             transaction.settle(sent).await
         }
         .await;
@@ -166,7 +169,7 @@ where
         // committed grant stays a grant when the restore fails (the connection died right
         // after the commit).
         let _ = setting(self, bounds.after.as_deref()).await;
-        ended.map_err(<C as Io>::Backend::bounded_error)
+        ended
     }
 
     async fn draw_fence(&mut self) -> Result<(), Error> {

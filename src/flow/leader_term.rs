@@ -56,8 +56,11 @@ pub(crate) enum Woken {
 pub(crate) enum TermEnd {
     /// The candidate steps down on request.
     Stopped,
-    /// The lead was lost: why.
+    /// The lead was lost: why, as the database said it (a renewal found the lock lost).
     Lost(String),
+    /// The term's belief ended without the database saying why (its deadline passed, or
+    /// the hold was found lost elsewhere): the runner's own account.
+    BeliefEnded(String),
     /// The job returned while leading; the panic's message when it panicked.
     JobEnded(Option<String>),
 }
@@ -87,7 +90,7 @@ impl Term {
     /// lease is lost): while a renewal is in flight only the deadline bounds the wait,
     /// else the next renewal or the deadline, whichever comes first.
     pub(crate) fn wait_until(&self, deadline: Option<Instant>) -> Result<Instant, TermEnd> {
-        let deadline = deadline.ok_or_else(|| TermEnd::Lost("the lease was lost".into()))?;
+        let deadline = deadline.ok_or_else(|| TermEnd::BeliefEnded("the lease was lost".into()))?;
         Ok(if self.renewing {
             deadline
         } else {
@@ -115,7 +118,7 @@ impl Term {
             Woken::Timeout => {}
         }
         if !held {
-            return Err(TermEnd::Lost(match self.last_error.take() {
+            return Err(TermEnd::BeliefEnded(match self.last_error.take() {
                 Some(e) => format!("no renewal succeeded before the renew deadline: {e}"),
                 None => "no renewal came back before the renew deadline".into(),
             }));
@@ -160,20 +163,21 @@ impl TermEnd {
     /// freed, so the next leader is elected after this one's job stopped; then the runner
     /// ends or campaigns again.
     ///
-    /// A hold found lost (by one of the job's writes, which read the lock's row) says why
-    /// better than the runner can: the runner only sees the belief end, or its deadline
-    /// pass, and would report "the lease was lost" without naming the new holder. So that
-    /// reason is the term's, and a job that ended because its write found the lock lost
-    /// lost the lead.
+    /// A hold found lost by one of the job's writes, which read the lock's row, says why
+    /// better than the runner's own account (its belief ended, or its deadline passed):
+    /// that reason is the term's, naming the new holder, and a job that ended because its
+    /// write found the lock lost lost the lead. A renewal's answer from the database is
+    /// kept as it is.
     pub(crate) fn closing(self, lost: Option<String>, retry_period: Duration) -> Vec<Closing> {
         let end = match (self, lost) {
-            (TermEnd::JobEnded(_) | TermEnd::Lost(_), Some(why)) => TermEnd::Lost(why),
+            (TermEnd::JobEnded(_) | TermEnd::BeliefEnded(_), Some(why)) => TermEnd::Lost(why),
+            (TermEnd::BeliefEnded(why), None) => TermEnd::Lost(why),
             (end, _) => end,
         };
         let mut steps = vec![Closing::EndBelief];
         let why = match &end {
             TermEnd::Stopped => "the candidate is stepping down".to_string(),
-            TermEnd::Lost(reason) => {
+            TermEnd::Lost(reason) | TermEnd::BeliefEnded(reason) => {
                 steps.push(Closing::Report(LeaderEvent::Lost {
                     reason: reason.clone(),
                 }));
@@ -184,7 +188,9 @@ impl TermEnd {
         steps.extend([Closing::TellJob(why), Closing::AwaitJob, Closing::Release]);
         steps.extend(match end {
             TermEnd::Stopped => vec![Closing::Report(LeaderEvent::SteppedDown), Closing::End],
-            TermEnd::Lost(_) => vec![Closing::CampaignAfter(retry_period)],
+            TermEnd::Lost(_) | TermEnd::BeliefEnded(_) => {
+                vec![Closing::CampaignAfter(retry_period)]
+            }
             TermEnd::JobEnded(panic) => vec![
                 Closing::Report(LeaderEvent::JobEnded { panic }),
                 Closing::CampaignAfter(retry_period),

@@ -110,11 +110,15 @@ impl LockBackend for diesel::pg::Pg {
         C: WriteTransaction<Backend = Self> + SimpleConnection + LoadConnection,
     {
         let bounds = Self::wait_bounds(bound);
-        let result = crate::connect::transaction::commit_operation(conn, |conn| {
-            conn.batch_execute(bounds.inside.as_deref().unwrap_or_default())?;
-            f(conn)
-        });
-        result.map_err(Self::bounded_error)
+        crate::connect::transaction::commit_operation(conn, |conn| {
+            let sent = match conn.batch_execute(bounds.inside.as_deref().unwrap_or_default()) {
+                Ok(()) => f(conn),
+                Err(e) => Err(e.into()),
+            };
+            // The bound's errors as the lock reports them, before the `COMMIT`: a failed
+            // `COMMIT` is judged as every transaction's (it may have landed).
+            sent.map_err(Self::bounded_error)
+        })
     }
 
     fn push_next_fence(out: &mut AstPass<'_, '_, Self>) {
@@ -233,7 +237,8 @@ pub trait ServerLockBackend: LockBackend {
     #[doc(hidden)]
     fn wait_bounds(bound: Duration) -> WaitBounds;
 
-    /// The error of a bounded transaction, as the lock reports it.
+    /// The error of a statement of a bounded transaction (never its `COMMIT`), as the
+    /// lock reports it.
     #[doc(hidden)]
     fn bounded_error(error: Error) -> Error {
         error

@@ -55,9 +55,6 @@ use crate::drive::{now, Blocking};
 use crate::error::Error;
 use crate::flow::lock_transaction::LockWrite;
 use crate::guard::server_clock::{ClockColumn, Shift};
-
-/// The database's clock against a lock time: an instant (see [`occ_locks`]).
-type LockClock<Col> = ClockColumn<Col, chrono::DateTime<chrono::Utc>>;
 use crate::locks::backend::{LockBackend, NextFence};
 use crate::locks::belief::{believed, Belief};
 use crate::locks::held::{Held, Loss};
@@ -69,6 +66,9 @@ use crate::sql::statement::{
     And, Assignments, ColumnEq, ColumnOfRow, Comma, Either, GuardedUpdate, Increment,
     InsertIfMissing, Joined, LatestRead, Null, RowLock, Unguarded,
 };
+
+/// The database's clock against a lock time: an instant (see [`occ_locks`]).
+type LockClock<Col> = ClockColumn<Col, chrono::DateTime<chrono::Utc>>;
 
 diesel::table! {
     use diesel::sql_types::*;
@@ -1157,4 +1157,30 @@ fn holder_token() -> Result<String, Error> {
         reason: format!("the operating system gave no random bytes: {e}"),
     })?;
     Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
+}
+
+#[cfg(all(test, feature = "postgres"))]
+mod tests {
+    use super::*;
+    use diesel::pg::Pg;
+
+    /// On PostgreSQL every statement of a lock writes and compares its times as instants,
+    /// which no session's time zone moves: no naive UTC expression is left against them.
+    #[test]
+    fn lock_times_are_instants_on_postgres() {
+        let key = LockKey {
+            name: "report".into(),
+            resource: "main".into(),
+        };
+        let ttl = Duration::from_secs(5);
+        let statements = [
+            diesel::debug_query::<Pg, _>(&acquire_statement(&key, "h", None, ttl)).to_string(),
+            diesel::debug_query::<Pg, _>(&renew_statement(&key, "h", 7, ttl)).to_string(),
+            diesel::debug_query::<Pg, _>(&key.held_row("h", 7)).to_string(),
+        ];
+        for sql in statements {
+            assert!(sql.contains("(clock_timestamp() + "), "{sql}");
+            assert!(!sql.contains("AT TIME ZONE"), "{sql}");
+        }
+    }
 }

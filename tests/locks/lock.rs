@@ -335,7 +335,10 @@ for_each_backend! {
         .unwrap();
         take("a truncate");
         let create = match BACKEND {
-            "postgres" => include_str!("../../migrations/diesel_occ/postgres/2026-11-22-900003_occ_locks/up.sql"),
+            "postgres" => concat!(
+                include_str!("../../migrations/diesel_occ/postgres/2026-11-22-900003_occ_locks/up.sql"),
+                include_str!("../../migrations/diesel_occ/postgres/2026-11-28-900006_occ_locks_instants/up.sql"),
+            ),
             "mysql" => include_str!("../../migrations/diesel_occ/mysql/2026-11-22-900003_occ_locks/up.sql"),
             _ => include_str!("../../migrations/diesel_occ/sqlite/2026-11-22-900003_occ_locks/up.sql"),
         };

@@ -511,7 +511,9 @@ for_each_backend! {
         }
         create_lock_row(p, "cancelled");
         for run in 0..runs() {
-            let stalled = stall(db, "cancelled", ms(3000));
+            // Held well past the cancel (the canceller waits for 200 ms of waiting), and
+            // short of the acquisition's own bound (10 s).
+            let stalled = stall(db, "cancelled", ms(6000));
             let url = db.url.clone();
             let canceller = std::thread::spawn(move || {
                 let conn = &mut Conn::establish(&url).unwrap();
@@ -530,8 +532,14 @@ for_each_backend! {
             stalled.join().unwrap();
             println!("{BACKEND} run {run}: after {waited:?}: {:?}", refused.as_ref().err());
             let refused = refused.map(|guard| p.drop_guard(guard));
-            assert!(matches!(refused, Err(Error::Retryable { .. })), "{:?}", refused.err());
-            assert!(waited < ms(3000), "the cancel ended the wait");
+            match (BACKEND, &refused) {
+                // The cancel's "due to user request", as the bound's own timeouts.
+                ("postgres", Err(Error::Retryable { reason: diesel_occ::RetryReason::LockTimeout, .. })) => {}
+                // `KILL QUERY`'s 1317.
+                ("mysql", Err(Error::Retryable { .. })) => {}
+                _ => panic!("{:?}", refused.err()),
+            }
+            assert!(waited < ms(5000), "the cancel ended the wait");
             let conn = &mut Conn::establish(&db.url).unwrap();
             assert_eq!(lock_row(conn, "cancelled").0, None, "nothing was granted");
         }

@@ -40,7 +40,7 @@ fn a_lease_already_lost_ends_the_term_before_any_wait() {
     let term = Term::begin(PERIOD, Instant::now());
     assert_eq!(
         term.wait_until(None),
-        Err(TermEnd::Lost("the lease was lost".into()))
+        Err(TermEnd::BeliefEnded("the lease was lost".into()))
     );
 }
 
@@ -95,7 +95,7 @@ fn a_transient_failure_is_tried_again_next_period_and_named_when_the_deadline_pa
     assert_eq!(term.woken(Woken::Timeout, true, failed + PERIOD), Ok(true));
     assert_eq!(
         term.woken(Woken::Timeout, false, failed + 2 * PERIOD),
-        Err(TermEnd::Lost(format!(
+        Err(TermEnd::BeliefEnded(format!(
             "no renewal succeeded before the renew deadline: {}",
             transient()
         )))
@@ -113,7 +113,7 @@ fn a_success_clears_the_last_failure() {
         .unwrap();
     assert_eq!(
         term.woken(Woken::Timeout, false, t0 + 3 * PERIOD),
-        Err(TermEnd::Lost(
+        Err(TermEnd::BeliefEnded(
             "no renewal came back before the renew deadline".into()
         ))
     );
@@ -125,7 +125,7 @@ fn a_deadline_passed_with_a_renewal_stuck_ends_the_term() {
     let mut term = renewing(t0);
     assert_eq!(
         term.woken(Woken::Timeout, false, t0 + 5 * PERIOD),
-        Err(TermEnd::Lost(
+        Err(TermEnd::BeliefEnded(
             "no renewal came back before the renew deadline".into()
         ))
     );
@@ -141,7 +141,7 @@ fn a_renewal_task_that_vanished_counts_as_a_failure() {
     assert_eq!(term.woken(vanished, true, answered), Ok(false));
     assert_eq!(
         term.woken(Woken::Timeout, false, answered + PERIOD),
-        Err(TermEnd::Lost(
+        Err(TermEnd::BeliefEnded(
             "no renewal succeeded before the renew deadline: task cancelled".into()
         ))
     );
@@ -229,11 +229,30 @@ fn a_job_that_ended_because_its_write_found_the_lock_lost_lost_the_lead() {
 fn a_lead_lost_after_a_write_found_the_lock_taken_names_the_new_holder() {
     // The job's write read the row first; the runner then saw only its belief end.
     let lost = Some("its lease ended and intruder holds it now, with fence 9".to_string());
-    let steps = TermEnd::Lost("the lease was lost".into()).closing(lost, PERIOD);
+    let steps = TermEnd::BeliefEnded("the lease was lost".into()).closing(lost, PERIOD);
     assert_eq!(
         steps[1],
         Closing::Report(LeaderEvent::Lost {
             reason: "its lease ended and intruder holds it now, with fence 9".into()
+        })
+    );
+    // A renewal's answer from the database stays the reason: the hold's first finding
+    // may say less.
+    let lost = Some("its lease ended".to_string());
+    let steps =
+        TermEnd::Lost("its lease ended and intruder holds it now".into()).closing(lost, PERIOD);
+    assert_eq!(
+        steps[1],
+        Closing::Report(LeaderEvent::Lost {
+            reason: "its lease ended and intruder holds it now".into()
+        })
+    );
+    // The runner's own account, when nothing else is known.
+    let steps = TermEnd::BeliefEnded("the lease was lost".into()).closing(None, PERIOD);
+    assert_eq!(
+        steps[1],
+        Closing::Report(LeaderEvent::Lost {
+            reason: "the lease was lost".into()
         })
     );
     // Stepping down stays stepping down, whatever the hold learnt meanwhile.
