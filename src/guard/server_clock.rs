@@ -25,10 +25,11 @@ use diesel::sql_types::{HasSqlType, SqlType};
 use diesel::{Column, QueryResult};
 
 use crate::error::Token;
+use crate::guard::stored_precision::TimeTokenHeld;
 use crate::guard::timestamp::{one_tick_past, Precision, Timestamp};
 use crate::guard::{AdvanceInSql, Advancing, GuardKind};
 use crate::sql::new_token::ReturnedBy;
-use crate::sql::statement::{ColumnEq, Unguarded};
+use crate::sql::statement::Unguarded;
 
 /// An offset from the database's now, for expiry times: in microseconds, and as SQLite's
 /// date modifier (`'+1.500000 seconds'`).
@@ -275,13 +276,13 @@ where
     P: Precision,
 {
     type Token = Ts;
-    type Predicate = ColumnEq<Col, Ts>;
+    type Predicate = TimeTokenHeld<Col, Ts, P>;
     type Advance = DatabaseNow<Col, Ts, P>;
     type Completion = ReturnedBy<Col>;
     const TOKEN_DIGITS: Option<u32> = Some(P::DIGITS);
 
     fn predicate(token: &Ts) -> Self::Predicate {
-        ColumnEq::new(*token)
+        TimeTokenHeld::new(*token)
     }
 
     /// The server computes the next timestamp, at least `floor`; the write reads it back.

@@ -24,6 +24,7 @@ use diesel::Column;
 
 use crate::error::Token;
 use crate::guard::server_clock::TimestampPast;
+use crate::guard::stored_precision::TimeTokenHeld;
 use crate::guard::{AdvanceInSql, Advancing, GuardKind};
 use crate::sql::statement::{ColumnEq, Unguarded};
 
@@ -165,13 +166,13 @@ where
     P: Precision,
 {
     type Token = Ts;
-    type Predicate = ColumnEq<Col, Ts>;
+    type Predicate = TimeTokenHeld<Col, Ts, P>;
     type Advance = ColumnEq<Col, Ts>;
     type Completion = crate::sql::new_token::Counted;
     const TOKEN_DIGITS: Option<u32> = Some(P::DIGITS);
 
     fn predicate(token: &Ts) -> Self::Predicate {
-        ColumnEq::new(*token)
+        TimeTokenHeld::new(*token)
     }
 
     fn advance(token: &Ts) -> Option<(Self::Advance, Ts)> {

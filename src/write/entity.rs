@@ -11,11 +11,12 @@ use diesel::result::Error as DieselError;
 use crate::connect::backend::OccBackend;
 use crate::drive::blocking::complete::Complete;
 use crate::drive::blocking::executor::{classify, Miss};
-use crate::drive::blocking::load::LoadByKey;
+use crate::drive::blocking::load::{run_precision_check, LoadByKey};
 use crate::drive::{now, Blocking, Io, ReadOn, RunOn, UpdateOn};
 use crate::error::Error;
 use crate::flow::compare_and_set::{refuse_status_write, CompareAndSet};
 use crate::flow::miss::{unreadable_row, Explanation, RowMoved};
+use crate::guard::stored_precision::PrecisionCheck;
 use crate::guard::{
     AdvanceAnyOf, AdvanceInSql, AdvanceOf, Advancing, CanAdvanceOf, CompletionOf, GuardKind,
     Guarded, TokenOf,
@@ -736,7 +737,11 @@ where
             Ok(current) => match Explanation::of(self.given::<C>(current)) {
                 Explanation::Done(error) => error,
                 Explanation::AskIfLate(refusal) => {
-                    refusal.on_server(C::Backend::applies_writes_late(conn))
+                    let check = PrecisionCheck::again::<T, C::Backend>(T::table_name());
+                    match run_precision_check(conn, check) {
+                        Err(mismatch @ Error::SchemaMismatch { .. }) => mismatch,
+                        _ => refusal.on_server(C::Backend::applies_writes_late(conn)),
+                    }
                 }
             },
             Err(e) => unreadable::<T, C>(self.key(), e).unwrap_or_else(|e| classify(conn, e)),

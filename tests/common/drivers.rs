@@ -951,13 +951,16 @@ mod on_async {
 /// `fn(&TestDb, make_executor)` (a function that makes an executor on a connection of
 /// its own, one per thread for the racing bodies); one listed after `pooled:` is
 /// `fn(&TestDb, &pool_executor)` (the test's r2d2 pool, or a bb8 pool of 10 diesel-async
-/// connections). Attributes before a body's name (`#[cfg(...)]`) go to both of its tests.
+/// connections); one listed after `per_database:` is `fn(&TestDb, make_executor)` where
+/// `make_executor(&db)` makes an executor on any database of the backend (a body that
+/// makes a second one with `db()`). Attributes before a body's name (`#[cfg(...)]`) go to both of its tests.
 #[macro_export]
 macro_rules! tests_on_both_drivers {
     (
         $prepare:expr;
         $( $(#[$meta:meta])* $body:ident ),* $(,)?
         $( ; pooled: $( $(#[$pmeta:meta])* $pbody:ident ),* $(,)? )?
+        $( ; per_database: $( $(#[$dmeta:meta])* $dbody:ident ),* $(,)? )?
     ) => {
         mod blocking {
             use super::*;
@@ -971,6 +974,11 @@ macro_rules! tests_on_both_drivers {
                 let Some(db) = db() else { return };
                 ($prepare)(&db);
                 super::$pbody(&db, &common::drivers::BlockingPool(db.pool.clone()));
+            } )*)?
+            $($( $(#[$dmeta])* #[test] fn $dbody() {
+                let Some(db) = db() else { return };
+                ($prepare)(&db);
+                super::$dbody(&db, |db: &Db| common::drivers::Blocking(db.pool.get().unwrap()));
             } )*)?
         }
         #[cfg(all(feature = "async", any(not(feature = "mysql"), feature = "async-mysql")))]
@@ -997,6 +1005,15 @@ macro_rules! tests_on_both_drivers {
                         .expect("a bb8 pool")
                 });
                 super::$pbody(&db, &pool);
+            } )*)?
+            $($( $(#[$dmeta])* #[test] fn $dbody() {
+                use common::paths::AsyncOf;
+                let Some(db) = db() else { return };
+                ($prepare)(&db);
+                super::$dbody(&db, |db: &Db| {
+                    let runtime = common::paths::runtime();
+                    common::drivers::Async { conn: Conn::connect(&db.url, &runtime), runtime }
+                });
             } )*)?
         }
     };

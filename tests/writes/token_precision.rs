@@ -1,9 +1,11 @@
 //! A time token handed back to the writer equals what the database stored, whatever the
 //! column's declared precision. A column that keeps fewer fractional digits than the
 //! guard's tokens (PostgreSQL `timestamp(0)`, MariaDB `DATETIME`) is refused before the
-//! first write, naming the attribute to add; with that attribute every token is stored
-//! exactly and moves on with every write. SQLite stores the text written: nothing to
-//! refuse there. Each body runs on both drivers (the blocking API and the async one).
+//! first write, naming the attribute to add, and again by every guarded write wherever
+//! the table resolves (another schema or database than the one checked first); with that
+//! attribute every token is stored exactly and moves on with every write. SQLite stores
+//! the text written: nothing to refuse there. Each body runs on both drivers (the
+//! blocking API and the async one).
 
 #![cfg(feature = "chrono")]
 
@@ -65,6 +67,27 @@ struct ServerSecond {
     id: i64,
     body: String,
     #[occ(last_modified(clock = database, precision = "seconds"))]
+    modified: NaiveDateTime,
+}
+
+/// Microsecond tokens on the writer's clock, written only by the test of two databases
+/// (the check a type passed is remembered per process).
+#[derive(Debug, Clone, PartialEq, Queryable, Selectable, Identifiable, Guarded)]
+#[diesel(table_name = coarse)]
+struct Wide {
+    id: i64,
+    body: String,
+    #[occ(last_modified)]
+    modified: NaiveDateTime,
+}
+
+/// Microsecond tokens on the database's clock, for the same test.
+#[derive(Debug, Clone, PartialEq, Queryable, Selectable, Identifiable, Guarded)]
+#[diesel(table_name = coarse)]
+struct ServerWide {
+    id: i64,
+    body: String,
+    #[occ(last_modified(clock = database))]
     modified: NaiveDateTime,
 }
 
@@ -155,9 +178,61 @@ for_each_backend! {
         assert_eq!(stored(conn).0, "three");
     }
 
+    /// The column is checked where each write resolves the table, not remembered per
+    /// entity type: after the type wrote on a database (PostgreSQL: a schema) whose column
+    /// keeps microseconds, the same type on another whose column keeps whole seconds is
+    /// refused with every guarded write, on both clocks, and nothing is written there;
+    /// the first database still takes its writes.
+    fn a_coarse_column_elsewhere_is_refused_after_a_fine_one_passed<W>(db: &Db, w: impl Fn(&Db) -> W)
+    where
+        W: Save<Wide> + UpdateByKey<Wide, Body> + Update<Wide, Body> + Touch<ServerWide>,
+    {
+        let fine = self::db().expect("a second database");
+        let micros = if BACKEND == "mysql" { "DATETIME(6)" } else { "TIMESTAMP(6)" };
+        fine.conn()
+            .batch_execute(&format!(
+                "CREATE TABLE coarse (id BIGINT PRIMARY KEY, body TEXT NOT NULL, modified {micros} NOT NULL); \
+                 INSERT INTO coarse VALUES (1, 'draft', '2026-01-01 10:00:00')"
+            ))
+            .unwrap();
+        let read = |db: &Db| -> (Wide, ServerWide) {
+            let conn = &mut db.conn();
+            let wide = coarse::table.find(1).select(Wide::as_select()).first(conn).unwrap();
+            let server = coarse::table.find(1).select(ServerWide::as_select()).first(conn).unwrap();
+            (wide, server)
+        };
+        // Both clocks pass their first check where the column keeps every digit.
+        let (mut wide, _) = read(&fine);
+        wide.body = "fine".into();
+        let first = w(&fine).save(&mut wide).unwrap();
+        assert_eq!(stored(&mut fine.conn()), ("fine".into(), first));
+        let (_, mut server) = read(&fine);
+        w(&fine).touch(&mut server).unwrap();
+
+        let before = stored(&mut db.conn());
+        let (mut wide, mut server) = read(db);
+        wide.body = "rounded".into();
+        if BACKEND == "sqlite" {
+            w(db).save(&mut wide).expect("SQLite keeps the text written");
+            w(db).save(&mut wide).expect("and the writer's next write matches it");
+            return;
+        }
+        assert_refused(w(db).save(&mut wide));
+        assert_refused(w(db).update(&wide, coarse::body.eq("x")));
+        assert_refused(w(db).update_by_key(&1, &before.1, coarse::body.eq("x")));
+        assert_refused(w(db).touch(&mut server));
+        assert_eq!(stored(&mut db.conn()), before, "nothing was written where the column is coarse");
+
+        let (mut wide, _) = read(&fine);
+        wide.body = "still fine".into();
+        let token = w(&fine).save(&mut wide).unwrap();
+        assert_eq!(stored(&mut fine.conn()), ("still fine".into(), token));
+    }
+
     tests_on_both_drivers!(
         setup;
         finer_tokens_than_the_column_keeps_are_refused_before_writing,
-        tokens_the_column_keeps_are_stored_exactly_and_always_move_on,
+        tokens_the_column_keeps_are_stored_exactly_and_always_move_on;
+        per_database: a_coarse_column_elsewhere_is_refused_after_a_fine_one_passed,
     );
 }

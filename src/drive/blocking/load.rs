@@ -13,6 +13,7 @@ use crate::connect::transaction::in_transaction;
 use crate::drive::blocking::executor::classify;
 use crate::error::Error;
 use crate::guard::by_key::{by_key, rows_by_keys, ByKey, RowsByKeys};
+use crate::guard::stored_precision::PrecisionCheck;
 use crate::guard::Guarded;
 use crate::sql::names::table_name;
 use crate::sql::statement::{LatestRead, RowLock};
@@ -98,9 +99,19 @@ where
     C: LoadConnection,
     C::Backend: OccBackend,
 {
-    let Some(check) =
-        crate::guard::stored_precision::PrecisionCheck::of::<T, C::Backend>(T::table_name())
-    else {
+    run_precision_check(conn, PrecisionCheck::of::<T, C::Backend>(T::table_name()))
+}
+
+/// Reads the column of `check` (if any) and judges it.
+pub(crate) fn run_precision_check<C>(
+    conn: &mut C,
+    check: Option<PrecisionCheck>,
+) -> Result<(), Error>
+where
+    C: LoadConnection,
+    C::Backend: OccBackend,
+{
+    let Some(check) = check else {
         return Ok(());
     };
     let (schema, name, column) = check.column();

@@ -188,7 +188,20 @@ where
     C: NativeAsyncConnection,
     C::Backend: NativeAsync,
 {
-    let Some(check) = PrecisionCheck::of::<T, C::Backend>(table) else {
+    run_precision_check(conn, PrecisionCheck::of::<T, C::Backend>(table)).await
+}
+
+/// Reads the column of `check` (if any) over `conn` and judges it.
+pub(crate) async fn run_precision_check<C>(
+    conn: &mut C,
+    check: Option<PrecisionCheck>,
+) -> Result<(), Error>
+where
+    C: AsyncConnection,
+    C: NativeAsyncConnection,
+    C::Backend: NativeAsync,
+{
+    let Some(check) = check else {
         return Ok(());
     };
     let (schema, name, column) = check.column();

@@ -8,7 +8,9 @@ use diesel::result::Error as DieselError;
 use diesel::QueryResult;
 use diesel_async::AsyncConnection;
 
-use super::connection::{classified, classify, in_transaction, NativeAsync};
+use super::connection::{
+    classified, classify, in_transaction, run_precision_check, NativeAsync, NativeAsyncConnection,
+};
 use super::send::{AsyncComplete, AsyncLoadByKey};
 use super::transaction::OwnTransaction;
 use crate::connect::backend::OccBackend;
@@ -16,6 +18,7 @@ use crate::drive::Body;
 use crate::error::Error;
 use crate::flow::compare_and_set::{CompareAndSet, Judged, Written};
 use crate::flow::miss::{unreadable_row, Explanation, RowMoved};
+use crate::guard::stored_precision::PrecisionCheck;
 use crate::sql::statement::Assignments;
 
 /// Why a statement matched fewer rows than it must, read from the database over an async
@@ -28,7 +31,7 @@ pub(crate) trait AsyncMiss<C> {
 impl<T, C> AsyncMiss<C> for RowMoved<'_, T>
 where
     T: AsyncLoadByKey<C>,
-    C: AsyncConnection,
+    C: NativeAsyncConnection,
     C::Backend: NativeAsync,
 {
     async fn explain(self, conn: &mut C) -> Error {
@@ -37,7 +40,13 @@ where
             Ok(current) => match Explanation::of(self.given_in(T::table_name(), current)) {
                 Explanation::Done(error) => error,
                 Explanation::AskIfLate(refusal) => {
-                    refusal.on_server(<C::Backend as NativeAsync>::applies_writes_late(conn).await)
+                    let check = PrecisionCheck::again::<T, C::Backend>(T::table_name());
+                    match run_precision_check(conn, check).await {
+                        Err(mismatch @ Error::SchemaMismatch { .. }) => mismatch,
+                        _ => refusal.on_server(
+                            <C::Backend as NativeAsync>::applies_writes_late(conn).await,
+                        ),
+                    }
                 }
             },
             Err(e) => match unreadable_row(T::table_name(), key, e, T::GUARD_COLUMNS.join(", ")) {

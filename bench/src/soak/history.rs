@@ -1,0 +1,93 @@
+//! The recorded history: one JSON line per invocation and per completion, written in the
+//! order they happened (one lock orders the lines, taken before a call is sent and after
+//! its answer came), so that the file alone says which calls overlapped.
+
+use std::fs::File;
+use std::io::{BufRead, BufReader, BufWriter, Write};
+use std::path::Path;
+use std::sync::Mutex;
+use std::time::Instant;
+
+use serde::{Deserialize, Serialize};
+
+use super::model::{Op, Ret};
+
+/// One line of the history.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Event {
+    /// Microseconds since the run began (monotonic clock).
+    pub at: u64,
+    /// The caller: a worker, and its generation (a worker whose call never answered goes
+    /// on as a new caller, since the old call may still land).
+    pub caller: u64,
+    /// The row the call addressed.
+    pub key: i64,
+    #[serde(flatten)]
+    pub what: What,
+}
+
+/// An invocation, or how it ended.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(tag = "event", rename_all = "snake_case")]
+pub enum What {
+    /// The call started, on the driver named (`blocking` or `async`).
+    Invoke {
+        #[serde(flatten)]
+        op: Op,
+        driver: String,
+    },
+    /// It answered: `outcome` is the kind of answer (`ok`, `conflict`, an error's name).
+    Return {
+        #[serde(flatten)]
+        ret: Ret,
+        outcome: String,
+    },
+    /// It never answered for certain: the connection died, the future was dropped, or
+    /// the library said the write may or may not have landed. `outcome` says which.
+    Unknown { outcome: String },
+}
+
+/// Appends events to a file.
+pub struct Recorder {
+    start: Instant,
+    out: Mutex<BufWriter<File>>,
+}
+
+impl Recorder {
+    pub fn create(path: &Path) -> std::io::Result<Self> {
+        Ok(Recorder {
+            start: Instant::now(),
+            out: Mutex::new(BufWriter::new(File::create(path)?)),
+        })
+    }
+
+    /// Writes `what` for `caller` on `key`, stamped now.
+    pub fn record(&self, caller: u64, key: i64, what: What) {
+        let mut out = self.out.lock().unwrap_or_else(|p| p.into_inner());
+        let at = self.start.elapsed().as_micros() as u64;
+        let line = serde_json::to_string(&Event {
+            at,
+            caller,
+            key,
+            what,
+        })
+        .expect("an event serializes");
+        writeln!(out, "{line}").expect("the history file takes a line");
+    }
+
+    pub fn flush(&self) -> std::io::Result<()> {
+        self.out.lock().unwrap_or_else(|p| p.into_inner()).flush()
+    }
+}
+
+/// Every event of a history file, in order.
+pub fn read(path: &Path) -> Result<Vec<Event>, Box<dyn std::error::Error>> {
+    let mut events = Vec::new();
+    for (n, line) in BufReader::new(File::open(path)?).lines().enumerate() {
+        let line = line?;
+        let event = serde_json::from_str(&line)
+            .map_err(|e| format!("{}:{}: {e}: {line}", path.display(), n + 1))?;
+        events.push(event);
+    }
+    Ok(events)
+}
