@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole check of diesel-occ: formatting, clippy, unit, integration (SQLite,
 # PostgreSQL, MySQL/MariaDB), doc and compile-fail tests, docs as docs.rs builds them, a
-# publishing dry run, the demos, a smoke run of the benchmark program on each backend, an
+# publishing dry run, the demos, a smoke run of the benchmark program on each backend, a
+# short soak judged by a linearizability checker (and a broken guard it must catch), an
 # advisory check of the dependencies, a short run of scripts/faults.sh (session kills
 # and a restart of each local server), and the cluster tests on a PostgreSQL primary with
 # a streaming standby (scripts/pg-replica.sh) and a 3-node MariaDB Galera cluster
@@ -76,6 +77,17 @@ for url in "" "$PG_DATABASE_URL" "$MYSQL_DATABASE_URL"; do
         { tail -n 20 "target/bench-smoke-$name.log"; exit 1; }
     echo "$name: smoke run passed its exactness checks"
 done
+step "the soak: a short mixed run on SQLite judged by a linearizability checker, and a broken guard it must catch"
+# scripts/soak.sh runs the long ones (RELIABILITY.md). The server backends are not here
+# yet: their runs still find the library answering with raw errors (RELIABILITY.md).
+cargo run -q -p diesel-occ-bench --features all-backends -- --soak 30000 --out target/soak-smoke/sqlite
+if cargo run -q -p diesel-occ-bench --features all-backends -- --soak 5000 --no-faults --broken-guard \
+    --out target/soak-smoke/broken >target/soak-smoke-broken.log 2>&1 ||
+    ! grep -q "has no linearization" target/soak-smoke-broken.log; then
+    tail -n 5 target/soak-smoke-broken.log
+    echo "the checker did not catch the lost updates of a broken guard"; exit 1
+fi
+grep "keys not linearizable" target/soak-smoke-broken.log
 step "faults from outside: session kills in worker processes, a restart of each server (20 s per backend)"
 if [ -z "$preset" ]; then
     env -u PG_DATABASE_URL -u MYSQL_DATABASE_URL bash scripts/faults.sh 20 2

@@ -31,6 +31,7 @@ mod doc_blocks;
 mod measure;
 mod medians;
 mod report;
+mod soak;
 mod w1_uncontended;
 mod w2_hot_row;
 mod w3_cancel_vs_ship;
@@ -87,6 +88,34 @@ struct Options {
     /// W6 tasks a worker claims at once, in place of the default (or `--smoke`) ones.
     #[arg(long, value_delimiter = ',')]
     claim_batches: Option<Vec<usize>>,
+
+    /// Run the soak instead of the workloads: this many operations, mixed, with faults,
+    /// every call recorded and the history judged by a linearizability checker.
+    #[arg(long, value_name = "OPS")]
+    soak: Option<u64>,
+
+    /// With `--soak`: end after this many seconds even if operations remain.
+    #[arg(long, requires = "soak")]
+    soak_seconds: Option<f64>,
+
+    /// With `--soak`: blocking worker threads and async worker tasks.
+    #[arg(long, requires = "soak", default_value_t = 4)]
+    threads: usize,
+    #[arg(long, requires = "soak", default_value_t = 4)]
+    tasks: usize,
+
+    /// With `--soak`: no session kills, stalls or dropped calls.
+    #[arg(long, requires = "soak")]
+    no_faults: bool,
+
+    /// With `--soak`: send guarded updates without their guard, to show that the checker
+    /// finds the lost updates.
+    #[arg(long, requires = "soak")]
+    broken_guard: bool,
+
+    /// Run nothing: judge the history file of an earlier soak.
+    #[arg(long, value_name = "HISTORY_JSONL")]
+    check_history: Option<PathBuf>,
 
     /// Where the JSON lines, the summary and the chart go.
     #[arg(long, default_value = "target/bench")]
@@ -203,7 +232,28 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         std::fs::create_dir_all(&options.out)?;
         return chart::redraw(results, &options.out);
     }
+    if let Some(history) = &options.check_history {
+        return soak::judge(history);
+    }
     let (backend, url) = Backend::from_url(options.url.as_deref())?;
+    if let Some(ops) = options.soak {
+        let settings = soak::SoakSettings {
+            url: url.clone(),
+            ops,
+            seconds: options.soak_seconds,
+            threads: options.threads,
+            tasks: options.tasks,
+            keys_per_round: 16,
+            ops_per_round: 320,
+            faults: !options.no_faults,
+            broken_guard: options.broken_guard,
+            seed: std::process::id() as u64,
+            out: options.out.clone(),
+        };
+        let judged = soak::run(backend, settings);
+        backend.clean_up(&url);
+        return judged;
+    }
     let settings = Settings::new(&options, url);
     std::fs::create_dir_all(&options.out)?;
     let mut report = Report::create(&options.out, backend.name())?;

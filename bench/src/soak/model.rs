@@ -26,14 +26,22 @@ pub enum Op {
     Insert { value: i64 },
     /// A guarded update of `value` from a copy read at `expected` (`guarded_update`, or
     /// `guarded_save` when `save`).
-    Update { expected: i64, value: i64, save: bool },
+    Update {
+        expected: i64,
+        value: i64,
+        save: bool,
+    },
     /// A guarded delete from a copy read at `expected`.
     Delete { expected: i64 },
     /// Read-modify-write with retries: `value += add`.
     Add { add: i64 },
     /// A JSON merge of `{field: number}` (read-merge-write, or the one-statement merge when
     /// `in_place`).
-    Merge { field: String, number: i64, in_place: bool },
+    Merge {
+        field: String,
+        number: i64,
+        in_place: bool,
+    },
 }
 
 /// What the library answered, when it answered.
@@ -123,19 +131,44 @@ fn step(state: &Option<Row>, op: &Op, answered: Option<&Ret>) -> (Ret, Option<Ro
                 value: *value,
                 doc: BTreeMap::new(),
             };
-            (Ret::Written { version: Some(seed) }, Some(row))
+            (
+                Ret::Written {
+                    version: Some(seed),
+                },
+                Some(row),
+            )
         }
         (_, None) => (Ret::NotFound, None),
-        (Op::Update { expected, value, .. }, Some(row)) => {
+        (
+            Op::Update {
+                expected, value, ..
+            },
+            Some(row),
+        ) => {
             if row.version != *expected {
-                return (Ret::Conflict { current: row.clone() }, same);
+                return (
+                    Ret::Conflict {
+                        current: row.clone(),
+                    },
+                    same,
+                );
             }
             let next = VersionedRow::moved(row, |r| r.value = *value);
-            (Ret::Written { version: Some(next.version) }, Some(next))
+            (
+                Ret::Written {
+                    version: Some(next.version),
+                },
+                Some(next),
+            )
         }
         (Op::Delete { expected }, Some(row)) => {
             if row.version != *expected {
-                return (Ret::Conflict { current: row.clone() }, same);
+                return (
+                    Ret::Conflict {
+                        current: row.clone(),
+                    },
+                    same,
+                );
             }
             (Ret::Written { version: None }, None)
         }
@@ -147,11 +180,31 @@ fn step(state: &Option<Row>, op: &Op, answered: Option<&Ret>) -> (Ret, Option<Ro
             };
             (ret, Some(next))
         }
+        // A read-merge-write whose patch leaves the document as it is writes nothing:
+        // the row keeps its token.
+        (
+            Op::Merge {
+                field,
+                number,
+                in_place: false,
+            },
+            Some(row),
+        ) if row.doc.get(field) == Some(number) => (
+            Ret::Written {
+                version: Some(row.version),
+            },
+            same,
+        ),
         (Op::Merge { field, number, .. }, Some(row)) => {
             let next = VersionedRow::moved(row, |r| {
                 r.doc.insert(field.clone(), *number);
             });
-            (Ret::Written { version: Some(next.version) }, Some(next))
+            (
+                Ret::Written {
+                    version: Some(next.version),
+                },
+                Some(next),
+            )
         }
     }
 }
@@ -196,8 +249,24 @@ mod tests {
     fn a_lost_update_is_not_linearizable() {
         // Two writers read version 0 and both are told their write landed at version 1.
         let mut t = LinearizabilityTester::new(VersionedRow(Some(row(0, 0))));
-        t.on_invoke(1u64, Op::Update { expected: 0, value: 1, save: false }).unwrap();
-        t.on_invoke(2u64, Op::Update { expected: 0, value: 2, save: false }).unwrap();
+        t.on_invoke(
+            1u64,
+            Op::Update {
+                expected: 0,
+                value: 1,
+                save: false,
+            },
+        )
+        .unwrap();
+        t.on_invoke(
+            2u64,
+            Op::Update {
+                expected: 0,
+                value: 2,
+                save: false,
+            },
+        )
+        .unwrap();
         t.on_return(1, Ret::Written { version: Some(1) }).unwrap();
         t.on_return(2, Ret::Written { version: Some(1) }).unwrap();
         assert!(!t.is_consistent());
@@ -206,10 +275,27 @@ mod tests {
     #[test]
     fn a_conflict_must_name_a_row_that_existed() {
         let mut t = LinearizabilityTester::new(VersionedRow(Some(row(0, 0))));
-        t.on_invoke(1u64, Op::Update { expected: 0, value: 1, save: false }).unwrap();
+        t.on_invoke(
+            1u64,
+            Op::Update {
+                expected: 0,
+                value: 1,
+                save: false,
+            },
+        )
+        .unwrap();
         t.on_return(1, Ret::Written { version: Some(1) }).unwrap();
-        t.on_invoke(2u64, Op::Update { expected: 0, value: 2, save: false }).unwrap();
-        t.on_return(2, Ret::Conflict { current: row(1, 7) }).unwrap();
+        t.on_invoke(
+            2u64,
+            Op::Update {
+                expected: 0,
+                value: 2,
+                save: false,
+            },
+        )
+        .unwrap();
+        t.on_return(2, Ret::Conflict { current: row(1, 7) })
+            .unwrap();
         assert!(!t.is_consistent(), "the current row had value 1, never 7");
     }
 
@@ -218,12 +304,24 @@ mod tests {
         let mut t = LinearizabilityTester::new(VersionedRow(Some(row(0, 0))));
         t.on_invoke(1u64, Op::Add { add: 5 }).unwrap();
         t.on_invoke(2u64, Op::Load).unwrap();
-        t.on_return(2, Ret::Loaded { row: Some(row(1, 5)) }).unwrap();
+        t.on_return(
+            2,
+            Ret::Loaded {
+                row: Some(row(1, 5)),
+            },
+        )
+        .unwrap();
         assert!(t.is_consistent());
         let mut t = LinearizabilityTester::new(VersionedRow(Some(row(0, 0))));
         t.on_invoke(1u64, Op::Add { add: 5 }).unwrap();
         t.on_invoke(2u64, Op::Load).unwrap();
-        t.on_return(2, Ret::Loaded { row: Some(row(0, 0)) }).unwrap();
+        t.on_return(
+            2,
+            Ret::Loaded {
+                row: Some(row(0, 0)),
+            },
+        )
+        .unwrap();
         assert!(t.is_consistent());
     }
 
@@ -231,9 +329,22 @@ mod tests {
     fn a_read_older_than_an_acknowledged_write_is_not_linearizable() {
         let mut t = LinearizabilityTester::new(VersionedRow(Some(row(0, 0))));
         t.on_invoke(1u64, Op::Add { add: 5 }).unwrap();
-        t.on_return(1, Ret::Added { version: 1, value: 5 }).unwrap();
+        t.on_return(
+            1,
+            Ret::Added {
+                version: 1,
+                value: 5,
+            },
+        )
+        .unwrap();
         t.on_invoke(2u64, Op::Load).unwrap();
-        t.on_return(2, Ret::Loaded { row: Some(row(0, 0)) }).unwrap();
+        t.on_return(
+            2,
+            Ret::Loaded {
+                row: Some(row(0, 0)),
+            },
+        )
+        .unwrap();
         assert!(!t.is_consistent());
     }
 }

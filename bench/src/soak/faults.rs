@@ -1,0 +1,134 @@
+//! Faults injected while the workers run, from a connection of their own: a session of
+//! the soak killed by the server (PostgreSQL `pg_terminate_backend`, MariaDB `KILL`), and
+//! a stall (a transaction that holds a row of the current round, or on SQLite the write
+//! lock, for up to 300 ms). The async workers also drop some of their calls part-way
+//! (`workload::async_worker`).
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use diesel::connection::SimpleConnection;
+use diesel::prelude::*;
+
+use super::workload::Plan;
+use crate::backend::Backend;
+
+/// The application name the soak's sessions carry on PostgreSQL, so that only they are
+/// killed.
+pub const APPLICATION: &str = "occ-soak";
+
+/// How many faults of each kind were injected.
+pub type Injected = BTreeMap<&'static str, u64>;
+
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+#[derive(diesel::QueryableByName)]
+struct Session {
+    #[diesel(sql_type = diesel::sql_types::BigInt)]
+    id: i64,
+}
+
+/// Injects faults every 50-250 ms until `stop`.
+pub fn inject(backend: Backend, url: &str, plan: &Plan, stop: &AtomicBool, seed: u64) -> Injected {
+    let mut rng = fastrand::Rng::with_seed(seed);
+    let mut injected = Injected::new();
+    while !stop.load(Ordering::Relaxed) {
+        std::thread::sleep(Duration::from_millis(rng.u64(50..250)));
+        let kind = if backend == (Backend::Sqlite { temporary: false })
+            || backend == (Backend::Sqlite { temporary: true })
+            || rng.bool()
+        {
+            stall(backend, url, plan, &mut rng)
+        } else {
+            kill(backend, url)
+        };
+        if let Some(kind) = kind {
+            *injected.entry(kind).or_default() += 1;
+        }
+    }
+    injected
+}
+
+/// Kills one session of the soak; the kind injected, or `None` when there was none.
+#[cfg_attr(
+    not(any(feature = "postgres", feature = "mysql")),
+    allow(unused_variables)
+)]
+fn kill(backend: Backend, url: &str) -> Option<&'static str> {
+    match backend {
+        #[cfg(feature = "postgres")]
+        Backend::Postgres => {
+            let mut conn = diesel::PgConnection::establish(url).ok()?;
+            let found: Vec<Session> = diesel::sql_query(format!(
+                "SELECT pg_terminate_backend(pid)::int::bigint AS id FROM pg_stat_activity \
+                 WHERE application_name = '{APPLICATION}' AND pid <> pg_backend_pid() \
+                 ORDER BY random() LIMIT 1"
+            ))
+            .load(&mut conn)
+            .ok()?;
+            (!found.is_empty()).then_some("session_killed")
+        }
+        #[cfg(feature = "mysql")]
+        Backend::Mysql => {
+            let mut conn = diesel::MysqlConnection::establish(url).ok()?;
+            let found: Vec<Session> = diesel::sql_query(
+                "SELECT CAST(id AS SIGNED) AS id FROM information_schema.processlist \
+                 WHERE db = DATABASE() AND id <> CONNECTION_ID() ORDER BY RAND() LIMIT 1",
+            )
+            .load(&mut conn)
+            .ok()?;
+            let session = found.first()?;
+            conn.batch_execute(&format!("KILL {}", session.id)).ok()?;
+            Some("session_killed")
+        }
+        _ => None,
+    }
+}
+
+/// Holds a row of the current round (SQLite: the write lock) for 20-300 ms.
+fn stall(
+    backend: Backend,
+    url: &str,
+    plan: &Plan,
+    rng: &mut fastrand::Rng,
+) -> Option<&'static str> {
+    let keys = plan.current_keys();
+    let key = rng.i64(keys);
+    let hold = Duration::from_millis(rng.u64(20..300));
+    let (begin, lock) = match backend {
+        Backend::Sqlite { .. } => ("BEGIN IMMEDIATE", String::new()),
+        _ => (
+            "BEGIN",
+            format!("SELECT id FROM soak_rows WHERE id = {key} FOR UPDATE"),
+        ),
+    };
+    let run = |conn: &mut dyn FnMut(&str) -> QueryResult<()>| -> Option<()> {
+        conn(begin).ok()?;
+        if !lock.is_empty() {
+            conn(&lock).ok()?;
+        }
+        std::thread::sleep(hold);
+        conn("COMMIT").ok()
+    };
+    let held = match backend {
+        #[cfg(feature = "sqlite")]
+        Backend::Sqlite { .. } => {
+            let mut c = diesel::SqliteConnection::establish(url).ok()?;
+            c.batch_execute("PRAGMA busy_timeout = 5000").ok()?;
+            run(&mut |sql| c.batch_execute(sql))
+        }
+        #[cfg(feature = "postgres")]
+        Backend::Postgres => {
+            let mut c = diesel::PgConnection::establish(url).ok()?;
+            run(&mut |sql| c.batch_execute(sql))
+        }
+        #[cfg(feature = "mysql")]
+        Backend::Mysql => {
+            let mut c = diesel::MysqlConnection::establish(url).ok()?;
+            run(&mut |sql| c.batch_execute(sql))
+        }
+        #[allow(unreachable_patterns)]
+        _ => None,
+    };
+    held.map(|()| "row_stalled")
+}

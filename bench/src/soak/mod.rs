@@ -1,0 +1,218 @@
+//! `occ-bench --soak OPS`: a mixed workload against one backend with faults throughout,
+//! every call recorded (`history.jsonl`), then judged per key by an independent
+//! linearizability checker. RELIABILITY.md has the figures of the long runs and how to
+//! run them again (`scripts/soak.sh`).
+
+mod check;
+mod faults;
+mod history;
+mod model;
+mod outcome;
+mod workload;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicBool;
+use std::time::Instant;
+
+use crate::backend::Backend;
+use history::{Recorder, What};
+
+/// The sizes and switches of one soak run.
+#[derive(Debug, Clone)]
+pub struct SoakSettings {
+    pub url: String,
+    /// Operations in all (the run also ends after `seconds`, when given).
+    pub ops: u64,
+    pub seconds: Option<f64>,
+    /// Blocking threads, and tokio tasks on the async API.
+    pub threads: usize,
+    pub tasks: usize,
+    pub keys_per_round: u64,
+    pub ops_per_round: u64,
+    pub faults: bool,
+    /// Guarded updates sent without their guard: the checker must find the damage.
+    pub broken_guard: bool,
+    pub seed: u64,
+    pub out: PathBuf,
+}
+
+macro_rules! soak_on {
+    ($backend:ident, $settings:expr, $recorder:expr, $plan:expr) => {
+        (|| -> Result<(), Box<dyn std::error::Error>> {
+            use workload::$backend as on;
+            let settings: &SoakSettings = $settings;
+            on::prepare(&settings.url)?;
+            let pool = on::pool(&settings.url, settings.threads.max(1) as u32)?;
+            let runtime = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()?;
+            let async_pool = runtime.block_on(on::async_pool(
+                &settings.url,
+                (settings.tasks.max(2) / 2) as u32,
+            ))?;
+            let (recorder, plan) = ($recorder, $plan);
+            std::thread::scope(|s| {
+                for id in 0..settings.threads {
+                    let worker = workload::Worker::new(id as u64, settings.seed);
+                    let pool = &pool;
+                    s.spawn(move || {
+                        on::blocking_worker(worker, pool, plan, recorder, settings.broken_guard)
+                    });
+                }
+                runtime.block_on(async {
+                    let drop_one_in = if settings.faults { 50 } else { 0 };
+                    let tasks: Vec<_> = (0..settings.tasks)
+                        .map(|t| {
+                            let worker =
+                                workload::Worker::new((settings.threads + t) as u64, settings.seed);
+                            on::async_worker(
+                                worker,
+                                async_pool.clone(),
+                                plan,
+                                recorder,
+                                drop_one_in,
+                            )
+                        })
+                        .collect();
+                    futures_join_all(tasks).await;
+                });
+            });
+            Ok(())
+        })()
+    };
+}
+
+/// Awaits every future of `all` on the current task.
+async fn futures_join_all<F: std::future::Future<Output = ()>>(all: Vec<F>) {
+    let mut set = Vec::with_capacity(all.len());
+    for f in all {
+        set.push(Box::pin(f));
+    }
+    // Poll them together: each is a worker loop that yields at its awaits.
+    std::future::poll_fn(|cx| {
+        set.retain_mut(|f| f.as_mut().poll(cx).is_pending());
+        if set.is_empty() {
+            std::task::Poll::Ready(())
+        } else {
+            std::task::Poll::Pending
+        }
+    })
+    .await
+}
+
+/// Runs the soak on `backend`, then judges its history; an error when the checker finds
+/// a key no order explains, or the library answered with a raw error.
+pub fn run(backend: Backend, mut settings: SoakSettings) -> Result<(), Box<dyn std::error::Error>> {
+    if backend == Backend::Postgres {
+        let separator = if settings.url.contains('?') { '&' } else { '?' };
+        settings.url = format!(
+            "{}{separator}application_name={}",
+            settings.url,
+            faults::APPLICATION
+        );
+    }
+    std::fs::create_dir_all(&settings.out)?;
+    let path = settings.out.join("history.jsonl");
+    let recorder = Recorder::create(&path)?;
+    let plan = workload::Plan::new(&settings);
+    let stop = AtomicBool::new(false);
+    let started = Instant::now();
+    let injected = std::thread::scope(|s| {
+        let faults = settings.faults.then(|| {
+            let (url, plan, stop) = (&settings.url, &plan, &stop);
+            s.spawn(move || faults::inject(backend, url, plan, stop, settings.seed))
+        });
+        let ran = match backend {
+            #[cfg(feature = "sqlite")]
+            Backend::Sqlite { .. } => soak_on!(sqlite, &settings, &recorder, &plan),
+            #[cfg(feature = "postgres")]
+            Backend::Postgres => soak_on!(postgres, &settings, &recorder, &plan),
+            #[cfg(feature = "mysql")]
+            Backend::Mysql => soak_on!(mysql, &settings, &recorder, &plan),
+            #[allow(unreachable_patterns)]
+            _ => Err("this build does not have the backend".into()),
+        };
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let injected = faults
+            .map(|f| f.join().expect("the fault thread ends"))
+            .unwrap_or_default();
+        ran.map(|()| injected).map_err(|e| e.to_string())
+    })?;
+    recorder.flush()?;
+    let elapsed = started.elapsed();
+    println!(
+        "soak on {}: {} operations in {:.1} s ({} blocking threads, {} async tasks), history in {}",
+        backend.name(),
+        plan.done(),
+        elapsed.as_secs_f64(),
+        settings.threads,
+        settings.tasks,
+        path.display()
+    );
+    println!("faults injected: {}", describe(&injected));
+    judge(&path)
+}
+
+/// Judges the history at `path` and prints the counts and the verdict.
+pub fn judge(path: &Path) -> Result<(), Box<dyn std::error::Error>> {
+    let events = history::read(path)?;
+    let mut outcomes: BTreeMap<String, u64> = BTreeMap::new();
+    let mut raw = Vec::new();
+    for event in &events {
+        let kind = match &event.what {
+            What::Invoke { .. } => continue,
+            What::Return { outcome, .. } => outcome.clone(),
+            What::Unknown { outcome } => {
+                if outcome.starts_with("raw") {
+                    raw.push(outcome.clone());
+                }
+                format!("unknown: {}", outcome.split(':').next().unwrap_or(outcome))
+            }
+        };
+        *outcomes.entry(kind).or_default() += 1;
+    }
+    println!("outcomes: {}", describe(&outcomes));
+    let started = Instant::now();
+    let verdict = check::check(&events);
+    println!(
+        "checker (stateright LinearizabilityTester, per key): {} operations on {} keys in {:.1} s: \
+         {} keys not linearizable, {} malformed, {} raw errors",
+        verdict.operations,
+        verdict.keys,
+        started.elapsed().as_secs_f64(),
+        verdict.violations.len(),
+        verdict.malformed.len(),
+        raw.len()
+    );
+    for (key, events) in verdict.violations.iter().take(3) {
+        println!("key {key} has no linearization; its history:");
+        for event in events {
+            println!("  {}", serde_json::to_string(event)?);
+        }
+    }
+    for (key, why) in verdict.malformed.iter().take(3) {
+        println!("key {key}: malformed history: {why}");
+    }
+    for error in raw.iter().take(5) {
+        println!("raw error: {error}");
+    }
+    if verdict.violations.is_empty() && verdict.malformed.is_empty() && raw.is_empty() {
+        println!("verdict: linearizable");
+        Ok(())
+    } else {
+        Err("verdict: NOT linearizable (or raw errors): see above".into())
+    }
+}
+
+fn describe<K: std::fmt::Display>(counts: &BTreeMap<K, u64>) -> String {
+    if counts.is_empty() {
+        return "none".into();
+    }
+    counts
+        .iter()
+        .map(|(k, n)| format!("{k} {n}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
