@@ -26,7 +26,7 @@ pub(crate) struct PrecisionCheck {
 /// The entities (and backends) whose columns kept every digit of their tokens where they
 /// were first read: a quick, precise refusal before the first write. It is not the
 /// guarantee, since one type may be written on several schemas or databases: every
-/// write that compares a time token also checks its column ([`TimeTokenHeld`]).
+/// write that compares a time token also checks its column (`TimeTokenHeld`).
 fn passed() -> &'static Mutex<HashSet<(TypeId, &'static str)>> {
     static PASSED: OnceLock<Mutex<HashSet<(TypeId, &'static str)>>> = OnceLock::new();
     PASSED.get_or_init(Mutex::default)
@@ -104,6 +104,7 @@ impl PrecisionCheck {
 /// database), so a column that keeps fewer digits makes the write match nothing instead
 /// of storing a token rounded back onto the old one. The miss is then explained by the
 /// check above, read again.
+#[cfg(feature = "chrono")]
 pub trait StoredDigits: diesel::backend::Backend {
     /// Pushes ` AND <column keeps digits>` for column `Col`, or nothing where every digit
     /// is kept (SQLite stores the text written).
@@ -118,7 +119,7 @@ pub trait StoredDigits: diesel::backend::Backend {
 /// derived table, which has no `tableoid` of its own to shadow the row's). An index
 /// lookup in the system cache, about 3 µs a statement. -1 is a type without declared
 /// digits (6).
-#[cfg(feature = "postgres")]
+#[cfg(all(feature = "chrono", feature = "postgres"))]
 impl StoredDigits for diesel::pg::Pg {
     fn push_keeps_digits<Col: diesel::Column>(
         out: &mut diesel::query_builder::AstPass<'_, '_, Self>,
@@ -141,7 +142,7 @@ impl StoredDigits for diesel::pg::Pg {
 /// MySQL / MariaDB: a time value turned into text carries exactly its column's digits
 /// (`2026-01-01 10:00:00` for `DATETIME`, 26 characters for `DATETIME(6)`). Reading
 /// `information_schema` in the statement instead costs about 220 µs a write on MariaDB.
-#[cfg(feature = "mysql")]
+#[cfg(all(feature = "chrono", feature = "mysql"))]
 impl StoredDigits for diesel::mysql::Mysql {
     fn push_keeps_digits<Col: diesel::Column>(
         out: &mut diesel::query_builder::AstPass<'_, '_, Self>,
@@ -157,7 +158,7 @@ impl StoredDigits for diesel::mysql::Mysql {
     }
 }
 
-#[cfg(feature = "sqlite")]
+#[cfg(all(feature = "chrono", feature = "sqlite"))]
 impl StoredDigits for diesel::sqlite::Sqlite {
     fn push_keeps_digits<Col: diesel::Column>(
         _: &mut diesel::query_builder::AstPass<'_, '_, Self>,
@@ -169,12 +170,14 @@ impl StoredDigits for diesel::sqlite::Sqlite {
 
 /// `"col" = ?token`, and that the column keeps `P`'s digits ([`StoredDigits`]): the
 /// predicate of both last-modified guards.
+#[cfg(feature = "chrono")]
 #[derive(Debug, Clone, Copy)]
 pub struct TimeTokenHeld<Col, Ts, P> {
     held: crate::sql::statement::ColumnEq<Col, Ts>,
     precision: std::marker::PhantomData<P>,
 }
 
+#[cfg(feature = "chrono")]
 impl<Col, Ts, P> TimeTokenHeld<Col, Ts, P> {
     /// The row holds `token`.
     pub(crate) fn new(token: Ts) -> Self {
@@ -185,6 +188,7 @@ impl<Col, Ts, P> TimeTokenHeld<Col, Ts, P> {
     }
 }
 
+#[cfg(feature = "chrono")]
 impl<Col, Ts, P, DB> diesel::query_builder::QueryFragment<DB> for TimeTokenHeld<Col, Ts, P>
 where
     DB: StoredDigits + diesel::sql_types::HasSqlType<Col::SqlType>,
@@ -201,6 +205,7 @@ where
     }
 }
 
+#[cfg(feature = "chrono")]
 impl<Col: 'static, Ts: 'static, P: 'static> diesel::query_builder::QueryId
     for TimeTokenHeld<Col, Ts, P>
 {
