@@ -108,6 +108,15 @@ struct Options {
     #[arg(long, requires = "soak")]
     no_faults: bool,
 
+    /// With `--soak`: the kinds of fault to inject.
+    #[arg(
+        long,
+        requires = "soak",
+        value_delimiter = ',',
+        default_value = "kills,stalls,drops"
+    )]
+    faults: Vec<soak::Fault>,
+
     /// With `--soak`: send guarded updates without their guard, to show that the checker
     /// finds the lost updates.
     #[arg(long, requires = "soak")]
@@ -245,7 +254,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             tasks: options.tasks,
             keys_per_round: 16,
             ops_per_round: 320,
-            faults: !options.no_faults,
+            faults: if options.no_faults {
+                Vec::new()
+            } else {
+                options.faults.clone()
+            },
             broken_guard: options.broken_guard,
             seed: std::process::id() as u64,
             out: options.out.clone(),

@@ -232,3 +232,31 @@ mod tests {
         ));
     }
 }
+
+/// When a write by key alone runs again. It takes the row with any token, so a miss
+/// whose re-read finds the row ([`Error::Refused`]) was refused by the database or raced
+/// an insert (the `UPDATE` ran before the insert committed): nothing else tells these
+/// apart, and nothing was written. It runs again while each re-read finds another row
+/// than the one before (inserted, deleted and inserted again meanwhile), up to
+/// [`KeyWriteRuns::MOST`] runs; the same row refusing twice is a refusal.
+#[derive(Debug, Default)]
+pub(crate) struct KeyWriteRuns {
+    runs: u32,
+    refused_at: Option<crate::error::Token>,
+}
+
+impl KeyWriteRuns {
+    /// The most runs of one write.
+    pub(crate) const MOST: u32 = 4;
+
+    /// Whether the write that answered `answer` runs again.
+    pub(crate) fn again<W>(&mut self, answer: &Result<W, Error>) -> bool {
+        self.runs += 1;
+        let Err(Error::Refused { token, .. }) = answer else {
+            return false;
+        };
+        let another_row = self.refused_at.as_ref() != Some(token);
+        self.refused_at = Some(token.clone());
+        another_row && self.runs < Self::MOST
+    }
+}

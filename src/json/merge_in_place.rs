@@ -41,7 +41,7 @@ use crate::drive::blocking::complete::Complete;
 use crate::drive::blocking::load::LoadByKey;
 use crate::drive::{now, Blocking, Io, ReadOn, RunOn};
 use crate::error::Error;
-use crate::flow::miss::RowMoved;
+use crate::flow::miss::{KeyWriteRuns, RowMoved};
 use crate::guard::{AdvanceInSql, Guarded, ReturnedTokenOf, TokenOf};
 use crate::json::document::{JsonDocument, Place};
 use crate::operation::{JsonMerge, JsonMergeNoToken, Operation, Run};
@@ -364,11 +364,17 @@ where
     let table = T::table_name();
     Place::<T, Col>::new(table, key).check_merge_patch(patch)?;
     conn.refuse_broken()?;
-    let miss = RowMoved::<T>::advancing_any(key, T::Guard::at_end);
-    let changes = MergePatch::<Col>::new(patch.clone());
-    let statement = key_write::<T, C::Backend, _, _>(table, key, changes, Unguarded, 0);
     let merge = async |conn: &mut C| {
+        let miss = RowMoved::<T>::advancing_any(key, T::Guard::at_end);
+        let changes = MergePatch::<Col>::new(patch.clone());
+        let statement = key_write::<T, C::Backend, _, _>(table, key, changes, Unguarded, 0);
         write_key_statement::<Done, T, C, _, _>(conn, key, statement, miss).await
     };
-    conn.call(merge).await
+    let mut runs = KeyWriteRuns::default();
+    loop {
+        let answer = conn.call(merge).await;
+        if !runs.again(&answer) {
+            return answer;
+        }
+    }
 }

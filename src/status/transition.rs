@@ -39,7 +39,7 @@ use crate::drive::blocking::load::LoadByKey;
 use crate::drive::{now, Blocking, Io, ReadOn, RunOn};
 use crate::error::{Error, InvalidTransition};
 use crate::flow::compare_and_set::{refuse_status_write, CompareAndSet, Matches};
-use crate::flow::miss::{unreadable_row, RowMoved};
+use crate::flow::miss::{unreadable_row, KeyWriteRuns, RowMoved};
 use crate::guard::status::{HasStatus, Status, StatusIn};
 use crate::guard::{
     AdvanceInSql, AdvanceOf, CompletionOf, GuardKind, Guarded, ReturnedTokenOf, TokenOf,
@@ -436,6 +436,7 @@ where
     conn.refuse_broken()?;
     let policy = policy.one_attempt_if(conn.in_transaction());
     let mut run = policy.start();
+    let (mut runs, mut condition_run_again) = (KeyWriteRuns::default(), true);
     loop {
         let (changes, when, miss) =
             key_transition_parts::<T, Ch, G>(key, to, extra.clone(), condition.clone());
@@ -445,8 +446,17 @@ where
             let write = write_key_statement::<ReturnedTokenOf<T>, T, C, _, _>;
             token_read_back(write(conn, key, statement, miss).await?)
         };
-        match conn.call(send).await {
+        let answer = conn.call(send).await;
+        if runs.again(&answer) {
+            continue;
+        }
+        match answer {
             Ok(token) => return Ok(token),
+            // Found in a state it may leave but not meeting the condition: the row may
+            // have been inserted after the `UPDATE` ran, as for a refusal
+            // ([`KeyWriteRuns`]); one more run settles it.
+            Err(Error::InvalidTransition(t))
+                if t.unmet.is_some() && std::mem::take(&mut condition_run_again) => {}
             Err(e) => conn.pause(run.wait_after(Stop::<Error>::Occ(e))?).await,
         }
     }

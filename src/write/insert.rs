@@ -68,19 +68,26 @@ where
     conn.refuse_broken()?;
     let table = T::table_name();
     let (row, seed) = seeded(row);
-    let key = row.key();
-    let insert = diesel::insert_into(T::table()).values(row.clone());
-    let write = CompareAndSet::one(insert, table, &key, CannotMiss).matching(Matches::Any);
-    let key = &key;
-    conn.call(async |conn: &mut C| {
+    let key = &row.key();
+    let attempt = async |conn: &mut C| {
         T::check_stored_precision(conn).await?;
+        let insert = diesel::insert_into(T::table()).values(row.clone());
+        let write = CompareAndSet::one(insert, table, key, CannotMiss).matching(Matches::Any);
         let written = <Counted as RunOn<C, _, _, ()>>::run(conn, write, false).await;
         match key_taken(written)? {
             Ok(()) => Ok(()),
             Err(info) => Err(taken(table, key, info, T::load_by_key(conn, key).await)),
         }
-    })
-    .await?;
+    };
+    match conn.call(attempt).await {
+        // The key was taken when the insert ran and is free again now (the row was
+        // deleted in between), or another unique column is taken: one more run settles
+        // which; nothing was written.
+        Err(Error::Database(DieselError::DatabaseError(DatabaseErrorKind::UniqueViolation, _))) => {
+            conn.call(attempt).await?
+        }
+        done => done?,
+    }
     Ok((row, seed))
 }
 

@@ -370,8 +370,53 @@ for_each_backend! {
         assert!(cause.contains("7 is not a `TaskState`"), "{err}: {cause}");
     }
 
+    /// A transition by key racing the insert of its row either finds no row (`NotFound`)
+    /// or moves it: never a refusal. Its `UPDATE` can match nothing just before the insert
+    /// commits and its re-read then find the row in a state it may leave.
+    fn a_transition_racing_its_rows_insert_moves_it_or_finds_nothing<W>(db: &Db, w: impl Fn() -> W + Sync)
+    where
+        W: TransitionKey<ShopOrder, Note>,
+    {
+        const ORDERS: i64 = 300;
+        let (each_order, pool) = (Barrier::new(2), &db.pool);
+        let policy = RetryPolicy::never();
+        let wrong: Vec<String> = race(2, w, |racer, w| {
+            let mut wrong = Vec::new();
+            for id in 1..=ORDERS {
+                each_order.wait();
+                if racer == 0 {
+                    std::thread::sleep(std::time::Duration::from_micros((id as u64 * 37) % 400));
+                    let order = Order::new(id, "new");
+                    diesel::insert_into(orders::table).values(&order).execute(&mut pool.get().unwrap()).unwrap();
+                    continue;
+                }
+                loop {
+                    let to = OrderStatus::Shipped;
+                    match w.transition_by_key(&id, to, orders::note.eq(to.name()), &policy) {
+                        Ok(_) => break,
+                        Err(Error::NotFound { .. }) => {}
+                        Err(other) => {
+                            wrong.push(format!("order {id}: {other}"));
+                            break;
+                        }
+                    }
+                }
+            }
+            wrong
+        })
+        .into_iter()
+        .flatten()
+        .collect();
+        assert!(wrong.is_empty(), "{} wrong answers: {wrong:?}", wrong.len());
+        let conn = &mut db.conn();
+        for id in 1..=ORDERS {
+            assert_eq!(load(conn, id).status, OrderStatus::Shipped, "order {id}");
+        }
+    }
+
     tests_on_both_drivers!(
         |_: &Db| ();
+        a_transition_racing_its_rows_insert_moves_it_or_finds_nothing,
         cancel_vs_ship_has_exactly_one_winner_per_order,
         a_loaded_copy_sees_the_aba_case_that_the_status_alone_cannot,
         an_invalid_transition_names_the_current_state_and_writes_nothing,

@@ -203,8 +203,50 @@ for_each_backend! {
         assert_eq!(body, "second");
     }
 
+    /// An insert whose key is taken when it runs and free again when the library reads
+    /// the row that took it (inserted and deleted by another session meanwhile) is
+    /// written or `AlreadyExists`, never the raw unique violation (found by the soak on
+    /// PostgreSQL's async path).
+    fn an_insert_racing_an_insert_and_delete_is_written_or_already_exists<W: Insert<Order>>(
+        db: &Db,
+        w: impl Fn() -> W + Sync,
+    ) {
+        const KEYS: i64 = 200;
+        let (each_key, pool) = (std::sync::Barrier::new(2), &db.pool);
+        let answers = race(2, w, |t, w| {
+            let mut wrong = Vec::new();
+            for key in 1..=KEYS {
+                each_key.wait();
+                if t == 0 {
+                    // Holds the key uncommitted for a moment, so that the other insert
+                    // waits on it, then frees it at once after the commit.
+                    let conn = &mut pool.get().unwrap();
+                    let begin = if BACKEND == "sqlite" { "BEGIN IMMEDIATE" } else { "BEGIN" };
+                    conn.batch_execute(begin).unwrap();
+                    let other = diesel::insert_into(orders::table).values(&Order::new(key, "other")).execute(conn);
+                    // The other insert may have come first: then there is no race this round.
+                    std::thread::sleep(std::time::Duration::from_millis(2));
+                    conn.batch_execute(if other.is_ok() { "COMMIT" } else { "ROLLBACK" }).unwrap();
+                    if other.is_ok() {
+                        diesel::delete(orders::table.find(key)).execute(conn).unwrap();
+                    }
+                    continue;
+                }
+                std::thread::sleep(std::time::Duration::from_micros(300));
+                match w.insert(&mut Order::new(key, "mine")) {
+                    Ok(_) | Err(Error::AlreadyExists { .. }) => {}
+                    Err(other) => wrong.push(format!("key {key}: {other:?}")),
+                }
+            }
+            wrong
+        });
+        let wrong: Vec<_> = answers.into_iter().flatten().collect();
+        assert!(wrong.is_empty(), "{} wrong answers: {wrong:?}", wrong.len());
+    }
+
     tests_on_both_drivers!(
         |_: &Db| ();
+        an_insert_racing_an_insert_and_delete_is_written_or_already_exists,
         an_insert_seeds_the_version_and_records_it,
         a_stale_copy_cannot_write_into_a_reinserted_row,
         an_insert_on_a_taken_key_is_already_exists,

@@ -373,8 +373,49 @@ for_each_backend! {
         assert_eq!((load(conn, 1).ext, load(conn, 1).version), (json!([1, 2, 3]), 0));
     }
 
+    /// A one-statement merge racing its row's insert either finds no row (`NotFound`) or
+    /// writes: never a refusal. Its `UPDATE` can match nothing just before the insert
+    /// commits and its re-read then find the row (found by the soak: it answered
+    /// `Refused`, "retrying cannot help").
+    fn a_merge_racing_its_rows_insert_writes_or_finds_nothing<W: Json>(db: &Db, w: impl Fn() -> W + Sync) {
+        const KEYS: i64 = 300;
+        let (each_key, pool) = (std::sync::Barrier::new(2), &db.pool);
+        let answers = race(2, &w, |t, w| {
+            let mut wrong = Vec::new();
+            for key in 1..=KEYS {
+                each_key.wait();
+                if t == 0 {
+                    std::thread::sleep(std::time::Duration::from_micros((key as u64 * 37) % 400));
+                    insert(&mut pool.get().unwrap(), key, json!({}));
+                    continue;
+                }
+                loop {
+                    match w.merge_json_in_place(&key, profiles::ext, &json!({ "m": key })) {
+                        Ok(_) => break,
+                        Err(Error::NotFound { .. }) => {}
+                        Err(other) => {
+                            wrong.push(format!("key {key}: {other}"));
+                            break;
+                        }
+                    }
+                }
+            }
+            wrong
+        });
+        let wrong: Vec<_> = answers.into_iter().flatten().collect();
+        assert!(wrong.is_empty(), "{} wrong answers: {wrong:?}", wrong.len());
+        let conn = &mut db.conn();
+        for key in 1..=KEYS {
+            let row = load(conn, key);
+            if row.ext != json!({ "m": key }) {
+                panic!("key {key}: the merge that answered Ok is not in the row: {row:?}");
+            }
+        }
+    }
+
     tests_on_both_drivers!(
         |_: &Db| ();
+        a_merge_racing_its_rows_insert_writes_or_finds_nothing,
         a_merge_patch_merges_nested_keys_deletes_nulls_and_advances_the_version,
         read_merge_write_and_the_one_statement_merge_agree_on_every_case,
         eight_threads_of_read_merge_write_keep_every_key,

@@ -12,6 +12,7 @@ use diesel::connection::SimpleConnection;
 use diesel::prelude::*;
 
 use super::workload::Plan;
+use super::Fault;
 use crate::backend::Backend;
 
 /// The application name the soak's sessions carry on PostgreSQL, so that only they are
@@ -28,19 +29,29 @@ struct Session {
     id: i64,
 }
 
-/// Injects faults every 50-250 ms until `stop`.
-pub fn inject(backend: Backend, url: &str, plan: &Plan, stop: &AtomicBool, seed: u64) -> Injected {
+/// Injects faults of `kinds` (kills and stalls) every 50-250 ms until `stop`.
+pub fn inject(
+    backend: Backend,
+    url: &str,
+    plan: &Plan,
+    stop: &AtomicBool,
+    kinds: &[Fault],
+    seed: u64,
+) -> Injected {
     let mut rng = fastrand::Rng::with_seed(seed);
     let mut injected = Injected::new();
+    let embedded = matches!(backend, Backend::Sqlite { .. });
+    let kills = kinds.contains(&Fault::Kills) && !embedded;
+    let stalls = kinds.contains(&Fault::Stalls);
     while !stop.load(Ordering::Relaxed) {
         std::thread::sleep(Duration::from_millis(rng.u64(50..250)));
-        let kind = if backend == (Backend::Sqlite { temporary: false })
-            || backend == (Backend::Sqlite { temporary: true })
-            || rng.bool()
-        {
+        let stall_now = stalls && (!kills || rng.bool());
+        let kind = if stall_now {
             stall(backend, url, plan, &mut rng)
-        } else {
+        } else if kills {
             kill(backend, url)
+        } else {
+            None
         };
         if let Some(kind) = kind {
             *injected.entry(kind).or_default() += 1;

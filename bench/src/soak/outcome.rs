@@ -49,9 +49,7 @@ fn error_ret(
         Error::Retryable { reason, .. } => (Ret::NothingWritten, retryable_kind(*reason)),
         Error::RetriesExhausted { .. } => (Ret::NothingWritten, "retries_exhausted"),
         Error::Pool(_) => (Ret::NothingWritten, "pool_timeout"),
-        // A write by key that found no row, while a row inserted after it is there when
-        // the library reads it back: reported as a refusal (see RELIABILITY.md), and
-        // nothing was written.
+        // Nothing was written; the soak fails the run all the same (nothing refuses here).
         Error::Refused { .. } => (Ret::NothingWritten, "refused"),
         Error::Ambiguous { .. } => return Err("ambiguous".into()),
         Error::Connection(_) => return Err("connect_failed".into()),
@@ -89,6 +87,9 @@ pub fn connection_died(error: &DieselError) -> bool {
                 "broken pipe",
                 "connection reset",
                 "no connection to the server",
+                "input/output error",
+                "connection closed",
+                "error communicating with the server",
             ]
             .iter()
             .any(|t| m.contains(t))

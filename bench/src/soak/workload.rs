@@ -363,6 +363,9 @@ per_backend! {
     /// A bb8 pool of `size` diesel-async connections.
     pub async fn async_pool(url: &str, size: u32) -> Result<AsyncPool, Box<dyn std::error::Error>> {
         let manager = diesel_async::pooled_connection::AsyncDieselConnectionManager::<AsyncConn>::new(url);
+        // bb8's defaults, as a service has them: each check-out is tested with a query,
+        // which evicts a killed connection (and, on MySQL, is not safe to drop half way:
+        // RELIABILITY.md).
         Ok(diesel_async::pooled_connection::bb8::Pool::builder()
             .max_size(size)
             .connection_timeout(Duration::from_secs(10))

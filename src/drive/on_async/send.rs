@@ -13,6 +13,7 @@ use diesel_async::methods::{ExecuteDsl, LoadQuery};
 use diesel_async::{AsyncConnection, RunQueryDsl};
 
 use super::connection::{in_transaction, NativeAsync, NativeAsyncConnection};
+use super::transaction::Call;
 use crate::connect::backend::OccBackend;
 use crate::guard::by_key::{by_key, rows_by_keys, ByKey, RowsByKeys};
 use crate::guard::Guarded;
@@ -81,24 +82,30 @@ where
 {
     async fn load_by_key(conn: &mut C, key: &T::Key) -> QueryResult<Option<T>> {
         let locking = in_transaction(conn);
-        by_key::<T, C::Backend, _>(key, LatestRead::new, locking)
-            .get_result(conn)
+        let mut call = Call::start(conn);
+        let read = by_key::<T, C::Backend, _>(key, LatestRead::new, locking)
+            .get_result(call.conn())
             .await
-            .optional()
+            .optional();
+        call.finish(read)
     }
 
     async fn read_by_key(conn: &mut C, key: &T::Key) -> QueryResult<Option<T>> {
-        by_key::<T, C::Backend, _>(key, LatestRead::new, false)
-            .get_result(conn)
+        let mut call = Call::start(conn);
+        let read = by_key::<T, C::Backend, _>(key, LatestRead::new, false)
+            .get_result(call.conn())
             .await
-            .optional()
+            .optional();
+        call.finish(read)
     }
 
     async fn lock_by_key(conn: &mut C, key: &T::Key, lock: RowLock) -> QueryResult<Option<T>> {
-        by_key::<T, C::Backend, _>(key, LatestRead::locked, lock)
-            .get_result(conn)
+        let mut call = Call::start(conn);
+        let read = by_key::<T, C::Backend, _>(key, LatestRead::locked, lock)
+            .get_result(call.conn())
             .await
-            .optional()
+            .optional();
+        call.finish(read)
     }
 
     async fn load_by_keys(conn: &mut C, keys: &[T::Key]) -> QueryResult<Vec<T>> {
@@ -106,9 +113,11 @@ where
             return Ok(Vec::new());
         }
         let locking = in_transaction(conn);
-        rows_by_keys::<T, C::Backend>(keys, locking)
-            .load(conn)
-            .await
+        let mut call = Call::start(conn);
+        let read = rows_by_keys::<T, C::Backend>(keys, locking)
+            .load(call.conn())
+            .await;
+        call.finish(read)
     }
 
     fn table_name() -> &'static str {

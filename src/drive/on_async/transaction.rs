@@ -19,7 +19,7 @@ use diesel_async::{AsyncConnection, TransactionManager};
 use super::connection::{classify, NativeAsync, NativeAsyncConnection};
 use crate::connect::backend::OccBackend;
 use crate::connect::transaction::{commit_error_given, failed_commit, LostCommit};
-use crate::error::Error;
+use crate::error::{connection_lost, Error};
 
 /// An open transaction (or savepoint, inside the caller's transaction) of the library's
 /// on `conn`; every statement of it goes through [`conn`](Self::conn).
@@ -165,15 +165,27 @@ where
     /// everything back (a lost connection is a plain database error), a failed `COMMIT`
     /// is what [`failed_commit`] says. Inside the caller's transaction nothing commits
     /// here: its own `COMMIT` decides.
+    ///
+    /// An operation that failed on a connection that is then found lost (its `ROLLBACK`
+    /// fails so) answers with the lost connection, as diesel's blocking `transaction`
+    /// does: what it read may have been cut short (mysql_async can end a result set early
+    /// when the server kills the session), so its own verdict (a missing row, say) cannot
+    /// be trusted.
     pub(crate) async fn settle<T, E: LostCommit>(self, result: Result<T, E>) -> Result<T, E> {
         let nested = self.nested;
-        let result = if nested {
-            result
-        } else {
-            result.map_err(LostCommit::rolled_back)
-        };
-        self.finish(result, |e| E::from_occ(failed_commit(e, nested)))
-            .await
+        match result {
+            Ok(value) => match self.commit().await {
+                Ok(()) => Ok(value),
+                Err(e) => Err(E::from_occ(failed_commit(e, nested))),
+            },
+            Err(e) => {
+                let e = if nested { e } else { e.rolled_back() };
+                match self.rollback().await {
+                    Err(lost) if connection_lost(&lost) => Err(E::from_occ(Error::Database(lost))),
+                    _ => Err(e),
+                }
+            }
+        }
     }
 
     /// [`finish`](Self::finish) for a transaction around caller code whose error type is
