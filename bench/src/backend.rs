@@ -15,9 +15,10 @@ use crate::Settings;
 /// `Conn`, `AsyncConn` (its diesel-async connection), `Pool`, `JsonSql` (the JSON column's SQL type), `BACKEND`, `JSON_DDL` (the
 /// JSON column's type in `CREATE TABLE`), `merge_patch(document, patch)` (the SQL
 /// function a hand-written one-statement merge calls: `json_patch`, `JSON_MERGE_PATCH`,
-/// and PostgreSQL's shallow `||`) and `pool(url, size)`.
+/// and PostgreSQL's shallow `||`) and `pool(url, size)`. With `uses(a, b)` first, the
+/// same backend's module of each sibling `a` and `b` is in scope under that name.
 macro_rules! per_backend {
-    ($($item:item)*) => {
+    (uses($($sibling:ident),*) $($item:item)*) => {
         #[cfg(feature = "sqlite")]
         pub mod sqlite {
             #![allow(dead_code, unused_imports)]
@@ -36,6 +37,7 @@ macro_rules! per_backend {
             pub fn pool(url: &str, size: u32) -> Result<Pool, diesel_occ::Error> {
                 diesel_occ::sqlite_pool(url, &$crate::backend::pool_config(size))
             }
+            $(use super::$sibling::sqlite as $sibling;)*
             $($item)*
         }
         #[cfg(feature = "postgres")]
@@ -56,6 +58,7 @@ macro_rules! per_backend {
             pub fn pool(url: &str, size: u32) -> Result<Pool, diesel_occ::Error> {
                 diesel_occ::postgres_pool(url, &$crate::backend::pool_config(size))
             }
+            $(use super::$sibling::postgres as $sibling;)*
             $($item)*
         }
         #[cfg(feature = "mysql")]
@@ -76,8 +79,12 @@ macro_rules! per_backend {
             pub fn pool(url: &str, size: u32) -> Result<Pool, diesel_occ::Error> {
                 diesel_occ::mysql_pool(url, &$crate::backend::pool_config(size))
             }
+            $(use super::$sibling::mysql as $sibling;)*
             $($item)*
         }
+    };
+    ($($item:item)*) => {
+        $crate::backend::per_backend!(uses() $($item)*);
     };
 }
 pub(crate) use per_backend;

@@ -1,14 +1,18 @@
-//! The checker: per key, whether the history is linearizable against the model
-//! ([`VersionedRow`]), decided by stateright's `LinearizabilityTester` (a checker written
-//! for model checking in general, not for this library). A call that never answered is
-//! left in flight: the tester may place it anywhere after its start, or leave it out.
+//! The checker: per key, whether the history is linearizable against the key's model
+//! ([`Spec`]), decided by stateright's `LinearizabilityTester` (a checker written for
+//! model checking in general, not for this library). A call that never answered is left
+//! in flight: the tester may place it anywhere after its start, or leave it out.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 
 use stateright::semantics::{ConsistencyTester, LinearizabilityTester};
 
 use super::history::{Event, What};
-use super::model::VersionedRow;
+use super::model::{Ghosts, Op, Spec};
+
+/// The key of the claim calls: each row they hand out is judged on its own key.
+pub const CLAIMS: i64 = 0;
 
 /// The verdict on a history.
 #[derive(Debug, Default)]
@@ -21,18 +25,45 @@ pub struct Verdict {
     pub malformed: Vec<(i64, String)>,
 }
 
-/// Judges every key of `events` (a history in the order it happened).
+/// Judges every key of `events` (a history in the order it was written).
 pub fn check(events: &[Event]) -> Verdict {
-    let mut by_key: BTreeMap<i64, Vec<&Event>> = BTreeMap::new();
-    for event in events {
-        by_key.entry(event.key).or_default().push(event);
+    // Where each claim started in the file, by caller and stamp.
+    let claim_lines: BTreeMap<(u64, u64), usize> = events
+        .iter()
+        .enumerate()
+        .filter(|(_, e)| e.key == CLAIMS && matches!(e.what, What::Invoke { .. }))
+        .map(|(line, e)| ((e.caller, e.at), line))
+        .collect();
+    let mut by_key: BTreeMap<i64, Vec<(usize, &Event)>> = BTreeMap::new();
+    for (line, event) in events.iter().enumerate() {
+        // A row a claim handed out was written when the claim answered: it belongs just
+        // after the claim's start.
+        let place = if is_claimed(event) {
+            2 * claim_lines
+                .get(&(event.caller, event.at))
+                .copied()
+                .unwrap_or(line)
+                + 1
+        } else {
+            2 * line
+        };
+        by_key.entry(event.key).or_default().push((place, event));
     }
+    let claims = by_key.remove(&CLAIMS).unwrap_or_default();
+    let ghosts = ghost_claims(claims.into_iter().map(|(_, e)| e).collect());
     let mut verdict = Verdict {
         keys: by_key.len(),
         ..Verdict::default()
     };
-    for (key, events) in by_key {
-        let mut tester = LinearizabilityTester::new(VersionedRow(None));
+    for (key, mut placed) in by_key {
+        placed.sort_by_key(|(place, _)| *place);
+        let events: Vec<&Event> = placed.into_iter().map(|(_, e)| e).collect();
+        let kind = events.iter().find_map(|e| match &e.what {
+            What::Invoke { op, .. } => Some(op.kind()),
+            _ => None,
+        });
+        let Some(kind) = kind else { continue };
+        let mut tester = LinearizabilityTester::new(Spec::new(kind, &ghosts));
         let mut malformed = None;
         for event in &events {
             let fed = match &event.what {
@@ -57,4 +88,35 @@ pub fn check(events: &[Event]) -> Verdict {
         }
     }
     verdict
+}
+
+fn is_claimed(event: &Event) -> bool {
+    matches!(
+        &event.what,
+        What::Invoke {
+            op: Op::Claimed { .. },
+            ..
+        }
+    )
+}
+
+/// The owners of the claims whose answer never came.
+fn ghost_claims(claims: Vec<&Event>) -> Ghosts {
+    let mut owners: BTreeMap<u64, String> = BTreeMap::new();
+    let mut ghosts = BTreeSet::new();
+    for event in claims {
+        match &event.what {
+            What::Invoke {
+                op: Op::Claim { owner },
+                ..
+            } => {
+                owners.insert(event.caller, owner.clone());
+            }
+            What::Unknown { .. } => ghosts.extend(owners.remove(&event.caller)),
+            _ => {
+                owners.remove(&event.caller);
+            }
+        }
+    }
+    Arc::new(ghosts)
 }

@@ -1,7 +1,7 @@
 //! Faults injected while the workers run, from a connection of their own: a session of
 //! the soak killed by the server (PostgreSQL `pg_terminate_backend`, MariaDB `KILL`), and
-//! a stall (a transaction that holds a row of the current round, or on SQLite the write
-//! lock, for up to 300 ms). The async workers also drop some of their calls part-way
+//! a stall (a transaction that holds a row of the current round, a data row, an order
+//! or a lock's row in the lock table, or on SQLite the write lock, for up to 300 ms). The async workers also drop some of their calls part-way
 //! (`workload::async_worker`).
 
 use std::collections::BTreeMap;
@@ -11,6 +11,8 @@ use std::time::Duration;
 use diesel::connection::SimpleConnection;
 use diesel::prelude::*;
 
+use super::locks::NAME;
+use super::model::Kind;
 use super::workload::Plan;
 use super::Fault;
 use crate::backend::Backend;
@@ -108,10 +110,16 @@ fn stall(
     let hold = Duration::from_millis(rng.u64(20..300));
     let (begin, lock) = match backend {
         Backend::Sqlite { .. } => ("BEGIN IMMEDIATE", String::new()),
-        _ => (
-            "BEGIN",
-            format!("SELECT id FROM soak_rows WHERE id = {key} FOR UPDATE"),
-        ),
+        _ => ("BEGIN", {
+            let row = match plan.kind_of(key) {
+                Kind::Row => format!("soak_rows WHERE id = {key}"),
+                Kind::Order => format!("soak_orders WHERE id = {key}"),
+                Kind::Lock => {
+                    format!("occ_locks WHERE lock_name = '{NAME}' AND resource = '{key}'")
+                }
+            };
+            format!("SELECT 1 FROM {row} FOR UPDATE")
+        }),
     };
     let run = |conn: &mut dyn FnMut(&str) -> QueryResult<()>| -> Option<()> {
         conn(begin).ok()?;

@@ -1,6 +1,8 @@
 //! The recorded history: one JSON line per invocation and per completion, written in the
-//! order they happened (one lock orders the lines, taken before a call is sent and after
-//! its answer came), so that the file alone says which calls overlapped.
+//! order they happened (one lock orders the lines and their stamps, taken before a call
+//! is sent and after its answer came), so that the file alone says which calls
+//! overlapped. The one exception: each row a claim handed out is recorded when the claim
+//! answered, stamped with the claim's start.
 
 use std::fs::File;
 use std::io::{BufRead, BufReader, BufWriter, Write};
@@ -61,10 +63,16 @@ impl Recorder {
         })
     }
 
-    /// Writes `what` for `caller` on `key`, stamped now.
-    pub fn record(&self, caller: u64, key: i64, what: What) {
+    /// Writes `what` for `caller` on `key`, stamped now; the stamp.
+    pub fn record(&self, caller: u64, key: i64, what: What) -> u64 {
+        self.record_at(None, caller, key, what)
+    }
+
+    /// Writes `what`, stamped `at` (an earlier stamp: the start of the claim that handed
+    /// out a row, known only once the claim answered) or now; the stamp.
+    pub fn record_at(&self, at: Option<u64>, caller: u64, key: i64, what: What) -> u64 {
         let mut out = self.out.lock().unwrap_or_else(|p| p.into_inner());
-        let at = self.start.elapsed().as_micros() as u64;
+        let at = at.unwrap_or_else(|| self.start.elapsed().as_micros() as u64);
         let line = serde_json::to_string(&Event {
             at,
             caller,
@@ -73,6 +81,7 @@ impl Recorder {
         })
         .expect("an event serializes");
         writeln!(out, "{line}").expect("the history file takes a line");
+        at
     }
 
     pub fn flush(&self) -> std::io::Result<()> {

@@ -6,8 +6,11 @@
 mod check;
 mod faults;
 mod history;
+mod locks;
 mod model;
+mod orders;
 mod outcome;
+mod rows;
 mod workload;
 
 use std::collections::BTreeMap;
@@ -50,20 +53,24 @@ pub struct SoakSettings {
 
 macro_rules! soak_on {
     ($backend:ident, $settings:expr, $recorder:expr, $plan:expr) => {
-        (|| -> Result<(), Box<dyn std::error::Error>> {
+        (|| -> Result<locks::Audit, Box<dyn std::error::Error>> {
             use workload::$backend as on;
             let settings: &SoakSettings = $settings;
-            on::prepare(&settings.url)?;
+            let (recorder, plan) = ($recorder, $plan);
+            on::prepare(&settings.url, plan)?;
             let pool = on::pool(&settings.url, settings.threads.max(1) as u32)?;
             let runtime = tokio::runtime::Builder::new_multi_thread()
                 .worker_threads(2)
                 .enable_all()
                 .build()?;
-            let async_pool = runtime.block_on(on::async_pool(
-                &settings.url,
-                (settings.tasks.max(2) / 2) as u32,
-            ))?;
-            let (recorder, plan) = ($recorder, $plan);
+            // Half the tasks on bb8, half on deadpool; each pool has half as many
+            // connections as its tasks, so that tasks also wait for connections.
+            let size = (settings.tasks / 2).max(2) as u32;
+            let bb8 = runtime.block_on(on::bb8_pool(&settings.url, size / 2))?;
+            let deadpool = {
+                let _entered = runtime.enter();
+                on::deadpool_pool(&settings.url, (size / 2) as usize)?
+            };
             std::thread::scope(|s| {
                 for id in 0..settings.threads {
                     let worker = workload::Worker::new(id as u64, settings.seed);
@@ -78,33 +85,44 @@ macro_rules! soak_on {
                     } else {
                         0
                     };
-                    let tasks: Vec<_> = (0..settings.tasks)
-                        .map(|t| {
-                            let worker =
-                                workload::Worker::new((settings.threads + t) as u64, settings.seed);
-                            on::async_worker(
+                    let mut tasks: Vec<
+                        std::pin::Pin<Box<dyn std::future::Future<Output = ()> + '_>>,
+                    > = Vec::new();
+                    for t in 0..settings.tasks {
+                        let worker =
+                            workload::Worker::new((settings.threads + t) as u64, settings.seed);
+                        tasks.push(if t % 2 == 0 {
+                            Box::pin(on::async_worker(
                                 worker,
-                                async_pool.clone(),
+                                bb8.clone(),
                                 plan,
                                 recorder,
                                 drop_one_in,
-                            )
-                        })
-                        .collect();
+                                "async-bb8",
+                            ))
+                        } else {
+                            Box::pin(on::async_worker(
+                                worker,
+                                deadpool.clone(),
+                                plan,
+                                recorder,
+                                drop_one_in,
+                                "async-deadpool",
+                            ))
+                        });
+                    }
                     futures_join_all(tasks).await;
                 });
             });
-            Ok(())
+            on::audit(&settings.url)
         })()
     };
 }
 
 /// Awaits every future of `all` on the current task.
-async fn futures_join_all<F: std::future::Future<Output = ()>>(all: Vec<F>) {
-    let mut set = Vec::with_capacity(all.len());
-    for f in all {
-        set.push(Box::pin(f));
-    }
+async fn futures_join_all(
+    mut set: Vec<std::pin::Pin<Box<dyn std::future::Future<Output = ()> + '_>>>,
+) {
     // Poll them together: each is a worker loop that yields at its awaits.
     std::future::poll_fn(|cx| {
         set.retain_mut(|f| f.as_mut().poll(cx).is_pending());
@@ -154,8 +172,10 @@ pub fn run(backend: Backend, mut settings: SoakSettings) -> Result<(), Box<dyn s
         let injected = faults
             .map(|f| f.join().expect("the fault thread ends"))
             .unwrap_or_default();
-        ran.map(|()| injected).map_err(|e| e.to_string())
+        ran.map(|audit| (injected, audit))
+            .map_err(|e| e.to_string())
     })?;
+    let (injected, audit) = injected;
     recorder.flush()?;
     let elapsed = started.elapsed();
     println!(
@@ -168,7 +188,32 @@ pub fn run(backend: Backend, mut settings: SoakSettings) -> Result<(), Box<dyn s
         path.display()
     );
     println!("faults injected: {}", describe(&injected));
-    judge(&path)
+    let audited = judge_audit(&audit);
+    let judged = judge(&path);
+    audited.and(judged)
+}
+
+/// Prints what the lock audit table says; an error when a lock had two holders at once
+/// or a fence did not follow the one before.
+fn judge_audit(audit: &locks::Audit) -> Result<(), Box<dyn std::error::Error>> {
+    println!(
+        "lock audit (a trigger on the lock table, database clock): {} grants of {} locks, {} after \
+         the previous holder's lease ended unreleased; {} while a lease lasted, {} fences out of \
+         order",
+        audit.grants,
+        audit.locks,
+        audit.after_lease_end,
+        audit.overlapping.len(),
+        audit.broken_chain.len()
+    );
+    for line in audit.overlapping.iter().chain(&audit.broken_chain).take(5) {
+        println!("  {line}");
+    }
+    if audit.passed() {
+        Ok(())
+    } else {
+        Err("the lock audit found two holders at once or fences out of order".into())
+    }
 }
 
 /// Judges the history at `path` and prints the counts and the verdict.

@@ -7,11 +7,12 @@ use diesel::result::{DatabaseErrorKind, Error as DieselError};
 use diesel_occ::Error;
 
 use super::history::What;
-use super::model::{Ret, Row};
+use super::model::{Kind, Op, Ret, Row};
 
 /// The history's line for an answer: a [`What::Return`] or a [`What::Unknown`].
 /// `current` turns a conflict's current row (the backend's entity) into the model's.
 pub fn judged(
+    op: &Op,
     answer: Result<Ret, Error>,
     current: fn(&diesel_occ::Conflict) -> Option<Row>,
 ) -> What {
@@ -22,7 +23,7 @@ pub fn judged(
                 outcome: "ok".into(),
             }
         }
-        Err(error) => match error_ret(&error, current) {
+        Err(error) => match error_ret(op, &error, current) {
             Ok(ret) => ret,
             Err(unknown) => return What::Unknown { outcome: unknown },
         },
@@ -36,10 +37,26 @@ pub fn judged(
 /// The answer an error gives, with its kind; `Err(kind)` when it leaves the call's effect
 /// unknown.
 fn error_ret(
+    op: &Op,
     error: &Error,
     current: fn(&diesel_occ::Conflict) -> Option<Row>,
 ) -> Result<(Ret, &'static str), String> {
     Ok(match error {
+        Error::InvalidTransition(t) if t.unmet.is_some() => (Ret::Unmet, "unmet_condition"),
+        Error::InvalidTransition(t) => (
+            Ret::Invalid {
+                status: t.from.clone(),
+            },
+            "invalid_transition",
+        ),
+        Error::LockHeld { .. } => (Ret::Held, "lock_held"),
+        Error::LockLost { .. } => match op.kind() {
+            Kind::Order => (Ret::ClaimLost, "claim_lost"),
+            // A grant that came back too late to be believed: released at once.
+            _ if *op == Op::Acquire => (Ret::NothingWritten, "granted_late"),
+            _ => (Ret::Lost, "lock_lost"),
+        },
+        Error::StaleFence { current, .. } => (Ret::Stale { current: *current }, "stale_fence"),
         Error::NotFound { .. } => (Ret::NotFound, "not_found"),
         Error::AlreadyExists { .. } => (Ret::AlreadyExists, "already_exists"),
         Error::Conflict(conflict) => match current(conflict) {

@@ -1,20 +1,21 @@
 //! The soak's workload, compiled per backend: blocking threads on the library's r2d2
-//! pool and tokio tasks on a bb8 pool of diesel-async connections, mixed, each call
-//! recorded before it is sent and after it answers.
+//! pool and tokio tasks on bb8 and deadpool pools of diesel-async connections, mixed on
+//! the same keys, each call recorded before it is sent and after it answers. A round's
+//! keys are data rows ([`rows`]), orders of the claim queue ([`orders`]) and locks
+//! ([`locks`]).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use diesel::prelude::*;
-use diesel_occ::asynchronous as on_async;
-use diesel_occ::prelude::*;
-use serde_json::{json, Value};
+use diesel_occ::asynchronous::AsyncConnectionSource;
 
+use super::check::CLAIMS;
 use super::history::{Recorder, What};
-use super::model::{Op, Ret, Row};
-use super::outcome::{judged, loaded};
-use super::SoakSettings;
+use super::locks::LockState;
+use super::model::{Kind, Op, Ret};
+use super::outcome::judged;
+use super::{locks, orders, rows, SoakSettings};
 use crate::backend::per_backend;
 
 /// Hands out the operations of a run: their number, and each one's key. Keys live for
@@ -61,62 +62,40 @@ impl Plan {
         first..first + self.keys_per_round as i64
     }
 
+    /// The kind of `key`: of each round's keys, ten in sixteen are data rows, three orders
+    /// and three locks.
+    pub fn kind_of(&self, key: i64) -> Kind {
+        let sixteenths = ((key - 1) as u64 % self.keys_per_round) * 16 / self.keys_per_round;
+        match sixteenths {
+            0..=9 => Kind::Row,
+            10..=12 => Kind::Order,
+            _ => Kind::Lock,
+        }
+    }
+
+    /// Every key of `kind` the run can hand out.
+    pub fn keys_of(&self, kind: Kind) -> impl Iterator<Item = i64> + '_ {
+        let rounds = self.total / self.ops_per_round + 1;
+        (1..=(rounds * self.keys_per_round) as i64).filter(move |k| self.kind_of(*k) == kind)
+    }
+
+    /// Whether every operation was handed out (or the time is up).
+    pub fn is_over(&self) -> bool {
+        self.deadline.is_some_and(|d| Instant::now() >= d)
+            || self.started.load(Ordering::Relaxed) >= self.total
+    }
+
     /// Operations handed out so far.
     pub fn done(&self) -> u64 {
         self.started.load(Ordering::Relaxed).min(self.total)
     }
 }
 
-/// The next operation on a key, given the copy a worker holds of it.
-fn choose(rng: &mut fastrand::Rng, copy: Option<i64>) -> Op {
-    let number = rng.i64(0..1000);
-    let field = format!("f{}", rng.u8(0..4));
-    match (rng.u8(0..100), copy) {
-        (0..=19, _) | (20..=49, None) if rng.bool() => Op::Load,
-        (20..=29, _) => Op::Insert { value: number },
-        (30..=42, Some(expected)) => Op::Update {
-            expected,
-            value: number,
-            save: false,
-        },
-        (43..=52, Some(expected)) => Op::Update {
-            expected,
-            value: number,
-            save: true,
-        },
-        (53..=57, Some(expected)) => Op::Delete { expected },
-        (58..=74, _) => Op::Add {
-            add: rng.i64(1..10),
-        },
-        (75..=87, _) => Op::Merge {
-            field,
-            number,
-            in_place: false,
-        },
-        (88..=99, _) => Op::Merge {
-            field,
-            number,
-            in_place: true,
-        },
-        _ => Op::Load,
-    }
-}
-
-/// The model's view of a document: its integer fields.
-fn fields(doc: &Value) -> BTreeMap<String, i64> {
-    doc.as_object()
-        .map(|o| {
-            o.iter()
-                .filter_map(|(k, v)| Some((k.clone(), v.as_i64()?)))
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
-/// What a worker keeps between its calls.
+/// Who a worker is: its id, the generation of its caller id, and its random choices.
 pub struct Worker {
     pub id: u64,
     generation: u64,
+    claims_made: u64,
     rng: fastrand::Rng,
 }
 
@@ -125,6 +104,7 @@ impl Worker {
         Worker {
             id,
             generation: 0,
+            claims_made: 0,
             rng: fastrand::Rng::with_seed(seed ^ id.wrapping_mul(0x9E37_79B9_7F4A_7C15)),
         }
     }
@@ -145,231 +125,254 @@ impl Worker {
     }
 }
 
-/// The retry policy of `modify` and `merge_json`: quick, and bounded.
-fn policy() -> RetryPolicy {
-    RetryPolicy::default()
-        .max_attempts(30)
-        .first_delay(Duration::from_micros(200))
-        .max_delay(Duration::from_millis(20))
+/// A copy of a data row, as the worker chooses a write from it.
+pub trait Versioned {
+    fn version(&self) -> i64;
+}
+
+/// What a worker keeps between its calls: its copies of data rows (`R`), the orders it
+/// claimed (with the owner it claimed them as), and the locks it holds (guards `G`).
+pub struct State<R, G> {
+    copies: HashMap<i64, R>,
+    claims: Vec<(i64, String)>,
+    locks: LockState<G>,
+}
+
+impl<R, G> Default for State<R, G> {
+    fn default() -> Self {
+        State {
+            copies: HashMap::new(),
+            claims: Vec::new(),
+            locks: LockState::default(),
+        }
+    }
+}
+
+impl<R, G> State<R, G> {
+    /// The next call, or `None` when the plan is over and no lock is held: once the plan
+    /// is over, the release of each lock still held.
+    fn next(&self, worker: &mut Worker, plan: &Plan) -> Option<(i64, Op)>
+    where
+        R: Versioned,
+    {
+        match plan.next(&mut worker.rng) {
+            Some(key) => Some(self.choose(worker, plan, key)),
+            None => {
+                let (&key, holding) = self.locks.held.iter().next()?;
+                Some((
+                    key,
+                    Op::Release {
+                        fence: holding.fence,
+                    },
+                ))
+            }
+        }
+    }
+
+    /// The next call on a key the plan handed out: its key (a claim's is [`CLAIMS`], a
+    /// claimed order's may be of an earlier round) and operation.
+    fn choose(&self, worker: &mut Worker, plan: &Plan, key: i64) -> (i64, Op)
+    where
+        R: Versioned,
+    {
+        let rng = &mut worker.rng;
+        match plan.kind_of(key) {
+            Kind::Row => (
+                key,
+                rows::choose(rng, self.copies.get(&key).map(R::version)),
+            ),
+            Kind::Lock => (key, self.locks.choose(rng, key)),
+            Kind::Order if !self.claims.is_empty() && rng.bool() => {
+                let (order, owner) = self.claims[rng.usize(0..self.claims.len())].clone();
+                if rng.u8(0..100) < 40 {
+                    (order, Op::Heartbeat { owner })
+                } else {
+                    (order, Op::Finish { owner })
+                }
+            }
+            Kind::Order => match rng.u8(0..100) {
+                0..=29 => (
+                    key,
+                    Op::Place {
+                        amount: rng.i64(0..1000),
+                    },
+                ),
+                30..=49 => {
+                    worker.claims_made += 1;
+                    let owner = format!("w{}-{}", worker.id, worker.claims_made);
+                    (CLAIMS, Op::Claim { owner })
+                }
+                50..=64 => (key, Op::Ship),
+                65..=79 => (key, Op::Cancel),
+                _ => (key, Op::LoadOrder),
+            },
+        }
+    }
+
+    /// What the worker learns from an answer: a copy it can no longer trust, a claim it
+    /// no longer holds.
+    fn learn(&mut self, key: i64, op: &Op, answer: Option<&Result<Ret, diesel_occ::Error>>) {
+        let kept = matches!(
+            answer,
+            Some(Ok(_) | Err(diesel_occ::Error::NotFound { .. }))
+        );
+        match op {
+            _ if op.kind() == Kind::Row && !kept => {
+                self.copies.remove(&key);
+            }
+            Op::Finish { owner } => self.claims.retain(|c| (c.0, &c.1) != (key, owner)),
+            Op::Heartbeat { owner } if !matches!(answer, Some(Ok(_))) => {
+                self.claims.retain(|c| (c.0, &c.1) != (key, owner))
+            }
+            _ => {}
+        }
+    }
+}
+
+/// Records the orders a claim for `owner` handed out, each on its own key as a call of
+/// `caller` from the claim's start (`at`) to now; the claim's own answer.
+fn claimed(
+    recorder: &Recorder,
+    caller: u64,
+    at: u64,
+    owner: &str,
+    driver: &str,
+    taken: Vec<(i64, i64)>,
+    claims: &mut Vec<(i64, String)>,
+) -> Ret {
+    for &(order, version) in &taken {
+        let op = Op::Claimed {
+            owner: owner.to_string(),
+        };
+        recorder.record_at(
+            Some(at),
+            caller,
+            order,
+            What::Invoke {
+                op,
+                driver: driver.into(),
+            },
+        );
+        let ret = Ret::Taken { version };
+        recorder.record(
+            caller,
+            order,
+            What::Return {
+                ret,
+                outcome: "ok".into(),
+            },
+        );
+        claims.push((order, owner.to_string()));
+    }
+    Ret::Claims {
+        taken: taken.into_iter().map(|(order, _)| order).collect(),
+    }
 }
 
 per_backend! {
-    diesel::table! {
-        use diesel::sql_types::*;
-        use super::JsonSql;
+    uses(rows, orders, locks)
 
-        soak_rows (id) {
-            id -> BigInt,
-            version -> BigInt,
-            value -> BigInt,
-            doc -> JsonSql,
-        }
-    }
-
-    /// The row every operation of the soak works on.
-    #[derive(Debug, Clone, Queryable, Selectable, Identifiable, Insertable, Guarded)]
-    #[diesel(table_name = soak_rows)]
-    pub struct SoakRow {
-        pub id: i64,
-        #[occ(version)]
-        pub version: i64,
-        pub value: i64,
-        #[occ(json)]
-        pub doc: Value,
-    }
-
-    pub type AsyncPool = diesel_async::pooled_connection::bb8::Pool<AsyncConn>;
-
-    fn row(r: &SoakRow) -> Row {
-        Row { version: r.version, value: r.value, doc: fields(&r.doc) }
-    }
-
-    fn current_row(conflict: &diesel_occ::Conflict) -> Option<Row> {
-        conflict.current::<SoakRow>().map(row)
-    }
-
-    /// A fresh table.
-    pub fn prepare(url: &str) -> Result<(), Box<dyn std::error::Error>> {
-        let mut conn = Conn::establish(url)?;
-        crate::backend::recreate(
-            &mut conn,
-            "soak_rows",
-            &format!("id BIGINT PRIMARY KEY, version BIGINT NOT NULL, value BIGINT NOT NULL, doc {JSON_DDL} NOT NULL"),
-        )?;
-        Ok(())
-    }
-
-    /// The broken guard (`--broken-guard`): the update by key alone, told as landed.
-    fn unguarded(conn: &mut Conn, key: i64, expected: i64, value: i64) -> Result<Ret, diesel_occ::Error> {
-        let n = diesel::update(soak_rows::table.find(key))
-            .set((soak_rows::value.eq(value), soak_rows::version.eq(expected + 1)))
-            .execute(conn)?;
-        Ok(if n == 0 { Ret::NotFound } else { Ret::Written { version: Some(expected + 1) } })
-    }
-
-    /// One call on the blocking API; `copy` is the worker's copy of the row, refreshed by
-    /// what the call learnt.
-    fn call_blocking(conn: &mut Conn, key: i64, op: &Op, copies: &mut HashMap<i64, SoakRow>, broken: bool) -> Result<Ret, diesel_occ::Error> {
-        let copy = copies.get(&key).cloned();
-        let ret = match (op, copy) {
-            (Op::Load, _) => {
-                let found = SoakRow::load_by_key(conn, &key)?;
-                match &found { Some(r) => { copies.insert(key, r.clone()); } None => { copies.remove(&key); } }
-                loaded(found.as_ref().map(row))
-            }
-            (Op::Insert { value }, _) => {
-                let mut new = SoakRow { id: key, version: 0, value: *value, doc: json!({}) };
-                let seed = new.guarded_insert(conn)?;
-                copies.insert(key, new);
-                Ret::Written { version: Some(seed) }
-            }
-            (Op::Update { expected, value, save }, Some(mut copy)) => {
-                let token = if broken {
-                    return unguarded(conn, key, *expected, *value);
-                } else if *save {
-                    copy.value = *value;
-                    copy.guarded_save(conn)?
-                } else {
-                    copy.guarded_update(conn, soak_rows::value.eq(*value))?
-                };
-                Ret::Written { version: Some(token) }
-            }
-            (Op::Delete { .. }, Some(copy)) => {
-                copy.guarded_delete(conn)?;
-                copies.remove(&key);
-                Ret::Written { version: None }
-            }
-            (Op::Add { add }, _) => {
-                let add = *add;
-                let m = SoakRow::modify(conn, &key, &policy(), |r| { r.value += add; Ok::<_, diesel_occ::Error>(()) })?;
-                Ret::Added { version: m.token, value: m.row.value }
-            }
-            (Op::Merge { field, number, in_place }, _) => {
-                let patch = json!({ field.as_str(): number });
-                let token = if *in_place {
-                    SoakRow::merge_json_in_place(conn, &key, soak_rows::doc, &patch)?
-                } else {
-                    SoakRow::merge_json(conn, &key, soak_rows::doc, &patch, &policy())?.token
-                };
-                Ret::Written { version: Some(token) }
-            }
-            (_, None) => unreachable!("writes from a copy are chosen only with one"),
-        };
-        Ok(ret)
-    }
-
-    /// A blocking worker: calls until the plan is done.
+    /// A blocking worker: calls until the plan is done, then releases the locks it holds.
     pub fn blocking_worker(mut worker: Worker, pool: &Pool, plan: &Plan, recorder: &Recorder, broken: bool) {
-        let mut copies = HashMap::new();
-        while let Some(key) = plan.next(&mut worker.rng) {
-            let op = choose(&mut worker.rng, copies.get(&key).map(|c: &SoakRow| c.version));
+        let lock_api = diesel_occ::Locks::new(pool.clone());
+        let mut state = State::<rows::SoakRow, locks::Guard>::default();
+        while let Some((key, op)) = state.next(&mut worker, plan) {
             let caller = worker.caller();
-            recorder.record(caller, key, What::Invoke { op: op.clone(), driver: "blocking".into() });
-            let answer = match pool.get() {
-                Ok(mut conn) => call_blocking(&mut conn, key, &op, &mut copies, broken),
-                Err(e) => Err(diesel_occ::Error::Pool(Box::new(e))),
+            let at = recorder.record(caller, key, What::Invoke { op: op.clone(), driver: "blocking".into() });
+            let connection = || pool.get().map_err(|e| diesel_occ::Error::Pool(Box::new(e)));
+            let answer = match &op {
+                Op::Claim { owner } => connection()
+                    .and_then(|mut conn| orders::claim_blocking(&mut conn, owner))
+                    .map(|taken| claimed(recorder, caller, at, owner, "blocking", taken, &mut state.claims)),
+                _ => match op.kind() {
+                    Kind::Row => connection().and_then(|mut conn| rows::call_blocking(&mut conn, key, &op, &mut state.copies, broken)),
+                    Kind::Order => connection().and_then(|mut conn| orders::call_blocking(&mut conn, key, &op)),
+                    Kind::Lock => locks::call_blocking(&lock_api, pool, &mut state.locks, key, &op),
+                },
             };
-            if !matches!(answer, Ok(_) | Err(diesel_occ::Error::NotFound { .. })) {
-                copies.remove(&key);
-            }
-            worker.ended(recorder, caller, key, judged(answer, current_row));
+            state.learn(key, &op, Some(&answer));
+            worker.ended(recorder, caller, key, judged(&op, answer, rows::current_row));
         }
     }
 
-    /// One call on the async API.
-    async fn call_async(conn: &mut AsyncConn, key: i64, op: &Op, copies: &mut HashMap<i64, SoakRow>) -> Result<Ret, diesel_occ::Error> {
-        let copy = copies.get(&key).cloned();
-        let ret = match (op, copy) {
-            (Op::Load, _) => {
-                let found = <SoakRow as on_async::AsyncLoadByKey<AsyncConn>>::load_by_key(conn, &key).await?;
-                match &found { Some(r) => { copies.insert(key, r.clone()); } None => { copies.remove(&key); } }
-                loaded(found.as_ref().map(row))
-            }
-            (Op::Insert { value }, _) => {
-                let mut new = SoakRow { id: key, version: 0, value: *value, doc: json!({}) };
-                let seed = <SoakRow as on_async::AsyncGuardedWrite>::guarded_insert(&mut new, conn).await?;
-                copies.insert(key, new);
-                Ret::Written { version: Some(seed) }
-            }
-            (Op::Update { value, save, .. }, Some(mut copy)) => {
-                let token = if *save {
-                    copy.value = *value;
-                    <SoakRow as on_async::AsyncGuardedWrite>::guarded_save(&mut copy, conn).await?
-                } else {
-                    <SoakRow as on_async::AsyncGuardedWrite>::guarded_update(&copy, conn, soak_rows::value.eq(*value)).await?
-                };
-                Ret::Written { version: Some(token) }
-            }
-            (Op::Delete { .. }, Some(copy)) => {
-                <SoakRow as on_async::AsyncGuardedWrite>::guarded_delete(&copy, conn).await?;
-                copies.remove(&key);
-                Ret::Written { version: None }
-            }
-            (Op::Add { add }, _) => {
-                let add = *add;
-                let m = <SoakRow as on_async::AsyncGuardedModify>::modify(conn, &key, &policy(), move |r: &mut SoakRow| { r.value += add; Ok::<_, diesel_occ::Error>(()) }).await?;
-                Ret::Added { version: m.token, value: m.row.value }
-            }
-            (Op::Merge { field, number, in_place }, _) => {
-                let patch = json!({ field.as_str(): number });
-                let token = if *in_place {
-                    <SoakRow as on_async::AsyncGuardedJson>::merge_json_in_place(conn, &key, soak_rows::doc, &patch).await?
-                } else {
-                    <SoakRow as on_async::AsyncGuardedJson>::merge_json(conn, &key, soak_rows::doc, &patch, &policy()).await?.token
-                };
-                Ret::Written { version: Some(token) }
-            }
-            (_, None) => unreachable!("writes from a copy are chosen only with one"),
-        };
-        Ok(ret)
-    }
-
-    /// An async worker: calls until the plan is done. One call in `drop_one_in` is
-    /// dropped after a random wait (a client that gave up): its effect is unknown.
-    pub async fn async_worker(mut worker: Worker, pool: AsyncPool, plan: &Plan, recorder: &Recorder, drop_one_in: u32) {
-        let mut copies = HashMap::new();
-        while let Some(key) = plan.next(&mut worker.rng) {
-            let op = choose(&mut worker.rng, copies.get(&key).map(|c: &SoakRow| c.version));
+    /// An async worker on pool `P` (bb8 or deadpool): calls until the plan is done, then
+    /// releases the locks it holds. One call in `drop_one_in` is dropped after a random
+    /// wait (a client that gave up): its effect is unknown.
+    pub async fn async_worker<P>(mut worker: Worker, pool: P, plan: &Plan, recorder: &Recorder, drop_one_in: u32, driver: &str)
+    where
+        P: AsyncConnectionSource<Connection = AsyncConn>,
+    {
+        let lock_api = diesel_occ::asynchronous::AsyncLocks::new(pool.clone());
+        let mut state = State::<rows::SoakRow, diesel_occ::asynchronous::AsyncLockGuard<P>>::default();
+        while let Some((key, op)) = state.next(&mut worker, plan) {
+            let ending = matches!(op, Op::Release { .. }) && plan.is_over();
             let caller = worker.caller();
-            let give_up = (drop_one_in > 0 && worker.rng.u32(0..drop_one_in) == 0)
+            // Never a release at the end: its guard would be released on drop, unrecorded.
+            let give_up = (drop_one_in > 0 && !ending && worker.rng.u32(0..drop_one_in) == 0)
                 .then(|| Duration::from_micros(worker.rng.u64(0..3_000)));
-            recorder.record(caller, key, What::Invoke { op: op.clone(), driver: "async".into() });
+            let at = recorder.record(caller, key, What::Invoke { op: op.clone(), driver: driver.into() });
+            let (state_ref, op_ref) = (&mut state, &op);
             let call = async {
-                match pool.get().await {
-                    Ok(mut conn) => call_async(&mut conn, key, &op, &mut copies).await,
-                    Err(e) => Err(diesel_occ::Error::Pool(Box::new(e))),
+                match op_ref {
+                    Op::Claim { owner } => {
+                        let mut conn = pool.checkout().await?;
+                        let taken = orders::claim_async(&mut conn, owner).await?;
+                        Ok(claimed(recorder, caller, at, owner, driver, taken, &mut state_ref.claims))
+                    }
+                    _ => match op_ref.kind() {
+                        Kind::Row => rows::call_async(&mut *pool.checkout().await?, key, op_ref, &mut state_ref.copies).await,
+                        Kind::Order => orders::call_async(&mut *pool.checkout().await?, key, op_ref).await,
+                        Kind::Lock => locks::call_async(&lock_api, &pool, &mut state_ref.locks, key, op_ref).await,
+                    },
                 }
             };
             let answer = match give_up {
                 Some(after) => tokio::time::timeout(after, call).await.ok(),
                 None => Some(call.await),
             };
+            state.learn(key, &op, answer.as_ref());
             let what = match answer {
-                Some(answer) => {
-                    if !matches!(answer, Ok(_) | Err(diesel_occ::Error::NotFound { .. })) {
-                        copies.remove(&key);
-                    }
-                    judged(answer, current_row)
-                }
-                None => {
-                    copies.remove(&key);
-                    What::Unknown { outcome: "dropped".into() }
-                }
+                Some(answer) => judged(&op, answer, rows::current_row),
+                None => What::Unknown { outcome: "dropped".into() },
             };
             worker.ended(recorder, caller, key, what);
         }
     }
 
+    /// Fresh tables for the run's keys.
+    pub fn prepare(url: &str, plan: &Plan) -> Result<(), Box<dyn std::error::Error>> {
+        let mut conn = <Conn as diesel::Connection>::establish(url)?;
+        rows::prepare(&mut conn)?;
+        orders::prepare(&mut conn)?;
+        locks::prepare(&mut conn, plan.keys_of(Kind::Lock))?;
+        Ok(())
+    }
+
+    /// What the lock audit says of the run.
+    pub fn audit(url: &str) -> Result<super::locks::Audit, Box<dyn std::error::Error>> {
+        let mut conn = <Conn as diesel::Connection>::establish(url)?;
+        Ok(locks::audit(&mut conn)?)
+    }
+
     /// A bb8 pool of `size` diesel-async connections.
-    pub async fn async_pool(url: &str, size: u32) -> Result<AsyncPool, Box<dyn std::error::Error>> {
+    pub async fn bb8_pool(url: &str, size: u32) -> Result<diesel_async::pooled_connection::bb8::Pool<AsyncConn>, Box<dyn std::error::Error>> {
         let manager = diesel_async::pooled_connection::AsyncDieselConnectionManager::<AsyncConn>::new(url);
         // bb8's defaults, as a service has them: each check-out is tested with a query,
-        // which evicts a killed connection (and, on MySQL, is not safe to drop half way:
-        // RELIABILITY.md).
+        // which evicts a killed connection.
         Ok(diesel_async::pooled_connection::bb8::Pool::builder()
             .max_size(size)
             .connection_timeout(Duration::from_secs(10))
             .build(manager)
             .await?)
+    }
+
+    /// A deadpool pool of `size` diesel-async connections.
+    pub fn deadpool_pool(url: &str, size: usize) -> Result<diesel_async::pooled_connection::deadpool::Pool<AsyncConn>, Box<dyn std::error::Error>> {
+        let manager = diesel_async::pooled_connection::AsyncDieselConnectionManager::<AsyncConn>::new(url);
+        Ok(diesel_async::pooled_connection::deadpool::Pool::builder(manager)
+            .max_size(size)
+            .wait_timeout(Some(Duration::from_secs(10)))
+            .runtime(deadpool::Runtime::Tokio1)
+            .build()?)
     }
 }

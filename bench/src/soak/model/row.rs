@@ -1,69 +1,11 @@
-//! The sequential model every key's history is judged against: a versioned row that can
-//! be missing, with an integer value and a JSON object of integers. Each operation of the
-//! soak is one of these; the checker asks whether some order of them, consistent with
-//! real time, explains every answer the library gave.
+//! The model of a data row: a versioned row that can be missing, with an integer value
+//! and a JSON object of integers, written by guarded writes, `modify` and JSON merges.
 
 use std::collections::BTreeMap;
 
-use serde::{Deserialize, Serialize};
 use stateright::semantics::SequentialSpec;
 
-/// A row as the model and the answers see it.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
-pub struct Row {
-    pub version: i64,
-    pub value: i64,
-    pub doc: BTreeMap<String, i64>,
-}
-
-/// What a worker asked for.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(tag = "op", rename_all = "snake_case")]
-pub enum Op {
-    /// Read the row by key.
-    Load,
-    /// Insert the row with `value` and an empty document.
-    Insert { value: i64 },
-    /// A guarded update of `value` from a copy read at `expected` (`guarded_update`, or
-    /// `guarded_save` when `save`).
-    Update {
-        expected: i64,
-        value: i64,
-        save: bool,
-    },
-    /// A guarded delete from a copy read at `expected`.
-    Delete { expected: i64 },
-    /// Read-modify-write with retries: `value += add`.
-    Add { add: i64 },
-    /// A JSON merge of `{field: number}` (read-merge-write, or the one-statement merge when
-    /// `in_place`).
-    Merge {
-        field: String,
-        number: i64,
-        in_place: bool,
-    },
-}
-
-/// What the library answered, when it answered.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(tag = "ret", rename_all = "snake_case")]
-pub enum Ret {
-    /// A load: the row, or none.
-    Loaded { row: Option<Row> },
-    /// A write that landed, with the token it handed back (`None` for a delete).
-    Written { version: Option<i64> },
-    /// An add that landed: the row's new version and value.
-    Added { version: i64, value: i64 },
-    /// A guarded write refused: the row the library reported as current.
-    Conflict { current: Row },
-    /// The row is missing.
-    NotFound,
-    /// An insert found the key taken.
-    AlreadyExists,
-    /// An answer that says nothing was written (a retryable error, retries exhausted,
-    /// no connection from the pool): no effect on the row.
-    NothingWritten,
-}
+use super::{Op, Ret, Row, UNKNOWN_SEED};
 
 /// The model's state: the row, if it exists.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
@@ -106,11 +48,6 @@ impl SequentialSpec for VersionedRow {
         }
     }
 }
-
-/// The version of a row inserted by a call whose answer never came: the library seeds
-/// each insert's version itself, so the model learns it from the first answer that shows
-/// the row.
-pub const UNKNOWN_SEED: i64 = i64::MIN;
 
 /// The answer of `op` on `state`, and the state after it. `answered` is what the library
 /// said (`None` for a call that never answered): it supplies what the model cannot know,
@@ -206,6 +143,7 @@ fn step(state: &Option<Row>, op: &Op, answered: Option<&Ret>) -> (Ret, Option<Ro
                 Some(next),
             )
         }
+        (_, Some(_)) => unreachable!("{op:?} is not an operation on a data row"),
     }
 }
 

@@ -1,0 +1,141 @@
+//! The model of a lock and the row its fences protect: a fenced mutex. Each grant's fence
+//! is above every earlier one; a renewal or release succeeds only for the current
+//! holder; a write under a fence older than the newest the row accepted is refused.
+//!
+//! A lease may end at any moment (the model has no clock), so a grant is valid whoever
+//! held the lock before: whether the lease had ended by the database's clock is checked
+//! from the database side, by the audit of every change to the lock table.
+
+use stateright::semantics::SequentialSpec;
+
+use super::{Op, Ret};
+
+/// The fence of a grant whose answer never came.
+const UNKNOWN_FENCE: i64 = -1;
+
+/// The lock's holder (by its fence), the newest fence granted, and the protected row.
+#[derive(Debug, Clone, Default)]
+pub struct FencedMutex {
+    holder: Option<i64>,
+    newest_grant: i64,
+    row_fence: i64,
+    row_value: i64,
+}
+
+impl SequentialSpec for FencedMutex {
+    type Op = Op;
+    type Ret = Ret;
+
+    /// A call whose answer never came, applied: a grant of an unknown fence (the next
+    /// grant must still be above the newest known), a renewal (no change), a release, a
+    /// fenced write that landed if its fence allowed.
+    fn invoke(&mut self, op: &Op) -> Ret {
+        match op {
+            Op::Acquire => {
+                self.holder = Some(UNKNOWN_FENCE);
+                Ret::Granted {
+                    fence: UNKNOWN_FENCE,
+                }
+            }
+            Op::Renew { .. } => Ret::Kept,
+            Op::Release { fence } => {
+                if self.holder == Some(*fence) {
+                    self.holder = None;
+                }
+                Ret::Released
+            }
+            Op::FencedWrite { fence, value } => self.write(*fence, *value),
+            Op::ReadFenced => self.read(),
+            _ => unreachable!("{op:?} is not an operation on a lock"),
+        }
+    }
+
+    fn is_valid_step(&mut self, op: &Op, ret: &Ret) -> bool {
+        match (op, ret) {
+            (Op::Acquire, Ret::Granted { fence }) if *fence > self.newest_grant => {
+                self.holder = Some(*fence);
+                self.newest_grant = *fence;
+                true
+            }
+            // Refused while another holder's lease lasts: there must be one.
+            (Op::Acquire, Ret::Held) => self.holder.is_some(),
+            (Op::Renew { fence }, Ret::Kept) => self.holder == Some(*fence),
+            // The lease may have ended unseen by the model.
+            (Op::Renew { .. }, Ret::Lost) => true,
+            (Op::Release { fence }, Ret::Released) if self.holder == Some(*fence) => {
+                self.holder = None;
+                true
+            }
+            // A release fails only when another holder took the lock over.
+            (Op::Release { fence }, Ret::Lost) => self.holder != Some(*fence),
+            (Op::FencedWrite { fence, value }, _) => self.write(*fence, *value) == *ret,
+            (Op::ReadFenced, _) => self.read() == *ret,
+            _ => false,
+        }
+    }
+}
+
+impl FencedMutex {
+    /// A fenced write: it lands unless the row has seen a newer fence.
+    fn write(&mut self, fence: i64, value: i64) -> Ret {
+        if fence < self.row_fence {
+            return Ret::Stale {
+                current: self.row_fence,
+            };
+        }
+        self.row_fence = fence;
+        self.row_value = value;
+        Ret::Done
+    }
+
+    fn read(&self) -> Ret {
+        Ret::Fenced {
+            fence: self.row_fence,
+            value: self.row_value,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use stateright::semantics::{ConsistencyTester, LinearizabilityTester};
+
+    #[test]
+    fn a_fence_handed_out_twice_is_not_linearizable() {
+        let mut t = LinearizabilityTester::new(FencedMutex::default());
+        t.on_invoke(1u64, Op::Acquire).unwrap();
+        t.on_return(1, Ret::Granted { fence: 5 }).unwrap();
+        t.on_invoke(2u64, Op::Acquire).unwrap();
+        t.on_return(2, Ret::Granted { fence: 5 }).unwrap();
+        assert!(!t.is_consistent());
+    }
+
+    #[test]
+    fn an_old_holder_cannot_renew_after_a_new_grant() {
+        let mut t = LinearizabilityTester::new(FencedMutex::default());
+        t.on_invoke(1u64, Op::Acquire).unwrap();
+        t.on_return(1, Ret::Granted { fence: 1 }).unwrap();
+        t.on_invoke(2u64, Op::Acquire).unwrap();
+        t.on_return(2, Ret::Granted { fence: 2 }).unwrap();
+        t.on_invoke(1u64, Op::Renew { fence: 1 }).unwrap();
+        t.on_return(1, Ret::Kept).unwrap();
+        assert!(!t.is_consistent());
+    }
+
+    #[test]
+    fn a_stale_fence_is_refused_and_a_free_lock_is_not_held() {
+        let mut t = LinearizabilityTester::new(FencedMutex::default());
+        t.on_invoke(1u64, Op::FencedWrite { fence: 3, value: 1 })
+            .unwrap();
+        t.on_return(1, Ret::Done).unwrap();
+        t.on_invoke(1u64, Op::FencedWrite { fence: 2, value: 1 })
+            .unwrap();
+        t.on_return(1, Ret::Done).unwrap();
+        assert!(!t.is_consistent());
+        let mut t = LinearizabilityTester::new(FencedMutex::default());
+        t.on_invoke(1u64, Op::Acquire).unwrap();
+        t.on_return(1, Ret::Held).unwrap();
+        assert!(!t.is_consistent());
+    }
+}
