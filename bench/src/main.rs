@@ -113,7 +113,7 @@ struct Options {
         long,
         requires = "soak",
         value_delimiter = ',',
-        default_value = "kills,stalls,drops"
+        default_value = "kills,stalls,drops,freezes"
     )]
     faults: Vec<soak::Fault>,
 
@@ -121,6 +121,11 @@ struct Options {
     /// finds the lost updates.
     #[arg(long, requires = "soak")]
     broken_guard: bool,
+
+    /// Internal: run as candidate INDEX of the soak's election EPOCH on URL, relaying
+    /// each call on standard output until standard input closes.
+    #[arg(long, num_args = 3, value_names = ["URL", "EPOCH", "INDEX"], hide = true)]
+    soak_candidate: Option<Vec<String>>,
 
     /// Run nothing: judge the history file of an earlier soak.
     #[arg(long, value_name = "HISTORY_JSONL")]
@@ -243,6 +248,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     if let Some(history) = &options.check_history {
         return soak::judge(history);
+    }
+    if let Some([url, epoch, index]) = options.soak_candidate.as_deref() {
+        let (backend, url) = Backend::from_url(Some(url))?;
+        return soak::candidate::run(backend, &url, epoch.parse()?, index.parse()?);
     }
     let (backend, url) = Backend::from_url(options.url.as_deref())?;
     if let Some(ops) = options.soak {

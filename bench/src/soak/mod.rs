@@ -3,7 +3,9 @@
 //! linearizability checker. RELIABILITY.md has the figures of the long runs and how to
 //! run them again (`scripts/soak.sh`).
 
+pub mod candidate;
 mod check;
+mod elections;
 mod faults;
 mod history;
 mod locks;
@@ -30,6 +32,8 @@ pub enum Fault {
     Stalls,
     /// Async calls dropped part-way, as a client that gives up.
     Drops,
+    /// A leader's process frozen (SIGSTOP) past its lease, then resumed.
+    Freezes,
 }
 
 /// The sizes and switches of one soak run.
@@ -53,7 +57,7 @@ pub struct SoakSettings {
 
 macro_rules! soak_on {
     ($backend:ident, $settings:expr, $recorder:expr, $plan:expr) => {
-        (|| -> Result<locks::Audit, Box<dyn std::error::Error>> {
+        (|| -> Result<(), Box<dyn std::error::Error>> {
             use workload::$backend as on;
             let settings: &SoakSettings = $settings;
             let (recorder, plan) = ($recorder, $plan);
@@ -114,7 +118,7 @@ macro_rules! soak_on {
                     futures_join_all(tasks).await;
                 });
             });
-            on::audit(&settings.url)
+            Ok(())
         })()
     };
 }
@@ -153,7 +157,17 @@ pub fn run(backend: Backend, mut settings: SoakSettings) -> Result<(), Box<dyn s
     let stop = AtomicBool::new(false);
     let started = Instant::now();
     let injected = std::thread::scope(|s| {
-        let from_outside = settings.faults.iter().any(|f| *f != Fault::Drops);
+        let from_outside = settings
+            .faults
+            .iter()
+            .any(|f| [Fault::Kills, Fault::Stalls].contains(f));
+        let elections = {
+            let (url, plan, recorder, stop) = (&settings.url, &plan, &recorder, &stop);
+            let freeze = settings.faults.contains(&Fault::Freezes);
+            s.spawn(move || {
+                elections::run(backend, url, plan, recorder, stop, freeze, settings.seed)
+            })
+        };
         let faults = from_outside.then(|| {
             let (url, plan, stop, kinds) = (&settings.url, &plan, &stop, &settings.faults);
             s.spawn(move || faults::inject(backend, url, plan, stop, kinds, settings.seed))
@@ -169,13 +183,23 @@ pub fn run(backend: Backend, mut settings: SoakSettings) -> Result<(), Box<dyn s
             _ => Err("this build does not have the backend".into()),
         };
         stop.store(true, std::sync::atomic::Ordering::Relaxed);
-        let injected = faults
+        let mut injected = faults
             .map(|f| f.join().expect("the fault thread ends"))
             .unwrap_or_default();
-        ran.map(|audit| (injected, audit))
-            .map_err(|e| e.to_string())
+        injected.extend(elections.join().expect("the elections end"));
+        ran.map(|()| injected).map_err(|e| e.to_string())
     })?;
-    let (injected, audit) = injected;
+    // Read once the faults stopped: a killed session would lose the read.
+    let audit = match backend {
+        #[cfg(feature = "sqlite")]
+        Backend::Sqlite { .. } => workload::sqlite::audit(&settings.url),
+        #[cfg(feature = "postgres")]
+        Backend::Postgres => workload::postgres::audit(&settings.url),
+        #[cfg(feature = "mysql")]
+        Backend::Mysql => workload::mysql::audit(&settings.url),
+        #[allow(unreachable_patterns)]
+        _ => Err("this build does not have the backend".into()),
+    }?;
     recorder.flush()?;
     let elapsed = started.elapsed();
     println!(

@@ -1,0 +1,182 @@
+//! A candidate of the soak's leader elections, in a process of its own (`occ-bench
+//! --soak-candidate URL EPOCH INDEX`), so that the soak can freeze it with SIGSTOP past
+//! its lease. While it leads, it writes the election's row under its term's fence every
+//! 20 ms, and once more with the same fence after its term ended (a leader that woke up
+//! late and wrote before looking): the row must refuse that write once a newer leader
+//! wrote.
+//!
+//! Its calls are relayed to the soak, which records them ([`super::elections`]): a line
+//! on standard output before each call, sent only once the soak answered it on standard
+//! input (so the recorded start precedes the call), and a line with the answer. Standard
+//! input closing ends the candidate.
+
+use std::io::{BufRead, Write};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc, Mutex};
+use std::time::Duration;
+
+use diesel::prelude::*;
+use diesel_occ::prelude::*;
+use diesel_occ::{Candidate, ElectionTiming, Held, Locks};
+use serde::{Deserialize, Serialize};
+
+use super::history::What;
+use super::locks;
+use super::model::{Op, Ret};
+use super::outcome::judged;
+use crate::backend::{per_backend, Backend};
+
+/// The lock name of the elections; each epoch's resource is its number.
+pub const LEADER: &str = "occ-soak-leader";
+
+/// A 1 s lease, renewed every 200 ms, given up after 700 ms without a renewal.
+pub const TIMING: ElectionTiming = ElectionTiming {
+    lease: Duration::from_secs(1),
+    renew_deadline: Duration::from_millis(700),
+    retry_period: Duration::from_millis(200),
+};
+
+/// The key of epoch `epoch`'s election in the history (and of its row): below zero, apart
+/// from the run's other keys.
+pub fn key_of(epoch: u64) -> i64 {
+    -(epoch as i64) - 1
+}
+
+/// The caller id of candidate `index` in its `generation`.
+fn caller(index: u64, generation: u64) -> u64 {
+    (1000 + index) << 24 | generation
+}
+
+/// One line between a candidate and the soak.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct Relayed {
+    pub caller: u64,
+    pub key: i64,
+    #[serde(flatten)]
+    pub what: What,
+}
+
+/// The candidate's side of the relay.
+pub struct Relay {
+    out: Mutex<std::io::Stdout>,
+    acks: Mutex<mpsc::Receiver<()>>,
+    generation: Mutex<u64>,
+    closed: AtomicBool,
+    index: u64,
+}
+
+impl Relay {
+    /// Runs `call` as `op` on `key`, recorded by the soak; nothing when the soak is gone.
+    fn call(&self, key: i64, op: Op, call: impl FnOnce() -> Result<Ret, diesel_occ::Error>) {
+        let mut generation = self.generation.lock().unwrap_or_else(|p| p.into_inner());
+        let caller = caller(self.index, *generation);
+        let invoke = What::Invoke {
+            op: op.clone(),
+            driver: "candidate".into(),
+        };
+        // Closed for good once the soak stopped answering: it did not record the start.
+        let acks = self.acks.lock().unwrap_or_else(|p| p.into_inner());
+        if self.closed.load(Ordering::SeqCst)
+            || !self.send(caller, key, invoke)
+            || acks.recv().is_err()
+        {
+            self.closed.store(true, Ordering::SeqCst);
+            return;
+        }
+        drop(acks);
+        let what = judged(&op, call(), |_| None);
+        if matches!(what, What::Unknown { .. }) {
+            *generation += 1;
+        }
+        self.send(caller, key, what);
+    }
+
+    fn send(&self, caller: u64, key: i64, what: What) -> bool {
+        let line = serde_json::to_string(&Relayed { caller, key, what }).expect("a line");
+        let mut out = self.out.lock().unwrap_or_else(|p| p.into_inner());
+        writeln!(out, "{line}").and_then(|()| out.flush()).is_ok()
+    }
+}
+
+/// Runs candidate `index` of election `epoch` until standard input closes.
+pub fn run(
+    backend: Backend,
+    url: &str,
+    epoch: u64,
+    index: u64,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let (ack, acks) = mpsc::channel();
+    let stop = Arc::new(AtomicBool::new(false));
+    let stopping = stop.clone();
+    std::thread::spawn(move || {
+        for line in std::io::stdin().lock().lines() {
+            if line.is_err() || ack.send(()).is_err() {
+                break;
+            }
+        }
+        stopping.store(true, Ordering::SeqCst);
+    });
+    let relay = Arc::new(Relay {
+        out: Mutex::new(std::io::stdout()),
+        acks: Mutex::new(acks),
+        generation: Mutex::new(0),
+        closed: AtomicBool::new(false),
+        index,
+    });
+    match backend {
+        #[cfg(feature = "sqlite")]
+        Backend::Sqlite { .. } => sqlite::campaign(url, epoch, index, relay, &stop),
+        #[cfg(feature = "postgres")]
+        Backend::Postgres => postgres::campaign(url, epoch, index, relay, &stop),
+        #[cfg(feature = "mysql")]
+        Backend::Mysql => mysql::campaign(url, epoch, index, relay, &stop),
+        #[allow(unreachable_patterns)]
+        _ => Err("this build does not have the backend".into()),
+    }
+}
+
+per_backend! {
+    uses(locks)
+
+    /// A leader's term: a fenced write every 20 ms while it leads, one more after.
+    fn term(relay: &Relay, pool: &Pool, key: i64, held: &Held) {
+        let fence = held.fence();
+        let mut value = 0;
+        let write = |value: i64| {
+            let op = Op::FencedWrite { fence, value };
+            relay.call(key, op, || {
+                let mut conn = pool.get().map_err(|e| diesel_occ::Error::Pool(Box::new(e)))?;
+                locks::SoakFenced::write_fenced(&mut conn, &key, locks::soak_fenced::last_fence, fence, locks::soak_fenced::value.eq(value))?;
+                Ok(Ret::Done)
+            })
+        };
+        while held.is_held() {
+            value += 1;
+            write(value);
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        write(value + 1);
+    }
+
+    pub fn campaign(url: &str, epoch: u64, index: u64, relay: Arc<Relay>, stop: &AtomicBool) -> Result<(), Box<dyn std::error::Error>> {
+        let pool = pool(url, 3)?;
+        let key = key_of(epoch);
+        // The election's row, as every candidate of the epoch finds it before it writes.
+        let row = locks::SoakFenced { id: key, version: 0, last_fence: 0, value: 0 };
+        if let Err(e) = diesel::insert_into(locks::soak_fenced::table).values(&row).execute(&mut pool.get()?) {
+            if !matches!(e, diesel::result::Error::DatabaseError(diesel::result::DatabaseErrorKind::UniqueViolation, _)) {
+                return Err(e.into());
+            }
+        }
+        let label = format!("candidate {index} pid {}", std::process::id());
+        let job_pool = pool.clone();
+        let candidate = Candidate::start_with_job(Locks::new(pool), LEADER, &epoch.to_string(), &label, TIMING, move |held: &Held| {
+            term(&relay, &job_pool, key, held)
+        })?;
+        while !stop.load(Ordering::SeqCst) {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        candidate.stop();
+        Ok(())
+    }
+}
