@@ -15,7 +15,7 @@ use crate::Settings;
 /// `Conn`, `AsyncConn` (its diesel-async connection), `Pool`, `JsonSql` (the JSON column's SQL type), `BACKEND`, `JSON_DDL` (the
 /// JSON column's type in `CREATE TABLE`), `merge_patch(document, patch)` (the SQL
 /// function a hand-written one-statement merge calls: `json_patch`, `JSON_MERGE_PATCH`,
-/// and PostgreSQL's shallow `||`) and `pool(url, size)`. With `uses(a, b)` first, the
+/// and PostgreSQL's shallow `||`), `pool(url, size)` and `pool_with(url, config)`. With `uses(a, b)` first, the
 /// same backend's module of each sibling `a` and `b` is in scope under that name.
 macro_rules! per_backend {
     (uses($($sibling:ident),*) $($item:item)*) => {
@@ -35,7 +35,10 @@ macro_rules! per_backend {
                 fn merge_patch(document: diesel::sql_types::Json, patch: diesel::sql_types::Json) -> diesel::sql_types::Json;
             }
             pub fn pool(url: &str, size: u32) -> Result<Pool, diesel_occ::Error> {
-                diesel_occ::sqlite_pool(url, &$crate::backend::pool_config(size))
+                pool_with(url, &$crate::backend::pool_config(size))
+            }
+            pub fn pool_with(url: &str, config: &diesel_occ::PoolConfig) -> Result<Pool, diesel_occ::Error> {
+                diesel_occ::sqlite_pool(url, config)
             }
             $(use super::$sibling::sqlite as $sibling;)*
             $($item)*
@@ -56,7 +59,10 @@ macro_rules! per_backend {
                 fn merge_patch(document: diesel::sql_types::Jsonb, patch: diesel::sql_types::Jsonb) -> diesel::sql_types::Jsonb;
             }
             pub fn pool(url: &str, size: u32) -> Result<Pool, diesel_occ::Error> {
-                diesel_occ::postgres_pool(url, &$crate::backend::pool_config(size))
+                pool_with(url, &$crate::backend::pool_config(size))
+            }
+            pub fn pool_with(url: &str, config: &diesel_occ::PoolConfig) -> Result<Pool, diesel_occ::Error> {
+                diesel_occ::postgres_pool(url, config)
             }
             $(use super::$sibling::postgres as $sibling;)*
             $($item)*
@@ -77,7 +83,10 @@ macro_rules! per_backend {
                 fn merge_patch(document: diesel::sql_types::Json, patch: diesel::sql_types::Json) -> diesel::sql_types::Json;
             }
             pub fn pool(url: &str, size: u32) -> Result<Pool, diesel_occ::Error> {
-                diesel_occ::mysql_pool(url, &$crate::backend::pool_config(size))
+                pool_with(url, &$crate::backend::pool_config(size))
+            }
+            pub fn pool_with(url: &str, config: &diesel_occ::PoolConfig) -> Result<Pool, diesel_occ::Error> {
+                diesel_occ::mysql_pool(url, config)
             }
             $(use super::$sibling::mysql as $sibling;)*
             $($item)*

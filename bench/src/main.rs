@@ -57,7 +57,8 @@ use report::Report;
 struct Options {
     /// Database URL: `postgres://...`, `mysql://...`, or a SQLite file path. Default: a
     /// fresh SQLite file in the temporary directory. Tables named `bench_*` are dropped
-    /// and created.
+    /// and created. With `--soak`, a cluster's node URLs, comma-separated: its workers and
+    /// candidates are spread over them.
     #[arg(long)]
     url: Option<String>,
 
@@ -113,7 +114,7 @@ struct Options {
         long,
         requires = "soak",
         value_delimiter = ',',
-        default_value = "kills,stalls,drops,freezes"
+        default_value = "kills,stalls,drops,freezes,exhaustion"
     )]
     faults: Vec<soak::Fault>,
 
@@ -121,6 +122,15 @@ struct Options {
     /// finds the lost updates.
     #[arg(long, requires = "soak")]
     broken_guard: bool,
+
+    /// With `--soak`: a shell command run every `--outage-every` seconds, awaited each
+    /// time (a server restart, a cluster node killed and started again, a failover).
+    #[arg(long, requires = "soak")]
+    outage: Option<String>,
+
+    /// With `--outage`: seconds between its runs.
+    #[arg(long, requires = "outage", default_value_t = 30.0)]
+    outage_every: f64,
 
     /// Internal: run as candidate INDEX of the soak's election EPOCH on URL, relaying
     /// each call on standard output until standard input closes.
@@ -255,8 +265,17 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     let (backend, url) = Backend::from_url(options.url.as_deref())?;
     if let Some(ops) = options.soak {
+        // A cluster's nodes, comma-separated (not a libpq multi-host URL, whose hosts are
+        // one URL).
+        let nodes: Vec<String> = url
+            .replace(",mysql://", "\nmysql://")
+            .replace(",postgres://", "\npostgres://")
+            .lines()
+            .map(str::to_string)
+            .collect();
         let settings = soak::SoakSettings {
-            url: url.clone(),
+            url: nodes[0].clone(),
+            nodes,
             ops,
             seconds: options.soak_seconds,
             threads: options.threads,
@@ -269,6 +288,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 options.faults.clone()
             },
             broken_guard: options.broken_guard,
+            outage: options.outage.clone(),
+            outage_every: std::time::Duration::from_secs_f64(options.outage_every),
             seed: std::process::id() as u64,
             out: options.out.clone(),
         };

@@ -24,11 +24,12 @@ const CANDIDATES: u64 = 3;
 /// How long each election lasts.
 const EPOCH: Duration = Duration::from_secs(8);
 
-/// Runs elections one after the other, from the first operation of `plan` until `stop`;
+/// Runs elections among candidates spread over `nodes`, one after the other, from the
+/// first operation of `plan` until `stop`;
 /// with `freeze`, freezes each one's leader once. What was injected.
 pub fn run(
     backend: Backend,
-    url: &str,
+    nodes: &[String],
     plan: &Plan,
     recorder: &Recorder,
     stop: &AtomicBool,
@@ -43,7 +44,7 @@ pub fn run(
     let mut rng = fastrand::Rng::with_seed(seed.rotate_left(17));
     let mut epoch = 0;
     while !stop.load(Ordering::Relaxed) {
-        match election(backend, url, recorder, stop, freeze, epoch, &mut rng) {
+        match election(backend, nodes, recorder, stop, freeze, epoch, &mut rng) {
             Ok(frozen) => {
                 *injected.entry("elections").or_default() += 1;
                 *injected.entry("leader_frozen").or_default() += frozen;
@@ -64,7 +65,7 @@ pub fn run(
 /// and all stopped at the end of the epoch. How many leaders were frozen.
 fn election(
     backend: Backend,
-    url: &str,
+    nodes: &[String],
     recorder: &Recorder,
     stop: &AtomicBool,
     freeze: bool,
@@ -73,11 +74,13 @@ fn election(
 ) -> Result<u64, Box<dyn std::error::Error>> {
     let began = Instant::now();
     let mut children: Vec<Child> = Vec::new();
+    let url = &nodes[0];
     for index in 0..CANDIDATES {
+        let node = &nodes[index as usize % nodes.len()];
         let child = Command::new(std::env::current_exe()?)
             .args([
                 "--soak-candidate",
-                url,
+                node,
                 &epoch.to_string(),
                 &index.to_string(),
             ])

@@ -151,3 +151,27 @@ fn stall(
     };
     held.map(|()| "row_stalled")
 }
+
+/// Runs `command` (with `bash -c`) every `every` until `stop`, each run awaited: a
+/// server restart, a cluster node killed and started again, a failover.
+pub fn outages(command: &str, every: Duration, stop: &AtomicBool) -> Injected {
+    let mut injected = Injected::new();
+    let mut next = std::time::Instant::now() + every;
+    while !stop.load(Ordering::Relaxed) {
+        if std::time::Instant::now() < next {
+            std::thread::sleep(Duration::from_millis(50));
+            continue;
+        }
+        let ran = std::process::Command::new("bash")
+            .args(["-c", command])
+            .stdout(std::process::Stdio::null())
+            .status();
+        let kind = match ran {
+            Ok(status) if status.success() => "outage",
+            _ => "outage_failed",
+        };
+        *injected.entry(kind).or_default() += 1;
+        next = std::time::Instant::now() + every;
+    }
+    injected
+}

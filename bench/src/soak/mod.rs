@@ -34,12 +34,17 @@ pub enum Fault {
     Drops,
     /// A leader's process frozen (SIGSTOP) past its lease, then resumed.
     Freezes,
+    /// Every connection of a pool taken and held past the pool's checkout timeout.
+    Exhaustion,
 }
 
 /// The sizes and switches of one soak run.
 #[derive(Debug, Clone)]
 pub struct SoakSettings {
+    /// The database: prepared, audited, and the one faults hit.
     pub url: String,
+    /// The nodes workers and candidates are spread over: `url` alone, or a cluster's.
+    pub nodes: Vec<String>,
     /// Operations in all (the run also ends after `seconds`, when given).
     pub ops: u64,
     pub seconds: Option<f64>,
@@ -51,6 +56,10 @@ pub struct SoakSettings {
     pub faults: Vec<Fault>,
     /// Guarded updates sent without their guard: the checker must find the damage.
     pub broken_guard: bool,
+    /// A shell command run every `outage_every` (a server restarted, a cluster node
+    /// killed and started again, a failover), with its answer awaited.
+    pub outage: Option<String>,
+    pub outage_every: std::time::Duration,
     pub seed: u64,
     pub out: PathBuf,
 }
@@ -62,23 +71,36 @@ macro_rules! soak_on {
             let settings: &SoakSettings = $settings;
             let (recorder, plan) = ($recorder, $plan);
             on::prepare(&settings.url, plan)?;
-            let pool = on::pool(&settings.url, settings.threads.max(1) as u32)?;
+            let exhaust = settings.faults.contains(&Fault::Exhaustion);
+            // Per node (one, off a cluster): an r2d2 pool with a connection per blocking
+            // worker, and a bb8 and a deadpool pool with one per two of its async tasks,
+            // so that tasks also wait for connections.
+            let threads = settings.threads.max(1) as u32;
+            let tasks = (settings.tasks as u32 / 4).max(1);
             let runtime = tokio::runtime::Builder::new_multi_thread()
                 .worker_threads(2)
                 .enable_all()
                 .build()?;
-            // Half the tasks on bb8, half on deadpool; each pool has half as many
-            // connections as its tasks, so that tasks also wait for connections.
-            let size = (settings.tasks / 2).max(2) as u32;
-            let bb8 = runtime.block_on(on::bb8_pool(&settings.url, size / 2))?;
-            let deadpool = {
+            let mut pools = Vec::new();
+            for url in &settings.nodes {
+                let config = diesel_occ::PoolConfig {
+                    connection_timeout: workload::CHECKOUT_TIMEOUT,
+                    ..crate::backend::pool_config(threads)
+                };
+                let bb8 = runtime.block_on(on::bb8_pool(url, tasks))?;
                 let _entered = runtime.enter();
-                on::deadpool_pool(&settings.url, (size / 2) as usize)?
-            };
+                pools.push((
+                    on::pool_with(url, &config)?,
+                    bb8,
+                    on::deadpool_pool(url, tasks as usize)?,
+                ));
+            }
+            let node = |worker: usize| &pools[worker % pools.len()];
             std::thread::scope(|s| {
                 for id in 0..settings.threads {
-                    let worker = workload::Worker::new(id as u64, settings.seed);
-                    let pool = &pool;
+                    let mut worker = workload::Worker::new(id as u64, settings.seed);
+                    worker.exhaust = (exhaust && id == 0).then_some((3_000, threads as usize));
+                    let pool = &node(id).0;
                     s.spawn(move || {
                         on::blocking_worker(worker, pool, plan, recorder, settings.broken_guard)
                     });
@@ -89,25 +111,29 @@ macro_rules! soak_on {
                     } else {
                         0
                     };
-                    let mut tasks: Vec<
+                    let mut all: Vec<
                         std::pin::Pin<Box<dyn std::future::Future<Output = ()> + '_>>,
                     > = Vec::new();
                     for t in 0..settings.tasks {
-                        let worker =
+                        let mut worker =
                             workload::Worker::new((settings.threads + t) as u64, settings.seed);
-                        tasks.push(if t % 2 == 0 {
+                        worker.exhaust = (exhaust && t < 2).then_some((3_000, tasks as usize));
+                        let (_, bb8, deadpool) = node(t / 2);
+                        all.push(if t % 2 == 0 {
+                            let pool = bb8.clone();
                             Box::pin(on::async_worker(
                                 worker,
-                                bb8.clone(),
+                                pool,
                                 plan,
                                 recorder,
                                 drop_one_in,
                                 "async-bb8",
                             ))
                         } else {
+                            let pool = deadpool.clone();
                             Box::pin(on::async_worker(
                                 worker,
-                                deadpool.clone(),
+                                pool,
                                 plan,
                                 recorder,
                                 drop_one_in,
@@ -115,7 +141,7 @@ macro_rules! soak_on {
                             ))
                         });
                     }
-                    futures_join_all(tasks).await;
+                    futures_join_all(all).await;
                 });
             });
             Ok(())
@@ -143,12 +169,10 @@ async fn futures_join_all(
 /// a key no order explains, or the library answered with a raw error.
 pub fn run(backend: Backend, mut settings: SoakSettings) -> Result<(), Box<dyn std::error::Error>> {
     if backend == Backend::Postgres {
-        let separator = if settings.url.contains('?') { '&' } else { '?' };
-        settings.url = format!(
-            "{}{separator}application_name={}",
-            settings.url,
-            faults::APPLICATION
-        );
+        for url in std::iter::once(&mut settings.url).chain(&mut settings.nodes) {
+            let separator = if url.contains('?') { '&' } else { '?' };
+            *url = format!("{url}{separator}application_name={}", faults::APPLICATION);
+        }
     }
     std::fs::create_dir_all(&settings.out)?;
     let path = settings.out.join("history.jsonl");
@@ -162,12 +186,16 @@ pub fn run(backend: Backend, mut settings: SoakSettings) -> Result<(), Box<dyn s
             .iter()
             .any(|f| [Fault::Kills, Fault::Stalls].contains(f));
         let elections = {
-            let (url, plan, recorder, stop) = (&settings.url, &plan, &recorder, &stop);
+            let (nodes, plan, recorder, stop) = (&settings.nodes, &plan, &recorder, &stop);
             let freeze = settings.faults.contains(&Fault::Freezes);
             s.spawn(move || {
-                elections::run(backend, url, plan, recorder, stop, freeze, settings.seed)
+                elections::run(backend, nodes, plan, recorder, stop, freeze, settings.seed)
             })
         };
+        let outages = settings.outage.as_deref().map(|command| {
+            let (every, stop) = (settings.outage_every, &stop);
+            s.spawn(move || faults::outages(command, every, stop))
+        });
         let faults = from_outside.then(|| {
             let (url, plan, stop, kinds) = (&settings.url, &plan, &stop, &settings.faults);
             s.spawn(move || faults::inject(backend, url, plan, stop, kinds, settings.seed))
@@ -187,6 +215,9 @@ pub fn run(backend: Backend, mut settings: SoakSettings) -> Result<(), Box<dyn s
             .map(|f| f.join().expect("the fault thread ends"))
             .unwrap_or_default();
         injected.extend(elections.join().expect("the elections end"));
+        if let Some(outages) = outages {
+            injected.extend(outages.join().expect("the outages end"));
+        }
         ran.map(|()| injected).map_err(|e| e.to_string())
     })?;
     // Read once the faults stopped: a killed session would lose the read.
@@ -211,6 +242,9 @@ pub fn run(backend: Backend, mut settings: SoakSettings) -> Result<(), Box<dyn s
         settings.tasks,
         path.display()
     );
+    let mut injected = injected;
+    injected.insert("pool_exhausted", plan.exhaustions());
+    injected.retain(|_, n| *n > 0);
     println!("faults injected: {}", describe(&injected));
     let audited = judge_audit(&audit);
     let judged = judge(&path);

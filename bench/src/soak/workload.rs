@@ -20,9 +20,11 @@ use crate::backend::per_backend;
 
 /// Hands out the operations of a run: their number, and each one's key. Keys live for
 /// one round (`ops_per_round` operations on `keys_per_round` keys), then new ones begin,
-/// so that each key's history stays small enough to judge exactly.
+/// so that each key's history stays small enough to judge exactly. It also counts the
+/// pools that workers held exhausted.
 pub struct Plan {
     started: AtomicU64,
+    exhaustions: AtomicU64,
     total: u64,
     deadline: Option<Instant>,
     keys_per_round: u64,
@@ -33,6 +35,7 @@ impl Plan {
     pub fn new(settings: &SoakSettings) -> Self {
         Plan {
             started: AtomicU64::new(0),
+            exhaustions: AtomicU64::new(0),
             total: settings.ops,
             deadline: settings
                 .seconds
@@ -79,6 +82,18 @@ impl Plan {
         (1..=(rounds * self.keys_per_round) as i64).filter(move |k| self.kind_of(*k) == kind)
     }
 
+    /// Counts a pool held exhausted (`whole`: every connection of it taken).
+    pub fn count_exhaustion(&self, whole: bool) {
+        if whole {
+            self.exhaustions.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Pools held exhausted so far.
+    pub fn exhaustions(&self) -> u64 {
+        self.exhaustions.load(Ordering::Relaxed)
+    }
+
     /// Whether every operation was handed out (or the time is up).
     pub fn is_over(&self) -> bool {
         self.deadline.is_some_and(|d| Instant::now() >= d)
@@ -96,6 +111,10 @@ pub struct Worker {
     pub id: u64,
     generation: u64,
     claims_made: u64,
+    /// With the pool-exhaustion fault: every this many of its calls, the worker takes
+    /// every connection of its pool and holds them past the pool's checkout timeout.
+    pub exhaust: Option<(u64, usize)>,
+    calls: u64,
     rng: fastrand::Rng,
 }
 
@@ -105,8 +124,17 @@ impl Worker {
             id,
             generation: 0,
             claims_made: 0,
+            exhaust: None,
+            calls: 0,
             rng: fastrand::Rng::with_seed(seed ^ id.wrapping_mul(0x9E37_79B9_7F4A_7C15)),
         }
+    }
+
+    /// How many connections to take and hold before the next call, if it is time to.
+    fn exhausting(&mut self) -> Option<usize> {
+        self.calls += 1;
+        let (every, size) = self.exhaust?;
+        (self.calls % every == 0).then_some(size)
     }
 
     /// The caller id of this worker's next call.
@@ -229,6 +257,47 @@ impl<R, G> State<R, G> {
     }
 }
 
+/// How the soak's async pools open connections, as a user of each backend would: on
+/// MySQL with the library's session settings (on Galera, causal reads).
+pub trait AsyncManager: diesel_async::AsyncConnection + 'static {
+    fn manager(url: &str) -> diesel_async::pooled_connection::AsyncDieselConnectionManager<Self>;
+}
+
+#[cfg(feature = "postgres")]
+impl AsyncManager for diesel_async::AsyncPgConnection {
+    fn manager(url: &str) -> diesel_async::pooled_connection::AsyncDieselConnectionManager<Self> {
+        diesel_async::pooled_connection::AsyncDieselConnectionManager::new(url)
+    }
+}
+
+#[cfg(feature = "sqlite")]
+impl AsyncManager
+    for diesel_async::sync_connection_wrapper::SyncConnectionWrapper<diesel::SqliteConnection>
+{
+    fn manager(url: &str) -> diesel_async::pooled_connection::AsyncDieselConnectionManager<Self> {
+        diesel_async::pooled_connection::AsyncDieselConnectionManager::new(url)
+    }
+}
+
+#[cfg(feature = "mysql")]
+impl AsyncManager for diesel_async::AsyncMysqlConnection {
+    fn manager(url: &str) -> diesel_async::pooled_connection::AsyncDieselConnectionManager<Self> {
+        let settings = diesel_occ::MysqlSettings {
+            idle_session_timeout: diesel_occ::PoolConfig::default().idle_session_timeout,
+        };
+        diesel_async::pooled_connection::AsyncDieselConnectionManager::new_with_config(
+            url,
+            settings.async_manager_config(),
+        )
+    }
+}
+
+/// How long an exhausted pool stays exhausted: longer than its checkout timeout.
+pub const EXHAUSTED_FOR: Duration = Duration::from_millis(2_500);
+
+/// The checkout timeout of the soak's pools.
+pub const CHECKOUT_TIMEOUT: Duration = Duration::from_secs(2);
+
 /// Records the orders a claim for `owner` handed out, each on its own key as a call of
 /// `caller` from the claim's start (`at`) to now; the claim's own answer.
 fn claimed(
@@ -277,6 +346,11 @@ per_backend! {
         let lock_api = diesel_occ::Locks::new(pool.clone());
         let mut state = State::<rows::SoakRow, locks::Guard>::default();
         while let Some((key, op)) = state.next(&mut worker, plan) {
+            if let Some(size) = worker.exhausting() {
+                let held: Vec<_> = (0..size).filter_map(|_| pool.get().ok()).collect();
+                std::thread::sleep(EXHAUSTED_FOR);
+                plan.count_exhaustion(held.len() == size);
+            }
             let caller = worker.caller();
             let at = recorder.record(caller, key, What::Invoke { op: op.clone(), driver: "blocking".into() });
             let connection = || pool.get().map_err(|e| diesel_occ::Error::Pool(Box::new(e)));
@@ -306,6 +380,14 @@ per_backend! {
         let mut state = State::<rows::SoakRow, diesel_occ::asynchronous::AsyncLockGuard<P>>::default();
         while let Some((key, op)) = state.next(&mut worker, plan) {
             let ending = matches!(op, Op::Release { .. }) && plan.is_over();
+            if let Some(size) = worker.exhausting() {
+                let mut held = Vec::new();
+                for _ in 0..size {
+                    held.extend(pool.checkout().await.ok());
+                }
+                tokio::time::sleep(EXHAUSTED_FOR).await;
+                plan.count_exhaustion(held.len() == size);
+            }
             let caller = worker.caller();
             // Never a release at the end: its guard would be released on drop, unrecorded.
             let give_up = (drop_one_in > 0 && !ending && worker.rng.u32(0..drop_one_in) == 0)
@@ -356,22 +438,22 @@ per_backend! {
 
     /// A bb8 pool of `size` diesel-async connections.
     pub async fn bb8_pool(url: &str, size: u32) -> Result<diesel_async::pooled_connection::bb8::Pool<AsyncConn>, Box<dyn std::error::Error>> {
-        let manager = diesel_async::pooled_connection::AsyncDieselConnectionManager::<AsyncConn>::new(url);
+        let manager = <AsyncConn as AsyncManager>::manager(url);
         // bb8's defaults, as a service has them: each check-out is tested with a query,
         // which evicts a killed connection.
         Ok(diesel_async::pooled_connection::bb8::Pool::builder()
             .max_size(size)
-            .connection_timeout(Duration::from_secs(10))
+            .connection_timeout(CHECKOUT_TIMEOUT)
             .build(manager)
             .await?)
     }
 
     /// A deadpool pool of `size` diesel-async connections.
     pub fn deadpool_pool(url: &str, size: usize) -> Result<diesel_async::pooled_connection::deadpool::Pool<AsyncConn>, Box<dyn std::error::Error>> {
-        let manager = diesel_async::pooled_connection::AsyncDieselConnectionManager::<AsyncConn>::new(url);
+        let manager = <AsyncConn as AsyncManager>::manager(url);
         Ok(diesel_async::pooled_connection::deadpool::Pool::builder(manager)
             .max_size(size)
-            .wait_timeout(Some(Duration::from_secs(10)))
+            .wait_timeout(Some(CHECKOUT_TIMEOUT))
             .runtime(deadpool::Runtime::Tokio1)
             .build()?)
     }
