@@ -7,6 +7,7 @@
 #   bash scripts/galera.sh start   # idempotent: starts what is not running; prints the URLs
 #   bash scripts/galera.sh stop
 #   bash scripts/galera.sh urls    # the three URLs, comma-separated
+#   bash scripts/galera.sh bounce N  # node N killed (SIGKILL), started again, back once synced
 #
 # No state transfer is needed at the first start: the first node is set up alone, shut
 # down cleanly, and its data folder copied to the other two, so all three start from the
@@ -112,6 +113,17 @@ stop_node() { # node
     done
 }
 
+kill_node() { # node
+    local n=$1 pid
+    pid=$(as_root cat "$dir/node$n/mysqld.pid" 2>/dev/null || true)
+    [ -n "$pid" ] || return 0
+    as_root kill -9 "$pid" 2>/dev/null || true
+    for _ in $(seq 1 60); do
+        kill -0 "$pid" 2>/dev/null || return 0
+        sleep 0.2
+    done
+}
+
 first_setup() {
     step "Galera: setting up node 1 in $dir"
     as_root mkdir -p "$dir/node1/data"
@@ -162,5 +174,6 @@ case "${1:-start}" in
     start) start_cluster ;;
     stop) for n in 3 2 1; do stop_node "$n"; done ;;
     urls) urls ;;
-    *) echo "usage: $0 start|stop|urls" >&2; exit 2 ;;
+    bounce) kill_node "${2:?bounce N: which node}"; start_node "$2" ;;
+    *) echo "usage: $0 start|stop|urls|bounce N" >&2; exit 2 ;;
 esac

@@ -132,6 +132,10 @@ struct Options {
     #[arg(long, requires = "outage", default_value_t = 30.0)]
     outage_every: f64,
 
+    /// With `--outage`: run it at most this many times (a failover happens once).
+    #[arg(long, requires = "outage")]
+    outage_times: Option<u64>,
+
     /// Internal: run as candidate INDEX of the soak's election EPOCH on URL, relaying
     /// each call on standard output until standard input closes.
     #[arg(long, num_args = 3, value_names = ["URL", "EPOCH", "INDEX"], hide = true)]
@@ -290,6 +294,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             broken_guard: options.broken_guard,
             outage: options.outage.clone(),
             outage_every: std::time::Duration::from_secs_f64(options.outage_every),
+            outage_times: options.outage_times.unwrap_or(u64::MAX),
             seed: std::process::id() as u64,
             out: options.out.clone(),
         };

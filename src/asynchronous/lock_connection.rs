@@ -182,13 +182,15 @@ where
     }
 }
 
-/// Sends a session or transaction setting, if there is one.
+/// Sends a session or transaction setting, if there is one; its error classified as the
+/// blocking path classifies it (inside the transaction, a Galera abort answers the
+/// setting: a retry, not a raw error).
 async fn setting<C: SimpleAsyncConnection + Send>(
     conn: &mut C,
     sql: Option<&str>,
 ) -> Result<(), Error> {
     match sql {
-        Some(sql) => conn.batch_execute(sql).await.map_err(Error::Database),
+        Some(sql) => conn.batch_execute(sql).await.map_err(Error::from),
         None => Ok(()),
     }
 }
@@ -219,5 +221,45 @@ where
             Ok(row) => self.given(row),
             Err(e) => classify(conn, e).await,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use diesel::result::{DatabaseErrorKind, Error as DieselError};
+
+    /// A session whose transaction another Galera node's write aborted: it answers the
+    /// next statement, here the lock's setting, with the certification failure.
+    struct AbortedOnGalera;
+
+    impl SimpleAsyncConnection for AbortedOnGalera {
+        async fn batch_execute(&mut self, _: &str) -> diesel::QueryResult<()> {
+            Err(DieselError::DatabaseError(
+                DatabaseErrorKind::SerializationFailure,
+                Box::new(
+                    "Deadlock found when trying to get lock; try restarting transaction"
+                        .to_string(),
+                ),
+            ))
+        }
+    }
+
+    #[test]
+    fn an_abort_answering_a_setting_is_a_retry_as_on_the_blocking_path() {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let sent = runtime.block_on(setting(&mut AbortedOnGalera, Some("SET SESSION x = 1")));
+        assert!(
+            matches!(
+                sent,
+                Err(Error::Retryable {
+                    reason: crate::RetryReason::Deadlock,
+                    ..
+                })
+            ),
+            "{sent:?}"
+        );
     }
 }

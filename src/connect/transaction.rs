@@ -218,8 +218,9 @@ impl<E> From<DieselError> for Ended<E> {
 ///
 /// - a lost connection: [`Error::Ambiguous`], the server may have committed;
 /// - a conflict the server reported there (a serialization failure, a Galera
-///   certification abort reported as a deadlock) or SQLite's busy database: the
-///   transaction was rolled back, [`Error::Retryable`];
+///   certification abort reported as a deadlock), a Galera node that left the cluster's
+///   primary component (it can certify nothing, so it committed nothing) or SQLite's
+///   busy database: the transaction was rolled back, [`Error::Retryable`];
 /// - anything else is the database's error: a timeout at `COMMIT` (a wait for a
 ///   semi-synchronous replica, say) may have landed, so it is not retried.
 pub(crate) fn failed_commit(source: DieselError, nested: bool) -> Error {
@@ -231,8 +232,10 @@ pub(crate) fn failed_commit(source: DieselError, nested: bool) -> Error {
     }
     match retry_reason_of(&source) {
         Some(
-            reason
-            @ (RetryReason::SerializationFailure | RetryReason::Deadlock | RetryReason::Busy),
+            reason @ (RetryReason::SerializationFailure
+            | RetryReason::Deadlock
+            | RetryReason::NodeNotReady
+            | RetryReason::Busy),
         ) => Error::Retryable { reason, source },
         _ => Error::classified(source, |_| None),
     }

@@ -311,6 +311,11 @@ pub enum RetryReason {
     /// pool for each attempt ([`modify_pooled`](crate::GuardedModify::modify_pooled));
     /// on a single connection the next attempt would find it dead too.
     ConnectionLost,
+    /// MariaDB `1047` on a Galera node outside the cluster's primary component (restarted
+    /// and not yet synced, cut off from the others): it runs no statement until it has
+    /// caught up, so nothing was written. Another node, or this one a moment later, can
+    /// take the next attempt.
+    NodeNotReady,
 }
 
 impl fmt::Display for RetryReason {
@@ -321,6 +326,7 @@ impl fmt::Display for RetryReason {
             RetryReason::LockTimeout => "lock wait timeout",
             RetryReason::Busy => "database busy",
             RetryReason::ConnectionLost => "connection lost before the commit",
+            RetryReason::NodeNotReady => "cluster node not ready",
         })
     }
 }

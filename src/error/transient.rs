@@ -14,8 +14,8 @@ use super::RetryReason;
 /// (`40001`) and MySQL deadlocks (`1213`), which diesel maps to a kind. What needs the
 /// English text: PostgreSQL deadlocks (`40P01`) and lock timeouts or `NOWAIT` failures
 /// (`55P03`), MySQL lock wait timeouts (`1205`, but see
-/// [`OccBackend::retry_reason`](crate::OccBackend::retry_reason)), and
-/// SQLite busy errors (SQLite's messages are never translated).
+/// [`OccBackend::retry_reason`](crate::OccBackend::retry_reason)), a Galera node that is
+/// not synced (`1047`), and SQLite busy errors (SQLite's messages are never translated).
 pub(crate) fn retry_reason_of(error: &DieselError) -> Option<RetryReason> {
     let DieselError::DatabaseError(kind, info) = error else {
         return None;
@@ -57,6 +57,8 @@ fn retry_reason_of_message(message: &str) -> Option<RetryReason> {
         "Query execution was interrupted (max_statement_time exceeded)" => {
             Some(RetryReason::LockTimeout)
         }
+        // MariaDB 1047 (`ER_UNKNOWN_COM_ERROR`) from a Galera node that is not synced
+        "WSREP has not yet prepared node for application use" => Some(RetryReason::NodeNotReady),
         // SQLITE_BUSY, SQLITE_LOCKED
         "database is locked" | "database table is locked" => Some(RetryReason::Busy),
         // PostgreSQL 55P03 from NOWAIT: the quoted part is a relation name from the schema.
@@ -100,6 +102,13 @@ mod tests {
             Some(Deadlock)
         );
         assert_eq!(reason(Unknown, "deadlock detected"), Some(Deadlock));
+        assert_eq!(
+            reason(
+                Unknown,
+                "WSREP has not yet prepared node for application use"
+            ),
+            Some(NodeNotReady)
+        );
         assert_eq!(
             reason(Unknown, "canceling statement due to lock timeout"),
             Some(LockTimeout)

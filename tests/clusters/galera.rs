@@ -271,6 +271,9 @@ trait Driver: Sync + Sized {
     /// The fence of lock `("cluster", resource)` as node `node`'s row shows it, read on the
     /// driver's own connection of that node.
     fn fence_on_node(&self, node: usize, resource: &str) -> i64;
+    /// Sends a statement that reads no table on `worker` (errors ignored), so that its
+    /// session is not idle.
+    fn ping(&self, worker: &mut Self::Worker);
 }
 
 /// The fence of lock `("cluster", resource)`.
@@ -372,6 +375,9 @@ impl Driver for Blocking {
     }
     fn release(&self, guard: Self::Guard) -> Result<(), Error> {
         guard.release()
+    }
+    fn ping(&self, worker: &mut Self::Worker) {
+        let _ = worker.batch_execute("DO 1");
     }
     fn fence_on_node(&self, node: usize, resource: &str) -> i64 {
         let row: FenceRow = fence_query(resource)
@@ -551,6 +557,9 @@ mod async_driver {
                 row.value
             })
         }
+        fn ping(&self, worker: &mut Self::Worker) {
+            let _ = self.runtime.block_on(worker.batch_execute("DO 1"));
+        }
     }
 }
 
@@ -583,7 +592,107 @@ on_both_drivers!(
     writes_on_a_read_only_node_are_read_only,
     #[cfg(feature = "locks")]
     lock_rounds_on_three_nodes_have_one_holder_and_rising_fences,
+    a_node_cut_off_from_the_cluster_answers_a_retry,
 );
+
+/// Node 3 cut off from the others (`gmcast.isolate`) until dropped: then it rejoins, and
+/// the drop returns once it is synced again.
+struct CutOff(MysqlConnection);
+
+impl CutOff {
+    /// Cuts node 3 off, calling `keep` while it waits for the node to leave.
+    fn node_3(cluster: &Cluster, mut keep: impl FnMut()) -> CutOff {
+        let urls = std::env::var("GALERA_URLS").expect("GALERA_URLS");
+        let url =
+            common::with_database(urls.split(',').nth(2).expect("3 nodes"), &cluster.database);
+        let mut conn = MysqlConnection::establish(&url).expect("node 3 answers");
+        conn.batch_execute("SET GLOBAL wsrep_provider_options = 'gmcast.isolate=1'")
+            .expect("node 3 cut off");
+        // Out of the primary component once the others stop hearing from it.
+        let out = (0..300).any(|_| {
+            std::thread::sleep(Duration::from_millis(100));
+            keep();
+            conn.batch_execute("SELECT 1 FROM counters LIMIT 1")
+                .is_err()
+        });
+        assert!(out, "node 3 still answers 30 s after it was cut off");
+        CutOff(conn)
+    }
+}
+
+impl Drop for CutOff {
+    fn drop(&mut self) {
+        let conn = &mut self.0;
+        let _ = conn.batch_execute("SET GLOBAL wsrep_provider_options = 'gmcast.isolate=0'");
+        let synced = (0..600).any(|_| {
+            std::thread::sleep(Duration::from_millis(100));
+            diesel::sql_query("SHOW STATUS LIKE 'wsrep_local_state_comment'")
+                .get_result::<Status>(conn)
+                .is_ok_and(|s| s.value == "Synced")
+                && conn.batch_execute("SELECT 1 FROM counters LIMIT 1").is_ok()
+        });
+        if !synced && !std::thread::panicking() {
+            panic!("node 3 not synced 60 s after it rejoined");
+        }
+    }
+}
+
+#[derive(QueryableByName)]
+struct Status {
+    #[diesel(sql_type = diesel::sql_types::Text, column_name = "Value")]
+    value: String,
+}
+
+/// A node outside the cluster's primary component runs no statement (MariaDB 1047, "WSREP
+/// has not yet prepared node for application use"): nothing was written, so a
+/// read-modify-write on a connection of that node answers a retry, never a raw error.
+/// (The soak on the Galera test bed found it raw, with a node restarted.)
+fn a_node_cut_off_from_the_cluster_answers_a_retry<D: Driver>(cluster: &Cluster, d: &D) {
+    let name = format!("cut-off-{}", D::NAME);
+    let counter = Counter {
+        name: name.clone(),
+        value: 0,
+        rev: 0,
+    };
+    diesel::insert_into(counters::table)
+        .values(&counter)
+        .execute(&mut cluster.pools[0].get().unwrap())
+        .unwrap();
+    // Replicated to node 3 before it is cut off: a causal read there sees it.
+    let mut worker = d.worker(2);
+    cluster.on_every_node(|conn| counters::table.find(&name).count().get_result::<i64>(conn));
+    // The worker's session is kept busy while the node leaves: the test pools end idle
+    // sessions after 2 s.
+    let cut_off = CutOff::node_3(cluster, || d.ping(&mut worker));
+    let answered = d.increment_counter(&mut worker, &name);
+    let refused = match &answered {
+        Err(Error::RetriesExhausted { last, .. }) => last.as_ref(),
+        other => other
+            .as_ref()
+            .err()
+            .expect("no write can land on a node cut off"),
+    };
+    assert!(
+        matches!(
+            refused,
+            Error::Retryable {
+                reason: diesel_occ::RetryReason::NodeNotReady,
+                ..
+            }
+        ),
+        "{}: {answered:?}",
+        D::NAME
+    );
+    drop(worker);
+    drop(cut_off);
+    let values = cluster.on_every_node(|conn| {
+        counters::table
+            .find(&name)
+            .select(counters::value)
+            .get_result::<i64>(conn)
+    });
+    assert_eq!(values, vec![0, 0, 0], "nothing was written");
+}
 
 /// 8 threads x 50 read-modify-writes of one counter, each thread on its own connection of
 /// its node: a certification abort at `COMMIT` is retried, and nothing is lost.

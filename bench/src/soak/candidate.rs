@@ -161,11 +161,26 @@ per_backend! {
     pub fn campaign(url: &str, epoch: u64, index: u64, relay: Arc<Relay>, stop: &AtomicBool) -> Result<(), Box<dyn std::error::Error>> {
         let pool = pool(url, 3)?;
         let key = key_of(epoch);
-        // The election's row, as every candidate of the epoch finds it before it writes.
+        // The election's row, as every candidate of the epoch finds it before it writes;
+        // tried again while its node is not ready (restarted, rejoining a cluster) or
+        // another node's insert of the same row won.
         let row = locks::SoakFenced { id: key, version: 0, last_fence: 0, value: 0 };
-        if let Err(e) = diesel::insert_into(locks::soak_fenced::table).values(&row).execute(&mut pool.get()?) {
-            if !matches!(e, diesel::result::Error::DatabaseError(diesel::result::DatabaseErrorKind::UniqueViolation, _)) {
-                return Err(e.into());
+        let mut tries = 0;
+        loop {
+            let inserted = pool.get().map_err(|e| e.to_string()).and_then(|mut conn| {
+                diesel::insert_into(locks::soak_fenced::table).values(&row).execute(&mut conn).map_err(|e| match e {
+                    diesel::result::Error::DatabaseError(diesel::result::DatabaseErrorKind::UniqueViolation, _) => String::new(),
+                    e => e.to_string(),
+                })
+            });
+            match inserted {
+                Ok(_) => break,
+                Err(e) if e.is_empty() => break,
+                Err(e) if tries == 100 => return Err(e.into()),
+                Err(_) => {
+                    tries += 1;
+                    std::thread::sleep(Duration::from_millis(100));
+                }
             }
         }
         let label = format!("candidate {index} pid {}", std::process::id());

@@ -1,7 +1,9 @@
 //! Faults injected while the workers run, from a connection of their own: a session of
 //! the soak killed by the server (PostgreSQL `pg_terminate_backend`, MariaDB `KILL`), and
 //! a stall (a transaction that holds a row of the current round, a data row, an order
-//! or a lock's row in the lock table, or on SQLite the write lock, for up to 300 ms). The async workers also drop some of their calls part-way
+//! or a lock's row in the lock table, or on SQLite the write lock, for up to 300 ms);
+//! and outages, a command run on a schedule (a server restarted, a cluster node killed
+//! and started again, a failover). The async workers also drop some of their calls part-way
 //! (`workload::async_worker`).
 
 use std::collections::BTreeMap;
@@ -152,12 +154,14 @@ fn stall(
     held.map(|()| "row_stalled")
 }
 
-/// Runs `command` (with `bash -c`) every `every` until `stop`, each run awaited: a
-/// server restart, a cluster node killed and started again, a failover.
-pub fn outages(command: &str, every: Duration, stop: &AtomicBool) -> Injected {
+/// Runs `command` (with `bash -c`) every `every`, at most `times` times, until `stop`,
+/// each run awaited: a server restart, a cluster node killed and started again, a
+/// failover.
+pub fn outages(command: &str, every: Duration, times: u64, stop: &AtomicBool) -> Injected {
     let mut injected = Injected::new();
     let mut next = std::time::Instant::now() + every;
-    while !stop.load(Ordering::Relaxed) {
+    let mut ran = 0;
+    while !stop.load(Ordering::Relaxed) && ran < times {
         if std::time::Instant::now() < next {
             std::thread::sleep(Duration::from_millis(50));
             continue;
@@ -171,6 +175,7 @@ pub fn outages(command: &str, every: Duration, stop: &AtomicBool) -> Injected {
             _ => "outage_failed",
         };
         *injected.entry(kind).or_default() += 1;
+        ran += 1;
         next = std::time::Instant::now() + every;
     }
     injected

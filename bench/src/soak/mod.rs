@@ -60,6 +60,8 @@ pub struct SoakSettings {
     /// killed and started again, a failover), with its answer awaited.
     pub outage: Option<String>,
     pub outage_every: std::time::Duration,
+    /// At most this many runs of `outage`.
+    pub outage_times: u64,
     pub seed: u64,
     pub out: PathBuf,
 }
@@ -193,8 +195,8 @@ pub fn run(backend: Backend, mut settings: SoakSettings) -> Result<(), Box<dyn s
             })
         };
         let outages = settings.outage.as_deref().map(|command| {
-            let (every, stop) = (settings.outage_every, &stop);
-            s.spawn(move || faults::outages(command, every, stop))
+            let (every, times, stop) = (settings.outage_every, settings.outage_times, &stop);
+            s.spawn(move || faults::outages(command, every, times, stop))
         });
         let faults = from_outside.then(|| {
             let (url, plan, stop, kinds) = (&settings.url, &plan, &stop, &settings.faults);

@@ -83,6 +83,7 @@ fn retryable_kind(reason: diesel_occ::RetryReason) -> &'static str {
         LockTimeout => "retryable_lock_timeout",
         Busy => "retryable_busy",
         ConnectionLost => "retryable_connection_lost",
+        NodeNotReady => "retryable_node_not_ready",
         _ => "retryable_other",
     }
 }
