@@ -160,8 +160,8 @@ fn stall(
 pub fn outages(command: &str, every: Duration, times: u64, stop: &AtomicBool) -> Injected {
     let mut injected = Injected::new();
     let mut next = std::time::Instant::now() + every;
-    let mut ran = 0;
-    while !stop.load(Ordering::Relaxed) && ran < times {
+    let mut runs = 0;
+    while !stop.load(Ordering::Relaxed) && runs < times {
         if std::time::Instant::now() < next {
             std::thread::sleep(Duration::from_millis(50));
             continue;
@@ -175,7 +175,7 @@ pub fn outages(command: &str, every: Duration, times: u64, stop: &AtomicBool) ->
             _ => "outage_failed",
         };
         *injected.entry(kind).or_default() += 1;
-        ran += 1;
+        runs += 1;
         next = std::time::Instant::now() + every;
     }
     injected
