@@ -76,6 +76,8 @@ impl<G> LockState<G> {
 #[derive(Debug, QueryableByName)]
 struct Grant {
     #[diesel(sql_type = diesel::sql_types::Text)]
+    lock_name: String,
+    #[diesel(sql_type = diesel::sql_types::Text)]
     resource: String,
     #[diesel(sql_type = diesel::sql_types::Nullable<diesel::sql_types::BigInt>)]
     old_fence: Option<i64>,
@@ -110,7 +112,7 @@ impl Audit {
 /// Judges the grants the audit table holds.
 fn judge(grants: Vec<Grant>) -> Audit {
     let mut audit = Audit::default();
-    let mut by_lock: BTreeMap<String, Vec<&Grant>> = BTreeMap::new();
+    let mut by_lock: BTreeMap<(&str, &str), Vec<&Grant>> = BTreeMap::new();
     for grant in &grants {
         audit.grants += 1;
         if grant.overlap != 0 {
@@ -119,7 +121,7 @@ fn judge(grants: Vec<Grant>) -> Audit {
             audit.after_lease_end += 1;
         }
         by_lock
-            .entry(grant.resource.clone())
+            .entry((&grant.lock_name, &grant.resource))
             .or_default()
             .push(grant);
     }
@@ -180,19 +182,20 @@ per_backend! {
         crate::backend::recreate(
             conn,
             "soak_lock_audit",
-            &format!("id {id}, resource VARCHAR(191) NOT NULL, old_holder VARCHAR(64), new_holder VARCHAR(64), \
-                      old_fence BIGINT, new_fence BIGINT NOT NULL, overlap INT NOT NULL"),
+            &format!("id {id}, lock_name VARCHAR(191) NOT NULL, resource VARCHAR(191) NOT NULL, old_holder VARCHAR(64), \
+                      new_holder VARCHAR(64), old_fence BIGINT, new_fence BIGINT NOT NULL, overlap INT NOT NULL"),
         )?;
-        let columns = "resource, old_holder, new_holder, old_fence, new_fence, overlap";
-        let mine = format!("NEW.lock_name LIKE '{NAME}%'");
+        let columns = "lock_name, resource, old_holder, new_holder, old_fence, new_fence, overlap";
+        // A row created without a holder is no grant: the grant that follows updates it.
+        let mine = format!("NEW.lock_name LIKE '{NAME}%' AND NEW.holder IS NOT NULL");
         let lasted = "OLD.holder IS NOT NULL AND OLD.expires_at > NEW.acquired_at";
         let triggers = match BACKEND {
             "postgres" => format!(
                 "CREATE OR REPLACE FUNCTION soak_lock_audit() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN \
                    IF TG_OP = 'INSERT' AND {mine} THEN \
-                     INSERT INTO soak_lock_audit ({columns}) VALUES (NEW.resource, NULL, NEW.holder, NULL, NEW.fence, 0); \
+                     INSERT INTO soak_lock_audit ({columns}) VALUES (NEW.lock_name, NEW.resource, NULL, NEW.holder, NULL, NEW.fence, 0); \
                    ELSIF TG_OP = 'UPDATE' AND {mine} AND NEW.fence <> OLD.fence THEN \
-                     INSERT INTO soak_lock_audit ({columns}) VALUES (NEW.resource, OLD.holder, NEW.holder, OLD.fence, NEW.fence, \
+                     INSERT INTO soak_lock_audit ({columns}) VALUES (NEW.lock_name, NEW.resource, OLD.holder, NEW.holder, OLD.fence, NEW.fence, \
                        CASE WHEN {lasted} THEN 1 ELSE 0 END); \
                    END IF; RETURN NULL; END $$; \
                  DROP TRIGGER IF EXISTS soak_lock_audit ON occ_locks; \
@@ -201,17 +204,17 @@ per_backend! {
             "mysql" => format!(
                 "DROP TRIGGER IF EXISTS soak_lock_audit_insert; DROP TRIGGER IF EXISTS soak_lock_audit_update; \
                  CREATE TRIGGER soak_lock_audit_insert AFTER INSERT ON occ_locks FOR EACH ROW \
-                   INSERT INTO soak_lock_audit ({columns}) SELECT NEW.resource, NULL, NEW.holder, NULL, NEW.fence, 0 FROM DUAL WHERE {mine}; \
+                   INSERT INTO soak_lock_audit ({columns}) SELECT NEW.lock_name, NEW.resource, NULL, NEW.holder, NULL, NEW.fence, 0 FROM DUAL WHERE {mine}; \
                  CREATE TRIGGER soak_lock_audit_update AFTER UPDATE ON occ_locks FOR EACH ROW \
-                   INSERT INTO soak_lock_audit ({columns}) SELECT NEW.resource, OLD.holder, NEW.holder, OLD.fence, NEW.fence, {lasted} \
+                   INSERT INTO soak_lock_audit ({columns}) SELECT NEW.lock_name, NEW.resource, OLD.holder, NEW.holder, OLD.fence, NEW.fence, {lasted} \
                    FROM DUAL WHERE {mine} AND NEW.fence <> OLD.fence;"
             ),
             _ => format!(
                 "DROP TRIGGER IF EXISTS soak_lock_audit_insert; DROP TRIGGER IF EXISTS soak_lock_audit_update; \
                  CREATE TRIGGER soak_lock_audit_insert AFTER INSERT ON occ_locks WHEN {mine} BEGIN \
-                   INSERT INTO soak_lock_audit ({columns}) VALUES (NEW.resource, NULL, NEW.holder, NULL, NEW.fence, 0); END; \
+                   INSERT INTO soak_lock_audit ({columns}) VALUES (NEW.lock_name, NEW.resource, NULL, NEW.holder, NULL, NEW.fence, 0); END; \
                  CREATE TRIGGER soak_lock_audit_update AFTER UPDATE ON occ_locks WHEN {mine} AND NEW.fence <> OLD.fence BEGIN \
-                   INSERT INTO soak_lock_audit ({columns}) VALUES (NEW.resource, OLD.holder, NEW.holder, OLD.fence, NEW.fence, {lasted}); END;"
+                   INSERT INTO soak_lock_audit ({columns}) VALUES (NEW.lock_name, NEW.resource, OLD.holder, NEW.holder, OLD.fence, NEW.fence, {lasted}); END;"
             ),
         };
         conn.batch_execute(&triggers)?;
@@ -222,7 +225,7 @@ per_backend! {
     pub fn audit(conn: &mut Conn) -> QueryResult<Audit> {
         let integer = if BACKEND == "mysql" { "SIGNED" } else { "BIGINT" };
         let grants: Vec<Grant> = diesel::sql_query(format!(
-            "SELECT resource, old_fence, new_fence, old_holder, CAST(overlap AS {integer}) AS overlap FROM soak_lock_audit"
+            "SELECT lock_name, resource, old_fence, new_fence, old_holder, CAST(overlap AS {integer}) AS overlap FROM soak_lock_audit"
         ))
         .load(conn)?;
         Ok(judge(grants))
@@ -304,5 +307,45 @@ per_backend! {
             }
             _ => unreachable!("{op:?} is not an operation on a lock"),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn grant(resource: &str, old: Option<i64>, new: i64, overlap: i64) -> Grant {
+        Grant {
+            lock_name: NAME.into(),
+            resource: resource.into(),
+            old_fence: old,
+            new_fence: new,
+            old_holder: old.map(|_| "before".into()),
+            overlap,
+        }
+    }
+
+    #[test]
+    fn a_chain_of_grants_passes_and_each_break_fails() {
+        let chain = vec![
+            grant("1", None, 1, 0),
+            grant("1", Some(1), 4, 0),
+            grant("2", None, 2, 0),
+        ];
+        let audit = judge(chain);
+        assert!(audit.passed(), "{audit:?}");
+        assert_eq!(
+            (audit.grants, audit.locks, audit.after_lease_end),
+            (3, 2, 1)
+        );
+        // A grant while the previous lease lasted.
+        assert!(!judge(vec![grant("1", None, 1, 0), grant("1", Some(1), 2, 1)]).passed());
+        // The same fence handed out twice: two grants after the same one.
+        let forked = vec![
+            grant("1", None, 1, 0),
+            grant("1", Some(1), 2, 0),
+            grant("1", Some(1), 3, 0),
+        ];
+        assert!(!judge(forked).passed());
     }
 }
