@@ -669,8 +669,7 @@ fn a_node_cut_off_from_the_cluster_answers_a_retry<D: Driver>(cluster: &Cluster,
         Err(Error::RetriesExhausted { last, .. }) => last.as_ref(),
         other => other
             .as_ref()
-            .err()
-            .expect("no write can land on a node cut off"),
+            .expect_err("no write can land on a node cut off"),
     };
     assert!(
         matches!(
