@@ -202,12 +202,13 @@ per_backend! {
                  CREATE TRIGGER soak_lock_audit AFTER INSERT OR UPDATE ON occ_locks FOR EACH ROW EXECUTE FUNCTION soak_lock_audit();"
             ),
             "mysql" => format!(
-                "DROP TRIGGER IF EXISTS soak_lock_audit_insert; DROP TRIGGER IF EXISTS soak_lock_audit_update; \
+                "DROP TRIGGER IF EXISTS soak_lock_audit_insert;\n\
+                 DROP TRIGGER IF EXISTS soak_lock_audit_update;\n\
                  CREATE TRIGGER soak_lock_audit_insert AFTER INSERT ON occ_locks FOR EACH ROW \
-                   INSERT INTO soak_lock_audit ({columns}) SELECT NEW.lock_name, NEW.resource, NULL, NEW.holder, NULL, NEW.fence, 0 FROM DUAL WHERE {mine}; \
+                   INSERT INTO soak_lock_audit ({columns}) SELECT NEW.lock_name, NEW.resource, NULL, NEW.holder, NULL, NEW.fence, 0 FROM DUAL WHERE {mine};\n\
                  CREATE TRIGGER soak_lock_audit_update AFTER UPDATE ON occ_locks FOR EACH ROW \
                    INSERT INTO soak_lock_audit ({columns}) SELECT NEW.lock_name, NEW.resource, OLD.holder, NEW.holder, OLD.fence, NEW.fence, {lasted} \
-                   FROM DUAL WHERE {mine} AND NEW.fence <> OLD.fence;"
+                   FROM DUAL WHERE {mine} AND NEW.fence <> OLD.fence"
             ),
             _ => format!(
                 "DROP TRIGGER IF EXISTS soak_lock_audit_insert; DROP TRIGGER IF EXISTS soak_lock_audit_update; \
@@ -217,7 +218,12 @@ per_backend! {
                    INSERT INTO soak_lock_audit ({columns}) VALUES (NEW.lock_name, NEW.resource, OLD.holder, NEW.holder, OLD.fence, NEW.fence, {lasted}); END;"
             ),
         };
-        conn.batch_execute(&triggers)?;
+        // One statement per call: MariaDB keeps what follows a trigger's body in the same
+        // batch as part of it, which it then cannot parse when it reloads the trigger
+        // after a restart ("Query was empty").
+        for statement in triggers.split(";\n").filter(|s| !s.trim().is_empty()) {
+            conn.batch_execute(statement)?;
+        }
         Ok(())
     }
 

@@ -295,6 +295,10 @@ impl AsyncManager for diesel_async::AsyncMysqlConnection {
 /// How long an exhausted pool stays exhausted: longer than its checkout timeout.
 pub const EXHAUSTED_FOR: Duration = Duration::from_millis(2_500);
 
+/// How long a worker waits after its pool had no connection for it (the server down, say),
+/// as a client backs off, rather than spending the run's operations on a dead server.
+pub const AFTER_NO_CONNECTION: Duration = Duration::from_millis(100);
+
 /// The checkout timeout of the soak's pools.
 pub const CHECKOUT_TIMEOUT: Duration = Duration::from_secs(2);
 
@@ -365,6 +369,9 @@ per_backend! {
                 },
             };
             state.learn(key, &op, Some(&answer));
+            if matches!(answer, Err(diesel_occ::Error::Pool(_))) {
+                std::thread::sleep(AFTER_NO_CONNECTION);
+            }
             worker.ended(recorder, caller, key, judged(&op, answer, rows::current_row));
         }
     }
@@ -413,6 +420,9 @@ per_backend! {
                 None => Some(call.await),
             };
             state.learn(key, &op, answer.as_ref());
+            if matches!(answer, Some(Err(diesel_occ::Error::Pool(_)))) {
+                tokio::time::sleep(AFTER_NO_CONNECTION).await;
+            }
             let what = match answer {
                 Some(answer) => judged(&op, answer, rows::current_row),
                 None => What::Unknown { outcome: "dropped".into() },
