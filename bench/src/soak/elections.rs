@@ -37,10 +37,7 @@ pub fn run(
     seed: u64,
 ) -> Injected {
     let mut injected = Injected::new();
-    // Once the tables are there: when the workers began.
-    while plan.done() == 0 && !stop.load(Ordering::Relaxed) {
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    plan.await_start(stop);
     let mut rng = fastrand::Rng::with_seed(seed.rotate_left(17));
     let mut epoch = 0;
     while !stop.load(Ordering::Relaxed) {

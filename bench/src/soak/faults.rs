@@ -47,6 +47,7 @@ pub fn inject(
     let embedded = matches!(backend, Backend::Sqlite { .. });
     let kills = kinds.contains(&Fault::Kills) && !embedded;
     let stalls = kinds.contains(&Fault::Stalls);
+    plan.await_start(stop);
     while !stop.load(Ordering::Relaxed) {
         std::thread::sleep(Duration::from_millis(rng.u64(50..250)));
         let stall_now = stalls && (!kills || rng.bool());
@@ -157,8 +158,15 @@ fn stall(
 /// Runs `command` (with `bash -c`) every `every`, at most `times` times, until `stop`,
 /// each run awaited: a server restart, a cluster node killed and started again, a
 /// failover.
-pub fn outages(command: &str, every: Duration, times: u64, stop: &AtomicBool) -> Injected {
+pub fn outages(
+    command: &str,
+    every: Duration,
+    times: u64,
+    plan: &Plan,
+    stop: &AtomicBool,
+) -> Injected {
     let mut injected = Injected::new();
+    plan.await_start(stop);
     let mut next = std::time::Instant::now() + every;
     let mut runs = 0;
     while !stop.load(Ordering::Relaxed) && runs < times {

@@ -195,8 +195,9 @@ pub fn run(backend: Backend, mut settings: SoakSettings) -> Result<(), Box<dyn s
             })
         };
         let outages = settings.outage.as_deref().map(|command| {
-            let (every, times, stop) = (settings.outage_every, settings.outage_times, &stop);
-            s.spawn(move || faults::outages(command, every, times, stop))
+            let (every, times, plan, stop) =
+                (settings.outage_every, settings.outage_times, &plan, &stop);
+            s.spawn(move || faults::outages(command, every, times, plan, stop))
         });
         let faults = from_outside.then(|| {
             let (url, plan, stop, kinds) = (&settings.url, &plan, &stop, &settings.faults);

@@ -5,7 +5,7 @@
 //! ([`locks`]).
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use diesel_occ::asynchronous::AsyncConnectionSource;
@@ -103,6 +103,14 @@ impl Plan {
     /// Operations handed out so far.
     pub fn done(&self) -> u64 {
         self.started.load(Ordering::Relaxed).min(self.total)
+    }
+
+    /// Waits until the workers began (the tables are there and the pools filled), or
+    /// `stop`: faults start only then, so that none hits the run's own set-up.
+    pub fn await_start(&self, stop: &AtomicBool) {
+        while self.started.load(Ordering::Relaxed) == 0 && !stop.load(Ordering::Relaxed) {
+            std::thread::sleep(Duration::from_millis(10));
+        }
     }
 }
 
