@@ -306,7 +306,7 @@ impl OccBackend for diesel::mysql::Mysql {
         C: LoadConnection<Backend = Self>,
     {
         let number = mysql_asks_error_number(error)
-            .then(|| mysql_error_number(conn))
+            .then(|| mysql_error_number(conn, error))
             .flatten();
         mysql_retry_reason_given(error, number)
     }
@@ -326,11 +326,10 @@ impl OccBackend for diesel::mysql::Mysql {
             && mysql_asks_error_number(error)
             && conn.batch_execute(MYSQL_ASK_ERROR_NUMBER).await.is_ok()
         {
-            number = diesel::select(diesel::dsl::sql::<ErrorNumber>(MYSQL_READ_ERROR_NUMBER))
-                .get_result::<Option<u32>>(conn)
-                .await
-                .ok()
-                .flatten();
+            let noted = diesel::select(diesel::dsl::sql::<ErrorNumber>(MYSQL_READ_ERROR_NUMBER))
+                .get_result::<NotedError>(conn)
+                .await;
+            number = reported_number(error, noted.ok());
         }
         mysql_retry_reason_given(error, number)
     }
@@ -380,10 +379,10 @@ fn mysql_retry_reason(number: u32) -> Option<RetryReason> {
         1969 => Some(RetryReason::LockTimeout),
         // ER_CHECKREAD: MariaDB's snapshot isolation found the row changed since the read
         1020 => Some(RetryReason::SerializationFailure),
-        // ER_QUERY_INTERRUPTED: what a Galera node's diagnostics area keeps for a
-        // transaction it aborted for a conflicting write from another node (the reply says
-        // 1213); elsewhere a `KILL QUERY`. Either way the statement did nothing, and the
-        // library rolls its transaction back before running the operation again.
+        // ER_QUERY_INTERRUPTED: a `KILL QUERY` (and a Galera node's own record of a
+        // statement it aborted, before the 1213 it answers with). Either way the
+        // statement did nothing, and the library rolls its transaction back before running
+        // the operation again.
         1317 => Some(RetryReason::SerializationFailure),
         // ER_TRANSACTION_ROLLBACK_DURING_COMMIT: MySQL Group Replication rolled the
         // transaction back at its COMMIT (it lost certification)
@@ -442,35 +441,97 @@ const MYSQL_ASYNC_CLIENT_ERRORS: [&str; 5] = [
     "TLS error: ",
 ];
 
-/// The statements that ask a MySQL server for the number of the error the last statement
-/// raised, into session variables ([`MYSQL_READ_ERROR_NUMBER`] reads them). `GET
-/// DIAGNOSTICS` does not clear the diagnostics area, so the count is read before the
-/// condition. Sent only after a statement has already failed.
+/// The statements that ask a MySQL server for the numbers and texts of the conditions the
+/// last statement raised (the first three and the last), into session variables
+/// ([`MYSQL_READ_ERROR_NUMBER`] reads them). A statement can raise several, and the one
+/// the client was answered with is neither always the first nor always the last: a
+/// MariaDB Galera node that aborts a statement for another node's write keeps 1317
+/// "interrupted" before the 1213 it answers with; MariaDB adds a 4094 note ("At line N in
+/// trigger") after an error raised inside a trigger. [`reported_number`] picks the
+/// condition by its text. `GET DIAGNOSTICS` does not clear the diagnostics area, so the
+/// count is read before the conditions; a condition past the count is read as `NULL`.
+/// Sent only after a statement has already failed.
 #[cfg(feature = "mysql")]
 pub(crate) const MYSQL_ASK_ERROR_NUMBER: &str = "GET DIAGNOSTICS @diesel_occ_conditions = NUMBER; \
-     GET DIAGNOSTICS CONDITION 1 @diesel_occ_errno = MYSQL_ERRNO";
+     GET DIAGNOSTICS CONDITION 1 @diesel_occ_errno_1 = MYSQL_ERRNO, @diesel_occ_text_1 = MESSAGE_TEXT; \
+     GET DIAGNOSTICS CONDITION 2 @diesel_occ_errno_2 = MYSQL_ERRNO, @diesel_occ_text_2 = MESSAGE_TEXT; \
+     GET DIAGNOSTICS CONDITION 3 @diesel_occ_errno_3 = MYSQL_ERRNO, @diesel_occ_text_3 = MESSAGE_TEXT; \
+     GET DIAGNOSTICS CONDITION @diesel_occ_conditions \
+     @diesel_occ_errno_4 = MYSQL_ERRNO, @diesel_occ_text_4 = MESSAGE_TEXT";
 
-/// Reads the number [`MYSQL_ASK_ERROR_NUMBER`] noted, `NULL` when there was no error.
+/// Reads the numbers and texts [`MYSQL_ASK_ERROR_NUMBER`] noted, `NULL`s for conditions
+/// the statement did not raise (the variables may hold an earlier question's answers).
 #[cfg(feature = "mysql")]
-pub(crate) const MYSQL_READ_ERROR_NUMBER: &str =
-    "IF(@diesel_occ_conditions > 0, @diesel_occ_errno, NULL)";
+pub(crate) const MYSQL_READ_ERROR_NUMBER: &str = "\
+     IF(@diesel_occ_conditions >= 1, @diesel_occ_errno_1, NULL), \
+     IF(@diesel_occ_conditions >= 1, @diesel_occ_text_1, NULL), \
+     IF(@diesel_occ_conditions >= 2, @diesel_occ_errno_2, NULL), \
+     IF(@diesel_occ_conditions >= 2, @diesel_occ_text_2, NULL), \
+     IF(@diesel_occ_conditions >= 3, @diesel_occ_errno_3, NULL), \
+     IF(@diesel_occ_conditions >= 3, @diesel_occ_text_3, NULL), \
+     IF(@diesel_occ_conditions >= 1, @diesel_occ_errno_4, NULL), \
+     IF(@diesel_occ_conditions >= 1, @diesel_occ_text_4, NULL)";
+
+#[cfg(feature = "mysql")]
+type ConditionNumber =
+    diesel::sql_types::Nullable<diesel::sql_types::Unsigned<diesel::sql_types::Integer>>;
+#[cfg(feature = "mysql")]
+type ConditionText = diesel::sql_types::Nullable<diesel::sql_types::Text>;
 
 /// The SQL type of [`MYSQL_READ_ERROR_NUMBER`].
 #[cfg(feature = "mysql")]
-pub(crate) type ErrorNumber =
-    diesel::sql_types::Nullable<diesel::sql_types::Unsigned<diesel::sql_types::Integer>>;
+pub(crate) type ErrorNumber = (
+    ConditionNumber,
+    ConditionText,
+    ConditionNumber,
+    ConditionText,
+    ConditionNumber,
+    ConditionText,
+    ConditionNumber,
+    ConditionText,
+);
+
+/// What [`MYSQL_READ_ERROR_NUMBER`] reads: number and text of conditions 1 to 3 and of
+/// the last.
+#[cfg(feature = "mysql")]
+pub(crate) type NotedError = (
+    Option<u32>,
+    Option<String>,
+    Option<u32>,
+    Option<String>,
+    Option<u32>,
+    Option<String>,
+    Option<u32>,
+    Option<String>,
+);
+
+/// The number of `error` among the conditions the server `noted`: the condition whose
+/// text is the one the client was answered with; `None` when none is (the error sits in
+/// the middle of a long list), and the text alone decides.
+#[cfg(feature = "mysql")]
+pub(crate) fn reported_number(error: &DieselError, noted: Option<NotedError>) -> Option<u32> {
+    let DieselError::DatabaseError(_, info) = error else {
+        return None;
+    };
+    let (e1, t1, e2, t2, e3, t3, e4, t4) = noted?;
+    [(e1, t1), (e2, t2), (e3, t3), (e4, t4)]
+        .into_iter()
+        .find_map(|(number, text)| match (number, text) {
+            (Some(number), Some(text)) if text == info.message() => Some(number),
+            _ => None,
+        })
+}
 
 /// Asks the server for the number of the error the last statement raised (two round
 /// trips, after a statement has already failed).
 #[cfg(feature = "mysql")]
-fn mysql_error_number<C>(conn: &mut C) -> Option<u32>
+fn mysql_error_number<C>(conn: &mut C, error: &DieselError) -> Option<u32>
 where
     C: LoadConnection<Backend = diesel::mysql::Mysql>,
 {
     use diesel::RunQueryDsl;
     conn.batch_execute(MYSQL_ASK_ERROR_NUMBER).ok()?;
-    diesel::select(diesel::dsl::sql::<ErrorNumber>(MYSQL_READ_ERROR_NUMBER))
-        .get_result::<Option<u32>>(conn)
-        .ok()
-        .flatten()
+    let noted = diesel::select(diesel::dsl::sql::<ErrorNumber>(MYSQL_READ_ERROR_NUMBER))
+        .get_result::<NotedError>(conn);
+    reported_number(error, noted.ok())
 }
