@@ -405,10 +405,27 @@ pub(crate) fn mysql_retry_reason_given(
         }
         // The number decides (a trigger may `SIGNAL` the very text of a lock wait
         // timeout); the text only where the connection cannot say.
-        DieselError::DatabaseError(DatabaseErrorKind::Unknown, _) => match number {
-            Some(number) => mysql_retry_reason(number),
+        DieselError::DatabaseError(DatabaseErrorKind::Unknown, info) => match number {
+            Some(number) => {
+                mysql_retry_reason(number).or_else(|| galera_not_ready(number, info.message()))
+            }
             None => retry_reason_of(error),
         },
+        _ => None,
+    }
+}
+
+/// A MariaDB Galera node that cannot run the statement now: its answers borrow general
+/// numbers (1047 "unknown command", 1180 "error during commit"), so the number and the
+/// node's fixed English text decide together. Nothing was written: a node not ready runs
+/// no statement, and one that lost the primary component cannot order a commit.
+#[cfg(feature = "mysql")]
+fn galera_not_ready(number: u32, message: &str) -> Option<RetryReason> {
+    const NOT_READY: &str = "WSREP has not yet prepared node for application use";
+    const NOT_PRIMARY: &str = "Error while appending streaming replication fragment\
+                               (provider status: Not connected to Primary Component)";
+    match (number, message) {
+        (1047, NOT_READY) | (1180, NOT_PRIMARY) => Some(RetryReason::NodeNotReady),
         _ => None,
     }
 }
@@ -534,4 +551,75 @@ where
     let noted = diesel::select(diesel::dsl::sql::<ErrorNumber>(MYSQL_READ_ERROR_NUMBER))
         .get_result::<NotedError>(conn);
     reported_number(error, noted.ok())
+}
+
+#[cfg(all(test, feature = "mysql"))]
+mod tests {
+    use super::*;
+
+    fn unknown(message: &str) -> DieselError {
+        DieselError::DatabaseError(DatabaseErrorKind::Unknown, Box::new(message.to_string()))
+    }
+
+    /// A noted condition of `number` and `text`, as the fourth (the last) of the statement.
+    fn noted(number: u32, text: &str) -> NotedError {
+        (
+            None,
+            None,
+            None,
+            None,
+            None,
+            None,
+            Some(number),
+            Some(text.into()),
+        )
+    }
+
+    #[test]
+    fn the_number_is_the_condition_the_client_was_answered_with() {
+        let deadlock =
+            unknown("Deadlock found when trying to get lock; try restarting transaction");
+        // A Galera abort: 1317 first, the 1213 answered last.
+        let abort = (
+            Some(1317),
+            Some("Query execution was interrupted".into()),
+            Some(1213),
+            Some("Deadlock found when trying to get lock; try restarting transaction".into()),
+            None,
+            None,
+            Some(1213),
+            Some("Deadlock found when trying to get lock; try restarting transaction".into()),
+        );
+        assert_eq!(reported_number(&deadlock, Some(abort)), Some(1213));
+        // The note of a trigger's line, after the error: not the error.
+        assert_eq!(
+            reported_number(&deadlock, Some(noted(4094, "At line 1 in db.t"))),
+            None
+        );
+        assert_eq!(reported_number(&deadlock, None), None);
+    }
+
+    #[test]
+    fn a_galera_node_not_ready_is_told_by_number_and_text_together() {
+        let not_ready = unknown("WSREP has not yet prepared node for application use");
+        assert_eq!(
+            mysql_retry_reason_given(&not_ready, Some(1047)),
+            Some(RetryReason::NodeNotReady)
+        );
+        let not_primary = unknown(
+            "Error while appending streaming replication fragment\
+             (provider status: Not connected to Primary Component)",
+        );
+        assert_eq!(
+            mysql_retry_reason_given(&not_primary, Some(1180)),
+            Some(RetryReason::NodeNotReady)
+        );
+        // The same text under a trigger's own number is the trigger's refusal.
+        assert_eq!(mysql_retry_reason_given(&not_ready, Some(1644)), None);
+        // Another commit error is not a node that was not ready.
+        assert_eq!(
+            mysql_retry_reason_given(&unknown("Error during commit"), Some(1180)),
+            None
+        );
+    }
 }

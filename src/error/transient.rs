@@ -59,6 +59,9 @@ fn retry_reason_of_message(message: &str) -> Option<RetryReason> {
         }
         // MariaDB 1047 (`ER_UNKNOWN_COM_ERROR`) from a Galera node that is not synced
         "WSREP has not yet prepared node for application use" => Some(RetryReason::NodeNotReady),
+        // MariaDB 1180 from a Galera node that lost the primary component during a commit
+        "Error while appending streaming replication fragment\
+         (provider status: Not connected to Primary Component)" => Some(RetryReason::NodeNotReady),
         // SQLITE_BUSY, SQLITE_LOCKED
         "database is locked" | "database table is locked" => Some(RetryReason::Busy),
         // PostgreSQL 55P03 from NOWAIT: the quoted part is a relation name from the schema.

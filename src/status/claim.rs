@@ -59,7 +59,7 @@ use crate::flow::claim_lost::{ClaimIgnored, ClaimLost};
 use crate::flow::compare_and_set::{CompareAndSet, Matches};
 use crate::flow::finish_claims::report::FinishedClaims;
 use crate::guard::server_clock::{ClockColumn, ServerClock, Shift};
-use crate::guard::status::HasStatus;
+use crate::guard::status::{HasStatus, Status};
 use crate::guard::{AdvanceInSql, Guarded};
 use crate::sql::new_token::Counted;
 use crate::sql::statement::{And, Assignments, ColumnEq, Comma, GuardedUpdate, Joined};
@@ -466,7 +466,7 @@ where
             Ok(rows) => rows,
             Err(e) => return Err(conn.classify(e).await),
         };
-        write_locked(conn, &waiting, |keys| {
+        write_locked(conn, &waiting, request.to, |keys| {
             claim_update::<T, OwnerCol, AtCol, _>(request, keys)
         })
         .await
@@ -610,15 +610,22 @@ where
 }
 
 /// Runs the `UPDATE` that `update` builds for the keys of the `locked` rows, inside the
-/// claim's transaction, and reads them back as written, on either driver.
+/// claim's transaction, and reads them back as written (each in status `written`), on
+/// either driver.
+///
+/// A row read back in another status means the transaction was rolled back under the
+/// claim without a statement failing: a MariaDB Galera node aborted it for another
+/// node's write (a cancel, say) and the read saw that write instead. The claim then
+/// fails retryable and is run again, rather than hand over a row it does not hold.
 pub(crate) async fn write_locked<T, C, U>(
     conn: &mut C,
     locked: &[T],
+    written: T::Status,
     update: impl FnOnce(T::KeysPredicate) -> U + Send,
 ) -> Result<Vec<T>, Error>
 where
     C: Io,
-    T: ReadOn<C>,
+    T: HasStatus + ReadOn<C>,
     T::Guard: AdvanceInSql,
     for<'k> Counted: RunOn<C, U, ClaimIgnored<'k, T>, ()>,
 {
@@ -629,10 +636,41 @@ where
     let keys: Vec<T::Key> = locked.iter().map(Guarded::key).collect();
     let write = claim_write(locked, &keys, T::table_name(), update);
     <Counted as RunOn<C, _, _, ()>>::run(conn, write, true).await?;
-    match T::load_by_keys(conn, &keys).await {
-        Ok(rows) => Ok(rows),
-        Err(e) => Err(conn.classify(e).await),
+    let rows = match T::load_by_keys(conn, &keys).await {
+        Ok(rows) => rows,
+        Err(e) => return Err(conn.classify(e).await),
+    };
+    as_written(rows, keys.len(), written, T::table_name())
+}
+
+/// `rows`, read back inside the claim's transaction, when there are `expected` of them
+/// and each is in status `written`; otherwise the claim's write is gone (see
+/// [`write_locked`]): a retryable failure.
+fn as_written<T: HasStatus>(
+    rows: Vec<T>,
+    expected: usize,
+    written: T::Status,
+    table: &'static str,
+) -> Result<Vec<T>, Error> {
+    let lost = rows.iter().find(|row| row.status() != written);
+    if rows.len() == expected && lost.is_none() {
+        return Ok(rows);
     }
+    let why = match lost {
+        Some(row) => format!("a row read back {}", row.status().name()),
+        None => format!("{} of {expected} rows read back", rows.len()),
+    };
+    Err(Error::Retryable {
+        reason: crate::RetryReason::SerializationFailure,
+        source: diesel::result::Error::DatabaseError(
+            diesel::result::DatabaseErrorKind::SerializationFailure,
+            Box::new(format!(
+                "the claim's write of {table} was gone inside its own transaction ({why}, \
+                 not {}): the server had rolled it back",
+                written.name()
+            )),
+        ),
+    })
 }
 
 /// The write of the `UPDATE` that `update` builds for the `locked` rows (with `keys`, in
@@ -728,4 +766,71 @@ where
             .map(drop)
     })
     .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::as_written;
+    use crate::error::{Error, RetryReason};
+
+    diesel::table! {
+        orders (id) {
+            id -> BigInt,
+            state -> Text,
+            version -> BigInt,
+        }
+    }
+
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, crate::Status)]
+    enum Stage {
+        Placed,
+        #[occ(from(Placed))]
+        Packing,
+        #[occ(from(Placed, Packing))]
+        Cancelled,
+    }
+
+    #[derive(Debug, Clone, PartialEq, diesel::Queryable, diesel::Identifiable, crate::Guarded)]
+    #[diesel(table_name = orders)]
+    struct Order {
+        id: i64,
+        #[occ(status)]
+        state: Stage,
+        #[occ(version)]
+        version: i64,
+    }
+
+    fn order(id: i64, state: Stage) -> Order {
+        Order {
+            id,
+            state,
+            version: 2,
+        }
+    }
+
+    fn lost(answer: Result<Vec<Order>, Error>) -> bool {
+        matches!(
+            answer,
+            Err(Error::Retryable {
+                reason: RetryReason::SerializationFailure,
+                ..
+            })
+        )
+    }
+
+    #[test]
+    fn rows_read_back_as_written_are_the_claim() {
+        let rows = vec![order(1, Stage::Packing), order(2, Stage::Packing)];
+        let claimed = as_written(rows.clone(), 2, Stage::Packing, "orders").unwrap();
+        assert_eq!(claimed, rows);
+    }
+
+    #[test]
+    fn a_row_read_back_in_another_state_or_missing_is_a_claim_rolled_back() {
+        // Cancelled by another node's write that aborted the claim's transaction.
+        let cancelled = vec![order(1, Stage::Packing), order(2, Stage::Cancelled)];
+        assert!(lost(as_written(cancelled, 2, Stage::Packing, "orders")));
+        let missing = vec![order(1, Stage::Packing)];
+        assert!(lost(as_written(missing, 2, Stage::Packing, "orders")));
+    }
 }

@@ -158,11 +158,11 @@ where
             Err(e) => return Err(conn.classify(e).await),
         };
         let (spent, fresh) = split_spent(waiting, limit);
-        let parked = write_locked(conn, &spent, |keys| {
+        let parked = write_locked(conn, &spent, limit.park_in, |keys| {
             park_statement::<T, OwnerCol>(limit.park_in, keys)
         })
         .await?;
-        let rows = write_locked(conn, &fresh, |keys| {
+        let rows = write_locked(conn, &fresh, request.to, |keys| {
             hand_over_statement::<T, OwnerCol, AtCol, AttemptsCol>(request, keys)
         })
         .await?;
