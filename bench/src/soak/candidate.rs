@@ -24,6 +24,7 @@ use super::history::What;
 use super::locks;
 use super::model::{Op, Ret};
 use super::outcome::judged;
+use super::workload;
 use crate::backend::{per_backend, Backend};
 
 /// The lock name of the elections; each epoch's resource is its number.
@@ -63,16 +64,50 @@ pub struct Relay {
     generation: Mutex<u64>,
     closed: AtomicBool,
     index: u64,
+    /// The API the candidate campaigns on, as the history names it.
+    driver: &'static str,
 }
 
 impl Relay {
     /// Runs `call` as `op` on `key`, recorded by the soak; nothing when the soak is gone.
     fn call(&self, key: i64, op: Op, call: impl FnOnce() -> Result<Ret, diesel_occ::Error>) {
-        let mut generation = self.generation.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(caller) = self.begin(key, &op) {
+            self.end(caller, key, &op, call());
+        }
+    }
+
+    /// [`call`](Self::call) of a future, from a task of a multi-threaded runtime: the
+    /// wait for the soak's answer does not hold up the runtime's other tasks (renewals).
+    async fn call_async(
+        &self,
+        key: i64,
+        op: Op,
+        call: impl std::future::Future<Output = Result<Ret, diesel_occ::Error>>,
+    ) {
+        let Some(caller) = tokio::task::block_in_place(|| self.begin(key, &op)) else {
+            return;
+        };
+        // The job's future is dropped at an await when its term ends: the call's outcome
+        // is then unknown, and the history must say so.
+        let mut pending = Pending {
+            relay: self,
+            caller,
+            key,
+            answered: false,
+        };
+        let answer = call.await;
+        pending.answered = true;
+        tokio::task::block_in_place(|| self.end(caller, key, &op, answer));
+    }
+
+    /// Sends the start of `op` on `key` and waits until the soak recorded it: the
+    /// caller id, or `None` when the soak is gone.
+    fn begin(&self, key: i64, op: &Op) -> Option<u64> {
+        let generation = self.generation.lock().unwrap_or_else(|p| p.into_inner());
         let caller = caller(self.index, *generation);
         let invoke = What::Invoke {
             op: op.clone(),
-            driver: "candidate".into(),
+            driver: self.driver.into(),
         };
         // Closed for good once the soak stopped answering: it did not record the start.
         let acks = self.acks.lock().unwrap_or_else(|p| p.into_inner());
@@ -81,20 +116,50 @@ impl Relay {
             || acks.recv().is_err()
         {
             self.closed.store(true, Ordering::SeqCst);
-            return;
+            return None;
         }
-        drop(acks);
-        let what = judged(&op, call(), |_| None);
+        Some(caller)
+    }
+
+    /// Sends the answer of the call `begin` started; an unknown outcome ends the caller's
+    /// generation, as a worker's does.
+    fn end(&self, caller: u64, key: i64, op: &Op, answer: Result<Ret, diesel_occ::Error>) {
+        let what = judged(op, answer, |_| None);
         if matches!(what, What::Unknown { .. }) {
-            *generation += 1;
+            self.next_generation();
         }
         self.send(caller, key, what);
+    }
+
+    /// Ends the caller's generation after an unknown outcome.
+    fn next_generation(&self) {
+        *self.generation.lock().unwrap_or_else(|p| p.into_inner()) += 1;
     }
 
     fn send(&self, caller: u64, key: i64, what: What) -> bool {
         let line = serde_json::to_string(&Relayed { caller, key, what }).expect("a line");
         let mut out = self.out.lock().unwrap_or_else(|p| p.into_inner());
         writeln!(out, "{line}").and_then(|()| out.flush()).is_ok()
+    }
+}
+
+/// A relayed async call not yet answered: dropped so, it is recorded as dropped.
+struct Pending<'r> {
+    relay: &'r Relay,
+    caller: u64,
+    key: i64,
+    answered: bool,
+}
+
+impl Drop for Pending<'_> {
+    fn drop(&mut self) {
+        if !self.answered {
+            self.relay.next_generation();
+            let dropped = What::Unknown {
+                outcome: "dropped".into(),
+            };
+            self.relay.send(self.caller, self.key, dropped);
+        }
     }
 }
 
@@ -122,6 +187,12 @@ pub fn run(
         generation: Mutex::new(0),
         closed: AtomicBool::new(false),
         index,
+        // Every other candidate on the async API: the two kinds compete in one election.
+        driver: if index % 2 == 0 {
+            "candidate"
+        } else {
+            "async-candidate"
+        },
     });
     match backend {
         #[cfg(feature = "sqlite")]
@@ -136,7 +207,7 @@ pub fn run(
 }
 
 per_backend! {
-    uses(locks)
+    uses(locks, workload)
 
     /// A leader's term: a fenced write every 20 ms while it leads, one more after.
     fn term(relay: &Relay, pool: &Pool, key: i64, held: &Held) {
@@ -156,6 +227,42 @@ per_backend! {
             std::thread::sleep(Duration::from_millis(20));
         }
         write(value + 1);
+    }
+
+    /// A leader's term on the async API: a fenced write every 20 ms while it leads. The
+    /// job is dropped at an await when the term ends, so no write follows it; a write in
+    /// flight when the process was frozen arrives late, under the old fence.
+    async fn term_async(relay: Arc<Relay>, pool: workload::Bb8Pool, key: i64, held: Held) {
+        use diesel_occ::asynchronous::{AsyncConnectionSource, AsyncFencedWrite};
+        let fence = held.fence();
+        let mut value = 0;
+        while held.is_held() {
+            value += 1;
+            let write = async {
+                let mut conn = pool.checkout().await?;
+                <locks::SoakFenced as AsyncFencedWrite>::write_fenced(&mut *conn, &key, locks::soak_fenced::last_fence, fence, locks::soak_fenced::value.eq(value)).await?;
+                Ok(Ret::Done)
+            };
+            relay.call_async(key, Op::FencedWrite { fence, value }, write).await;
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Campaigns on the async API (an `AsyncCandidate` on a bb8 pool) until `stop`.
+    fn campaign_async(url: &str, epoch: u64, label: &str, relay: Arc<Relay>, stop: &AtomicBool) -> Result<(), Box<dyn std::error::Error>> {
+        use diesel_occ::asynchronous::{AsyncCandidate, AsyncLocks};
+        let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+        runtime.block_on(async {
+            let pool = workload::bb8_pool(url, 3).await?;
+            let (job_pool, key) = (pool.clone(), key_of(epoch));
+            let job = move |held: Held| term_async(relay.clone(), job_pool.clone(), key, held);
+            let candidate = AsyncCandidate::start_with_job(AsyncLocks::new(pool), LEADER, &epoch.to_string(), label, TIMING, job)?;
+            while !stop.load(Ordering::SeqCst) {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            candidate.stop().await;
+            Ok(())
+        })
     }
 
     pub fn campaign(url: &str, epoch: u64, index: u64, relay: Arc<Relay>, stop: &AtomicBool) -> Result<(), Box<dyn std::error::Error>> {
@@ -184,6 +291,9 @@ per_backend! {
             }
         }
         let label = format!("candidate {index} pid {}", std::process::id());
+        if relay.driver == "async-candidate" {
+            return campaign_async(url, epoch, &label, relay, stop);
+        }
         let job_pool = pool.clone();
         let candidate = Candidate::start_with_job(Locks::new(pool), LEADER, &epoch.to_string(), &label, TIMING, move |held: &Held| {
             term(&relay, &job_pool, key, held)

@@ -454,8 +454,11 @@ per_backend! {
         Ok(locks::audit(&mut conn)?)
     }
 
+    /// The soak's bb8 pool of diesel-async connections.
+    pub type Bb8Pool = diesel_async::pooled_connection::bb8::Pool<AsyncConn>;
+
     /// A bb8 pool of `size` diesel-async connections.
-    pub async fn bb8_pool(url: &str, size: u32) -> Result<diesel_async::pooled_connection::bb8::Pool<AsyncConn>, Box<dyn std::error::Error>> {
+    pub async fn bb8_pool(url: &str, size: u32) -> Result<Bb8Pool, Box<dyn std::error::Error>> {
         let manager = <AsyncConn as AsyncManager>::manager(url);
         // bb8's defaults, as a service has them: each check-out is tested with a query,
         // which evicts a killed connection.
