@@ -20,9 +20,7 @@ use crate::sql::new_token::Counted;
 use crate::sql::statement::{Assignments, NoChanges};
 use crate::write::changed_columns::save_changed;
 use crate::write::entity::{delete_row, update_row, write_and_record, write_unguarded};
-use crate::write::entity::{
-    excluded_changeset, unguarded_by_key, DeleteOf, UnguardedUpdateOf, UpdateOf,
-};
+use crate::write::entity::{excluded_changeset, DeleteOf, UnguardedUpdateOf, UpdateOf};
 
 /// Guarded writes for every [`Guarded`] entity on a diesel-async connection: the methods
 /// of [`GuardedWrite`](crate::GuardedWrite), as futures. Their outcomes are the same
@@ -326,7 +324,7 @@ where
     T: ReadOn<C>,
     C: Io + NativeAsyncConnection,
     Ch: AsChangeset<Target = T::Table>,
-    Ch::Changeset: QueryFragment<<C as Io>::Backend>,
+    Ch::Changeset: QueryFragment<<C as Io>::Backend> + Clone + Send + 'static,
     T::Stamp: QueryFragment<<C as Io>::Backend>,
     UnguardedUpdateOf<T, Ch::Changeset>: Assignments<<C as Io>::Backend> + Send + 'static,
     for<'k> Counted: RunOn<C, UnguardedUpdateOf<T, Ch::Changeset>, RowMoved<'k, T>, TokenOf<T>>,
@@ -339,11 +337,10 @@ where
         let WriteExcluded { key, changes } = self;
         let table = <T as ReadOn<C>>::table_name();
         // Checked before the future: the changes need not be `Send`.
-        let statement = excluded_changeset::<T, <C as Io>::Backend, Ch>(table, changes)
-            .map(|changes| changes.map(|changes| unguarded_by_key::<T, _>(&key, changes)));
+        let changes = excluded_changeset::<T, <C as Io>::Backend, Ch>(table, changes);
         async move {
-            match statement? {
-                Some(statement) => write_unguarded::<T, C, _>(conn, &key, statement).await,
+            match changes? {
+                Some(changes) => write_unguarded::<T, C, _>(conn, &key, changes).await,
                 None => Ok(()),
             }
         }
@@ -362,7 +359,6 @@ where
         self,
         conn: &mut C,
     ) -> Result<<Self as Operation>::Output, <Self as Operation>::Error> {
-        let statement = unguarded_by_key::<T, _>(&self.key, self.stamp);
-        write_unguarded::<T, C, _>(conn, &self.key, statement).await
+        write_unguarded::<T, C, _>(conn, &self.key, self.stamp).await
     }
 }

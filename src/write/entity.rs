@@ -15,7 +15,7 @@ use crate::drive::blocking::load::{run_precision_check, LoadByKey};
 use crate::drive::{now, Blocking, Io, ReadOn, RunOn, UpdateOn};
 use crate::error::Error;
 use crate::flow::compare_and_set::{refuse_status_write, CompareAndSet};
-use crate::flow::miss::{unreadable_row, Explanation, RowMoved};
+use crate::flow::miss::{unreadable_row, Explanation, KeyWriteRuns, RowMoved};
 use crate::guard::stored_precision::PrecisionCheck;
 use crate::guard::{
     AdvanceAnyOf, AdvanceInSql, AdvanceOf, Advancing, CanAdvanceOf, CompletionOf, GuardKind,
@@ -383,7 +383,7 @@ where
     C: LoadConnection + Send,
     C::Backend: OccBackend,
     Ch: AsChangeset<Target = T::Table>,
-    Ch::Changeset: QueryFragment<C::Backend>,
+    Ch::Changeset: QueryFragment<C::Backend> + Clone + Send,
     T::Stamp: QueryFragment<C::Backend>,
     UnguardedUpdateOf<T, Ch::Changeset>: ExecuteDsl<C> + Assignments<C::Backend> + Send,
 {
@@ -443,34 +443,47 @@ where
     T: LoadByKey<C>,
     C: LoadConnection + Send,
     C::Backend: OccBackend,
+    X: Clone + Send,
     UnguardedUpdateOf<T, X>: ExecuteDsl<C> + Assignments<C::Backend> + Send,
 {
-    let statement = unguarded_by_key::<T, X>(key, changes);
     now(write_unguarded::<T, _, _>(
         Blocking::wrap(conn),
         key,
-        statement,
+        changes,
     ))
 }
 
-/// Sends `statement`, an unguarded write of the row with `key`, on either driver: a
-/// missing row is [`Error::NotFound`].
-pub(crate) async fn write_unguarded<T, C, S>(
+/// Sends `UPDATE <table> SET <changes> WHERE <key>`, an unguarded write of the row with
+/// `key`, on either driver: a missing row is [`Error::NotFound`]. It takes the row with
+/// any token, so a miss whose re-read finds the row may have raced the row's insert: it
+/// runs again, as [`KeyWriteRuns`] says (hence changes that can be cloned).
+pub(crate) async fn write_unguarded<T, C, X>(
     conn: &mut C,
     key: &T::Key,
-    statement: S,
+    changes: X,
 ) -> Result<(), Error>
 where
     C: Io,
     T: ReadOn<C>,
-    S: Assignments<C::Backend> + Send,
-    for<'k> Counted: RunOn<C, S, RowMoved<'k, T>, TokenOf<T>>,
+    X: Clone + Send,
+    UnguardedUpdateOf<T, X>: Assignments<C::Backend> + Send,
+    for<'k> Counted: RunOn<C, UnguardedUpdateOf<T, X>, RowMoved<'k, T>, TokenOf<T>>,
 {
     conn.refuse_broken()?;
-    let write = CompareAndSet::one(statement, T::table_name(), key, RowMoved::<T>::any(key));
-    conn.call(async |conn: &mut C| <Counted as RunOn<C, _, _, _>>::run(conn, write, false).await)
-        .await
-        .map(drop)
+    let mut runs = KeyWriteRuns::default();
+    loop {
+        let statement = unguarded_by_key::<T, X>(key, changes.clone());
+        let write = CompareAndSet::one(statement, T::table_name(), key, RowMoved::<T>::any(key));
+        let answer = conn
+            .call(async |conn: &mut C| {
+                <Counted as RunOn<C, _, _, _>>::run(conn, write, false).await
+            })
+            .await
+            .map(drop);
+        if !runs.again(&answer) {
+            return answer;
+        }
+    }
 }
 
 /// `UPDATE <table> SET <changes> WHERE <key>` of entity `T`'s row with `key`.
