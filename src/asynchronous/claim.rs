@@ -32,7 +32,7 @@ use crate::operation::Operation;
 use crate::sql::new_token::Counted;
 use crate::sql::statement::Assignments;
 use crate::status::claim::{claim, end_claim};
-use crate::status::claim::{ClaimQueryOf, ClaimRequest, ClaimUpdateOf, FinishOf};
+use crate::status::claim::{ClaimQueryOf, ClaimRequest, ClaimUpdateOf, FinishOf, OwnersOf};
 use crate::status::claim_attempts::claim_counted;
 use crate::status::claim_attempts::{
     AttemptLimit, Claimed, CountedClaimOf, CountedClaimQueryOf, ParkOf,
@@ -185,6 +185,11 @@ where
     for<'k> Counted: RunOn<C, ClaimUpdateOf<T, OwnerCol, AtCol>, ClaimIgnored<'k, T>, ()>,
     ClaimInOneOf<T, OwnerCol, AtCol, <C as Io>::Backend>: QueryOn<C, T> + Send,
     ClaimInOneUpdateOf<T, OwnerCol, AtCol>: Assignments<<C as Io>::Backend>,
+    OwnerCol: Default,
+    T::Table: diesel::query_dsl::methods::FilterDsl<T::KeysPredicate>,
+    diesel::dsl::Filter<T::Table, T::KeysPredicate>:
+        diesel::query_dsl::methods::SelectDsl<OwnerCol>,
+    OwnersOf<T, OwnerCol>: QueryOn<C, Option<String>> + Send,
 {
     async fn run_async(
         self,
@@ -204,6 +209,11 @@ where
     AtCol: Column<Table = T::Table> + 'static,
     AttemptsCol: Column<Table = T::Table, SqlType = Integer> + Default + 'static,
     CountedClaimQueryOf<T, AtCol, AttemptsCol, <C as Io>::Backend>: QueryOn<C, (T, i32)>,
+    OwnerCol: Default,
+    T::Table: diesel::query_dsl::methods::FilterDsl<T::KeysPredicate>,
+    diesel::dsl::Filter<T::Table, T::KeysPredicate>:
+        diesel::query_dsl::methods::SelectDsl<OwnerCol>,
+    OwnersOf<T, OwnerCol>: QueryOn<C, Option<String>> + Send,
     for<'k> Counted: RunOn<C, CountedClaimOf<T, OwnerCol, AtCol, AttemptsCol>, ClaimIgnored<'k, T>, ()>
         + RunOn<C, ParkOf<T, OwnerCol>, ClaimIgnored<'k, T>, ()>,
 {

@@ -421,6 +421,11 @@ where
     Counted: Complete<C, ClaimUpdateOf<T, OwnerCol, AtCol>, ()>,
     ClaimInOneOf<T, OwnerCol, AtCol, C::Backend>: LoadQuery<'static, C, T> + Send,
     ClaimInOneUpdateOf<T, OwnerCol, AtCol>: Assignments<C::Backend>,
+    OwnerCol: Default,
+    T::Table: diesel::query_dsl::methods::FilterDsl<T::KeysPredicate>,
+    diesel::dsl::Filter<T::Table, T::KeysPredicate>:
+        diesel::query_dsl::methods::SelectDsl<OwnerCol>,
+    OwnersOf<T, OwnerCol>: LoadQuery<'static, C, Option<String>> + Send,
 {
     fn claim_rows(conn: &mut C, request: &ClaimRequest<'_, T::Status>) -> Result<Vec<T>, Error> {
         now(claim::<T, _, OwnerCol, AtCol>(
@@ -447,6 +452,11 @@ where
     for<'k> Counted: RunOn<C, ClaimUpdateOf<T, OwnerCol, AtCol>, ClaimIgnored<'k, T>, ()>,
     ClaimInOneOf<T, OwnerCol, AtCol, C::Backend>: QueryOn<C, T> + Send,
     ClaimInOneUpdateOf<T, OwnerCol, AtCol>: Assignments<C::Backend>,
+    OwnerCol: Default,
+    T::Table: diesel::query_dsl::methods::FilterDsl<T::KeysPredicate>,
+    diesel::dsl::Filter<T::Table, T::KeysPredicate>:
+        diesel::query_dsl::methods::SelectDsl<OwnerCol>,
+    OwnersOf<T, OwnerCol>: QueryOn<C, Option<String>> + Send,
 {
     crate::sql::names::check_name("owner", request.owner)?;
     if request.limit == 0 {
@@ -466,10 +476,12 @@ where
             Ok(rows) => rows,
             Err(e) => return Err(conn.classify(e).await),
         };
-        write_locked(conn, &waiting, request.to, |keys| {
+        let rows = write_locked(conn, &waiting, request.to, |keys| {
             claim_update::<T, OwnerCol, AtCol, _>(request, keys)
         })
-        .await
+        .await?;
+        check_claimed_by::<T, C, OwnerCol>(conn, &rows, request.owner).await?;
+        Ok(rows)
     })
     .await
 }
@@ -657,20 +669,78 @@ fn as_written<T: HasStatus>(
         return Ok(rows);
     }
     let why = match lost {
-        Some(row) => format!("a row read back {}", row.status().name()),
+        Some(row) => format!(
+            "a row read back {}, not {}",
+            row.status().name(),
+            written.name()
+        ),
         None => format!("{} of {expected} rows read back", rows.len()),
     };
-    Err(Error::Retryable {
+    Err(claim_rolled_back(table, why))
+}
+
+/// The retryable failure of a claim whose write was gone inside its own transaction
+/// (`why`, as read back): the server had rolled it back.
+fn claim_rolled_back(table: &'static str, why: String) -> Error {
+    Error::Retryable {
         reason: crate::RetryReason::SerializationFailure,
         source: diesel::result::Error::DatabaseError(
             diesel::result::DatabaseErrorKind::SerializationFailure,
             Box::new(format!(
-                "the claim's write of {table} was gone inside its own transaction ({why}, \
-                 not {}): the server had rolled it back",
-                written.name()
+                "the claim's write of {table} was gone inside its own transaction ({why}): \
+                 the server had rolled it back"
             )),
         ),
-    })
+    }
+}
+
+/// The owners of rows of `T` by key: what a claim's rows hold in `OwnerCol`.
+pub(crate) type OwnersOf<T, OwnerCol> = diesel::dsl::Select<
+    diesel::dsl::Filter<
+        <T as diesel::associations::HasTable>::Table,
+        <T as Guarded>::KeysPredicate,
+    >,
+    OwnerCol,
+>;
+
+/// Inside the claim's transaction, after its rows were read back in the claimed state:
+/// each must hold `owner`. A Galera node can roll the transaction back under the claim
+/// without a statement failing, and the read then shows another worker's claim of the
+/// same rows (same state, same token): only the owner tells it. A retryable failure
+/// when a row does not, as [`as_written`].
+pub(crate) async fn check_claimed_by<T, C, OwnerCol>(
+    conn: &mut C,
+    rows: &[T],
+    owner: &str,
+) -> Result<(), Error>
+where
+    C: Io,
+    T: ReadOn<C>,
+    OwnerCol: Column<Table = T::Table> + Default,
+    T::Table: diesel::query_dsl::methods::FilterDsl<T::KeysPredicate>,
+    diesel::dsl::Filter<T::Table, T::KeysPredicate>:
+        diesel::query_dsl::methods::SelectDsl<OwnerCol>,
+    OwnersOf<T, OwnerCol>: QueryOn<C, Option<String>> + Send,
+{
+    use diesel::query_dsl::methods::{FilterDsl, SelectDsl};
+    if rows.is_empty() {
+        return Ok(());
+    }
+    let keys: Vec<T::Key> = rows.iter().map(Guarded::key).collect();
+    let query = T::table()
+        .filter(T::keys_predicate(&keys))
+        .select(OwnerCol::default());
+    let owners = match query.load_on(conn).await {
+        Ok(owners) => owners,
+        Err(e) => return Err(conn.classify(e).await),
+    };
+    if owners.len() == keys.len() && owners.iter().all(|o| o.as_deref() == Some(owner)) {
+        return Ok(());
+    }
+    Err(claim_rolled_back(
+        T::table_name(),
+        format!("owners read back {owners:?}, not {owner:?}"),
+    ))
 }
 
 /// The write of the `UPDATE` that `update` builds for the `locked` rows (with `keys`, in

@@ -27,7 +27,8 @@ use crate::guard::{AdvanceInSql, Guarded};
 use crate::sql::new_token::Counted;
 use crate::sql::statement::{Assignments, ColumnEq, Comma, Increment, Joined};
 use crate::status::claim::{
-    claim_changes, write_locked, ClaimChanges, ClaimRequest, Claimable, ClaimableOf,
+    check_claimed_by, claim_changes, write_locked, ClaimChanges, ClaimRequest, Claimable,
+    ClaimableOf, OwnersOf,
 };
 use crate::status::claimable_rows::ClaimableRows;
 use crate::write::bulk::BulkUpdateOf;
@@ -112,6 +113,11 @@ where
     ParkOf<T, OwnerCol>: Assignments<C::Backend>,
     Counted: Complete<C, CountedClaimOf<T, OwnerCol, AtCol, AttemptsCol>, ()>
         + Complete<C, ParkOf<T, OwnerCol>, ()>,
+    OwnerCol: Default,
+    T::Table: diesel::query_dsl::methods::FilterDsl<T::KeysPredicate>,
+    diesel::dsl::Filter<T::Table, T::KeysPredicate>:
+        diesel::query_dsl::methods::SelectDsl<OwnerCol>,
+    OwnersOf<T, OwnerCol>: LoadQuery<'static, C, Option<String>> + Send,
 {
     fn claim_counted_rows(
         conn: &mut C,
@@ -144,6 +150,11 @@ where
     CountedClaimQueryOf<T, AtCol, AttemptsCol, C::Backend>: QueryOn<C, (T, i32)>,
     for<'k> Counted: RunOn<C, CountedClaimOf<T, OwnerCol, AtCol, AttemptsCol>, ClaimIgnored<'k, T>, ()>
         + RunOn<C, ParkOf<T, OwnerCol>, ClaimIgnored<'k, T>, ()>,
+    OwnerCol: Default,
+    T::Table: diesel::query_dsl::methods::FilterDsl<T::KeysPredicate>,
+    diesel::dsl::Filter<T::Table, T::KeysPredicate>:
+        diesel::query_dsl::methods::SelectDsl<OwnerCol>,
+    OwnersOf<T, OwnerCol>: QueryOn<C, Option<String>> + Send,
 {
     crate::sql::names::check_name("owner", request.owner)?;
     check_limit(request, limit)?;
@@ -166,6 +177,10 @@ where
             hand_over_statement::<T, OwnerCol, AtCol, AttemptsCol>(request, keys)
         })
         .await?;
+        // Only where a cluster node can roll a transaction back unseen (MySQL: Galera).
+        if !C::Backend::RETURNING {
+            check_claimed_by::<T, C, OwnerCol>(conn, &rows, request.owner).await?;
+        }
         Ok(Claimed { rows, parked })
     })
     .await
