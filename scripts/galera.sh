@@ -13,7 +13,10 @@
 # down cleanly, and its data folder copied to the other two, so all three start from the
 # same cluster state (as root, Galera's rsync transfer fails, and a mysqldump transfer
 # would need a running joiner with the donor's credentials). A node that was stopped
-# rejoins by an incremental transfer from the others' cache.
+# rejoins by an incremental transfer from the others' cache, which is large (512 MB a
+# node) so that a node killed late in a long soak still finds its position there: when
+# it does not, the fallback mysqldump transfer drops and reloads every table while
+# clients already reach the node, and reloads triggers it cannot parse.
 #
 # Run as root (or with sudo). The nodes flush their logs once a second rather than at each
 # commit: on a cluster a commit is durable once the others hold it, and the tests need
@@ -66,7 +69,7 @@ wsrep_cluster_name = diesel_occ_test
 wsrep_cluster_address = gcomm://$(members)
 wsrep_node_name = node$n
 wsrep_node_address = 127.0.0.1:$gport
-wsrep_provider_options = "base_host=127.0.0.1;base_port=$gport;gmcast.listen_addr=tcp://127.0.0.1:$gport;ist.recv_addr=127.0.0.1:$((gport + 1));gcache.size=64M;evs.suspect_timeout=PT5S;evs.inactive_timeout=PT10S"
+wsrep_provider_options = "base_host=127.0.0.1;base_port=$gport;gmcast.listen_addr=tcp://127.0.0.1:$gport;ist.recv_addr=127.0.0.1:$((gport + 1));gcache.size=512M;evs.suspect_timeout=PT5S;evs.inactive_timeout=PT10S"
 wsrep_sst_method = mysqldump
 wsrep_sst_auth = root:
 wsrep_sst_receive_address = 127.0.0.1:$port

@@ -540,6 +540,7 @@ impl Error {
     /// dies outside a transaction the statement may have been applied: that is
     /// [`Error::Ambiguous`]. Inside a transaction the database rolls back, so it is not.
     pub fn from_write(source: DieselError, in_transaction: bool) -> Self {
+        let source = answer_cut_short(source);
         if !in_transaction && connection_lost(&source) {
             Error::Ambiguous { source }
         } else {
@@ -553,6 +554,7 @@ impl Error {
         source: DieselError,
         retry_reason: impl FnOnce(&DieselError) -> Option<RetryReason>,
     ) -> Self {
+        let source = answer_cut_short(source);
         if read_only_refusal(&source) {
             return Error::ReadOnly { source };
         }
@@ -654,6 +656,35 @@ pub(crate) fn connection_lost(error: &DieselError) -> bool {
     }
 }
 
+/// `error` as the lost connection it is when the server's answer ended before the result
+/// set a query owes: mysql_async (diesel-async) answers a `SELECT` whose session the
+/// server killed or whose socket broke mid-answer with no result set at all, which
+/// diesel-async reports as a [`DeserializationError`](DieselError::DeserializationError)
+/// of [`UnexpectedEndOfRow`](diesel::result::UnexpectedEndOfRow). No stored value can
+/// cause that (every column the library reads is named in its `SELECT`), so it is not
+/// [`Error::InvalidData`]: the answer, and the connection, cannot be trusted.
+pub(crate) fn answer_cut_short(error: DieselError) -> DieselError {
+    match error {
+        DieselError::DeserializationError(cause) if is_cut_short(&*cause) => {
+            DieselError::DatabaseError(
+                DatabaseErrorKind::ClosedConnection,
+                Box::new(format!("{ANSWER_CUT_SHORT} ({cause})")),
+            )
+        }
+        other => other,
+    }
+}
+
+/// Whether a deserialization error's `cause` is an answer cut short, see
+/// [`answer_cut_short`].
+pub(crate) fn is_cut_short(cause: &(dyn std::error::Error + Send + Sync + 'static)) -> bool {
+    cause.is::<diesel::result::UnexpectedEndOfRow>()
+}
+
+/// The text of [`answer_cut_short`]'s error.
+const ANSWER_CUT_SHORT: &str =
+    "the server's answer ended before the rows it owed: the connection was lost mid-answer";
+
 /// How the client libraries (and PostgreSQL for a terminated session) word a connection
 /// that died; see [`connection_lost`].
 const LOST_CONNECTION_TEXTS: [&str; 14] = [
@@ -731,6 +762,26 @@ mod tests {
             Error::Database(_)
         ));
         assert!(!Error::from_write(closed(), false).is_retryable());
+    }
+
+    #[test]
+    fn an_answer_cut_short_is_a_lost_connection_wherever_it_is_classified() {
+        let cut =
+            || DieselError::DeserializationError(Box::new(diesel::result::UnexpectedEndOfRow));
+        assert!(matches!(
+            Error::from_write(cut(), false),
+            Error::Ambiguous { source } if connection_lost(&source)
+        ));
+        assert!(matches!(
+            Error::from(cut()),
+            Error::Database(source) if connection_lost(&source)
+        ));
+        // A value that does not read is the stored data's fault, and stays so.
+        let bad = DieselError::DeserializationError("invalid digit found in string".into());
+        assert!(matches!(
+            answer_cut_short(bad),
+            DieselError::DeserializationError(_)
+        ));
     }
 
     #[test]

@@ -187,6 +187,7 @@ pub(crate) fn classify_given(
     in_transaction: bool,
     retry_reason: impl FnOnce(&DieselError) -> Option<crate::error::RetryReason>,
 ) -> Error {
+    let error = crate::error::answer_cut_short(error);
     if !in_transaction && crate::error::connection_lost(&error) {
         return Error::Ambiguous { source: error };
     }

@@ -180,15 +180,17 @@ pub(crate) fn unreadable_row(
     columns: String,
 ) -> Result<Error, DieselError> {
     match error {
-        DieselError::DeserializationError(cause) => Ok(Error::InvalidData {
-            table,
-            column: columns,
-            reason: format!(
-                "row {key:?} cannot be read back after the guarded write matched nothing \
+        DieselError::DeserializationError(cause) if !crate::error::is_cut_short(&*cause) => {
+            Ok(Error::InvalidData {
+                table,
+                column: columns,
+                reason: format!(
+                    "row {key:?} cannot be read back after the guarded write matched nothing \
                  (a NULL or malformed value would do this): {}",
-                crate::error::with_sources(&*cause)
-            ),
-        }),
+                    crate::error::with_sources(&*cause)
+                ),
+            })
+        }
         other => Err(other),
     }
 }

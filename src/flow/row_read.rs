@@ -12,7 +12,7 @@ use std::fmt::Debug;
 use diesel::result::Error as DieselError;
 use diesel::QueryResult;
 
-use crate::error::{with_sources, Error};
+use crate::error::{is_cut_short, with_sources, Error};
 
 /// The row with `key` of `table` as read, or why there is none; `classify` judges a
 /// database error on the reading connection, `suspects` names the columns an unreadable
@@ -30,11 +30,13 @@ pub(crate) fn judge_read<T>(
             table,
             key: format!("{key:?}"),
         }),
-        Err(DieselError::DeserializationError(cause)) => Err(Error::InvalidData {
-            table,
-            column: suspects.to_string(),
-            reason: format!("row {key:?} cannot be read: {}", with_sources(&*cause)),
-        }),
+        Err(DieselError::DeserializationError(cause)) if !is_cut_short(&*cause) => {
+            Err(Error::InvalidData {
+                table,
+                column: suspects.to_string(),
+                reason: format!("row {key:?} cannot be read: {}", with_sources(&*cause)),
+            })
+        }
         Err(e) => Err(classify(e)),
     }
 }
@@ -160,6 +162,30 @@ mod tests {
                 "{error:?}"
             );
         }
+    }
+
+    #[test]
+    fn an_answer_cut_short_is_a_lost_connection_not_bad_data() {
+        // What diesel-async reports when mysql_async got no result set for the read.
+        let cut =
+            || DieselError::DeserializationError(Box::new(diesel::result::UnexpectedEndOfRow));
+        let read = LockedRead::new("orders", &1_i64, "version");
+        let classify = |e| crate::flow::compare_and_set::classify_given(e, false, |_| None);
+        let error = match read.locked::<i64>(Err(cut()), classify) {
+            AfterLock::Done(done) => done.unwrap_err(),
+            AfterLock::ReadUnlocked => panic!("an error is an answer"),
+        };
+        assert!(
+            matches!(&error, Error::Ambiguous { source } if crate::error::connection_lost(source)),
+            "{error:?}"
+        );
+        let inside = |e| crate::flow::compare_and_set::classify_given(e, true, |_| None);
+        let error = judge_read::<i64>("orders", &1_i64, "version", Err(cut()), inside).unwrap_err();
+        assert!(
+            matches!(&error, Error::Database(source) if crate::error::connection_lost(source)
+                && source.to_string().contains("ended before the rows it owed")),
+            "{error:?}"
+        );
     }
 
     #[test]

@@ -1,7 +1,9 @@
 //! The soak's locks: workers take a lock per key (`try_lock`, a 5 s lease), renew it,
 //! write the row it protects under its fence, and release it; others meanwhile find it
-//! held, read the row, or write with the fence of a lock they released. Each call on both
-//! drivers, answered in the model's terms.
+//! held, read the row, or write with the fence of a lock they released. A grant with an
+//! odd fence is kept under a lease that renews itself (`Lease` / `AsyncLease`): its holder
+//! asks the lease whether it still holds and writes through it (`write_while_held`)
+//! instead. Each call on both drivers, answered in the model's terms.
 //!
 //! The model cannot see time, so whether a grant came after the previous holder's lease
 //! had ended is witnessed by the database itself: a trigger on the lock table writes each
@@ -26,12 +28,27 @@ pub const NAME: &str = "occ-soak";
 /// only when its holder's release was lost.
 pub const TTL: Duration = Duration::from_secs(5);
 
-/// What a worker holds of one lock.
-pub struct Holding<G> {
-    pub guard: G,
+/// How a worker keeps a lock it was granted: renewing it by its own calls (`G`, a
+/// guard), or under a lease that renews itself (`L`).
+pub enum Kept<G, L> {
+    Renewed(G),
+    Leased(L),
+}
+
+/// What a worker holds of one lock (`K`: a [`Kept`]).
+pub struct Holding<K> {
+    pub kept: K,
     pub fence: i64,
-    /// A renewal said the lock was lost: release it next.
+    /// Kept under a lease.
+    pub leased: bool,
+    /// A renewal, a lease's check or a write through it said the lock was lost: release
+    /// it next.
     pub lost: bool,
+}
+
+/// Whether a grant of `fence` is kept under a lease: every other grant of each lock.
+fn leased(fence: i64) -> bool {
+    fence % 2 == 1
 }
 
 /// The locks a worker holds, and the fence of the last one it released per key.
@@ -55,6 +72,14 @@ impl<G> LockState<G> {
         let value = rng.i64(0..1000);
         match self.held.get(&key) {
             Some(h) if h.lost => Op::Release { fence: h.fence },
+            Some(h) if h.leased => match rng.u8(0..100) {
+                0..=44 => Op::WriteWhileHeld {
+                    fence: h.fence,
+                    value,
+                },
+                45..=64 => Op::Check { fence: h.fence },
+                _ => Op::Release { fence: h.fence },
+            },
             Some(h) => match rng.u8(0..100) {
                 0..=44 => Op::FencedWrite {
                     fence: h.fence,
@@ -162,7 +187,11 @@ per_backend! {
         pub value: i64,
     }
 
-    pub type Guard = diesel_occ::LockGuard<Pool>;
+    /// A lock a blocking worker holds.
+    pub type Guard = Kept<diesel_occ::LockGuard<Pool>, diesel_occ::Lease<Pool>>;
+
+    /// A lock an async worker holds.
+    pub type AsyncGuard<P> = Kept<on_async::AsyncLockGuard<P>, on_async::AsyncLease<P>>;
 
     /// The protected rows of `keys`, the library's lock table without the soak's locks,
     /// and the audit trigger on it.
@@ -251,12 +280,16 @@ per_backend! {
             Op::Acquire => {
                 let guard = locks.try_lock(NAME, &key.to_string(), TTL, Some("soak"))?;
                 let fence = guard.fence();
-                state.held.insert(key, Holding { guard, fence, lost: false });
+                let kept = if leased(fence) { Kept::Leased(diesel_occ::Lease::keep_alive(guard)) } else { Kept::Renewed(guard) };
+                state.held.insert(key, Holding { kept, fence, leased: leased(fence), lost: false });
                 Ret::Granted { fence }
             }
-            Op::Renew { .. } => {
+            Op::Renew { .. } | Op::Check { .. } => {
                 let holding = state.held.get_mut(&key).expect("a renewal of a lock held");
-                let renewed = holding.guard.renew();
+                let renewed = match &mut holding.kept {
+                    Kept::Renewed(guard) => guard.renew(),
+                    Kept::Leased(lease) => lease.check(),
+                };
                 holding.lost = matches!(renewed, Err(diesel_occ::Error::LockLost { .. }));
                 renewed?;
                 Ret::Kept
@@ -264,11 +297,24 @@ per_backend! {
             Op::Release { fence } => {
                 let holding = state.held.remove(&key).expect("a release of a lock held");
                 state.released.insert(key, *fence);
-                holding.guard.release()?;
+                match holding.kept {
+                    Kept::Renewed(guard) => guard.release()?,
+                    Kept::Leased(lease) => lease.release()?,
+                }
                 Ret::Released
             }
             Op::FencedWrite { fence, value } => {
                 SoakFenced::write_fenced(&mut *connection()?, &key, soak_fenced::last_fence, *fence, soak_fenced::value.eq(*value))?;
+                Ret::Done
+            }
+            Op::WriteWhileHeld { fence, value } => {
+                let holding = state.held.get_mut(&key).expect("a write through a lease held");
+                let Kept::Leased(lease) = &holding.kept else { unreachable!("a write through a lease of a lock renewed by hand") };
+                let written = lease.write_while_held(&mut *connection()?, |conn| {
+                    SoakFenced::write_fenced(conn, &key, soak_fenced::last_fence, *fence, soak_fenced::value.eq(*value))
+                });
+                holding.lost = matches!(written, Err(diesel_occ::Error::LockLost { .. }));
+                written?;
                 Ret::Done
             }
             Op::ReadFenced => fenced(SoakFenced::load_by_key(&mut *connection()?, &key)?, key)?,
@@ -277,7 +323,7 @@ per_backend! {
     }
 
     /// One call on lock `key`, on the async API: the locks and the fenced rows on `pool`.
-    pub async fn call_async<P>(locks: &on_async::AsyncLocks<P>, pool: &P, state: &mut LockState<on_async::AsyncLockGuard<P>>, key: i64, op: &Op) -> Result<Ret, diesel_occ::Error>
+    pub async fn call_async<P>(locks: &on_async::AsyncLocks<P>, pool: &P, state: &mut LockState<AsyncGuard<P>>, key: i64, op: &Op) -> Result<Ret, diesel_occ::Error>
     where
         P: on_async::AsyncConnectionSource<Connection = AsyncConn>,
     {
@@ -286,12 +332,16 @@ per_backend! {
             Op::Acquire => {
                 let guard = locks.try_lock(NAME, &key.to_string(), TTL, Some("soak")).await?;
                 let fence = guard.fence();
-                state.held.insert(key, Holding { guard, fence, lost: false });
+                let kept = if leased(fence) { Kept::Leased(on_async::AsyncLease::keep_alive(guard)) } else { Kept::Renewed(guard) };
+                state.held.insert(key, Holding { kept, fence, leased: leased(fence), lost: false });
                 Ret::Granted { fence }
             }
-            Op::Renew { .. } => {
+            Op::Renew { .. } | Op::Check { .. } => {
                 let holding = state.held.get_mut(&key).expect("a renewal of a lock held");
-                let renewed = holding.guard.renew().await;
+                let renewed = match &mut holding.kept {
+                    Kept::Renewed(guard) => guard.renew().await,
+                    Kept::Leased(lease) => lease.check(),
+                };
                 holding.lost = matches!(renewed, Err(diesel_occ::Error::LockLost { .. }));
                 renewed?;
                 Ret::Kept
@@ -299,12 +349,29 @@ per_backend! {
             Op::Release { fence } => {
                 let holding = state.held.remove(&key).expect("a release of a lock held");
                 state.released.insert(key, *fence);
-                holding.guard.release().await?;
+                match holding.kept {
+                    Kept::Renewed(guard) => guard.release().await?,
+                    Kept::Leased(lease) => lease.release().await?,
+                }
                 Ret::Released
             }
             Op::FencedWrite { fence, value } => {
                 let mut conn = pool.checkout().await?;
                 <SoakFenced as AsyncFencedWrite>::write_fenced(&mut *conn, &key, soak_fenced::last_fence, *fence, soak_fenced::value.eq(*value)).await?;
+                Ret::Done
+            }
+            Op::WriteWhileHeld { fence, value } => {
+                let holding = state.held.get_mut(&key).expect("a write through a lease held");
+                let Kept::Leased(lease) = &holding.kept else { unreachable!("a write through a lease of a lock renewed by hand") };
+                let (fence, value) = (*fence, *value);
+                let mut conn = pool.checkout().await?;
+                let written = lease
+                    .write_while_held(&mut *conn, async move |conn: &mut AsyncConn| {
+                        <SoakFenced as AsyncFencedWrite>::write_fenced(conn, &key, soak_fenced::last_fence, fence, soak_fenced::value.eq(value)).await
+                    })
+                    .await;
+                holding.lost = matches!(written, Err(diesel_occ::Error::LockLost { .. }));
+                written?;
                 Ret::Done
             }
             Op::ReadFenced => {

@@ -392,7 +392,7 @@ per_backend! {
         P: AsyncConnectionSource<Connection = AsyncConn>,
     {
         let lock_api = diesel_occ::asynchronous::AsyncLocks::new(pool.clone());
-        let mut state = State::<rows::SoakRow, diesel_occ::asynchronous::AsyncLockGuard<P>>::default();
+        let mut state = State::<rows::SoakRow, locks::AsyncGuard<P>>::default();
         while let Some((key, op)) = state.next(&mut worker, plan) {
             let ending = matches!(op, Op::Release { .. }) && plan.is_over();
             if let Some(size) = worker.exhausting() {

@@ -5,6 +5,10 @@
 //! A lease may end at any moment (the model has no clock), so a grant is valid whoever
 //! held the lock before: whether the lease had ended by the database's clock is checked
 //! from the database side, by the audit of every change to the lock table.
+//!
+//! A lease that renews itself says it is held only while its holder is the current one,
+//! and a write through it lands only then: one that lands while another holder has the
+//! lock is a double holder the model sees.
 
 use stateright::semantics::SequentialSpec;
 
@@ -45,6 +49,11 @@ impl SequentialSpec for FencedMutex {
                 Ret::Released
             }
             Op::FencedWrite { fence, value } => self.write(*fence, *value),
+            Op::Check { .. } => Ret::Kept,
+            Op::WriteWhileHeld { fence, value } if self.holder == Some(*fence) => {
+                self.write(*fence, *value)
+            }
+            Op::WriteWhileHeld { .. } => Ret::Lost,
             Op::ReadFenced => self.read(),
             _ => unreachable!("{op:?} is not an operation on a lock"),
         }
@@ -69,6 +78,16 @@ impl SequentialSpec for FencedMutex {
             // A release fails only when another holder took the lock over.
             (Op::Release { fence }, Ret::Lost) => self.holder != Some(*fence),
             (Op::FencedWrite { fence, value }, _) => self.write(*fence, *value) == *ret,
+            (Op::Check { fence }, Ret::Kept) => self.holder == Some(*fence),
+            // The lease may have ended unseen by the model; the write then wrote nothing.
+            (Op::Check { .. } | Op::WriteWhileHeld { .. }, Ret::Lost) => true,
+            (Op::WriteWhileHeld { fence, value }, Ret::Done) => {
+                self.holder == Some(*fence) && self.write(*fence, *value) == Ret::Done
+            }
+            // Refused by the fence before the hold was checked.
+            (Op::WriteWhileHeld { fence, value }, Ret::Stale { .. }) => {
+                self.write(*fence, *value) == *ret
+            }
             (Op::ReadFenced, _) => self.read() == *ret,
             _ => false,
         }
@@ -121,6 +140,38 @@ mod tests {
         t.on_invoke(1u64, Op::Renew { fence: 1 }).unwrap();
         t.on_return(1, Ret::Kept).unwrap();
         assert!(!t.is_consistent());
+    }
+
+    #[test]
+    fn a_lease_is_held_and_writes_only_while_its_holder_is_the_current_one() {
+        let granted_twice = || {
+            let mut t = LinearizabilityTester::new(FencedMutex::default());
+            t.on_invoke(1u64, Op::Acquire).unwrap();
+            t.on_return(1, Ret::Granted { fence: 1 }).unwrap();
+            t.on_invoke(2u64, Op::Acquire).unwrap();
+            t.on_return(2, Ret::Granted { fence: 2 }).unwrap();
+            t
+        };
+        let mut t = granted_twice();
+        t.on_invoke(1u64, Op::Check { fence: 1 }).unwrap();
+        t.on_return(1, Ret::Kept).unwrap();
+        assert!(!t.is_consistent());
+        // Its fence is above any the row saw: only the hold can refuse it.
+        let mut t = granted_twice();
+        t.on_invoke(1u64, Op::WriteWhileHeld { fence: 1, value: 7 })
+            .unwrap();
+        t.on_return(1, Ret::Done).unwrap();
+        assert!(!t.is_consistent());
+        let mut t = granted_twice();
+        t.on_invoke(1u64, Op::WriteWhileHeld { fence: 1, value: 7 })
+            .unwrap();
+        t.on_return(1, Ret::Lost).unwrap();
+        t.on_invoke(2u64, Op::WriteWhileHeld { fence: 2, value: 8 })
+            .unwrap();
+        t.on_return(2, Ret::Done).unwrap();
+        t.on_invoke(1u64, Op::ReadFenced).unwrap();
+        t.on_return(1, Ret::Fenced { fence: 2, value: 8 }).unwrap();
+        assert!(t.is_consistent());
     }
 
     #[test]

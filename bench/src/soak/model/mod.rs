@@ -93,6 +93,12 @@ pub enum Op {
     Release { fence: i64 },
     /// Write `value` to the protected row under `fence`.
     FencedWrite { fence: i64, value: i64 },
+    /// Ask a lease taken with `fence` whether it is still held (no round trip: its
+    /// keep-alive's belief).
+    Check { fence: i64 },
+    /// Write `value` to the protected row under `fence`, through the lease taken with it:
+    /// committed only while it is held.
+    WriteWhileHeld { fence: i64, value: i64 },
     /// Read the protected row.
     ReadFenced,
 }
@@ -127,6 +133,8 @@ impl Op {
             | Op::Renew { .. }
             | Op::Release { .. }
             | Op::FencedWrite { .. }
+            | Op::Check { .. }
+            | Op::WriteWhileHeld { .. }
             | Op::ReadFenced => Kind::Lock,
         }
     }
