@@ -110,13 +110,23 @@ where
 }
 
 /// The answer of a lease's release that `released` answered: a failed release of a lease
-/// already `lost` says it was lost.
+/// already `lost` says it was lost, and why the release failed when it was not a takeover
+/// (the row may then stay held until the database's lease ends; the guard's drop tries
+/// once more).
 pub(crate) fn released_lease(
     released: Result<(), Error>,
     lost: Option<Error>,
 ) -> Result<(), Error> {
     match (released, lost) {
         (Ok(()), _) => Ok(()),
+        (Err(failed), Some(Error::LockLost { lock, why }))
+            if !matches!(failed, Error::LockLost { .. }) =>
+        {
+            Err(Error::LockLost {
+                lock,
+                why: format!("{why}; its release failed too: {failed}"),
+            })
+        }
         (Err(_), Some(lost)) => Err(lost),
         (Err(e), None) => Err(e),
     }
@@ -295,5 +305,33 @@ where
         f.debug_struct("Lease")
             .field("guard", &self.guard)
             .finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lost(why: &str) -> Error {
+        Error::LockLost {
+            lock: "jobs/main".into(),
+            why: why.into(),
+        }
+    }
+
+    #[test]
+    fn a_lost_leases_failed_release_says_why_it_failed() {
+        let failed = Error::Pool("no connection within 2 s".into());
+        let answer = released_lease(Err(failed), Some(lost("no renewal before the deadline")));
+        assert!(
+            matches!(&answer, Err(Error::LockLost { why, .. })
+                if why == "no renewal before the deadline; its release failed too: \
+                           no pooled connection available: no connection within 2 s"),
+            "{answer:?}"
+        );
+        // A takeover the release found says no more than the loss.
+        let answer = released_lease(Err(lost("taken over")), Some(lost("no renewal")));
+        assert!(matches!(&answer, Err(Error::LockLost { why, .. }) if why == "no renewal"));
+        assert!(released_lease(Ok(()), Some(lost("no renewal"))).is_ok());
     }
 }

@@ -22,7 +22,7 @@ use crate::common;
 
 use std::time::{Duration, Instant};
 
-use common::drivers::{Campaign, KeepAlive, LockRenewals, LockWrites, PoolOnUrl};
+use common::drivers::{Campaign, KeepAlive, LockRenewals, LockWrites, PoolOnUrl, ReleaseLease};
 
 use chrono::NaiveDateTime;
 use diesel::connection::SimpleConnection;
@@ -238,6 +238,7 @@ for_each_backend! {
         an_acquisition_behind_a_held_row_computes_its_expiry_after_the_wait,
         a_renewal_that_comes_too_late_never_succeeds,
         a_kept_alive_lease_ends_at_its_deadline_while_its_row_is_held,
+        a_lease_lost_for_want_of_renewal_is_still_freed_by_its_release,
         leaders_never_overlap_while_the_lease_row_is_held,
         a_slow_link_does_not_stretch_the_belief,
         a_link_cut_after_the_grants_commit_is_granted_or_ambiguous,
@@ -298,6 +299,20 @@ for_each_backend! {
             assert!(matches!(P::lease_check(&lease), Err(Error::LockLost { .. })));
             p.drop_lease(lease);
         }
+    }
+
+    /// A kept-alive 900 ms lease whose row is held for 2 s: its keep-alive gives up at the
+    /// deadline, and nobody takes the lock over meanwhile. Its release still frees the row
+    /// (the next holder need not wait for the database's lease to end).
+    fn a_lease_lost_for_want_of_renewal_is_still_freed_by_its_release<P: ReleaseLease>(db: &Db, p: &P) {
+        create_lock_row(p, "unrenewed");
+        let conn = &mut Conn::establish(&db.url).unwrap();
+        let lease = p.keep_alive(p.try_lock("unrenewed", "main", ms(900), Some("a")).unwrap());
+        stall(db, "unrenewed", ms(2000)).join().unwrap();
+        assert!(matches!(P::lease_check(&lease), Err(Error::LockLost { .. })));
+        let released = p.release_lease(lease);
+        println!("{BACKEND}: the release of a lease lost unrenewed answered {released:?}");
+        assert_eq!(lock_row(conn, "unrenewed").0, None, "the release left the row held: {released:?}");
     }
 
     /// Two candidates, lease 1 s, renew deadline 700 ms; the lease row is held for 2.5 s.

@@ -157,6 +157,7 @@ impl Drop for Pending<'_> {
             self.relay.next_generation();
             let dropped = What::Unknown {
                 outcome: "dropped".into(),
+                error: None,
             };
             self.relay.send(self.caller, self.key, dropped);
         }

@@ -43,10 +43,18 @@ pub enum What {
         #[serde(flatten)]
         ret: Ret,
         outcome: String,
+        /// The error's own text, for an error.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        error: Option<String>,
     },
     /// It never answered for certain: the connection died, the future was dropped, or
     /// the library said the write may or may not have landed. `outcome` says which.
-    Unknown { outcome: String },
+    Unknown {
+        outcome: String,
+        /// The error's own text, when an error said so.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        error: Option<String>,
+    },
 }
 
 /// Appends events to a file.

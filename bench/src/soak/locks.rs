@@ -46,6 +46,16 @@ pub struct Holding<K> {
     pub lost: bool,
 }
 
+impl<K> Holding<K> {
+    /// The release of this lock.
+    pub fn release(&self) -> Op {
+        match self.leased {
+            true => Op::ReleaseLease { fence: self.fence },
+            false => Op::Release { fence: self.fence },
+        }
+    }
+}
+
 /// Whether a grant of `fence` is kept under a lease: every other grant of each lock.
 fn leased(fence: i64) -> bool {
     fence % 2 == 1
@@ -71,14 +81,14 @@ impl<G> LockState<G> {
     pub fn choose(&self, rng: &mut fastrand::Rng, key: i64) -> Op {
         let value = rng.i64(0..1000);
         match self.held.get(&key) {
-            Some(h) if h.lost => Op::Release { fence: h.fence },
+            Some(h) if h.lost => h.release(),
             Some(h) if h.leased => match rng.u8(0..100) {
                 0..=44 => Op::WriteWhileHeld {
                     fence: h.fence,
                     value,
                 },
                 45..=64 => Op::Check { fence: h.fence },
-                _ => Op::Release { fence: h.fence },
+                _ => h.release(),
             },
             Some(h) => match rng.u8(0..100) {
                 0..=44 => Op::FencedWrite {
@@ -294,7 +304,7 @@ per_backend! {
                 renewed?;
                 Ret::Kept
             }
-            Op::Release { fence } => {
+            Op::Release { fence } | Op::ReleaseLease { fence } => {
                 let holding = state.held.remove(&key).expect("a release of a lock held");
                 state.released.insert(key, *fence);
                 match holding.kept {
@@ -346,7 +356,7 @@ per_backend! {
                 renewed?;
                 Ret::Kept
             }
-            Op::Release { fence } => {
+            Op::Release { fence } | Op::ReleaseLease { fence } => {
                 let holding = state.held.remove(&key).expect("a release of a lock held");
                 state.released.insert(key, *fence);
                 match holding.kept {

@@ -286,7 +286,7 @@ pub fn judge(path: &Path) -> Result<(), Box<dyn std::error::Error>> {
         let kind = match &event.what {
             What::Invoke { .. } => continue,
             What::Return { outcome, .. } => outcome.clone(),
-            What::Unknown { outcome } => {
+            What::Unknown { outcome, .. } => {
                 if outcome.starts_with("raw") {
                     raw.push(outcome.clone());
                 }

@@ -16,21 +16,27 @@ pub fn judged(
     answer: Result<Ret, Error>,
     current: fn(&diesel_occ::Conflict) -> Option<Row>,
 ) -> What {
-    let (ret, outcome) = match answer {
+    let error = match answer {
         Ok(ret) => {
             return What::Return {
                 ret,
                 outcome: "ok".into(),
+                error: None,
             }
         }
-        Err(error) => match error_ret(op, &error, current) {
-            Ok(ret) => ret,
-            Err(unknown) => return What::Unknown { outcome: unknown },
-        },
+        Err(error) => error,
     };
-    What::Return {
-        ret,
-        outcome: outcome.into(),
+    let text = Some(error.to_string());
+    match error_ret(op, &error, current) {
+        Ok((ret, outcome)) => What::Return {
+            ret,
+            outcome: outcome.into(),
+            error: text,
+        },
+        Err(outcome) => What::Unknown {
+            outcome,
+            error: text,
+        },
     }
 }
 

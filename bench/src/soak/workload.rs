@@ -195,12 +195,7 @@ impl<R, G> State<R, G> {
             Some(key) => Some(self.choose(worker, plan, key)),
             None => {
                 let (&key, holding) = self.locks.held.iter().next()?;
-                Some((
-                    key,
-                    Op::Release {
-                        fence: holding.fence,
-                    },
-                ))
+                Some((key, holding.release()))
             }
         }
     }
@@ -341,6 +336,7 @@ fn claimed(
             What::Return {
                 ret,
                 outcome: "ok".into(),
+                error: None,
             },
         );
         claims.push((order, owner.to_string()));
@@ -394,7 +390,7 @@ per_backend! {
         let lock_api = diesel_occ::asynchronous::AsyncLocks::new(pool.clone());
         let mut state = State::<rows::SoakRow, locks::AsyncGuard<P>>::default();
         while let Some((key, op)) = state.next(&mut worker, plan) {
-            let ending = matches!(op, Op::Release { .. }) && plan.is_over();
+            let ending = matches!(op, Op::Release { .. } | Op::ReleaseLease { .. }) && plan.is_over();
             if let Some(size) = worker.exhausting() {
                 let mut held = Vec::new();
                 for _ in 0..size {
@@ -433,7 +429,7 @@ per_backend! {
             }
             let what = match answer {
                 Some(answer) => judged(&op, answer, rows::current_row),
-                None => What::Unknown { outcome: "dropped".into() },
+                None => What::Unknown { outcome: "dropped".into(), error: None },
             };
             worker.ended(recorder, caller, key, what);
         }

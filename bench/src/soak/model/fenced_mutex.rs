@@ -42,7 +42,7 @@ impl SequentialSpec for FencedMutex {
                 }
             }
             Op::Renew { .. } => Ret::Kept,
-            Op::Release { fence } => {
+            Op::Release { fence } | Op::ReleaseLease { fence } => {
                 if self.holder == Some(*fence) {
                     self.holder = None;
                 }
@@ -71,12 +71,18 @@ impl SequentialSpec for FencedMutex {
             (Op::Renew { fence }, Ret::Kept) => self.holder == Some(*fence),
             // The lease may have ended unseen by the model.
             (Op::Renew { .. }, Ret::Lost) => true,
-            (Op::Release { fence }, Ret::Released) if self.holder == Some(*fence) => {
+            (Op::Release { fence } | Op::ReleaseLease { fence }, Ret::Released)
+                if self.holder == Some(*fence) =>
+            {
                 self.holder = None;
                 true
             }
             // A release fails only when another holder took the lock over.
             (Op::Release { fence }, Ret::Lost) => self.holder != Some(*fence),
+            // A lease's release says lost once its keep-alive gave up (by time, which the
+            // model cannot see), whether or not the release then freed the row: the
+            // lock's holder is left as it was (a later grant is valid either way).
+            (Op::ReleaseLease { .. }, Ret::Lost) => true,
             (Op::FencedWrite { fence, value }, _) => self.write(*fence, *value) == *ret,
             (Op::Check { fence }, Ret::Kept) => self.holder == Some(*fence),
             // The lease may have ended unseen by the model; the write then wrote nothing.

@@ -99,6 +99,8 @@ pub enum Op {
     /// Write `value` to the protected row under `fence`, through the lease taken with it:
     /// committed only while it is held.
     WriteWhileHeld { fence: i64, value: i64 },
+    /// Stop the lease taken with `fence` and free the lock.
+    ReleaseLease { fence: i64 },
     /// Read the protected row.
     ReadFenced,
 }
@@ -135,6 +137,7 @@ impl Op {
             | Op::FencedWrite { .. }
             | Op::Check { .. }
             | Op::WriteWhileHeld { .. }
+            | Op::ReleaseLease { .. }
             | Op::ReadFenced => Kind::Lock,
         }
     }
