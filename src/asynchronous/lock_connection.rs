@@ -17,7 +17,7 @@ use crate::drive::on_async::executor::AsyncMiss;
 use crate::drive::on_async::transaction::OwnTransaction;
 use crate::drive::{Body, Io, QueryOn, RunOn};
 use crate::error::Error;
-use crate::locks::backend::ServerLockBackend;
+use crate::locks::backend::{LockBackend, ServerLockBackend};
 use crate::locks::lock::{
     occ_locks, AcquireLock, CreateLock, HeldRow, LeaseLost, LockHolder, LockKey, LockOwner,
     LockRow, LockStep, LockTaken, ReleaseLock, RenewLock,
@@ -133,8 +133,8 @@ where
 }
 
 /// A lock's bounded transaction on a server's async connection: the backend's settings
-/// (before `BEGIN`, first inside, restored after whatever the outcome, as the blocking
-/// path sets them) around a transaction of the library's.
+/// before `BEGIN`, restored after whatever the outcome, around a transaction of the
+/// library's, as the blocking path runs it (`LockBackend::bounded`).
 impl<C> LockIo for C
 where
     C: Io + NativeAsyncConnection + Send,
@@ -153,15 +153,7 @@ where
             // A failed `BEGIN` wrote nothing: a lost connection is no `Ambiguous` here.
             let begun = OwnTransaction::begin(&mut *self).await;
             let mut transaction = begun.map_err(LostCommit::rolled_back)?;
-            let sent = async {
-                let conn = transaction.conn();
-                setting(conn, bounds.inside.as_deref()).await?;
-                body(conn).await
-            }
-            .await;
-            // The bound's errors as the lock reports them, before the `COMMIT`: a failed
-            // `COMMIT` is judged as every transaction's (it may have landed).
-            let sent = sent.map_err(<C as Io>::Backend::bounded_error);
+            let sent = body(transaction.conn()).await;
             transaction.settle(sent).await
         }
         .await;
@@ -170,6 +162,10 @@ where
         // after the commit).
         let _ = setting(self, bounds.after.as_deref()).await;
         ended
+    }
+
+    async fn setting(&mut self, sql: Option<&str>) -> Result<(), Error> {
+        setting(self, sql).await
     }
 
     async fn draw_fence(&mut self) -> Result<(), Error> {

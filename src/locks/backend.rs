@@ -47,6 +47,21 @@ pub trait LockBackend: OccBackend + ServerClock {
     #[doc(hidden)]
     fn push_next_fence(out: &mut AstPass<'_, '_, Self>);
 
+    /// The settings that bound every wait of a lock's transaction to about `bound`, on a
+    /// server backend (SQLite's bounds are its own [`bounded`](Self::bounded)'s).
+    #[doc(hidden)]
+    fn wait_bounds(bound: Duration) -> WaitBounds {
+        let _ = bound;
+        WaitBounds::default()
+    }
+
+    /// The error of a statement of a bounded transaction (never its `COMMIT`), as the
+    /// lock reports it.
+    #[doc(hidden)]
+    fn bounded_error(error: Error) -> Error {
+        error
+    }
+
     /// Whether a grant is read back after its `COMMIT` before it is believed. MariaDB
     /// Galera can abort a transaction for a conflicting write from another node and still
     /// answer its statements with success (a known fault of its prepared-statement
@@ -79,6 +94,31 @@ pub(crate) fn facts<DB: LockBackend>() -> crate::flow::lock_transaction::LockFac
     }
 }
 
+/// [`LockBackend::bounded`] on a server backend, as the async path runs it too: the
+/// settings of [`LockBackend::wait_bounds`] before `BEGIN` and restored after whatever the
+/// outcome, around a transaction of the library's (the setting sent first inside it is
+/// the lock's first statement, see `lock_io`).
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+fn on_server<C, T>(
+    conn: &mut C,
+    bound: Duration,
+    f: impl FnOnce(&mut C) -> Result<T, Error>,
+) -> Result<T, Error>
+where
+    C: WriteTransaction + SimpleConnection,
+    C::Backend: LockBackend,
+{
+    let bounds = C::Backend::wait_bounds(bound);
+    if let Some(before) = &bounds.before {
+        conn.batch_execute(before)?;
+    }
+    let result = crate::connect::transaction::commit_operation(conn, f);
+    match &bounds.after {
+        Some(after) => restore_after(conn, after, result),
+        None => result,
+    }
+}
+
 /// `bound` in whole milliseconds, at least one.
 #[cfg(any(feature = "postgres", feature = "sqlite"))]
 fn millis(bound: Duration) -> u128 {
@@ -89,7 +129,7 @@ fn millis(bound: Duration) -> u128 {
 /// transaction's `result`, and answers `result`. A committed grant stays a grant when the
 /// restore then fails: the connection died right after the commit (the pool discards
 /// it), and reporting a failure would hide a lock this holder took.
-#[cfg(any(feature = "mysql", feature = "sqlite"))]
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 fn restore_after<C: SimpleConnection, T>(
     conn: &mut C,
     restore: &str,
@@ -101,6 +141,21 @@ fn restore_after<C: SimpleConnection, T>(
 
 #[cfg(feature = "postgres")]
 impl LockBackend for diesel::pg::Pg {
+    fn wait_bounds(bound: Duration) -> WaitBounds {
+        let ms = millis(bound);
+        WaitBounds {
+            inside: Some(format!(
+                "SET LOCAL lock_timeout = {ms}; SET LOCAL statement_timeout = {}",
+                2 * ms
+            )),
+            ..WaitBounds::default()
+        }
+    }
+
+    fn bounded_error(error: Error) -> Error {
+        statement_timeout_is_a_lock_timeout(error)
+    }
+
     fn bounded<C, T>(
         conn: &mut C,
         bound: Duration,
@@ -109,16 +164,7 @@ impl LockBackend for diesel::pg::Pg {
     where
         C: WriteTransaction<Backend = Self> + SimpleConnection + LoadConnection,
     {
-        let bounds = Self::wait_bounds(bound);
-        crate::connect::transaction::commit_operation(conn, |conn| {
-            let sent = match conn.batch_execute(bounds.inside.as_deref().unwrap_or_default()) {
-                Ok(()) => f(conn),
-                Err(e) => Err(e.into()),
-            };
-            // The bound's errors as the lock reports them, before the `COMMIT`: a failed
-            // `COMMIT` is judged as every transaction's (it may have landed).
-            sent.map_err(Self::bounded_error)
-        })
+        on_server(conn, bound, f)
     }
 
     fn push_next_fence(out: &mut AstPass<'_, '_, Self>) {
@@ -165,6 +211,18 @@ fn statement_timeout_is_a_lock_timeout(error: Error) -> Error {
 
 #[cfg(feature = "mysql")]
 impl LockBackend for diesel::mysql::Mysql {
+    fn wait_bounds(bound: Duration) -> WaitBounds {
+        WaitBounds {
+            before: Some(format!(
+                "SET @diesel_occ_statement_time = @@SESSION.max_statement_time, \
+                 SESSION max_statement_time = {:.6}",
+                bound.max(Duration::from_micros(1)).as_secs_f64()
+            )),
+            after: Some("SET SESSION max_statement_time = @diesel_occ_statement_time".into()),
+            ..WaitBounds::default()
+        }
+    }
+
     fn bounded<C, T>(
         conn: &mut C,
         bound: Duration,
@@ -173,10 +231,7 @@ impl LockBackend for diesel::mysql::Mysql {
     where
         C: WriteTransaction<Backend = Self> + SimpleConnection + LoadConnection,
     {
-        let bounds = Self::wait_bounds(bound);
-        conn.batch_execute(bounds.before.as_deref().unwrap_or_default())?;
-        let result = crate::connect::transaction::commit_operation(conn, f);
-        restore_after(conn, bounds.after.as_deref().unwrap_or_default(), result)
+        on_server(conn, bound, f)
     }
 
     fn push_next_fence(out: &mut AstPass<'_, '_, Self>) {
@@ -231,52 +286,16 @@ pub struct WaitBounds {
     pub after: Option<String>,
 }
 
-/// A server backend's bounds on a lock transaction's waits. Not a trait to implement.
-pub trait ServerLockBackend: LockBackend {
-    /// The statements that bound every wait of a transaction to about `bound`.
-    #[doc(hidden)]
-    fn wait_bounds(bound: Duration) -> WaitBounds;
-
-    /// The error of a statement of a bounded transaction (never its `COMMIT`), as the
-    /// lock reports it.
-    #[doc(hidden)]
-    fn bounded_error(error: Error) -> Error {
-        error
-    }
-}
+/// A server backend, whose lock transactions are bounded by settings (see
+/// [`LockBackend::wait_bounds`]): what the async path runs locks on. Not a trait to
+/// implement.
+pub trait ServerLockBackend: LockBackend {}
 
 #[cfg(feature = "postgres")]
-impl ServerLockBackend for diesel::pg::Pg {
-    fn wait_bounds(bound: Duration) -> WaitBounds {
-        let ms = millis(bound);
-        WaitBounds {
-            inside: Some(format!(
-                "SET LOCAL lock_timeout = {ms}; SET LOCAL statement_timeout = {}",
-                2 * ms
-            )),
-            ..WaitBounds::default()
-        }
-    }
-
-    fn bounded_error(error: Error) -> Error {
-        statement_timeout_is_a_lock_timeout(error)
-    }
-}
+impl ServerLockBackend for diesel::pg::Pg {}
 
 #[cfg(feature = "mysql")]
-impl ServerLockBackend for diesel::mysql::Mysql {
-    fn wait_bounds(bound: Duration) -> WaitBounds {
-        WaitBounds {
-            before: Some(format!(
-                "SET @diesel_occ_statement_time = @@SESSION.max_statement_time, \
-                 SESSION max_statement_time = {:.6}",
-                bound.max(Duration::from_micros(1)).as_secs_f64()
-            )),
-            after: Some("SET SESSION max_statement_time = @diesel_occ_statement_time".into()),
-            ..WaitBounds::default()
-        }
-    }
-}
+impl ServerLockBackend for diesel::mysql::Mysql {}
 
 /// `"fence" = GREATEST("fence" + 1, <next of the fence source>)`: above the row's own
 /// fence and above every fence the source handed out, so it rises even when the row was

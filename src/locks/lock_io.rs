@@ -40,6 +40,11 @@ pub(crate) trait LockIo: Io<Backend: LockBackend> {
     /// Draws the next fence, where the backend draws it before the acquisition
     /// (SQLite's).
     fn draw_fence(&mut self) -> impl Future<Output = Result<(), Error>> + Send;
+
+    /// Sends a setting, if there is one, its error classified by its kind and text
+    /// (inside a transaction, a Galera abort answers the setting: a retry, not a raw
+    /// error).
+    fn setting(&mut self, sql: Option<&str>) -> impl Future<Output = Result<(), Error>> + Send;
 }
 
 impl<C> LockIo for Blocking<C>
@@ -70,6 +75,13 @@ where
             Err(e) => Err(now(self.classify(e))),
         })
     }
+
+    fn setting(&mut self, sql: Option<&str>) -> impl Future<Output = Result<(), Error>> + Send {
+        ready(match sql {
+            Some(sql) => self.inner().batch_execute(sql).map_err(Error::from),
+            None => Ok(()),
+        })
+    }
 }
 
 /// The first of a query's rows, if any (diesel's `get_result` made optional).
@@ -88,8 +100,9 @@ async fn classified<C: Io, T>(conn: &mut C, result: Result<T, DieselError>) -> R
     }
 }
 
-/// Runs `step` on the lock `key` for `holder` in the backend's bounded transaction, its
-/// statements in the order [`LockTransaction`] gives, and reads a grant back after the
+/// Runs `step` on the lock `key` for `holder` in the backend's bounded transaction (its
+/// setting inside the transaction first), its statements in the order [`LockTransaction`]
+/// gives, and reads a grant back after the
 /// `COMMIT` where the backend needs it: the fence the lock has after it. One call on the
 /// connection: dropped half way, it leaves the connection marked broken where the client
 /// cannot drop a statement half read.
@@ -112,8 +125,10 @@ where
     conn.refuse_broken()?;
     let mut flow = LockTransaction::new(step.write(), facts::<C::Backend>());
     let confirms = flow.confirms_grant();
+    // The bound's setting inside the transaction, before the lock's statements.
+    let inside = C::Backend::wait_bounds(wait).inside;
     conn.call(async |conn: &mut C| {
-        let sent = async |conn: &mut C| {
+        let mut statements = async |conn: &mut C| {
             let mut effect = flow.begun();
             loop {
                 effect = match effect {
@@ -152,6 +167,17 @@ where
                     Ok(fence)
                 }
             }
+        };
+        // The errors of its statements (the setting's too: PostgreSQL reports a bound
+        // that fired as a statement was ending on the next one) as the lock reports them,
+        // before the `COMMIT`: a failed `COMMIT` is judged as every transaction's (it may
+        // have landed).
+        let sent = async |conn: &mut C| {
+            let sent = match conn.setting(inside.as_deref()).await {
+                Ok(()) => statements(conn).await,
+                Err(e) => Err(e),
+            };
+            sent.map_err(C::Backend::bounded_error)
         };
         let fence = conn.bounded(wait, sent).await?;
         if confirms {
