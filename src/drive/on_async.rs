@@ -92,7 +92,10 @@ where
         E: From<Error> + From<DieselError> + LostCommit + Send + 'a,
         'a: 'c,
     {
-        let mut transaction = OwnTransaction::begin(self).await?;
+        // A failed `BEGIN` wrote nothing: a lost connection is no `Ambiguous` here, as on
+        // the blocking path (and in the locks' bounded transaction).
+        let begun = OwnTransaction::begin(self).await;
+        let mut transaction = begun.map_err(LostCommit::rolled_back)?;
         let done = body(transaction.conn()).await;
         transaction.settle(done).await
     }

@@ -131,6 +131,18 @@ pub trait ClaimWorker {
     /// Records the text of every statement the worker's connection prepares and keeps
     /// in its cache from now on.
     fn record_cached(&mut self) -> Arc<Mutex<Vec<String>>>;
+    /// Ends the worker's server session on `backend` from inside it (nothing on SQLite):
+    /// its next statement finds the connection lost.
+    fn end_session(&mut self, backend: &str);
+}
+
+/// The statement by which a session of `backend` ends itself.
+pub fn ending_own_session(backend: &str) -> Option<&'static str> {
+    match backend {
+        "postgres" => Some("SELECT pg_terminate_backend(pg_backend_pid())"),
+        "mysql" => Some("EXECUTE IMMEDIATE CONCAT('KILL ', CONNECTION_ID())"),
+        _ => None,
+    }
 }
 
 impl<C> ClaimWorker for Blocking<C>
@@ -215,6 +227,12 @@ where
         let statements = Arc::new(Mutex::new(Vec::new()));
         self.0.set_instrumentation(cache_recorder(&statements));
         statements
+    }
+    fn end_session(&mut self, backend: &str) {
+        if let Some(sql) = ending_own_session(backend) {
+            // Answered with the end of the session itself, or not at all.
+            let _ = self.0.batch_execute(sql);
+        }
     }
 }
 
@@ -312,6 +330,13 @@ where
             cache_recorder(&statements),
         );
         statements
+    }
+    fn end_session(&mut self, backend: &str) {
+        if let Some(sql) = ending_own_session(backend) {
+            use diesel_async::SimpleAsyncConnection;
+            // Answered with the end of the session itself, or not at all.
+            let _ = self.runtime.block_on(self.conn.batch_execute(sql));
+        }
     }
 }
 

@@ -335,7 +335,28 @@ for_each_backend! {
         finish_claims_with_a_loosely_compared_key,
         claims_in_caller_transactions,
         failed_claim_keeps_callers_transaction_usable,
+        a_claim_on_a_lost_connection_answers_alike_on_both_drivers,
     );
+
+    /// A claim whose connection is already lost answers the same on both drivers, and
+    /// takes nothing: on MySQL its `BEGIN` fails, before anything is written, so the
+    /// answer is the lost connection itself; on PostgreSQL the claim is one `UPDATE`,
+    /// which may have reached the server, so the answer is `Ambiguous`.
+    fn a_claim_on_a_lost_connection_answers_alike_on_both_drivers<W: ClaimWorker>(db: &Db, worker: impl Fn() -> W) {
+        if BACKEND == "sqlite" {
+            return; // No server session to lose.
+        }
+        add_jobs(&mut *db.conn(), 1..=4);
+        let mut w = worker();
+        w.end_session(BACKEND);
+        let claimed = w.claim(&crequest("w", 2));
+        let lost = |e: &diesel::result::Error| matches!(e, diesel::result::Error::DatabaseError(diesel::result::DatabaseErrorKind::ClosedConnection | diesel::result::DatabaseErrorKind::Unknown | diesel::result::DatabaseErrorKind::UnableToSendCommand, _));
+        match BACKEND {
+            "mysql" => assert!(matches!(&claimed, Err(Error::Database(e)) if lost(e)), "{BACKEND} {}: {claimed:?}", W::PATH),
+            _ => assert!(matches!(&claimed, Err(Error::Ambiguous { .. })), "{BACKEND} {}: {claimed:?}", W::PATH),
+        }
+        assert!(all(db).iter().all(|job| job.state == JobState::Open && job.owner.is_none()), "{BACKEND} {}: a row was taken", W::PATH);
+    }
 
     /// Claims inside the caller's transaction: rolled back with it, committed with it, and
     /// raced by 8 workers at each isolation level (PostgreSQL: READ COMMITTED, REPEATABLE

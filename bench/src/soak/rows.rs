@@ -1,5 +1,5 @@
-//! The soak's data rows: loads, guarded inserts, updates, saves and deletes from a
-//! worker's copy, `modify`, and both JSON merges, on both drivers, answered in the model's
+//! The soak's data rows: loads, guarded inserts, updates, saves, upserts and deletes from
+//! a worker's copy, `modify`, and both JSON merges, on both drivers, answered in the model's
 //! terms.
 
 use std::collections::{BTreeMap, HashMap};
@@ -20,7 +20,11 @@ pub fn choose(rng: &mut fastrand::Rng, copy: Option<i64>) -> Op {
     let field = format!("f{}", rng.u8(0..4));
     match (rng.u8(0..100), copy) {
         (0..=19, _) | (20..=49, None) if rng.bool() => Op::Load,
-        (20..=29, _) => Op::Insert { value: number },
+        (20..=25, _) => Op::Insert { value: number },
+        (26..=29, expected) => Op::Upsert {
+            expected,
+            value: number,
+        },
         (30..=42, Some(expected)) => Op::Update {
             expected,
             value: number,
@@ -117,6 +121,20 @@ per_backend! {
         Ok(())
     }
 
+    /// What an upsert of `value` puts: the worker's copy of row `key` (a new one without
+    /// it), with `value` and an empty document.
+    fn upserted_copy(key: i64, copy: Option<SoakRow>, value: i64) -> SoakRow {
+        let mut put = copy.unwrap_or(SoakRow { id: key, version: 0, value: 0, doc: json!({}) });
+        put.value = value;
+        put.doc = json!({});
+        put
+    }
+
+    fn upserted_ret(upserted: diesel_occ::Upserted<i64>) -> Ret {
+        let inserted = matches!(upserted, diesel_occ::Upserted::Inserted(_));
+        Ret::Upserted { inserted, version: *upserted.token() }
+    }
+
     /// The broken guard (`--broken-guard`): the update by key alone, told as landed.
     fn unguarded(conn: &mut Conn, key: i64, expected: i64, value: i64) -> Result<Ret, diesel_occ::Error> {
         let n = diesel::update(soak_rows::table.find(key))
@@ -140,6 +158,12 @@ per_backend! {
                 let seed = new.guarded_insert(conn)?;
                 copies.insert(key, new);
                 Ret::Written { version: Some(seed) }
+            }
+            (Op::Upsert { value, .. }, copy) => {
+                let mut put = upserted_copy(key, copy, *value);
+                let upserted = put.guarded_upsert(conn)?;
+                copies.insert(key, put);
+                upserted_ret(upserted)
             }
             (Op::Update { expected, value, save }, Some(mut copy)) => {
                 let token = if broken {
@@ -190,6 +214,12 @@ per_backend! {
                 let seed = <SoakRow as on_async::AsyncGuardedWrite>::guarded_insert(&mut new, conn).await?;
                 copies.insert(key, new);
                 Ret::Written { version: Some(seed) }
+            }
+            (Op::Upsert { value, .. }, copy) => {
+                let mut put = upserted_copy(key, copy, *value);
+                let upserted = <SoakRow as on_async::AsyncGuardedWrite>::guarded_upsert(&mut put, conn).await?;
+                copies.insert(key, put);
+                upserted_ret(upserted)
             }
             (Op::Update { value, save, .. }, Some(mut copy)) => {
                 let token = if *save {

@@ -56,6 +56,10 @@ pub enum Op {
     },
     /// A guarded delete from a copy read at `expected`.
     Delete { expected: i64 },
+    /// `guarded_upsert` of a copy read at `expected` (`None`: a new one) with `value` and
+    /// an empty document: saved over its row while the row holds the copy's version,
+    /// inserted where no row has the key.
+    Upsert { expected: Option<i64>, value: i64 },
     /// Read-modify-write with retries: `value += add`.
     Add { add: i64 },
     /// A JSON merge of `{field: number}` (read-merge-write, or the one-statement merge when
@@ -121,6 +125,7 @@ impl Op {
             | Op::Insert { .. }
             | Op::Update { .. }
             | Op::Delete { .. }
+            | Op::Upsert { .. }
             | Op::Add { .. }
             | Op::Merge { .. } => Kind::Row,
             Op::Place { .. }
@@ -153,6 +158,8 @@ pub enum Ret {
     Written { version: Option<i64> },
     /// An add that landed: the row's new version and value.
     Added { version: i64, value: i64 },
+    /// An upsert that landed: whether it inserted the row, and the row's version.
+    Upserted { inserted: bool, version: i64 },
     /// A guarded write refused: the row the library reported as current.
     Conflict { current: Row },
     /// The row is missing.

@@ -75,7 +75,50 @@ fn step(state: &Option<Row>, op: &Op, answered: Option<&Ret>) -> (Ret, Option<Ro
                 Some(row),
             )
         }
+        (Op::Upsert { value, .. }, None) => {
+            let seed = match answered {
+                Some(Ret::Upserted {
+                    inserted: true,
+                    version,
+                }) => *version,
+                _ => UNKNOWN_SEED,
+            };
+            let row = Row {
+                version: seed,
+                value: *value,
+                doc: BTreeMap::new(),
+            };
+            let ret = Ret::Upserted {
+                inserted: true,
+                version: seed,
+            };
+            (ret, Some(row))
+        }
         (_, None) => (Ret::NotFound, None),
+        (
+            Op::Upsert {
+                expected: Some(expected),
+                value,
+            },
+            Some(row),
+        ) if row.version == *expected => {
+            let next = VersionedRow::moved(row, |r| {
+                r.value = *value;
+                r.doc.clear();
+            });
+            let ret = Ret::Upserted {
+                inserted: false,
+                version: next.version,
+            };
+            (ret, Some(next))
+        }
+        // The copy's version is not the row's (a new copy's never is).
+        (Op::Upsert { .. }, Some(row)) => (
+            Ret::Conflict {
+                current: row.clone(),
+            },
+            same,
+        ),
         (
             Op::Update {
                 expected, value, ..
@@ -161,6 +204,15 @@ fn pin(row: &Row, op: &Op, answered: Option<&Ret>) -> Row {
             Some(*expected)
         }
         (Op::Add { .. }, Some(Ret::Added { version, .. })) => Some(version - 1),
+        (
+            Op::Upsert {
+                expected: Some(expected),
+                ..
+            },
+            Some(Ret::Upserted {
+                inserted: false, ..
+            }),
+        ) => Some(*expected),
         (Op::Merge { .. }, Some(Ret::Written { version: Some(v) })) => Some(v - 1),
         _ => None,
     };
@@ -207,6 +259,44 @@ mod tests {
         .unwrap();
         t.on_return(1, Ret::Written { version: Some(1) }).unwrap();
         t.on_return(2, Ret::Written { version: Some(1) }).unwrap();
+        assert!(!t.is_consistent());
+    }
+
+    #[test]
+    fn an_upsert_inserts_only_a_missing_row_and_saves_only_over_its_version() {
+        let upsert = |expected| Op::Upsert { expected, value: 7 };
+        // Two new copies both told they inserted the row: one of them overwrote the other.
+        let mut t = LinearizabilityTester::new(VersionedRow(None));
+        t.on_invoke(1u64, upsert(None)).unwrap();
+        t.on_invoke(2u64, upsert(None)).unwrap();
+        let inserted = |version| Ret::Upserted {
+            inserted: true,
+            version,
+        };
+        t.on_return(1, inserted(100)).unwrap();
+        t.on_return(2, inserted(200)).unwrap();
+        assert!(!t.is_consistent());
+        // One inserted, the other found it: a conflict naming it.
+        let mut t = LinearizabilityTester::new(VersionedRow(None));
+        t.on_invoke(1u64, upsert(None)).unwrap();
+        t.on_return(1, inserted(100)).unwrap();
+        t.on_invoke(2u64, upsert(None)).unwrap();
+        t.on_return(
+            2,
+            Ret::Conflict {
+                current: row(100, 7),
+            },
+        )
+        .unwrap();
+        assert!(t.is_consistent());
+        // A save over a version the row no longer holds.
+        let mut t = LinearizabilityTester::new(VersionedRow(Some(row(5, 0))));
+        t.on_invoke(1u64, upsert(Some(4))).unwrap();
+        let updated = Ret::Upserted {
+            inserted: false,
+            version: 5,
+        };
+        t.on_return(1, updated).unwrap();
         assert!(!t.is_consistent());
     }
 
