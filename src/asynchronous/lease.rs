@@ -121,7 +121,10 @@ impl<S: AsyncConnectionSource> AsyncLease<S> {
         }
     }
 
-    /// Stops renewing and frees the lock. [`Error::LockLost`] when it was already lost.
+    /// Stops renewing and frees the lock. [`Error::LockLost`] when another holder took it
+    /// over, or when the lease was already lost and the release failed (the row may then
+    /// stay held until its lease ends; the guard's drop tries once more). A lease lost by
+    /// time whose row nobody took is still freed, and answers `Ok`.
     pub async fn release(mut self) -> Result<(), Error> {
         self.stop.send_replace(true);
         let lost = self.check().err();

@@ -10,7 +10,6 @@ use diesel_async::methods::LoadQuery;
 use diesel_async::{AsyncConnection, AsyncConnectionCore, RunQueryDsl, SimpleAsyncConnection};
 
 use crate::connect::backend::OccBackend;
-use crate::connect::transaction::LostCommit;
 use crate::drive::blocking::executor::CannotMiss;
 use crate::drive::on_async::connection::{classify, NativeAsync, NativeAsyncConnection};
 use crate::drive::on_async::executor::AsyncMiss;
@@ -150,9 +149,7 @@ where
         let bounds = <C as Io>::Backend::wait_bounds(bound);
         setting(self, bounds.before.as_deref()).await?;
         let ended = async {
-            // A failed `BEGIN` wrote nothing: a lost connection is no `Ambiguous` here.
-            let begun = OwnTransaction::begin(&mut *self).await;
-            let mut transaction = begun.map_err(LostCommit::rolled_back)?;
+            let mut transaction = OwnTransaction::begin(&mut *self).await?;
             let sent = body(transaction.conn()).await;
             transaction.settle(sent).await
         }

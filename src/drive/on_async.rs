@@ -92,10 +92,7 @@ where
         E: From<Error> + From<DieselError> + LostCommit + Send + 'a,
         'a: 'c,
     {
-        // A failed `BEGIN` wrote nothing: a lost connection is no `Ambiguous` here, as on
-        // the blocking path (and in the locks' bounded transaction).
-        let begun = OwnTransaction::begin(self).await;
-        let mut transaction = begun.map_err(LostCommit::rolled_back)?;
+        let mut transaction = OwnTransaction::begin(self).await?;
         let done = body(transaction.conn()).await;
         transaction.settle(done).await
     }

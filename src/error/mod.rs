@@ -540,7 +540,6 @@ impl Error {
     /// dies outside a transaction the statement may have been applied: that is
     /// [`Error::Ambiguous`]. Inside a transaction the database rolls back, so it is not.
     pub fn from_write(source: DieselError, in_transaction: bool) -> Self {
-        let source = answer_cut_short(source);
         if !in_transaction && connection_lost(&source) {
             Error::Ambiguous { source }
         } else {
@@ -554,7 +553,6 @@ impl Error {
         source: DieselError,
         retry_reason: impl FnOnce(&DieselError) -> Option<RetryReason>,
     ) -> Self {
-        let source = answer_cut_short(source);
         if read_only_refusal(&source) {
             return Error::ReadOnly { source };
         }
@@ -656,13 +654,16 @@ pub(crate) fn connection_lost(error: &DieselError) -> bool {
     }
 }
 
-/// `error` as the lost connection it is when the server's answer ended before the result
-/// set a query owes: mysql_async (diesel-async) answers a `SELECT` whose session the
-/// server killed or whose socket broke mid-answer with no result set at all, which
-/// diesel-async reports as a [`DeserializationError`](DieselError::DeserializationError)
-/// of [`UnexpectedEndOfRow`](diesel::result::UnexpectedEndOfRow). No stored value can
-/// cause that (every column the library reads is named in its `SELECT`), so it is not
-/// [`Error::InvalidData`]: the answer, and the connection, cannot be trusted.
+/// `error` as the lost connection it is when a reply came without the result set a query
+/// of the library's owes. diesel-async on MySQL reports such a reply (an OK packet where
+/// rows were due: a connection left out of step, or a session cut off mid-reply) as a
+/// [`DeserializationError`](DieselError::DeserializationError) of
+/// [`UnexpectedEndOfRow`](diesel::result::UnexpectedEndOfRow). The library's reads name
+/// every column they select, so no stored value causes it: it is not
+/// [`Error::InvalidData`], and neither the reply nor the connection can be trusted (the
+/// async classifier marks the connection broken). Applied to the library's own
+/// statements only: a caller's query with too few columns gets the same error from
+/// diesel, and keeps it.
 pub(crate) fn answer_cut_short(error: DieselError) -> DieselError {
     match error {
         DieselError::DeserializationError(cause) if is_cut_short(&*cause) => {
@@ -675,15 +676,15 @@ pub(crate) fn answer_cut_short(error: DieselError) -> DieselError {
     }
 }
 
-/// Whether a deserialization error's `cause` is an answer cut short, see
+/// Whether a deserialization error's `cause` is a reply without its result set, see
 /// [`answer_cut_short`].
 pub(crate) fn is_cut_short(cause: &(dyn std::error::Error + Send + Sync + 'static)) -> bool {
     cause.is::<diesel::result::UnexpectedEndOfRow>()
 }
 
 /// The text of [`answer_cut_short`]'s error.
-const ANSWER_CUT_SHORT: &str =
-    "the server's answer ended before the rows it owed: the connection was lost mid-answer";
+const ANSWER_CUT_SHORT: &str = "a reply came without the rows the query owes: the connection \
+     is out of step with the server or was cut off, and is discarded";
 
 /// How the client libraries (and PostgreSQL for a terminated session) word a connection
 /// that died; see [`connection_lost`].
@@ -765,16 +766,23 @@ mod tests {
     }
 
     #[test]
-    fn an_answer_cut_short_is_a_lost_connection_wherever_it_is_classified() {
+    fn an_answer_cut_short_is_a_lost_connection_where_the_library_classifies_it() {
         let cut =
             || DieselError::DeserializationError(Box::new(diesel::result::UnexpectedEndOfRow));
+        let classified =
+            |inside| crate::flow::compare_and_set::classify_given(cut(), inside, |_| None);
         assert!(matches!(
-            Error::from_write(cut(), false),
+            classified(false),
             Error::Ambiguous { source } if connection_lost(&source)
         ));
         assert!(matches!(
-            Error::from(cut()),
+            classified(true),
             Error::Database(source) if connection_lost(&source)
+        ));
+        // A caller's own query with too few columns keeps diesel's error.
+        assert!(matches!(
+            Error::from(cut()),
+            Error::Database(DieselError::DeserializationError(_))
         ));
         // A value that does not read is the stored data's fault, and stays so.
         let bad = DieselError::DeserializationError("invalid digit found in string".into());

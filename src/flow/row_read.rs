@@ -183,7 +183,7 @@ mod tests {
         let error = judge_read::<i64>("orders", &1_i64, "version", Err(cut()), inside).unwrap_err();
         assert!(
             matches!(&error, Error::Database(source) if crate::error::connection_lost(source)
-                && source.to_string().contains("ended before the rows it owed")),
+                && source.to_string().contains("without the rows the query owes")),
             "{error:?}"
         );
     }

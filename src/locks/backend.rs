@@ -32,8 +32,12 @@ use crate::guard::server_clock::ServerClock;
 
 /// A backend locks run on.
 pub trait LockBackend: OccBackend + ServerClock {
-    /// Runs `f` in a write transaction on `conn` in which no statement waits longer than
-    /// about `bound` (see the module documentation for what each backend bounds).
+    /// Runs `f` in a write transaction on `conn` bounded to about `bound`: the session
+    /// settings of [`wait_bounds`](Self::wait_bounds) around it (SQLite: its busy
+    /// timeout and its writers' turn). The setting inside the transaction is `f`'s to
+    /// send first, and its errors `f`'s to judge with
+    /// [`bounded_error`](Self::bounded_error): the lock's flow does both, for both
+    /// drivers.
     #[doc(hidden)]
     fn bounded<C, T>(
         conn: &mut C,

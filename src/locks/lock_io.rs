@@ -23,10 +23,11 @@ use crate::sql::new_token::{Counted, ReturnedBy};
 
 /// A connection a lock's transaction runs on.
 pub(crate) trait LockIo: Io<Backend: LockBackend> {
-    /// Runs `body` in a write transaction of the library's in which no statement waits
-    /// longer than about `bound` (the backend's settings, restored after whatever the
-    /// outcome), judged as every transaction of the library's; the error as the lock
-    /// reports it (PostgreSQL's cancelled statement is a lock wait's timeout).
+    /// Runs `body` in a write transaction of the library's bounded to about `bound`: the
+    /// backend's session settings before it and restored after whatever the outcome
+    /// ([`LockBackend::bounded`]), judged as every transaction of the library's.
+    /// `body` sends the setting inside the transaction first and judges its statements'
+    /// errors, as [`write_lock`] does.
     fn bounded<'a, 'c, T, F>(
         &'c mut self,
         bound: Duration,

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use stateright::semantics::{ConsistencyTester, LinearizabilityTester};
 
 use super::history::{Event, What};
-use super::model::{Ghosts, Op, Spec};
+use super::model::{Ghosts, Op, Ret, Spec};
 
 /// The key of the claim calls: each row they hand out is judged on its own key.
 pub const CLAIMS: i64 = 0;
@@ -71,7 +71,9 @@ pub fn check(events: &[Event]) -> Verdict {
                     verdict.operations += 1;
                     tester.on_invoke(event.caller, op.clone()).map(|_| ())
                 }
-                What::Return { ret, .. } => tester.on_return(event.caller, ret.clone()).map(|_| ()),
+                What::Return { ret, error, .. } => tester
+                    .on_return(event.caller, refined(ret, error.as_deref()))
+                    .map(|_| ()),
                 What::Unknown { .. } => Ok(()),
             };
             if let Err(e) = fed {
@@ -88,6 +90,19 @@ pub fn check(events: &[Event]) -> Verdict {
         }
     }
     verdict
+}
+
+/// How the library words a lost lease whose release failed too (`Lease::release`).
+const RELEASE_FAILED: &str = "its release failed too";
+
+/// `ret` as the model reads it: a lost lock whose release failed, by the error's text,
+/// may still be held ([`Ret::LostUnreleased`]). Told here rather than when the answer is
+/// recorded, so that a history recorded earlier is judged the same.
+fn refined(ret: &Ret, error: Option<&str>) -> Ret {
+    match (ret, error) {
+        (Ret::Lost, Some(text)) if text.contains(RELEASE_FAILED) => Ret::LostUnreleased,
+        _ => ret.clone(),
+    }
 }
 
 fn is_claimed(event: &Event) -> bool {

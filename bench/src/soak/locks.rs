@@ -1,7 +1,7 @@
 //! The soak's locks: workers take a lock per key (`try_lock`, a 5 s lease), renew it,
 //! write the row it protects under its fence, and release it; others meanwhile find it
 //! held, read the row, or write with the fence of a lock they released. A grant with an
-//! odd fence is kept under a lease that renews itself (`Lease` / `AsyncLease`): its holder
+//! odd fence (about half of them) is kept under a lease that renews itself (`Lease` / `AsyncLease`): its holder
 //! asks the lease whether it still holds and writes through it (`write_while_held`)
 //! instead. Each call on both drivers, answered in the model's terms.
 //!
@@ -56,7 +56,8 @@ impl<K> Holding<K> {
     }
 }
 
-/// Whether a grant of `fence` is kept under a lease: every other grant of each lock.
+/// Whether a grant of `fence` is kept under a lease: those with an odd fence (fences come
+/// from one source for every lock, so about half the grants of each).
 fn leased(fence: i64) -> bool {
     fence % 2 == 1
 }

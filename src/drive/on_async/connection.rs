@@ -142,6 +142,14 @@ where
     C::Backend: OccBackend,
 {
     let inside = in_transaction(conn);
+    if let DieselError::DeserializationError(cause) = &error {
+        if crate::error::is_cut_short(&**cause) {
+            // A reply without its rows: the connection is out of step, asked nothing
+            // more, and discarded (see `answer_cut_short`).
+            C::TransactionManager::transaction_manager_status_mut(conn).set_in_error();
+            return classify_given(error, inside, |_| None);
+        }
+    }
     let reason = C::Backend::retry_reason_async(conn, &error).await;
     classify_given(error, inside, |_| reason)
 }
@@ -155,6 +163,11 @@ where
 {
     let in_transaction = in_transaction(conn);
     let reason = match error {
+        Some(DieselError::DeserializationError(cause)) if crate::error::is_cut_short(&**cause) => {
+            // As `classify`: the connection is out of step and discarded.
+            C::TransactionManager::transaction_manager_status_mut(conn).set_in_error();
+            None
+        }
         Some(error) => C::Backend::retry_reason_async(conn, error).await,
         None => None,
     };

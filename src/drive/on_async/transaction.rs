@@ -48,11 +48,12 @@ where
         }
     }
 
-    /// The classified error of a `BEGIN` that failed, which left nothing open. Asked
-    /// while still unsettled: dropped half way through the question (MySQL's client
-    /// cannot drop a reply half read), the connection is marked broken.
+    /// The classified error of a `BEGIN` that failed, which left nothing open (and wrote
+    /// nothing: a lost connection is no [`Error::Ambiguous`] here, as on the blocking
+    /// path). Asked while still unsettled: dropped half way through the question
+    /// (MySQL's client cannot drop a reply half read), the connection is marked broken.
     async fn failed_to_begin(&mut self, error: DieselError) -> Error {
-        let error = classify(self.conn, error).await;
+        let error = classify(self.conn, error).await.rolled_back();
         self.settled = true;
         error
     }

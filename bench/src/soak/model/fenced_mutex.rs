@@ -79,10 +79,12 @@ impl SequentialSpec for FencedMutex {
             }
             // A release fails only when another holder took the lock over.
             (Op::Release { fence }, Ret::Lost) => self.holder != Some(*fence),
-            // A lease's release says lost once its keep-alive gave up (by time, which the
-            // model cannot see), whether or not the release then freed the row: the
-            // lock's holder is left as it was (a later grant is valid either way).
-            (Op::ReleaseLease { .. }, Ret::Lost) => true,
+            // A lease's release fails, as a guard's, only when another holder took the
+            // lock over, unless the lease was lost already (by time, which the model
+            // cannot see) and the release itself failed: then the lock may still be
+            // held, and its holder is left as it was (a later grant is valid either way).
+            (Op::ReleaseLease { fence }, Ret::Lost) => self.holder != Some(*fence),
+            (Op::ReleaseLease { .. }, Ret::LostUnreleased) => true,
             (Op::FencedWrite { fence, value }, _) => self.write(*fence, *value) == *ret,
             (Op::Check { fence }, Ret::Kept) => self.holder == Some(*fence),
             // The lease may have ended unseen by the model; the write then wrote nothing.
@@ -178,6 +180,21 @@ mod tests {
         t.on_invoke(1u64, Op::ReadFenced).unwrap();
         t.on_return(1, Ret::Fenced { fence: 2, value: 8 }).unwrap();
         assert!(t.is_consistent());
+    }
+
+    #[test]
+    fn a_leases_release_is_lost_while_held_only_when_the_release_failed() {
+        let released = |ret| {
+            let mut t = LinearizabilityTester::new(FencedMutex::default());
+            t.on_invoke(1u64, Op::Acquire).unwrap();
+            t.on_return(1, Ret::Granted { fence: 1 }).unwrap();
+            t.on_invoke(1u64, Op::ReleaseLease { fence: 1 }).unwrap();
+            t.on_return(1, ret).unwrap();
+            t.is_consistent()
+        };
+        assert!(!released(Ret::Lost));
+        assert!(released(Ret::LostUnreleased));
+        assert!(released(Ret::Released));
     }
 
     #[test]

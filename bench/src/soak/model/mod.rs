@@ -197,6 +197,9 @@ pub enum Ret {
     Released,
     /// The caller no longer holds the lock.
     Lost,
+    /// A lease's release: the lease was lost and the release failed, so the lock may
+    /// still be held (told from [`Ret::Lost`] by the error's text, see `check`).
+    LostUnreleased,
     /// A fenced write refused: the row has seen the newer fence `current`.
     Stale { current: i64 },
     /// The protected row: the newest fence it accepted and its value.
