@@ -333,7 +333,6 @@ where
     }
     fn end_session(&mut self, backend: &str) {
         if let Some(sql) = ending_own_session(backend) {
-            use diesel_async::SimpleAsyncConnection;
             // Answered with the end of the session itself, or not at all.
             let _ = self.runtime.block_on(self.conn.batch_execute(sql));
         }
