@@ -79,6 +79,11 @@ fn pair_started(action: &str) -> Option<Pair> {
     let (primary_url, standby_url) = urls.trim().split_once(',').expect("two URLs");
     let config = PoolConfig {
         max_size: 4,
+        // A checkout is checked only after 500 ms without an answer, and these tests stop,
+        // start and promote the servers in less: a connection to the stopped standby,
+        // used just before, would be handed out unchecked after the failover (CI saw the
+        // test's own read fail with "server closed the connection").
+        check_after_idle: Duration::ZERO,
         ..common::pool_config()
     };
     let primary = diesel_occ::postgres_pool(primary_url, &config).expect("primary pool");
