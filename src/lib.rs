@@ -7,6 +7,28 @@
     not(any(feature = "sqlite", feature = "postgres", feature = "mysql")),
     allow(unused)
 )]
+// The docs link the items of every feature (docs.rs builds them all, and CI checks
+// those links); with fewer features a link to an item left out cannot resolve, and is
+// shown as plain text instead of a warning in the user's `cargo doc`.
+#![cfg_attr(
+    not(all(
+        feature = "sqlite",
+        feature = "postgres",
+        feature = "mysql",
+        feature = "migrations",
+        feature = "locks",
+        feature = "http",
+        feature = "axum",
+        feature = "tokio",
+        feature = "deadpool",
+        feature = "async",
+        feature = "async-mysql",
+        feature = "bb8",
+        feature = "async-deadpool",
+        feature = "backoff"
+    )),
+    allow(rustdoc::broken_intra_doc_links)
+)]
 //! Optimistic concurrency control for [diesel]: writes to shared rows that never lose
 //! another writer's update.
 //!
@@ -80,7 +102,10 @@
 //! - `backoff`: `RetryPolicy::backoff_schedule` takes the waits from a
 //!   `backoff::ExponentialBackoff`, for code that already builds them (that crate is
 //!   unmaintained; the default schedule does not use it).
-//! - `migrations` (default): [`migrations::run`] creates the library's own tables.
+//! - `migrations` (default): [`migrations::run`] (and, with `async`,
+//!   `migrations::run_async`) creates the library's own tables. With
+//!   `default-features = false` (a server backend without the bundled SQLite), name it
+//!   again.
 //! - `http`: `ETag`, `If-Match` / `If-None-Match` and RFC 9457 problems for web back
 //!   ends (the `http` module).
 //! - `tokio`: the blocking calls from async code on tokio's blocking pool
@@ -297,7 +322,7 @@ pub mod __private {
     #[cfg(feature = "chrono")]
     pub use crate::guard::timestamp::stamp_now;
     pub use crate::guard::Unusable;
-    pub use crate::json::document::{field, field_mut};
+    pub use crate::json::document::{document_refusal, field, field_mut};
     pub use crate::sql::key_list::KeyIn;
     pub use crate::sql::new_token::Counted;
     pub use crate::sql::statement::{AnyOf, ColumnEq, NoChanges, Unguarded};

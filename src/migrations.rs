@@ -49,3 +49,196 @@ where
         .map(drop)
         .map_err(Error::Migration)
 }
+
+/// Applies the library's migrations that the database of the diesel-async connection
+/// `conn` does not have yet (features `async` and `migrations`), without blocking the
+/// runtime and on either of tokio's runtimes: on PostgreSQL each migration in a
+/// transaction of its own, on MySQL / MariaDB each statement as it comes (their DDL
+/// commits by itself), on SQLite through [`run`] on the connection's own thread. Each is
+/// recorded in `__diesel_schema_migrations` as [`run`] records it, so either finds what
+/// the other applied. A pooled connection is passed as `&mut *conn`.
+#[cfg(feature = "async")]
+pub async fn run_async<C: AsyncMigrations>(conn: &mut C) -> Result<(), Error> {
+    conn.run_library_migrations().await
+}
+
+/// A diesel-async connection [`run_async`] applies the library's migrations on.
+#[cfg(feature = "async")]
+#[diagnostic::on_unimplemented(
+    message = "diesel-occ cannot run its migrations on `{Self}`",
+    note = "pass a diesel-async connection (`AsyncPgConnection`, `AsyncMysqlConnection`, `SyncConnectionWrapper<SqliteConnection>`); a pool's connection as `&mut *conn`"
+)]
+pub trait AsyncMigrations: Send {
+    /// Applies the pending migrations; [`run_async`] calls it.
+    #[doc(hidden)]
+    fn run_library_migrations(
+        &mut self,
+    ) -> impl std::future::Future<Output = Result<(), Error>> + Send;
+}
+
+#[cfg(all(feature = "async", feature = "sqlite"))]
+impl AsyncMigrations
+    for diesel_async::sync_connection_wrapper::SyncConnectionWrapper<diesel::SqliteConnection>
+{
+    async fn run_library_migrations(&mut self) -> Result<(), Error> {
+        // diesel's own harness, on the thread the connection lives on.
+        self.spawn_blocking(|conn| Ok(run(conn)))
+            .await
+            .map_err(|e| Error::Migration(Box::new(e)))?
+    }
+}
+
+/// The table diesel's harness records applied migrations in, as it creates it.
+#[cfg(all(feature = "async", any(feature = "postgres", feature = "async-mysql")))]
+const MIGRATIONS_TABLE: &str = "CREATE TABLE IF NOT EXISTS __diesel_schema_migrations (
+       version VARCHAR(50) PRIMARY KEY NOT NULL,
+       run_on TIMESTAMP NOT NULL DEFAULT CURRENT_TIMESTAMP
+)";
+
+/// A migration applied, as `__diesel_schema_migrations` holds it.
+#[cfg(all(feature = "async", any(feature = "postgres", feature = "async-mysql")))]
+#[derive(diesel::QueryableByName)]
+struct Applied {
+    #[diesel(sql_type = diesel::sql_types::Text)]
+    version: String,
+}
+
+/// The `up.sql` of each of a backend's migrations, by folder name: the async connections
+/// of PostgreSQL and MySQL cannot run diesel's blocking harness, so they send the same
+/// files themselves (a test checks the list against the embedded migrations).
+#[cfg(all(feature = "async", any(feature = "postgres", feature = "async-mysql")))]
+macro_rules! up_sql {
+    ($backend:literal: $($name:literal),* $(,)?) => {
+        &[$(($name, include_str!(concat!("../migrations/diesel_occ/", $backend, "/", $name, "/up.sql")))),*]
+    };
+}
+
+#[cfg(all(feature = "async", feature = "postgres"))]
+const POSTGRES_UP: &[(&str, &str)] = up_sql!("postgres":
+    "2026-11-22-900001_occ_versions",
+    "2026-11-22-900002_occ_transitions",
+    "2026-11-22-900003_occ_locks",
+    "2026-11-23-900004_occ_fence_source",
+    "2026-11-26-900005_occ_fence_epoch",
+    "2026-11-28-900006_occ_locks_instants",
+);
+
+#[cfg(all(feature = "async", feature = "async-mysql"))]
+const MYSQL_UP: &[(&str, &str)] = up_sql!("mysql":
+    "2026-11-22-900001_occ_versions",
+    "2026-11-22-900002_occ_transitions",
+    "2026-11-22-900003_occ_locks",
+    "2026-11-23-900004_occ_fence_source",
+);
+
+/// The migrations of backend `DB` not yet in `applied`, in order: version, folder name
+/// and `up.sql`.
+#[cfg(all(feature = "async", any(feature = "postgres", feature = "async-mysql")))]
+fn pending<DB: LibraryMigrations>(
+    applied: &[Applied],
+    up: &'static [(&'static str, &'static str)],
+) -> Result<Vec<(String, &'static str)>, Error> {
+    use diesel::migration::MigrationSource;
+    let mut migrations =
+        MigrationSource::<DB>::migrations(&DB::MIGRATIONS).map_err(Error::Migration)?;
+    migrations.sort_by_key(|m| m.name().version().to_string());
+    migrations
+        .iter()
+        .map(|m| (m.name().version().to_string(), m.name().to_string()))
+        .filter(|(version, _)| !applied.iter().any(|a| &a.version == version))
+        .map(|(version, name)| {
+            let sql = up
+                .iter()
+                .find(|(folder, _)| *folder == name)
+                .map(|(_, sql)| *sql);
+            sql.map(|sql| (version, sql))
+                .ok_or_else(|| Error::Migration(format!("no SQL for migration {name}").into()))
+        })
+        .collect()
+}
+
+macro_rules! async_server_migrations {
+    ($feature:literal, $conn:ty, $backend:ty, $up:ident, $insert:literal, $transaction:literal) => {
+        #[cfg(all(feature = "async", feature = $feature))]
+        impl AsyncMigrations for $conn {
+            async fn run_library_migrations(&mut self) -> Result<(), Error> {
+                use diesel_async::{AsyncConnection, RunQueryDsl, SimpleAsyncConnection};
+                let failed = |e: diesel::result::Error| Error::Migration(Box::new(e));
+                self.batch_execute(MIGRATIONS_TABLE).await.map_err(failed)?;
+                let applied: Vec<Applied> =
+                    diesel::sql_query("SELECT version FROM __diesel_schema_migrations")
+                        .load(self)
+                        .await
+                        .map_err(failed)?;
+                for (version, sql) in pending::<$backend>(&applied, $up)? {
+                    let apply = async |conn: &mut $conn| {
+                        conn.batch_execute(sql).await?;
+                        diesel::sql_query($insert)
+                            .bind::<diesel::sql_types::Text, _>(&version)
+                            .execute(conn)
+                            .await
+                            .map(drop)
+                    };
+                    if $transaction {
+                        self.transaction(apply).await.map_err(failed)?;
+                    } else {
+                        apply(self).await.map_err(failed)?;
+                    }
+                }
+                Ok(())
+            }
+        }
+    };
+}
+
+async_server_migrations!(
+    "postgres",
+    diesel_async::AsyncPgConnection,
+    diesel::pg::Pg,
+    POSTGRES_UP,
+    "INSERT INTO __diesel_schema_migrations (version) VALUES ($1)",
+    true
+);
+async_server_migrations!(
+    "async-mysql",
+    diesel_async::AsyncMysqlConnection,
+    diesel::mysql::Mysql,
+    MYSQL_UP,
+    "INSERT INTO __diesel_schema_migrations (version) VALUES (?)",
+    false
+);
+
+#[cfg(all(
+    test,
+    feature = "async",
+    any(feature = "postgres", feature = "async-mysql")
+))]
+mod tests {
+    use super::*;
+
+    /// Every embedded migration has its `up.sql` in the async list, in version order.
+    fn listed_in_full<DB: LibraryMigrations>(up: &'static [(&'static str, &'static str)]) {
+        use diesel::migration::MigrationSource;
+        let embedded = MigrationSource::<DB>::migrations(&DB::MIGRATIONS).unwrap();
+        let all = pending::<DB>(&[], up).unwrap();
+        assert_eq!(all.len(), embedded.len());
+        assert_eq!(all.len(), up.len(), "no folder listed twice or left over");
+        assert!(all.windows(2).all(|w| w[0].0 < w[1].0));
+        let first = Applied {
+            version: all[0].0.clone(),
+        };
+        assert_eq!(pending::<DB>(&[first], up).unwrap().len(), all.len() - 1);
+    }
+
+    #[cfg(feature = "postgres")]
+    #[test]
+    fn the_async_list_holds_every_postgres_migration() {
+        listed_in_full::<diesel::pg::Pg>(POSTGRES_UP);
+    }
+
+    #[cfg(feature = "async-mysql")]
+    #[test]
+    fn the_async_list_holds_every_mysql_migration() {
+        listed_in_full::<diesel::mysql::Mysql>(MYSQL_UP);
+    }
+}

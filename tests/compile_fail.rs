@@ -1,5 +1,6 @@
-//! Misuse of `#[derive(Guarded)]` is a compile error that points at the mistake and says
-//! how to fix it. Each case in `tests/ui/<category>/` has its expected `.stderr`. What
+//! Misuse of `#[derive(Guarded)]`, and the likeliest mistakes with the async API (the
+//! blocking prelude on an async connection, a pool's guard passed for its connection), is
+//! a compile error that points at the mistake and says how to fix it. Each case in `tests/ui/<category>/` has its expected `.stderr`. What
 //! diesel accepts, the derive accepts too: the cases in `tests/pass/` must compile.
 //!
 //! The expected messages list the version types of every backend (MySQL adds the
@@ -11,7 +12,8 @@
     feature = "postgres",
     feature = "mysql",
     feature = "chrono",
-    feature = "async"
+    feature = "async",
+    feature = "bb8"
 ))]
 #[test]
 fn derive_misuse_is_reported_at_the_mistake() {

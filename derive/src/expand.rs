@@ -170,6 +170,7 @@ pub fn guarded(entity: &Entity<'_>, guard: &Guard<'_, '_>) -> TokenStream {
     };
 
     let json_documents = json_documents(ident, entity, &column);
+    let unwritable_document = unwritable_document(entity, &column);
     let status = status_column(ident, entity, &column);
     let status_kept = status_kept(entity, &column);
 
@@ -209,6 +210,8 @@ pub fn guarded(entity: &Entity<'_>, guard: &Guard<'_, '_>) -> TokenStream {
                 #status_kept
 
                 #stamp
+
+                #unwritable_document
             }
         };
     }
@@ -245,6 +248,42 @@ fn json_documents(
             }
         })
         .collect()
+}
+
+/// `Guarded::unwritable_document`, when the entity has `#[occ(json)]` fields: each is
+/// read through its `JsonDocument` impl, so a field of the wrong type is reported once,
+/// there.
+fn unwritable_document(
+    entity: &Entity<'_>,
+    column: &dyn Fn(&Field<'_>) -> TokenStream,
+) -> TokenStream {
+    let checks: Vec<TokenStream> = entity
+        .fields
+        .iter()
+        .filter(|f| Entity::json(f).is_some())
+        .map(|f| {
+            let col = column(f);
+            quote! {
+                if let ::std::option::Option::Some(reason) = ::diesel_occ::__private::document_refusal(
+                    <Self as ::diesel_occ::JsonDocument<#col>>::document(self),
+                ) {
+                    return ::std::option::Option::Some((
+                        <#col as ::diesel_occ::diesel::Column>::NAME,
+                        reason,
+                    ));
+                }
+            }
+        })
+        .collect();
+    if checks.is_empty() {
+        return TokenStream::new();
+    }
+    quote! {
+        fn unwritable_document(&self) -> ::std::option::Option<(&'static str, ::std::string::String)> {
+            #(#checks)*
+            ::std::option::Option::None
+        }
+    }
 }
 
 /// `HasStatus` for the `#[occ(status)]` field; its type must implement

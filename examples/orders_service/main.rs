@@ -1,5 +1,5 @@
 //! An orders API on axum over diesel-occ's async API (diesel-async connections from a bb8
-//! pool): ETags and `If-Match` on every write, JSON extension patches that never lose a
+//! or deadpool pool): ETags and `If-Match` on every write, JSON extension patches that never lose a
 //! key, ship and cancel as guarded transitions, and a background job that runs on one
 //! instance only (leader election on the lock table, as tokio tasks). See `app.rs` for the
 //! routes.
@@ -16,11 +16,13 @@
 //!
 //! `RUST_LOG=info` shows conflicts, retries and leadership changes.
 
+// `deadpool_pool` is not called here: the end-to-end tests serve the routes from it too.
+#[allow(dead_code)]
 mod app;
 
 use diesel_occ::ElectionTiming;
 
-type Outcome = Result<(), Box<dyn std::error::Error + Send + Sync>>;
+type Outcome = Result<(), app::SetupError>;
 
 #[tokio::main]
 async fn main() -> Outcome {
@@ -33,19 +35,20 @@ async fn main() -> Outcome {
     let address = std::env::var("LISTEN").unwrap_or_else(|_| "127.0.0.1:3000".into());
     let label = format!("orders-service pid {}", std::process::id());
     let timing = ElectionTiming::default();
+    // bb8 here; `deadpool_pool(&url)?` serves the same routes from a deadpool pool.
     let (router, candidate) = if url.starts_with("postgres") {
-        app::postgres::setup(&url)?;
-        let pool = app::postgres::pool(&url).await?;
+        let pool = app::postgres::bb8_pool(&url).await?;
+        app::postgres::setup(&pool).await?;
         let candidate = app::postgres::campaign(pool.clone(), &label, timing)?;
         (app::postgres::router(pool), candidate)
     } else if url.starts_with("mysql") {
-        app::mysql::setup(&url)?;
-        let pool = app::mysql::pool(&url).await?;
+        let pool = app::mysql::bb8_pool(&url).await?;
+        app::mysql::setup(&pool).await?;
         let candidate = app::mysql::campaign(pool.clone(), &label, timing)?;
         (app::mysql::router(pool), candidate)
     } else {
-        app::sqlite::setup(&url)?;
-        let pool = app::sqlite::pool(&url).await?;
+        let pool = app::sqlite::bb8_pool(&url).await?;
+        app::sqlite::setup(&pool).await?;
         let candidate = app::sqlite::campaign(pool.clone(), &label, timing)?;
         (app::sqlite::router(pool), candidate)
     };

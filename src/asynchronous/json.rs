@@ -95,6 +95,62 @@ pub trait AsyncGuardedJson: Guarded {
         })
     }
 
+    /// [`merge_json`](Self::merge_json) pinned to a request's `If-Match` (feature
+    /// `http`); see [`GuardedJson::merge_json_if_match`](crate::GuardedJson::merge_json_if_match).
+    #[cfg(feature = "http")]
+    fn merge_json_if_match<C, Col>(
+        conn: &mut C,
+        key: &Self::Key,
+        column: Col,
+        patch: &Value,
+        if_match: &crate::http::Precondition,
+        policy: &RetryPolicy,
+    ) -> impl Future<Output = Result<Modified<Self, ()>, Error>> + Send
+    where
+        Col: Column + 'static,
+        JsonEdit<'static, Self, Col, (), Error>: AsyncRun<C>,
+    {
+        let patch = patch.clone();
+        let build = move |table: &'static str, key: &Self::Key| {
+            Ok(
+                Box::new(merge_edit(Place::<Self, Col>::new(table, key), &patch)?)
+                    as Edit<'static, (), Error>,
+            )
+        };
+        let _ = column;
+        let edit = JsonEdit::new(key.clone(), policy.clone(), build).pinned(if_match.pin());
+        let (edited, if_match) = (edit.run_async(conn), if_match.clone());
+        async move { if_match.refuse_missing(edited.await) }
+    }
+
+    /// [`patch_json`](Self::patch_json) pinned to a request's `If-Match` (feature
+    /// `http`); see [`GuardedJson::merge_json_if_match`](crate::GuardedJson::merge_json_if_match).
+    #[cfg(feature = "http")]
+    fn patch_json_if_match<C, Col>(
+        conn: &mut C,
+        key: &Self::Key,
+        column: Col,
+        patch: &json_patch::Patch,
+        if_match: &crate::http::Precondition,
+        policy: &RetryPolicy,
+    ) -> impl Future<Output = Result<Modified<Self, ()>, Error>> + Send
+    where
+        Col: Column + 'static,
+        JsonEdit<'static, Self, Col, (), Error>: AsyncRun<C>,
+    {
+        let patch = patch.clone();
+        let build = move |table: &'static str, key: &Self::Key| {
+            Ok(
+                Box::new(patch_edit(Place::<Self, Col>::new(table, key), &patch))
+                    as Edit<'static, (), Error>,
+            )
+        };
+        let _ = column;
+        let edit = JsonEdit::new(key.clone(), policy.clone(), build).pinned(if_match.pin());
+        let (edited, if_match) = (edit.run_async(conn), if_match.clone());
+        async move { if_match.refuse_missing(edited.await) }
+    }
+
     /// Sets the value at the RFC 6901 `pointer` of the document of column `Col`.
     fn set_json<C, Col>(
         conn: &mut C,
@@ -231,12 +287,12 @@ where
         self,
         conn: &mut C,
     ) -> Result<<Self as Operation>::Output, <Self as Operation>::Error> {
-        let (key, policy, build) = self.into_parts();
+        let (key, policy, pin, build) = self.into_parts();
         let table = <T as AsyncLoadByKey<C>>::table_name();
         // Checked before anything is sent.
         let edit = build(table, &key)?;
         let place = Place::<T, Col>::new(table, &key);
-        let step = EditDocument { place, edit };
+        let step = EditDocument { place, pin, edit };
         read_modify_write(Caller(conn), &key, &policy, &suspects::<T, Col>(), step).await
     }
 }

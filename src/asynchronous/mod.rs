@@ -130,6 +130,7 @@ pub mod prelude {
     pub use super::{AsyncFencedWrite, AsyncGuardedClaim};
     pub use super::{
         AsyncGuardedBatch, AsyncGuardedBulk, AsyncGuardedJson, AsyncGuardedModify,
-        AsyncGuardedTransition, AsyncGuardedWrite, AsyncPessimistic, AsyncWriteConnection,
+        AsyncGuardedTransition, AsyncGuardedWrite, AsyncLoadByKey, AsyncPessimistic,
+        AsyncWriteConnection,
     };
 }

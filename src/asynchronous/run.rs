@@ -16,7 +16,8 @@ use crate::operation::Operation;
 /// there it must be `'static` (its changes own their values).
 #[diagnostic::on_unimplemented(
     message = "`{Self}` cannot run on `{C}`",
-    note = "the connection must be a diesel-async connection of a backend diesel-occ supports (`AsyncPgConnection`, `AsyncMysqlConnection`, `SyncConnectionWrapper<SqliteConnection>`, or a pool's connection of one, passed as `&mut *conn`), the changes for the entity's table, and the guard's SQL must fit that backend; on SQLite the changes must own their values (`'static`), since the write runs on the connection's thread"
+    note = "the connection must be a diesel-async connection of a backend diesel-occ supports (`AsyncPgConnection`, `AsyncMysqlConnection`, `SyncConnectionWrapper<SqliteConnection>`), the changes for the entity's table, and the guard's SQL must fit that backend; on SQLite the changes must own their values (`'static`), since the write runs on the connection's thread",
+    note = "a connection checked out of a pool is passed as `&mut *conn` (the pool's guard is not the connection)"
 )]
 pub trait AsyncRun<C> {
     /// Runs the operation on `conn`.

@@ -272,6 +272,15 @@ pub enum Error {
         source: DieselError,
     },
 
+    /// A conditional HTTP request refused before any write (feature `http`): a malformed
+    /// `If-Match`, one required and missing, or one naming no current representation. A
+    /// handler that returns `Result<_, Error>` can `?` the library's writes and its
+    /// precondition checks alike; [`Problem`](crate::http::Problem) answers it as 400, 428
+    /// or 412.
+    #[cfg(feature = "http")]
+    #[error("{0}")]
+    Precondition(#[from] crate::http::HttpError),
+
     /// The library's migrations could not be applied.
     #[error("cannot apply diesel-occ's migrations: {0}")]
     Migration(#[source] Box<dyn std::error::Error + Send + Sync>),

@@ -41,6 +41,17 @@ pub(crate) fn judge_read<T>(
     }
 }
 
+/// Whether a read's error is for the driver to classify (the connection's or the
+/// database's), not the row's own that [`judge_read`] names: the async driver's
+/// classification is awaited before the judgement.
+#[cfg(feature = "async")]
+pub(crate) fn needs_classifying(error: &DieselError) -> bool {
+    match error {
+        DieselError::DeserializationError(cause) => is_cut_short(&**cause),
+        _ => true,
+    }
+}
+
 /// A read of one row with a row lock (`FOR UPDATE`, or `SKIP LOCKED` to refuse a held
 /// row): send the locked read, feed it to [`locked`](Self::locked), and when that asks
 /// for it send a plain read and feed it to [`unlocked`](Self::unlocked).

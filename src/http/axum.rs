@@ -22,12 +22,19 @@
 //! assert!(sent.check(Some(&Token::Version(3)), true).is_ok());
 //! ```
 
-use axum_core::extract::FromRequestParts;
-use axum_core::response::{IntoResponse, Response};
-use http::request::Parts;
+use std::ops::Deref;
 
-use super::{check_precondition, HttpError, Precondition, Problem};
+use axum_core::extract::{FromRequest, FromRequestParts, Request};
+use axum_core::response::{IntoResponse, Response};
+use http::header::{HeaderValue, CONTENT_TYPE, ETAG};
+use http::request::Parts;
+use http::StatusCode;
+use serde::Serialize;
+use serde_json::Value;
+
+use super::{check_precondition, EntityTag, HttpError, Precondition, Problem};
 use crate::error::{Error, Token};
+use crate::guard::{GuardKind, Guarded};
 
 impl IntoResponse for Problem {
     fn into_response(self) -> Response {
@@ -61,6 +68,24 @@ impl IfMatch {
     }
 }
 
+impl IfMatch {
+    /// [`check`](Self::check) against `row`'s token: whatever the entity's guard kind,
+    /// the tag the client holds is the one [`Tagged`] sent with the row.
+    pub fn check_row<T: Guarded>(&self, row: &T, required: bool) -> Result<(), HttpError> {
+        check_precondition(&self.0, Some(&T::Guard::describe(&row.token())), required)
+    }
+}
+
+/// The precondition itself, for the writes pinned to it
+/// (`merge_json_if_match(conn, &id, column, &patch, &if_match, &policy)`).
+impl Deref for IfMatch {
+    type Target = Precondition;
+
+    fn deref(&self) -> &Precondition {
+        &self.0
+    }
+}
+
 /// The request's `If-None-Match`: the tags the client holds (or `*`, or none). A
 /// malformed header is refused with 400 before the handler runs.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -71,6 +96,114 @@ impl IfNoneMatch {
     /// answers it; otherwise 304 Not Modified).
     pub fn is_new(&self, current: Option<&Token>) -> bool {
         self.0.none_match(current)
+    }
+}
+
+impl IfNoneMatch {
+    /// The answer to a `GET` of `row`: 304 Not Modified with its `ETag` when the client
+    /// holds its tag, else the row ([`Tagged`]).
+    pub fn respond<T: Guarded + Serialize>(&self, row: T) -> Response {
+        let token = T::Guard::describe(&row.token());
+        if self.is_new(Some(&token)) {
+            Tagged(row).into_response()
+        } else {
+            let tag = EntityTag::of(&token);
+            (StatusCode::NOT_MODIFIED, [(ETAG, tag.header_value())]).into_response()
+        }
+    }
+}
+
+/// A row as a response: 200 with the row as a JSON body and its `ETag`, made from the
+/// entity's guard ([`EntityTag::of_row`]); `(StatusCode::CREATED, Tagged(row))` answers 201.
+#[derive(Debug, Clone)]
+pub struct Tagged<T>(pub T);
+
+impl<T: Guarded + Serialize> IntoResponse for Tagged<T> {
+    fn into_response(self) -> Response {
+        let tag = EntityTag::of_row(&self.0);
+        match serde_json::to_vec(&self.0) {
+            Ok(body) => (
+                [
+                    (ETAG, tag.header_value()),
+                    (CONTENT_TYPE, HeaderValue::from_static("application/json")),
+                ],
+                body,
+            )
+                .into_response(),
+            Err(e) => Error::Json(e).into_response(),
+        }
+    }
+}
+
+/// The body of an HTTP `PATCH` of a JSON document, by its `Content-Type` (RFC 5789):
+/// an RFC 7396 merge patch or an RFC 6902 JSON Patch. Refused before the handler runs
+/// with a problem: 415 for another media type (naming the two in `Accept-Patch`), 400 for
+/// a body that is not JSON, 422 for a merge patch that is not an object (it would replace
+/// the whole document) or operations that do not parse.
+#[derive(Debug, Clone, PartialEq)]
+pub enum PatchBody {
+    /// `application/merge-patch+json`: a JSON object; `null` deletes a key.
+    Merge(Value),
+    /// `application/json-patch+json`: a list of operations, applied all or none.
+    Operations(json_patch::Patch),
+}
+
+/// The media types of [`PatchBody`], as `Accept-Patch` lists them.
+const ACCEPT_PATCH: &str = "application/merge-patch+json, application/json-patch+json";
+
+impl<S: Send + Sync> FromRequest<S> for PatchBody {
+    type Rejection = Problem;
+
+    async fn from_request(request: Request, state: &S) -> Result<Self, Problem> {
+        let media_type = request
+            .headers()
+            .get(CONTENT_TYPE)
+            .and_then(|value| value.to_str().ok())
+            .and_then(|value| value.split(';').next())
+            .map(|value| value.trim().to_ascii_lowercase())
+            .unwrap_or_default();
+        let merge = match media_type.as_str() {
+            "application/merge-patch+json" => true,
+            "application/json-patch+json" => false,
+            other => {
+                let mut problem = Problem::new(
+                    StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                    "unsupported-patch",
+                    format!("a PATCH body of type {other:?}: send {ACCEPT_PATCH}"),
+                );
+                problem
+                    .extensions
+                    .insert("accept_patch".into(), ACCEPT_PATCH.into());
+                return Err(problem);
+            }
+        };
+        let text = String::from_request(request, state)
+            .await
+            .map_err(|e| Problem::new(e.status(), "unreadable-body", e.body_text()))?;
+        let body: Value = serde_json::from_str(&text).map_err(|e| {
+            Problem::new(
+                StatusCode::BAD_REQUEST,
+                "malformed-body",
+                format!("the body is not JSON: {e}"),
+            )
+        })?;
+        let unprocessable = |detail: String| {
+            Problem::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid-patch", detail)
+        };
+        if merge {
+            if !body.is_object() {
+                return Err(unprocessable(
+                    "a merge patch must be a JSON object (another value would replace the \
+                     whole document)"
+                        .into(),
+                ));
+            }
+            Ok(PatchBody::Merge(body))
+        } else {
+            serde_json::from_value(body)
+                .map(PatchBody::Operations)
+                .map_err(|e| unprocessable(format!("not a list of JSON Patch operations: {e}")))
+        }
     }
 }
 

@@ -7,6 +7,7 @@ use sha2::{Digest, Sha256};
 
 use super::HttpError;
 use crate::error::Token;
+use crate::guard::{GuardKind, Guarded};
 
 /// An entity tag: opaque text in quotes, strong (`"abc"`) or weak (`W/"abc"`).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -73,6 +74,12 @@ impl EntityTag {
     /// Weak comparison (`If-None-Match`): the same text, weak or not.
     pub fn weak_eq(&self, other: &EntityTag) -> bool {
         self.opaque == other.opaque
+    }
+
+    /// The strong tag of `row`: [`of`](Self::of) its guard's token, whatever the guard
+    /// kind (a version, a timestamp, a pre-image), so the tag follows the entity's guard.
+    pub fn of_row<T: Guarded>(row: &T) -> Self {
+        Self::of(&T::Guard::describe(&row.token()))
     }
 
     /// The tag as an `ETag` header value.

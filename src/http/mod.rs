@@ -44,8 +44,9 @@ mod precondition;
 mod problem;
 
 #[cfg(feature = "axum")]
-pub use axum::{IfMatch, IfNoneMatch};
+pub use axum::{IfMatch, IfNoneMatch, PatchBody, Tagged};
 pub use etag::EntityTag;
+#[cfg(feature = "axum")]
 use precondition::check_precondition;
 pub use precondition::{check_if_match, Precondition};
 pub use problem::Problem;

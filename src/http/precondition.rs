@@ -4,7 +4,8 @@
 use http::header::{HeaderMap, HeaderName, IF_MATCH, IF_NONE_MATCH};
 
 use super::{EntityTag, HttpError};
-use crate::error::Token;
+use crate::error::{Error, Token};
+use crate::json::document::Pin;
 
 /// What a conditional header asks for.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -32,6 +33,42 @@ impl Precondition {
     /// Whether this precondition is absent.
     pub fn is_absent(&self) -> bool {
         matches!(self, Precondition::Absent)
+    }
+
+    /// This precondition, where a write needs one: absent, it is
+    /// [`HttpError::PreconditionRequired`] (answer 428).
+    pub fn required(&self) -> Result<&Self, HttpError> {
+        if self.is_absent() {
+            Err(HttpError::PreconditionRequired)
+        } else {
+            Ok(self)
+        }
+    }
+
+    /// The check a write pinned to this `If-Match` makes of the row it read: none when
+    /// absent, else [`Error::Precondition`] with the current tag when it does not hold.
+    pub(crate) fn pin(&self) -> Option<Pin> {
+        if self.is_absent() {
+            return None;
+        }
+        let precondition = self.clone();
+        Some(Box::new(move |current: &Token| {
+            check_precondition(&precondition, Some(current), false).map_err(Error::from)
+        }))
+    }
+
+    /// A pinned write's answer, with a missing row refused as RFC 9110 refuses it under
+    /// `If-Match` (412, no current tag); without a precondition it stays
+    /// [`Error::NotFound`].
+    pub(crate) fn refuse_missing<T>(&self, written: Result<T, Error>) -> Result<T, Error> {
+        match written {
+            Err(Error::NotFound { .. }) if !self.is_absent() => {
+                Err(Error::Precondition(HttpError::PreconditionFailed {
+                    current: None,
+                }))
+            }
+            written => written,
+        }
     }
 
     /// `If-Match` evaluated for a resource whose current token is `current` (`None`: it

@@ -46,7 +46,7 @@ pub struct Problem {
 }
 
 impl Problem {
-    fn new(status: StatusCode, code: &'static str, detail: impl Into<String>) -> Self {
+    pub(crate) fn new(status: StatusCode, code: &'static str, detail: impl Into<String>) -> Self {
         Problem {
             status,
             code,
@@ -109,6 +109,7 @@ impl Problem {
             Error::Pool(_) => busy("unavailable"),
             // A standby or replica took the write: in a failover the primary is back soon.
             Error::ReadOnly { .. } => busy("read-only"),
+            Error::Precondition(refused) => Problem::from_http(refused),
             Error::Ambiguous { .. } => Problem::new(
                 S::INTERNAL_SERVER_ERROR,
                 "outcome-unknown",
@@ -186,6 +187,26 @@ impl From<&Error> for Problem {
 impl From<&HttpError> for Problem {
     fn from(error: &HttpError) -> Self {
         Problem::from_http(error)
+    }
+}
+
+/// A handler returning `Result<_, Problem>` can `?` the library's outcomes, refused
+/// preconditions and diesel's own errors (its `NotFound` is 404) alike.
+impl From<Error> for Problem {
+    fn from(error: Error) -> Self {
+        Problem::from_error(&error)
+    }
+}
+
+impl From<HttpError> for Problem {
+    fn from(error: HttpError) -> Self {
+        Problem::from_http(&error)
+    }
+}
+
+impl From<diesel::result::Error> for Problem {
+    fn from(error: diesel::result::Error) -> Self {
+        Problem::from_error(&Error::from(error))
     }
 }
 

@@ -34,8 +34,8 @@ use crate::drive::blocking::load::LoadByKey;
 use crate::drive::blocking::Sourced;
 use crate::drive::read_modify_write::{read_modify_write, Step};
 use crate::drive::{now, UpdateOn};
-use crate::error::Error;
-use crate::guard::{Guarded, TokenOf};
+use crate::error::{Error, Token};
+use crate::guard::{GuardKind, Guarded, TokenOf};
 use crate::operation::{JsonEdit, Operation, Run, Update};
 use crate::retry::{RetryPolicy, Stop};
 use crate::sql::statement::ColumnEq;
@@ -87,7 +87,8 @@ impl<Col: Column> AsChangeset for SetDocument<Col> {
 /// implement.
 #[diagnostic::on_unimplemented(
     message = "`{Self}` cannot edit the JSON document in `{Col}` on `{C}`",
-    note = "the column must be the entity's `#[occ(json)]` field, the connection a diesel connection of a backend diesel-occ supports that can open write transactions, and the guard's SQL must fit that backend"
+    note = "the column must be the entity's `#[occ(json)]` field, the connection a diesel connection of a backend diesel-occ supports that can open write transactions, and the guard's SQL must fit that backend",
+    note = "on a diesel-async connection, call the async API instead: `use diesel_occ::asynchronous::prelude::*`, not `diesel_occ::prelude::*`"
 )]
 pub trait EditJson<C, Col>: JsonDocument<Col> + LoadByKey<C> + Clone {
     /// Runs the edit; [`GuardedJson`] calls it.
@@ -96,6 +97,7 @@ pub trait EditJson<C, Col>: JsonDocument<Col> + LoadByKey<C> + Clone {
         conn: &mut C,
         key: &Self::Key,
         policy: &RetryPolicy,
+        pin: Option<Pin>,
         edit: impl FnMut(&mut Value) -> Result<R, E>,
     ) -> Result<Modified<Self, R>, E>;
 }
@@ -106,12 +108,14 @@ where
     E: From<Error>,
 {
     fn run(self, conn: &mut C) -> Result<<Self as Operation>::Output, <Self as Operation>::Error> {
-        let (key, policy, build) = self.into_parts();
+        let (key, policy, pin, build) = self.into_parts();
         let edit = build(T::table_name(), &key)?;
-        T::edit_document(conn, &key, &policy, edit)
+        T::edit_document(conn, &key, &policy, pin, edit)
     }
 }
 
+// Errors name this trait and its hints, not the first bound of the impl that fails.
+#[diagnostic::do_not_recommend]
 impl<T, C, Col> EditJson<C, Col> for T
 where
     T: JsonDocument<Col> + LoadByKey<C> + Clone,
@@ -124,10 +128,11 @@ where
         conn: &mut C,
         key: &T::Key,
         policy: &RetryPolicy,
+        pin: Option<Pin>,
         edit: impl FnMut(&mut Value) -> Result<R, E>,
     ) -> Result<Modified<T, R>, E> {
         let place = Place::<T, Col>::new(T::table_name(), key);
-        let step = EditDocument { place, edit };
+        let step = EditDocument { place, pin, edit };
         now(read_modify_write(
             Sourced(conn),
             key,
@@ -138,10 +143,16 @@ where
     }
 }
 
-/// The step of an edit, on either driver: `edit` on the document as read, written back
-/// under the row's guard when it changed anything.
+/// A check of the row an edit applies to, made on every attempt's read before the edit
+/// runs, given the row's token: an HTTP `If-Match` pins an edit to the representations the
+/// client saw. Its error ends the edit, nothing written.
+pub(crate) type Pin = Box<dyn Fn(&Token) -> Result<(), Error> + Send + Sync>;
+
+/// The step of an edit, on either driver: `edit` on the document as read (once `pin`, if
+/// any, accepts the row), written back under the row's guard when it changed anything.
 pub(crate) struct EditDocument<T, Col, F> {
     pub(crate) place: Place<T, Col>,
+    pub(crate) pin: Option<Pin>,
     pub(crate) edit: F,
 }
 
@@ -156,6 +167,9 @@ where
         conn: &'a mut C,
         original: &'a T,
     ) -> Result<(T, TokenOf<T>, R), Stop<E>> {
+        if let Some(pin) = &self.pin {
+            pin(&T::Guard::describe(&original.token())).map_err(Stop::Occ)?;
+        }
         match edited(&self.place, original, &mut self.edit)? {
             Edited::Unchanged(done) => Ok(done),
             Edited::Write(document, stamp, record) => {
@@ -251,7 +265,7 @@ pub trait GuardedJson: Guarded + Clone {
         E: From<Error>,
     {
         let _ = column;
-        Self::edit_document(conn, key, policy, edit)
+        Self::edit_document(conn, key, policy, None, edit)
     }
 
     /// Applies the RFC 7396 merge `patch` (an object; `null` deletes a key, other values
@@ -289,6 +303,54 @@ pub trait GuardedJson: Guarded + Clone {
     {
         let edit = patch_edit(Place::<Self, Col>::new(Self::table_name(), key), patch);
         Self::edit_json(conn, key, column, policy, edit)
+    }
+
+    /// [`merge_json`](Self::merge_json) pinned to a request's `If-Match` (feature
+    /// `http`): with tags, the merge applies only while the row's current tag is among
+    /// them, and otherwise ends, nothing written, with [`Error::Precondition`] (412 with the
+    /// current `ETag`), also when the row changes between the read and the write; with
+    /// `*`, to any current row; absent, to the latest row, retried as `merge_json` is. A
+    /// missing row is 412 under a precondition (RFC 9110), [`Error::NotFound`] without one.
+    /// Take [`Precondition::required`](crate::http::Precondition::required) first where
+    /// the write needs an `If-Match` (428 without).
+    #[cfg(feature = "http")]
+    fn merge_json_if_match<C, Col>(
+        conn: &mut C,
+        key: &Self::Key,
+        column: Col,
+        patch: &Value,
+        if_match: &crate::http::Precondition,
+        policy: &RetryPolicy,
+    ) -> Result<Modified<Self, ()>, Error>
+    where
+        Col: Column,
+        Self: EditJson<C, Col>,
+    {
+        let _ = column;
+        let edit = merge_edit(Place::<Self, Col>::new(Self::table_name(), key), patch)?;
+        let edited = Self::edit_document(conn, key, policy, if_match.pin(), edit);
+        if_match.refuse_missing(edited)
+    }
+
+    /// [`patch_json`](Self::patch_json) pinned to a request's `If-Match` (feature
+    /// `http`), as [`merge_json_if_match`](Self::merge_json_if_match) pins a merge.
+    #[cfg(feature = "http")]
+    fn patch_json_if_match<C, Col>(
+        conn: &mut C,
+        key: &Self::Key,
+        column: Col,
+        patch: &json_patch::Patch,
+        if_match: &crate::http::Precondition,
+        policy: &RetryPolicy,
+    ) -> Result<Modified<Self, ()>, Error>
+    where
+        Col: Column,
+        Self: EditJson<C, Col>,
+    {
+        let _ = column;
+        let edit = patch_edit(Place::<Self, Col>::new(Self::table_name(), key), patch);
+        let edited = Self::edit_document(conn, key, policy, if_match.pin(), edit);
+        if_match.refuse_missing(edited)
     }
 
     /// Sets the value at the RFC 6901 `pointer` (`/address/city`) of the document of
@@ -471,6 +533,45 @@ pub fn merge_diff(before: &Value, after: &Value) -> Option<Value> {
     }
 }
 
+/// Why `value` (`what`) may not be a document: not an object (`rule` says why it must
+/// be one), or over [`DOCUMENT_LIMIT_BYTES`] serialized.
+fn object_refusal(value: &Value, what: &str, rule: &str) -> Option<String> {
+    if !value.is_object() {
+        return Some(format!("{rule}; {what} is {}", kind(value)));
+    }
+    let size = serde_json::to_vec(value)
+        .map(|bytes| bytes.len())
+        .unwrap_or(0);
+    (size > DOCUMENT_LIMIT_BYTES)
+        .then(|| format!("{what} has {size} bytes, over the limit of {DOCUMENT_LIMIT_BYTES}"))
+}
+
+/// Why the `#[occ(json)]` field `value` may not be written whole (a save, an insert, an
+/// upsert): the derive's [`Guarded::unwritable_document`] asks this of each such field.
+#[doc(hidden)]
+pub fn document_refusal(value: &Value) -> Option<String> {
+    object_refusal(
+        value,
+        "the document",
+        "an `#[occ(json)]` column holds a JSON object (every JSON edit of the row needs one)",
+    )
+}
+
+/// [`Error::InvalidPatch`] when a field of `row` that is an `#[occ(json)]` document is not
+/// one ([`Guarded::unwritable_document`]): checked before a save, insert or upsert of
+/// `row` into `table` is sent.
+pub(crate) fn refuse_unwritable<T: Guarded>(table: &'static str, row: &T) -> Result<(), Error> {
+    match row.unwritable_document() {
+        Some((column, reason)) => Err(Error::InvalidPatch {
+            table,
+            key: format!("{:?}", row.key()),
+            column,
+            reason,
+        }),
+        None => Ok(()),
+    }
+}
+
 /// Where an edit applies, for its error messages: table, key (as written in messages)
 /// and column. Owns what it names, so that an edit can go to another thread.
 pub(crate) struct Place<T, Col> {
@@ -531,18 +632,10 @@ impl<T: Guarded, Col: Column> Place<T, Col> {
 
     /// `value` (`what`) is an object of at most [`DOCUMENT_LIMIT_BYTES`] serialized.
     fn check_object(&self, value: &Value, what: &str, rule: &str) -> Result<(), Error> {
-        if !value.is_object() {
-            return Err(self.invalid(format!("{rule}; {what} is {}", kind(value))));
+        match object_refusal(value, what, rule) {
+            Some(reason) => Err(self.invalid(reason)),
+            None => Ok(()),
         }
-        let size = serde_json::to_vec(value)
-            .map(|bytes| bytes.len())
-            .unwrap_or(0);
-        if size > DOCUMENT_LIMIT_BYTES {
-            return Err(self.invalid(format!(
-                "{what} has {size} bytes, over the limit of {DOCUMENT_LIMIT_BYTES}"
-            )));
-        }
-        Ok(())
     }
 
     /// `text` as a JSON pointer below the root.

@@ -290,7 +290,8 @@ where
 /// bound; like [`UpdateRow`](crate::UpdateRow), not a trait to implement.
 #[diagnostic::on_unimplemented(
     message = "`{Self}` cannot merge into `{Col}` in one statement on `{C}`",
-    note = "the column must be the entity's `#[occ(json)]` field, the connection a diesel connection of a backend diesel-occ supports, and the guard must advance in SQL (not a pre-image)"
+    note = "the column must be the entity's `#[occ(json)]` field, the connection a diesel connection of a backend diesel-occ supports, and the guard must advance in SQL (not a pre-image)",
+    note = "on a diesel-async connection, call the async API instead: `use diesel_occ::asynchronous::prelude::*`, not `diesel_occ::prelude::*`"
 )]
 pub trait MergeInPlace<C, Col>: JsonDocument<Col> + LoadByKey<C> {
     /// Runs the merge; [`GuardedJsonMerge`] calls it.
@@ -307,6 +308,8 @@ pub trait MergeInPlace<C, Col>: JsonDocument<Col> + LoadByKey<C> {
     ) -> Result<(), Error>;
 }
 
+// Errors name this trait and its hints, not the first bound of the impl that fails.
+#[diagnostic::do_not_recommend]
 impl<T, C, Col> MergeInPlace<C, Col> for T
 where
     T: JsonDocument<Col> + LoadByKey<C>,

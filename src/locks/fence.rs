@@ -101,6 +101,8 @@ pub trait WriteFenced<C, F, Ch>: LoadByKey<C> {
     ) -> Result<(), Error>;
 }
 
+// Errors name this trait and its hints, not the first bound of the impl that fails.
+#[diagnostic::do_not_recommend]
 impl<T, C, F, Ch> WriteFenced<C, F, Ch> for T
 where
     T: LoadByKey<C>,

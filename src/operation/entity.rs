@@ -70,6 +70,8 @@ pub struct SavedState<T: Guarded> {
     name: Option<&'static str>,
     /// The state of the copy it was edited from, when that is another copy.
     from: Option<&'static str>,
+    /// Why the copy may not be written: a JSON document field that is not an object.
+    unwritable: Option<(&'static str, String)>,
 }
 
 impl<T: Guarded> SavedState<T> {
@@ -79,6 +81,7 @@ impl<T: Guarded> SavedState<T> {
             kept: row.status_kept(),
             name: row.status_name(),
             from: None,
+            unwritable: row.unwritable_document(),
         }
     }
 
@@ -93,7 +96,21 @@ impl<T: Guarded> SavedState<T> {
     /// [`Error::StatusNotWritable`] when the copy is in another state than the original it
     /// was edited from: a save never writes the state, so it refuses rather than drop the
     /// move. Checked before anything is sent.
-    pub(crate) fn refuse_move(saved: Option<&Self>, table: &'static str) -> Result<(), Error> {
+    /// Also [`Error::InvalidPatch`] when a JSON document field of the copy is not an
+    /// object.
+    pub(crate) fn refuse_move(
+        saved: Option<&Self>,
+        table: &'static str,
+        key: &T::Key,
+    ) -> Result<(), Error> {
+        if let Some((column, reason)) = saved.and_then(|saved| saved.unwritable.clone()) {
+            return Err(Error::InvalidPatch {
+                table,
+                key: format!("{key:?}"),
+                column,
+                reason,
+            });
+        }
         match saved.map(|saved| (saved.from, saved.name)) {
             Some((Some(from), Some(to))) if from != to => Err(Error::StatusNotWritable {
                 table,
@@ -204,7 +221,7 @@ impl<T: ChangedColumns> SaveChanged<T> {
         self,
         table: &'static str,
     ) -> Result<Option<ChangedStatement<T>>, Error> {
-        SavedState::refuse_move(Some(&self.state), table)?;
+        SavedState::refuse_move(Some(&self.state), table, &self.key)?;
         let Some((changes, predicate)) = self.changed else {
             return Ok(None);
         };

@@ -7,6 +7,7 @@ use serde_json::Value;
 
 use crate::error::Error;
 use crate::guard::{Guarded, TokenOf};
+use crate::json::document::Pin;
 use crate::retry::RetryPolicy;
 
 use super::modify::Modified;
@@ -20,12 +21,16 @@ pub(crate) type Edit<'e, R, E> = Box<dyn FnMut(&mut Value) -> Result<R, E> + Sen
 type BuildEdit<'e, K, R, E> =
     Box<dyn FnOnce(&'static str, &K) -> Result<Edit<'e, R, E>, Error> + Send + 'e>;
 
+/// A [`JsonEdit`] taken apart: the row's key, the policy, the pin and how the edit is made.
+pub(crate) type EditParts<'e, K, R, E> = (K, RetryPolicy, Option<Pin>, BuildEdit<'e, K, R, E>);
+
 /// Reads the row with `key`, runs an edit on the document in column `Col` and writes the
 /// document back under the row's guard, each attempt on a fresh read, retried under
 /// `policy`. Answers the row as written, its token and the edit's value (`R`).
 pub struct JsonEdit<'e, T: Guarded, Col, R, E> {
     pub(crate) key: T::Key,
     pub(crate) policy: RetryPolicy,
+    pin: Option<Pin>,
     build: BuildEdit<'e, T::Key, R, E>,
     column: PhantomData<fn() -> Col>,
 }
@@ -42,14 +47,22 @@ impl<'e, T: Guarded, Col, R, E> JsonEdit<'e, T, Col, R, E> {
         Self {
             key,
             policy,
+            pin: None,
             build: Box::new(build),
             column: PhantomData,
         }
     }
 
-    /// The row's key, the policy and how the edit is made.
-    pub(crate) fn into_parts(self) -> (T::Key, RetryPolicy, BuildEdit<'e, T::Key, R, E>) {
-        (self.key, self.policy, self.build)
+    /// The edit made only of a row `pin` accepts.
+    #[cfg(all(feature = "async", feature = "http"))]
+    pub(crate) fn pinned(mut self, pin: Option<Pin>) -> Self {
+        self.pin = pin;
+        self
+    }
+
+    /// The row's key, the policy, the pin and how the edit is made.
+    pub(crate) fn into_parts(self) -> EditParts<'e, T::Key, R, E> {
+        (self.key, self.policy, self.pin, self.build)
     }
 }
 

@@ -34,7 +34,8 @@ pub trait Operation {
 /// diesel connection the entity's guard can run on.
 #[diagnostic::on_unimplemented(
     message = "`{Self}` cannot run on `{C}`",
-    note = "the changes must be for the entity's table, the connection a diesel connection of a backend diesel-occ supports, and the guard's SQL must fit that backend (an `xmin` guard needs PostgreSQL)"
+    note = "the changes must be for the entity's table, the connection a diesel connection of a backend diesel-occ supports, and the guard's SQL must fit that backend (an `xmin` guard needs PostgreSQL)",
+    note = "on a diesel-async connection, call the async API instead: `use diesel_occ::asynchronous::prelude::*`, not `diesel_occ::prelude::*`"
 )]
 pub trait Run<C> {
     /// Runs the operation on `conn`.

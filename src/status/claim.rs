@@ -395,7 +395,8 @@ where
 /// trait to implement.
 #[diagnostic::on_unimplemented(
     message = "`{Self}` cannot claim rows with `{OwnerCol}` and `{AtCol}` on `{C}`",
-    note = "the owner column must be `Nullable<Text>` and the claim time a timestamp column of the entity's table, the entity `Selectable`, the connection a diesel connection of a backend diesel-occ supports, and the guard must advance in SQL"
+    note = "the owner column must be `Nullable<Text>` and the claim time a timestamp column of the entity's table, the entity `Selectable`, the connection a diesel connection of a backend diesel-occ supports, and the guard must advance in SQL",
+    note = "on a diesel-async connection, call the async API instead: `use diesel_occ::asynchronous::prelude::*`, not `diesel_occ::prelude::*`"
 )]
 pub trait ClaimRows<C, OwnerCol, AtCol>: HasStatus + Clone + LoadByKey<C> {
     /// Runs the claim; [`GuardedClaim`] calls it.
@@ -406,6 +407,8 @@ pub trait ClaimRows<C, OwnerCol, AtCol>: HasStatus + Clone + LoadByKey<C> {
     ) -> Result<Vec<Self>, Error>;
 }
 
+// Errors name this trait and its hints, not the first bound of the impl that fails.
+#[diagnostic::do_not_recommend]
 impl<T, C, OwnerCol, AtCol> ClaimRows<C, OwnerCol, AtCol> for T
 where
     T: HasStatus + Clone,
@@ -766,7 +769,8 @@ where
 /// implement.
 #[diagnostic::on_unimplemented(
     message = "`{Self}` cannot finish a claim with `{OwnerCol}` on `{C}`",
-    note = "the owner column must be a `Nullable<Text>` column of the entity's table, the connection a diesel connection of a backend diesel-occ supports, and the guard must advance in SQL"
+    note = "the owner column must be a `Nullable<Text>` column of the entity's table, the connection a diesel connection of a backend diesel-occ supports, and the guard must advance in SQL",
+    note = "on a diesel-async connection, call the async API instead: `use diesel_occ::asynchronous::prelude::*`, not `diesel_occ::prelude::*`"
 )]
 pub trait FinishClaim<C, OwnerCol>: HasStatus + LoadByKey<C> {
     /// Runs the end of the claim; [`GuardedClaim`] calls it.
@@ -781,6 +785,8 @@ pub trait FinishClaim<C, OwnerCol>: HasStatus + LoadByKey<C> {
     ) -> Result<(), Error>;
 }
 
+// Errors name this trait and its hints, not the first bound of the impl that fails.
+#[diagnostic::do_not_recommend]
 impl<T, C, OwnerCol> FinishClaim<C, OwnerCol> for T
 where
     T: HasStatus,

@@ -86,7 +86,8 @@ pub(crate) type ParkOf<T, OwnerCol> = BulkUpdateOf<
 /// [`UpdateRow`](crate::UpdateRow), not a trait to implement.
 #[diagnostic::on_unimplemented(
     message = "`{Self}` cannot claim rows counting attempts in `{AttemptsCol}` on `{C}`",
-    note = "the owner column must be `Nullable<Text>`, the claim time a timestamp column and the attempt column an `Integer` column of the entity's table, the entity `Selectable`, the connection a diesel connection of a backend diesel-occ supports, and the guard must advance in SQL"
+    note = "the owner column must be `Nullable<Text>`, the claim time a timestamp column and the attempt column an `Integer` column of the entity's table, the entity `Selectable`, the connection a diesel connection of a backend diesel-occ supports, and the guard must advance in SQL",
+    note = "on a diesel-async connection, call the async API instead: `use diesel_occ::asynchronous::prelude::*`, not `diesel_occ::prelude::*`"
 )]
 pub trait ClaimCounted<C, OwnerCol, AtCol, AttemptsCol>: HasStatus + Clone + LoadByKey<C> {
     /// Runs the claim; [`GuardedClaim`](crate::GuardedClaim) calls it.
@@ -98,6 +99,8 @@ pub trait ClaimCounted<C, OwnerCol, AtCol, AttemptsCol>: HasStatus + Clone + Loa
     ) -> Result<Claimed<Self>, Error>;
 }
 
+// Errors name this trait and its hints, not the first bound of the impl that fails.
+#[diagnostic::do_not_recommend]
 impl<T, C, OwnerCol, AtCol, AttemptsCol> ClaimCounted<C, OwnerCol, AtCol, AttemptsCol> for T
 where
     T: HasStatus + Clone,

@@ -38,7 +38,8 @@ pub(crate) type HeartbeatOf<T, OwnerCol, AtCol> =
 /// [`UpdateRow`](crate::UpdateRow), not a trait to implement.
 #[diagnostic::on_unimplemented(
     message = "`{Self}` cannot extend a claim with `{OwnerCol}` and `{AtCol}` on `{C}`",
-    note = "the owner column must be `Nullable<Text>` and the claim time a timestamp column of the entity's table, the connection a diesel connection of a backend diesel-occ supports, and the guard must advance in SQL"
+    note = "the owner column must be `Nullable<Text>` and the claim time a timestamp column of the entity's table, the connection a diesel connection of a backend diesel-occ supports, and the guard must advance in SQL",
+    note = "on a diesel-async connection, call the async API instead: `use diesel_occ::asynchronous::prelude::*`, not `diesel_occ::prelude::*`"
 )]
 pub trait ExtendClaim<C, OwnerCol, AtCol>: HasStatus + LoadByKey<C> {
     /// Runs the heartbeat; [`GuardedClaim`](crate::GuardedClaim) calls it.
@@ -51,6 +52,8 @@ pub trait ExtendClaim<C, OwnerCol, AtCol>: HasStatus + LoadByKey<C> {
     ) -> Result<Self, Error>;
 }
 
+// Errors name this trait and its hints, not the first bound of the impl that fails.
+#[diagnostic::do_not_recommend]
 impl<T, C, OwnerCol, AtCol> ExtendClaim<C, OwnerCol, AtCol> for T
 where
     T: HasStatus + LoadByKey<C>,

@@ -69,7 +69,8 @@ where
 /// `C`, as one bound; like [`UpdateRow`](crate::UpdateRow), not a trait to implement.
 #[diagnostic::on_unimplemented(
     message = "`{Self}` cannot finish claims with `{OwnerCol}` on `{C}`",
-    note = "the owner column must be a `Nullable<Text>` column of the entity's table, the entity `Selectable`, the connection a diesel connection of a backend diesel-occ supports, and the guard must advance in SQL"
+    note = "the owner column must be a `Nullable<Text>` column of the entity's table, the entity `Selectable`, the connection a diesel connection of a backend diesel-occ supports, and the guard must advance in SQL",
+    note = "on a diesel-async connection, call the async API instead: `use diesel_occ::asynchronous::prelude::*`, not `diesel_occ::prelude::*`"
 )]
 pub trait FinishClaims<C, OwnerCol>: HasStatus + LoadByKey<C> {
     /// Runs the end of the claims; [`GuardedClaim`](crate::GuardedClaim) calls it.
@@ -84,6 +85,8 @@ pub trait FinishClaims<C, OwnerCol>: HasStatus + LoadByKey<C> {
     ) -> Result<FinishedClaims<Self::Key>, Error>;
 }
 
+// Errors name this trait and its hints, not the first bound of the impl that fails.
+#[diagnostic::do_not_recommend]
 impl<T, C, OwnerCol> FinishClaims<C, OwnerCol> for T
 where
     T: HasStatus + Clone + FinishClaim<C, OwnerCol>,

@@ -176,7 +176,8 @@ impl<T: HasStatus + Clone> GuardedTransition for T {}
 /// implement.
 #[diagnostic::on_unimplemented(
     message = "`{Self}` cannot run a guarded transition with `{Ch}` on `{C}`",
-    note = "the extra changes must be for the entity's table (`no_extra()` for none), the connection a diesel connection of a backend diesel-occ supports, and the guard's SQL must fit that backend"
+    note = "the extra changes must be for the entity's table (`no_extra()` for none), the connection a diesel connection of a backend diesel-occ supports, and the guard's SQL must fit that backend",
+    note = "on a diesel-async connection, call the async API instead: `use diesel_occ::asynchronous::prelude::*`, not `diesel_occ::prelude::*`"
 )]
 pub trait TransitionRow<C, Ch, G = Unguarded>: HasStatus + LoadByKey<C> {
     /// Runs the transition from one of `sources` under `condition`; [`GuardedTransition`]
@@ -193,6 +194,8 @@ pub trait TransitionRow<C, Ch, G = Unguarded>: HasStatus + LoadByKey<C> {
     ) -> Result<TokenOf<Self>, Error>;
 }
 
+// Errors name this trait and its hints, not the first bound of the impl that fails.
+#[diagnostic::do_not_recommend]
 impl<T, C, Ch, G> TransitionRow<C, Ch, G> for T
 where
     T: HasStatus + LoadByKey<C>,
@@ -466,7 +469,8 @@ where
 /// one bound; like [`UpdateRow`](crate::UpdateRow), not a trait to implement.
 #[diagnostic::on_unimplemented(
     message = "`{Self}` cannot run a key-only transition with `{Ch}` on `{C}`",
-    note = "the extra changes must be for the entity's table (`no_extra()` for none), the connection a diesel connection of a backend diesel-occ supports, and the guard must advance in SQL (not a pre-image)"
+    note = "the extra changes must be for the entity's table (`no_extra()` for none), the connection a diesel connection of a backend diesel-occ supports, and the guard must advance in SQL (not a pre-image)",
+    note = "on a diesel-async connection, call the async API instead: `use diesel_occ::asynchronous::prelude::*`, not `diesel_occ::prelude::*`"
 )]
 pub trait TransitionByKey<C, Ch, G = Unguarded>: HasStatus + LoadByKey<C> {
     /// Runs the transition under `condition`, retried as `policy` allows;
@@ -482,6 +486,8 @@ pub trait TransitionByKey<C, Ch, G = Unguarded>: HasStatus + LoadByKey<C> {
     ) -> Result<TokenOf<Self>, Error>;
 }
 
+// Errors name this trait and its hints, not the first bound of the impl that fails.
+#[diagnostic::do_not_recommend]
 impl<T, C, Ch, G> TransitionByKey<C, Ch, G> for T
 where
     T: HasStatus + LoadByKey<C>,

@@ -98,7 +98,8 @@ impl<T: GuardedWrite> GuardedBatch for T {}
 /// one bound; like [`UpdateRow`], not a trait to implement.
 #[diagnostic::on_unimplemented(
     message = "`{Self}` cannot run a batch of guarded updates with `{Ch}` on `{C}`",
-    note = "the changes must be for the entity's table, the connection a diesel connection of a backend diesel-occ supports, and the guard's SQL must fit that backend"
+    note = "the changes must be for the entity's table, the connection a diesel connection of a backend diesel-occ supports, and the guard's SQL must fit that backend",
+    note = "on a diesel-async connection, call the async API instead: `use diesel_occ::asynchronous::prelude::*`, not `diesel_occ::prelude::*`"
 )]
 pub trait UpdateBatch<C, Ch>: UpdateRow<C, Ch> {
     /// Writes the rows in `mode`, one outcome each; [`GuardedBatch`] runs it.
@@ -110,6 +111,8 @@ pub trait UpdateBatch<C, Ch>: UpdateRow<C, Ch> {
     ) -> Result<BatchReport<TokenOf<Self>>, Error>;
 }
 
+// Errors name this trait and its hints, not the first bound of the impl that fails.
+#[diagnostic::do_not_recommend]
 impl<T, C, Ch> UpdateBatch<C, Ch> for T
 where
     T: UpdateRow<C, Ch>,

@@ -113,7 +113,8 @@ where
 /// one bound; like [`UpdateRow`](crate::UpdateRow), not a trait to implement.
 #[diagnostic::on_unimplemented(
     message = "`{Self}` cannot run a bulk update by `{F}` with `{Ch}` on `{C}`",
-    note = "the filter must be a boolean expression on the entity's table, the changes for that table, the connection a diesel connection of a backend diesel-occ supports, and the guard must advance in SQL (not a pre-image)"
+    note = "the filter must be a boolean expression on the entity's table, the changes for that table, the connection a diesel connection of a backend diesel-occ supports, and the guard must advance in SQL (not a pre-image)",
+    note = "on a diesel-async connection, call the async API instead: `use diesel_occ::asynchronous::prelude::*`, not `diesel_occ::prelude::*`"
 )]
 pub trait UpdateBulk<C, F, Ch>: LoadByKey<C> {
     /// Runs the update; [`GuardedBulk`] calls it.
@@ -121,6 +122,8 @@ pub trait UpdateBulk<C, F, Ch>: LoadByKey<C> {
     fn update_bulk(conn: &mut C, filter: F, changes: Ch) -> Result<BulkReport, Error>;
 }
 
+// Errors name this trait and its hints, not the first bound of the impl that fails.
+#[diagnostic::do_not_recommend]
 impl<T, C, F, Ch> UpdateBulk<C, F, Ch> for T
 where
     T: LoadByKey<C>,

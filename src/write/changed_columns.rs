@@ -42,7 +42,8 @@ impl<T: ChangedColumns> GuardedChanges for T {}
 /// [`UpdateRow`](crate::UpdateRow), not a trait to implement.
 #[diagnostic::on_unimplemented(
     message = "`{Self}` cannot save its changed columns on `{C}`",
-    note = "the connection must be a diesel connection of a backend diesel-occ supports"
+    note = "the connection must be a diesel connection of a backend diesel-occ supports",
+    note = "on a diesel-async connection, call the async API instead: `use diesel_occ::asynchronous::prelude::*`, not `diesel_occ::prelude::*`"
 )]
 pub trait SaveChanges<C>: ChangedColumns + LoadByKey<C> {
     /// Runs the write; [`GuardedChanges`] calls it.
@@ -50,6 +51,8 @@ pub trait SaveChanges<C>: ChangedColumns + LoadByKey<C> {
     fn save_changed(conn: &mut C, save: SaveChanged<Self>) -> Result<bool, Error>;
 }
 
+// Errors name this trait and its hints, not the first bound of the impl that fails.
+#[diagnostic::do_not_recommend]
 impl<T, C> SaveChanges<C> for T
 where
     T: ChangedColumns + LoadByKey<C>,

@@ -256,7 +256,8 @@ impl<T: Guarded> GuardedWrite for T {}
 /// its table and every connection whose backend the entity's guard can run on.
 #[diagnostic::on_unimplemented(
     message = "`{Self}` cannot run a guarded update with `{Ch}` on `{C}`",
-    note = "the changes must be for the entity's table, the connection a diesel connection of a backend diesel-occ supports, and the guard's SQL must fit that backend (an `xmin` guard needs PostgreSQL)"
+    note = "the changes must be for the entity's table, the connection a diesel connection of a backend diesel-occ supports, and the guard's SQL must fit that backend (an `xmin` guard needs PostgreSQL)",
+    note = "on a diesel-async connection, call the async API instead: `use diesel_occ::asynchronous::prelude::*`, not `diesel_occ::prelude::*`"
 )]
 pub trait UpdateRow<C, Ch>: LoadByKey<C> {
     /// Runs the update; the methods of [`GuardedWrite`] call it. `saved` is the state of
@@ -273,6 +274,8 @@ pub trait UpdateRow<C, Ch>: LoadByKey<C> {
     ) -> Result<TokenOf<Self>, Error>;
 }
 
+// Errors name this trait and its hints, not the first bound of the impl that fails.
+#[diagnostic::do_not_recommend]
 impl<T, C, Ch> UpdateRow<C, Ch> for T
 where
     T: LoadByKey<C>,
@@ -317,7 +320,8 @@ impl<T: UpdateRow<C, Ch>, C, Ch> Run<C> for Update<T, Ch> {
 /// [`UpdateRow`], not a trait to implement.
 #[diagnostic::on_unimplemented(
     message = "`{Self}` cannot run a guarded delete on `{C}`",
-    note = "the connection must be a diesel connection of a backend diesel-occ supports, and the guard's SQL must fit that backend"
+    note = "the connection must be a diesel connection of a backend diesel-occ supports, and the guard's SQL must fit that backend",
+    note = "on a diesel-async connection, call the async API instead: `use diesel_occ::asynchronous::prelude::*`, not `diesel_occ::prelude::*`"
 )]
 pub trait DeleteRow<C>: LoadByKey<C> {
     /// Runs the delete; the methods of [`GuardedWrite`] call it.
@@ -336,6 +340,8 @@ pub trait DeleteRow<C>: LoadByKey<C> {
         C: crate::connect::transaction::WriteTransaction;
 }
 
+// Errors name this trait and its hints, not the first bound of the impl that fails.
+#[diagnostic::do_not_recommend]
 impl<T, C> DeleteRow<C> for T
 where
     T: LoadByKey<C>,
@@ -369,7 +375,8 @@ impl<T: DeleteRow<C>, C> Run<C> for Delete<T> {
 /// `C`, as one bound; like [`UpdateRow`], not a trait to implement.
 #[diagnostic::on_unimplemented(
     message = "`{Self}` cannot update its excluded fields with `{Ch}` on `{C}`",
-    note = "the changes must be for the entity's table and the connection a diesel connection of a backend diesel-occ supports"
+    note = "the changes must be for the entity's table and the connection a diesel connection of a backend diesel-occ supports",
+    note = "on a diesel-async connection, call the async API instead: `use diesel_occ::asynchronous::prelude::*`, not `diesel_occ::prelude::*`"
 )]
 pub trait UpdateExcluded<C, Ch>: LoadByKey<C> {
     /// Runs the update; the methods of [`GuardedWrite`] call it.
@@ -377,6 +384,8 @@ pub trait UpdateExcluded<C, Ch>: LoadByKey<C> {
     fn update_excluded_row(conn: &mut C, key: &Self::Key, changes: Ch) -> Result<(), Error>;
 }
 
+// Errors name this trait and its hints, not the first bound of the impl that fails.
+#[diagnostic::do_not_recommend]
 impl<T, C, Ch> UpdateExcluded<C, Ch> for T
 where
     T: LoadByKey<C>,
@@ -550,7 +559,7 @@ where
     for<'k> CompletionOf<T>: RunOn<C, UpdateOf<T, Ch::Changeset>, RowMoved<'k, T>, TokenOf<T>>,
 {
     let table = T::table_name();
-    SavedState::refuse_move(saved.as_ref(), table)?;
+    SavedState::refuse_move(saved.as_ref(), table, key)?;
     conn.refuse_broken()?;
     let (statement, next, miss) =
         update_in::<T, C::Backend, Ch>(table, key, expected, changes, stamp, saved)?;

@@ -14,6 +14,7 @@ use crate::error::Error;
 use crate::flow::compare_and_set::{CompareAndSet, Matches};
 use crate::guard::seed::SeedsTokens;
 use crate::guard::TokenOf;
+use crate::json::document::refuse_unwritable;
 use crate::operation::{Insert, Operation, Run};
 use crate::sql::new_token::Counted;
 use crate::sql::statement::Assignments;
@@ -67,6 +68,7 @@ where
 {
     conn.refuse_broken()?;
     let table = T::table_name();
+    refuse_unwritable(table, row)?;
     let (row, seed) = seeded(row);
     let key = &row.key();
     let attempt = async |conn: &mut C| {

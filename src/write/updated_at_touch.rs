@@ -30,7 +30,8 @@ impl<Col, Ts> UpdatedAtStamp for ColumnEq<Col, Ts> {}
 /// as one bound; like [`UpdateRow`](crate::UpdateRow), not a trait to implement.
 #[diagnostic::on_unimplemented(
     message = "`{Self}` cannot touch its update time on `{C}`",
-    note = "the entity needs an `#[occ(updated_at)]` field and the connection must be a diesel connection of a backend diesel-occ supports"
+    note = "the entity needs an `#[occ(updated_at)]` field and the connection must be a diesel connection of a backend diesel-occ supports",
+    note = "on a diesel-async connection, call the async API instead: `use diesel_occ::asynchronous::prelude::*`, not `diesel_occ::prelude::*`"
 )]
 pub trait TouchUpdatedAt<C>: LoadByKey<C> {
     /// Runs the write; [`GuardedWrite`](crate::GuardedWrite) calls it.

@@ -24,6 +24,7 @@ use crate::flow::compare_and_set::CompareAndSet;
 use crate::flow::miss::RowMoved;
 use crate::guard::seed::SeedsTokens;
 use crate::guard::{Advancing, CompletionOf, TokenOf};
+use crate::json::document::refuse_unwritable;
 use crate::operation::{Operation, Run, Upsert};
 use crate::sql::new_token::Counted;
 use crate::sql::statement::Assignments;
@@ -85,6 +86,7 @@ where
 {
     conn.refuse_broken()?;
     let table = T::table_name();
+    refuse_unwritable(table, row)?;
     let (key, expected, stamp) = (row.key(), row.token(), T::stamp());
     let (statement, next) = guarded_statement_in::<T, C::Backend, T::Changes>(
         table,

@@ -2436,3 +2436,137 @@ mod leadership_watches {
         }
     }
 }
+
+/// The load of a row by key that a handler makes: the row, or `NotFound` naming the table
+/// and key (the library's `find_by_key`).
+pub trait Find<T: Guarded> {
+    fn find(&mut self, key: &T::Key) -> Result<T, Error>;
+}
+
+/// JSON edits pinned to a request's `If-Match` (the library's `*_json_if_match`).
+#[cfg(feature = "http")]
+pub trait EditJsonIfMatch<T: Guarded, Col> {
+    fn merge_json_if_match(
+        &mut self,
+        key: &T::Key,
+        column: Col,
+        patch: &Value,
+        if_match: &diesel_occ::http::Precondition,
+        policy: &RetryPolicy,
+    ) -> Result<Modified<T, ()>, Error>;
+    fn patch_json_if_match(
+        &mut self,
+        key: &T::Key,
+        column: Col,
+        patch: &json_patch::Patch,
+        if_match: &diesel_occ::http::Precondition,
+        policy: &RetryPolicy,
+    ) -> Result<Modified<T, ()>, Error>;
+}
+
+impl<C: LoadConnection, T: LoadByKey<C>> Find<T> for Blocking<C>
+where
+    C::Backend: OccBackend,
+{
+    fn find(&mut self, key: &T::Key) -> Result<T, Error> {
+        T::find_by_key(&mut self.0, key)
+    }
+}
+
+#[cfg(feature = "http")]
+impl<C, T, Col> EditJsonIfMatch<T, Col> for Blocking<C>
+where
+    T: Guarded + EditJson<C, Col>,
+    Col: Column,
+{
+    fn merge_json_if_match(
+        &mut self,
+        key: &T::Key,
+        column: Col,
+        patch: &Value,
+        if_match: &diesel_occ::http::Precondition,
+        policy: &RetryPolicy,
+    ) -> Result<Modified<T, ()>, Error> {
+        T::merge_json_if_match(&mut self.0, key, column, patch, if_match, policy)
+    }
+    fn patch_json_if_match(
+        &mut self,
+        key: &T::Key,
+        column: Col,
+        patch: &json_patch::Patch,
+        if_match: &diesel_occ::http::Precondition,
+        policy: &RetryPolicy,
+    ) -> Result<Modified<T, ()>, Error> {
+        T::patch_json_if_match(&mut self.0, key, column, patch, if_match, policy)
+    }
+}
+
+#[cfg(all(
+    feature = "async",
+    any(not(feature = "mysql"), feature = "async-mysql")
+))]
+mod on_async_web {
+    use super::*;
+
+    use super::super::paths::Async;
+    use diesel_async::AsyncConnection;
+    use diesel_occ::asynchronous::AsyncLoadByKey;
+
+    impl<A, T> Find<T> for Async<A>
+    where
+        A: AsyncConnection,
+        A::Backend: OccBackend,
+        T: AsyncLoadByKey<A>,
+    {
+        fn find(&mut self, key: &T::Key) -> Result<T, Error> {
+            self.runtime.block_on(T::find_by_key(&mut self.conn, key))
+        }
+    }
+
+    #[cfg(feature = "http")]
+    impl<A, T, Col> EditJsonIfMatch<T, Col> for Async<A>
+    where
+        T: Guarded + Clone,
+        Col: Column + 'static,
+        diesel_occ::op::JsonEdit<'static, T, Col, (), Error>: diesel_occ::asynchronous::AsyncRun<A>,
+    {
+        fn merge_json_if_match(
+            &mut self,
+            key: &T::Key,
+            column: Col,
+            patch: &Value,
+            if_match: &diesel_occ::http::Precondition,
+            policy: &RetryPolicy,
+        ) -> Result<Modified<T, ()>, Error> {
+            use diesel_occ::asynchronous::AsyncGuardedJson;
+            self.runtime
+                .block_on(<T as AsyncGuardedJson>::merge_json_if_match(
+                    &mut self.conn,
+                    key,
+                    column,
+                    patch,
+                    if_match,
+                    policy,
+                ))
+        }
+        fn patch_json_if_match(
+            &mut self,
+            key: &T::Key,
+            column: Col,
+            patch: &json_patch::Patch,
+            if_match: &diesel_occ::http::Precondition,
+            policy: &RetryPolicy,
+        ) -> Result<Modified<T, ()>, Error> {
+            use diesel_occ::asynchronous::AsyncGuardedJson;
+            self.runtime
+                .block_on(<T as AsyncGuardedJson>::patch_json_if_match(
+                    &mut self.conn,
+                    key,
+                    column,
+                    patch,
+                    if_match,
+                    policy,
+                ))
+        }
+    }
+}

@@ -40,4 +40,5 @@ mod updated_at;
 mod upsert;
 mod version_ownership;
 mod version_row;
+mod web_glue;
 mod xmin;

@@ -12,6 +12,7 @@ use crate::connect::backend::OccBackend;
 use crate::connect::transaction::in_transaction;
 use crate::drive::blocking::executor::classify;
 use crate::error::Error;
+use crate::flow::row_read::judge_read;
 use crate::guard::by_key::{by_key, rows_by_keys, ByKey, RowsByKeys};
 use crate::guard::stored_precision::PrecisionCheck;
 use crate::guard::Guarded;
@@ -22,6 +23,11 @@ use crate::sql::statement::{LatestRead, RowLock};
 /// of the latest committed row by key (a locking read inside a transaction), to explain a write that
 /// matched no row. Implemented for every [`Guarded`] + [`Selectable`] entity whose query
 /// fits `C`.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot be read by key on `{C}`",
+    note = "the connection must be a diesel connection of a backend diesel-occ supports, and the entity `Selectable` on its backend",
+    note = "on a diesel-async connection, call the async API instead: `use diesel_occ::asynchronous::prelude::*`, not `diesel_occ::prelude::*`"
+)]
 pub trait LoadByKey<C>: Guarded {
     /// The row with `key`, if it exists, as last committed. Inside a transaction the read
     /// locks the row until the transaction ends.
@@ -42,6 +48,23 @@ pub trait LoadByKey<C>: Guarded {
 
     /// The table's SQL name, for messages.
     fn table_name() -> &'static str;
+
+    /// The row with `key`, by a plain read as [`read_by_key`](Self::read_by_key) makes
+    /// it, or [`Error::NotFound`] naming the table and key (answered 404 by the `http`
+    /// feature's `Problem`). A row that does not read as `Self` is
+    /// [`Error::InvalidData`] naming the columns; a database error is classified as the
+    /// library's writes classify theirs (a lost connection, a retryable one).
+    fn find_by_key(conn: &mut C, key: &Self::Key) -> Result<Self, Error>
+    where
+        C: LoadConnection,
+        C::Backend: OccBackend,
+    {
+        let read = Self::read_by_key(conn, key);
+        let suspects = Self::GUARD_COLUMNS.join(", ");
+        judge_read(Self::table_name(), key, &suspects, read, |e| {
+            classify(conn, e)
+        })
+    }
 }
 
 impl<T, C> LoadByKey<C> for T

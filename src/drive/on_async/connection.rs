@@ -48,6 +48,12 @@ pub trait NativeAsync: OccBackend {
 /// nameable outside the crate (a caller names
 /// [`AsyncWriteConnection`](super::AsyncWriteConnection)); it keeps these connections'
 /// implementations apart from SQLite's, which runs the blocking path on its thread.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is not a diesel-async connection diesel-occ runs on",
+    label = "a connection checked out of a pool is passed as `&mut *conn`",
+    note = "the async API runs on `AsyncPgConnection`, `AsyncMysqlConnection` (feature `async-mysql`) and `SyncConnectionWrapper<SqliteConnection>`; a bb8 `PooledConnection` or a deadpool `Object` is the pool's guard around one, so pass `&mut *conn`",
+    note = "a blocking diesel connection takes the blocking API: `use diesel_occ::prelude::*`"
+)]
 pub trait NativeAsyncConnection: AsyncConnection {}
 
 #[cfg(feature = "postgres")]

@@ -12,9 +12,11 @@ use diesel::{OptionalExtension, QueryResult, Selectable};
 use diesel_async::methods::{ExecuteDsl, LoadQuery};
 use diesel_async::{AsyncConnection, RunQueryDsl};
 
-use super::connection::{in_transaction, NativeAsync, NativeAsyncConnection};
+use super::connection::{classify, in_transaction, NativeAsync, NativeAsyncConnection};
 use super::transaction::Call;
 use crate::connect::backend::OccBackend;
+use crate::error::Error;
+use crate::flow::row_read::{judge_read, needs_classifying};
 use crate::guard::by_key::{by_key, rows_by_keys, ByKey, RowsByKeys};
 use crate::guard::Guarded;
 use crate::sql::names::table_name;
@@ -26,7 +28,8 @@ use crate::sql::values_update::{RowAndToken, RowOnly, Template, ValuesUpdate};
 /// [`LoadByKey`](crate::LoadByKey) does them on a blocking one.
 #[diagnostic::on_unimplemented(
     message = "`{Self}` cannot be read by key on `{C}`",
-    note = "the connection must be a diesel-async connection of a backend diesel-occ supports (`AsyncPgConnection`, `AsyncMysqlConnection`, `SyncConnectionWrapper<SqliteConnection>`, or a pool's connection of one)"
+    note = "the connection must be a diesel-async connection of a backend diesel-occ supports (`AsyncPgConnection`, `AsyncMysqlConnection`, `SyncConnectionWrapper<SqliteConnection>`)",
+    note = "a connection checked out of a pool is passed as `&mut *conn` (the pool's guard is not the connection)"
 )]
 pub trait AsyncLoadByKey<C>: Guarded {
     /// The row with `key` as last committed (locked inside a transaction).
@@ -62,6 +65,26 @@ pub trait AsyncLoadByKey<C>: Guarded {
     /// The table's SQL name, for messages.
     #[doc(hidden)]
     fn table_name() -> &'static str;
+
+    /// The row with `key`, by a plain read, or [`Error::NotFound`] naming the table and
+    /// key (answered 404 by the `http` feature's `Problem`); as the blocking
+    /// [`find_by_key`](crate::LoadByKey::find_by_key).
+    fn find_by_key(
+        conn: &mut C,
+        key: &Self::Key,
+    ) -> impl Future<Output = Result<Self, Error>> + Send
+    where
+        C: AsyncConnection,
+        C::Backend: OccBackend,
+    {
+        async move {
+            let suspects = Self::GUARD_COLUMNS.join(", ");
+            match Self::read_by_key(conn, key).await {
+                Err(e) if needs_classifying(&e) => Err(classify(conn, e).await),
+                read => judge_read(Self::table_name(), key, &suspects, read, Error::Database),
+            }
+        }
+    }
 }
 
 impl<T, C> AsyncLoadByKey<C> for T
