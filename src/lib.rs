@@ -8,8 +8,9 @@
     allow(unused)
 )]
 // The docs link the items of every feature (docs.rs builds them all, and CI checks
-// those links); with fewer features a link to an item left out cannot resolve, and is
-// shown as plain text instead of a warning in the user's `cargo doc`.
+// those links with every feature on); with fewer features a link to an item left out
+// cannot resolve, and is shown as plain text rather than warned about (in this crate's
+// own builds, or a user's `cargo doc` of it as a path or git dependency).
 #![cfg_attr(
     not(all(
         feature = "sqlite",
@@ -268,6 +269,8 @@ pub use status::claim::{ClaimOrder, ClaimRequest, ClaimRows, FinishClaim, Guarde
 #[cfg(feature = "locks")]
 pub use status::claim_attempts::{AttemptLimit, ClaimCounted, Claimed};
 #[cfg(feature = "locks")]
+pub use status::claim_filter::ClaimCondition;
+#[cfg(feature = "locks")]
 pub use status::claim_heartbeat::ExtendClaim;
 pub use status::condition::{TransitionCondition, When};
 #[cfg(feature = "locks")]
@@ -326,6 +329,9 @@ pub mod __private {
     pub use crate::sql::key_list::KeyIn;
     pub use crate::sql::new_token::Counted;
     pub use crate::sql::statement::{AnyOf, ColumnEq, NoChanges, Unguarded};
+    /// The per-backend parts of [`ClaimCondition`](crate::ClaimCondition).
+    #[cfg(feature = "locks")]
+    pub use crate::status::claim_filter::{on_backends, ClaimFilter};
 }
 
 /// Derives [`Guarded`] for an entity struct; see the crate docs for its attributes.

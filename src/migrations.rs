@@ -157,56 +157,100 @@ fn pending<DB: LibraryMigrations>(
         .collect()
 }
 
-macro_rules! async_server_migrations {
-    ($feature:literal, $conn:ty, $backend:ty, $up:ident, $insert:literal, $transaction:literal) => {
-        #[cfg(all(feature = "async", feature = $feature))]
-        impl AsyncMigrations for $conn {
-            async fn run_library_migrations(&mut self) -> Result<(), Error> {
-                use diesel_async::{AsyncConnection, RunQueryDsl, SimpleAsyncConnection};
-                let failed = |e: diesel::result::Error| Error::Migration(Box::new(e));
-                self.batch_execute(MIGRATIONS_TABLE).await.map_err(failed)?;
-                let applied: Vec<Applied> =
-                    diesel::sql_query("SELECT version FROM __diesel_schema_migrations")
-                        .load(self)
-                        .await
-                        .map_err(failed)?;
-                for (version, sql) in pending::<$backend>(&applied, $up)? {
-                    let apply = async |conn: &mut $conn| {
-                        conn.batch_execute(sql).await?;
-                        diesel::sql_query($insert)
-                            .bind::<diesel::sql_types::Text, _>(&version)
-                            .execute(conn)
-                            .await
-                            .map(drop)
-                    };
-                    if $transaction {
-                        self.transaction(apply).await.map_err(failed)?;
-                    } else {
-                        apply(self).await.map_err(failed)?;
-                    }
+/// The key of the advisory lock under which PostgreSQL applies each migration: instances
+/// that start together apply each one once, the later ones finding it recorded.
+#[cfg(all(feature = "async", feature = "postgres"))]
+const POSTGRES_MIGRATION_LOCK: &str = "SELECT pg_advisory_xact_lock(7227136116900001)";
+
+#[cfg(all(feature = "async", feature = "postgres"))]
+impl AsyncMigrations for diesel_async::AsyncPgConnection {
+    async fn run_library_migrations(&mut self) -> Result<(), Error> {
+        use diesel_async::{AsyncConnection, RunQueryDsl, SimpleAsyncConnection};
+        // Two sessions creating the same table at once collide even with `IF NOT EXISTS`
+        // (on the type of its rows): created under the lock too.
+        let create = async |conn: &mut Self| {
+            conn.batch_execute(POSTGRES_MIGRATION_LOCK).await?;
+            conn.batch_execute(MIGRATIONS_TABLE).await
+        };
+        self.transaction(create).await.map_err(failed)?;
+        let applied: Vec<Applied> =
+            diesel::sql_query("SELECT version FROM __diesel_schema_migrations")
+                .load(self)
+                .await
+                .map_err(failed)?;
+        for (version, sql) in pending::<diesel::pg::Pg>(&applied, POSTGRES_UP)? {
+            // One transaction per migration, as diesel's harness: DDL is transactional
+            // here. Under the lock, a migration another instance applied meanwhile is
+            // skipped.
+            let apply = async |conn: &mut Self| {
+                conn.batch_execute(POSTGRES_MIGRATION_LOCK).await?;
+                let done: Vec<Applied> = diesel::sql_query(
+                    "SELECT version FROM __diesel_schema_migrations WHERE version = $1",
+                )
+                .bind::<diesel::sql_types::Text, _>(&version)
+                .load(conn)
+                .await?;
+                if done.is_empty() {
+                    conn.batch_execute(sql).await?;
+                    diesel::sql_query(
+                        "INSERT INTO __diesel_schema_migrations (version) VALUES ($1)",
+                    )
+                    .bind::<diesel::sql_types::Text, _>(&version)
+                    .execute(conn)
+                    .await?;
                 }
-                Ok(())
-            }
+                Ok::<_, diesel::result::Error>(())
+            };
+            self.transaction(apply).await.map_err(failed)?;
         }
-    };
+        Ok(())
+    }
 }
 
-async_server_migrations!(
-    "postgres",
-    diesel_async::AsyncPgConnection,
-    diesel::pg::Pg,
-    POSTGRES_UP,
-    "INSERT INTO __diesel_schema_migrations (version) VALUES ($1)",
-    true
-);
-async_server_migrations!(
-    "async-mysql",
-    diesel_async::AsyncMysqlConnection,
-    diesel::mysql::Mysql,
-    MYSQL_UP,
-    "INSERT INTO __diesel_schema_migrations (version) VALUES (?)",
-    false
-);
+#[cfg(all(feature = "async", feature = "async-mysql"))]
+impl AsyncMigrations for diesel_async::AsyncMysqlConnection {
+    async fn run_library_migrations(&mut self) -> Result<(), Error> {
+        use diesel_async::SimpleAsyncConnection;
+        // MySQL's DDL commits by itself, so there is no transaction to hold a lock in:
+        // the whole run holds a named lock of the session's instead (instances that start
+        // together apply each migration once), released however the run ends.
+        self.batch_execute("DO GET_LOCK('diesel_occ_migrations', 600)")
+            .await
+            .map_err(failed)?;
+        let ran = mysql_migrations(self).await;
+        let released = self
+            .batch_execute("DO RELEASE_LOCK('diesel_occ_migrations')")
+            .await
+            .map_err(failed);
+        ran.and(released)
+    }
+}
+
+/// The MySQL migrations not yet recorded, each applied then recorded, under the named lock.
+#[cfg(all(feature = "async", feature = "async-mysql"))]
+async fn mysql_migrations(conn: &mut diesel_async::AsyncMysqlConnection) -> Result<(), Error> {
+    use diesel_async::{RunQueryDsl, SimpleAsyncConnection};
+    conn.batch_execute(MIGRATIONS_TABLE).await.map_err(failed)?;
+    let applied: Vec<Applied> = diesel::sql_query("SELECT version FROM __diesel_schema_migrations")
+        .load(conn)
+        .await
+        .map_err(failed)?;
+    for (version, sql) in pending::<diesel::mysql::Mysql>(&applied, MYSQL_UP)? {
+        conn.batch_execute(sql).await.map_err(failed)?;
+        diesel::sql_query("INSERT INTO __diesel_schema_migrations (version) VALUES (?)")
+            .bind::<diesel::sql_types::Text, _>(&version)
+            .execute(conn)
+            .await
+            .map_err(failed)?;
+    }
+    Ok(())
+}
+
+/// A statement of a migration that failed.
+#[cfg(all(feature = "async", any(feature = "postgres", feature = "async-mysql")))]
+fn failed(error: diesel::result::Error) -> Error {
+    Error::Migration(Box::new(error))
+}
 
 #[cfg(all(
     test,

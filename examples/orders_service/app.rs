@@ -190,6 +190,7 @@ macro_rules! orders_api {
                 if_match: IfMatch,
                 Json(replacement): Json<Replacement>,
             ) -> Result<Tagged<Order>, Error> {
+                if_match.required()?;
                 let conn = &mut *pool.checkout().await?;
                 let mut order = Order::find_by_key(conn, &id).await?;
                 if_match.check_row(&order, true)?;

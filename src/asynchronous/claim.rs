@@ -13,7 +13,8 @@
 
 use std::future::Future;
 
-use diesel::sql_types::{Integer, Nullable, Text};
+use diesel::expression::{AppearsOnTable, Expression};
+use diesel::sql_types::{BoolOrNullableBool, Integer, Nullable, Text};
 use diesel::{Column, Selectable};
 use diesel_async::AsyncConnection;
 
@@ -37,6 +38,7 @@ use crate::status::claim_attempts::claim_counted;
 use crate::status::claim_attempts::{
     AttemptLimit, Claimed, CountedClaimOf, CountedClaimQueryOf, ParkOf,
 };
+use crate::status::claim_filter::{ClaimCondition, ClaimFilter};
 use crate::status::claim_heartbeat::{extend_claim, HeartbeatOf};
 use crate::status::claim_in_one::{ClaimInOneOf, ClaimInOneUpdateOf};
 use crate::status::claim_op::{Claim, ClaimHeartbeat, CountedClaim, EndClaim, EndClaims};
@@ -83,7 +85,32 @@ where
         C: AsyncConnection,
     {
         let _ = (owner, claimed_at);
-        async move { retried_async!(conn, Claim::new(request).run_async(conn)) }
+        async move { retried_async!(conn, Claim::new(request, None).run_async(conn)) }
+    }
+
+    /// [`claim`](Self::claim) of the waiting rows that also match `condition`; see
+    /// [`GuardedClaim::claim_where`](crate::GuardedClaim::claim_where).
+    fn claim_where<'a, C, OwnerCol, AtCol, G>(
+        conn: &'a mut C,
+        owner: OwnerCol,
+        claimed_at: AtCol,
+        request: &'a ClaimRequest<'a, Self::Status>,
+        condition: G,
+    ) -> impl Future<Output = Result<Vec<Self>, Error>> + Send + 'a
+    where
+        Claim<Self, OwnerCol, AtCol>: AsyncRun<C>,
+        C: AsyncConnection,
+        G: ClaimCondition + AppearsOnTable<Self::Table> + Expression,
+        G::SqlType: BoolOrNullableBool,
+    {
+        let _ = (owner, claimed_at);
+        let filter = ClaimFilter::of(condition);
+        async move {
+            retried_async!(
+                conn,
+                Claim::new(request, Some(filter.clone())).run_async(conn)
+            )
+        }
     }
 
     /// [`claim`](Self::claim), counting attempts and parking rows that used them up; see
@@ -101,7 +128,41 @@ where
         C: AsyncConnection,
     {
         let _ = (owner, claimed_at, attempts);
-        async move { retried_async!(conn, CountedClaim::new(request, limit).run_async(conn)) }
+        async move {
+            retried_async!(
+                conn,
+                CountedClaim::new(request, limit, None).run_async(conn)
+            )
+        }
+    }
+
+    /// [`claim_counted`](Self::claim_counted) of the waiting rows that also match
+    /// `condition`; see
+    /// [`GuardedClaim::claim_counted_where`](crate::GuardedClaim::claim_counted_where).
+    #[allow(clippy::too_many_arguments)] // The columns are named as the other claims name them.
+    fn claim_counted_where<'a, C, OwnerCol, AtCol, AttemptsCol, G>(
+        conn: &'a mut C,
+        owner: OwnerCol,
+        claimed_at: AtCol,
+        attempts: AttemptsCol,
+        request: &'a ClaimRequest<'a, Self::Status>,
+        limit: &'a AttemptLimit<Self::Status>,
+        condition: G,
+    ) -> impl Future<Output = Result<Claimed<Self>, Error>> + Send + 'a
+    where
+        CountedClaim<Self, OwnerCol, AtCol, AttemptsCol>: AsyncRun<C>,
+        C: AsyncConnection,
+        G: ClaimCondition + AppearsOnTable<Self::Table> + Expression,
+        G::SqlType: BoolOrNullableBool,
+    {
+        let _ = (owner, claimed_at, attempts);
+        let filter = ClaimFilter::of(condition);
+        async move {
+            retried_async!(
+                conn,
+                CountedClaim::new(request, limit, Some(filter.clone())).run_async(conn)
+            )
+        }
     }
 
     /// The heartbeat of a claim `owner` still holds; see
@@ -195,7 +256,7 @@ where
         self,
         conn: &mut C,
     ) -> Result<<Self as Operation>::Output, <Self as Operation>::Error> {
-        claim::<T, C, OwnerCol, AtCol>(conn, &self.request()).await
+        claim::<T, C, OwnerCol, AtCol>(conn, &self.request(), self.filter()).await
     }
 }
 
@@ -222,7 +283,13 @@ where
         conn: &mut C,
     ) -> Result<<Self as Operation>::Output, <Self as Operation>::Error> {
         let request = self.request();
-        claim_counted::<T, C, OwnerCol, AtCol, AttemptsCol>(conn, &request, &self.limit).await
+        claim_counted::<T, C, OwnerCol, AtCol, AttemptsCol>(
+            conn,
+            &request,
+            &self.limit,
+            self.filter(),
+        )
+        .await
     }
 }
 

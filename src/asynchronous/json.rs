@@ -118,9 +118,9 @@ pub trait AsyncGuardedJson: Guarded {
             )
         };
         let _ = column;
-        let edit = JsonEdit::new(key.clone(), policy.clone(), build).pinned(if_match.pin());
-        let (edited, if_match) = (edit.run_async(conn), if_match.clone());
-        async move { if_match.refuse_missing(edited.await) }
+        JsonEdit::new(key.clone(), policy.clone(), build)
+            .pinned(if_match.pin())
+            .run_async(conn)
     }
 
     /// [`patch_json`](Self::patch_json) pinned to a request's `If-Match` (feature
@@ -146,9 +146,9 @@ pub trait AsyncGuardedJson: Guarded {
             )
         };
         let _ = column;
-        let edit = JsonEdit::new(key.clone(), policy.clone(), build).pinned(if_match.pin());
-        let (edited, if_match) = (edit.run_async(conn), if_match.clone());
-        async move { if_match.refuse_missing(edited.await) }
+        JsonEdit::new(key.clone(), policy.clone(), build)
+            .pinned(if_match.pin())
+            .run_async(conn)
     }
 
     /// Sets the value at the RFC 6901 `pointer` of the document of column `Col`.

@@ -115,6 +115,10 @@ impl IfNoneMatch {
 
 /// A row as a response: 200 with the row as a JSON body and its `ETag`, made from the
 /// entity's guard ([`EntityTag::of_row`]); `(StatusCode::CREATED, Tagged(row))` answers 201.
+/// The tag moves with every guarded write; a field written outside the guard (an
+/// `#[occ(exclude)]` counter, a column a pre-image does not compare) does not move it, so
+/// leave such fields out of the body (`#[serde(skip)]`) or a client holding the tag gets
+/// 304 for a body that changed.
 #[derive(Debug, Clone)]
 pub struct Tagged<T>(pub T);
 
@@ -137,9 +141,9 @@ impl<T: Guarded + Serialize> IntoResponse for Tagged<T> {
 
 /// The body of an HTTP `PATCH` of a JSON document, by its `Content-Type` (RFC 5789):
 /// an RFC 7396 merge patch or an RFC 6902 JSON Patch. Refused before the handler runs
-/// with a problem: 415 for another media type (naming the two in `Accept-Patch`), 400 for
-/// a body that is not JSON, 422 for a merge patch that is not an object (it would replace
-/// the whole document) or operations that do not parse.
+/// with a problem: 415 for another media type or none (the body's `accept_patch` names
+/// the two), 400 for a body that is not JSON or operations that do not parse, 422 for a
+/// merge patch that is not an object (it would replace the whole document).
 #[derive(Debug, Clone, PartialEq)]
 pub enum PatchBody {
     /// `application/merge-patch+json`: a JSON object; `null` deletes a key.
@@ -160,16 +164,16 @@ impl<S: Send + Sync> FromRequest<S> for PatchBody {
             .get(CONTENT_TYPE)
             .and_then(|value| value.to_str().ok())
             .and_then(|value| value.split(';').next())
-            .map(|value| value.trim().to_ascii_lowercase())
-            .unwrap_or_default();
-        let merge = match media_type.as_str() {
-            "application/merge-patch+json" => true,
-            "application/json-patch+json" => false,
+            .map(|value| value.trim().to_ascii_lowercase());
+        let merge = match media_type.as_deref() {
+            Some("application/merge-patch+json") => true,
+            Some("application/json-patch+json") => false,
             other => {
+                let sent = other.map_or("no Content-Type".into(), |t| format!("type {t:?}"));
                 let mut problem = Problem::new(
                     StatusCode::UNSUPPORTED_MEDIA_TYPE,
                     "unsupported-patch",
-                    format!("a PATCH body of type {other:?}: send {ACCEPT_PATCH}"),
+                    format!("a PATCH body with {sent}: send {ACCEPT_PATCH}"),
                 );
                 problem
                     .extensions
@@ -200,9 +204,16 @@ impl<S: Send + Sync> FromRequest<S> for PatchBody {
             }
             Ok(PatchBody::Merge(body))
         } else {
+            // A body that is not a patch document is malformed (RFC 5789): 400.
             serde_json::from_value(body)
                 .map(PatchBody::Operations)
-                .map_err(|e| unprocessable(format!("not a list of JSON Patch operations: {e}")))
+                .map_err(|e| {
+                    Problem::new(
+                        StatusCode::BAD_REQUEST,
+                        "malformed-body",
+                        format!("not a list of JSON Patch operations: {e}"),
+                    )
+                })
         }
     }
 }

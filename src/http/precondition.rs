@@ -57,20 +57,6 @@ impl Precondition {
         }))
     }
 
-    /// A pinned write's answer, with a missing row refused as RFC 9110 refuses it under
-    /// `If-Match` (412, no current tag); without a precondition it stays
-    /// [`Error::NotFound`].
-    pub(crate) fn refuse_missing<T>(&self, written: Result<T, Error>) -> Result<T, Error> {
-        match written {
-            Err(Error::NotFound { .. }) if !self.is_absent() => {
-                Err(Error::Precondition(HttpError::PreconditionFailed {
-                    current: None,
-                }))
-            }
-            written => written,
-        }
-    }
-
     /// `If-Match` evaluated for a resource whose current token is `current` (`None`: it
     /// does not exist): `*` holds when it exists, a list when one of its tags is the
     /// current tag by strong comparison (so a weak tag never holds), and an absent header

@@ -176,7 +176,15 @@ where
                 let update = Update::new(original.key(), original.token(), document)
                     .stamped(stamp)
                     .owned_transaction(true);
-                let token = T::update_on(conn, update).await?;
+                let token = match (T::update_on(conn, update).await, &self.pin) {
+                    // The row moved on since the read: pinned to tags the row no longer
+                    // holds, the edit ends here (a retry could only refuse it again).
+                    (Err(Error::Conflict(conflict)), Some(pin)) => {
+                        pin(&conflict.found).map_err(Stop::Occ)?;
+                        return Err(Stop::Occ(Error::Conflict(conflict)));
+                    }
+                    (written, _) => written?,
+                };
                 Ok(record.written(token))
             }
         }
@@ -306,13 +314,16 @@ pub trait GuardedJson: Guarded + Clone {
     }
 
     /// [`merge_json`](Self::merge_json) pinned to a request's `If-Match` (feature
-    /// `http`): with tags, the merge applies only while the row's current tag is among
-    /// them, and otherwise ends, nothing written, with [`Error::Precondition`] (412 with the
-    /// current `ETag`), also when the row changes between the read and the write; with
-    /// `*`, to any current row; absent, to the latest row, retried as `merge_json` is. A
-    /// missing row is 412 under a precondition (RFC 9110), [`Error::NotFound`] without one.
-    /// Take [`Precondition::required`](crate::http::Precondition::required) first where
-    /// the write needs an `If-Match` (428 without).
+    /// `http`): with tags, the merge applies only to a row whose tag is among them, and
+    /// otherwise ends, nothing written, with [`Error::Precondition`] (412 with the current
+    /// `ETag`). A row that moves on between the read and the write ends the edit the same
+    /// way at once, unless its new tag is also among those sent (then the merge applies to
+    /// that version, as the client allowed). With `*` it applies to the latest row;
+    /// absent, too, retried as `merge_json` is. A missing row is [`Error::NotFound`]
+    /// (404) whatever the header says: a PATCH does not create the row, so RFC 9110
+    /// (section 13.2.1) answers it as if unconditional. Take
+    /// [`Precondition::required`](crate::http::Precondition::required) first where the
+    /// write needs an `If-Match` (428 without).
     #[cfg(feature = "http")]
     fn merge_json_if_match<C, Col>(
         conn: &mut C,
@@ -328,8 +339,7 @@ pub trait GuardedJson: Guarded + Clone {
     {
         let _ = column;
         let edit = merge_edit(Place::<Self, Col>::new(Self::table_name(), key), patch)?;
-        let edited = Self::edit_document(conn, key, policy, if_match.pin(), edit);
-        if_match.refuse_missing(edited)
+        Self::edit_document(conn, key, policy, if_match.pin(), edit)
     }
 
     /// [`patch_json`](Self::patch_json) pinned to a request's `If-Match` (feature
@@ -349,8 +359,7 @@ pub trait GuardedJson: Guarded + Clone {
     {
         let _ = column;
         let edit = patch_edit(Place::<Self, Col>::new(Self::table_name(), key), patch);
-        let edited = Self::edit_document(conn, key, policy, if_match.pin(), edit);
-        if_match.refuse_missing(edited)
+        Self::edit_document(conn, key, policy, if_match.pin(), edit)
     }
 
     /// Sets the value at the RFC 6901 `pointer` (`/address/city`) of the document of
@@ -547,14 +556,18 @@ fn object_refusal(value: &Value, what: &str, rule: &str) -> Option<String> {
 }
 
 /// Why the `#[occ(json)]` field `value` may not be written whole (a save, an insert, an
-/// upsert): the derive's [`Guarded::unwritable_document`] asks this of each such field.
+/// upsert): it is not an object. The derive's [`Guarded::unwritable_document`] asks this
+/// of each such field. The size limit of edits is not applied here: a row's save must not
+/// fail over a document it leaves as it was.
 #[doc(hidden)]
 pub fn document_refusal(value: &Value) -> Option<String> {
-    object_refusal(
-        value,
-        "the document",
-        "an `#[occ(json)]` column holds a JSON object (every JSON edit of the row needs one)",
-    )
+    (!value.is_object()).then(|| {
+        format!(
+            "an `#[occ(json)]` column holds a JSON object (every JSON edit of the row needs \
+             one); the document is {}",
+            kind(value)
+        )
+    })
 }
 
 /// [`Error::InvalidPatch`] when a field of `row` that is an `#[occ(json)]` document is not

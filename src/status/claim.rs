@@ -46,7 +46,7 @@ use diesel::expression::{AppearsOnTable, Expression, ValidGrouping};
 use diesel::query_builder::{AstPass, QueryFragment, QueryId};
 use diesel::query_dsl::methods::LoadQuery;
 use diesel::serialize::ToSql;
-use diesel::sql_types::{Bool, HasSqlType, Nullable, Text};
+use diesel::sql_types::{Bool, BoolOrNullableBool, HasSqlType, Nullable, Text};
 use diesel::{Column, QueryResult, Selectable, SelectableHelper};
 
 use crate::connect::backend::OccBackend;
@@ -64,6 +64,7 @@ use crate::guard::{AdvanceInSql, Guarded};
 use crate::sql::new_token::Counted;
 use crate::sql::statement::{And, Assignments, ColumnEq, Comma, GuardedUpdate, Joined};
 use crate::status::claim_attempts::{AttemptLimit, ClaimCounted, Claimed};
+use crate::status::claim_filter::{ClaimCondition, ClaimFilter, FilterSql};
 use crate::status::claim_heartbeat::ExtendClaim;
 use crate::status::claim_in_one::{claim_in_one, ClaimInOneOf, ClaimInOneUpdateOf};
 use crate::status::claim_retry::retried;
@@ -123,6 +124,8 @@ pub struct Claimable<StatusCol, S, AtCol, CanAdvance> {
     /// The database's now minus the age after which a claim is abandoned.
     abandoned_before: Option<Shift>,
     can_advance: CanAdvance,
+    /// The caller's own condition, if any.
+    filter: Option<ClaimFilter>,
     columns: std::marker::PhantomData<(StatusCol, AtCol)>,
 }
 
@@ -135,13 +138,19 @@ pub(crate) type ClaimableOf<T, AtCol> = Claimable<
 >;
 
 impl<StatusCol, S: Copy, AtCol, CanAdvance> Claimable<StatusCol, S, AtCol, CanAdvance> {
-    /// The rows `request` may claim, of those whose token `can_advance`.
-    pub(crate) fn of(request: &ClaimRequest<'_, S>, can_advance: CanAdvance) -> Self {
+    /// The rows `request` may claim, of those whose token `can_advance` and that match
+    /// `filter`.
+    pub(crate) fn of(
+        request: &ClaimRequest<'_, S>,
+        filter: Option<&ClaimFilter>,
+        can_advance: CanAdvance,
+    ) -> Self {
         Claimable {
             from: request.from,
             to: request.to,
             abandoned_before: request.reclaim_after.map(Shift::earlier),
             can_advance,
+            filter: filter.cloned(),
             columns: std::marker::PhantomData,
         }
     }
@@ -170,7 +179,7 @@ impl<StatusCol, S, AtCol, CanAdvance> QueryId for Claimable<StatusCol, S, AtCol,
 impl<StatusCol, S, AtCol, CanAdvance, DB> QueryFragment<DB>
     for Claimable<StatusCol, S, AtCol, CanAdvance>
 where
-    DB: ServerClock + HasSqlType<StatusCol::SqlType>,
+    DB: ServerClock + FilterSql + HasSqlType<StatusCol::SqlType>,
     StatusCol: Column,
     AtCol: Column,
     S: ToSql<StatusCol::SqlType, DB>,
@@ -196,6 +205,11 @@ where
         if !self.can_advance.is_noop(out.backend())? {
             out.push_sql(" AND ");
             self.can_advance.walk_ast(out.reborrow())?;
+        }
+        if let Some(filter) = &self.filter {
+            out.push_sql(" AND (");
+            DB::claim_filter(filter).walk_ast(out.reborrow())?;
+            out.push_sql(")");
         }
         out.push_sql(")");
         Ok(())
@@ -260,7 +274,32 @@ where
         C: diesel::Connection,
     {
         let _ = (owner, claimed_at);
-        retried(conn, |conn| Self::claim_rows(conn, request))
+        retried(conn, |conn| Self::claim_rows(conn, request, None))
+    }
+
+    /// [`claim`](Self::claim) of the waiting rows that also match `condition`, a boolean
+    /// diesel expression on the entity's table (`tasks::tenant.eq("acme")`,
+    /// `tasks::kind.eq_any(["email", "sms"])`): a worker for one tenant or one kind of job.
+    /// It is added to the claim's read as `AND (<condition>)`, so it takes part in the
+    /// plan; an index on the status column and the condition's columns keeps the read a
+    /// walk that stops after the limit. Abandoned claims are taken again only when they
+    /// match it too.
+    fn claim_where<C, OwnerCol, AtCol, G>(
+        conn: &mut C,
+        owner: OwnerCol,
+        claimed_at: AtCol,
+        request: &ClaimRequest<'_, Self::Status>,
+        condition: G,
+    ) -> Result<Vec<Self>, Error>
+    where
+        Self: ClaimRows<C, OwnerCol, AtCol>,
+        C: diesel::Connection,
+        G: ClaimCondition + AppearsOnTable<Self::Table> + Expression,
+        G::SqlType: BoolOrNullableBool,
+    {
+        let _ = (owner, claimed_at);
+        let filter = ClaimFilter::of(condition);
+        retried(conn, |conn| Self::claim_rows(conn, request, Some(&filter)))
     }
 
     /// [`claim`](Self::claim), counting attempts in the `Integer` column `attempts`: each
@@ -281,7 +320,35 @@ where
         C: diesel::Connection,
     {
         let _ = (owner, claimed_at, attempts);
-        retried(conn, |conn| Self::claim_counted_rows(conn, request, limit))
+        retried(conn, |conn| {
+            Self::claim_counted_rows(conn, request, limit, None)
+        })
+    }
+
+    /// [`claim_counted`](Self::claim_counted) of the waiting rows that also match
+    /// `condition`, as [`claim_where`](Self::claim_where) filters a claim; rows parked
+    /// are among those that match it.
+    #[allow(clippy::too_many_arguments)] // The columns are named as the other claims name them.
+    fn claim_counted_where<C, OwnerCol, AtCol, AttemptsCol, G>(
+        conn: &mut C,
+        owner: OwnerCol,
+        claimed_at: AtCol,
+        attempts: AttemptsCol,
+        request: &ClaimRequest<'_, Self::Status>,
+        limit: &AttemptLimit<Self::Status>,
+        condition: G,
+    ) -> Result<Claimed<Self>, Error>
+    where
+        Self: ClaimCounted<C, OwnerCol, AtCol, AttemptsCol>,
+        C: diesel::Connection,
+        G: ClaimCondition + AppearsOnTable<Self::Table> + Expression,
+        G::SqlType: BoolOrNullableBool,
+    {
+        let _ = (owner, claimed_at, attempts);
+        let filter = ClaimFilter::of(condition);
+        retried(conn, |conn| {
+            Self::claim_counted_rows(conn, request, limit, Some(&filter))
+        })
     }
 
     /// The heartbeat of a claim `owner` still holds on the row with `key` (in state
@@ -404,6 +471,7 @@ pub trait ClaimRows<C, OwnerCol, AtCol>: HasStatus + Clone + LoadByKey<C> {
     fn claim_rows(
         conn: &mut C,
         request: &ClaimRequest<'_, Self::Status>,
+        filter: Option<&ClaimFilter>,
     ) -> Result<Vec<Self>, Error>;
 }
 
@@ -430,10 +498,15 @@ where
         diesel::query_dsl::methods::SelectDsl<OwnerCol>,
     OwnersOf<T, OwnerCol>: LoadQuery<'static, C, Option<String>> + Send,
 {
-    fn claim_rows(conn: &mut C, request: &ClaimRequest<'_, T::Status>) -> Result<Vec<T>, Error> {
+    fn claim_rows(
+        conn: &mut C,
+        request: &ClaimRequest<'_, T::Status>,
+        filter: Option<&ClaimFilter>,
+    ) -> Result<Vec<T>, Error> {
         now(claim::<T, _, OwnerCol, AtCol>(
             Blocking::wrap(conn),
             request,
+            filter,
         ))
     }
 }
@@ -444,6 +517,7 @@ where
 pub(crate) async fn claim<T, C, OwnerCol, AtCol>(
     conn: &mut C,
     request: &ClaimRequest<'_, T::Status>,
+    filter: Option<&ClaimFilter>,
 ) -> Result<Vec<T>, Error>
 where
     C: Transactions,
@@ -468,13 +542,14 @@ where
     conn.refuse_broken()?;
     if C::Backend::RETURNING {
         T::check_stored_precision(conn).await?;
-        let claim = claim_in_one::<T, OwnerCol, AtCol, C::Backend>(T::table_name(), request)?;
+        let claim =
+            claim_in_one::<T, OwnerCol, AtCol, C::Backend>(T::table_name(), request, filter)?;
         return conn
             .protect_caller(false, async |conn: &mut C| claim.load_on(conn).await)
             .await;
     }
     conn.own_transaction(async |conn: &mut C| {
-        let query = claim_query::<T, AtCol, C::Backend>(request);
+        let query = claim_query::<T, AtCol, C::Backend>(request, filter);
         let waiting: Vec<T> = match query.load_on(conn).await {
             Ok(rows) => rows,
             Err(e) => return Err(conn.classify(e).await),
@@ -493,13 +568,14 @@ where
 /// workers hold.
 pub(crate) fn claim_query<T, AtCol, DB>(
     request: &ClaimRequest<'_, T::Status>,
+    filter: Option<&ClaimFilter>,
 ) -> ClaimQueryOf<T, AtCol, DB>
 where
     T::Guard: AdvanceInSql,
     T: HasStatus + Selectable<DB>,
     DB: diesel::backend::Backend,
 {
-    let filter = Claimable::of(request, T::Guard::can_advance());
+    let filter = Claimable::of(request, filter, T::Guard::can_advance());
     ClaimableRows::new(
         T::table(),
         T::as_select(),

@@ -30,6 +30,7 @@ use crate::status::claim::{
     check_claimed_by, claim_changes, write_locked, ClaimChanges, ClaimRequest, Claimable,
     ClaimableOf, OwnersOf,
 };
+use crate::status::claim_filter::ClaimFilter;
 use crate::status::claimable_rows::ClaimableRows;
 use crate::write::bulk::BulkUpdateOf;
 
@@ -96,6 +97,7 @@ pub trait ClaimCounted<C, OwnerCol, AtCol, AttemptsCol>: HasStatus + Clone + Loa
         conn: &mut C,
         request: &ClaimRequest<'_, Self::Status>,
         limit: &AttemptLimit<Self::Status>,
+        filter: Option<&ClaimFilter>,
     ) -> Result<Claimed<Self>, Error>;
 }
 
@@ -126,11 +128,13 @@ where
         conn: &mut C,
         request: &ClaimRequest<'_, T::Status>,
         limit: &AttemptLimit<T::Status>,
+        filter: Option<&ClaimFilter>,
     ) -> Result<Claimed<T>, Error> {
         now(claim_counted::<T, _, OwnerCol, AtCol, AttemptsCol>(
             Blocking::wrap(conn),
             request,
             limit,
+            filter,
         ))
     }
 }
@@ -142,6 +146,7 @@ pub(crate) async fn claim_counted<T, C, OwnerCol, AtCol, AttemptsCol>(
     conn: &mut C,
     request: &ClaimRequest<'_, T::Status>,
     limit: &AttemptLimit<T::Status>,
+    filter: Option<&ClaimFilter>,
 ) -> Result<Claimed<T>, Error>
 where
     C: Transactions,
@@ -166,7 +171,7 @@ where
     }
     conn.refuse_broken()?;
     conn.own_transaction(async |conn: &mut C| {
-        let query = counted_claim_query::<T, AtCol, AttemptsCol, C::Backend>(request);
+        let query = counted_claim_query::<T, AtCol, AttemptsCol, C::Backend>(request, filter);
         let waiting: Vec<(T, i32)> = match query.load_on(conn).await {
             Ok(rows) => rows,
             Err(e) => return Err(conn.classify(e).await),
@@ -193,6 +198,7 @@ where
 /// locked, skipping rows other workers hold.
 pub(crate) fn counted_claim_query<T, AtCol, AttemptsCol, DB>(
     request: &ClaimRequest<'_, T::Status>,
+    filter: Option<&ClaimFilter>,
 ) -> CountedClaimQueryOf<T, AtCol, AttemptsCol, DB>
 where
     T::Guard: AdvanceInSql,
@@ -200,7 +206,7 @@ where
     DB: diesel::backend::Backend,
     AttemptsCol: Default,
 {
-    let filter = Claimable::of(request, T::Guard::can_advance());
+    let filter = Claimable::of(request, filter, T::Guard::can_advance());
     let select = (T::as_select(), AttemptsCol::default());
     ClaimableRows::new(T::table(), select, filter, request.order, request.limit)
 }

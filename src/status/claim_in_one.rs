@@ -33,6 +33,7 @@ use crate::guard::status::HasStatus;
 use crate::guard::AdvanceInSql;
 use crate::sql::statement::{Assignments, Returning};
 use crate::status::claim::{claim_update, ClaimChanges, ClaimRequest, Claimable, ClaimableOf};
+use crate::status::claim_filter::ClaimFilter;
 use crate::status::claimable_rows::ClaimableRows;
 use crate::write::bulk::BulkUpdateOf;
 
@@ -123,6 +124,7 @@ pub(crate) type ClaimInOneOf<T, OwnerCol, AtCol, DB> = Returning<
 pub(crate) fn claim_in_one<T, OwnerCol, AtCol, DB>(
     table: &'static str,
     request: &ClaimRequest<'_, T::Status>,
+    filter: Option<&ClaimFilter>,
 ) -> Result<ClaimInOneOf<T, OwnerCol, AtCol, DB>, Error>
 where
     T: HasStatus + Selectable<DB>,
@@ -132,7 +134,7 @@ where
 {
     // Built twice: the CTE or the `IN` renders it, by backend.
     let keys = || {
-        let filter = Claimable::of(request, T::Guard::can_advance());
+        let filter = Claimable::of(request, filter, T::Guard::can_advance());
         ClaimableRows::new(
             T::table(),
             T::table().primary_key(),

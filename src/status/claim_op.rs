@@ -9,6 +9,7 @@ use crate::guard::status::HasStatus;
 use crate::operation::{Operation, Run};
 use crate::status::claim::{ClaimRequest, ClaimRows, FinishClaim};
 use crate::status::claim_attempts::{AttemptLimit, ClaimCounted, Claimed};
+use crate::status::claim_filter::ClaimFilter;
 use crate::status::claim_heartbeat::ExtendClaim;
 use crate::status::finish_claims::FinishClaims;
 
@@ -46,15 +47,17 @@ impl<S: Copy> OwnedRequest<S> {
 /// with owner column `OwnerCol` and claim-time column `AtCol`. Answers the rows claimed.
 pub struct Claim<T: HasStatus, OwnerCol, AtCol> {
     request: OwnedRequest<T::Status>,
+    filter: Option<ClaimFilter>,
     columns: Columns<(OwnerCol, AtCol)>,
 }
 
 impl<T: HasStatus, OwnerCol, AtCol> Claim<T, OwnerCol, AtCol> {
-    /// The claim `request` asks for.
+    /// The claim `request` asks for, of the rows that match `filter`.
     #[cfg(feature = "async")]
-    pub(crate) fn new(request: &ClaimRequest<'_, T::Status>) -> Self {
+    pub(crate) fn new(request: &ClaimRequest<'_, T::Status>, filter: Option<ClaimFilter>) -> Self {
         Self {
             request: OwnedRequest::of(request),
+            filter,
             columns: PhantomData,
         }
     }
@@ -62,6 +65,11 @@ impl<T: HasStatus, OwnerCol, AtCol> Claim<T, OwnerCol, AtCol> {
     /// The request, as the claim takes it.
     pub(crate) fn request(&self) -> ClaimRequest<'_, T::Status> {
         self.request.get()
+    }
+
+    /// The caller's condition on the rows, if any.
+    pub(crate) fn filter(&self) -> Option<&ClaimFilter> {
+        self.filter.as_ref()
     }
 }
 
@@ -75,7 +83,7 @@ where
     T: ClaimRows<C, OwnerCol, AtCol>,
 {
     fn run(self, conn: &mut C) -> Result<<Self as Operation>::Output, <Self as Operation>::Error> {
-        T::claim_rows(conn, &self.request())
+        T::claim_rows(conn, &self.request(), self.filter())
     }
 }
 
@@ -84,19 +92,22 @@ where
 pub struct CountedClaim<T: HasStatus, OwnerCol, AtCol, AttemptsCol> {
     request: OwnedRequest<T::Status>,
     pub(crate) limit: AttemptLimit<T::Status>,
+    filter: Option<ClaimFilter>,
     columns: Columns<(OwnerCol, AtCol, AttemptsCol)>,
 }
 
 impl<T: HasStatus, OwnerCol, AtCol, AttemptsCol> CountedClaim<T, OwnerCol, AtCol, AttemptsCol> {
-    /// The claim `request` asks for, under `limit`.
+    /// The claim `request` asks for, under `limit`, of the rows that match `filter`.
     #[cfg(feature = "async")]
     pub(crate) fn new(
         request: &ClaimRequest<'_, T::Status>,
         limit: &AttemptLimit<T::Status>,
+        filter: Option<ClaimFilter>,
     ) -> Self {
         Self {
             request: OwnedRequest::of(request),
             limit: *limit,
+            filter,
             columns: PhantomData,
         }
     }
@@ -104,6 +115,11 @@ impl<T: HasStatus, OwnerCol, AtCol, AttemptsCol> CountedClaim<T, OwnerCol, AtCol
     /// The request, as the claim takes it.
     pub(crate) fn request(&self) -> ClaimRequest<'_, T::Status> {
         self.request.get()
+    }
+
+    /// The caller's condition on the rows, if any.
+    pub(crate) fn filter(&self) -> Option<&ClaimFilter> {
+        self.filter.as_ref()
     }
 }
 
@@ -119,7 +135,7 @@ where
     T: ClaimCounted<C, OwnerCol, AtCol, AttemptsCol>,
 {
     fn run(self, conn: &mut C) -> Result<<Self as Operation>::Output, <Self as Operation>::Error> {
-        T::claim_counted_rows(conn, &self.request(), &self.limit)
+        T::claim_counted_rows(conn, &self.request(), &self.limit, self.filter())
     }
 }
 

@@ -24,6 +24,8 @@ pub(crate) mod claim;
 #[cfg(feature = "locks")]
 pub(crate) mod claim_attempts;
 #[cfg(feature = "locks")]
+pub(crate) mod claim_filter;
+#[cfg(feature = "locks")]
 pub(crate) mod claim_heartbeat;
 #[cfg(feature = "locks")]
 pub(crate) mod claim_in_one;

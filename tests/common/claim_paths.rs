@@ -109,6 +109,19 @@ pub trait ClaimWorker {
         request: &ClaimRequest<'_, JobState>,
         limit: &AttemptLimit<JobState>,
     ) -> Result<Claimed<Job>, Error>;
+    /// A claim of the jobs with ids up to `max_id` only (`claim_where`).
+    fn claim_ids_up_to(
+        &mut self,
+        request: &ClaimRequest<'_, JobState>,
+        max_id: i64,
+    ) -> Result<Vec<Job>, Error>;
+    /// A counted claim of the jobs with ids up to `max_id` only (`claim_counted_where`).
+    fn claim_counted_ids_up_to(
+        &mut self,
+        request: &ClaimRequest<'_, JobState>,
+        limit: &AttemptLimit<JobState>,
+        max_id: i64,
+    ) -> Result<Claimed<Job>, Error>;
     fn extend_claim(&mut self, id: i64, owner: &str, held: JobState) -> Result<Job, Error>;
     fn finish_claim(
         &mut self,
@@ -170,6 +183,35 @@ where
             jobs::attempts,
             request,
             limit,
+        )
+    }
+    fn claim_ids_up_to(
+        &mut self,
+        request: &ClaimRequest<'_, JobState>,
+        max_id: i64,
+    ) -> Result<Vec<Job>, Error> {
+        <Job as GuardedClaim>::claim_where(
+            &mut self.0,
+            jobs::owner,
+            jobs::claimed_at,
+            request,
+            jobs::id.le(max_id),
+        )
+    }
+    fn claim_counted_ids_up_to(
+        &mut self,
+        request: &ClaimRequest<'_, JobState>,
+        limit: &AttemptLimit<JobState>,
+        max_id: i64,
+    ) -> Result<Claimed<Job>, Error> {
+        <Job as GuardedClaim>::claim_counted_where(
+            &mut self.0,
+            jobs::owner,
+            jobs::claimed_at,
+            jobs::attempts,
+            request,
+            limit,
+            jobs::id.le(max_id),
         )
     }
     fn extend_claim(&mut self, id: i64, owner: &str, held: JobState) -> Result<Job, Error> {
@@ -267,6 +309,37 @@ where
                 jobs::attempts,
                 request,
                 limit,
+            ))
+    }
+    fn claim_ids_up_to(
+        &mut self,
+        request: &ClaimRequest<'_, JobState>,
+        max_id: i64,
+    ) -> Result<Vec<Job>, Error> {
+        self.runtime
+            .block_on(<Job as AsyncGuardedClaim>::claim_where(
+                &mut self.conn,
+                jobs::owner,
+                jobs::claimed_at,
+                request,
+                jobs::id.le(max_id),
+            ))
+    }
+    fn claim_counted_ids_up_to(
+        &mut self,
+        request: &ClaimRequest<'_, JobState>,
+        limit: &AttemptLimit<JobState>,
+        max_id: i64,
+    ) -> Result<Claimed<Job>, Error> {
+        self.runtime
+            .block_on(<Job as AsyncGuardedClaim>::claim_counted_where(
+                &mut self.conn,
+                jobs::owner,
+                jobs::claimed_at,
+                jobs::attempts,
+                request,
+                limit,
+                jobs::id.le(max_id),
             ))
     }
     fn extend_claim(&mut self, id: i64, owner: &str, held: JobState) -> Result<Job, Error> {

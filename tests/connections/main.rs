@@ -9,6 +9,7 @@
 mod common;
 
 mod async_cancellation;
+mod async_migrations;
 mod async_pools;
 mod blocking;
 mod connection_faults;

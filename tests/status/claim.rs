@@ -278,7 +278,69 @@ for_each_backend! {
         assert_eq!(rows.iter().filter(|j| j.owner.as_deref() == Some("other")).count(), 2, "{}", W::PATH);
     }
 
+    /// Claims filtered by a condition of the caller's (ids up to a bound, as a worker of one
+    /// tenant would filter): two racing workers take every matching row exactly once and
+    /// nothing else; an abandoned claim is taken again only when it matches; a counted
+    /// claim parks only matching rows.
+    fn a_filtered_claim_takes_only_the_rows_that_match<W: ClaimWorker>(db: &Db, worker: impl Fn() -> W + Sync) {
+        add_jobs(&mut *db.conn(), 1..=200);
+        let start = Barrier::new(2);
+        let taken: Vec<Vec<i64>> = std::thread::scope(|s| {
+            let workers: Vec<_> = ["a", "b"]
+                .into_iter()
+                .map(|me| {
+                    let (start, worker) = (&start, &worker);
+                    s.spawn(move || {
+                        let mut w = worker();
+                        let mut mine = Vec::new();
+                        start.wait();
+                        loop {
+                            let batch = w.claim_ids_up_to(&request(me, 7, MINUTE), 100).unwrap();
+                            if batch.is_empty() {
+                                break mine;
+                            }
+                            mine.extend(batch.iter().map(|job| job.id));
+                        }
+                    })
+                })
+                .collect();
+            workers.into_iter().map(|w| w.join().unwrap()).collect()
+        });
+        let mut claimed: Vec<i64> = taken.concat();
+        claimed.sort();
+        assert_eq!(claimed, (1..=100).collect::<Vec<_>>(), "{}: each matching row once", W::PATH);
+        let rows = all(db);
+        for job in &rows {
+            let expected = if job.id <= 100 { JobState::Running } else { JobState::Open };
+            assert_eq!(job.state, expected, "{}: job {}", W::PATH, job.id);
+        }
+
+        // Job 5 (matching) and job 150 (not) abandoned long ago: only job 5 is taken again.
+        let conn = &mut db.conn();
+        diesel::update(jobs::table.filter(jobs::id.eq_any([5, 150])))
+            .set((jobs::state.eq(JobState::Running), jobs::owner.eq("gone"), jobs::claimed_at.eq(chrono::DateTime::UNIX_EPOCH.naive_utc())))
+            .execute(conn)
+            .unwrap();
+        let w = &mut worker();
+        let again: Vec<i64> = w.claim_ids_up_to(&request("c", 10, MINUTE), 100).unwrap().iter().map(|j| j.id).collect();
+        assert_eq!(again, [5], "{}", W::PATH);
+
+        // Counting attempts, ids up to 120: job 110 is out of attempts and parked, job 130
+        // (out of attempts too, but not matching) is left alone.
+        diesel::update(jobs::table.filter(jobs::id.eq_any([110, 130]))).set(jobs::attempts.eq(5)).execute(conn).unwrap();
+        let limit = AttemptLimit { max: 5, park_in: JobState::Parked };
+        let counted = w.claim_counted_ids_up_to(&request("d", 50, MINUTE), &limit, 120).unwrap();
+        let mut ids: Vec<i64> = counted.rows.iter().map(|j| j.id).collect();
+        ids.sort();
+        assert_eq!(ids, (101..=120).filter(|id| *id != 110).collect::<Vec<_>>(), "{}", W::PATH);
+        assert_eq!(counted.parked.iter().map(|j| j.id).collect::<Vec<_>>(), [110], "{}", W::PATH);
+        let rows = all(db);
+        let state = |id: i64| rows.iter().find(|j| j.id == id).unwrap().state;
+        assert_eq!((state(110), state(130), state(150), state(121)), (JobState::Parked, JobState::Open, JobState::Running, JobState::Open), "{}", W::PATH);
+    }
+
     claim_tests_on_both_paths!(
+        a_filtered_claim_takes_only_the_rows_that_match,
         four_workers_claim_every_task_exactly_once,
         an_abandoned_claim_is_reclaimed_and_the_old_owner_is_locked_out,
         a_claim_without_work_or_with_a_bad_owner_writes_nothing,

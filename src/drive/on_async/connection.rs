@@ -50,8 +50,8 @@ pub trait NativeAsync: OccBackend {
 /// implementations apart from SQLite's, which runs the blocking path on its thread.
 #[diagnostic::on_unimplemented(
     message = "`{Self}` is not a diesel-async connection diesel-occ runs on",
-    label = "a connection checked out of a pool is passed as `&mut *conn`",
-    note = "the async API runs on `AsyncPgConnection`, `AsyncMysqlConnection` (feature `async-mysql`) and `SyncConnectionWrapper<SqliteConnection>`; a bb8 `PooledConnection` or a deadpool `Object` is the pool's guard around one, so pass `&mut *conn`",
+    note = "the async API runs on `AsyncPgConnection`, `AsyncMysqlConnection` (feature `async-mysql`) and `SyncConnectionWrapper<SqliteConnection>`",
+    note = "if this is a pool's guard (a bb8 `PooledConnection`, a deadpool `Object`), pass the connection inside it: `&mut *conn`",
     note = "a blocking diesel connection takes the blocking API: `use diesel_occ::prelude::*`"
 )]
 pub trait NativeAsyncConnection: AsyncConnection {}
