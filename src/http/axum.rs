@@ -141,9 +141,10 @@ impl<T: Guarded + Serialize> IntoResponse for Tagged<T> {
 
 /// The body of an HTTP `PATCH` of a JSON document, by its `Content-Type` (RFC 5789):
 /// an RFC 7396 merge patch or an RFC 6902 JSON Patch. Refused before the handler runs
-/// with a problem: 415 for another media type or none (the body's `accept_patch` names
-/// the two), 400 for a body that is not JSON or operations that do not parse, 422 for a
-/// merge patch that is not an object (it would replace the whole document).
+/// with a problem: 415 for another media type or none (naming the two in its
+/// `Accept-Patch` header and the body's `accept_patch`), 400 for a body that is not JSON
+/// or operations that do not parse, 422 for a merge patch that is not an object (it would
+/// replace the whole document).
 #[derive(Debug, Clone, PartialEq)]
 pub enum PatchBody {
     /// `application/merge-patch+json`: a JSON object; `null` deletes a key.
@@ -156,65 +157,85 @@ pub enum PatchBody {
 const ACCEPT_PATCH: &str = "application/merge-patch+json, application/json-patch+json";
 
 impl<S: Send + Sync> FromRequest<S> for PatchBody {
-    type Rejection = Problem;
+    type Rejection = PatchRefused;
 
-    async fn from_request(request: Request, state: &S) -> Result<Self, Problem> {
-        let media_type = request
-            .headers()
-            .get(CONTENT_TYPE)
-            .and_then(|value| value.to_str().ok())
-            .and_then(|value| value.split(';').next())
-            .map(|value| value.trim().to_ascii_lowercase());
-        let merge = match media_type.as_deref() {
-            Some("application/merge-patch+json") => true,
-            Some("application/json-patch+json") => false,
-            other => {
-                let sent = other.map_or("no Content-Type".into(), |t| format!("type {t:?}"));
-                let mut problem = Problem::new(
-                    StatusCode::UNSUPPORTED_MEDIA_TYPE,
-                    "unsupported-patch",
-                    format!("a PATCH body with {sent}: send {ACCEPT_PATCH}"),
-                );
-                problem
-                    .extensions
-                    .insert("accept_patch".into(), ACCEPT_PATCH.into());
-                return Err(problem);
-            }
-        };
-        let text = String::from_request(request, state)
-            .await
-            .map_err(|e| Problem::new(e.status(), "unreadable-body", e.body_text()))?;
-        let body: Value = serde_json::from_str(&text).map_err(|e| {
-            Problem::new(
-                StatusCode::BAD_REQUEST,
-                "malformed-body",
-                format!("the body is not JSON: {e}"),
-            )
-        })?;
-        let unprocessable = |detail: String| {
-            Problem::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid-patch", detail)
-        };
-        if merge {
-            if !body.is_object() {
-                return Err(unprocessable(
-                    "a merge patch must be a JSON object (another value would replace the \
-                     whole document)"
-                        .into(),
-                ));
-            }
-            Ok(PatchBody::Merge(body))
-        } else {
-            // A body that is not a patch document is malformed (RFC 5789): 400.
-            serde_json::from_value(body)
-                .map(PatchBody::Operations)
-                .map_err(|e| {
-                    Problem::new(
-                        StatusCode::BAD_REQUEST,
-                        "malformed-body",
-                        format!("not a list of JSON Patch operations: {e}"),
-                    )
-                })
+    async fn from_request(request: Request, state: &S) -> Result<Self, PatchRefused> {
+        read_patch(request, state).await.map_err(PatchRefused)
+    }
+}
+
+/// A refused PATCH body: its problem, answered with an `Accept-Patch` header naming the
+/// patch formats taken (RFC 5789, 2.2).
+#[derive(Debug, Clone, PartialEq)]
+pub struct PatchRefused(pub Problem);
+
+impl IntoResponse for PatchRefused {
+    fn into_response(self) -> Response {
+        let mut response = self.0.into_response();
+        response.headers_mut().insert(
+            http::header::HeaderName::from_static("accept-patch"),
+            HeaderValue::from_static(ACCEPT_PATCH),
+        );
+        response
+    }
+}
+
+/// The PATCH body of `request`, by its media type, or the problem that refuses it.
+async fn read_patch<S: Send + Sync>(request: Request, state: &S) -> Result<PatchBody, Problem> {
+    let media_type = request
+        .headers()
+        .get(CONTENT_TYPE)
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| value.split(';').next())
+        .map(|value| value.trim().to_ascii_lowercase());
+    let merge = match media_type.as_deref() {
+        Some("application/merge-patch+json") => true,
+        Some("application/json-patch+json") => false,
+        other => {
+            let sent = other.map_or("no Content-Type".into(), |t| format!("type {t:?}"));
+            let mut problem = Problem::new(
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                "unsupported-patch",
+                format!("a PATCH body with {sent}: send {ACCEPT_PATCH}"),
+            );
+            problem
+                .extensions
+                .insert("accept_patch".into(), ACCEPT_PATCH.into());
+            return Err(problem);
         }
+    };
+    let text = String::from_request(request, state)
+        .await
+        .map_err(|e| Problem::new(e.status(), "unreadable-body", e.body_text()))?;
+    let body: Value = serde_json::from_str(&text).map_err(|e| {
+        Problem::new(
+            StatusCode::BAD_REQUEST,
+            "malformed-body",
+            format!("the body is not JSON: {e}"),
+        )
+    })?;
+    let unprocessable =
+        |detail: String| Problem::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid-patch", detail);
+    if merge {
+        if !body.is_object() {
+            return Err(unprocessable(
+                "a merge patch must be a JSON object (another value would replace the \
+                 whole document)"
+                    .into(),
+            ));
+        }
+        Ok(PatchBody::Merge(body))
+    } else {
+        // A body that is not a patch document is malformed (RFC 5789): 400.
+        serde_json::from_value(body)
+            .map(PatchBody::Operations)
+            .map_err(|e| {
+                Problem::new(
+                    StatusCode::BAD_REQUEST,
+                    "malformed-body",
+                    format!("not a list of JSON Patch operations: {e}"),
+                )
+            })
     }
 }
 

@@ -44,7 +44,7 @@ mod precondition;
 mod problem;
 
 #[cfg(feature = "axum")]
-pub use axum::{IfMatch, IfNoneMatch, PatchBody, Tagged};
+pub use axum::{IfMatch, IfNoneMatch, PatchBody, PatchRefused, Tagged};
 pub use etag::EntityTag;
 #[cfg(feature = "axum")]
 use precondition::check_precondition;

@@ -253,6 +253,7 @@ for_each_backend! {
             };
             let other_type = send("text/plain", "{}");
             assert_eq!(other_type.status(), StatusCode::UNSUPPORTED_MEDIA_TYPE);
+            assert_eq!(other_type.headers()["accept-patch"], format!("{MERGE}, {JSON_PATCH}").as_str());
             assert!(other_type.json::<Value>().unwrap()["accept_patch"].as_str().unwrap().contains(JSON_PATCH));
             assert_eq!(send(MERGE, "{not json").status(), StatusCode::BAD_REQUEST);
             assert_eq!(send(MERGE, "[1]").status(), StatusCode::UNPROCESSABLE_ENTITY);
