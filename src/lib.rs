@@ -169,6 +169,7 @@ mod operation;
 mod retry;
 mod sql;
 mod status;
+pub mod telemetry;
 mod write;
 
 #[cfg(feature = "async")]

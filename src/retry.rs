@@ -366,11 +366,9 @@ impl Run<'_> {
 
     /// This run with one attempt only, its failure handed back as it is (inside a
     /// transaction the caller opened, a retry could not undo the caller's earlier work).
-    pub(crate) fn only_once(self) -> Self {
-        Run {
-            max_attempts: 1,
-            ..self
-        }
+    pub(crate) fn only_once(mut self) -> Self {
+        self.max_attempts = 1;
+        self
     }
 
     /// After the current attempt stopped with `stop`: the wait before the next one (the
@@ -391,15 +389,24 @@ impl Run<'_> {
         if self.started.elapsed() + delay > policy.max_elapsed {
             return Err(exhausted(self.number, error).into());
         }
+        let retry = RetryEvent {
+            attempt: self.number,
+            error: &error,
+            delay,
+        };
+        crate::telemetry::retry(&retry);
         if let Some(hook) = &policy.hook {
-            hook(&RetryEvent {
-                attempt: self.number,
-                error: &error,
-                delay,
-            });
+            hook(&retry);
         }
         self.number += 1;
         Ok(delay)
+    }
+}
+
+/// However the run ends, how many attempts it made.
+impl Drop for Run<'_> {
+    fn drop(&mut self) {
+        crate::telemetry::attempts(self.number);
     }
 }
 
@@ -486,6 +493,7 @@ impl<E> From<diesel::result::Error> for Stop<E> {
 }
 
 fn exhausted(attempts: u32, last: Error) -> Error {
+    crate::telemetry::gave_up(attempts, &last);
     Error::RetriesExhausted {
         attempts,
         last: Box::new(last),

@@ -17,6 +17,10 @@ use crate::error::{retry_reason_of, RetryReason};
 
 /// A backend diesel-occ supports: SQLite, PostgreSQL and MySQL / MariaDB.
 pub trait OccBackend: Backend + Default {
+    /// The backend's name in OpenTelemetry's database conventions (`db.system`), for the
+    /// library's telemetry.
+    const DB_SYSTEM: &'static str;
+
     /// Appended to the `SELECT` that explains a miss inside a transaction, so that it reads
     /// the latest committed row (not the transaction's snapshot) and keeps it locked for the
     /// write that usually follows (the read that explains a miss).
@@ -248,6 +252,7 @@ where
 
 #[cfg(feature = "sqlite")]
 impl OccBackend for diesel::sqlite::Sqlite {
+    const DB_SYSTEM: &'static str = "sqlite";
     // SQLite has no row locks: a transaction whose snapshot is stale cannot write at all
     // (busy), so a plain read inside it is already the latest one it can act on.
     const LOCKING_READ: &'static str = "";
@@ -266,6 +271,7 @@ impl OccBackend for diesel::sqlite::Sqlite {
 
 #[cfg(feature = "postgres")]
 impl OccBackend for diesel::pg::Pg {
+    const DB_SYSTEM: &'static str = "postgresql";
     // The lock a non-key UPDATE takes. At READ COMMITTED it reads the latest row; at
     // REPEATABLE READ and SERIALIZABLE a row changed after the snapshot fails at once with
     // a serialization failure (retryable) instead of showing the snapshot's stale row.
@@ -295,6 +301,7 @@ impl OccBackend for diesel::pg::Pg {
 
 #[cfg(feature = "mysql")]
 impl OccBackend for diesel::mysql::Mysql {
+    const DB_SYSTEM: &'static str = "mysql";
     // A current read at every isolation level. `LOCK IN SHARE MODE` deadlocks at READ
     // COMMITTED when the caller then writes the row while another stale writer waits.
     const LOCKING_READ: &'static str = " FOR UPDATE";

@@ -190,6 +190,8 @@ where
     C: LoadConnection + WriteTransaction,
     C::Backend: OccBackend,
 {
+    type Backend = C::Backend;
+
     fn caller_transaction(&mut self) -> Result<bool, Error> {
         Ok(in_transaction(&mut self.0))
     }

@@ -198,6 +198,9 @@ pub(crate) enum Ended<T> {
 /// across its steps is, so the blocking API asks nothing of the caller's closures that
 /// it did not ask before.
 pub(crate) trait WriteAttempt: Sized {
+    /// The connection's backend.
+    type Backend: OccBackend;
+
     /// Refuses a connection an earlier cancelled call left inside a transaction; else
     /// whether a transaction (the caller's) is open on it.
     fn caller_transaction(&mut self) -> Result<bool, Error>;

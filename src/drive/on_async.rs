@@ -171,6 +171,8 @@ impl<C> WriteAttempt for C
 where
     C: BeginWrite,
 {
+    type Backend = C::Backend;
+
     fn caller_transaction(&mut self) -> Result<bool, Error> {
         refuse_broken(self)?;
         Ok(in_transaction(self))

@@ -11,11 +11,15 @@ use crate::flow::read_modify_write::{Effect, ReadModifyWrite};
 use crate::guard::{Guarded, TokenOf};
 use crate::operation::modify::Modified;
 use crate::retry::{RetryPolicy, Stop};
+use crate::telemetry::Call;
 
 /// What an attempt does with the row it read, inside its transaction: the row as
 /// written, its new token and the caller's value. A change of a copy of the row, an edit
 /// of its JSON document, the caller's operation and the advance of a version row.
 pub(crate) trait Step<T: Guarded, C, R, E> {
+    /// The operation's name in the telemetry (`db.operation`).
+    const OPERATION: &'static str;
+
     /// Applies the step to `original` on `conn`.
     fn apply<'a>(
         &'a mut self,
@@ -42,30 +46,40 @@ where
     S: Step<T, C, R, E>,
     E: From<Error>,
 {
-    let nested = attempts.caller_transaction()?;
-    let table = T::table_name();
-    let mut flow = ReadModifyWrite::new(policy, nested, A::FRESH_PER_ATTEMPT, table, key, suspects);
-    let mut effect = flow.start();
-    loop {
-        effect = match effect {
-            Effect::Begin => {
-                let attempt =
-                    async |conn: &mut C| run_attempt(conn, &mut flow, key, &mut step).await;
-                match attempts.attempt(attempt).await {
-                    Ok(next) => next,
-                    // No connection for the attempt: nothing began.
-                    Err(error) => flow.began(Err(error)),
-                }
+    let call = Call::new::<C::Backend>(S::OPERATION, T::table_name(), Some(key));
+    // The change's own error is the caller's; the library's shows in the retries' and
+    // the attempts' reports.
+    call.run_as(
+        async move {
+            let nested = attempts.caller_transaction()?;
+            let table = T::table_name();
+            let mut flow =
+                ReadModifyWrite::new(policy, nested, A::FRESH_PER_ATTEMPT, table, key, suspects);
+            let mut effect = flow.start();
+            loop {
+                effect = match effect {
+                    Effect::Begin => {
+                        let attempt =
+                            async |conn: &mut C| run_attempt(conn, &mut flow, key, &mut step).await;
+                        match attempts.attempt(attempt).await {
+                            Ok(next) => next,
+                            // No connection for the attempt: nothing began.
+                            Err(error) => flow.began(Err(error)),
+                        }
+                    }
+                    Effect::Pause(pause) => {
+                        attempts.pause(pause).await;
+                        flow.paused()
+                    }
+                    Effect::Done => break,
+                    other => unreachable!("{other:?} is run inside an attempt"),
+                };
             }
-            Effect::Pause(pause) => {
-                attempts.pause(pause).await;
-                flow.paused()
-            }
-            Effect::Done => break,
-            other => unreachable!("{other:?} is run inside an attempt"),
-        };
-    }
-    Ok(Modified::of(flow.outcome()?))
+            Ok(Modified::of(flow.outcome()?))
+        },
+        |_| None,
+    )
+    .await
 }
 
 /// One attempt of `flow` on `conn`, from its `BEGIN` to its `COMMIT` or `ROLLBACK`: the

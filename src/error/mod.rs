@@ -531,6 +531,66 @@ impl Error {
         Error::Pool(source.into())
     }
 
+    /// A short name of what this error is (`"conflict"`, `"not_found"`,
+    /// `"retries_exhausted"`, ...): the `outcome` of the library's telemetry, stable across
+    /// releases, fit for a log field or a metric label.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            #[cfg(feature = "http")]
+            Error::Precondition(_) => "precondition",
+            Error::NotFound { .. } => "not_found",
+            Error::Conflict(_) => "conflict",
+            Error::AlreadyExists { .. } => "already_exists",
+            Error::InvalidTransition(_) => "invalid_transition",
+            Error::LockHeld { .. } => "lock_held",
+            Error::LockLost { .. } => "lock_lost",
+            Error::StaleFence { .. } => "stale_fence",
+            Error::RetriesExhausted { .. } => "retries_exhausted",
+            Error::Retryable { .. } => "retryable",
+            Error::Ambiguous { .. } => "ambiguous",
+            Error::VersionOverflow { .. } => "version_overflow",
+            Error::KeyNotUnique { .. } => "key_not_unique",
+            Error::Refused { .. } => "refused",
+            Error::ChangesetAssignsGuard { .. } => "changeset_assigns_guard",
+            Error::NotExcluded { .. } => "not_excluded",
+            Error::StatusNotWritable { .. } => "status_not_writable",
+            Error::InvalidData { .. } => "invalid_data",
+            Error::InvalidPatch { .. } => "invalid_patch",
+            Error::InvalidName { .. } => "invalid_name",
+            Error::InvalidSetting { .. } => "invalid_setting",
+            Error::SchemaMismatch { .. } => "schema_mismatch",
+            Error::MissingTable { .. } => "missing_table",
+            Error::ReadOnly { .. } => "read_only",
+            Error::Migration(_) => "migration",
+            Error::Database(_) => "database",
+            Error::Connection(_) => "connection",
+            Error::Pool(_) => "pool",
+            Error::Json(_) => "json",
+        }
+    }
+
+    /// Whether this error says the database or the network failed the call (a lost
+    /// connection, no pooled connection, retries that ran out, stored data that cannot
+    /// be read), rather than what the rows are (a conflict, a missing row, a held lock):
+    /// what an operator is told of, at the `WARN` level of the library's telemetry.
+    #[cfg_attr(not(feature = "tracing"), allow(dead_code))]
+    pub(crate) fn is_trouble(&self) -> bool {
+        matches!(
+            self,
+            Error::RetriesExhausted { .. }
+                | Error::Ambiguous { .. }
+                | Error::KeyNotUnique { .. }
+                | Error::InvalidData { .. }
+                | Error::SchemaMismatch { .. }
+                | Error::MissingTable { .. }
+                | Error::ReadOnly { .. }
+                | Error::Migration(_)
+                | Error::Database(_)
+                | Error::Connection(_)
+                | Error::Pool(_)
+        )
+    }
+
     /// True when running the whole operation again from its first read may succeed:
     /// a conflict or a transient database refusal. Never true for [`Error::Ambiguous`].
     pub fn is_retryable(&self) -> bool {

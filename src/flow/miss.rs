@@ -80,13 +80,17 @@ impl<'k, T: Guarded> RowMoved<'k, T> {
         };
         let token = current.token();
         match self.expected {
-            Some(expected) if token != *expected => Error::Conflict(Box::new(Conflict::new(
-                table,
-                format!("{key:?}"),
-                T::Guard::describe(expected),
-                T::Guard::describe(&token),
-                current,
-            ))),
+            Some(expected) if token != *expected => {
+                let conflict = Conflict::new(
+                    table,
+                    format!("{key:?}"),
+                    T::Guard::describe(expected),
+                    T::Guard::describe(&token),
+                    current,
+                );
+                crate::telemetry::conflict(&conflict);
+                Error::Conflict(Box::new(conflict))
+            }
             None if (self.at_end)(&token) => Error::VersionOverflow {
                 table,
                 key: format!("{key:?}"),

@@ -162,6 +162,8 @@ where
     Col: Column,
     F: FnMut(&mut Value) -> Result<R, E>,
 {
+    const OPERATION: &'static str = "edit_json";
+
     async fn apply<'a>(
         &'a mut self,
         conn: &'a mut C,

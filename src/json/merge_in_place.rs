@@ -47,6 +47,7 @@ use crate::json::document::{JsonDocument, Place};
 use crate::operation::{JsonMerge, JsonMergeNoToken, Operation, Run};
 use crate::sql::new_token::Counted;
 use crate::sql::statement::{Assignments, Unguarded};
+use crate::telemetry::Call;
 use crate::write::entity::{key_write, token_read_back, write_key_statement, KeyWriteOf};
 
 /// `"col" = <the document of "col" merged with ?patch>`, in the backend's SQL.
@@ -364,20 +365,26 @@ where
     MergeInPlaceOf<T, Col>: Assignments<C::Backend> + Send,
     for<'k> Done: RunOn<C, MergeInPlaceOf<T, Col>, RowMoved<'k, T>, TokenOf<T>>,
 {
-    let table = T::table_name();
-    Place::<T, Col>::new(table, key).check_merge_patch(patch)?;
-    conn.refuse_broken()?;
-    let merge = async |conn: &mut C| {
-        let miss = RowMoved::<T>::advancing_any(key, T::Guard::at_end);
-        let changes = MergePatch::<Col>::new(patch.clone());
-        let statement = key_write::<T, C::Backend, _, _>(table, key, changes, Unguarded, 0);
-        write_key_statement::<Done, T, C, _, _>(conn, key, statement, miss).await
-    };
-    let mut runs = KeyWriteRuns::default();
-    loop {
-        let answer = conn.call(merge).await;
-        if !runs.again(&answer) {
-            return answer;
-        }
-    }
+    let call = Call::new::<C::Backend>("merge_json_in_place", T::table_name(), Some(key));
+    let answer = call
+        .run(async move {
+            let table = T::table_name();
+            Place::<T, Col>::new(table, key).check_merge_patch(patch)?;
+            conn.refuse_broken()?;
+            let merge = async |conn: &mut C| {
+                let miss = RowMoved::<T>::advancing_any(key, T::Guard::at_end);
+                let changes = MergePatch::<Col>::new(patch.clone());
+                let statement = key_write::<T, C::Backend, _, _>(table, key, changes, Unguarded, 0);
+                write_key_statement::<Done, T, C, _, _>(conn, key, statement, miss).await
+            };
+            let mut runs = KeyWriteRuns::default();
+            loop {
+                let answer = conn.call(merge).await;
+                if !runs.again(&answer) {
+                    return answer;
+                }
+            }
+        })
+        .await;
+    answer
 }

@@ -71,7 +71,7 @@ pub(crate) async fn campaign<I: CampaignIo>(mut io: I, timing: ElectionTiming) {
         let renewal = I::renewal(&guard);
         let fence = renewal.fence;
         io.terms().begin(renewal.belief(), fence);
-        io.report(LeaderEvent::Elected { fence });
+        report(&io, &renewal, LeaderEvent::Elected { fence });
         let loss = Loss::new();
         let mut job = io.start_job(renewal.held(Arc::clone(&loss)), fence);
         let mut guard = Some(guard);
@@ -82,7 +82,7 @@ pub(crate) async fn campaign<I: CampaignIo>(mut io: I, timing: ElectionTiming) {
                     renewal.end();
                     io.terms().end();
                 }
-                Closing::Report(event) => io.report(event),
+                Closing::Report(event) => report(&io, &renewal, event),
                 Closing::TellJob(why) => loss.set(why),
                 Closing::AwaitJob => {
                     if let Some(job) = job.take() {
@@ -103,4 +103,10 @@ pub(crate) async fn campaign<I: CampaignIo>(mut io: I, timing: ElectionTiming) {
             }
         }
     }
+}
+
+/// Tells the application, and the telemetry, what happened to the term of `renewal`.
+fn report<I: CampaignIo>(io: &I, renewal: &I::Renewal, event: LeaderEvent) {
+    crate::telemetry::leadership(&renewal.key, &event);
+    io.report(event);
 }

@@ -70,10 +70,17 @@ pub(crate) async fn keep_renewing<R: Renews>(
         if stop.stopped_after(pause).await {
             return None;
         }
-        match next_renewal(renewal.renew_lease().await, renewal.is_held(), interval) {
+        let renewed = renewal.renew_lease().await;
+        // A renewal that found the lock taken has reported the loss; one given up by the
+        // local deadline is reported here.
+        let unreported = !matches!(renewed, Err(Error::LockLost { .. }));
+        match next_renewal(renewed, renewal.is_held(), interval) {
             Ok(next) => pause = next,
             Err(why) => {
                 renewal.end();
+                if unreported {
+                    crate::telemetry::lock_lost(&renewal.key, &why);
+                }
                 return Some(why);
             }
         }

@@ -120,6 +120,18 @@ impl LockKey {
         format!("{}/{}", self.name, self.resource)
     }
 
+    /// The lock's name without its resource: a label of bounded cardinality.
+    #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
+    pub(crate) fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// `name/resource` as a value to format, for reports that may not be formatted at
+    /// all (the telemetry's, without a subscriber).
+    pub(crate) fn shown(&self) -> ShownKey<'_> {
+        ShownKey(self)
+    }
+
     /// `lock_name = ? AND resource = ?`.
     fn predicate(&self) -> KeyOf {
         Joined(
@@ -256,6 +268,21 @@ pub(crate) fn release_statement(key: &LockKey, holder: &str, fence: i64) -> Rele
     )
 }
 
+/// A lock's `name/resource`, formatted only when shown.
+pub(crate) struct ShownKey<'k>(&'k LockKey);
+
+impl std::fmt::Display for ShownKey<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.0.name, self.0.resource)
+    }
+}
+
+impl std::fmt::Debug for ShownKey<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Display::fmt(self, f)
+    }
+}
+
 /// A lock's write, with what it needs beyond the lock's key and the holder.
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum LockStep<'a> {
@@ -271,6 +298,29 @@ pub(crate) enum LockStep<'a> {
 }
 
 impl LockStep<'_> {
+    /// The step's name in the telemetry (`db.operation`).
+    pub(crate) fn operation(&self) -> &'static str {
+        match self {
+            LockStep::Acquire { .. } => "lock.acquire",
+            LockStep::Renew { .. } => "lock.renew",
+            LockStep::Release { .. } => "lock.release",
+        }
+    }
+
+    /// Reports what the step answered: a grant, a lock held by another, a loss, a release.
+    pub(crate) fn report(&self, key: &LockKey, answer: &Result<i64, Error>) {
+        use crate::telemetry as t;
+        match (self, answer) {
+            (LockStep::Acquire { ttl, .. }, Ok(fence)) => t::lock_granted(key, *fence, *ttl),
+            (LockStep::Release { fence }, Ok(_)) => t::lock_released(key, *fence),
+            (_, Err(Error::LockHeld { holder, until, .. })) => {
+                t::lock_busy(key, holder.as_deref(), until.as_deref())
+            }
+            (_, Err(Error::LockLost { why, .. })) => t::lock_lost(key, why),
+            _ => {}
+        }
+    }
+
     /// Which write this is, for the flow that orders its statements.
     pub(crate) fn write(&self) -> LockWrite {
         match self {

@@ -20,6 +20,7 @@ use crate::drive::{now, Blocking, Body, Io, QueryOn, RunOn};
 use crate::error::Error;
 use crate::flow::lock_transaction::{Effect, LockTransaction};
 use crate::sql::new_token::{Counted, ReturnedBy};
+use crate::telemetry::Call;
 
 /// A connection a lock's transaction runs on.
 pub(crate) trait LockIo: Io<Backend: LockBackend> {
@@ -123,74 +124,87 @@ where
     for<'k> Counted:
         RunOn<C, RenewLock, LeaseLost<'k>, i64> + RunOn<C, ReleaseLock, LeaseLost<'k>, i64>,
 {
-    conn.refuse_broken()?;
-    let mut flow = LockTransaction::new(step.write(), facts::<C::Backend>());
-    let confirms = flow.confirms_grant();
-    // The bound's setting inside the transaction, before the lock's statements.
-    let inside = C::Backend::wait_bounds(wait).inside;
-    conn.call(async |conn: &mut C| {
-        let mut statements = async |conn: &mut C| {
-            let mut effect = flow.begun();
-            loop {
-                effect = match effect {
-                    Effect::ReadRow => {
-                        let row = first(key.locked_row(), conn).await;
-                        flow.read_row(classified(conn, row).await?.is_some())
+    let call = Call::new::<C::Backend>(step.operation(), "occ_locks", Some(&key.shown()));
+    let answer = call
+        .run(async move {
+            conn.refuse_broken()?;
+            let mut flow = LockTransaction::new(step.write(), facts::<C::Backend>());
+            let confirms = flow.confirms_grant();
+            // The bound's setting inside the transaction, before the lock's statements.
+            let inside = C::Backend::wait_bounds(wait).inside;
+            conn.call(async |conn: &mut C| {
+                let mut statements = async |conn: &mut C| {
+                    let mut effect = flow.begun();
+                    loop {
+                        effect = match effect {
+                            Effect::ReadRow => {
+                                let row = first(key.locked_row(), conn).await;
+                                flow.read_row(classified(conn, row).await?.is_some())
+                            }
+                            Effect::CreateRow => {
+                                <Counted as RunOn<C, _, _, i64>>::run(
+                                    conn,
+                                    create_write(key),
+                                    true,
+                                )
+                                .await?;
+                                flow.created_row()
+                            }
+                            Effect::DrawFence => {
+                                conn.draw_fence().await?;
+                                flow.drew_fence()
+                            }
+                            Effect::Write => break,
+                        }
                     }
-                    Effect::CreateRow => {
-                        <Counted as RunOn<C, _, _, i64>>::run(conn, create_write(key), true)
-                            .await?;
-                        flow.created_row()
+                    match step {
+                        LockStep::Acquire { label, ttl } => {
+                            let write = acquire_write(key, holder, label, ttl);
+                            <ReturnedBy<occ_locks::fence> as RunOn<C, _, _, i64>>::run(
+                                conn, write, true,
+                            )
+                            .await?
+                            .token
+                            .ok_or_else(fence_not_read_back)
+                        }
+                        LockStep::Renew { fence, ttl } => {
+                            let write = renew_write(key, holder, fence, ttl);
+                            <Counted as RunOn<C, _, _, i64>>::run(conn, write, true).await?;
+                            Ok(fence)
+                        }
+                        LockStep::Release { fence } => {
+                            let write = release_write(key, holder, fence);
+                            <Counted as RunOn<C, _, _, i64>>::run(conn, write, true).await?;
+                            Ok(fence)
+                        }
                     }
-                    Effect::DrawFence => {
-                        conn.draw_fence().await?;
-                        flow.drew_fence()
-                    }
-                    Effect::Write => break,
+                };
+                // The errors of its statements (the setting's too: PostgreSQL reports a bound
+                // that fired as a statement was ending on the next one) as the lock reports them,
+                // before the `COMMIT`: a failed `COMMIT` is judged as every transaction's (it may
+                // have landed).
+                let sent = async |conn: &mut C| {
+                    let sent = match conn.setting(inside.as_deref()).await {
+                        Ok(()) => statements(conn).await,
+                        Err(e) => Err(e),
+                    };
+                    sent.map_err(C::Backend::bounded_error)
+                };
+                let fence = conn.bounded(wait, sent).await?;
+                if confirms {
+                    // Read back after the `COMMIT`: one plain read, which sees this session's own
+                    // commit. Lost, it leaves a grant whose `COMMIT` answered unconfirmed.
+                    let row = first(key.owner_read(), conn).await;
+                    let row = classified(conn, row).await.map_err(unconfirmed)?;
+                    grant_in_row(key, holder, fence, row)?;
                 }
-            }
-            match step {
-                LockStep::Acquire { label, ttl } => {
-                    let write = acquire_write(key, holder, label, ttl);
-                    <ReturnedBy<occ_locks::fence> as RunOn<C, _, _, i64>>::run(conn, write, true)
-                        .await?
-                        .token
-                        .ok_or_else(fence_not_read_back)
-                }
-                LockStep::Renew { fence, ttl } => {
-                    let write = renew_write(key, holder, fence, ttl);
-                    <Counted as RunOn<C, _, _, i64>>::run(conn, write, true).await?;
-                    Ok(fence)
-                }
-                LockStep::Release { fence } => {
-                    let write = release_write(key, holder, fence);
-                    <Counted as RunOn<C, _, _, i64>>::run(conn, write, true).await?;
-                    Ok(fence)
-                }
-            }
-        };
-        // The errors of its statements (the setting's too: PostgreSQL reports a bound
-        // that fired as a statement was ending on the next one) as the lock reports them,
-        // before the `COMMIT`: a failed `COMMIT` is judged as every transaction's (it may
-        // have landed).
-        let sent = async |conn: &mut C| {
-            let sent = match conn.setting(inside.as_deref()).await {
-                Ok(()) => statements(conn).await,
-                Err(e) => Err(e),
-            };
-            sent.map_err(C::Backend::bounded_error)
-        };
-        let fence = conn.bounded(wait, sent).await?;
-        if confirms {
-            // Read back after the `COMMIT`: one plain read, which sees this session's own
-            // commit. Lost, it leaves a grant whose `COMMIT` answered unconfirmed.
-            let row = first(key.owner_read(), conn).await;
-            let row = classified(conn, row).await.map_err(unconfirmed)?;
-            grant_in_row(key, holder, fence, row)?;
-        }
-        Ok(fence)
-    })
-    .await
+                Ok(fence)
+            })
+            .await
+        })
+        .await;
+    step.report(key, &answer);
+    answer
 }
 
 /// A grant's read-back that failed: its `COMMIT` answered, so the grant may stand (it

@@ -70,6 +70,7 @@ use crate::status::claim_in_one::{claim_in_one, ClaimInOneOf, ClaimInOneUpdateOf
 use crate::status::claim_retry::retried;
 use crate::status::claimable_rows::ClaimableRows;
 use crate::status::finish_claims::{EndingOf, FinishClaims};
+use crate::telemetry::Call;
 use crate::write::bulk::BulkUpdateOf;
 
 use crate::drive::blocking::executor::{classify, Miss};
@@ -535,33 +536,45 @@ where
         diesel::query_dsl::methods::SelectDsl<OwnerCol>,
     OwnersOf<T, OwnerCol>: QueryOn<C, Option<String>> + Send,
 {
-    crate::sql::names::check_name("owner", request.owner)?;
-    if request.limit == 0 {
-        return Ok(Vec::new());
-    }
-    conn.refuse_broken()?;
-    if C::Backend::RETURNING {
-        T::check_stored_precision(conn).await?;
-        let claim =
-            claim_in_one::<T, OwnerCol, AtCol, C::Backend>(T::table_name(), request, filter)?;
-        return conn
-            .protect_caller(false, async |conn: &mut C| claim.load_on(conn).await)
-            .await;
-    }
-    conn.own_transaction(async |conn: &mut C| {
-        let query = claim_query::<T, AtCol, C::Backend>(request, filter);
-        let waiting: Vec<T> = match query.load_on(conn).await {
-            Ok(rows) => rows,
-            Err(e) => return Err(conn.classify(e).await),
-        };
-        let rows = write_locked(conn, &waiting, request.to, |keys| {
-            claim_update::<T, OwnerCol, AtCol, _>(request, keys)
+    let call = Call::new::<C::Backend>("claim", T::table_name(), None);
+    let answer = call
+        .run(async move {
+            crate::sql::names::check_name("owner", request.owner)?;
+            if request.limit == 0 {
+                return Ok(Vec::new());
+            }
+            conn.refuse_broken()?;
+            if C::Backend::RETURNING {
+                T::check_stored_precision(conn).await?;
+                let claim = claim_in_one::<T, OwnerCol, AtCol, C::Backend>(
+                    T::table_name(),
+                    request,
+                    filter,
+                )?;
+                return conn
+                    .protect_caller(false, async |conn: &mut C| claim.load_on(conn).await)
+                    .await;
+            }
+            conn.own_transaction(async |conn: &mut C| {
+                let query = claim_query::<T, AtCol, C::Backend>(request, filter);
+                let waiting: Vec<T> = match query.load_on(conn).await {
+                    Ok(rows) => rows,
+                    Err(e) => return Err(conn.classify(e).await),
+                };
+                let rows = write_locked(conn, &waiting, request.to, |keys| {
+                    claim_update::<T, OwnerCol, AtCol, _>(request, keys)
+                })
+                .await?;
+                check_claimed_by::<T, C, OwnerCol>(conn, &rows, request.owner).await?;
+                Ok(rows)
+            })
+            .await
         })
-        .await?;
-        check_claimed_by::<T, C, OwnerCol>(conn, &rows, request.owner).await?;
-        Ok(rows)
-    })
-    .await
+        .await;
+    if let Ok(rows) = &answer {
+        crate::telemetry::claimed(T::table_name(), request.owner, rows.len());
+    }
+    answer
 }
 
 /// The read of up to `request.limit` rows `request` may claim, locked, skipping rows other
@@ -905,19 +918,25 @@ where
     OwnerCol: Column<Table = T::Table, SqlType = Nullable<Text>>,
     for<'k> Counted: RunOn<C, FinishOf<T, OwnerCol>, ClaimLost<'k, T>, ()>,
 {
-    check_owners(owner, next_owner)?;
-    conn.refuse_broken()?;
-    let table = T::table_name();
-    conn.call(async |conn: &mut C| {
-        T::check_stored_precision(conn).await?;
-        let statement = finish_statement::<T, OwnerCol>(key, owner, held, to, next_owner);
-        let miss = ClaimLost::<T> { key, owner, held };
-        let write = CompareAndSet::one(statement, table, key, miss);
-        <Counted as RunOn<C, _, _, ()>>::run(conn, write, false)
+    let call = Call::new::<C::Backend>("finish_claim", T::table_name(), Some(key));
+    let answer = call
+        .run(async move {
+            check_owners(owner, next_owner)?;
+            conn.refuse_broken()?;
+            let table = T::table_name();
+            conn.call(async |conn: &mut C| {
+                T::check_stored_precision(conn).await?;
+                let statement = finish_statement::<T, OwnerCol>(key, owner, held, to, next_owner);
+                let miss = ClaimLost::<T> { key, owner, held };
+                let write = CompareAndSet::one(statement, table, key, miss);
+                <Counted as RunOn<C, _, _, ()>>::run(conn, write, false)
+                    .await
+                    .map(drop)
+            })
             .await
-            .map(drop)
-    })
-    .await
+        })
+        .await;
+    answer
 }
 
 #[cfg(test)]

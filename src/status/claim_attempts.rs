@@ -32,6 +32,7 @@ use crate::status::claim::{
 };
 use crate::status::claim_filter::ClaimFilter;
 use crate::status::claimable_rows::ClaimableRows;
+use crate::telemetry::Call;
 use crate::write::bulk::BulkUpdateOf;
 
 /// How many times a row may be claimed, and where it goes when it was claimed that often.
@@ -164,34 +165,45 @@ where
         diesel::query_dsl::methods::SelectDsl<OwnerCol>,
     OwnersOf<T, OwnerCol>: QueryOn<C, Option<String>> + Send,
 {
-    crate::sql::names::check_name("owner", request.owner)?;
-    check_limit(request, limit)?;
-    if request.limit == 0 {
-        return Ok(nothing_claimed());
+    let call = Call::new::<C::Backend>("claim_counted", T::table_name(), None);
+    let answer = call
+        .run(async move {
+            crate::sql::names::check_name("owner", request.owner)?;
+            check_limit(request, limit)?;
+            if request.limit == 0 {
+                return Ok(nothing_claimed());
+            }
+            conn.refuse_broken()?;
+            conn.own_transaction(async |conn: &mut C| {
+                let query =
+                    counted_claim_query::<T, AtCol, AttemptsCol, C::Backend>(request, filter);
+                let waiting: Vec<(T, i32)> = match query.load_on(conn).await {
+                    Ok(rows) => rows,
+                    Err(e) => return Err(conn.classify(e).await),
+                };
+                let (spent, fresh) = split_spent(waiting, limit);
+                let parked = write_locked(conn, &spent, limit.park_in, |keys| {
+                    park_statement::<T, OwnerCol>(limit.park_in, keys)
+                })
+                .await?;
+                let rows = write_locked(conn, &fresh, request.to, |keys| {
+                    hand_over_statement::<T, OwnerCol, AtCol, AttemptsCol>(request, keys)
+                })
+                .await?;
+                // Only where a cluster node can roll a transaction back unseen (MySQL: Galera).
+                if !C::Backend::RETURNING {
+                    check_claimed_by::<T, C, OwnerCol>(conn, &rows, request.owner).await?;
+                }
+                Ok(Claimed { rows, parked })
+            })
+            .await
+        })
+        .await;
+    if let Ok(claimed) = &answer {
+        crate::telemetry::claimed(T::table_name(), request.owner, claimed.rows.len());
+        crate::telemetry::parked(T::table_name(), request.owner, claimed.parked.len());
     }
-    conn.refuse_broken()?;
-    conn.own_transaction(async |conn: &mut C| {
-        let query = counted_claim_query::<T, AtCol, AttemptsCol, C::Backend>(request, filter);
-        let waiting: Vec<(T, i32)> = match query.load_on(conn).await {
-            Ok(rows) => rows,
-            Err(e) => return Err(conn.classify(e).await),
-        };
-        let (spent, fresh) = split_spent(waiting, limit);
-        let parked = write_locked(conn, &spent, limit.park_in, |keys| {
-            park_statement::<T, OwnerCol>(limit.park_in, keys)
-        })
-        .await?;
-        let rows = write_locked(conn, &fresh, request.to, |keys| {
-            hand_over_statement::<T, OwnerCol, AtCol, AttemptsCol>(request, keys)
-        })
-        .await?;
-        // Only where a cluster node can roll a transaction back unseen (MySQL: Galera).
-        if !C::Backend::RETURNING {
-            check_claimed_by::<T, C, OwnerCol>(conn, &rows, request.owner).await?;
-        }
-        Ok(Claimed { rows, parked })
-    })
-    .await
+    answer
 }
 
 /// The read of up to `request.limit` rows `request` may claim with their attempt counts,

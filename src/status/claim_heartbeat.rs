@@ -26,6 +26,7 @@ use crate::guard::AdvanceInSql;
 use crate::sql::new_token::Counted;
 use crate::sql::statement::{Assignments, Comma, Joined};
 use crate::status::claim::{held_by, HeldBy};
+use crate::telemetry::Call;
 use crate::write::entity::KeyWriteOf;
 
 /// `UPDATE ... SET claimed_at = <database now>, <token advanced> WHERE <key> AND status =
@@ -98,25 +99,34 @@ where
     AtCol: Column<Table = T::Table>,
     for<'k> Counted: RunOn<C, HeartbeatOf<T, OwnerCol, AtCol>, ClaimLost<'k, T>, ()>,
 {
-    crate::sql::names::check_name("owner", owner)?;
-    conn.refuse_broken()?;
-    T::check_stored_precision(conn).await?;
-    let table = T::table_name();
-    conn.own_transaction(async |conn: &mut C| {
-        if let Err(e) = T::load_by_key(conn, key).await {
-            return Err(conn.classify(e).await);
-        }
-        let statement = heartbeat_statement::<T, OwnerCol, AtCol>(key, owner, held);
-        let miss = ClaimLost::<T> { key, owner, held };
-        let write = CompareAndSet::one(statement, table, key, miss);
-        <Counted as RunOn<C, _, _, ()>>::run(conn, write, true).await?;
-        match T::load_by_key(conn, key).await {
-            Ok(Some(row)) => Ok(row),
-            Ok(None) => Err(RowMoved::<T>::any(key).given_in(table, None)),
-            Err(e) => Err(conn.classify(e).await),
-        }
-    })
-    .await
+    let call = Call::new::<C::Backend>("extend_claim", T::table_name(), Some(key));
+    let answer = call
+        .run(async move {
+            crate::sql::names::check_name("owner", owner)?;
+            conn.refuse_broken()?;
+            T::check_stored_precision(conn).await?;
+            let table = T::table_name();
+            conn.own_transaction(async |conn: &mut C| {
+                if let Err(e) = T::load_by_key(conn, key).await {
+                    return Err(conn.classify(e).await);
+                }
+                let statement = heartbeat_statement::<T, OwnerCol, AtCol>(key, owner, held);
+                let miss = ClaimLost::<T> { key, owner, held };
+                let write = CompareAndSet::one(statement, table, key, miss);
+                <Counted as RunOn<C, _, _, ()>>::run(conn, write, true).await?;
+                match T::load_by_key(conn, key).await {
+                    Ok(Some(row)) => Ok(row),
+                    Ok(None) => Err(RowMoved::<T>::any(key).given_in(table, None)),
+                    Err(e) => Err(conn.classify(e).await),
+                }
+            })
+            .await
+        })
+        .await;
+    if answer.is_ok() {
+        crate::telemetry::claim_heartbeat(T::table_name(), owner, 1);
+    }
+    answer
 }
 
 /// The heartbeat of `owner`'s claim on the row with `key` (in state `held`).

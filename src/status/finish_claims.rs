@@ -38,6 +38,7 @@ use crate::sql::statement::{Assignments, Returning};
 use crate::status::claim::{
     check_owners, end_claim, finish_where, FinishClaim, FinishOf, FinishWhere,
 };
+use crate::telemetry::Call;
 
 /// The owner-checked end of the claims on the rows of many keys.
 pub(crate) type FinishManyOf<T, OwnerCol> = FinishWhere<T, OwnerCol, <T as Guarded>::KeysPredicate>;
@@ -141,55 +142,65 @@ where
     FinishManyReturningOf<T, OwnerCol>: QueryOn<C, T::Key> + Send,
     for<'k> Counted: RunOn<C, FinishOf<T, OwnerCol>, ClaimLost<'k, T>, ()>,
 {
-    check_owners(owner, next_owner)?;
-    let statement =
-        |keys: &[T::Key]| finish_many_statement::<T, OwnerCol>(keys, owner, held, to, next_owner);
-    let table = T::table_name();
-    let returning = C::Backend::RETURNING;
-    let in_callers = conn.in_transaction();
-    let mut flow = Flow::<T>::new(keys, table, (owner, held), returning, in_callers);
-    let mut effect = flow.start();
-    loop {
-        effect = match effect {
-            Effect::Check(key) => {
-                conn.refuse_broken()?;
-                let checked = conn
-                    .call(async |conn: &mut C| T::check_stored_precision(conn).await)
-                    .await;
-                flow.checked(
-                    checked.and_then(|()| refuse_double_assignment(table, &statement(&[key]))),
-                )
+    let call = Call::new::<C::Backend>("finish_claims", T::table_name(), None);
+    let answer = call
+        .run(async move {
+            check_owners(owner, next_owner)?;
+            let statement = |keys: &[T::Key]| {
+                finish_many_statement::<T, OwnerCol>(keys, owner, held, to, next_owner)
+            };
+            let table = T::table_name();
+            let returning = C::Backend::RETURNING;
+            let in_callers = conn.in_transaction();
+            let mut flow = Flow::<T>::new(keys, table, (owner, held), returning, in_callers);
+            let mut effect = flow.start();
+            loop {
+                effect = match effect {
+                    Effect::Check(key) => {
+                        conn.refuse_broken()?;
+                        let checked = conn
+                            .call(async |conn: &mut C| T::check_stored_precision(conn).await)
+                            .await;
+                        flow.checked(
+                            checked
+                                .and_then(|()| refuse_double_assignment(table, &statement(&[key]))),
+                        )
+                    }
+                    Effect::SendReturning(chunk) => {
+                        let key_columns = diesel::Table::primary_key(&T::table());
+                        let returning = Returning::new(statement(&chunk), key_columns);
+                        let sent = conn
+                            .protect_caller(false, async |conn: &mut C| {
+                                returning.load_on(conn).await
+                            })
+                            .await;
+                        flow.returned(sent)
+                    }
+                    Effect::LookUp(key) => {
+                        let row = match T::load_by_key(conn, &key).await {
+                            Ok(row) => Ok(row),
+                            Err(e) => Err(conn.classify(e).await),
+                        };
+                        flow.looked_up(row)
+                    }
+                    Effect::SendAllOrNothing(chunk) => {
+                        let keys = chunk.len();
+                        flow.all_or_nothing(every_claim_ended(conn, statement(&chunk), keys).await)
+                    }
+                    Effect::EndAlone(key) => {
+                        let ending = (owner, held, to, next_owner);
+                        flow.ended_alone(end_claim::<T, C, OwnerCol>(conn, &key, ending).await)
+                    }
+                    Effect::Pause(pause) => {
+                        conn.pause(pause).await;
+                        flow.paused()
+                    }
+                    Effect::Done => return flow.outcome(),
+                }
             }
-            Effect::SendReturning(chunk) => {
-                let key_columns = diesel::Table::primary_key(&T::table());
-                let returning = Returning::new(statement(&chunk), key_columns);
-                let sent = conn
-                    .protect_caller(false, async |conn: &mut C| returning.load_on(conn).await)
-                    .await;
-                flow.returned(sent)
-            }
-            Effect::LookUp(key) => {
-                let row = match T::load_by_key(conn, &key).await {
-                    Ok(row) => Ok(row),
-                    Err(e) => Err(conn.classify(e).await),
-                };
-                flow.looked_up(row)
-            }
-            Effect::SendAllOrNothing(chunk) => {
-                let keys = chunk.len();
-                flow.all_or_nothing(every_claim_ended(conn, statement(&chunk), keys).await)
-            }
-            Effect::EndAlone(key) => {
-                let ending = (owner, held, to, next_owner);
-                flow.ended_alone(end_claim::<T, C, OwnerCol>(conn, &key, ending).await)
-            }
-            Effect::Pause(pause) => {
-                conn.pause(pause).await;
-                flow.paused()
-            }
-            Effect::Done => return flow.outcome(),
-        }
-    }
+        })
+        .await;
+    answer
 }
 
 /// Sends `statement` in a transaction and commits it when it matched all `keys` rows;

@@ -50,6 +50,7 @@ use crate::sql::statement::Unguarded;
 use crate::sql::statement::{And, Assignments, ColumnEq, Comma, GuardedUpdate, Joined, NoChanges};
 use crate::status::condition::{TransitionCondition, When};
 use crate::status::hooked::{copy_move_then, key_move_then, BlockingHook, BlockingMove};
+use crate::telemetry::Call;
 use crate::write::entity::{
     advance_from_in, key_write, token_read_back, write_key_statement, KeyWriteOf,
 };
@@ -243,19 +244,26 @@ where
     for<'k> CompletionOf<T>:
         RunOn<C, TransitionOf<T, Ch::Changeset, G>, TransitionMiss<'k, T, G>, TokenOf<T>>,
 {
-    conn.refuse_broken()?;
-    let table = T::table_name();
-    let plan = CopyMove::of(row, to);
-    let (statement, next) =
-        plan.statement::<C::Backend, Ch, G>(table, extra, sources, condition.clone())?;
-    let write = CompareAndSet::one(statement, table, &plan.key, plan.miss(sources, condition));
-    let written = conn
-        .call(async |conn: &mut C| {
-            T::check_stored_precision(conn).await?;
-            <CompletionOf<T> as RunOn<C, _, _, _>>::run(conn, write, own).await
+    let call = Call::new::<C::Backend>("transition", T::table_name(), Some(&row.key()));
+    let answer = call
+        .run(async move {
+            conn.refuse_broken()?;
+            let table = T::table_name();
+            let plan = CopyMove::of(row, to);
+            let (statement, next) =
+                plan.statement::<C::Backend, Ch, G>(table, extra, sources, condition.clone())?;
+            let write =
+                CompareAndSet::one(statement, table, &plan.key, plan.miss(sources, condition));
+            let written = conn
+                .call(async |conn: &mut C| {
+                    T::check_stored_precision(conn).await?;
+                    <CompletionOf<T> as RunOn<C, _, _, _>>::run(conn, write, own).await
+                })
+                .await?;
+            Ok(plan.record(row, written.token.unwrap_or(next)))
         })
-        .await?;
-    Ok(plan.record(row, written.token.unwrap_or(next)))
+        .await;
+    answer
 }
 
 /// A transition of entity `T` with extra changes `Ch` under condition `G`, and the token
@@ -436,33 +444,39 @@ where
     for<'k> ReturnedTokenOf<T>:
         RunOn<C, KeyTransitionOf<T, Ch::Changeset, G>, TransitionMiss<'k, T, G>, TokenOf<T>>,
 {
-    conn.refuse_broken()?;
-    let policy = policy.one_attempt_if(conn.in_transaction());
-    let mut run = policy.start();
-    let (mut runs, mut condition_run_again) = (KeyWriteRuns::default(), true);
-    loop {
-        let (changes, when, miss) =
-            key_transition_parts::<T, Ch, G>(key, to, extra.clone(), condition.clone());
-        let table = T::table_name();
-        let statement = key_write::<T, C::Backend, _, _>(table, key, changes, when, 1);
-        let send = async |conn: &mut C| {
-            let write = write_key_statement::<ReturnedTokenOf<T>, T, C, _, _>;
-            token_read_back(write(conn, key, statement, miss).await?)
-        };
-        let answer = conn.call(send).await;
-        if runs.again(&answer) {
-            continue;
-        }
-        match answer {
-            Ok(token) => return Ok(token),
-            // Found in a state it may leave but not meeting the condition: the row may
-            // have been inserted after the `UPDATE` ran, as for a refusal
-            // ([`KeyWriteRuns`]); one more run settles it.
-            Err(Error::InvalidTransition(t))
-                if t.unmet.is_some() && std::mem::take(&mut condition_run_again) => {}
-            Err(e) => conn.pause(run.wait_after(Stop::<Error>::Occ(e))?).await,
-        }
-    }
+    let call = Call::new::<C::Backend>("transition_by_key", T::table_name(), Some(key));
+    let answer = call
+        .run(async move {
+            conn.refuse_broken()?;
+            let policy = policy.one_attempt_if(conn.in_transaction());
+            let mut run = policy.start();
+            let (mut runs, mut condition_run_again) = (KeyWriteRuns::default(), true);
+            loop {
+                let (changes, when, miss) =
+                    key_transition_parts::<T, Ch, G>(key, to, extra.clone(), condition.clone());
+                let table = T::table_name();
+                let statement = key_write::<T, C::Backend, _, _>(table, key, changes, when, 1);
+                let send = async |conn: &mut C| {
+                    let write = write_key_statement::<ReturnedTokenOf<T>, T, C, _, _>;
+                    token_read_back(write(conn, key, statement, miss).await?)
+                };
+                let answer = conn.call(send).await;
+                if runs.again(&answer) {
+                    continue;
+                }
+                match answer {
+                    Ok(token) => return Ok(token),
+                    // Found in a state it may leave but not meeting the condition: the row may
+                    // have been inserted after the `UPDATE` ran, as for a refusal
+                    // ([`KeyWriteRuns`]); one more run settles it.
+                    Err(Error::InvalidTransition(t))
+                        if t.unmet.is_some() && std::mem::take(&mut condition_run_again) => {}
+                    Err(e) => conn.pause(run.wait_after(Stop::<Error>::Occ(e))?).await,
+                }
+            }
+        })
+        .await;
+    answer
 }
 
 /// The key-only transition of entity `Self` with extra changes `Ch` on connection `C`, as

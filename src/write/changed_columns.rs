@@ -16,6 +16,7 @@ use crate::operation::entity::ChangedStatement;
 use crate::operation::{Operation, Run, SaveChanged};
 use crate::sql::new_token::Counted;
 use crate::sql::statement::Assignments;
+use crate::telemetry::Call;
 
 /// Changed-columns writes for every [`ChangedColumns`] entity.
 pub trait GuardedChanges: ChangedColumns {
@@ -78,15 +79,23 @@ where
     ChangedUpdateOf<T>: Assignments<C::Backend> + Send,
     for<'k> Counted: RunOn<C, ChangedUpdateOf<T>, RowMoved<'k, T>, TokenOf<T>>,
 {
-    let Some((statement, key, expected)) = statement? else {
-        return Ok(false);
-    };
-    conn.refuse_broken()?;
-    let miss = RowMoved::<T>::expecting(&key, &expected);
-    let write = CompareAndSet::one(statement, T::table_name(), &key, miss);
-    conn.call(async |conn: &mut C| <Counted as RunOn<C, _, _, _>>::run(conn, write, false).await)
-        .await
-        .map(|_| true)
+    let call = Call::new::<C::Backend>("save_changed", T::table_name(), None);
+    let answer = call
+        .run(async move {
+            let Some((statement, key, expected)) = statement? else {
+                return Ok(false);
+            };
+            conn.refuse_broken()?;
+            let miss = RowMoved::<T>::expecting(&key, &expected);
+            let write = CompareAndSet::one(statement, T::table_name(), &key, miss);
+            conn.call(async |conn: &mut C| {
+                <Counted as RunOn<C, _, _, _>>::run(conn, write, false).await
+            })
+            .await
+            .map(|_| true)
+        })
+        .await;
+    answer
 }
 
 impl<T: SaveChanges<C>, C> Run<C> for SaveChanged<T> {

@@ -27,6 +27,7 @@ use crate::sql::statement::{
     assigned_columns, And, Assignments, Comma, GuardedDelete, GuardedUpdate, Joined, NoChanges,
     Unguarded,
 };
+use crate::telemetry::Call;
 
 /// The guarded `UPDATE` of entity `T` with changeset `Ch`; a save also requires the row
 /// to be in the saved copy's state ([`Guarded::StatusKept`]).
@@ -478,21 +479,28 @@ where
     UnguardedUpdateOf<T, X>: Assignments<C::Backend> + Send,
     for<'k> Counted: RunOn<C, UnguardedUpdateOf<T, X>, RowMoved<'k, T>, TokenOf<T>>,
 {
-    conn.refuse_broken()?;
-    let mut runs = KeyWriteRuns::default();
-    loop {
-        let statement = unguarded_by_key::<T, X>(key, changes.clone());
-        let write = CompareAndSet::one(statement, T::table_name(), key, RowMoved::<T>::any(key));
-        let answer = conn
-            .call(async |conn: &mut C| {
-                <Counted as RunOn<C, _, _, _>>::run(conn, write, false).await
-            })
-            .await
-            .map(drop);
-        if !runs.again(&answer) {
-            return answer;
-        }
-    }
+    let call = Call::new::<C::Backend>("write_by_key", T::table_name(), Some(key));
+    let answer = call
+        .run(async move {
+            conn.refuse_broken()?;
+            let mut runs = KeyWriteRuns::default();
+            loop {
+                let statement = unguarded_by_key::<T, X>(key, changes.clone());
+                let write =
+                    CompareAndSet::one(statement, T::table_name(), key, RowMoved::<T>::any(key));
+                let answer = conn
+                    .call(async |conn: &mut C| {
+                        <Counted as RunOn<C, _, _, _>>::run(conn, write, false).await
+                    })
+                    .await
+                    .map(drop);
+                if !runs.again(&answer) {
+                    return answer;
+                }
+            }
+        })
+        .await;
+    answer
 }
 
 /// `UPDATE <table> SET <changes> WHERE <key>` of entity `T`'s row with `key`.
@@ -558,19 +566,29 @@ where
     UpdateOf<T, Ch::Changeset>: Assignments<C::Backend> + Send,
     for<'k> CompletionOf<T>: RunOn<C, UpdateOf<T, Ch::Changeset>, RowMoved<'k, T>, TokenOf<T>>,
 {
-    let table = T::table_name();
-    SavedState::refuse_move(saved.as_ref(), table, key)?;
-    conn.refuse_broken()?;
-    let (statement, next, miss) =
-        update_in::<T, C::Backend, Ch>(table, key, expected, changes, stamp, saved)?;
-    let write = CompareAndSet::one(statement, table, key, miss);
-    let written = conn
-        .call(async |conn: &mut C| {
-            T::check_stored_precision(conn).await?;
-            <CompletionOf<T> as RunOn<C, _, _, _>>::run(conn, write, own).await
+    let call = Call::new::<C::Backend>(
+        if saved.is_some() { "save" } else { "update" },
+        T::table_name(),
+        Some(key),
+    );
+    let answer = call
+        .run(async move {
+            let table = T::table_name();
+            SavedState::refuse_move(saved.as_ref(), table, key)?;
+            conn.refuse_broken()?;
+            let (statement, next, miss) =
+                update_in::<T, C::Backend, Ch>(table, key, expected, changes, stamp, saved)?;
+            let write = CompareAndSet::one(statement, table, key, miss);
+            let written = conn
+                .call(async |conn: &mut C| {
+                    T::check_stored_precision(conn).await?;
+                    <CompletionOf<T> as RunOn<C, _, _, _>>::run(conn, write, own).await
+                })
+                .await?;
+            Ok(written.token.unwrap_or(next))
         })
-        .await?;
-    Ok(written.token.unwrap_or(next))
+        .await;
+    answer
 }
 
 /// The guarded delete of the row with `key` from `expected`, on either driver.
@@ -585,13 +603,21 @@ where
     DeleteOf<T>: Assignments<C::Backend> + Send,
     for<'k> Counted: RunOn<C, DeleteOf<T>, RowMoved<'k, T>, TokenOf<T>>,
 {
-    conn.refuse_broken()?;
-    let statement = delete_statement::<T>(key, expected);
-    let miss = RowMoved::<T>::expecting(key, expected);
-    let write = CompareAndSet::one(statement, T::table_name(), key, miss);
-    conn.call(async |conn: &mut C| <Counted as RunOn<C, _, _, _>>::run(conn, write, false).await)
-        .await
-        .map(drop)
+    let call = Call::new::<C::Backend>("delete", T::table_name(), Some(key));
+    let answer = call
+        .run(async move {
+            conn.refuse_broken()?;
+            let statement = delete_statement::<T>(key, expected);
+            let miss = RowMoved::<T>::expecting(key, expected);
+            let write = CompareAndSet::one(statement, T::table_name(), key, miss);
+            conn.call(async |conn: &mut C| {
+                <Counted as RunOn<C, _, _, _>>::run(conn, write, false).await
+            })
+            .await
+            .map(drop)
+        })
+        .await;
+    answer
 }
 
 /// The guard's assignments that move the row with `key` (of `table`) past `expected`, and

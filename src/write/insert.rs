@@ -18,6 +18,7 @@ use crate::json::document::refuse_unwritable;
 use crate::operation::{Insert, Operation, Run};
 use crate::sql::new_token::Counted;
 use crate::sql::statement::Assignments;
+use crate::telemetry::Call;
 
 use crate::drive::blocking::executor::CannotMiss;
 
@@ -66,31 +67,39 @@ where
     InsertOf<T>: Assignments<C::Backend> + Send,
     Counted: RunOn<C, InsertOf<T>, CannotMiss, ()>,
 {
-    conn.refuse_broken()?;
-    let table = T::table_name();
-    refuse_unwritable(table, row)?;
-    let (row, seed) = seeded(row);
-    let key = &row.key();
-    let attempt = async |conn: &mut C| {
-        T::check_stored_precision(conn).await?;
-        let insert = diesel::insert_into(T::table()).values(row.clone());
-        let write = CompareAndSet::one(insert, table, key, CannotMiss).matching(Matches::Any);
-        let written = <Counted as RunOn<C, _, _, ()>>::run(conn, write, false).await;
-        match key_taken(written)? {
-            Ok(()) => Ok(()),
-            Err(info) => Err(taken(table, key, info, T::load_by_key(conn, key).await)),
-        }
-    };
-    match conn.call(attempt).await {
-        // The key was taken when the insert ran and is free again now (the row was
-        // deleted in between), or another unique column is taken: one more run settles
-        // which; nothing was written.
-        Err(Error::Database(DieselError::DatabaseError(DatabaseErrorKind::UniqueViolation, _))) => {
-            conn.call(attempt).await?
-        }
-        done => done?,
-    }
-    Ok((row, seed))
+    let call = Call::new::<C::Backend>("insert", T::table_name(), Some(&row.key()));
+    let answer = call
+        .run(async move {
+            conn.refuse_broken()?;
+            let table = T::table_name();
+            refuse_unwritable(table, row)?;
+            let (row, seed) = seeded(row);
+            let key = &row.key();
+            let attempt = async |conn: &mut C| {
+                T::check_stored_precision(conn).await?;
+                let insert = diesel::insert_into(T::table()).values(row.clone());
+                let write =
+                    CompareAndSet::one(insert, table, key, CannotMiss).matching(Matches::Any);
+                let written = <Counted as RunOn<C, _, _, ()>>::run(conn, write, false).await;
+                match key_taken(written)? {
+                    Ok(()) => Ok(()),
+                    Err(info) => Err(taken(table, key, info, T::load_by_key(conn, key).await)),
+                }
+            };
+            match conn.call(attempt).await {
+                // The key was taken when the insert ran and is free again now (the row was
+                // deleted in between), or another unique column is taken: one more run settles
+                // which; nothing was written.
+                Err(Error::Database(DieselError::DatabaseError(
+                    DatabaseErrorKind::UniqueViolation,
+                    _,
+                ))) => conn.call(attempt).await?,
+                done => done?,
+            }
+            Ok((row, seed))
+        })
+        .await;
+    answer
 }
 
 impl<T: InsertRow<C>, C> Run<C> for Insert<T> {

@@ -135,6 +135,8 @@ where
     T: Guarded + Clone + UpdateOn<C, <T as Guarded>::Changes>,
     F: FnMut(&mut T) -> Result<R, E>,
 {
+    const OPERATION: &'static str = "modify";
+
     async fn apply<'a>(
         &'a mut self,
         conn: &'a mut C,

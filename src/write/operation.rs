@@ -199,6 +199,8 @@ where
     W: Work<C, R, E>,
     VersionRow: UpdateOn<C, NoChanges<occ_versions::table>>,
 {
+    const OPERATION: &'static str = "guarded_operation";
+
     async fn apply<'a>(
         &'a mut self,
         conn: &'a mut C,

@@ -14,6 +14,7 @@ use diesel::connection::LoadConnection;
 use diesel::query_builder::AsChangeset;
 
 use crate::connect::backend::OccBackend;
+use crate::telemetry::Call;
 use diesel::Insertable;
 
 use crate::drive::blocking::complete::Complete;
@@ -84,34 +85,40 @@ where
     InsertOf<T>: Assignments<C::Backend> + Send,
     Counted: RunOn<C, InsertOf<T>, CannotMiss, ()>,
 {
-    conn.refuse_broken()?;
-    let table = T::table_name();
-    refuse_unwritable(table, row)?;
-    let (key, expected, stamp) = (row.key(), row.token(), T::stamp());
-    let (statement, next) = guarded_statement_in::<T, C::Backend, T::Changes>(
-        table,
-        &key,
-        &expected,
-        row.changes(),
-        stamp.clone(),
-        Some(row.status_kept()),
-    )?;
-    let write = CompareAndSet::one(statement, table, &key, Unexplained);
-    let updated = conn
-        .call(async |conn: &mut C| {
-            T::check_stored_precision(conn).await?;
-            <CompletionOf<T> as RunOn<C, _, _, _>>::run(conn, write, false).await
+    let call = Call::new::<C::Backend>("upsert", T::table_name(), Some(&row.key()));
+    let answer = call
+        .run(async move {
+            conn.refuse_broken()?;
+            let table = T::table_name();
+            refuse_unwritable(table, row)?;
+            let (key, expected, stamp) = (row.key(), row.token(), T::stamp());
+            let (statement, next) = guarded_statement_in::<T, C::Backend, T::Changes>(
+                table,
+                &key,
+                &expected,
+                row.changes(),
+                stamp.clone(),
+                Some(row.status_kept()),
+            )?;
+            let write = CompareAndSet::one(statement, table, &key, Unexplained);
+            let updated = conn
+                .call(async |conn: &mut C| {
+                    T::check_stored_precision(conn).await?;
+                    <CompletionOf<T> as RunOn<C, _, _, _>>::run(conn, write, false).await
+                })
+                .await;
+            if let Some(done) = saved_over(row, updated, next, &stamp)? {
+                return Ok(done);
+            }
+            let state = row.status_name();
+            let inserted = insert_row(conn, row).await.map(|(copy, seed)| {
+                *row = copy;
+                seed
+            });
+            inserted_or_conflict::<T>(table, &key, &expected, state, inserted)
         })
         .await;
-    if let Some(done) = saved_over(row, updated, next, &stamp)? {
-        return Ok(done);
-    }
-    let state = row.status_name();
-    let inserted = insert_row(conn, row).await.map(|(copy, seed)| {
-        *row = copy;
-        seed
-    });
-    inserted_or_conflict::<T>(table, &key, &expected, state, inserted)
+    answer
 }
 
 impl<T: UpsertRow<C>, C> Run<C> for Upsert<T> {
