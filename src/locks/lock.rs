@@ -643,9 +643,11 @@ pub(crate) fn renewable(key: &LockKey, belief: &Belief) -> Result<(), Error> {
     if belief.is_held() {
         return Ok(());
     }
+    let why = "its local deadline passed before this renewal was sent";
+    crate::telemetry::lock_lost(key, why);
     Err(Error::LockLost {
         lock: key.describe(),
-        why: "its local deadline passed before this renewal was sent".into(),
+        why: why.into(),
     })
 }
 
@@ -664,9 +666,11 @@ pub(crate) fn judge_renewal(
         Ok(()) if belief.extend(start) => Ok(()),
         Ok(()) => {
             belief.end();
+            let why = "the renewal came back after the holder's local deadline; it does not revive the lease";
+            crate::telemetry::lock_lost(key, why);
             Err(Error::LockLost {
                 lock: key.describe(),
-                why: "the renewal came back after the holder's local deadline; it does not revive the lease".into(),
+                why: why.into(),
             })
         }
         Err(e @ Error::LockLost { .. }) => {

@@ -125,8 +125,8 @@ where
         RunOn<C, RenewLock, LeaseLost<'k>, i64> + RunOn<C, ReleaseLock, LeaseLost<'k>, i64>,
 {
     let call = Call::new::<C::Backend>(step.operation(), "occ_locks", Some(&key.shown()));
-    let answer = call
-        .run(async move {
+    call.run_reporting(
+        async move {
             conn.refuse_broken()?;
             let mut flow = LockTransaction::new(step.write(), facts::<C::Backend>());
             let confirms = flow.confirms_grant();
@@ -201,10 +201,10 @@ where
                 Ok(fence)
             })
             .await
-        })
-        .await;
-    step.report(key, &answer);
-    answer
+        },
+        |answer| step.report(key, answer),
+    )
+    .await
 }
 
 /// A grant's read-back that failed: its `COMMIT` answered, so the grant may stand (it

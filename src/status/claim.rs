@@ -537,8 +537,8 @@ where
     OwnersOf<T, OwnerCol>: QueryOn<C, Option<String>> + Send,
 {
     let call = Call::new::<C::Backend>("claim", T::table_name(), None);
-    let answer = call
-        .run(async move {
+    call.run_reporting(
+        async move {
             crate::sql::names::check_name("owner", request.owner)?;
             if request.limit == 0 {
                 return Ok(Vec::new());
@@ -569,12 +569,14 @@ where
                 Ok(rows)
             })
             .await
-        })
-        .await;
-    if let Ok(rows) = &answer {
-        crate::telemetry::claimed(T::table_name(), request.owner, rows.len());
-    }
-    answer
+        },
+        |answer| {
+            if let Ok(rows) = answer {
+                crate::telemetry::claimed(T::table_name(), request.owner, rows.len());
+            }
+        },
+    )
+    .await
 }
 
 /// The read of up to `request.limit` rows `request` may claim, locked, skipping rows other

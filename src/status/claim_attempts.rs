@@ -166,8 +166,8 @@ where
     OwnersOf<T, OwnerCol>: QueryOn<C, Option<String>> + Send,
 {
     let call = Call::new::<C::Backend>("claim_counted", T::table_name(), None);
-    let answer = call
-        .run(async move {
+    call.run_reporting(
+        async move {
             crate::sql::names::check_name("owner", request.owner)?;
             check_limit(request, limit)?;
             if request.limit == 0 {
@@ -197,13 +197,15 @@ where
                 Ok(Claimed { rows, parked })
             })
             .await
-        })
-        .await;
-    if let Ok(claimed) = &answer {
-        crate::telemetry::claimed(T::table_name(), request.owner, claimed.rows.len());
-        crate::telemetry::parked(T::table_name(), request.owner, claimed.parked.len());
-    }
-    answer
+        },
+        |answer| {
+            if let Ok(claimed) = answer {
+                crate::telemetry::claimed(T::table_name(), request.owner, claimed.rows.len());
+                crate::telemetry::parked(T::table_name(), request.owner, claimed.parked.len());
+            }
+        },
+    )
+    .await
 }
 
 /// The read of up to `request.limit` rows `request` may claim with their attempt counts,

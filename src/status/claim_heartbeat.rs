@@ -100,8 +100,8 @@ where
     for<'k> Counted: RunOn<C, HeartbeatOf<T, OwnerCol, AtCol>, ClaimLost<'k, T>, ()>,
 {
     let call = Call::new::<C::Backend>("extend_claim", T::table_name(), Some(key));
-    let answer = call
-        .run(async move {
+    call.run_reporting(
+        async move {
             crate::sql::names::check_name("owner", owner)?;
             conn.refuse_broken()?;
             T::check_stored_precision(conn).await?;
@@ -121,12 +121,14 @@ where
                 }
             })
             .await
-        })
-        .await;
-    if answer.is_ok() {
-        crate::telemetry::claim_heartbeat(T::table_name(), owner, 1);
-    }
-    answer
+        },
+        |answer| {
+            if answer.is_ok() {
+                crate::telemetry::claim_heartbeat(T::table_name(), owner, 1);
+            }
+        },
+    )
+    .await
 }
 
 /// The heartbeat of `owner`'s claim on the row with `key` (in state `held`).

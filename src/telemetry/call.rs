@@ -67,6 +67,28 @@ impl Call {
         self.run_as(body, |e| Some(e)).await
     }
 
+    /// [`run`](Self::run), then `report` what it answered, inside the call's span (the
+    /// events of a grant, a claim).
+    pub(crate) async fn run_reporting<T>(
+        self,
+        body: impl Future<Output = Result<T, Error>>,
+        report: impl FnOnce(&Result<T, Error>),
+    ) -> Result<T, Error> {
+        #[cfg(feature = "tracing")]
+        let span = self.span.clone();
+        self.run_as(
+            async {
+                let answer = body.await;
+                #[cfg(feature = "tracing")]
+                let _in_call = span.enter();
+                report(&answer);
+                answer
+            },
+            |e| Some(e),
+        )
+        .await
+    }
+
     /// [`run`](Self::run) for a body whose error may be the caller's own (a
     /// read-modify-write's change): `occ` finds the library's error in it, if it is one;
     /// the caller's own is reported as `error`.

@@ -42,6 +42,8 @@ pub mod models;
 pub mod paths;
 pub mod schema;
 pub mod slow_link;
+#[cfg(all(feature = "tracing", feature = "metrics"))]
+pub mod telemetry;
 
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};

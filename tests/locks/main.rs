@@ -15,3 +15,4 @@ mod leader;
 mod lock;
 mod lock_paths;
 mod lock_stalls;
+mod telemetry;
