@@ -243,6 +243,18 @@ impl Backend {
         dispatch!(self, w1_uncontended, settings, report)
     }
 
+    #[cfg(feature = "tracing")]
+    pub fn run_w1_telemetry(self, settings: &Settings, report: &mut Report) -> Outcome {
+        dispatch!(self, w1_uncontended, run_telemetry, settings, report)
+    }
+
+    /// Without the library's `tracing` reports there is nothing to listen to.
+    #[cfg(not(feature = "tracing"))]
+    pub fn run_w1_telemetry(self, _: &Settings, _: &mut Report) -> Outcome {
+        eprintln!("W1-telemetry skipped: built without the `tracing` feature");
+        Ok(())
+    }
+
     pub fn run_w1_async(self, settings: &Settings, report: &mut Report) -> Outcome {
         dispatch!(self, w1_uncontended, run_async, settings, report)
     }

@@ -4,6 +4,7 @@
 //! Workloads (BENCHMARKS.md has the figures and what each one shows):
 //! - W1 uncontended guarded update: the price of the library over the same SQL by hand;
 //!   W1-async the same on diesel-async connections, against hand-written diesel-async;
+//!   W1-telemetry the same with a tracing subscriber or a metrics recorder listening;
 //! - W2 hot-row JSON merge: goodput of each strategy as writers pile onto one row;
 //!   W2-async the same with tokio tasks on diesel-async connections;
 //! - W3 cancel vs ship: guarded status transitions racing on the same orders; W3-async
@@ -66,7 +67,7 @@ struct Options {
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "w1,w1-async,w2,w2-async,w3,w3-async,w4,w5,w6,w7"
+        default_value = "w1,w1-async,w1-telemetry,w2,w2-async,w3,w3-async,w4,w5,w6,w7"
     )]
     workloads: Vec<Workload>,
 
@@ -171,6 +172,8 @@ enum Workload {
     W1,
     /// W1 on diesel-async connections.
     W1Async,
+    /// W1 with the library's telemetry heard: a tracing subscriber, a metrics recorder.
+    W1Telemetry,
     W2,
     /// W2 on diesel-async connections, the workers tokio tasks.
     W2Async,
@@ -316,6 +319,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         match workload {
             Workload::W1 => backend.run_w1(&settings, &mut report)?,
             Workload::W1Async => backend.run_w1_async(&settings, &mut report)?,
+            Workload::W1Telemetry => backend.run_w1_telemetry(&settings, &mut report)?,
             Workload::W2 => backend.run_w2(&settings, &mut report)?,
             Workload::W2Async => backend.run_w2_async(&settings, &mut report)?,
             Workload::W3 => backend.run_w3(&settings, &mut report)?,

@@ -11,6 +11,11 @@
 //! W1-async: the first three cases on a diesel-async connection (one worker on a
 //! current-thread runtime), the library's async API against hand-written diesel-async
 //! sending the same statement.
+//!
+//! W1-telemetry: the update and the stale write again, the library with nothing
+//! listening to its telemetry, with a `tracing` subscriber (a formatter writing to a
+//! sink) at `INFO` (what an operator runs: the calls' spans are off) and at `DEBUG` (every
+//! call's span and event formatted), and with a Prometheus recorder of its metrics.
 
 use std::time::Instant;
 
@@ -62,6 +67,22 @@ const CASES: [Case; 4] = [
         name: "request via pool",
         strategies: ["r2d2 test_on_check_out", "diesel-occ pool"],
     },
+];
+
+/// The cases of W1-telemetry: W1's update and stale write, the library with its
+/// telemetry heard in each way against the same statement by hand.
+#[cfg(feature = "tracing")]
+const TELEMETRY_CASES: [&str; 2] = ["update only", "stale write (miss)"];
+
+/// The strategies of W1-telemetry, the baseline first (the recorder with the `metrics`
+/// feature only).
+#[cfg(feature = "tracing")]
+const TELEMETRY_STRATEGIES: [&str; 5] = [
+    "hand-written",
+    "library, nothing listening",
+    "library, tracing subscriber at INFO",
+    "library, tracing subscriber at DEBUG",
+    "library, Prometheus recorder",
 ];
 
 /// Per strategy of a case: every latency, and each round's total.
@@ -224,6 +245,94 @@ per_backend! {
                 bar.inc(1);
             }
             report_case(report, "W1", case, tallies)?;
+        }
+        bar.finish_and_clear();
+        Ok(())
+    }
+
+    #[cfg(feature = "tracing")]
+    pub fn run_telemetry(settings: &Settings, report: &mut Report) -> Result<(), Box<dyn std::error::Error>> {
+        report.section(
+            "W1-telemetry",
+            "W1's update and stale write with the library's telemetry heard, one worker",
+            "time per operation of each strategy ÷ the hand-written one's (median of the \
+             per-round ratios); the rows of the library against each other give the cost of \
+             a subscriber or a recorder",
+        );
+        let pool = pool(&settings.url, 1)?;
+        let conn = &mut pool.get()?;
+        let mut rows = fill_rows(conn, settings.rows)?;
+        let stale = rows[0].clone();
+        let formatter = |level| {
+            tracing::Dispatch::new(
+                tracing_subscriber::fmt()
+                    .with_writer(std::io::sink)
+                    .with_max_level(level)
+                    .finish(),
+            )
+        };
+        let (info, debug) = (formatter(tracing::Level::INFO), formatter(tracing::Level::DEBUG));
+        #[cfg(feature = "metrics")]
+        let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
+        let strategies = if cfg!(feature = "metrics") { 5 } else { 4 };
+        let bar = report.progress("W1-telemetry", (TELEMETRY_CASES.len() * settings.rounds) as u64);
+        for (c, case) in TELEMETRY_CASES.iter().enumerate() {
+            bar.set_message(*case);
+            let mut tallies: [Tally; 5] = Default::default();
+            for round in 0..settings.rounds {
+                for (s, tally) in tallies.iter_mut().enumerate().take(strategies) {
+                    let mut rng = fastrand::Rng::with_seed(round as u64);
+                    let mut one_round = || -> Result<(), Box<dyn std::error::Error>> {
+                        let started = Instant::now();
+                        for i in 0..settings.ops_per_round {
+                            let row = &mut rows[rng.usize(..settings.rows)];
+                            let note = format!("r{round}-{i}");
+                            tally.latencies.time(|| -> Result<(), Box<dyn std::error::Error>> {
+                                match (c, s) {
+                                    (0, 0) => hand_written_update(conn, row, note)?,
+                                    (0, _) => {
+                                        row.version = row.guarded_update(conn, bench_rows::note.eq(note))?;
+                                    }
+                                    (_, 0) => {
+                                        let matched = diesel::update(
+                                            bench_rows::table
+                                                .filter(bench_rows::id.eq(stale.id))
+                                                .filter(bench_rows::version.eq(stale.version)),
+                                        )
+                                        .set((bench_rows::note.eq(note), bench_rows::version.eq(stale.version + 1)))
+                                        .execute(conn)?;
+                                        assert_eq!(matched, 0);
+                                    }
+                                    (_, _) => {
+                                        let err = stale.guarded_update(conn, bench_rows::note.eq(note)).unwrap_err();
+                                        assert!(err.as_conflict().is_some(), "{err}");
+                                    }
+                                }
+                                Ok(())
+                            })?;
+                        }
+                        tally.rounds.push(started.elapsed().as_secs_f64());
+                        Ok(())
+                    };
+                    match s {
+                        2 => tracing::dispatcher::with_default(&info, one_round)?,
+                        3 => tracing::dispatcher::with_default(&debug, one_round)?,
+                        #[cfg(feature = "metrics")]
+                        4 => metrics::with_local_recorder(&recorder, one_round)?,
+                        _ => one_round()?,
+                    }
+                }
+                bar.inc(1);
+            }
+            for (s, tally) in tallies.iter().enumerate().take(strategies) {
+                let ratios: Vec<f64> =
+                    tally.rounds.iter().zip(&tallies[0].rounds).map(|(this, base)| this / base).collect();
+                let record = Record::new("W1-telemetry", *case, TELEMETRY_STRATEGIES[s])
+                    .ops(tally.latencies.len() as u64, tally.latencies.total())
+                    .latencies(&tally.latencies)
+                    .ratio(median(&ratios));
+                report.record(record)?;
+            }
         }
         bar.finish_and_clear();
         Ok(())

@@ -41,11 +41,10 @@ use serde_json::{json, Value};
 /// Any error of setting the service up.
 pub type SetupError = Box<dyn std::error::Error + Send + Sync>;
 
-/// The retry policy of every read-merge-write and transition, logging each retry.
+/// The retry policy of every read-merge-write and transition (the library reports each
+/// retry, conflict and leadership change itself: see `main.rs`).
 fn policy() -> RetryPolicy {
-    RetryPolicy::default().on_retry(|retry| {
-        tracing::info!(attempt = retry.attempt, delay = ?retry.delay, error = %retry.error, "retrying")
-    })
+    RetryPolicy::default()
 }
 
 /// The body of a `PUT`: the whole JSON extension.

@@ -14,7 +14,15 @@
 //! curl -i -X PATCH localhost:3000/orders/1 -H 'content-type: application/merge-patch+json' -d '{"gift": true}'
 //! ```
 //!
-//! `RUST_LOG=info` shows conflicts, retries and leadership changes.
+//! What the library reports is printed by `tracing-subscriber`: `RUST_LOG=info` (the
+//! default) shows leadership changes and what went wrong (a retry loop that gave up, a
+//! lost lock); `RUST_LOG=info,diesel_occ=debug` shows every conflict, retry and claim,
+//! each inside the span of its call (operation, table, key). `GET /metrics` answers the
+//! library's counters and histograms in Prometheus' text format:
+//!
+//! ```sh
+//! curl -s localhost:3000/metrics | grep diesel_occ_conflicts_total
+//! ```
 
 // `deadpool_pool` is not called here: the end-to-end tests serve the routes from it too.
 #[allow(dead_code)]
@@ -31,6 +39,7 @@ async fn main() -> Outcome {
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
         )
         .init();
+    let metrics = metrics_exporter_prometheus::PrometheusBuilder::new().install_recorder()?;
     let url = std::env::var("DATABASE_URL").unwrap_or_else(|_| "orders-service.sqlite3".into());
     let address = std::env::var("LISTEN").unwrap_or_else(|_| "127.0.0.1:3000".into());
     let label = format!("orders-service pid {}", std::process::id());
@@ -53,6 +62,10 @@ async fn main() -> Outcome {
         (app::sqlite::router(pool), candidate)
     };
 
+    let router = router.route(
+        "/metrics",
+        axum::routing::get(move || std::future::ready(metrics.render())),
+    );
     let listener = tokio::net::TcpListener::bind(&address).await?;
     tracing::info!(%address, database = %url, "serving");
     axum::serve(listener, router)
@@ -60,9 +73,8 @@ async fn main() -> Outcome {
             let _ = tokio::signal::ctrl_c().await;
         })
         .await?;
-    // Cancels the job, waits for it, then frees the lock for another instance.
-    for event in candidate.stop().await {
-        tracing::info!(?event, "leadership");
-    }
+    // Cancels the job, waits for it, then frees the lock for another instance (the
+    // library reports the step down).
+    candidate.stop().await;
     Ok(())
 }

@@ -42,6 +42,11 @@ pub(crate) struct Written<Tok> {
 }
 
 impl<'k, S, M> CompareAndSet<'k, S, M> {
+    /// The table written, and the row's key: what the write's telemetry names.
+    pub(crate) fn target(&self) -> (&'static str, &'k (dyn Debug + Sync)) {
+        (self.table, self.key)
+    }
+
     /// `statement` on the row of `table` with `key`, which must match it; `miss` explains
     /// a miss.
     pub(crate) fn one(

@@ -24,6 +24,7 @@ use crate::flow::compare_and_set::{refuse_status_write, CompareAndSet};
 use crate::guard::Guarded;
 use crate::sql::new_token::Counted;
 use crate::sql::statement::{Assignments, ColumnEq, ColumnOfRow, GuardedUpdate};
+use crate::telemetry::Call;
 
 use crate::drive::blocking::executor::{classify, Miss};
 use crate::drive::{now, Blocking, Io, RunOn};
@@ -135,9 +136,15 @@ where
     Q: Send,
     for<'k> Counted: RunOn<C, S, FenceMoved<'k, Q>, ()>,
 {
-    conn.refuse_broken()?;
-    let send = async |conn: &mut C| <Counted as RunOn<C, _, _, ()>>::run(conn, write, false).await;
-    conn.call(send).await.map(drop)
+    let (table, key) = write.target();
+    let call = Call::new::<C::Backend>("write_fenced", table, Some(&key));
+    call.run(async move {
+        conn.refuse_broken()?;
+        let send =
+            async |conn: &mut C| <Counted as RunOn<C, _, _, ()>>::run(conn, write, false).await;
+        conn.call(send).await.map(drop)
+    })
+    .await
 }
 
 /// The compare-and-set of a fenced write of `changes` to the row of entity `T` (in

@@ -8,19 +8,23 @@
 //!
 //! # Spans
 //!
-//! Each write, read-modify-write, transition, claim and lock step of the library runs in
-//! a span named `diesel_occ`, at `DEBUG`, target `diesel_occ`, with the fields of
-//! OpenTelemetry's database conventions where they fit:
+//! Each write of the library (guarded writes, read-modify-writes, JSON merges,
+//! transitions, claims, batches, fenced writes, work on a locked row) and each step of a
+//! lock runs in a span named `diesel_occ`, at `DEBUG`, target `diesel_occ`, with the
+//! fields of OpenTelemetry's database conventions where they fit. Plain reads (`load`,
+//! `find_by_key`) are diesel's own queries and have no span.
 //!
 //! | field | value |
 //! |---|---|
 //! | `db.system` | `postgresql`, `mysql` or `sqlite` |
-//! | `db.operation` | the library's operation: `update`, `delete`, `insert`, `upsert`, `save_changed`, `write_by_key`, `modify`, `transition`, `claim`, `claim_counted`, `extend_claim`, `finish_claim`, `lock.acquire`, `lock.renew`, `lock.release` |
+//! | `db.operation` | the library's operation: `update`, `save`, `save_changed`, `delete`, `insert`, `upsert`, `write_by_key` (excluded fields, touches), `batch`, `bulk_update`, `modify`, `edit_json` (merges and patches read, changed and written), `merge_json_in_place`, `guarded_operation`, `transition`, `transition_by_key`, `locked`, `claim`, `claim_counted`, `extend_claim`, `finish_claim`, `finish_claims`, `write_fenced`, `lock.acquire`, `lock.renew`, `lock.release` |
 //! | `db.collection.name` | the table (`occ_locks` for locks) |
 //! | `occ.key` | the row's key, or the lock's `name/resource` (holder tokens are never reported) |
 //! | `occ.outcome` | `ok`, or the error's [`kind`](crate::Error::kind), recorded when the call ends |
 //!
 //! The events below happen inside these spans, so a subscriber shows which call met them.
+//! A read-modify-write's attempts are calls of their own inside its span (the
+//! `save` of each attempt), and are counted as such in `diesel_occ_calls_total`.
 //!
 //! # Events
 //!

@@ -43,6 +43,7 @@ use crate::guard::{CompletionOf, Guarded, TokenOf};
 use crate::operation::{BatchDelete, BatchUpdate, Operation, Run};
 use crate::sql::new_token::Counted;
 use crate::sql::statement::Assignments;
+use crate::telemetry::Call;
 
 use crate::write::entity::{
     delete_statement, guarded_statement_in, DeleteOf, DeleteRow, GuardedWrite, UpdateOf, UpdateRow,
@@ -331,30 +332,36 @@ where
     T: ReadOn<C>,
     K: SendBatch<T, C, S>,
 {
-    let mut effect = flow.start();
-    loop {
-        effect = match effect {
-            Effect::Begin => {
-                let transaction = async |conn: &mut C| {
-                    let mut effect = flow.began(Ok(()));
-                    loop {
-                        effect = match effect {
-                            Effect::Commit => return (End::Commit, ()),
-                            Effect::Rollback => return (End::Rollback, ()),
-                            other => step::<T, C, S, Out, K>(conn, &mut flow, other).await,
+    let call = Call::new::<<C as Io>::Backend>("batch", T::table_name(), None);
+    let answer = call
+        .run(async {
+            let mut effect = flow.start();
+            loop {
+                effect = match effect {
+                    Effect::Begin => {
+                        let transaction = async |conn: &mut C| {
+                            let mut effect = flow.began(Ok(()));
+                            loop {
+                                effect = match effect {
+                                    Effect::Commit => return (End::Commit, ()),
+                                    Effect::Rollback => return (End::Rollback, ()),
+                                    other => step::<T, C, S, Out, K>(conn, &mut flow, other).await,
+                                }
+                            }
+                        };
+                        match conn.write_transaction(transaction).await {
+                            Ended::NotBegun(error) => flow.began(Err(error)),
+                            Ended::Committed((), committed) => flow.committed(committed),
+                            Ended::RolledBack((), rolled_back) => flow.rolled_back(rolled_back),
                         }
                     }
+                    Effect::Done => return flow.outcome(),
+                    other => step::<T, C, S, Out, K>(conn, &mut flow, other).await,
                 };
-                match conn.write_transaction(transaction).await {
-                    Ended::NotBegun(error) => flow.began(Err(error)),
-                    Ended::Committed((), committed) => flow.committed(committed),
-                    Ended::RolledBack((), rolled_back) => flow.rolled_back(rolled_back),
-                }
             }
-            Effect::Done => return flow.outcome(),
-            other => step::<T, C, S, Out, K>(conn, &mut flow, other).await,
-        };
-    }
+        })
+        .await;
+    answer
 }
 
 /// Performs one effect of a batch outside its transaction's beginning and end.

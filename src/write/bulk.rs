@@ -29,6 +29,7 @@ use crate::guard::{AdvanceAnyOf, AdvanceInSql, CanAdvanceOf, Guarded};
 use crate::operation::{BulkUpdate, Operation, Run};
 use crate::sql::new_token::Counted;
 use crate::sql::statement::{Assignments, Comma, GuardedUpdate, Joined, Not};
+use crate::telemetry::Call;
 
 use crate::drive::blocking::executor::CannotMiss;
 
@@ -165,28 +166,34 @@ where
     Counted: RunOn<C, BulkUpdateOf<T, Changes, F>, CannotMiss, ()>,
     CountWhere<T::Table, F, Not<CanAdvanceOf<T>>>: QueryOn<C, i64> + Send,
 {
-    let BulkPlan {
-        statement,
-        at_maximum,
-    } = plan?;
-    conn.refuse_broken()?;
-    let table = T::table_name();
-    conn.call(async |conn: &mut C| {
-        T::check_stored_precision(conn).await?;
-        let write = bulk_write(statement, table);
-        let updated = <Counted as RunOn<C, _, _, ()>>::run(conn, write, false)
-            .await?
-            .rows;
-        let at_maximum = match at_maximum {
-            Some(count) => match count.load_on(conn).await {
-                Ok(counted) => counted.into_iter().next().unwrap_or(0),
-                Err(e) => return Err(conn.classify(e).await),
-            },
-            None => 0,
-        };
-        Ok(BulkReport::of(updated, at_maximum))
-    })
-    .await
+    let call = Call::new::<C::Backend>("bulk_update", T::table_name(), None);
+    let answer = call
+        .run(async {
+            let BulkPlan {
+                statement,
+                at_maximum,
+            } = plan?;
+            conn.refuse_broken()?;
+            let table = T::table_name();
+            conn.call(async |conn: &mut C| {
+                T::check_stored_precision(conn).await?;
+                let write = bulk_write(statement, table);
+                let updated = <Counted as RunOn<C, _, _, ()>>::run(conn, write, false)
+                    .await?
+                    .rows;
+                let at_maximum = match at_maximum {
+                    Some(count) => match count.load_on(conn).await {
+                        Ok(counted) => counted.into_iter().next().unwrap_or(0),
+                        Err(e) => return Err(conn.classify(e).await),
+                    },
+                    None => 0,
+                };
+                Ok(BulkReport::of(updated, at_maximum))
+            })
+            .await
+        })
+        .await;
+    answer
 }
 
 impl<T: UpdateBulk<C, F, Ch>, C, F, Ch> Run<C> for BulkUpdate<T, F, Ch> {

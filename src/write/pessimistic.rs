@@ -24,6 +24,7 @@ use crate::flow::row_read::{AfterLock, LockedRead};
 use crate::guard::{Guarded, TokenOf};
 use crate::retry::Stop;
 use crate::sql::statement::RowLock;
+use crate::telemetry::Call;
 
 /// Whether a locked read waits for a row another transaction holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -133,19 +134,24 @@ where
     W: RowWork<C, T, R, E>,
     E: From<Error>,
 {
-    let nested = conn.caller_transaction()?;
-    let suspects = T::GUARD_COLUMNS.join(", ");
-    let body = async |conn: &mut C| -> (End, Result<R, Stop<E>>) {
-        let result = async {
-            let row = read_locked_on::<T, C>(conn, key, row_lock(wait), &suspects).await?;
-            let row = still_expected::<T>(T::table_name(), key, expected, row)?;
-            work.work(conn, row).await.map_err(Stop::Caller)
-        }
-        .await;
-        (End::after(&result), result)
+    let call = Call::new::<C::Backend>("locked", T::table_name(), Some(key));
+    // The work's own error is the caller's.
+    let locked = async move {
+        let nested = conn.caller_transaction()?;
+        let suspects = T::GUARD_COLUMNS.join(", ");
+        let body = async |conn: &mut C| -> (End, Result<R, Stop<E>>) {
+            let result = async {
+                let row = read_locked_on::<T, C>(conn, key, row_lock(wait), &suspects).await?;
+                let row = still_expected::<T>(T::table_name(), key, expected, row)?;
+                work.work(conn, row).await.map_err(Stop::Caller)
+            }
+            .await;
+            (End::after(&result), result)
+        };
+        let ended = conn.write_transaction(body).await;
+        settled(ended, nested).map_err(Stop::into_error)
     };
-    let ended = conn.write_transaction(body).await;
-    settled(ended, nested).map_err(Stop::into_error)
+    call.run_as(locked, |_| None).await
 }
 
 /// The row lock to read with for `wait`.
