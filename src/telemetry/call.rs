@@ -121,7 +121,8 @@ impl Call {
         #[cfg(feature = "tracing")]
         {
             self.span.record("occ.outcome", outcome);
-            if let Some(error) = error {
+            // A conflict has had its own event, with both tokens.
+            if let Some(error) = error.filter(|e| !matches!(e, Error::Conflict(_))) {
                 let _in_call = self.span.enter();
                 if error.is_trouble() {
                     tracing::event!(name: "diesel_occ.call_failed", target: "diesel_occ", tracing::Level::WARN, occ.outcome = outcome, error = %error, "the call failed");

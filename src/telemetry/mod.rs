@@ -24,7 +24,8 @@
 //!
 //! The events below happen inside these spans, so a subscriber shows which call met them.
 //! A read-modify-write's attempts are calls of their own inside its span (the
-//! `save` of each attempt), and are counted as such in `diesel_occ_calls_total`.
+//! `save` or `update` of each attempt), and are counted as such in
+//! `diesel_occ_calls_total`.
 //!
 //! # Events
 //!
@@ -38,7 +39,7 @@
 //! | `diesel_occ.conflict` | DEBUG | `db.collection.name`, `occ.key`, `occ.expected`, `occ.current` (tokens) |
 //! | `diesel_occ.retry` | DEBUG | `occ.attempt` (the one that failed), `occ.reason`, `occ.wait_ms`, `error` |
 //! | `diesel_occ.gave_up` | WARN | `occ.attempts`, `error` (the last attempt's) |
-//! | `diesel_occ.call_failed` | DEBUG, or WARN for trouble | `occ.outcome`, `error` (every call ending in an error: refusals, conflicts, ...) |
+//! | `diesel_occ.call_failed` | DEBUG, or WARN for trouble | `occ.outcome`, `error` (every call ending in an error other than a conflict: a refused transition, a missing row, a held lock, a lost connection, ...) |
 //! | `diesel_occ.lock_granted` | DEBUG | `occ.lock`, `occ.fence`, `occ.ttl_ms` |
 //! | `diesel_occ.lock_busy` | DEBUG | `occ.lock`, `occ.holder` (its label), `occ.until` |
 //! | `diesel_occ.lock_lost` | WARN | `occ.lock`, `occ.why` (names the new holder after a takeover) |

@@ -12,5 +12,6 @@ mod claim;
 mod claim_edges;
 mod claim_upkeep;
 mod status_guard;
+mod telemetry;
 mod transition;
 mod transition_conditions;
