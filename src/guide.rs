@@ -15,6 +15,9 @@
 //! 10. [When connections fail, and bad input](failures): what each outcome means.
 //! 11. [Clusters and replicas](clusters): Galera, PostgreSQL standbys, failover.
 //! 12. [Compared with other tools](comparison).
+//!
+//! What the library reports while it works (spans, events, metrics) is listed in the
+//! module [`telemetry`](crate::telemetry).
 
 #[doc = include_str!("docs/guarded_writes.md")]
 pub mod guarded_writes {}

@@ -43,6 +43,7 @@ pub(crate) struct Written<Tok> {
 
 impl<'k, S, M> CompareAndSet<'k, S, M> {
     /// The table written, and the row's key: what the write's telemetry names.
+    #[cfg_attr(not(feature = "locks"), allow(dead_code))] // Locks and claims only.
     pub(crate) fn target(&self) -> (&'static str, &'k (dyn Debug + Sync)) {
         (self.table, self.key)
     }

@@ -25,6 +25,10 @@ impl Call {
         not(all(feature = "tracing", feature = "metrics")),
         allow(unused_variables)
     )]
+    #[cfg_attr(
+        not(any(feature = "tracing", feature = "metrics")),
+        allow(clippy::extra_unused_type_parameters)
+    )]
     #[inline]
     pub(crate) fn new<B: OccBackend>(
         operation: &'static str,
@@ -69,6 +73,7 @@ impl Call {
 
     /// [`run`](Self::run), then `report` what it answered, inside the call's span (the
     /// events of a grant, a claim).
+    #[cfg_attr(not(feature = "locks"), allow(dead_code))] // Locks and claims only.
     pub(crate) async fn run_reporting<T>(
         self,
         body: impl Future<Output = Result<T, Error>>,

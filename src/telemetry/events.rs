@@ -6,6 +6,11 @@
     not(all(feature = "tracing", feature = "metrics")),
     allow(unused_variables)
 )]
+// With neither facade, only the early returns are left.
+#![cfg_attr(
+    not(any(feature = "tracing", feature = "metrics")),
+    allow(clippy::needless_return)
+)]
 
 use crate::error::{Conflict, Error};
 #[cfg(feature = "locks")]
@@ -42,7 +47,7 @@ pub(crate) fn retry(retry: &RetryEvent<'_>) {
         tracing::Level::DEBUG,
         occ.attempt = retry.attempt,
         occ.reason = reason,
-        occ.wait_ms = retry.delay.as_secs_f64() * 1e3,
+        occ.wait_us = retry.delay.as_micros() as u64,
         error = %retry.error,
         "attempt {} failed, retrying", retry.attempt
     );
@@ -229,6 +234,7 @@ pub(crate) fn leadership(key: &LockKey, event: &crate::LeaderEvent) {
 #[cfg(feature = "locks")]
 #[inline]
 pub(crate) fn claimed(table: &'static str, owner: &str, rows: usize) {
+    // Nothing taken is nothing to report (an idle worker polls).
     if rows == 0 {
         return;
     }
@@ -270,6 +276,7 @@ pub(crate) fn claim_heartbeat(table: &'static str, owner: &str, rows: usize) {
 #[cfg(feature = "locks")]
 #[inline]
 pub(crate) fn parked(table: &'static str, owner: &str, rows: usize) {
+    // Nothing taken is nothing to report (an idle worker polls).
     if rows == 0 {
         return;
     }

@@ -37,7 +37,7 @@
 //! | name | level | fields |
 //! |---|---|---|
 //! | `diesel_occ.conflict` | DEBUG | `db.collection.name`, `occ.key`, `occ.expected`, `occ.current` (tokens) |
-//! | `diesel_occ.retry` | DEBUG | `occ.attempt` (the one that failed), `occ.reason`, `occ.wait_ms`, `error` |
+//! | `diesel_occ.retry` | DEBUG | `occ.attempt` (the one that failed), `occ.reason`, `occ.wait_us`, `error` |
 //! | `diesel_occ.gave_up` | WARN | `occ.attempts`, `error` (the last attempt's) |
 //! | `diesel_occ.call_failed` | DEBUG, or WARN for trouble | `occ.outcome`, `error` (every call ending in an error other than a conflict: a refused transition, a missing row, a held lock, a lost connection, ...) |
 //! | `diesel_occ.lock_granted` | DEBUG | `occ.lock`, `occ.fence`, `occ.ttl_ms` |
