@@ -41,6 +41,9 @@ cargo clippy --lib --no-default-features --features mysql,locks -- -D warnings
 # The async API without locks (its connection bound has no lock statements then).
 cargo clippy --lib --no-default-features --features sqlite,async -- -D warnings
 cargo clippy --lib --no-default-features --features postgres,bb8 -- -D warnings
+# The telemetry's facades one without the other.
+cargo clippy --lib --no-default-features --features postgres,metrics,locks -- -D warnings
+cargo clippy --lib --no-default-features --features sqlite,tracing,locks,async -- -D warnings
 step "no backend feature: one error that names the choices, and no warning"
 out=$(cargo check --lib --no-default-features --message-format short 2>&1 || true)
 grep -q "needs at least one database backend feature" <<<"$out" &&

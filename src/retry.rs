@@ -264,6 +264,7 @@ impl RetryPolicy {
             delays: self.delays(),
             number: 1,
             max_attempts: self.max_attempts,
+            about: ("retry_policy", ""),
         }
     }
 
@@ -356,6 +357,8 @@ pub(crate) struct Run<'p> {
     number: u32,
     /// The policy's bound on attempts, or 1 for a run that may not retry.
     max_attempts: u32,
+    /// What the run is of, for its reports: the operation and the table.
+    about: (&'static str, &'static str),
 }
 
 impl Run<'_> {
@@ -371,30 +374,48 @@ impl Run<'_> {
         self
     }
 
+    /// This run, reported as that of `operation` (on the same table).
+    pub(crate) fn named(mut self, operation: &'static str) -> Self {
+        self.about.0 = operation;
+        self
+    }
+
+    /// This run, reported as the retries of `operation` on `table`.
+    pub(crate) fn of(mut self, operation: &'static str, table: &'static str) -> Self {
+        self.about = (operation, table);
+        self
+    }
+
     /// After the current attempt stopped with `stop`: the wait before the next one (the
     /// hook has seen it), or what the run gives back.
     pub(crate) fn wait_after<E: From<Error>>(&mut self, stop: Stop<E>) -> Result<Duration, E> {
+        self.wait_or_stop(stop).map_err(Stop::into_error)
+    }
+
+    /// [`wait_after`](Self::wait_after), what the run gives back still telling the
+    /// library's error from the caller's.
+    pub(crate) fn wait_or_stop<E>(&mut self, stop: Stop<E>) -> Result<Duration, Stop<E>> {
         let policy = self.policy;
         let error = match stop {
-            Stop::Caller(e) => return Err(e),
+            Stop::Caller(e) => return Err(Stop::Caller(e)),
             Stop::Occ(error) if !error.is_retryable() || self.max_attempts == 1 => {
-                return Err(error.into())
+                return Err(Stop::Occ(error))
             }
             Stop::Occ(error) => error,
         };
         let delay = match self.delays.next() {
             Some(delay) if self.number < self.max_attempts => delay,
-            _ => return Err(exhausted(self.number, error).into()),
+            _ => return Err(Stop::Occ(self.exhausted(error))),
         };
         if self.started.elapsed() + delay > policy.max_elapsed {
-            return Err(exhausted(self.number, error).into());
+            return Err(Stop::Occ(self.exhausted(error)));
         }
         let retry = RetryEvent {
             attempt: self.number,
             error: &error,
             delay,
         };
-        crate::telemetry::retry(&retry);
+        crate::telemetry::retry(self.about, &retry);
         if let Some(hook) = &policy.hook {
             hook(&retry);
         }
@@ -403,10 +424,18 @@ impl Run<'_> {
     }
 }
 
+impl Run<'_> {
+    /// The policy gave up after the current attempt failed with `last`.
+    fn exhausted(&self, last: Error) -> Error {
+        crate::telemetry::gave_up(self.about, self.number, &last);
+        exhausted(self.number, last)
+    }
+}
+
 /// However the run ends, how many attempts it made.
 impl Drop for Run<'_> {
     fn drop(&mut self) {
-        crate::telemetry::attempts(self.number);
+        crate::telemetry::attempts(self.about.0, self.number);
     }
 }
 
@@ -493,7 +522,6 @@ impl<E> From<diesel::result::Error> for Stop<E> {
 }
 
 fn exhausted(attempts: u32, last: Error) -> Error {
-    crate::telemetry::gave_up(attempts, &last);
     Error::RetriesExhausted {
         attempts,
         last: Box::new(last),

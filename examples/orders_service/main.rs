@@ -40,6 +40,14 @@ async fn main() -> Outcome {
         )
         .init();
     let metrics = metrics_exporter_prometheus::PrometheusBuilder::new().install_recorder()?;
+    // The recorder's histograms drain their samples only at upkeep (or a scrape).
+    let upkeep = metrics.clone();
+    tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(std::time::Duration::from_secs(5)).await;
+            upkeep.run_upkeep();
+        }
+    });
     let url = std::env::var("DATABASE_URL").unwrap_or_else(|_| "orders-service.sqlite3".into());
     let address = std::env::var("LISTEN").unwrap_or_else(|_| "127.0.0.1:3000".into());
     let label = format!("orders-service pid {}", std::process::id());

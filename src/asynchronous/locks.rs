@@ -21,7 +21,8 @@ use crate::error::Error;
 use crate::locks::belief::believed;
 use crate::locks::held::{Held, Loss};
 use crate::locks::lock::{
-    is_worth_waiting_on, judge_renewal, late_grant, renewable, wait_bound, Hold, LockRequest,
+    is_worth_waiting_on, judge_renewal, late_grant, renewable, report_release, wait_bound, Hold,
+    LockRequest,
 };
 use crate::retry::RetryPolicy;
 
@@ -109,7 +110,7 @@ impl<S: AsyncConnectionSource> AsyncLocks<S> {
         let (pool, label) = (self.pool.clone(), label.map(str::to_string));
         // A task of its own: if this future is dropped, the task goes on, and the guard
         // it returns to nobody releases the lock when the runtime drops it.
-        let attempt = tokio::spawn(async move {
+        let attempt = tokio::spawn(crate::telemetry::Parent::current().wrap(async move {
             let start = Instant::now();
             let mut conn = pool.checkout().await?;
             let wait = wait_bound(ttl, request.length.saturating_sub(start.elapsed()));
@@ -124,7 +125,7 @@ impl<S: AsyncConnectionSource> AsyncLocks<S> {
                 },
                 released: false,
             })
-        });
+        }));
         let guard = joined(attempt.await)?;
         if !guard.is_held() {
             let lock = guard.describe();
@@ -198,8 +199,11 @@ impl<S: AsyncConnectionSource> AsyncRenewal<S> {
         let hold = &self.hold;
         hold.end();
         let mut conn = self.pool.checkout().await?;
-        conn.release_lock(&hold.key, &hold.holder, hold.fence, hold.release_wait())
-            .await
+        let released = conn
+            .release_lock(&hold.key, &hold.holder, hold.fence, hold.release_wait())
+            .await;
+        report_release(hold, &released);
+        released
     }
 }
 
@@ -276,7 +280,9 @@ impl<S: AsyncConnectionSource> AsyncLockGuard<S> {
         let renewal = self.renewal.clone();
         // Until the task answers, the task is the release: a dropped caller leaves it to run.
         self.released = true;
-        let result = joined(tokio::spawn(async move { renewal.release().await }).await);
+        let release =
+            crate::telemetry::Parent::current().wrap(async move { renewal.release().await });
+        let result = joined(tokio::spawn(release).await);
         self.released = !matches!(&result, Err(e) if !matches!(e, Error::LockLost { .. }));
         result
     }

@@ -34,9 +34,12 @@ where
     R: Send + 'static,
     E: From<Error> + Send + 'static,
 {
+    let parent = crate::telemetry::Parent::current();
     let task = conn.spawn_blocking(move |conn| {
-        usable(conn)?;
-        Ok(rolled_back_on_panic(conn, call))
+        parent.run(|| {
+            usable(conn)?;
+            Ok(rolled_back_on_panic(conn, call))
+        })
     });
     async move {
         match task.await.map_err(|e| E::from(Error::Database(e)))? {

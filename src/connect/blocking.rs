@@ -38,7 +38,10 @@ where
     E: From<Error> + Send + 'static,
 {
     let pool = pool.clone();
-    let task = tokio::task::spawn_blocking(move || pool.on_connection(work).map_err(E::from)?);
+    let parent = crate::telemetry::Parent::current();
+    let task = tokio::task::spawn_blocking(move || {
+        parent.run(|| pool.on_connection(work).map_err(E::from)?)
+    });
     match task.await {
         Ok(result) => result,
         Err(join) if join.is_panic() => std::panic::resume_unwind(join.into_panic()),

@@ -47,39 +47,51 @@ where
     E: From<Error>,
 {
     let call = Call::new::<C::Backend>(S::OPERATION, T::table_name(), Some(key));
-    // The change's own error is the caller's; the library's shows in the retries' and
-    // the attempts' reports.
-    call.run_as(
-        async move {
-            let nested = attempts.caller_transaction()?;
-            let table = T::table_name();
-            let mut flow =
-                ReadModifyWrite::new(policy, nested, A::FRESH_PER_ATTEMPT, table, key, suspects);
-            let mut effect = flow.start();
-            loop {
-                effect = match effect {
-                    Effect::Begin => {
-                        let attempt =
-                            async |conn: &mut C| run_attempt(conn, &mut flow, key, &mut step).await;
-                        match attempts.attempt(attempt).await {
-                            Ok(next) => next,
-                            // No connection for the attempt: nothing began.
-                            Err(error) => flow.began(Err(error)),
+    // The call reports the library's error; the change's own is the caller's.
+    let modified = call
+        .run_as(
+            async move {
+                let nested = attempts.caller_transaction().map_err(Stop::Occ)?;
+                let table = T::table_name();
+                let mut flow = ReadModifyWrite::new(
+                    policy,
+                    nested,
+                    A::FRESH_PER_ATTEMPT,
+                    table,
+                    key,
+                    suspects,
+                )
+                .reported_as(S::OPERATION);
+                let mut effect = flow.start();
+                loop {
+                    effect = match effect {
+                        Effect::Begin => {
+                            let attempt = async |conn: &mut C| {
+                                run_attempt(conn, &mut flow, key, &mut step).await
+                            };
+                            match attempts.attempt(attempt).await {
+                                Ok(next) => next,
+                                // No connection for the attempt: nothing began.
+                                Err(error) => flow.began(Err(error)),
+                            }
                         }
-                    }
-                    Effect::Pause(pause) => {
-                        attempts.pause(pause).await;
-                        flow.paused()
-                    }
-                    Effect::Done => break,
-                    other => unreachable!("{other:?} is run inside an attempt"),
-                };
-            }
-            Ok(Modified::of(flow.outcome()?))
-        },
-        |_| None,
-    )
-    .await
+                        Effect::Pause(pause) => {
+                            attempts.pause(pause).await;
+                            flow.paused()
+                        }
+                        Effect::Done => break,
+                        other => unreachable!("{other:?} is run inside an attempt"),
+                    };
+                }
+                Ok(Modified::of(flow.outcome()?))
+            },
+            |stop| match stop {
+                Stop::Occ(error) => Some(error),
+                Stop::Caller(_) => None,
+            },
+        )
+        .await;
+    modified.map_err(Stop::into_error)
 }
 
 /// One attempt of `flow` on `conn`, from its `BEGIN` to its `COMMIT` or `ROLLBACK`: the

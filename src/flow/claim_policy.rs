@@ -23,9 +23,12 @@ static ONCE: LazyLock<RetryPolicy> = LazyLock::new(RetryPolicy::never);
 /// A run of the policy of a claim operation on a connection that is (or is not) inside
 /// the caller's transaction.
 pub(crate) fn claim_run(in_callers_transaction: bool) -> Run<'static> {
-    if in_callers_transaction {
+    let run = if in_callers_transaction {
         ONCE.start()
     } else {
         AGAIN.start()
-    }
+    };
+    // Reported for all claim operations alike: each attempt is a call of its own, which
+    // names the operation and the table.
+    run.of("claims", "")
 }

@@ -75,8 +75,9 @@ enum State<T, V, E> {
     RollingBack(Stop<E>),
     /// Waiting out the pause before the next attempt.
     Pausing,
-    /// The outcome, with the attempts it took.
-    Done(Result<(V, u32), E>),
+    /// The outcome, with the attempts it took (a failure still telling the library's
+    /// error from the caller's, for the call's report).
+    Done(Result<(V, u32), Stop<E>>),
     /// The outcome was taken.
     Taken,
 }
@@ -108,7 +109,7 @@ impl<'a, T, V, E: From<Error>> ReadModifyWrite<'a, T, V, E> {
         key: &'a (dyn Debug + Sync),
         suspects: &'a str,
     ) -> Self {
-        let run = policy.start();
+        let run = policy.start().of("modify", table);
         ReadModifyWrite {
             run: if nested { run.only_once() } else { run },
             contended: Contended::of(policy, table, key),
@@ -213,8 +214,14 @@ impl<'a, T, V, E: From<Error>> ReadModifyWrite<'a, T, V, E> {
         Effect::Begin
     }
 
+    /// This flow, its retries reported as those of `operation`.
+    pub(crate) fn reported_as(mut self, operation: &'static str) -> Self {
+        self.run = self.run.named(operation);
+        self
+    }
+
     /// The outcome and the attempts it took, once the flow answered [`Effect::Done`].
-    pub(crate) fn outcome(&mut self) -> Result<(V, u32), E> {
+    pub(crate) fn outcome(&mut self) -> Result<(V, u32), Stop<E>> {
         match std::mem::replace(&mut self.state, State::Taken) {
             State::Done(outcome) => outcome,
             _ => panic!("read-modify-write: the outcome is there only after Effect::Done"),
@@ -236,7 +243,7 @@ impl<'a, T, V, E: From<Error>> ReadModifyWrite<'a, T, V, E> {
     /// the policy says.
     fn settle(&mut self, stop: Stop<E>) -> Effect {
         let stop = self.contended.settle(stop, self.fresh_per_attempt);
-        match self.run.wait_after(stop) {
+        match self.run.wait_or_stop(stop) {
             Ok(pause) => {
                 self.state = State::Pausing;
                 Effect::Pause(pause)

@@ -15,7 +15,7 @@
 //!   deadline does not bring it back. Between the deadline and that reply another holder
 //!   may have been told the lock is free, since the holder's last grant may have ended.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 /// The share of a lease that a holder's belief gives up at its end: a tenth.
@@ -36,6 +36,9 @@ pub(crate) struct Belief {
     until: AtomicU64,
     /// How long each grant or renewal is believed, from before its request.
     length: Duration,
+    /// Whether the loss of the grant has been reported (a renewal, the keep-alive and the
+    /// release may each find it; the telemetry reports it once).
+    loss_reported: AtomicBool,
 }
 
 impl Belief {
@@ -46,7 +49,13 @@ impl Belief {
             base,
             until: AtomicU64::new(nanos(length).max(1)),
             length,
+            loss_reported: AtomicBool::new(false),
         }
+    }
+
+    /// Whether this is the first report of the grant's loss.
+    pub(crate) fn first_loss_report(&self) -> bool {
+        !self.loss_reported.swap(true, Ordering::SeqCst)
     }
 
     /// Whether the deadline has not passed (and the belief was not ended).

@@ -23,7 +23,7 @@ use crate::connect::transaction::WriteTransaction;
 use crate::drive::now;
 use crate::error::Error;
 use crate::locks::held::{Held, Loss};
-use crate::locks::lock::{Hold, LockConnection, LockGuard, Locks, Renewal};
+use crate::locks::lock::{report_loss, Hold, LockConnection, LockGuard, Locks, Renewal};
 use std::future::Future;
 
 /// A lock whose lease renews itself until it is released or dropped.
@@ -70,17 +70,11 @@ pub(crate) async fn keep_renewing<R: Renews>(
         if stop.stopped_after(pause).await {
             return None;
         }
-        let renewed = renewal.renew_lease().await;
-        // A renewal that found the lock taken has reported the loss; one given up by the
-        // local deadline is reported here.
-        let unreported = !matches!(renewed, Err(Error::LockLost { .. }));
-        match next_renewal(renewed, renewal.is_held(), interval) {
+        match next_renewal(renewal.renew_lease().await, renewal.is_held(), interval) {
             Ok(next) => pause = next,
             Err(why) => {
                 renewal.end();
-                if unreported {
-                    crate::telemetry::lock_lost(&renewal.key, &why);
-                }
+                report_loss(&renewal.key, &renewal.belief, &why);
                 return Some(why);
             }
         }

@@ -316,7 +316,8 @@ impl LockStep<'_> {
             (_, Err(Error::LockHeld { holder, until, .. })) => {
                 t::lock_busy(key, holder.as_deref(), until.as_deref())
             }
-            (_, Err(Error::LockLost { why, .. })) => t::lock_lost(key, why),
+            // A loss is reported where the holder's belief is known, once per grant
+            // ([`report_loss`]).
             _ => {}
         }
     }
@@ -644,7 +645,7 @@ pub(crate) fn renewable(key: &LockKey, belief: &Belief) -> Result<(), Error> {
         return Ok(());
     }
     let why = "its local deadline passed before this renewal was sent";
-    crate::telemetry::lock_lost(key, why);
+    report_loss(key, belief, why);
     Err(Error::LockLost {
         lock: key.describe(),
         why: why.into(),
@@ -667,17 +668,33 @@ pub(crate) fn judge_renewal(
         Ok(()) => {
             belief.end();
             let why = "the renewal came back after the holder's local deadline; it does not revive the lease";
-            crate::telemetry::lock_lost(key, why);
+            report_loss(key, belief, why);
             Err(Error::LockLost {
                 lock: key.describe(),
                 why: why.into(),
             })
         }
-        Err(e @ Error::LockLost { .. }) => {
+        Err(Error::LockLost { lock, why }) => {
             belief.end();
-            Err(e)
+            report_loss(key, belief, &why);
+            Err(Error::LockLost { lock, why })
         }
         Err(e) => Err(e),
+    }
+}
+
+/// Reports the loss of the grant of `key` that `belief` holds, for reason `why`, unless
+/// it was reported already (a renewal, the keep-alive and the release may each find it).
+pub(crate) fn report_loss(key: &LockKey, belief: &Belief, why: &str) {
+    if belief.first_loss_report() {
+        crate::telemetry::lock_lost(key, why);
+    }
+}
+
+/// Reports what a release answered: a loss not reported before.
+pub(crate) fn report_release(hold: &Hold, released: &Result<(), Error>) {
+    if let Err(Error::LockLost { why, .. }) = released {
+        report_loss(&hold.key, &hold.belief, why);
     }
 }
 
@@ -1067,14 +1084,16 @@ where
     fn free(&self) -> Result<(), Error> {
         let renewal = &self.renewal;
         renewal.end();
-        renewal.pool.on_connection(|conn| {
+        let released = renewal.pool.on_connection(|conn| {
             conn.release_lock(
                 &renewal.key,
                 &renewal.holder,
                 renewal.fence,
                 renewal.release_wait(),
             )
-        })?
+        })?;
+        report_release(renewal, &released);
+        released
     }
 }
 

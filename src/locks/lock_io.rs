@@ -124,7 +124,8 @@ where
     for<'k> Counted:
         RunOn<C, RenewLock, LeaseLost<'k>, i64> + RunOn<C, ReleaseLock, LeaseLost<'k>, i64>,
 {
-    let call = Call::new::<C::Backend>(step.operation(), "occ_locks", Some(&key.shown()));
+    let shown = key.shown();
+    let call = Call::new::<C::Backend>(step.operation(), "occ_locks", Some(&shown));
     call.run_reporting(
         async move {
             conn.refuse_broken()?;

@@ -244,7 +244,8 @@ where
     for<'k> CompletionOf<T>:
         RunOn<C, TransitionOf<T, Ch::Changeset, G>, TransitionMiss<'k, T, G>, TokenOf<T>>,
 {
-    let call = Call::new::<C::Backend>("transition", T::table_name(), Some(&row.key()));
+    let key = row.key();
+    let call = Call::new::<C::Backend>("transition", T::table_name(), Some(&key));
     let answer = call
         .run(async move {
             conn.refuse_broken()?;
@@ -449,7 +450,7 @@ where
         .run(async move {
             conn.refuse_broken()?;
             let policy = policy.one_attempt_if(conn.in_transaction());
-            let mut run = policy.start();
+            let mut run = policy.start().of("transition_by_key", T::table_name());
             let (mut runs, mut condition_run_again) = (KeyWriteRuns::default(), true);
             loop {
                 let (changes, when, miss) =

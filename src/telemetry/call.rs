@@ -7,24 +7,28 @@ use crate::connect::backend::OccBackend;
 use crate::error::Error;
 
 /// A call of the library's being made: operation `db.operation` on table
-/// `db.collection.name`. Made with [`Call::new`], run with [`Call::run`].
+/// `db.collection.name`, about the row (or lock) `key`. Made with [`Call::new`], run
+/// with [`Call::run`]; a call dropped before it ended (its future dropped: a timeout, a
+/// client that went away) reports the outcome `cancelled`.
 #[must_use = "a call reports nothing until it runs"]
-pub(crate) struct Call {
+#[cfg_attr(not(feature = "tracing"), allow(dead_code))] // Names and key: events only.
+pub(crate) struct Call<'k> {
+    operation: &'static str,
+    table: &'static str,
+    key: Option<&'k (dyn Debug + Sync)>,
+    /// Whether the end has been reported.
+    ended: bool,
     #[cfg(feature = "metrics")]
-    labels: [(&'static str, &'static str); 3],
+    system: &'static str,
     #[cfg(feature = "metrics")]
     started: std::time::Instant,
     #[cfg(feature = "tracing")]
     span: tracing::Span,
 }
 
-impl Call {
+impl<'k> Call<'k> {
     /// Operation `operation` on `table` of backend `B`, about the row (or lock) `key`
     /// where there is one.
-    #[cfg_attr(
-        not(all(feature = "tracing", feature = "metrics")),
-        allow(unused_variables)
-    )]
     #[cfg_attr(
         not(any(feature = "tracing", feature = "metrics")),
         allow(clippy::extra_unused_type_parameters)
@@ -33,15 +37,15 @@ impl Call {
     pub(crate) fn new<B: OccBackend>(
         operation: &'static str,
         table: &'static str,
-        key: Option<&dyn Debug>,
-    ) -> Call {
+        key: Option<&'k (dyn Debug + Sync)>,
+    ) -> Call<'k> {
         Call {
+            operation,
+            table,
+            key,
+            ended: false,
             #[cfg(feature = "metrics")]
-            labels: [
-                ("db.system", B::DB_SYSTEM),
-                ("db.operation", operation),
-                ("db.collection.name", table),
-            ],
+            system: B::DB_SYSTEM,
             #[cfg(feature = "metrics")]
             started: std::time::Instant::now(),
             #[cfg(feature = "tracing")]
@@ -49,14 +53,24 @@ impl Call {
                 let span = tracing::debug_span!(
                     target: "diesel_occ",
                     "diesel_occ",
+                    otel.name = tracing::field::Empty,
+                    otel.kind = "client",
+                    otel.status_code = tracing::field::Empty,
                     db.system = B::DB_SYSTEM,
                     db.operation = operation,
                     db.collection.name = table,
                     occ.key = tracing::field::Empty,
                     occ.outcome = tracing::field::Empty,
+                    error.r#type = tracing::field::Empty,
                 );
-                if let (Some(key), false) = (key, span.is_disabled()) {
-                    span.record("occ.key", tracing::field::debug(key));
+                if !span.is_disabled() {
+                    span.record(
+                        "otel.name",
+                        tracing::field::display(format_args!("{operation} {table}")),
+                    );
+                    if let Some(key) = key {
+                        span.record("occ.key", tracing::field::debug(key));
+                    }
                 }
                 span
             },
@@ -98,7 +112,7 @@ impl Call {
     /// read-modify-write's change): `occ` finds the library's error in it, if it is one;
     /// the caller's own is reported as `error`.
     pub(crate) async fn run_as<T, E>(
-        self,
+        mut self,
         body: impl Future<Output = Result<T, E>>,
         occ: impl Fn(&E) -> Option<&Error>,
     ) -> Result<T, E> {
@@ -107,10 +121,10 @@ impl Call {
         #[cfg(not(feature = "tracing"))]
         let result = body.await;
         match &result {
-            Ok(_) => self.ended("ok", None),
+            Ok(_) => self.end("ok", None),
             Err(e) => match occ(e) {
-                Some(error) => self.ended(error.kind(), Some(error)),
-                None => self.ended("error", None),
+                Some(error) => self.end(error.kind(), Some(error)),
+                None => self.end("error", None),
             },
         }
         result
@@ -122,30 +136,87 @@ impl Call {
         not(all(feature = "tracing", feature = "metrics")),
         allow(unused_variables)
     )]
-    fn ended(self, outcome: &'static str, error: Option<&Error>) {
+    fn end(&mut self, outcome: &'static str, error: Option<&Error>) {
+        self.ended = true;
         #[cfg(feature = "tracing")]
         {
             self.span.record("occ.outcome", outcome);
-            // A conflict has had its own event, with both tokens.
-            if let Some(error) = error.filter(|e| !matches!(e, Error::Conflict(_))) {
+            if outcome != "ok" {
+                self.span.record("otel.status_code", "ERROR");
+                self.span.record("error.type", outcome);
+            }
+            if let Some(error) = error.filter(|e| !reported_on_its_own(self.operation, e)) {
                 let _in_call = self.span.enter();
+                let key = self.key.map(tracing::field::debug);
+                // The call's own fields too: an operator's subscriber (`INFO`) does not
+                // show the call's span.
                 if error.is_trouble() {
-                    tracing::event!(name: "diesel_occ.call_failed", target: "diesel_occ", tracing::Level::WARN, occ.outcome = outcome, error = %error, "the call failed");
+                    tracing::event!(
+                        name: "diesel_occ.call_failed",
+                        target: "diesel_occ",
+                        tracing::Level::WARN,
+                        db.operation = self.operation,
+                        db.collection.name = self.table,
+                        occ.key = key,
+                        occ.outcome = outcome,
+                        error = %error,
+                        "{} on {} failed", self.operation, self.table
+                    );
                 } else {
-                    tracing::event!(name: "diesel_occ.call_failed", target: "diesel_occ", tracing::Level::DEBUG, occ.outcome = outcome, error = %error, "the call ended without its write");
+                    tracing::event!(
+                        name: "diesel_occ.call_failed",
+                        target: "diesel_occ",
+                        tracing::Level::DEBUG,
+                        db.operation = self.operation,
+                        db.collection.name = self.table,
+                        occ.key = key,
+                        occ.outcome = outcome,
+                        error = %error,
+                        "{} on {} ended without its write", self.operation, self.table
+                    );
                 }
             }
         }
         #[cfg(feature = "metrics")]
         {
-            let [system, operation, table] = self.labels;
+            let (system, operation, table) = (self.system, self.operation, self.table);
             metrics::counter!(
                 "diesel_occ_calls_total",
-                &[system, operation, table, ("occ.outcome", outcome)]
+                "db.system" => system,
+                "db.operation" => operation,
+                "db.collection.name" => table,
+                "occ.outcome" => outcome
             )
             .increment(1);
-            metrics::histogram!("diesel_occ_call_duration_seconds", &self.labels)
-                .record(self.started.elapsed());
+            metrics::histogram!(
+                "diesel_occ_call_duration_seconds",
+                "db.system" => system,
+                "db.operation" => operation,
+                "db.collection.name" => table
+            )
+            .record(self.started.elapsed());
         }
+    }
+}
+
+/// A call dropped before it answered: its caller gave up on it (a timeout, a client that
+/// went away).
+impl Drop for Call<'_> {
+    fn drop(&mut self) {
+        if !self.ended {
+            self.end("cancelled", None);
+        }
+    }
+}
+
+/// Whether `error`, the answer of `operation`, has an event of its own, so that the
+/// call's end adds none: a conflict (with both tokens), a retry loop that gave up, a
+/// lock held by another or lost (a lock step's; a lost claim has no other report).
+#[cfg(feature = "tracing")]
+fn reported_on_its_own(operation: &str, error: &Error) -> bool {
+    match error {
+        Error::Conflict(_) | Error::RetriesExhausted { .. } | Error::LockHeld { .. } => true,
+        Error::LockLost { .. } => operation.starts_with("lock."),
+        _ => false,
     }
 }

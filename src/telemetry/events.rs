@@ -36,15 +36,17 @@ pub(crate) fn conflict(conflict: &Conflict) {
         .increment(1);
 }
 
-/// A retry policy runs an attempt again after `retry.delay`.
+/// A retry policy runs an attempt of `operation` on `table` again after `retry.delay`.
 #[inline]
-pub(crate) fn retry(retry: &RetryEvent<'_>) {
+pub(crate) fn retry((operation, table): (&'static str, &'static str), retry: &RetryEvent<'_>) {
     let reason = retry_reason(retry.error);
     #[cfg(feature = "tracing")]
     tracing::event!(
         name: "diesel_occ.retry",
         target: "diesel_occ",
         tracing::Level::DEBUG,
+        db.operation = operation,
+        db.collection.name = table,
         occ.attempt = retry.attempt,
         occ.reason = reason,
         occ.wait_us = retry.delay.as_micros() as u64,
@@ -53,8 +55,15 @@ pub(crate) fn retry(retry: &RetryEvent<'_>) {
     );
     #[cfg(feature = "metrics")]
     {
-        metrics::counter!("diesel_occ_retries_total", "occ.reason" => reason).increment(1);
-        metrics::histogram!("diesel_occ_retry_wait_seconds").record(retry.delay);
+        metrics::counter!(
+            "diesel_occ_retries_total",
+            "db.operation" => operation,
+            "db.collection.name" => table,
+            "occ.reason" => reason
+        )
+        .increment(1);
+        metrics::histogram!("diesel_occ_retry_wait_seconds", "db.operation" => operation)
+            .record(retry.delay);
     }
 }
 
@@ -74,27 +83,41 @@ fn retry_reason(error: &Error) -> &'static str {
     }
 }
 
-/// A retry policy gave up after `attempts`, the last one failing with `last`.
+/// A retry policy gave up on `operation` on `table` after `attempts`, the last one
+/// failing with `last`: at `WARN`, with what it was about, since an operator's
+/// subscriber does not show the call's span.
 #[inline]
-pub(crate) fn gave_up(attempts: u32, last: &Error) {
+pub(crate) fn gave_up(
+    (operation, table): (&'static str, &'static str),
+    attempts: u32,
+    last: &Error,
+) {
     #[cfg(feature = "tracing")]
     tracing::event!(
         name: "diesel_occ.gave_up",
         target: "diesel_occ",
         tracing::Level::WARN,
+        db.operation = operation,
+        db.collection.name = table,
         occ.attempts = attempts,
         error = %last,
-        "gave up after {attempts} attempts"
+        "gave up on {operation} after {attempts} attempts"
     );
     #[cfg(feature = "metrics")]
-    metrics::counter!("diesel_occ_retries_exhausted_total").increment(1);
+    metrics::counter!(
+        "diesel_occ_retries_exhausted_total",
+        "db.operation" => operation,
+        "db.collection.name" => table
+    )
+    .increment(1);
 }
 
-/// A run of a retry policy ended after `attempts` attempts, however it ended.
+/// A run of a retry policy for `operation` ended after `attempts` attempts, however it
+/// ended.
 #[inline]
-pub(crate) fn attempts(attempts: u32) {
+pub(crate) fn attempts(operation: &'static str, attempts: u32) {
     #[cfg(feature = "metrics")]
-    metrics::histogram!("diesel_occ_attempts").record(attempts);
+    metrics::histogram!("diesel_occ_attempts", "db.operation" => operation).record(attempts);
 }
 
 /// The lock `key` was granted to this process with `fence`.
@@ -207,19 +230,33 @@ pub(crate) fn leadership(key: &LockKey, event: &crate::LeaderEvent) {
             occ.why = "stepped down",
             "this process stepped down from {}", key.shown()
         ),
-        E::JobEnded { panic } => tracing::event!(
+        E::JobEnded { panic: None } => tracing::event!(
             name: "diesel_occ.leadership_ended",
             target: "diesel_occ",
             tracing::Level::INFO,
             occ.election = %key.shown(),
-            occ.why = panic.as_deref().unwrap_or("the leader's job returned"),
-            "the leader's job of {} ended; the lock is freed", key.shown()
+            occ.why = "the leader's job returned",
+            "the leader's job of {} returned; the lock is freed", key.shown()
+        ),
+        E::JobEnded { panic: Some(panic) } => tracing::event!(
+            name: "diesel_occ.leadership_ended",
+            target: "diesel_occ",
+            tracing::Level::WARN,
+            occ.election = %key.shown(),
+            occ.why = panic.as_str(),
+            "the leader's job of {} panicked: {panic}; the lock is freed", key.shown()
         ),
     }
     #[cfg(feature = "metrics")]
     {
-        let leads = if change == "gained" { 1.0 } else { 0.0 };
-        metrics::gauge!("diesel_occ_leader", "occ.election" => key.name().to_owned()).set(leads);
+        // Each term ends once: a gauge moved by one per term stays right when elections of
+        // one name on several resources (a leader per shard) run in one process.
+        let leader = metrics::gauge!("diesel_occ_leader", "occ.election" => key.name().to_owned());
+        if change == "gained" {
+            leader.increment(1.0);
+        } else {
+            leader.decrement(1.0);
+        }
         metrics::counter!(
             "diesel_occ_leadership_changes_total",
             "occ.election" => key.name().to_owned(),

@@ -135,9 +135,9 @@ where
     E: From<Error>,
 {
     let call = Call::new::<C::Backend>("locked", T::table_name(), Some(key));
-    // The work's own error is the caller's.
+    // The call reports the library's error; the work's own is the caller's.
     let locked = async move {
-        let nested = conn.caller_transaction()?;
+        let nested = conn.caller_transaction().map_err(Stop::Occ)?;
         let suspects = T::GUARD_COLUMNS.join(", ");
         let body = async |conn: &mut C| -> (End, Result<R, Stop<E>>) {
             let result = async {
@@ -149,9 +149,13 @@ where
             (End::after(&result), result)
         };
         let ended = conn.write_transaction(body).await;
-        settled(ended, nested).map_err(Stop::into_error)
+        settled(ended, nested)
     };
-    call.run_as(locked, |_| None).await
+    let locked = call.run_as(locked, |stop| match stop {
+        Stop::Occ(error) => Some(error),
+        Stop::Caller(_) => None,
+    });
+    locked.await.map_err(Stop::into_error)
 }
 
 /// The row lock to read with for `wait`.

@@ -85,7 +85,8 @@ where
     InsertOf<T>: Assignments<C::Backend> + Send,
     Counted: RunOn<C, InsertOf<T>, CannotMiss, ()>,
 {
-    let call = Call::new::<C::Backend>("upsert", T::table_name(), Some(&row.key()));
+    let key = row.key();
+    let call = Call::new::<C::Backend>("upsert", T::table_name(), Some(&key));
     let answer = call
         .run(async move {
             conn.refuse_broken()?;

@@ -8,7 +8,7 @@
 
 use crate::common;
 
-use common::drivers::{Campaign, LockRenewals, Modify, Update};
+use common::drivers::{Campaign, LockHolder, LockRenewals, Modify, Update};
 use common::models::{Order, OrderPatch};
 use common::schema::orders;
 use common::telemetry::{metric, record, reported, Reported};
@@ -20,6 +20,9 @@ use std::time::Duration;
 use diesel::prelude::*;
 use diesel_occ::prelude::*;
 use diesel_occ::{Contention, ElectionTiming, Error, LeaderEvent, RetryPolicy};
+
+/// The retries of modifies of `orders` after a conflict.
+const RETRIES: &str = r#"diesel_occ_retries_total{db_operation="modify",db_collection_name="orders",occ_reason="conflict"}"#;
 
 /// OpenTelemetry's `db.system` of `backend`.
 fn db_system(backend: &str) -> &'static str {
@@ -109,8 +112,8 @@ for_each_backend! {
         record();
         let id = own_key();
         insert(db, id);
-        let retries = metric(r#"diesel_occ_retries_total{occ_reason="conflict"}"#);
-        let runs = metric("diesel_occ_attempts_count");
+        let retries = metric(RETRIES);
+        let runs = metric(r#"diesel_occ_attempts_count{db_operation="modify"}"#);
         let calls = Arc::new(AtomicU32::new(0));
         let (called, others) = (Arc::clone(&calls), db.pool.clone());
         let policy = RetryPolicy::default().contention(Contention::Optimistic).max_delay(Duration::from_millis(50));
@@ -129,6 +132,7 @@ for_each_backend! {
         let in_modify = |e: &Reported| e.spans.iter().any(|s| s.get("db.operation").map(String::as_str) == Some("modify"));
         let [retry] = &about_row("diesel_occ.retry", id)[..] else { panic!("one retry event") };
         assert!(in_modify(retry), "{retry:?}");
+        assert_eq!((retry.field("db.operation"), retry.field("db.collection.name")), ("modify", "orders"));
         assert_eq!((retry.field("occ.attempt"), retry.field("occ.reason")), ("1", "conflict"));
         let wait: u64 = retry.field("occ.wait_us").parse().unwrap();
         assert!(wait <= 50_000, "a wait under the policy's longest: {wait} µs");
@@ -137,8 +141,34 @@ for_each_backend! {
         assert!(in_modify(&conflicts[0]) && conflicts[0].span_field("db.operation") == Some("save"), "{conflicts:?}");
         assert!(about_row("diesel_occ.gave_up", id).is_empty());
 
-        assert!(metric(r#"diesel_occ_retries_total{occ_reason="conflict"}"#) > retries);
-        assert!(metric("diesel_occ_attempts_count") > runs);
+        assert!(metric(RETRIES) > retries);
+        assert!(metric(r#"diesel_occ_attempts_count{db_operation="modify"}"#) > runs);
+
+        // A writer overtaken on every attempt: the policy gives up after its two, once,
+        // at WARN, naming the operation and the table (the call's end adds nothing).
+        let other = own_key();
+        insert(db, other);
+        let pool = db.pool.clone();
+        let policy = policy.max_attempts(2);
+        let gave_up = w().modify(&other, &policy, move |order| {
+            Order::guarded_update_by_key(&mut pool.get().unwrap(), &other, &order.version, orders::quantity.eq(9))?;
+            Ok(())
+        });
+        assert!(matches!(gave_up, Err(Error::RetriesExhausted { attempts: 2, .. })), "{gave_up:?}");
+        let [given_up] = &about_row("diesel_occ.gave_up", other)[..] else {
+            panic!("one report of giving up: {:?}", about_row("diesel_occ.gave_up", other))
+        };
+        assert_eq!(given_up.level, tracing::Level::WARN);
+        assert_eq!(
+            (given_up.field("db.operation"), given_up.field("db.collection.name"), given_up.field("occ.attempts")),
+            ("modify", "orders", "2")
+        );
+        assert!(about_row("diesel_occ.call_failed", other).is_empty());
+        let exhausted = format!(
+            r#"diesel_occ_calls_total{{db_system="{}",db_operation="modify",db_collection_name="orders",occ_outcome="retries_exhausted"}}"#,
+            db_system(BACKEND)
+        );
+        assert!(metric(&exhausted) >= 1.0, "{exhausted}");
     }
 
     /// A lock held, refused to another, left to expire, taken by the other (a higher
@@ -149,7 +179,7 @@ for_each_backend! {
     /// a higher fence, and the leader gauge follows.
     fn a_lock_handover_and_a_leadership_change_are_reported<W>(_: &Db, w: &W)
     where
-        W: LockRenewals + Campaign,
+        W: LockRenewals + Campaign + LockHolder,
     {
         record();
         let name = common::unique_name();
@@ -160,8 +190,12 @@ for_each_backend! {
         assert!(matches!(refused, Err(Error::LockHeld { .. })), "{:?}", refused.err());
         std::thread::sleep(ttl + Duration::from_millis(400));
         let second = w.try_lock(&name, "report", ttl, Some("second")).unwrap();
+        let holders = [W::holder(&first), W::holder(&second)];
         let lost = w.renew(&mut first);
         assert!(matches!(lost, Err(Error::LockLost { .. })), "{lost:?}");
+        // Its release finds the lock taken too: the loss was reported once already.
+        let released = w.release(first);
+        assert!(matches!(released, Err(Error::LockLost { .. })), "{released:?}");
         w.release(second).unwrap();
 
         let grants = about_lock("diesel_occ.lock_granted", "occ.lock", &lock);
@@ -213,6 +247,14 @@ for_each_backend! {
             metric(&format!(r#"diesel_occ_leadership_changes_total{{occ_election="{election}",occ_change="{change}"}}"#))
         };
         assert_eq!((changes("gained"), changes("ended"), changes("lost")), (2.0, 2.0, 0.0));
+
+        // A holder's token is its proof of holding: no report shows it.
+        let shown = reported(|e| {
+            holders.iter().any(|token| {
+                e.fields.values().chain(e.spans.iter().flat_map(|s| s.values())).any(|v| v.contains(token.as_str()))
+            })
+        });
+        assert!(shown.is_empty(), "a holder token in {shown:?}");
     }
 
     tests_on_both_drivers!(

@@ -71,6 +71,9 @@ for_each_backend! {
         });
         let [ended] = &ended[..] else { panic!("{}: one report of the refused finish: {ended:?}", W::PATH) };
         assert_eq!((ended.field("occ.outcome"), ended.level), (error.kind(), tracing::Level::DEBUG));
+        // The event names its call itself: an operator's subscriber shows no spans.
+        assert_eq!((ended.field("db.operation"), ended.field("db.collection.name")), ("finish_claim", "jobs"));
+        assert_eq!(ended.field("occ.key"), id.to_string());
     }
 
     claim_tests_on_both_paths!(claims_heartbeats_and_parked_rows_are_reported);

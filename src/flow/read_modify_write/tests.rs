@@ -106,7 +106,7 @@ fn drive(
         });
     }
     assert_eq!(seen, effects, "effects");
-    flow.outcome()
+    flow.outcome().map_err(Stop::into_error)
 }
 
 const PAUSE: Effect = Effect::Pause(Duration::ZERO);
