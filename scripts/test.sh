@@ -5,8 +5,9 @@
 # short soak judged by a linearizability checker (and a broken guard it must catch), an
 # advisory check of the dependencies, a short run of scripts/faults.sh (session kills
 # and a restart of each local server), and the cluster tests on a PostgreSQL primary with
-# a streaming standby (scripts/pg-replica.sh) and a 3-node MariaDB Galera cluster
-# (scripts/galera.sh), both started on loopback.
+# a streaming standby (scripts/pg-replica.sh), PgBouncer in transaction mode in front of
+# the local PostgreSQL (scripts/pgbouncer.sh) and a 3-node MariaDB Galera cluster
+# (scripts/galera.sh), all started on loopback.
 #
 # Run it as root on a Debian machine (or with sudo available). It installs what is missing
 # (postgresql, mariadb-server, libpq-dev, default-libmysqlclient-dev, pkg-config), starts
@@ -103,6 +104,23 @@ if [ -z "$preset" ]; then
 else
     bash scripts/faults.sh 20 2
 fi
+step "PgBouncer in transaction mode (Debian's 1.18, and 1.24 with prepared statements): the pooler tests, and a soak through each with both restarted"
+# scripts/pgbouncer.sh builds 1.24 from Debian's source package at its first start. The
+# poolers are stopped however the step ends.
+trap 'bash scripts/pgbouncer.sh stop' EXIT
+urls=$(bash scripts/pgbouncer.sh start | tail -n 1)
+OCC_PGBOUNCER_URLS=$urls OCC_REQUIRE_CLUSTER=1 cargo test --all-features --test clusters pgbouncer::
+# 1.24 keeps prepared statements: both drivers, diesel's statement cache on.
+cargo run -q -p diesel-occ-bench --features all-backends -- --soak 20000 --url "${urls#*,}" \
+    --outage "bash scripts/pgbouncer.sh restart" --outage-every 4 --outage-times 1 \
+    --out target/soak-smoke/pgbouncer-1.24 | grep -v '^  {'
+# 1.18 keeps none: the blocking API without the statement cache (diesel-async names every
+# statement, so it needs 1.21 or newer).
+cargo run -q -p diesel-occ-bench --features all-backends -- --soak 20000 --url "${urls%%,*}" \
+    --no-statement-cache --threads 8 --tasks 0 \
+    --outage "bash scripts/pgbouncer.sh restart" --outage-every 4 --outage-times 1 \
+    --out target/soak-smoke/pgbouncer-1.18 | grep -v '^  {'
+bash scripts/pgbouncer.sh stop
 step "a PostgreSQL primary and a standby on loopback: stale copies, writes sent to the standby, a failover that loses commits, a soak across a failover"
 # Each test starts a fresh pair (scripts/pg-replica.sh); the pair is removed however the
 # step ends.

@@ -14,7 +14,9 @@
 //! 9. [Choosing a guard and a retry policy](choosing).
 //! 10. [When connections fail, and bad input](failures): what each outcome means.
 //! 11. [Clusters and replicas](clusters): Galera, PostgreSQL standbys, failover.
-//! 12. [Compared with other tools](comparison).
+//! 12. [Running behind poolers, proxies and failover](topologies): PgBouncer in
+//!     transaction mode.
+//! 13. [Compared with other tools](comparison).
 //!
 //! What the library reports while it works (spans, events, metrics) is listed in the
 //! module [`telemetry`](crate::telemetry).
@@ -52,6 +54,9 @@ pub mod failures {}
 
 #[doc = include_str!("docs/clusters.md")]
 pub mod clusters {}
+
+#[doc = include_str!("docs/topologies.md")]
+pub mod topologies {}
 
 #[doc = include_str!("docs/comparison.md")]
 pub mod comparison {}

@@ -98,10 +98,33 @@ macro_rules! per_backend {
 }
 pub(crate) use per_backend;
 
+/// Whether blocking connections keep diesel's prepared-statement cache (`--no-statement-cache`).
+static STATEMENT_CACHE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
+
+/// Turns diesel's prepared-statement cache off for every blocking connection from now on.
+pub fn disable_statement_cache() {
+    STATEMENT_CACHE.store(false, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// Whether blocking connections keep diesel's statement cache (to pass on to a child).
+pub fn statement_cache() -> bool {
+    STATEMENT_CACHE.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// A blocking connection to `url`, with the statement cache as `--no-statement-cache` says.
+pub fn establish<C: diesel::Connection>(url: &str) -> diesel::ConnectionResult<C> {
+    let mut conn = C::establish(url)?;
+    if !statement_cache() {
+        conn.set_prepared_statement_cache_size(diesel::connection::CacheSize::Disabled);
+    }
+    Ok(conn)
+}
+
 /// A pool of `size` connections, all opened up front so that no measurement pays for a
 /// connect.
 pub fn pool_config(size: u32) -> diesel_occ::PoolConfig {
     diesel_occ::PoolConfig {
+        statement_cache: statement_cache(),
         max_size: size,
         min_idle: size,
         // SQLite: 16 writers queue for the one write lock; give them time.

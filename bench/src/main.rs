@@ -124,6 +124,12 @@ struct Options {
     #[arg(long, requires = "soak")]
     broken_guard: bool,
 
+    /// Every blocking connection without diesel's prepared-statement cache: what a
+    /// connection behind a pooler in transaction mode that keeps no prepared statements
+    /// needs (PgBouncer before 1.21).
+    #[arg(long)]
+    no_statement_cache: bool,
+
     /// With `--soak`: a shell command run every `--outage-every` seconds, awaited each
     /// time (a server restart, a cluster node killed and started again, a failover).
     #[arg(long, requires = "soak")]
@@ -247,6 +253,9 @@ impl Settings {
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let options = Options::parse();
+    if options.no_statement_cache {
+        backend::disable_statement_cache();
+    }
     if !options.medians_of.is_empty() {
         let sections = medians::sections_of_runs(&options.medians_of)?;
         let table: String = sections.iter().map(|(_, table)| table.as_str()).collect();

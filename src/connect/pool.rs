@@ -24,6 +24,8 @@ use crate::error::{connection_lost, Error};
 ///   trip before it is handed out (HikariCP's default window), a busier one is not
 /// - `idle_session_timeout` (MySQL only): 60 s, after which the server closes a session
 ///   that sent nothing; see `MysqlSettings` (feature `mysql`)
+/// - `statement_cache`: on; diesel prepares each statement of fixed SQL once per
+///   connection and runs it again by name
 #[derive(Debug, Clone)]
 pub struct PoolConfig {
     /// Most connections the pool opens.
@@ -40,6 +42,13 @@ pub struct PoolConfig {
     /// How long a MySQL / MariaDB server keeps a session that sends nothing
     /// (`MysqlSettings`, feature `mysql`).
     pub idle_session_timeout: Duration,
+    /// Whether diesel keeps its prepared statements on each connection. Turn it off
+    /// behind a pooler in transaction mode that keeps no prepared statement across server
+    /// sessions (PgBouncer before 1.21, or without `max_prepared_statements`): each
+    /// statement is then prepared and run in one exchange, which such a pooler sends to
+    /// one server session. Left on there, a statement fails with
+    /// [`Error::StatementLostByPooler`] once the pooler hands the client another session.
+    pub statement_cache: bool,
 }
 
 impl Default for PoolConfig {
@@ -51,6 +60,7 @@ impl Default for PoolConfig {
             busy_timeout: Duration::from_secs(5),
             check_after_idle: Duration::from_millis(500),
             idle_session_timeout: Duration::from_secs(60),
+            statement_cache: true,
         }
     }
 }
@@ -71,6 +81,7 @@ impl Default for PoolConfig {
 pub struct CheckedManager<C: R2D2Connection + 'static> {
     inner: ConnectionManager<C>,
     check_after_idle: Duration,
+    statement_cache: bool,
 }
 
 impl<C: R2D2Connection + 'static> CheckedManager<C> {
@@ -79,7 +90,15 @@ impl<C: R2D2Connection + 'static> CheckedManager<C> {
         CheckedManager {
             inner: ConnectionManager::new(url),
             check_after_idle,
+            statement_cache: true,
         }
+    }
+
+    /// The same manager, its connections without diesel's prepared-statement cache (see
+    /// [`PoolConfig::statement_cache`]).
+    pub fn without_statement_cache(mut self) -> Self {
+        self.statement_cache = false;
+        self
     }
 }
 
@@ -89,6 +108,9 @@ impl<C: R2D2Connection + Send + 'static> ManageConnection for CheckedManager<C> 
 
     fn connect(&self) -> Result<C, Self::Error> {
         let mut conn = self.inner.connect()?;
+        if !self.statement_cache {
+            conn.set_prepared_statement_cache_size(diesel::connection::CacheSize::Disabled);
+        }
         conn.set_instrumentation(Liveness {
             last_answer: Some(Instant::now()),
             lost: false,
@@ -161,7 +183,13 @@ fn builder<C: R2D2Connection + 'static>(
         .min_idle(Some(config.min_idle.min(config.max_size)))
         .connection_timeout(config.connection_timeout)
         .test_on_check_out(true);
-    (builder, CheckedManager::new(url, config.check_after_idle))
+    let manager = CheckedManager::new(url, config.check_after_idle);
+    let manager = if config.statement_cache {
+        manager
+    } else {
+        manager.without_statement_cache()
+    };
+    (builder, manager)
 }
 
 /// A pool of SQLite connections.

@@ -272,6 +272,22 @@ pub enum Error {
         source: DieselError,
     },
 
+    /// The server had no prepared statement by the name the client sent: a connection
+    /// pooler in transaction mode ran the statement's execution on another server session
+    /// than its preparation (PgBouncer before 1.21, or without `max_prepared_statements`).
+    /// Nothing was executed. A blocking connection works there with diesel's statement
+    /// cache turned off (`PoolConfig::statement_cache`, or
+    /// `set_prepared_statement_cache_size(CacheSize::Disabled)`); diesel-async's
+    /// PostgreSQL connection always names its statements and needs PgBouncer 1.21 or newer
+    /// with `max_prepared_statements` set, or session pooling. Not retryable: the next
+    /// attempt would fail the same way whenever it meets another session.
+    #[error("the server has no prepared statement the client made: a pooler in transaction mode ran it on another server session (PgBouncer before 1.21, or without max_prepared_statements); turn diesel's statement cache off (PoolConfig::statement_cache) or set PgBouncer's max_prepared_statements; nothing was executed: {source}")]
+    StatementLostByPooler {
+        /// The server's report (PostgreSQL `26000`).
+        #[source]
+        source: DieselError,
+    },
+
     /// A conditional HTTP request refused before any write (feature `http`): a malformed
     /// `If-Match`, one required and missing, or one naming no current representation. A
     /// handler that returns `Result<_, Error>` can `?` the library's writes and its
@@ -561,6 +577,7 @@ impl Error {
             Error::SchemaMismatch { .. } => "schema_mismatch",
             Error::MissingTable { .. } => "missing_table",
             Error::ReadOnly { .. } => "read_only",
+            Error::StatementLostByPooler { .. } => "statement_lost_by_pooler",
             Error::Migration(_) => "migration",
             Error::Database(_) => "database",
             Error::Connection(_) => "connection",
@@ -584,6 +601,7 @@ impl Error {
                 | Error::SchemaMismatch { .. }
                 | Error::MissingTable { .. }
                 | Error::ReadOnly { .. }
+                | Error::StatementLostByPooler { .. }
                 | Error::Migration(_)
                 | Error::Database(_)
                 | Error::Connection(_)
@@ -624,6 +642,9 @@ impl Error {
     ) -> Self {
         if read_only_refusal(&source) {
             return Error::ReadOnly { source };
+        }
+        if statement_lost_by_pooler(&source) {
+            return Error::StatementLostByPooler { source };
         }
         match retry_reason(&source) {
             Some(reason) => Error::Retryable { reason, source },
@@ -694,6 +715,25 @@ pub(crate) fn read_only_refusal(error: &DieselError) -> bool {
         }
         _ => false,
     }
+}
+
+/// Whether `error` is PostgreSQL's `26000` for a prepared statement the session does not
+/// have: `prepared statement "__diesel_stmt_3" does not exist` (diesel's cache),
+/// `prepared statement "s12" does not exist` (tokio-postgres), or the unnamed statement's
+/// text. The library never prepares or deallocates statements by name itself, so on a
+/// connection diesel manages this happens only when a pooler switched server sessions
+/// between a statement's preparation and its execution. The name is a quoted identifier,
+/// so the text is compared around it (as for the other server texts, in English).
+pub(crate) fn statement_lost_by_pooler(error: &DieselError) -> bool {
+    let DieselError::DatabaseError(DatabaseErrorKind::Unknown, info) = error else {
+        return false;
+    };
+    let message = info.message();
+    message == "unnamed prepared statement does not exist"
+        || message
+            .strip_prefix("prepared statement \"")
+            .and_then(|rest| rest.strip_suffix("\" does not exist"))
+            .is_some_and(|name| !name.contains('"'))
 }
 
 /// Whether the connection died.
@@ -794,6 +834,33 @@ mod tests {
             Token::Version(5),
             Row(1),
         )
+    }
+
+    #[test]
+    fn a_statement_the_session_never_prepared_names_the_pooler() {
+        let unknown = |message: &str| {
+            Error::from(DieselError::DatabaseError(
+                DatabaseErrorKind::Unknown,
+                Box::new(message.to_string()),
+            ))
+        };
+        for message in [
+            "prepared statement \"__diesel_stmt_3\" does not exist",
+            "prepared statement \"s12\" does not exist",
+            "unnamed prepared statement does not exist",
+        ] {
+            let error = unknown(message);
+            assert_eq!(error.kind(), "statement_lost_by_pooler", "{message}");
+            assert!(!error.is_retryable());
+            assert!(error.to_string().contains("max_prepared_statements"));
+        }
+        // A quoted name with a quote in it is not one identifier: a user's text.
+        for message in [
+            "prepared statement \"a\" does not exist\" does not exist",
+            "relation \"s12\" does not exist",
+        ] {
+            assert_eq!(unknown(message).kind(), "database", "{message}");
+        }
     }
 
     #[test]

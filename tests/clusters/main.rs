@@ -1,4 +1,5 @@
-//! The cluster test beds: a MariaDB Galera cluster (scripts/galera.sh, GALERA_URLS) and a
+//! The cluster test beds: a MariaDB Galera cluster (scripts/galera.sh, GALERA_URLS), PgBouncer
+//! in transaction mode (scripts/pgbouncer.sh, OCC_PGBOUNCER_URLS) and a
 //! PostgreSQL primary with a streaming standby (scripts/pg-replica.sh, OCC_PG_REPLICA);
 //! skipped unless they are set.
 //!
@@ -11,3 +12,4 @@ mod common;
 
 mod galera;
 mod pg_replica;
+mod pgbouncer;

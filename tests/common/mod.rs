@@ -292,6 +292,51 @@ pub fn sqlite() -> Option<TestDb<diesel::SqliteConnection>> {
     })
 }
 
+/// A fresh migrated database of its own on the server of `PG_DATABASE_URL`, reached
+/// through the pooler whose URL is `pooler_url` (any database name: it is replaced), the
+/// pool built with `config`. A database rather than a schema: a pooler in transaction
+/// mode forwards no `options` (the schema's `search_path`) to the server sessions.
+#[cfg(feature = "postgres")]
+pub fn postgres_through(
+    pooler_url: &str,
+    config: &PoolConfig,
+) -> Option<TestDb<diesel::PgConnection>> {
+    use diesel::connection::SimpleConnection;
+    let base = server_url("PG_DATABASE_URL")?;
+    let name = unique_name();
+    let mut admin = diesel::PgConnection::establish(&base)
+        .unwrap_or_else(|e| panic!("cannot reach PostgreSQL at PG_DATABASE_URL: {e}"));
+    admin
+        .batch_execute(&format!("CREATE DATABASE {name}"))
+        .expect("create test database");
+    let on = |url: &str| {
+        let (before_query, query) = url.split_once('?').unwrap_or((url, ""));
+        let server = before_query
+            .rsplit_once('/')
+            .expect("a database in the URL")
+            .0;
+        let separator = if query.is_empty() { "" } else { "?" };
+        format!("{server}/{name}{separator}{query}")
+    };
+    migrate_postgres(&mut diesel::PgConnection::establish(&on(&base)).expect("direct connection"));
+    let url = on(pooler_url);
+    let pool = diesel_occ::postgres_pool(&url, config).expect("PostgreSQL pool through the pooler");
+    Some(TestDb {
+        pool,
+        url,
+        make_pool: diesel_occ::postgres_pool,
+        drop_namespace: Some(Box::new(move || {
+            // FORCE ends the pooler's server sessions on it.
+            let drop = format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)");
+            if admin.batch_execute(&drop).is_err() {
+                if let Ok(mut admin) = diesel::PgConnection::establish(&base) {
+                    let _ = admin.batch_execute(&drop);
+                }
+            }
+        })),
+    })
+}
+
 #[cfg(feature = "postgres")]
 pub fn postgres() -> Option<TestDb<diesel::PgConnection>> {
     const MIGRATIONS: EmbeddedMigrations =

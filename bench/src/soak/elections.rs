@@ -81,6 +81,7 @@ fn election(
                 &epoch.to_string(),
                 &index.to_string(),
             ])
+            .args((!crate::backend::statement_cache()).then_some("--no-statement-cache"))
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .spawn()?;
@@ -179,7 +180,7 @@ fn leader_pid(backend: Backend, url: &str, epoch: u64) -> Option<u32> {
 per_backend! {
     pub fn leader_label(url: &str, epoch: u64) -> Option<String> {
         use diesel_occ::occ_locks::dsl as l;
-        let mut conn = <Conn as diesel::Connection>::establish(url).ok()?;
+        let mut conn = crate::backend::establish::<Conn>(url).ok()?;
         l::occ_locks
             .filter(l::lock_name.eq(LEADER).and(l::resource.eq(epoch.to_string())).and(l::holder.is_not_null()))
             .select(l::label)

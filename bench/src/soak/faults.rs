@@ -74,7 +74,7 @@ fn kill(backend: Backend, url: &str) -> Option<&'static str> {
     match backend {
         #[cfg(feature = "postgres")]
         Backend::Postgres => {
-            let mut conn = diesel::PgConnection::establish(url).ok()?;
+            let mut conn = crate::backend::establish::<diesel::PgConnection>(url).ok()?;
             let found: Vec<Session> = diesel::sql_query(format!(
                 "SELECT pg_terminate_backend(pid)::int::bigint AS id FROM pg_stat_activity \
                  WHERE application_name = '{APPLICATION}' AND pid <> pg_backend_pid() \
@@ -86,7 +86,7 @@ fn kill(backend: Backend, url: &str) -> Option<&'static str> {
         }
         #[cfg(feature = "mysql")]
         Backend::Mysql => {
-            let mut conn = diesel::MysqlConnection::establish(url).ok()?;
+            let mut conn = crate::backend::establish::<diesel::MysqlConnection>(url).ok()?;
             let found: Vec<Session> = diesel::sql_query(
                 "SELECT CAST(id AS SIGNED) AS id FROM information_schema.processlist \
                  WHERE db = DATABASE() AND id <> CONNECTION_ID() ORDER BY RAND() LIMIT 1",
@@ -135,18 +135,18 @@ fn stall(
     let held = match backend {
         #[cfg(feature = "sqlite")]
         Backend::Sqlite { .. } => {
-            let mut c = diesel::SqliteConnection::establish(url).ok()?;
+            let mut c = crate::backend::establish::<diesel::SqliteConnection>(url).ok()?;
             c.batch_execute("PRAGMA busy_timeout = 5000").ok()?;
             run(&mut |sql| c.batch_execute(sql))
         }
         #[cfg(feature = "postgres")]
         Backend::Postgres => {
-            let mut c = diesel::PgConnection::establish(url).ok()?;
+            let mut c = crate::backend::establish::<diesel::PgConnection>(url).ok()?;
             run(&mut |sql| c.batch_execute(sql))
         }
         #[cfg(feature = "mysql")]
         Backend::Mysql => {
-            let mut c = diesel::MysqlConnection::establish(url).ok()?;
+            let mut c = crate::backend::establish::<diesel::MysqlConnection>(url).ok()?;
             run(&mut |sql| c.batch_execute(sql))
         }
         #[allow(unreachable_patterns)]

@@ -437,7 +437,7 @@ per_backend! {
 
     /// Fresh tables for the run's keys.
     pub fn prepare(url: &str, plan: &Plan) -> Result<(), Box<dyn std::error::Error>> {
-        let mut conn = <Conn as diesel::Connection>::establish(url)?;
+        let mut conn = crate::backend::establish::<Conn>(url)?;
         rows::prepare(&mut conn)?;
         orders::prepare(&mut conn)?;
         locks::prepare(&mut conn, plan.keys_of(Kind::Lock))?;
@@ -446,7 +446,7 @@ per_backend! {
 
     /// What the lock audit says of the run.
     pub fn audit(url: &str) -> Result<super::locks::Audit, Box<dyn std::error::Error>> {
-        let mut conn = <Conn as diesel::Connection>::establish(url)?;
+        let mut conn = crate::backend::establish::<Conn>(url)?;
         Ok(locks::audit(&mut conn)?)
     }
 
