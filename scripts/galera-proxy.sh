@@ -22,7 +22,10 @@ source scripts/servers.sh
 dir=${GALERA_DIR:-/var/tmp/diesel-occ-galera}/haproxy
 port=4300
 
-url() { echo "mysql://root@127.0.0.1:$port/diesel_occ_test"; }
+# `prefer_socket=false`: diesel-async's MySQL client (mysql_async) otherwise asks a server
+# on loopback for its Unix socket and reconnects through it, past the proxy. diesel's own
+# client ignores the parameter.
+url() { echo "mysql://root@127.0.0.1:$port/diesel_occ_test?prefer_socket=false"; }
 running() { as_root test -f "$dir/haproxy.pid" && as_root kill -0 "$(as_root cat "$dir/haproxy.pid")" 2>/dev/null; }
 admin() { echo "$1" | as_root socat stdio "unix-connect:$dir/admin.sock"; }
 # The node whose server line is up and active: the first of 1, 2, 3 that is UP.

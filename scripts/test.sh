@@ -138,8 +138,14 @@ step "a 3-node MariaDB Galera cluster on loopback: read-modify-writes, merges an
 # 8 threads x 50 operations per round, OCC_CLUSTER_ROUNDS rounds (20 unless set), exact end
 # states read on every node.
 # The cluster is stopped however the step ends, so that it does not outlive the run.
-trap 'bash scripts/galera.sh stop; bash scripts/pg-replica.sh stop' EXIT
+trap 'bash scripts/galera-proxy.sh stop; bash scripts/galera.sh stop; bash scripts/pg-replica.sh stop' EXIT
 bash scripts/galera.sh start
 GALERA_URLS=$(bash scripts/galera.sh urls) OCC_REQUIRE_CLUSTER=1 \
     cargo test --all-features --test clusters galera:: -- --test-threads=1
+step "HAProxy in front of the Galera cluster: a version read-back cut by the proxy, and a soak through it with the node in use killed"
+proxy=$(bash scripts/galera-proxy.sh start | tail -n 1)
+OCC_GALERA_PROXY_URL=$proxy OCC_REQUIRE_CLUSTER=1 cargo test --all-features --test clusters galera_proxy::
+cargo run -q -p diesel-occ-bench --features all-backends -- --soak 20000 --url "$proxy" \
+    --outage "bash scripts/galera.sh bounce 1" --outage-every 5 --outage-times 1 \
+    --out target/soak-smoke/galera-proxy | grep -v '^  {'
 step "all checks passed"

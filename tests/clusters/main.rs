@@ -11,5 +11,6 @@
 mod common;
 
 mod galera;
+mod galera_proxy;
 mod pg_replica;
 mod pgbouncer;
