@@ -36,19 +36,7 @@ node_in_use() {
 
 write_config() {
     as_root mkdir -p "$dir"
-    as_root tee "$dir/haproxy.cfg" >/dev/null <<EOF
-global
-    pidfile $dir/haproxy.pid
-    stats socket $dir/admin.sock mode 600 level admin
-    daemon
-
-defaults
-    mode tcp
-    timeout connect 2s
-    # Idle sessions are the database's business (wait_timeout), not the proxy's.
-    timeout client 1h
-    timeout server 1h
-
+    { haproxy_head "$dir"; cat <<EOF; } | as_root tee "$dir/haproxy.cfg" >/dev/null
 listen galera
     bind 127.0.0.1:$port
     option mysql-check user root

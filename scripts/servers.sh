@@ -109,3 +109,22 @@ start_mariadbd() {
         --exec /usr/sbin/mariadbd -- --user=mysql --pid-file="$mariadb_pid"
     wait_for "MariaDB" mariadb-admin ping
 }
+
+# The start of a test bed's HAProxy configuration: a daemon with its pid file and admin
+# socket in folder $1, TCP proxying, and idle timeouts above the databases' own (idle
+# sessions are the database's business, not the proxy's).
+haproxy_head() { # folder
+    cat <<EOF
+global
+    pidfile $1/haproxy.pid
+    stats socket $1/admin.sock mode 600 level admin
+    daemon
+
+defaults
+    mode tcp
+    timeout connect 2s
+    timeout client 1h
+    timeout server 1h
+
+EOF
+}

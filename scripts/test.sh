@@ -6,8 +6,9 @@
 # advisory check of the dependencies, a short run of scripts/faults.sh (session kills
 # and a restart of each local server), and the cluster tests on a PostgreSQL primary with
 # a streaming standby (scripts/pg-replica.sh), PgBouncer in transaction mode in front of
-# the local PostgreSQL (scripts/pgbouncer.sh) and a 3-node MariaDB Galera cluster
-# (scripts/galera.sh), all started on loopback.
+# the local PostgreSQL (scripts/pgbouncer.sh), a Patroni cluster with etcd and HAProxy
+# (scripts/patroni.sh), and a 3-node MariaDB Galera cluster (scripts/galera.sh) alone and
+# behind HAProxy (scripts/galera-proxy.sh), all started on loopback.
 #
 # Run it as root on a Debian machine (or with sudo available). It installs what is missing
 # (postgresql, mariadb-server, libpq-dev, default-libmysqlclient-dev, pkg-config), starts
@@ -82,13 +83,13 @@ for url in "" "$PG_DATABASE_URL" "$MYSQL_DATABASE_URL"; do
     echo "$name: smoke run passed its exactness checks"
 done
 step "the soak: a short mixed run per backend judged by a linearizability checker and a lock audit, and a broken guard it must catch"
-# 30,000 operations per backend with every fault (session kills, row stalls, dropped
+# 20,000 operations per backend with every fault (session kills, row stalls, dropped
 # calls, a leader process frozen past its lease, pools held exhausted); the replica bed's
 # run below adds a failover. scripts/soak.sh runs the long ones (RELIABILITY.md).
 for url in "" "$PG_DATABASE_URL" "$MYSQL_DATABASE_URL"; do
     name=${url%%:*}
     name=${name:-sqlite}
-    cargo run -q -p diesel-occ-bench --features all-backends -- --soak 30000 ${url:+--url "$url"} \
+    cargo run -q -p diesel-occ-bench --features all-backends -- --soak 20000 ${url:+--url "$url"} \
         --out "target/soak-smoke/$name" | grep -v '^  {'
 done
 if cargo run -q -p diesel-occ-bench --features all-backends -- --soak 5000 --no-faults --broken-guard \
@@ -111,12 +112,12 @@ trap 'bash scripts/pgbouncer.sh stop' EXIT
 urls=$(bash scripts/pgbouncer.sh start | tail -n 1)
 OCC_PGBOUNCER_URLS=$urls OCC_REQUIRE_CLUSTER=1 cargo test --all-features --test clusters pgbouncer::
 # 1.24 keeps prepared statements: both drivers, diesel's statement cache on.
-cargo run -q -p diesel-occ-bench --features all-backends -- --soak 20000 --url "${urls#*,}" \
+cargo run -q -p diesel-occ-bench --features all-backends -- --soak 15000 --url "${urls#*,}" \
     --outage "bash scripts/pgbouncer.sh restart" --outage-every 4 --outage-times 1 \
     --out target/soak-smoke/pgbouncer-1.24 | grep -v '^  {'
 # 1.18 keeps none: the blocking API without the statement cache (diesel-async names every
 # statement, so it needs 1.21 or newer).
-cargo run -q -p diesel-occ-bench --features all-backends -- --soak 20000 --url "${urls%%,*}" \
+cargo run -q -p diesel-occ-bench --features all-backends -- --soak 15000 --url "${urls%%,*}" \
     --no-statement-cache --threads 8 --tasks 0 \
     --outage "bash scripts/pgbouncer.sh restart" --outage-every 4 --outage-times 1 \
     --out target/soak-smoke/pgbouncer-1.18 | grep -v '^  {'
@@ -129,11 +130,23 @@ OCC_PG_REPLICA=1 OCC_REQUIRE_CLUSTER=1 cargo test --all-features --test clusters
 # The soak on a primary with a synchronous standby, through a libpq multi-host URL: the
 # primary killed and the standby promoted 3 s in; every answer judged as above.
 bash scripts/pg-replica.sh start-sync >/dev/null
-cargo run -q -p diesel-occ-bench --features all-backends -- --soak 30000 \
+cargo run -q -p diesel-occ-bench --features all-backends -- --soak 20000 \
     --url "postgres://postgres@127.0.0.1:5441,127.0.0.1:5442/diesel_occ_test?target_session_attrs=read-write" \
     --outage "bash scripts/pg-replica.sh fail-over" --outage-every 3 --outage-times 1 \
     --out target/soak-smoke/replica | grep -v '^  {'
 bash scripts/pg-replica.sh stop
+step "a Patroni cluster (two PostgreSQL nodes, etcd, HAProxy): a soak across a switchover through a multi-host URL, and across a failover with the primary killed through HAProxy"
+# A fresh cluster for each (scripts/patroni.sh), removed however the step ends.
+trap 'bash scripts/patroni.sh stop; bash scripts/pg-replica.sh stop' EXIT
+urls=$(bash scripts/patroni.sh start | tail -n 1)
+cargo run -q -p diesel-occ-bench --features all-backends -- --soak 15000 --url "${urls%,*}" \
+    --outage "bash scripts/patroni.sh switchover" --outage-every 4 --outage-times 1 \
+    --out target/soak-smoke/patroni-switchover | grep -v '^  {'
+urls=$(bash scripts/patroni.sh start | tail -n 1)
+cargo run -q -p diesel-occ-bench --features all-backends -- --soak 15000 --url "${urls##*,}" \
+    --outage "bash scripts/patroni.sh fail-over" --outage-every 4 --outage-times 1 \
+    --out target/soak-smoke/patroni-failover | grep -v '^  {'
+bash scripts/patroni.sh stop
 step "a 3-node MariaDB Galera cluster on loopback: read-modify-writes, merges and lock rounds across its nodes"
 # 8 threads x 50 operations per round, OCC_CLUSTER_ROUNDS rounds (20 unless set), exact end
 # states read on every node.
@@ -145,7 +158,7 @@ GALERA_URLS=$(bash scripts/galera.sh urls) OCC_REQUIRE_CLUSTER=1 \
 step "HAProxy in front of the Galera cluster: a version read-back cut by the proxy, and a soak through it with the node in use killed"
 proxy=$(bash scripts/galera-proxy.sh start | tail -n 1)
 OCC_GALERA_PROXY_URL=$proxy OCC_REQUIRE_CLUSTER=1 cargo test --all-features --test clusters galera_proxy::
-cargo run -q -p diesel-occ-bench --features all-backends -- --soak 20000 --url "$proxy" \
+cargo run -q -p diesel-occ-bench --features all-backends -- --soak 15000 --url "$proxy" \
     --outage "bash scripts/galera.sh bounce 1" --outage-every 5 --outage-times 1 \
     --out target/soak-smoke/galera-proxy | grep -v '^  {'
 step "all checks passed"

@@ -341,6 +341,13 @@ pub enum RetryReason {
     /// caught up, so nothing was written. Another node, or this one a moment later, can
     /// take the next attempt.
     NodeNotReady,
+    /// The row a missed write was explained by is older than the copy the write carried:
+    /// the server that answered had not yet applied a commit the caller had already seen
+    /// (a replica, or a Galera node read without causal reads), or lost it in a failover.
+    /// Nothing was written. Once the server has caught up, a fresh attempt can succeed;
+    /// a copy of a commit a failover lost stays ahead for good, and the retry policy's
+    /// bound ends it.
+    ReadBehind,
 }
 
 impl fmt::Display for RetryReason {
@@ -352,6 +359,7 @@ impl fmt::Display for RetryReason {
             RetryReason::Busy => "database busy",
             RetryReason::ConnectionLost => "connection lost before the commit",
             RetryReason::NodeNotReady => "cluster node not ready",
+            RetryReason::ReadBehind => "the server's row is older than the caller's copy",
         })
     }
 }

@@ -80,6 +80,12 @@ impl<'k, T: Guarded> RowMoved<'k, T> {
         };
         let token = current.token();
         match self.expected {
+            Some(expected) if T::Guard::precedes(&token, expected) => read_behind(
+                table,
+                &format!("{key:?}"),
+                &T::Guard::describe(expected),
+                &T::Guard::describe(&token),
+            ),
             Some(expected) if token != *expected => {
                 let conflict = Conflict::new(
                     table,
@@ -176,6 +182,29 @@ fn behind_the_cluster(table: &str, key: &str, token: &crate::error::Token) -> Er
     }
 }
 
+/// A write that matched nothing on a server whose row is older than the caller's copy: a
+/// lagging replica or cluster node, or a failover that lost the commit the copy came from.
+/// Not a conflict: nobody wrote after the copy, the server has not seen the copy's write.
+fn read_behind(
+    table: &str,
+    key: &str,
+    expected: &crate::error::Token,
+    found: &crate::error::Token,
+) -> Error {
+    Error::Retryable {
+        reason: crate::RetryReason::ReadBehind,
+        source: DieselError::DatabaseError(
+            diesel::result::DatabaseErrorKind::Unknown,
+            Box::new(format!(
+                "the write to `{table}` row {key} expected {expected}, and the server's row \
+                 holds the older {found}: the server has not applied the write the copy came \
+                 from (read it with causal reads, or from the primary), or lost it in a \
+                 failover; nothing was written"
+            )),
+        ),
+    }
+}
+
 /// [`unreadable`], for a row of `table`, blaming `columns`.
 pub(crate) fn unreadable_row(
     table: &'static str,
@@ -210,6 +239,44 @@ mod tests {
             key: "1".into(),
             token: Token::Version(4),
         }
+    }
+
+    #[derive(Debug, Clone, PartialEq, diesel::Queryable, diesel::Identifiable, crate::Guarded)]
+    #[diesel(table_name = rows)]
+    struct Row {
+        id: i64,
+        #[occ(version)]
+        version: i64,
+    }
+
+    diesel::table! {
+        rows (id) {
+            id -> BigInt,
+            version -> BigInt,
+        }
+    }
+
+    #[test]
+    fn a_row_older_than_the_copy_is_a_server_behind_not_a_conflict() {
+        let behind =
+            RowMoved::<Row>::expecting(&1, &7).given_in("rows", Some(Row { id: 1, version: 6 }));
+        match &behind {
+            Error::Retryable {
+                reason: crate::RetryReason::ReadBehind,
+                source,
+            } => {
+                let text = source.to_string();
+                assert!(
+                    text.contains("expected version 7") && text.contains("older version 6"),
+                    "{text}"
+                );
+            }
+            other => panic!("expected ReadBehind, got {other:?}"),
+        }
+        assert!(behind.is_retryable());
+        let newer =
+            RowMoved::<Row>::expecting(&1, &7).given_in("rows", Some(Row { id: 1, version: 8 }));
+        assert!(matches!(newer, Error::Conflict(_)), "{newer:?}");
     }
 
     #[test]

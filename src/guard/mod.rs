@@ -171,6 +171,15 @@ pub trait GuardKind {
     /// The token as conflicts and messages show it.
     fn describe(token: &Self::Token) -> Token;
 
+    /// Whether a row holding `found` is older than a copy holding `expected`: for tokens
+    /// that only ever grow (versions, timestamps), a server that shows such a row has not
+    /// applied a write the copy came from. `false` for tokens without an order
+    /// (pre-images, PostgreSQL's `xmin`, values the database maintains).
+    fn precedes(found: &Self::Token, expected: &Self::Token) -> bool {
+        let _ = (found, expected);
+        false
+    }
+
     /// For a time token: the fractional digits of a second it carries, which the column
     /// must keep. With fewer the database rounds or cuts each new token: the writer's
     /// own next write conflicts with what was stored, and a write within one unit of the

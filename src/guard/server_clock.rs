@@ -303,6 +303,12 @@ where
                 .to_string(),
         )
     }
+
+    /// The library moves a row's timestamp only forward (the later of now and one tick
+    /// past the row's own).
+    fn precedes(found: &Ts, expected: &Ts) -> bool {
+        found.to_utc() < expected.to_utc()
+    }
 }
 
 impl<Col, Ts, P> Advancing for DatabaseClockGuard<Col, Ts, P> where Self: GuardKind {}

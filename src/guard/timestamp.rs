@@ -187,6 +187,12 @@ where
                 .to_string(),
         )
     }
+
+    /// The library moves a row's timestamp only forward (the later of now and one tick
+    /// past the row's own).
+    fn precedes(found: &Ts, expected: &Ts) -> bool {
+        found.to_utc() < expected.to_utc()
+    }
 }
 
 impl<Col, Ts, K, P> Advancing for LastModifiedGuard<Col, Ts, K, P> where Self: GuardKind {}

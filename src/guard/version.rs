@@ -38,6 +38,11 @@ where
     fn describe(token: &V) -> Token {
         Token::Version(token.widen())
     }
+
+    /// Versions only grow: a version at its maximum refuses the next write, never wraps.
+    fn precedes(found: &V, expected: &V) -> bool {
+        found.widen() < expected.widen()
+    }
 }
 
 impl<Col, V> Advancing for VersionGuard<Col, V> where Self: GuardKind {}

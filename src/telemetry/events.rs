@@ -78,6 +78,7 @@ fn retry_reason(error: &Error) -> &'static str {
             R::Busy => "busy",
             R::ConnectionLost => "connection_lost",
             R::NodeNotReady => "node_not_ready",
+            R::ReadBehind => "read_behind",
         },
         other => other.kind(),
     }

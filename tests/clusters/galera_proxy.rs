@@ -93,7 +93,10 @@ impl Instrumentation for CutBeforeReadBack {
             if sql.starts_with("UPDATE") && sql.contains("LAST_INSERT_ID(") {
                 let script = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/galera-proxy.sh");
                 let status = Command::new("bash").args([script, "cut"]).status();
-                assert!(status.is_ok_and(|s| s.success()), "galera-proxy.sh cut failed");
+                assert!(
+                    status.is_ok_and(|s| s.success()),
+                    "galera-proxy.sh cut failed"
+                );
                 self.cuts.fetch_add(1, Ordering::SeqCst);
             }
         }
@@ -103,7 +106,10 @@ impl Instrumentation for CutBeforeReadBack {
 fn stored(url: &str) -> (serde_json::Value, i64) {
     let (ext, version): (String, i64) = profiles::table
         .find(1)
-        .select((diesel::dsl::sql::<diesel::sql_types::Text>("CAST(ext AS CHAR)"), profiles::version))
+        .select((
+            diesel::dsl::sql::<diesel::sql_types::Text>("CAST(ext AS CHAR)"),
+            profiles::version,
+        ))
         .first(&mut MysqlConnection::establish(url).unwrap())
         .unwrap();
     (serde_json::from_str(&ext).unwrap(), version)
@@ -112,10 +118,23 @@ fn stored(url: &str) -> (serde_json::Value, i64) {
 /// What must hold after the merge's connection was cut before its read-back: the merge
 /// landed (version 2, the key written), its answer says it may have (`Ambiguous`), and the
 /// connection answers nothing more.
-fn check(db: &ThroughProxy, cuts: &AtomicUsize, answer: Result<i64, Error>, next: Result<i64, Error>) {
-    assert_eq!(cuts.load(Ordering::SeqCst), 1, "cut once: {answer:?}, then {next:?}");
+fn check(
+    db: &ThroughProxy,
+    cuts: &AtomicUsize,
+    answer: Result<i64, Error>,
+    next: Result<i64, Error>,
+) {
+    assert_eq!(
+        cuts.load(Ordering::SeqCst),
+        1,
+        "cut once: {answer:?}, then {next:?}"
+    );
     assert!(matches!(answer, Err(Error::Ambiguous { .. })), "{answer:?}");
-    assert_eq!(stored(&db.url), (json!({"vip": true}), 2), "the merge landed");
+    assert_eq!(
+        stored(&db.url),
+        (json!({"vip": true}), 2),
+        "the merge landed"
+    );
     assert!(next.is_err(), "the cut connection answered: {next:?}");
 }
 
@@ -142,11 +161,14 @@ fn an_async_version_read_back_cut_by_the_proxy_is_ambiguous() {
     let cuts = Arc::new(AtomicUsize::new(0));
     let runtime = common::paths::runtime();
     let (answer, next) = runtime.block_on(async {
-        let mut conn = diesel_async::AsyncMysqlConnection::establish(&db.url).await.unwrap();
+        let mut conn = diesel_async::AsyncMysqlConnection::establish(&db.url)
+            .await
+            .unwrap();
         conn.set_instrumentation(CutBeforeReadBack { cuts: cuts.clone() });
         let answer =
             Profile::merge_json_in_place(&mut conn, &1, profiles::ext, &json!({"vip": true})).await;
-        let next = Profile::merge_json_in_place(&mut conn, &1, profiles::ext, &json!({"b": 1})).await;
+        let next =
+            Profile::merge_json_in_place(&mut conn, &1, profiles::ext, &json!({"b": 1})).await;
         (answer, next)
     });
     check(&db, &cuts, answer, next);

@@ -90,6 +90,7 @@ fn retryable_kind(reason: diesel_occ::RetryReason) -> &'static str {
         Busy => "retryable_busy",
         ConnectionLost => "retryable_connection_lost",
         NodeNotReady => "retryable_node_not_ready",
+        ReadBehind => "retryable_read_behind",
         _ => "retryable_other",
     }
 }

@@ -1,0 +1,203 @@
+#!/usr/bin/env bash
+# A Patroni cluster of two PostgreSQL nodes with one etcd, on loopback, from Debian's
+# packages (patroni, etcd-server, haproxy; the machine's PostgreSQL binaries): Patroni
+# promotes a standby by itself, demotes and rewinds the old primary, and clients find the
+# primary through libpq's multi-host URLs or through HAProxy, which asks each node's
+# Patroni REST API which one is primary. Data under $PATRONI_DIR (default
+# /var/tmp/diesel-occ-patroni); PostgreSQL on 5451 and 5452, Patroni's API on 8008 and
+# 8009, etcd on 2379, HAProxy on 5450. Replication is asynchronous (Patroni's default).
+#
+#   bash scripts/patroni.sh start       # a fresh cluster (any earlier one is removed); prints the two URLs
+#   bash scripts/patroni.sh stop        # everything down, data removed
+#   bash scripts/patroni.sh urls        # the multi-host URL, then HAProxy's
+#   bash scripts/patroni.sh switchover  # a planned switchover to the standby, back once it accepts writes
+#   bash scripts/patroni.sh fail-over   # the primary killed (Patroni and PostgreSQL, SIGKILL); back once the
+#                                       # standby is promoted and the old primary has rejoined as a standby
+#
+# Run as root (or with sudo): Patroni and PostgreSQL run as postgres.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+# shellcheck source=scripts/servers.sh
+source scripts/servers.sh
+
+dir=${PATRONI_DIR:-/var/tmp/diesel-occ-patroni}
+bin=/usr/lib/postgresql/$(ls /usr/lib/postgresql | sort -V | tail -n 1)/bin
+nodes=(1 2)
+pg_port() { echo $((5450 + $1)); }
+api_port() { echo $((8007 + $1)); }
+
+as_postgres() { as_root runuser -u postgres -- "$@"; }
+multi_host_url() {
+    echo "postgres://postgres@127.0.0.1:$(pg_port 1),127.0.0.1:$(pg_port 2)/diesel_occ_test?target_session_attrs=read-write"
+}
+proxy_url() { echo "postgres://postgres@127.0.0.1:5450/diesel_occ_test"; }
+urls() { echo "$(multi_host_url),$(proxy_url)"; }
+role() { curl -s -m 2 "http://127.0.0.1:$(api_port "$1")/patroni" | python3 -c 'import json,sys; print(json.load(sys.stdin).get("role",""))' 2>/dev/null || true; }
+# Patroni 3.0 says "master", later versions "primary".
+primary() {
+    for n in "${nodes[@]}"; do
+        case $(role "$n") in primary | master) echo "$n"; return 0 ;; esac
+    done
+    return 1
+}
+accepts_writes() { # node
+    [ "$(psql -h 127.0.0.1 -p "$(pg_port "$1")" -U postgres -d postgres -Atc 'SELECT NOT pg_is_in_recovery()' 2>/dev/null)" = t ]
+}
+streaming() { # node: a standby that streams from the primary
+    [ "$(role "$1")" = replica ] &&
+        [ "$(psql -h 127.0.0.1 -p "$(pg_port "$1")" -U postgres -d postgres -Atc \
+            "SELECT status FROM pg_stat_wal_receiver" 2>/dev/null)" = streaming ]
+}
+one_primary_one_standby() {
+    local p
+    p=$(primary) || return 1
+    accepts_writes "$p" && streaming $((3 - p))
+}
+
+write_config() { # node
+    local n=$1
+    as_postgres tee "$dir/node$n.yml" >/dev/null <<EOF
+scope: diesel-occ
+name: node$n
+restapi:
+  listen: 127.0.0.1:$(api_port "$n")
+  connect_address: 127.0.0.1:$(api_port "$n")
+etcd:
+  hosts: 127.0.0.1:2379
+bootstrap:
+  dcs:
+    # A primary that stops renewing its leader key is replaced within ttl seconds.
+    ttl: 10
+    loop_wait: 1
+    retry_timeout: 3
+    maximum_lag_on_failover: 1073741824
+    postgresql:
+      use_pg_rewind: true
+      use_slots: true
+      parameters:
+        wal_level: replica
+        hot_standby: "on"
+        wal_log_hints: "on"
+        max_wal_senders: 5
+        max_replication_slots: 5
+        fsync: "off"
+  initdb:
+    - encoding: UTF8
+    - auth: trust
+  pg_hba:
+    - host replication postgres 127.0.0.1/32 trust
+    - host all all 127.0.0.1/32 trust
+    - local all all trust
+postgresql:
+  listen: 127.0.0.1:$(pg_port "$n")
+  connect_address: 127.0.0.1:$(pg_port "$n")
+  data_dir: $dir/data$n
+  bin_dir: $bin
+  pgpass: $dir/pgpass$n
+  authentication:
+    superuser:
+      username: postgres
+    replication:
+      username: postgres
+    rewind:
+      username: postgres
+  parameters:
+    unix_socket_directories: $dir
+EOF
+}
+
+start_node() { # node
+    as_root setsid runuser -u postgres -- patroni "$dir/node$1.yml" \
+        </dev/null >>"$dir/patroni$1.log" 2>&1 &
+}
+
+kill_node() { # node: Patroni and its PostgreSQL, at once
+    local pids
+    pids=$(pgrep -f "patroni $dir/node$1.yml" || true)
+    [ -z "$pids" ] || as_root kill -9 $pids 2>/dev/null || true
+    if as_root test -f "$dir/data$1/postmaster.pid"; then
+        as_root kill -9 "$(as_root head -n 1 "$dir/data$1/postmaster.pid")" 2>/dev/null || true
+    fi
+    # The postmaster's children end once they find it gone.
+    for _ in $(seq 1 50); do
+        pgrep -f -- "-D $dir/data$1" >/dev/null || pgrep -f "$dir/data$1" >/dev/null || return 0
+        sleep 0.1
+    done
+    as_root pkill -9 -f "$dir/data$1" 2>/dev/null || true
+}
+
+write_proxy_config() {
+    { haproxy_head "$dir"; cat <<EOF; } | as_root tee "$dir/haproxy.cfg" >/dev/null
+listen primary
+    bind 127.0.0.1:5450
+    # Patroni answers 200 on /primary only on the node that holds the leader key.
+    option httpchk GET /primary
+    http-check expect status 200
+    default-server inter 500ms fall 2 rise 2 on-marked-down shutdown-sessions
+    server node1 127.0.0.1:$(pg_port 1) check port $(api_port 1)
+    server node2 127.0.0.1:$(pg_port 2) check port $(api_port 2)
+EOF
+    as_root haproxy -f "$dir/haproxy.cfg"
+}
+
+stop_all() {
+    for n in "${nodes[@]}"; do kill_node "$n"; done
+    [ -f "$dir/haproxy.pid" ] && as_root kill "$(cat "$dir/haproxy.pid")" 2>/dev/null || true
+    pkill -f "etcd --name diesel-occ" 2>/dev/null || true
+    as_root rm -rf "$dir"
+}
+
+start_all() {
+    local missing=()
+    for pkg in patroni etcd-server etcd-client haproxy python3-etcd curl; do
+        dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
+    done
+    [ ${#missing[@]} -eq 0 ] || {
+        step "installing ${missing[*]}"
+        as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+    }
+    stop_all
+    as_root mkdir -p "$dir"
+    as_root chown postgres "$dir"
+    # etcd's v2 API, which Debian's Patroni speaks (python3-etcd).
+    as_root setsid etcd --name diesel-occ --data-dir "$dir/etcd" --enable-v2=true \
+        --listen-client-urls http://127.0.0.1:2379 --advertise-client-urls http://127.0.0.1:2379 \
+        --listen-peer-urls http://127.0.0.1:2380 --initial-advertise-peer-urls http://127.0.0.1:2380 \
+        --initial-cluster diesel-occ=http://127.0.0.1:2380 \
+        </dev/null >"$dir/etcd.log" 2>&1 &
+    wait_for "etcd" curl -sf http://127.0.0.1:2379/health
+    for n in "${nodes[@]}"; do write_config "$n"; done
+    start_node 1
+    wait_for "Patroni's first primary" accepts_writes 1
+    start_node 2
+    wait_for "the standby streaming" one_primary_one_standby
+    psql -h 127.0.0.1 -p "$(pg_port 1)" -U postgres -d postgres -qc "CREATE DATABASE diesel_occ_test"
+    write_proxy_config
+    wait_for "HAProxy on the primary" psql "$(proxy_url)" -Atc "SELECT 1"
+    urls
+}
+
+case ${1:-} in
+start) start_all ;;
+stop) stop_all ;;
+urls) urls ;;
+switchover)
+    old=$(primary)
+    as_postgres patronictl -c "$dir/node$old.yml" switchover --leader "node$old" \
+        --candidate "node$((3 - old))" --force >/dev/null
+    wait_for "the switchover" bash -c "[ \"\$(bash $0 primary)\" = $((3 - old)) ]"
+    wait_for "the new primary accepting writes, the old one streaming from it" one_primary_one_standby
+    ;;
+fail-over)
+    old=$(primary)
+    kill_node "$old"
+    wait_for "the standby promoted" accepts_writes $((3 - old))
+    start_node "$old"
+    wait_for "the old primary rejoined as a standby" one_primary_one_standby
+    ;;
+primary) primary ;;
+*)
+    echo "usage: $0 start|stop|urls|switchover|fail-over" >&2
+    exit 2
+    ;;
+esac
