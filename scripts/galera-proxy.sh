@@ -26,7 +26,7 @@ port=4300
 # on loopback for its Unix socket and reconnects through it, past the proxy. diesel's own
 # client ignores the parameter.
 url() { echo "mysql://root@127.0.0.1:$port/diesel_occ_test?prefer_socket=false"; }
-running() { as_root test -f "$dir/haproxy.pid" && as_root kill -0 "$(as_root cat "$dir/haproxy.pid")" 2>/dev/null; }
+running() { pid_running "$dir/haproxy.pid"; }
 admin() { echo "$1" | as_root socat stdio "unix-connect:$dir/admin.sock"; }
 # The node whose server line is up and active: the first of 1, 2, 3 that is UP.
 node_in_use() {
@@ -48,12 +48,7 @@ EOF
 }
 
 start() {
-    local missing=()
-    for pkg in haproxy socat; do
-        dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
-    done
-    [ ${#missing[@]} -eq 0 ] ||
-        as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+    ensure_packages haproxy socat
     bash scripts/galera.sh start >/dev/null
     running && return 0
     write_config
@@ -61,13 +56,7 @@ start() {
     wait_for "HAProxy on port $port" mariadb-admin --protocol=tcp -h 127.0.0.1 -P $port -u root ping
 }
 
-stop() {
-    running || return 0
-    local pid
-    pid=$(as_root cat "$dir/haproxy.pid")
-    as_root kill -TERM "$pid" 2>/dev/null || true
-    for _ in $(seq 1 60); do kill -0 "$pid" 2>/dev/null || return 0; sleep 0.1; done
-}
+stop() { stop_pid "$dir/haproxy.pid" TERM; }
 
 case ${1:-start} in
 start) start; url ;;

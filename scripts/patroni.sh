@@ -5,7 +5,8 @@
 # primary through libpq's multi-host URLs or through HAProxy, which asks each node's
 # Patroni REST API which one is primary. Data under $PATRONI_DIR (default
 # /var/tmp/diesel-occ-patroni); PostgreSQL on 5451 and 5452, Patroni's API on 8008 and
-# 8009, etcd on 2379, HAProxy on 5450. Replication is asynchronous (Patroni's default).
+# 8009, etcd on 2379, HAProxy on 5450. Replication is synchronous and strict
+# (`synchronous_mode_strict`): a failover loses no acknowledged commit.
 #
 #   bash scripts/patroni.sh start       # a fresh cluster (any earlier one is removed); prints the two URLs
 #   bash scripts/patroni.sh stop        # everything down, data removed
@@ -48,6 +49,7 @@ streaming() { # node: a standby that streams from the primary
         [ "$(psql -h 127.0.0.1 -p "$(pg_port "$1")" -U postgres -d postgres -Atc \
             "SELECT status FROM pg_stat_wal_receiver" 2>/dev/null)" = streaming ]
 }
+primary_is() { [ "$(primary)" = "$1" ]; }
 one_primary_one_standby() {
     local p
     p=$(primary) || return 1
@@ -71,6 +73,10 @@ bootstrap:
     loop_wait: 1
     retry_timeout: 3
     maximum_lag_on_failover: 1073741824
+    # A commit returns once the standby holds it, and with the standby gone writes wait:
+    # a failover loses no acknowledged commit (see the guide's chapter on topologies).
+    synchronous_mode: true
+    synchronous_mode_strict: true
     postgresql:
       use_pg_rewind: true
       use_slots: true
@@ -107,13 +113,13 @@ EOF
 }
 
 start_node() { # node
-    as_root setsid runuser -u postgres -- patroni "$dir/node$1.yml" \
-        </dev/null >>"$dir/patroni$1.log" 2>&1 &
+    as_root setsid sh -c "exec runuser -u postgres -- patroni '$dir/node$1.yml' \
+        </dev/null >>'$dir/patroni$1.log' 2>&1" </dev/null >/dev/null 2>&1 &
 }
 
 kill_node() { # node: Patroni and its PostgreSQL, at once
     local pids
-    pids=$(pgrep -f "patroni $dir/node$1.yml" || true)
+    pids=$(pgrep -f "patroni $dir/node$1.yml" | grep -v "^$$\$" || true)
     [ -z "$pids" ] || as_root kill -9 $pids 2>/dev/null || true
     if as_root test -f "$dir/data$1/postmaster.pid"; then
         as_root kill -9 "$(as_root head -n 1 "$dir/data$1/postmaster.pid")" 2>/dev/null || true
@@ -142,35 +148,35 @@ EOF
 
 stop_all() {
     for n in "${nodes[@]}"; do kill_node "$n"; done
-    [ -f "$dir/haproxy.pid" ] && as_root kill "$(cat "$dir/haproxy.pid")" 2>/dev/null || true
-    pkill -f "etcd --name diesel-occ" 2>/dev/null || true
+    stop_pid "$dir/haproxy.pid" TERM
+    local etcd
+    etcd=$(pgrep -f "etcd --name diesel-occ" || true)
+    if [ -n "$etcd" ]; then
+        as_root kill $etcd 2>/dev/null || true
+        for _ in $(seq 1 100); do pgrep -f "etcd --name diesel-occ" >/dev/null || break; sleep 0.1; done
+        as_root pkill -9 -f "etcd --name diesel-occ" 2>/dev/null || true
+    fi
     as_root rm -rf "$dir"
 }
 
 start_all() {
-    local missing=()
-    for pkg in patroni etcd-server etcd-client haproxy python3-etcd curl; do
-        dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
-    done
-    [ ${#missing[@]} -eq 0 ] || {
-        step "installing ${missing[*]}"
-        as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
-    }
+    ensure_packages patroni etcd-server etcd-client haproxy python3-etcd curl
     stop_all
     as_root mkdir -p "$dir"
     as_root chown postgres "$dir"
     # etcd's v2 API, which Debian's Patroni speaks (python3-etcd).
-    as_root setsid etcd --name diesel-occ --data-dir "$dir/etcd" --enable-v2=true \
+    as_root setsid sh -c "exec etcd --name diesel-occ --data-dir '$dir/etcd' --enable-v2=true \
         --listen-client-urls http://127.0.0.1:2379 --advertise-client-urls http://127.0.0.1:2379 \
         --listen-peer-urls http://127.0.0.1:2380 --initial-advertise-peer-urls http://127.0.0.1:2380 \
-        --initial-cluster diesel-occ=http://127.0.0.1:2380 \
-        </dev/null >"$dir/etcd.log" 2>&1 &
-    wait_for "etcd" curl -sf http://127.0.0.1:2379/health
+        --initial-cluster diesel-occ=http://127.0.0.1:2380 </dev/null >'$dir/etcd.log' 2>&1" \
+        </dev/null >/dev/null 2>&1 &
+    # This bed's etcd, not another on the port: its member is named diesel-occ.
+    wait_for "etcd" bash -c "curl -sf http://127.0.0.1:2379/v2/members | grep -q '\"diesel-occ\"'"
     for n in "${nodes[@]}"; do write_config "$n"; done
     start_node 1
-    wait_for "Patroni's first primary" accepts_writes 1
+    wait_within 120 "Patroni's first primary" accepts_writes 1
     start_node 2
-    wait_for "the standby streaming" one_primary_one_standby
+    wait_within 120 "the standby streaming" one_primary_one_standby
     psql -h 127.0.0.1 -p "$(pg_port 1)" -U postgres -d postgres -qc "CREATE DATABASE diesel_occ_test"
     write_proxy_config
     wait_for "HAProxy on the primary" psql "$(proxy_url)" -Atc "SELECT 1"
@@ -185,15 +191,15 @@ switchover)
     old=$(primary)
     as_postgres patronictl -c "$dir/node$old.yml" switchover --leader "node$old" \
         --candidate "node$((3 - old))" --force >/dev/null
-    wait_for "the switchover" bash -c "[ \"\$(bash $0 primary)\" = $((3 - old)) ]"
-    wait_for "the new primary accepting writes, the old one streaming from it" one_primary_one_standby
+    wait_within 120 "the switchover" primary_is $((3 - old))
+    wait_within 120 "the new primary accepting writes, the old one streaming from it" one_primary_one_standby
     ;;
 fail-over)
     old=$(primary)
     kill_node "$old"
-    wait_for "the standby promoted" accepts_writes $((3 - old))
+    wait_within 120 "the standby promoted" accepts_writes $((3 - old))
     start_node "$old"
-    wait_for "the old primary rejoined as a standby" one_primary_one_standby
+    wait_within 120 "the old primary rejoined as a standby" one_primary_one_standby
     ;;
 primary) primary ;;
 *)

@@ -35,35 +35,21 @@ url() { echo "postgres://postgres@127.0.0.1:$(port "$1")/diesel_occ_test"; }
 urls() { echo "$(url debian),$(url built)"; }
 ready() { pg_isready -q -h 127.0.0.1 -p "$(port "$1")" -d diesel_occ_test; }
 pidfile() { echo "$dir/$1/pgbouncer.pid"; }
-running() {
-    as_root test -f "$(pidfile "$1")" && as_root kill -0 "$(as_root cat "$(pidfile "$1")")" 2>/dev/null
-}
-
-install_debian() {
-    dpkg-query -W -f='${Status}' pgbouncer 2>/dev/null | grep -q "install ok installed" || {
-        step "installing pgbouncer"
-        as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq pgbouncer >/dev/null
-    }
-}
+running() { pid_running "$(pidfile "$1")"; }
 
 build_current() {
     [ -x "$built" ] && return 0
     step "building PgBouncer $source_version from Debian's source package"
-    local missing=()
-    for pkg in gcc make curl libevent-dev libc-ares-dev libssl-dev pkgconf; do
-        dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
-    done
-    [ ${#missing[@]} -eq 0 ] ||
-        as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+    ensure_packages gcc make curl libevent-dev libc-ares-dev libssl-dev pkgconf
     as_root mkdir -p "$dir"
     local tarball=$dir/pgbouncer_$source_version.orig.tar.gz
     as_root curl -fsS -m 120 -o "$tarball" \
         "http://deb.debian.org/debian/pool/main/p/pgbouncer/pgbouncer_$source_version.orig.tar.gz"
     echo "$source_sha256  $tarball" | sha256sum -c --quiet
     as_root tar -xzf "$tarball" -C "$dir"
-    (cd "$dir/pgbouncer-$source_version" &&
-        as_root ./configure --without-pam --without-systemd >"$dir/build.log" 2>&1 &&
-        as_root make >>"$dir/build.log" 2>&1) || { tail -n 20 "$dir/build.log"; exit 1; }
+    as_root sh -c "cd '$dir/pgbouncer-$source_version' &&
+        ./configure --without-pam --without-systemd >'$dir/build.log' 2>&1 &&
+        make >>'$dir/build.log' 2>&1" || { as_root tail -n 20 "$dir/build.log"; exit 1; }
 }
 
 write_config() { # instance
@@ -104,17 +90,15 @@ start_one() { # instance
 }
 
 stop_one() { # instance
-    running "$1" || return 0
-    local pid
-    pid=$(as_root cat "$(pidfile "$1")")
-    # SIGTERM: an immediate shutdown, every client and server connection closed.
-    as_root kill -TERM "$pid" 2>/dev/null || true
-    for _ in $(seq 1 60); do kill -0 "$pid" 2>/dev/null || return 0; sleep 0.1; done
-    as_root kill -KILL "$pid" 2>/dev/null || true
+    # An immediate shutdown, every client and server connection closed: SIGTERM before
+    # 1.23, SIGQUIT since (1.23 made SIGTERM wait for the clients to leave).
+    local signal=QUIT
+    [ "$1" = debian ] && signal=TERM
+    stop_pid "$(pidfile "$1")" "$signal"
 }
 
 start() {
-    install_debian
+    ensure_packages pgbouncer
     build_current
     start_postgres
     start_one debian

@@ -22,10 +22,44 @@ install_missing_packages() {
 }
 
 wait_for() { # description, command...
-    local what=$1; shift
-    for _ in $(seq 1 60); do "$@" >/dev/null 2>&1 && return 0; sleep 0.5; done
-    echo "error: $what did not come up within 30 s" >&2
+    wait_within 30 "$@"
+}
+
+wait_within() { # seconds, description, command...
+    local seconds=$1 what=$2; shift 2
+    for _ in $(seq 1 $((seconds * 2))); do "$@" >/dev/null 2>&1 && return 0; sleep 0.5; done
+    echo "error: $what did not come up within $seconds s" >&2
     return 1
+}
+
+# Installs those of the Debian packages named that are missing (the package lists are
+# refreshed first, once).
+ensure_packages() { # package...
+    local missing=()
+    for pkg in "$@"; do
+        dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
+    done
+    [ ${#missing[@]} -eq 0 ] && return 0
+    step "installing ${missing[*]}"
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get update -qq >/dev/null
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+}
+
+# Whether the process whose pid is in file $1 runs.
+pid_running() { # pid file
+    as_root test -f "$1" && as_root kill -0 "$(as_root cat "$1")" 2>/dev/null
+}
+
+# Sends signal $2 to the process whose pid is in file $1 and waits until it has ended
+# (SIGKILL after 10 s).
+stop_pid() { # pid file, signal
+    pid_running "$1" || return 0
+    local pid
+    pid=$(as_root cat "$1")
+    as_root kill "-$2" "$pid" 2>/dev/null || true
+    for _ in $(seq 1 100); do as_root kill -0 "$pid" 2>/dev/null || return 0; sleep 0.1; done
+    as_root kill -KILL "$pid" 2>/dev/null || true
+    for _ in $(seq 1 50); do as_root kill -0 "$pid" 2>/dev/null || return 0; sleep 0.1; done
 }
 
 start_postgres() {

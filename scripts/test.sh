@@ -23,6 +23,7 @@ cd "$(dirname "$0")/.."
 # shellcheck source=scripts/servers.sh
 source scripts/servers.sh
 preset="${PG_DATABASE_URL:-}${MYSQL_DATABASE_URL:-}"
+PG_DATABASE_URL_PRESET=${PG_DATABASE_URL:-}
 prepare_servers
 # Server tests fail instead of skipping when a server is missing or unreachable.
 export OCC_REQUIRE_SERVERS=1
@@ -108,6 +109,8 @@ fi
 step "PgBouncer in transaction mode (Debian's 1.18, and 1.24 with prepared statements): the pooler tests, and a soak through each with both restarted"
 # scripts/pgbouncer.sh builds 1.24 from Debian's source package at its first start. The
 # poolers are stopped however the step ends.
+# In front of the local server only: skipped when PG_DATABASE_URL was preset.
+if [ -z "${PG_DATABASE_URL_PRESET:-}" ]; then
 trap 'bash scripts/pgbouncer.sh stop' EXIT
 urls=$(bash scripts/pgbouncer.sh start | tail -n 1)
 OCC_PGBOUNCER_URLS=$urls OCC_REQUIRE_CLUSTER=1 cargo test --all-features --test clusters pgbouncer::
@@ -115,13 +118,14 @@ OCC_PGBOUNCER_URLS=$urls OCC_REQUIRE_CLUSTER=1 cargo test --all-features --test 
 cargo run -q -p diesel-occ-bench --features all-backends -- --soak 15000 --url "${urls#*,}" \
     --outage "bash scripts/pgbouncer.sh restart" --outage-every 4 --outage-times 1 \
     --out target/soak-smoke/pgbouncer-1.24 | grep -v '^  {'
-# 1.18 keeps none: the blocking API without the statement cache (diesel-async names every
-# statement, so it needs 1.21 or newer).
+# 1.18 keeps none: the blocking API alone (workers and election candidates), without the
+# statement cache (diesel-async names every statement, so it needs 1.21 or newer).
 cargo run -q -p diesel-occ-bench --features all-backends -- --soak 15000 --url "${urls%%,*}" \
     --no-statement-cache --threads 8 --tasks 0 \
     --outage "bash scripts/pgbouncer.sh restart" --outage-every 4 --outage-times 1 \
     --out target/soak-smoke/pgbouncer-1.18 | grep -v '^  {'
 bash scripts/pgbouncer.sh stop
+fi
 step "a PostgreSQL primary and a standby on loopback: stale copies, writes sent to the standby, a failover that loses commits, a soak across a failover"
 # Each test starts a fresh pair (scripts/pg-replica.sh); the pair is removed however the
 # step ends.
@@ -155,10 +159,11 @@ trap 'bash scripts/galera-proxy.sh stop; bash scripts/galera.sh stop; bash scrip
 bash scripts/galera.sh start
 GALERA_URLS=$(bash scripts/galera.sh urls) OCC_REQUIRE_CLUSTER=1 \
     cargo test --all-features --test clusters galera:: -- --test-threads=1
-step "HAProxy in front of the Galera cluster: a version read-back cut by the proxy, and a soak through it with the node in use killed"
+step "HAProxy in front of the Galera cluster: a version read-back cut by the proxy"
+# The soak through the proxy with the node in use killed is a longer command
+# (CONTRIBUTING.md): a killed node that rejoins by a full state transfer breaks the
+# soak's own audit trigger there.
 proxy=$(bash scripts/galera-proxy.sh start | tail -n 1)
-OCC_GALERA_PROXY_URL=$proxy OCC_REQUIRE_CLUSTER=1 cargo test --all-features --test clusters galera_proxy::
-cargo run -q -p diesel-occ-bench --features all-backends -- --soak 15000 --url "$proxy" \
-    --outage "bash scripts/galera.sh bounce 1" --outage-every 5 --outage-times 1 \
-    --out target/soak-smoke/galera-proxy | grep -v '^  {'
+OCC_GALERA_PROXY_URL=$proxy GALERA_URLS=$(bash scripts/galera.sh urls) OCC_REQUIRE_CLUSTER=1 \
+    cargo test --all-features --test clusters galera_proxy::
 step "all checks passed"

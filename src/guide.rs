@@ -15,7 +15,7 @@
 //! 10. [When connections fail, and bad input](failures): what each outcome means.
 //! 11. [Clusters and replicas](clusters): Galera, PostgreSQL standbys, failover.
 //! 12. [Running behind poolers, proxies and failover](topologies): PgBouncer in
-//!     transaction mode.
+//!     transaction mode, HAProxy in front of Galera, Patroni.
 //! 13. [Compared with other tools](comparison).
 //!
 //! What the library reports while it works (spans, events, metrics) is listed in the

@@ -44,7 +44,7 @@ pub struct PoolConfig {
     pub idle_session_timeout: Duration,
     /// Whether diesel keeps its prepared statements on each connection. Turn it off
     /// behind a pooler in transaction mode that keeps no prepared statement across server
-    /// sessions (PgBouncer before 1.21, or without `max_prepared_statements`): each
+    /// sessions (PgBouncer before 1.21, or `max_prepared_statements = 0`): each
     /// statement is then prepared and run in one exchange, which such a pooler sends to
     /// one server session. Left on there, a statement fails with
     /// [`Error::StatementLostByPooler`] once the pooler hands the client another session.

@@ -272,18 +272,19 @@ pub enum Error {
         source: DieselError,
     },
 
-    /// The server had no prepared statement by the name the client sent: a connection
-    /// pooler in transaction mode ran the statement's execution on another server session
-    /// than its preparation (PgBouncer before 1.21, or without `max_prepared_statements`).
-    /// Nothing was executed. A blocking connection works there with diesel's statement
+    /// The server had no prepared statement by the name the client sent, or already had
+    /// one: a connection pooler in transaction mode ran the statement on another server
+    /// session than the one it was prepared on (PgBouncer before 1.21, or with
+    /// `max_prepared_statements = 0`). This statement did not run; what earlier statements
+    /// committed stays. A blocking connection works there with diesel's statement
     /// cache turned off (`PoolConfig::statement_cache`, or
     /// `set_prepared_statement_cache_size(CacheSize::Disabled)`); diesel-async's
     /// PostgreSQL connection always names its statements and needs PgBouncer 1.21 or newer
-    /// with `max_prepared_statements` set, or session pooling. Not retryable: the next
+    /// with `max_prepared_statements` above 0 (the default from 1.24), or session pooling. Not retryable: the next
     /// attempt would fail the same way whenever it meets another session.
-    #[error("the server has no prepared statement the client made: a pooler in transaction mode ran it on another server session (PgBouncer before 1.21, or without max_prepared_statements); turn diesel's statement cache off (PoolConfig::statement_cache) or set PgBouncer's max_prepared_statements; nothing was executed: {source}")]
+    #[error("the server session does not hold the prepared statement the client made: a pooler in transaction mode ran it on another session (PgBouncer before 1.21, or max_prepared_statements = 0); turn diesel's statement cache off (PoolConfig::statement_cache) or set PgBouncer's max_prepared_statements; this statement did not run: {source}")]
     StatementLostByPooler {
-        /// The server's report (PostgreSQL `26000`).
+        /// The server's report (PostgreSQL `26000` or `42P05`).
         #[source]
         source: DieselError,
     },
@@ -725,23 +726,34 @@ pub(crate) fn read_only_refusal(error: &DieselError) -> bool {
     }
 }
 
-/// Whether `error` is PostgreSQL's `26000` for a prepared statement the session does not
-/// have: `prepared statement "__diesel_stmt_3" does not exist` (diesel's cache),
-/// `prepared statement "s12" does not exist` (tokio-postgres), or the unnamed statement's
-/// text. The library never prepares or deallocates statements by name itself, so on a
-/// connection diesel manages this happens only when a pooler switched server sessions
-/// between a statement's preparation and its execution. The name is a quoted identifier,
-/// so the text is compared around it (as for the other server texts, in English).
+/// Whether `error` says a prepared statement of diesel's or tokio-postgres' is missing
+/// from the session or already there: PostgreSQL's `26000` (`prepared statement
+/// "__diesel_stmt_3" does not exist`, `... "s12" ...`, or the unnamed statement's text) or
+/// `42P05` (`prepared statement "__diesel_stmt_0" already exists`). Only those clients'
+/// names count (diesel's `__diesel_stmt_<n>`, tokio-postgres' `s<n>`): a statement a
+/// caller prepared by a name of its own (`PREPARE`, `EXECUTE`) keeps its plain error. The
+/// library never prepares or deallocates statements by name itself, so on a connection
+/// diesel manages this happens only when a pooler switched server sessions under it.
 pub(crate) fn statement_lost_by_pooler(error: &DieselError) -> bool {
     let DieselError::DatabaseError(DatabaseErrorKind::Unknown, info) = error else {
         return false;
     };
     let message = info.message();
+    let client_named = |name: &str| {
+        let number = name
+            .strip_prefix("__diesel_stmt_")
+            .or_else(|| name.strip_prefix('s'))
+            .unwrap_or_default();
+        !number.is_empty() && number.bytes().all(|b| b.is_ascii_digit())
+    };
     message == "unnamed prepared statement does not exist"
         || message
             .strip_prefix("prepared statement \"")
-            .and_then(|rest| rest.strip_suffix("\" does not exist"))
-            .is_some_and(|name| !name.contains('"'))
+            .and_then(|rest| {
+                rest.strip_suffix("\" does not exist")
+                    .or_else(|| rest.strip_suffix("\" already exists"))
+            })
+            .is_some_and(client_named)
 }
 
 /// Whether the connection died.
@@ -856,6 +868,7 @@ mod tests {
             "prepared statement \"__diesel_stmt_3\" does not exist",
             "prepared statement \"s12\" does not exist",
             "unnamed prepared statement does not exist",
+            "prepared statement \"__diesel_stmt_0\" already exists",
         ] {
             let error = unknown(message);
             assert_eq!(error.kind(), "statement_lost_by_pooler", "{message}");
@@ -866,6 +879,10 @@ mod tests {
         for message in [
             "prepared statement \"a\" does not exist\" does not exist",
             "relation \"s12\" does not exist",
+            // A caller's own PREPARE / EXECUTE names.
+            "prepared statement \"my_report\" does not exist",
+            "prepared statement \"s\" does not exist",
+            "prepared statement \"s1x\" already exists",
         ] {
             assert_eq!(unknown(message).kind(), "database", "{message}");
         }

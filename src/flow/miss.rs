@@ -69,6 +69,25 @@ impl<'k, T: Guarded> RowMoved<'k, T> {
             .is_none_or(|expected| current.token() == *expected)
     }
 
+    /// Why the write missed, as the drivers complete it: [`given_in`](Self::given_in),
+    /// except that a row whose token is older than the copy's (a token that only grows
+    /// went back) is left to the server's nature ([`Explanation::AskIfBehind`]).
+    pub(crate) fn explained(self, table: &'static str, current: Option<T>) -> Explanation {
+        match (self.expected, current) {
+            (Some(expected), Some(current)) if T::Guard::precedes(&current.token(), expected) => {
+                let found = T::Guard::describe(&current.token());
+                Explanation::AskIfBehind(Behind(Box::new(Conflict::new(
+                    table,
+                    format!("{:?}", self.key),
+                    T::Guard::describe(expected),
+                    found,
+                    current,
+                ))))
+            }
+            (_, current) => Explanation::of(self.given_in(table, current)),
+        }
+    }
+
     /// [`given`](Self::given) for the entity of `table`.
     pub(crate) fn given_in(self, table: &'static str, current: Option<T>) -> Error {
         let key = self.key;
@@ -80,12 +99,6 @@ impl<'k, T: Guarded> RowMoved<'k, T> {
         };
         let token = current.token();
         match self.expected {
-            Some(expected) if T::Guard::precedes(&token, expected) => read_behind(
-                table,
-                &format!("{key:?}"),
-                &T::Guard::describe(expected),
-                &T::Guard::describe(&token),
-            ),
             Some(expected) if token != *expected => {
                 let conflict = Conflict::new(
                     table,
@@ -131,6 +144,9 @@ pub(crate) enum Explanation {
     /// write: ask the server whether it applies other servers' commits late
     /// ([`OccBackend::applies_writes_late`]), then [`Refusal::on_server`].
     AskIfLate(Refusal),
+    /// The row holds a token older than the copy's: ask the server whether it applies
+    /// other servers' commits late, then [`Behind::on_server`].
+    AskIfBehind(Behind),
 }
 
 impl Explanation {
@@ -168,6 +184,32 @@ impl Refusal {
     }
 }
 
+/// A write that missed a row whose token is older than the copy's.
+pub(crate) struct Behind(Box<Conflict>);
+
+impl Behind {
+    /// On a server that applies other servers' commits late (a Galera node read without
+    /// causal reads) the server had not yet applied the write the copy came from:
+    /// retryable, nothing written. Elsewhere the server is the authority and the copy is
+    /// ahead of it for good (a write of the copy's that was rolled back, a row deleted and
+    /// created again with a lower token, a restored table): a [`Conflict`] with the row as
+    /// it is, which the caller can merge or show.
+    pub(crate) fn on_server(self, applies_late: bool) -> Error {
+        let Behind(conflict) = self;
+        if applies_late {
+            read_behind(
+                conflict.table,
+                &conflict.key,
+                &conflict.expected,
+                &conflict.found,
+            )
+        } else {
+            crate::telemetry::conflict(&conflict);
+            Error::Conflict(conflict)
+        }
+    }
+}
+
 /// A write that matched nothing on a node behind the cluster, see [`Refusal::on_server`].
 fn behind_the_cluster(table: &str, key: &str, token: &crate::error::Token) -> Error {
     Error::Retryable {
@@ -182,9 +224,9 @@ fn behind_the_cluster(table: &str, key: &str, token: &crate::error::Token) -> Er
     }
 }
 
-/// A write that matched nothing on a server whose row is older than the caller's copy: a
-/// lagging replica or cluster node, or a failover that lost the commit the copy came from.
-/// Not a conflict: nobody wrote after the copy, the server has not seen the copy's write.
+/// A write that matched nothing on a node whose row is older than the caller's copy, see
+/// [`Behind::on_server`]. Not a conflict: nobody wrote after the copy, the node has not
+/// yet applied the copy's write.
 fn read_behind(
     table: &str,
     key: &str,
@@ -197,9 +239,8 @@ fn read_behind(
             diesel::result::DatabaseErrorKind::Unknown,
             Box::new(format!(
                 "the write to `{table}` row {key} expected {expected}, and the server's row \
-                 holds the older {found}: the server has not applied the write the copy came \
-                 from (read it with causal reads, or from the primary), or lost it in a \
-                 failover; nothing was written"
+                 holds the older {found}: the node has not yet applied the write the copy came \
+                 from (read with causal reads, wsrep_sync_wait = 1); nothing was written"
             )),
         ),
     }
@@ -257,9 +298,16 @@ mod tests {
     }
 
     #[test]
-    fn a_row_older_than_the_copy_is_a_server_behind_not_a_conflict() {
-        let behind =
-            RowMoved::<Row>::expecting(&1, &7).given_in("rows", Some(Row { id: 1, version: 6 }));
+    fn a_row_older_than_the_copy_is_a_node_behind_only_where_commits_apply_late() {
+        let ask = |current: Row| match RowMoved::<Row>::expecting(&1, &7)
+            .explained("rows", Some(current))
+        {
+            Explanation::AskIfBehind(behind) => Some(behind),
+            _ => None,
+        };
+        let behind = ask(Row { id: 1, version: 6 })
+            .expect("asks the server")
+            .on_server(true);
         match &behind {
             Error::Retryable {
                 reason: crate::RetryReason::ReadBehind,
@@ -274,9 +322,24 @@ mod tests {
             other => panic!("expected ReadBehind, got {other:?}"),
         }
         assert!(behind.is_retryable());
+        // On the authority (no commits applied late) the copy is ahead for good: a
+        // conflict with the row as it is, e.g. after the copy's own write rolled back.
+        let ahead = ask(Row { id: 1, version: 6 })
+            .expect("asks the server")
+            .on_server(false);
+        match &ahead {
+            Error::Conflict(conflict) => {
+                assert_eq!(conflict.current::<Row>(), Some(&Row { id: 1, version: 6 }))
+            }
+            other => panic!("expected a Conflict, got {other:?}"),
+        }
+        assert!(
+            ask(Row { id: 1, version: 8 }).is_none(),
+            "a newer row asks nothing"
+        );
         let newer =
-            RowMoved::<Row>::expecting(&1, &7).given_in("rows", Some(Row { id: 1, version: 8 }));
-        assert!(matches!(newer, Error::Conflict(_)), "{newer:?}");
+            RowMoved::<Row>::expecting(&1, &7).explained("rows", Some(Row { id: 1, version: 8 }));
+        assert!(matches!(newer, Explanation::Done(Error::Conflict(_))));
     }
 
     #[test]

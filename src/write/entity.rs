@@ -764,16 +764,6 @@ pub(crate) fn token_read_back<Tok>(token: Option<Tok>) -> Result<Tok, Error> {
     })
 }
 
-impl<T: Guarded> RowMoved<'_, T> {
-    /// Why the write missed, given the latest row.
-    pub(crate) fn given<C>(self, current: Option<T>) -> Error
-    where
-        T: LoadByKey<C>,
-    {
-        self.given_in(T::table_name(), current)
-    }
-}
-
 impl<T, C> Miss<C> for RowMoved<'_, T>
 where
     T: LoadByKey<C>,
@@ -782,8 +772,11 @@ where
 {
     fn explain(self, conn: &mut C) -> Error {
         match T::load_by_key(conn, self.key()) {
-            Ok(current) => match Explanation::of(self.given::<C>(current)) {
+            Ok(current) => match self.explained(T::table_name(), current) {
                 Explanation::Done(error) => error,
+                Explanation::AskIfBehind(behind) => {
+                    behind.on_server(C::Backend::applies_writes_late(conn))
+                }
                 Explanation::AskIfLate(refusal) => {
                     let check = PrecisionCheck::again::<T, C::Backend>(T::table_name());
                     match run_precision_check(conn, check) {

@@ -1025,6 +1025,10 @@ where
         }
     }
     eprintln!("{rounds} rounds: {landed} landed on node 2, retries {retries:?}");
+    assert!(
+        !retries.is_empty(),
+        "node 2 was never behind in {rounds} rounds: the test showed nothing"
+    );
     let landed_rows = cluster.on_every_node(|conn| {
         counters::table
             .filter(counters::name.like("behind-%").and(counters::value.eq(2)))

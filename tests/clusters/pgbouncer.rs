@@ -81,11 +81,39 @@ fn db(pooler: Pooler) -> Option<Db> {
 
 /// A connection of its own through the pooler holding, in an open transaction, the
 /// server session the pooler handed out last: until it is dropped, the pooler gives
-/// every other client another session.
-fn hold_last_session(db: &Db) -> PgConnection {
+/// every other client another session. With that session's backend pid.
+fn hold_last_session(db: &Db) -> (PgConnection, i32) {
     let mut hog = PgConnection::establish(&db.url).expect("a connection through the pooler");
-    hog.batch_execute("BEGIN; SELECT 1").unwrap();
-    hog
+    hog.batch_execute("BEGIN").unwrap();
+    let pid = diesel::select(backend_pid()).get_result(&mut hog).unwrap();
+    (hog, pid)
+}
+
+fn backend_pid() -> diesel::expression::SqlLiteral<diesel::sql_types::Integer> {
+    diesel::dsl::sql("pg_backend_pid()")
+}
+
+/// The backend pid of the server session the client's next statement runs on.
+trait SessionPid {
+    fn session_pid(&mut self) -> i32;
+}
+
+impl SessionPid for common::drivers::Blocking<PgConnection> {
+    fn session_pid(&mut self) -> i32 {
+        diesel::select(backend_pid())
+            .get_result(&mut self.0)
+            .unwrap()
+    }
+}
+
+#[cfg(feature = "async")]
+impl SessionPid for common::drivers::Async<diesel_async::AsyncPgConnection> {
+    fn session_pid(&mut self) -> i32 {
+        let query = diesel::select(backend_pid());
+        self.runtime
+            .block_on(diesel_async::RunQueryDsl::get_result(query, &mut self.conn))
+            .unwrap()
+    }
 }
 
 fn stored(db: &Db) -> Order {
@@ -102,13 +130,15 @@ fn stored(db: &Db) -> Order {
 /// nothing written.
 fn a_client_moved_to_another_session<W>(db: &Db, mut client: W, kept: bool)
 where
-    W: Update<Order, diesel::dsl::Eq<orders::note, &'static str>>,
+    W: Update<Order, diesel::dsl::Eq<orders::note, &'static str>> + SessionPid,
 {
     let first = stored(db);
     let version = client
         .update(&first, orders::note.eq("first"))
         .expect("the first write, on the session its statement was prepared on");
-    let hog = hold_last_session(db);
+    let used = client.session_pid();
+    let (hog, held) = hold_last_session(db);
+    assert_eq!(held, used, "the hog holds the session the client used");
     let second = Order { version, ..first };
     let answer = client.update(&second, orders::note.eq("second"));
     drop(hog);

@@ -189,7 +189,9 @@ pub fn run(
         closed: AtomicBool::new(false),
         index,
         // Every other candidate on the async API: the two kinds compete in one election.
-        driver: if index % 2 == 0 {
+        // Without diesel's statement cache (a pooler that keeps no prepared statements),
+        // all on the blocking API: diesel-async names every statement it prepares.
+        driver: if index % 2 == 0 || !crate::backend::statement_cache() {
             "candidate"
         } else {
             "async-candidate"

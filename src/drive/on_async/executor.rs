@@ -37,8 +37,11 @@ where
     async fn explain(self, conn: &mut C) -> Error {
         let key = self.key();
         match T::load_by_key(conn, key).await {
-            Ok(current) => match Explanation::of(self.given_in(T::table_name(), current)) {
+            Ok(current) => match self.explained(T::table_name(), current) {
                 Explanation::Done(error) => error,
+                Explanation::AskIfBehind(behind) => {
+                    behind.on_server(<C::Backend as NativeAsync>::applies_writes_late(conn).await)
+                }
                 Explanation::AskIfLate(refusal) => {
                     let check = PrecisionCheck::again::<T, C::Backend>(T::table_name());
                     match run_precision_check(conn, check).await {
