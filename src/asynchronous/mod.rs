@@ -91,6 +91,7 @@ mod lock_connection;
 mod locks;
 mod modify;
 mod pessimistic;
+mod reply_timeout;
 mod run;
 mod source;
 #[cfg(feature = "sqlite")]
@@ -116,6 +117,9 @@ pub use lease::AsyncLease;
 pub use locks::{AsyncLockGuard, AsyncLocks};
 pub use modify::AsyncGuardedModify;
 pub use pessimistic::AsyncPessimistic;
+pub use reply_timeout::establish_with_reply_timeout;
+#[cfg(any(feature = "bb8", feature = "async-deadpool"))]
+pub use reply_timeout::manager_config_with_reply_timeout;
 pub use run::AsyncRun;
 pub use source::AsyncConnectionSource;
 #[cfg(feature = "async-deadpool")]

@@ -7,6 +7,8 @@ pub(crate) mod backend;
 pub(crate) mod blocking;
 pub(crate) mod caller_transaction;
 pub(crate) mod pool;
+pub(crate) mod reply_bound;
+pub(crate) mod socket_of;
 pub(crate) mod source;
 pub(crate) mod transaction;
 pub(crate) mod write_gate;

@@ -5,11 +5,14 @@
 //! [`CheckedManager`]: a connection the server dropped is discarded instead of failing the
 //! next request, without a round trip on every checkout.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use diesel::connection::{Instrumentation, InstrumentationEvent};
 use diesel::r2d2::{ConnectionManager, ManageConnection, Pool, PooledConnection, R2D2Connection};
 
+use super::reply_bound::Watch;
+use super::socket_of;
 use crate::error::{connection_lost, Error};
 
 /// Settings shared by the pool builders.
@@ -26,6 +29,8 @@ use crate::error::{connection_lost, Error};
 ///   that sent nothing; see `MysqlSettings` (feature `mysql`)
 /// - `statement_cache`: on; diesel prepares each statement of fixed SQL once per
 ///   connection and runs it again by name
+/// - `reply_timeout` (PostgreSQL and MySQL): 30 s for any statement's reply, then the
+///   connection is closed (see [`PoolConfig::reply_timeout`])
 #[derive(Debug, Clone)]
 pub struct PoolConfig {
     /// Most connections the pool opens.
@@ -49,6 +54,21 @@ pub struct PoolConfig {
     /// one server session. Left on there, a statement fails with
     /// [`Error::StatementLostByPooler`] once the pooler hands the client another session.
     pub statement_cache: bool,
+    /// How long a statement on a pooled PostgreSQL or MySQL connection may wait for the
+    /// server's reply before the connection is closed under it; `None` waits for ever.
+    ///
+    /// The bound for a server that stops answering without closing the connection (a
+    /// frozen process, a partition, a paused virtual machine): its kernel still
+    /// acknowledges what the client sends, so neither TCP keepalives nor the server's own
+    /// timeouts end the wait. The call then returns what a lost connection means at that
+    /// point: [`Error::Ambiguous`] if the statement may have taken effect (a `COMMIT`, a
+    /// write outside a transaction), a retryable loss before the commit otherwise (retried
+    /// on a new connection by the calls that take a pool). It applies to every statement
+    /// on the connection, yours too: raise it above your longest statement, including a
+    /// row-lock wait you allow. Linux only (the watch finds the connection's socket in
+    /// `/proc`); a connection whose socket could not be told apart from one the process
+    /// opened at the same moment is not watched.
+    pub reply_timeout: Option<Duration>,
 }
 
 impl Default for PoolConfig {
@@ -61,6 +81,7 @@ impl Default for PoolConfig {
             check_after_idle: Duration::from_millis(500),
             idle_session_timeout: Duration::from_secs(60),
             statement_cache: true,
+            reply_timeout: Some(Duration::from_secs(30)),
         }
     }
 }
@@ -82,6 +103,7 @@ pub struct CheckedManager<C: R2D2Connection + 'static> {
     inner: ConnectionManager<C>,
     check_after_idle: Duration,
     statement_cache: bool,
+    reply_timeout: Option<Duration>,
 }
 
 impl<C: R2D2Connection + 'static> CheckedManager<C> {
@@ -91,7 +113,15 @@ impl<C: R2D2Connection + 'static> CheckedManager<C> {
             inner: ConnectionManager::new(url),
             check_after_idle,
             statement_cache: true,
+            reply_timeout: None,
         }
+    }
+
+    /// The same manager, each connection closed under a statement that waited `bound`
+    /// for its reply (see [`PoolConfig::reply_timeout`]).
+    pub fn with_reply_timeout(mut self, bound: Duration) -> Self {
+        self.reply_timeout = Some(bound);
+        self
     }
 
     /// The same manager, its connections without diesel's prepared-statement cache (see
@@ -107,13 +137,21 @@ impl<C: R2D2Connection + Send + 'static> ManageConnection for CheckedManager<C> 
     type Error = diesel::r2d2::Error;
 
     fn connect(&self) -> Result<C, Self::Error> {
-        let mut conn = self.inner.connect()?;
+        let (mut conn, watch) = match self.reply_timeout {
+            Some(bound) => socket_of::one_at_a_time(|| {
+                let before = socket_of::before();
+                let conn = self.inner.connect()?;
+                Ok::<_, Self::Error>((conn, socket_of::watch_new_socket(&before, bound)))
+            })?,
+            None => (self.inner.connect()?, None),
+        };
         if !self.statement_cache {
             conn.set_prepared_statement_cache_size(diesel::connection::CacheSize::Disabled);
         }
         conn.set_instrumentation(Liveness {
             last_answer: Some(Instant::now()),
             lost: false,
+            watch,
             user: diesel::connection::get_default_instrumentation(),
         });
         Ok(conn)
@@ -146,11 +184,15 @@ impl<C: R2D2Connection + Send + 'static> ManageConnection for CheckedManager<C> 
 struct Liveness {
     last_answer: Option<Instant>,
     lost: bool,
+    watch: Option<Arc<Watch>>,
     user: Option<Box<dyn Instrumentation>>,
 }
 
 impl Instrumentation for Liveness {
     fn on_connection_event(&mut self, event: InstrumentationEvent<'_>) {
+        if let Some(watch) = &self.watch {
+            watch.follow(&event);
+        }
         if let InstrumentationEvent::FinishQuery { error, .. } = &event {
             match error {
                 None => self.last_answer = Some(Instant::now()),
@@ -189,6 +231,10 @@ fn builder<C: R2D2Connection + 'static>(
     } else {
         manager.without_statement_cache()
     };
+    let manager = match config.reply_timeout {
+        Some(bound) => manager.with_reply_timeout(bound),
+        None => manager,
+    };
     (builder, manager)
 }
 
@@ -214,7 +260,12 @@ pub type MysqlPool = Pool<CheckedManager<diesel::MysqlConnection>>;
 #[cfg(feature = "sqlite")]
 pub fn sqlite_pool(path: &str, config: &PoolConfig) -> Result<SqlitePool, Error> {
     check_sqlite_path(path)?;
-    let (builder, manager) = builder(path, config);
+    // A file has no reply to wait for: SQLite's own bound is the busy timeout.
+    let config = PoolConfig {
+        reply_timeout: None,
+        ..config.clone()
+    };
+    let (builder, manager) = builder(path, &config);
     Ok(builder
         .connection_customizer(Box::new(SqliteSettings {
             busy_timeout: config.busy_timeout,
@@ -328,20 +379,27 @@ impl MysqlSettings {
     }
 
     /// The same settings for a pool of diesel-async MySQL connections (bb8 or deadpool):
-    /// a manager configuration whose setup applies them to each new connection. Use it
-    /// with `AsyncDieselConnectionManager::new_with_config`.
+    /// a manager configuration whose setup applies them to each new connection, made
+    /// with `reply_timeout` as `establish_with_reply_timeout` makes it (`None`: no
+    /// bound). Use it with `AsyncDieselConnectionManager::new_with_config`.
     #[cfg(all(
         feature = "async-mysql",
         any(feature = "bb8", feature = "async-deadpool")
     ))]
     pub fn async_manager_config(
         self,
+        reply_timeout: Option<Duration>,
     ) -> diesel_async::pooled_connection::ManagerConfig<diesel_async::AsyncMysqlConnection> {
         let mut config = diesel_async::pooled_connection::ManagerConfig::default();
         config.custom_setup = Box::new(move |url| {
             Box::pin(async move {
                 use diesel_async::{AsyncConnection, SimpleAsyncConnection};
-                let mut conn = diesel_async::AsyncMysqlConnection::establish(url).await?;
+                let mut conn = match reply_timeout {
+                    Some(bound) => {
+                        crate::asynchronous::establish_with_reply_timeout(url, bound).await?
+                    }
+                    None => diesel_async::AsyncMysqlConnection::establish(url).await?,
+                };
                 conn.batch_execute(&self.idle_bound())
                     .await
                     .map_err(diesel::ConnectionError::CouldntSetupConfiguration)?;

@@ -416,7 +416,7 @@ mod async_driver {
             };
             let manager = AsyncDieselConnectionManager::<AsyncMysqlConnection>::new_with_config(
                 url,
-                settings.async_manager_config(),
+                settings.async_manager_config(diesel_occ::PoolConfig::default().reply_timeout),
             );
             self.runtime
                 .block_on(bb8::Pool::builder().max_size(size).build(manager))

@@ -14,6 +14,7 @@ mod async_pools;
 mod blocking;
 mod connection_faults;
 mod connection_sources;
+mod frozen_server;
 mod http_service;
 mod killed_writer;
 mod pool;

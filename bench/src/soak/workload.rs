@@ -290,7 +290,7 @@ impl AsyncManager for diesel_async::AsyncMysqlConnection {
         };
         diesel_async::pooled_connection::AsyncDieselConnectionManager::new_with_config(
             url,
-            settings.async_manager_config(),
+            settings.async_manager_config(diesel_occ::PoolConfig::default().reply_timeout),
         )
     }
 }

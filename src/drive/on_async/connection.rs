@@ -148,6 +148,7 @@ where
     C::Backend: OccBackend,
 {
     let inside = in_transaction(conn);
+    discard_if_lost(conn, &error);
     if let DieselError::DeserializationError(cause) = &error {
         if crate::error::is_cut_short(&**cause) {
             // A reply without its rows: the connection is out of step, asked nothing
@@ -160,6 +161,16 @@ where
     classify_given(error, inside, |_| reason)
 }
 
+/// Marks `conn` broken when `error` says its connection is gone, so that no pool hands
+/// it out again: diesel-async's MySQL connection does not say so itself (a connection
+/// the server dropped, or one the reply timeout closed, went back into bb8 and failed
+/// every later checkout when the pool's own check on checkout was off).
+fn discard_if_lost<C: AsyncConnection>(conn: &mut C, error: &DieselError) {
+    if crate::error::connection_lost(error) {
+        C::TransactionManager::transaction_manager_status_mut(conn).set_in_error();
+    }
+}
+
 /// [`classify`] made ready for `error`, the one a judgement that takes the
 /// classification as a closure may hand it: the server is asked before the judgement runs.
 pub(crate) async fn classifier<C>(conn: &mut C, error: Option<&DieselError>) -> Classifier
@@ -168,6 +179,9 @@ where
     C::Backend: OccBackend,
 {
     let in_transaction = in_transaction(conn);
+    if let Some(error) = error {
+        discard_if_lost(conn, error);
+    }
     let reason = match error {
         Some(DieselError::DeserializationError(cause)) if crate::error::is_cut_short(&**cause) => {
             // As `classify`: the connection is out of step and discarded.

@@ -1,0 +1,117 @@
+//! The socket a connection opens, found from outside the client library.
+//!
+//! Neither libpq, libmysqlclient nor diesel-async's clients expose a connection's socket
+//! through diesel, so the sockets of the process are listed before and after the
+//! connection is made: the one that appeared is the connection's. Connections made
+//! through this module are made one at a time, so they cannot take each other's sockets;
+//! a socket the rest of the process opened during those milliseconds (an accepted HTTP
+//! connection, say) makes the answer ambiguous, and then the connection is not watched
+//! rather than watched on the wrong socket.
+//!
+//! Linux only (`/proc/self/fd` and `pidfd_getfd`); elsewhere nothing is found.
+
+use std::time::Duration;
+
+use std::sync::Arc;
+
+use super::reply_bound::Watch;
+
+/// The sockets of the process when a connection starts, to compare with after it.
+pub(crate) struct Before(#[cfg(target_os = "linux")] Vec<u64>);
+
+/// Lists the process' sockets.
+pub(crate) fn before() -> Before {
+    #[cfg(target_os = "linux")]
+    return Before(
+        linux::sockets()
+            .into_iter()
+            .map(|(_, inode)| inode)
+            .collect(),
+    );
+    #[cfg(not(target_os = "linux"))]
+    Before()
+}
+
+/// A watch with `bound` on the one socket opened since `before`, if exactly one was.
+pub(crate) fn watch_new_socket(before: &Before, bound: Duration) -> Option<Arc<Watch>> {
+    #[cfg(target_os = "linux")]
+    return Watch::start(linux::opened_since(&before.0)?, bound);
+    #[cfg(not(target_os = "linux"))]
+    {
+        let _ = (before, bound);
+        None
+    }
+}
+
+/// Makes connections one at a time in blocking code (see the module's docs).
+pub(crate) fn one_at_a_time<T>(connect: impl FnOnce() -> T) -> T {
+    static CONNECTING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _turn = CONNECTING.lock().unwrap_or_else(|e| e.into_inner());
+    connect()
+}
+
+/// The same in async code: the turn is held across the connection's awaits.
+#[cfg(feature = "async")]
+pub(crate) async fn one_at_a_time_async<T>(connect: impl std::future::Future<Output = T>) -> T {
+    static CONNECTING: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+    let _turn = CONNECTING.lock().await;
+    connect.await
+}
+
+#[cfg(target_os = "linux")]
+mod linux {
+    use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+    use std::sync::OnceLock;
+
+    use rustix::net::sockopt::socket_type;
+    use rustix::net::SocketType;
+    use rustix::process::{getpid, pidfd_getfd, pidfd_open, PidfdFlags, PidfdGetfdFlags};
+
+    /// The process' sockets: descriptor number and inode.
+    pub(super) fn sockets() -> Vec<(RawFd, u64)> {
+        let Ok(entries) = std::fs::read_dir("/proc/self/fd") else {
+            return Vec::new();
+        };
+        entries
+            .filter_map(|entry| {
+                let fd: RawFd = entry.ok()?.file_name().to_str()?.parse().ok()?;
+                Some((fd, inode_of(fd)?))
+            })
+            .collect()
+    }
+
+    /// The socket inode descriptor `fd` refers to, if it is a socket.
+    fn inode_of(fd: RawFd) -> Option<u64> {
+        let target = std::fs::read_link(format!("/proc/self/fd/{fd}")).ok()?;
+        target
+            .to_str()?
+            .strip_prefix("socket:[")?
+            .strip_suffix(']')?
+            .parse()
+            .ok()
+    }
+
+    /// A duplicate of the one stream socket that is not among `before`.
+    pub(super) fn opened_since(before: &[u64]) -> Option<OwnedFd> {
+        let mut new = sockets()
+            .into_iter()
+            .filter(|(_, inode)| !before.contains(inode));
+        let (fd, inode) = new.next()?;
+        if new.next().is_some() {
+            return None;
+        }
+        let socket = pidfd_getfd(own_pidfd()?, fd, PidfdGetfdFlags::empty()).ok()?;
+        // The number may have been closed and given to another socket meanwhile.
+        (inode_of(socket.as_raw_fd()) == Some(inode)
+            && socket_type(&socket).ok() == Some(SocketType::STREAM))
+        .then_some(socket)
+    }
+
+    /// A handle on this process, through which its descriptors are duplicated.
+    fn own_pidfd() -> Option<&'static OwnedFd> {
+        static PIDFD: OnceLock<Option<OwnedFd>> = OnceLock::new();
+        PIDFD
+            .get_or_init(|| pidfd_open(getpid(), PidfdFlags::empty()).ok())
+            .as_ref()
+    }
+}
