@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use diesel::OptionalExtension;
 use diesel_async::methods::LoadQuery;
-use diesel_async::{AsyncConnection, AsyncConnectionCore, RunQueryDsl, SimpleAsyncConnection};
+use diesel_async::{AsyncConnection, AsyncConnectionCore, RunQueryDsl};
 
 use crate::connect::backend::OccBackend;
 use crate::drive::blocking::executor::CannotMiss;
@@ -146,6 +146,10 @@ where
         T: Send + 'a,
         'a: 'c,
     {
+        let _replies = crate::connect::reply_bound::tighten(
+            self.instrumentation(),
+            crate::locks::backend::reply_limit(bound),
+        );
         let bounds = <C as Io>::Backend::wait_bounds(bound);
         setting(self, bounds.before.as_deref()).await?;
         let ended = async {
@@ -178,12 +182,20 @@ where
 /// Sends a session or transaction setting, if there is one; its error classified as the
 /// blocking path classifies it (inside the transaction, a Galera abort answers the
 /// setting: a retry, not a raw error).
-async fn setting<C: SimpleAsyncConnection + Send>(
-    conn: &mut C,
-    sql: Option<&str>,
-) -> Result<(), Error> {
+async fn setting<C>(conn: &mut C, sql: Option<&str>) -> Result<(), Error>
+where
+    C: AsyncConnection + Send,
+{
     match sql {
-        Some(sql) => conn.batch_execute(sql).await.map_err(Error::from),
+        Some(sql) => match conn.batch_execute(sql).await {
+            Ok(()) => Ok(()),
+            // A lost connection is marked broken, so that its pool does not hand it out
+            // again.
+            Err(e) => {
+                crate::drive::on_async::connection::discard_if_lost(conn, &e);
+                Err(Error::from(e))
+            }
+        },
         None => Ok(()),
     }
 }

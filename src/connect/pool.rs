@@ -213,6 +213,13 @@ impl Instrumentation for Liveness {
     }
 }
 
+/// The reply watch of a connection of [`CheckedManager`]'s, if it has one.
+pub(crate) fn watch_of(instrumentation: &mut dyn Instrumentation) -> Option<Arc<Watch>> {
+    instrumentation
+        .downcast_ref::<Liveness>()
+        .and_then(|liveness| liveness.watch.clone())
+}
+
 /// A connection checked out of one of this crate's pools.
 pub type Pooled<C> = PooledConnection<CheckedManager<C>>;
 

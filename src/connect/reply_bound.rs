@@ -20,7 +20,7 @@
 //! without unsafe code and without the race of a file descriptor number reused after
 //! the client closed it). It is Linux only; elsewhere connections are not watched.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
@@ -39,9 +39,13 @@ pub(crate) type Socket = std::convert::Infallible;
 pub(crate) struct Watch {
     socket: Socket,
     bound: Duration,
+    /// A tighter bound for the call under way, in nanoseconds; 0 when none.
+    tighter: AtomicU64,
     /// Nanoseconds since [`epoch`] plus one when a statement was sent; 0 when none waits.
     waiting_since: AtomicU64,
-    cut: AtomicBool,
+    /// The bound in force when the watchdog closed the connection, in nanoseconds; 0
+    /// while it has not.
+    cut_after: AtomicU64,
 }
 
 impl Watch {
@@ -53,8 +57,9 @@ impl Watch {
         let watch = Arc::new(Watch {
             socket,
             bound,
+            tighter: AtomicU64::new(0),
             waiting_since: AtomicU64::new(0),
-            cut: AtomicBool::new(false),
+            cut_after: AtomicU64::new(0),
         });
         watchdog()
             .watched
@@ -66,7 +71,30 @@ impl Watch {
 
     /// The bound, if the watchdog closed the connection for a reply that did not come.
     pub(crate) fn cut_after(&self) -> Option<Duration> {
-        self.cut.load(Ordering::Acquire).then_some(self.bound)
+        match self.cut_after.load(Ordering::Acquire) {
+            0 => None,
+            nanos => Some(Duration::from_nanos(nanos)),
+        }
+    }
+
+    /// The bound in force: the connection's, or a call's tighter one.
+    fn bound(&self) -> Duration {
+        match self.tighter.load(Ordering::Acquire) {
+            0 => self.bound,
+            tighter => self.bound.min(Duration::from_nanos(tighter)),
+        }
+    }
+
+    /// Bounds each reply to `limit` (if tighter than the connection's bound) until the
+    /// returned value is dropped: a lock's statements, whose answers no longer count once
+    /// the lease they compute could have run out.
+    pub(crate) fn tighten(self: &Arc<Self>, limit: Duration) -> Tightened {
+        let nanos = (limit.as_nanos() as u64).max(1);
+        let before = self.tighter.swap(nanos, Ordering::AcqRel);
+        Tightened {
+            watch: self.clone(),
+            before,
+        }
     }
 
     /// Follows the connection's events: a statement sent starts the wait, its end
@@ -88,7 +116,8 @@ impl Watch {
     /// Closes the connection if its statement has waited past the bound.
     fn check(&self, now: u64) {
         let since = self.waiting_since.load(Ordering::Acquire);
-        if since == 0 || now.saturating_sub(since) < self.bound.as_nanos() as u64 {
+        let bound = self.bound().as_nanos() as u64;
+        if since == 0 || now.saturating_sub(since) < bound {
             return;
         }
         // Only the wait seen: a reply that ended it meanwhile keeps the connection.
@@ -97,9 +126,64 @@ impl Watch {
             .compare_exchange(since, 0, Ordering::AcqRel, Ordering::Acquire)
             .is_ok()
         {
-            self.cut.store(true, Ordering::Release);
+            self.cut_after.store(bound.max(1), Ordering::Release);
             shut_down(&self.socket);
         }
+    }
+}
+
+/// A call's tighter bound on a watch, lifted when dropped.
+pub(crate) struct Tightened {
+    watch: Arc<Watch>,
+    before: u64,
+}
+
+impl Drop for Tightened {
+    fn drop(&mut self) {
+        self.watch.tighter.store(self.before, Ordering::Release);
+    }
+}
+
+/// The watch of a connection whose instrumentation is the library's (a connection of
+/// its pools, or made by `establish_with_reply_timeout`), if it is watched.
+pub(crate) fn watch_of(instrumentation: &mut dyn Instrumentation) -> Option<Arc<Watch>> {
+    if let Some(watched) = instrumentation.downcast_ref::<Watched>() {
+        return Some(watched.watch.clone());
+    }
+    crate::connect::pool::watch_of(instrumentation)
+}
+
+/// Bounds each reply on the connection of `instrumentation` to `limit` while the returned
+/// value lives (nothing if the connection is not watched).
+pub(crate) fn tighten(
+    instrumentation: &mut dyn Instrumentation,
+    limit: Duration,
+) -> Option<Tightened> {
+    watch_of(instrumentation).map(|watch| watch.tighten(limit))
+}
+
+/// `error` said as the reply timeout it was, if the watchdog closed the connection of
+/// `instrumentation` (the client only saw its connection end).
+pub(crate) fn name_the_cut(
+    instrumentation: &mut dyn Instrumentation,
+    error: diesel::result::Error,
+) -> diesel::result::Error {
+    use diesel::result::{DatabaseErrorKind, Error as DieselError};
+    let cut = watch_of(instrumentation).and_then(|watch| watch.cut_after());
+    match (cut, &error) {
+        (Some(bound), DieselError::DatabaseError(_, info))
+            if crate::error::connection_lost(&error) =>
+        {
+            DieselError::DatabaseError(
+                DatabaseErrorKind::ClosedConnection,
+                Box::new(format!(
+                    "no reply from the server within {bound:?} (the connection's reply \
+                     timeout), so the connection was closed; the client then said: {}",
+                    info.message()
+                )),
+            )
+        }
+        _ => error,
     }
 }
 
@@ -162,7 +246,7 @@ fn patrol() -> Duration {
     watched.retain(|watch| match watch.upgrade() {
         Some(watch) => {
             watch.check(now);
-            smallest = smallest.min(watch.bound);
+            smallest = smallest.min(watch.bound());
             true
         }
         None => false,

@@ -332,10 +332,12 @@ pub enum RetryReason {
     LockTimeout,
     /// SQLite `SQLITE_BUSY` / `SQLITE_LOCKED` after the busy timeout.
     Busy,
-    /// The connection died before the `COMMIT` of a transaction the library opened, so
-    /// the server rolled it back. Only for operations that take a new connection from a
-    /// pool for each attempt ([`modify_pooled`](crate::GuardedModify::modify_pooled));
-    /// on a single connection the next attempt would find it dead too.
+    /// The connection died (or was closed by its reply timeout) before the `COMMIT` of a
+    /// transaction the library opened, so nothing was written. Only for operations that
+    /// take a new connection from a pool for each attempt
+    /// ([`modify_pooled`](crate::GuardedModify::modify_pooled), the calls of
+    /// [`Locks`](crate::Locks)); on a single connection the next attempt would find it
+    /// dead too.
     ConnectionLost,
     /// MariaDB `1047` on a Galera node outside the cluster's primary component (restarted
     /// and not yet synced, cut off from the others): it runs no statement until it has

@@ -26,6 +26,7 @@ use diesel::query_builder::{AstPass, QueryFragment, QueryId};
 use diesel::{Column, QueryResult};
 
 use crate::connect::backend::OccBackend;
+use crate::connect::reply_bound;
 use crate::connect::transaction::WriteTransaction;
 use crate::error::Error;
 use crate::guard::server_clock::ServerClock;
@@ -112,6 +113,7 @@ where
     C: WriteTransaction + SimpleConnection,
     C::Backend: LockBackend,
 {
+    let _replies = reply_bound::tighten(conn.instrumentation(), reply_limit(bound));
     let bounds = C::Backend::wait_bounds(bound);
     if let Some(before) = &bounds.before {
         conn.batch_execute(before)?;
@@ -121,6 +123,15 @@ where
         Some(after) => restore_after(conn, after, result),
         None => result,
     }
+}
+
+/// How long each statement of a lock transaction bounded to `bound` waits for its reply
+/// on a watched connection ([`PoolConfig::reply_timeout`](crate::PoolConfig)) before the
+/// connection is closed: past the server's own bounds (at most twice `bound`), so that a
+/// server that answers reports its timeout itself, and far below a default reply
+/// timeout, so that a frozen server does not hold the lock's call past its lease.
+pub(crate) fn reply_limit(bound: Duration) -> Duration {
+    bound * 2 + Duration::from_secs(1)
 }
 
 /// `bound` in whole milliseconds, at least one.

@@ -17,7 +17,7 @@ use super::lock::{
 use crate::connect::transaction::WriteTransaction;
 use crate::drive::blocking::executor::CannotMiss;
 use crate::drive::{now, Blocking, Body, Io, QueryOn, RunOn};
-use crate::error::Error;
+use crate::error::{connection_lost, Error, RetryReason};
 use crate::flow::lock_transaction::{Effect, LockTransaction};
 use crate::sql::new_token::{Counted, ReturnedBy};
 use crate::telemetry::Call;
@@ -191,7 +191,7 @@ where
                     };
                     sent.map_err(C::Backend::bounded_error)
                 };
-                let fence = conn.bounded(wait, sent).await?;
+                let fence = conn.bounded(wait, sent).await.map_err(lost_before_commit)?;
                 if confirms {
                     // Read back after the `COMMIT`: one plain read, which sees this session's own
                     // commit. Lost, it leaves a grant whose `COMMIT` answered unconfirmed.
@@ -206,6 +206,20 @@ where
         |answer| step.report(key, answer),
     )
     .await
+}
+
+/// A connection lost before the lock transaction's `COMMIT` (a lost `COMMIT` is
+/// [`Error::Ambiguous`] by now): nothing was written, and the lock's calls take a
+/// connection of their pool each, so another attempt can succeed. Before, a server that
+/// stopped answering left `try_lock` a raw "Server has gone away".
+fn lost_before_commit(error: Error) -> Error {
+    match error {
+        Error::Database(source) if connection_lost(&source) => Error::Retryable {
+            reason: RetryReason::ConnectionLost,
+            source,
+        },
+        other => other,
+    }
 }
 
 /// A grant's read-back that failed: its `COMMIT` answered, so the grant may stand (it

@@ -9,7 +9,9 @@
 //! - a read-modify-write whose connection froze: retried on a new connection, applied
 //!   once;
 //! - a transition whose `COMMIT` got no reply: `Ambiguous`, the transition found applied
-//!   once or not at all.
+//!   once or not at all;
+//! - a lock call, on connections whose own reply timeout is long: back within the bound
+//!   its lease sets, nothing granted.
 //!
 //! On PostgreSQL the session's own backend process is frozen; MariaDB runs every session
 //! in one process, so the whole server is frozen. That stalls every other test on it, so
@@ -21,6 +23,7 @@
 #![cfg(all(
     target_os = "linux",
     feature = "bb8",
+    feature = "locks",
     any(not(feature = "mysql"), feature = "async-mysql")
 ))]
 
@@ -120,10 +123,10 @@ fn timed<T>(what: &str, frozen: &Frozen, call: impl FnOnce() -> T) -> T {
     let started = Instant::now();
     let result = call();
     let took = started.elapsed();
-    println!("{what}: returned after {took:?} (reply timeout {BOUND:?})");
+    println!("{what}: returned after {took:?}");
     assert!(
         frozen.still_frozen(),
-        "{what}: held until the server was thawed ({took:?}), past its reply timeout {BOUND:?}"
+        "{what}: held until the server was thawed ({took:?}), past its bound"
     );
     result
 }
@@ -197,12 +200,13 @@ for_each_backend! {
     }
 
     impl Path {
-        /// A pool of at most `max` connections on `db`'s database.
-        fn new(db: &common::TestDb<Conn>, on_async: bool, max: u32) -> Path {
+        /// A pool of at most `max` connections on `db`'s database, each reply waited
+        /// for at most `reply`.
+        fn new(db: &common::TestDb<Conn>, on_async: bool, max: u32, reply: Duration) -> Path {
             let config = PoolConfig {
                 max_size: max,
                 min_idle: 1,
-                reply_timeout: Some(BOUND),
+                reply_timeout: Some(reply),
                 ..common::pool_config()
             };
             if !on_async {
@@ -212,7 +216,7 @@ for_each_backend! {
             let manager =
                 diesel_async::pooled_connection::AsyncDieselConnectionManager::new_with_config(
                     &db.url,
-                    diesel_occ::asynchronous::manager_config_with_reply_timeout(BOUND),
+                    diesel_occ::asynchronous::manager_config_with_reply_timeout(reply),
                 );
             // bb8's check on checkout is a statement too, which the bound would end
             // first: without it the library's own call meets the frozen server.
@@ -272,6 +276,19 @@ for_each_backend! {
             }
         }
 
+        /// Tries to take lock `name` for `ttl`.
+        fn try_lock(&self, name: &str, ttl: Duration) -> Result<i64, Error> {
+            match self {
+                Path::Blocking(pool) => diesel_occ::Locks::new(pool.clone())
+                    .try_lock(name, "main", ttl, None)
+                    .map(|guard| guard.fence()),
+                Path::Async(pool, runtime) => runtime.block_on(async {
+                    let locks = diesel_occ::asynchronous::AsyncLocks::new(pool.clone());
+                    locks.try_lock(name, "main", ttl, None).await.map(|guard| guard.fence())
+                }),
+            }
+        }
+
         /// Ships `row`; its hook, the last step before the `COMMIT`, freezes the process
         /// behind the connection, which it returns.
         fn ship_freezing_before_commit(
@@ -320,7 +337,7 @@ for_each_backend! {
             return;
         }
         let Some(db) = db() else { return };
-        let path = Path::new(&db, on_async, 1);
+        let path = Path::new(&db, on_async, 1, BOUND);
         let row = Order::new(1, "frozen");
         diesel::insert_into(orders::table).values(&row).execute(&mut *db.conn()).unwrap();
 
@@ -355,7 +372,7 @@ for_each_backend! {
             return;
         }
         let Some(db) = db() else { return };
-        let path = Path::new(&db, on_async, 1);
+        let path = Path::new(&db, on_async, 1, BOUND);
         let row = Order::new(2, "");
         diesel::insert_into(orders::table).values(&row).execute(&mut *db.conn()).unwrap();
 
@@ -385,7 +402,7 @@ for_each_backend! {
             return;
         }
         let Some(db) = db() else { return };
-        let path = Path::new(&db, on_async, 1);
+        let path = Path::new(&db, on_async, 1, BOUND);
         diesel::insert_into(orders::table)
             .values(&Order::new(3, ""))
             .execute(&mut *db.conn())
@@ -424,6 +441,43 @@ for_each_backend! {
         }
     }
 
+    /// A lock call on a frozen server, on connections whose own reply timeout (30 s) is
+    /// longer than the safety thaw: the lock's statements wait no longer than their
+    /// lease allows (a third of the TTL, twice over for the server's own bounds, plus a
+    /// second), and nothing was granted.
+    fn lock_call_bounded_by_its_lease(on_async: bool) {
+        if BACKEND == "sqlite" || !freezing_allowed() {
+            return;
+        }
+        let Some(db) = db() else { return };
+        let path = Path::new(&db, on_async, 1, PoolConfig::default().reply_timeout.unwrap());
+        let ttl = Duration::from_secs(3);
+        // Another lock first, so that the frozen call's statements are the lock's own,
+        // not a first preparation.
+        path.try_lock("warm", ttl).unwrap();
+
+        let frozen = path.freeze_next();
+        let result = timed(&format!("{BACKEND} {} try_lock (TTL {ttl:?})", path.name()), &frozen, || {
+            path.try_lock("frozen", ttl)
+        });
+        println!("{BACKEND} {}: {result:?}", path.name());
+        frozen.thaw();
+        let after = path.try_lock("frozen", ttl);
+        match result {
+            // Lost before its `COMMIT`: nothing was granted, the lock is free at once.
+            Err(Error::Retryable { .. }) => {
+                assert!(after.expect("the lock is free after the thaw") > 0)
+            }
+            // The `COMMIT` had been sent: the thawed server may grant it, and the lock is
+            // then held until that lease ends.
+            Err(Error::Ambiguous { .. }) => {
+                println!("{BACKEND} {}: after the thaw: {after:?}", path.name());
+                assert!(matches!(after, Ok(_) | Err(Error::LockHeld { .. })), "{after:?}");
+            }
+            other => panic!("neither a retryable loss nor ambiguous: {other:?}"),
+        }
+    }
+
     /// Row `id` once `ready(version)` holds (read on a fresh pool's connection, for a few
     /// seconds: a thawed server finishes what it had received).
     fn wait_for_version(db: &common::TestDb<Conn>, id: i64, ready: impl Fn(i64) -> bool) -> Order {
@@ -454,6 +508,10 @@ for_each_backend! {
         fn commit_without_reply() {
             super::commit_without_reply(false)
         }
+        #[test]
+        fn lock_call_bounded_by_its_lease() {
+            super::lock_call_bounded_by_its_lease(false)
+        }
     }
 
     mod on_async {
@@ -468,6 +526,10 @@ for_each_backend! {
         #[test]
         fn commit_without_reply() {
             super::commit_without_reply(true)
+        }
+        #[test]
+        fn lock_call_bounded_by_its_lease() {
+            super::lock_call_bounded_by_its_lease(true)
         }
     }
 }

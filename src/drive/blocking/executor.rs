@@ -75,5 +75,6 @@ where
     C::Backend: OccBackend,
 {
     let inside = crate::connect::transaction::in_transaction(conn);
+    let error = crate::connect::reply_bound::name_the_cut(conn.instrumentation(), error);
     classify_given(error, inside, |e| C::Backend::retry_reason(conn, e))
 }

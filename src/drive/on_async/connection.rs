@@ -149,6 +149,7 @@ where
 {
     let inside = in_transaction(conn);
     discard_if_lost(conn, &error);
+    let error = crate::connect::reply_bound::name_the_cut(conn.instrumentation(), error);
     if let DieselError::DeserializationError(cause) = &error {
         if crate::error::is_cut_short(&**cause) {
             // A reply without its rows: the connection is out of step, asked nothing
@@ -165,7 +166,7 @@ where
 /// it out again: diesel-async's MySQL connection does not say so itself (a connection
 /// the server dropped, or one the reply timeout closed, went back into bb8 and failed
 /// every later checkout when the pool's own check on checkout was off).
-fn discard_if_lost<C: AsyncConnection>(conn: &mut C, error: &DieselError) {
+pub(crate) fn discard_if_lost<C: AsyncConnection>(conn: &mut C, error: &DieselError) {
     if crate::error::connection_lost(error) {
         C::TransactionManager::transaction_manager_status_mut(conn).set_in_error();
     }
