@@ -11,7 +11,7 @@ as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
 
 install_missing_packages() {
     local missing=()
-    for pkg in postgresql mariadb-server libpq-dev default-libmysqlclient-dev pkg-config; do
+    for pkg in postgresql mariadb-server libpq-dev default-libmysqlclient-dev pkg-config procps; do
         dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
     done
     if [ ${#missing[@]} -gt 0 ]; then

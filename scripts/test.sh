@@ -3,8 +3,8 @@
 # PostgreSQL, MySQL/MariaDB), doc and compile-fail tests, docs as docs.rs builds them, a
 # publishing dry run, the demos, a smoke run of the benchmark program on each backend, a
 # short soak judged by a linearizability checker (and a broken guard it must catch), an
-# advisory check of the dependencies, a short run of scripts/faults.sh (session kills
-# and a restart of each local server), and the cluster tests on a PostgreSQL primary with
+# advisory check of the dependencies, calls on a server frozen with SIGSTOP, a short run
+# of scripts/faults.sh (session kills and a restart of each local server), and the cluster tests on a PostgreSQL primary with
 # a streaming standby (scripts/pg-replica.sh), PgBouncer in transaction mode in front of
 # the local PostgreSQL (scripts/pgbouncer.sh), a Patroni cluster with etcd and HAProxy
 # (scripts/patroni.sh), and a 3-node MariaDB Galera cluster (scripts/galera.sh) alone and
@@ -37,6 +37,16 @@ step "cargo clippy (all targets, all backends, -D warnings)"
 cargo clippy --all-targets --all-features -- -D warnings
 step "cargo test on SQLite, PostgreSQL and MySQL (unit, integration, doc, compile-fail)"
 cargo test --all-features
+step "frozen servers: calls on a server stopped with SIGSTOP come back within their reply timeout, both drivers"
+# PostgreSQL: the session's own backend is frozen; MariaDB runs every session in one
+# process, so the whole local server is, and these tests run alone, one at a time. Each
+# test thaws what it froze (a thread does it after 20 s whatever happens); the trap
+# thaws the servers however the step ends. Local servers only: skipped when a URL was
+# preset (the tests signal the server's processes).
+if [ -z "$preset" ]; then
+trap 'as_root pkill -CONT -x 'mariadbd|mysqld' || true; as_root pkill -CONT -x postgres || true' EXIT
+OCC_FREEZE_SERVERS=1 cargo test --all-features --test connections frozen_server:: -- --test-threads=1
+fi
 step "cargo clippy of each backend alone (feature gates)"
 cargo clippy --all-targets -- -D warnings
 cargo clippy --lib --no-default-features --features postgres -- -D warnings
@@ -152,12 +162,12 @@ cargo run -q -p diesel-occ-bench --features all-backends -- --soak 15000 --url "
     --out target/soak-smoke/patroni-failover | grep -v '^  {'
 bash scripts/patroni.sh stop
 step "a 3-node MariaDB Galera cluster on loopback: read-modify-writes, merges and lock rounds across its nodes"
-# 8 threads x 50 operations per round, OCC_CLUSTER_ROUNDS rounds (20 unless set), exact end
-# states read on every node.
+# 8 threads x 50 operations per round, OCC_CLUSTER_ROUNDS rounds (8 here unless set; the
+# tests' own default is 20), exact end states read on every node.
 # The cluster is stopped however the step ends, so that it does not outlive the run.
 trap 'bash scripts/galera-proxy.sh stop; bash scripts/galera.sh stop; bash scripts/pg-replica.sh stop' EXIT
 bash scripts/galera.sh start
-GALERA_URLS=$(bash scripts/galera.sh urls) OCC_REQUIRE_CLUSTER=1 \
+GALERA_URLS=$(bash scripts/galera.sh urls) OCC_REQUIRE_CLUSTER=1 OCC_CLUSTER_ROUNDS=${OCC_CLUSTER_ROUNDS:-8} \
     cargo test --all-features --test clusters galera:: -- --test-threads=1
 step "HAProxy in front of the Galera cluster: a version read-back cut by the proxy"
 # The soak through the proxy with the node in use killed is a longer command

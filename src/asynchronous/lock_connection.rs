@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use diesel::OptionalExtension;
 use diesel_async::methods::LoadQuery;
-use diesel_async::{AsyncConnection, AsyncConnectionCore, RunQueryDsl};
+use diesel_async::{AsyncConnection, AsyncConnectionCore, RunQueryDsl, SimpleAsyncConnection};
 
 use crate::connect::backend::OccBackend;
 use crate::drive::blocking::executor::CannotMiss;
@@ -146,12 +146,8 @@ where
         T: Send + 'a,
         'a: 'c,
     {
-        let _replies = crate::connect::reply_bound::tighten(
-            self.instrumentation(),
-            crate::locks::backend::reply_limit(bound),
-        );
         let bounds = <C as Io>::Backend::wait_bounds(bound);
-        setting(self, bounds.before.as_deref()).await?;
+        setting_on(self, bounds.before.as_deref()).await?;
         let ended = async {
             let mut transaction = OwnTransaction::begin(&mut *self).await?;
             let sent = body(transaction.conn()).await;
@@ -161,12 +157,12 @@ where
         // Whatever the outcome (a failed `BEGIN` too), as the blocking path restores it: a
         // committed grant stays a grant when the restore fails (the connection died right
         // after the commit).
-        let _ = setting(self, bounds.after.as_deref()).await;
+        let _ = setting_on(self, bounds.after.as_deref()).await;
         ended
     }
 
     async fn setting(&mut self, sql: Option<&str>) -> Result<(), Error> {
-        setting(self, sql).await
+        setting_on(self, sql).await
     }
 
     async fn draw_fence(&mut self) -> Result<(), Error> {
@@ -182,22 +178,27 @@ where
 /// Sends a session or transaction setting, if there is one; its error classified as the
 /// blocking path classifies it (inside the transaction, a Galera abort answers the
 /// setting: a retry, not a raw error).
-async fn setting<C>(conn: &mut C, sql: Option<&str>) -> Result<(), Error>
-where
-    C: AsyncConnection + Send,
-{
+async fn setting<C: SimpleAsyncConnection + Send>(
+    conn: &mut C,
+    sql: Option<&str>,
+) -> Result<(), Error> {
     match sql {
-        Some(sql) => match conn.batch_execute(sql).await {
-            Ok(()) => Ok(()),
-            // A lost connection is marked broken, so that its pool does not hand it out
-            // again.
-            Err(e) => {
-                crate::drive::on_async::connection::discard_if_lost(conn, &e);
-                Err(Error::from(e))
-            }
-        },
+        Some(sql) => conn.batch_execute(sql).await.map_err(Error::from),
         None => Ok(()),
     }
+}
+
+/// [`setting`] on a connection of the library's drivers: one that lost its connection
+/// is marked broken, so that its pool does not hand it out again.
+async fn setting_on<C: AsyncConnection + Send>(
+    conn: &mut C,
+    sql: Option<&str>,
+) -> Result<(), Error> {
+    let sent = setting(conn, sql).await;
+    if let Err(Error::Database(error)) = &sent {
+        crate::drive::on_async::connection::discard_if_lost(conn, error);
+    }
+    sent
 }
 
 impl<C> AsyncMiss<C> for LockTaken<'_>

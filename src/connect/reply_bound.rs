@@ -89,7 +89,7 @@ impl Watch {
     /// returned value is dropped: a lock's statements, whose answers no longer count once
     /// the lease they compute could have run out.
     pub(crate) fn tighten(self: &Arc<Self>, limit: Duration) -> Tightened {
-        let nanos = (limit.as_nanos() as u64).max(1);
+        let nanos = nanos_of(limit).max(1);
         let before = self.tighter.swap(nanos, Ordering::AcqRel);
         Tightened {
             watch: self.clone(),
@@ -98,9 +98,11 @@ impl Watch {
     }
 
     /// Follows the connection's events: a statement sent starts the wait, its end
-    /// (answered or failed) ends it. A statement sent while another waits (diesel-async's
-    /// pipelining on PostgreSQL) restarts it, so a future dropped before its reply cannot
-    /// leave a wait that closes a connection idle in its pool once a later statement ran.
+    /// (answered or failed) ends it. A statement sent while another waits restarts it, so
+    /// that a diesel-async future dropped before its reply cannot leave a wait that
+    /// closes a connection idle in its pool once a later statement ran. The price: of
+    /// statements pipelined on one diesel-async PostgreSQL connection (the library sends
+    /// none), those still waiting when an earlier one ends are not bounded.
     pub(crate) fn follow(&self, event: &InstrumentationEvent<'_>) {
         match event {
             InstrumentationEvent::StartQuery { .. } => {
@@ -116,11 +118,14 @@ impl Watch {
     /// Closes the connection if its statement has waited past the bound.
     fn check(&self, now: u64) {
         let since = self.waiting_since.load(Ordering::Acquire);
-        let bound = self.bound().as_nanos() as u64;
+        let bound = nanos_of(self.bound());
         if since == 0 || now.saturating_sub(since) < bound {
             return;
         }
-        // Only the wait seen: a reply that ended it meanwhile keeps the connection.
+        // Only the wait seen: a reply that ended it meanwhile keeps the connection. A
+        // reply that lands between this exchange and the shutdown still loses its
+        // connection, and the next statement is told the timeout closed it: a window of
+        // microseconds, at the bound's edge.
         if self
             .waiting_since
             .compare_exchange(since, 0, Ordering::AcqRel, Ordering::Acquire)
@@ -207,7 +212,12 @@ fn epoch() -> Instant {
 }
 
 fn since_epoch() -> u64 {
-    epoch().elapsed().as_nanos() as u64 + 1
+    nanos_of(epoch().elapsed()).saturating_add(1)
+}
+
+/// `duration` in nanoseconds, a bound beyond 584 years taken as for ever.
+fn nanos_of(duration: Duration) -> u64 {
+    u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX)
 }
 
 /// The watches, checked by one thread.

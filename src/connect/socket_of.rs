@@ -2,13 +2,18 @@
 //!
 //! Neither libpq, libmysqlclient nor diesel-async's clients expose a connection's socket
 //! through diesel, so the sockets of the process are listed before and after the
-//! connection is made: the one that appeared is the connection's. Connections made
-//! through this module are made one at a time, so they cannot take each other's sockets;
-//! a socket the rest of the process opened during those milliseconds (an accepted HTTP
-//! connection, say) makes the answer ambiguous, and then the connection is not watched
-//! rather than watched on the wrong socket.
+//! connection is made: the one that appeared is the connection's. Blocking connections
+//! made through this module take turns, and so do async ones, so they do not take each
+//! other's sockets; a socket the rest of the process opened during those milliseconds (an
+//! accepted HTTP connection, a blocking and an async connection made at once) makes the
+//! answer ambiguous, and then the connection is not watched rather than watched on the
+//! wrong socket (a warning says so with the `tracing` feature). A turn is waited for
+//! [`TURN_WAIT`] at most: a connection to a frozen server never ends, and must not hold
+//! every other connection of the process back.
 //!
-//! Linux only (`/proc/self/fd` and `pidfd_getfd`); elsewhere nothing is found.
+//! Linux only (`/proc/self/fd` and `pidfd_getfd`); elsewhere nothing is found. Where a
+//! seccomp profile refuses `pidfd_getfd` (Docker's default without `CAP_SYS_PTRACE`),
+//! nothing is found either.
 
 use std::time::Duration;
 
@@ -17,7 +22,7 @@ use std::sync::Arc;
 use super::reply_bound::Watch;
 
 /// The sockets of the process when a connection starts, to compare with after it.
-pub(crate) struct Before(#[cfg(target_os = "linux")] Vec<u64>);
+pub(crate) struct Before(#[cfg(target_os = "linux")] std::collections::HashSet<u64>);
 
 /// Lists the process' sockets.
 pub(crate) fn before() -> Before {
@@ -35,7 +40,17 @@ pub(crate) fn before() -> Before {
 /// A watch with `bound` on the one socket opened since `before`, if exactly one was.
 pub(crate) fn watch_new_socket(before: &Before, bound: Duration) -> Option<Arc<Watch>> {
     #[cfg(target_os = "linux")]
-    return Watch::start(linux::opened_since(&before.0)?, bound);
+    {
+        let socket = linux::opened_since(&before.0);
+        #[cfg(feature = "tracing")]
+        if socket.is_none() {
+            tracing::warn!(
+                target: "diesel_occ",
+                "a new connection's socket could not be told apart; it has no reply timeout"
+            );
+        }
+        return Watch::start(socket?, bound);
+    }
     #[cfg(not(target_os = "linux"))]
     {
         let _ = (before, bound);
@@ -43,10 +58,23 @@ pub(crate) fn watch_new_socket(before: &Before, bound: Duration) -> Option<Arc<W
     }
 }
 
+/// How long a connection waits for its turn before it is made beside the one under way.
+pub(crate) const TURN_WAIT: Duration = Duration::from_millis(200);
+
 /// Makes connections one at a time in blocking code (see the module's docs).
 pub(crate) fn one_at_a_time<T>(connect: impl FnOnce() -> T) -> T {
     static CONNECTING: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    let _turn = CONNECTING.lock().unwrap_or_else(|e| e.into_inner());
+    let deadline = std::time::Instant::now() + TURN_WAIT;
+    let _turn = loop {
+        match CONNECTING.try_lock() {
+            Ok(turn) => break Some(turn),
+            Err(std::sync::TryLockError::Poisoned(e)) => break Some(e.into_inner()),
+            Err(std::sync::TryLockError::WouldBlock) if std::time::Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(2))
+            }
+            Err(std::sync::TryLockError::WouldBlock) => break None,
+        }
+    };
     connect()
 }
 
@@ -54,7 +82,9 @@ pub(crate) fn one_at_a_time<T>(connect: impl FnOnce() -> T) -> T {
 #[cfg(feature = "async")]
 pub(crate) async fn one_at_a_time_async<T>(connect: impl std::future::Future<Output = T>) -> T {
     static CONNECTING: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-    let _turn = CONNECTING.lock().await;
+    let _turn = tokio::time::timeout(TURN_WAIT, CONNECTING.lock())
+        .await
+        .ok();
     connect.await
 }
 
@@ -92,7 +122,7 @@ mod linux {
     }
 
     /// A duplicate of the one stream socket that is not among `before`.
-    pub(super) fn opened_since(before: &[u64]) -> Option<OwnedFd> {
+    pub(super) fn opened_since(before: &std::collections::HashSet<u64>) -> Option<OwnedFd> {
         let mut new = sockets()
             .into_iter()
             .filter(|(_, inode)| !before.contains(inode));

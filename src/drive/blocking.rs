@@ -19,6 +19,7 @@ use super::{
 };
 use crate::connect::backend::OccBackend;
 use crate::connect::caller_transaction::protect_caller;
+use crate::connect::reply_bound::Tightened;
 use crate::connect::source::Connections;
 use crate::connect::transaction::{commit_operation, in_transaction, LostCommit, WriteTransaction};
 use crate::drive::blocking::complete::{Complete, CompleteEach};
@@ -59,6 +60,10 @@ where
 
     fn refuse_broken(&mut self) -> Result<(), Error> {
         Ok(())
+    }
+
+    fn tighten_replies(&mut self, limit: Duration) -> Option<Tightened> {
+        crate::connect::reply_bound::tighten(self.0.instrumentation(), limit)
     }
 
     fn classify(&mut self, error: DieselError) -> impl Future<Output = Error> + Send {

@@ -11,6 +11,7 @@ use diesel::result::Error as DieselError;
 use diesel::QueryResult;
 
 use crate::connect::backend::OccBackend;
+use crate::connect::reply_bound::Tightened;
 use crate::connect::transaction::{failed_commit, LostCommit};
 use crate::error::Error;
 use crate::flow::compare_and_set::{Classifier, CompareAndSet, Written};
@@ -52,6 +53,10 @@ pub(crate) trait Io: Send + Sized {
 
     /// Refuses a connection an earlier cancelled call left inside a transaction.
     fn refuse_broken(&mut self) -> Result<(), Error>;
+
+    /// Bounds each reply on the connection to `limit` while the value returned lives, if
+    /// the connection is watched (see `connect::reply_bound`).
+    fn tighten_replies(&mut self, limit: Duration) -> Option<Tightened>;
 
     /// Classifies an error a statement just returned.
     fn classify(&mut self, error: DieselError) -> impl Future<Output = Error> + Send;

@@ -22,6 +22,7 @@ use super::{
     Attempts, Body, End, Ended, ExecuteOn, Io, QueryOn, ReadOn, ReadRow, RunEachOn, RunOn,
     Transactions, WriteAttempt,
 };
+use crate::connect::reply_bound::Tightened;
 use crate::connect::transaction::LostCommit;
 use crate::drive::on_async::connection::{
     classified, classifier, classify, in_transaction, refuse_broken, NativeAsync,
@@ -48,6 +49,10 @@ where
 
     fn refuse_broken(&mut self) -> Result<(), Error> {
         refuse_broken(self)
+    }
+
+    fn tighten_replies(&mut self, limit: Duration) -> Option<Tightened> {
+        crate::connect::reply_bound::tighten(self.instrumentation(), limit)
     }
 
     fn classify(&mut self, error: DieselError) -> impl Future<Output = Error> + Send {

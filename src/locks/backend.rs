@@ -26,7 +26,6 @@ use diesel::query_builder::{AstPass, QueryFragment, QueryId};
 use diesel::{Column, QueryResult};
 
 use crate::connect::backend::OccBackend;
-use crate::connect::reply_bound;
 use crate::connect::transaction::WriteTransaction;
 use crate::error::Error;
 use crate::guard::server_clock::ServerClock;
@@ -113,7 +112,6 @@ where
     C: WriteTransaction + SimpleConnection,
     C::Backend: LockBackend,
 {
-    let _replies = reply_bound::tighten(conn.instrumentation(), reply_limit(bound));
     let bounds = C::Backend::wait_bounds(bound);
     if let Some(before) = &bounds.before {
         conn.batch_execute(before)?;
@@ -125,13 +123,14 @@ where
     }
 }
 
-/// How long each statement of a lock transaction bounded to `bound` waits for its reply
-/// on a watched connection ([`PoolConfig::reply_timeout`](crate::PoolConfig)) before the
-/// connection is closed: past the server's own bounds (at most twice `bound`), so that a
-/// server that answers reports its timeout itself, and far below a default reply
-/// timeout, so that a frozen server does not hold the lock's call past its lease.
+/// How long each statement of a lock call bounded to `bound` (a third of its TTL) waits
+/// for its reply on a watched connection ([`PoolConfig::reply_timeout`](crate::PoolConfig))
+/// before the connection is closed: past the server's own bounds (at most twice
+/// `bound`) by a second where the TTL leaves room, so that a server that answers reports
+/// its timeout itself, and never past the TTL, so that a frozen server does not hold a
+/// statement past the lease it computes.
 pub(crate) fn reply_limit(bound: Duration) -> Duration {
-    bound * 2 + Duration::from_secs(1)
+    (bound * 2 + Duration::from_secs(1)).min(bound * 3)
 }
 
 /// `bound` in whole milliseconds, at least one.

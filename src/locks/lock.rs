@@ -1070,8 +1070,9 @@ where
     /// Frees the lock, keeping its row. [`Error::LockLost`] when another holder took it
     /// over meanwhile.
     ///
-    /// When the release fails otherwise (its connection died: [`Error::Ambiguous`], no
-    /// pooled connection, ...), the guard's drop tries once more on another connection,
+    /// When the release fails otherwise (its connection died: [`Error::Retryable`] with
+    /// [`RetryReason::ConnectionLost`](crate::RetryReason::ConnectionLost) before its
+    /// `COMMIT`, [`Error::Ambiguous`] at it; no pooled connection, ...), the guard's drop tries once more on another connection,
     /// as it does for a guard that was never released, so a lost connection does not keep
     /// the lock held until its lease ends. Releasing twice is harmless: the owner check
     /// makes the second one match nothing.

@@ -129,6 +129,8 @@ where
     call.run_reporting(
         async move {
             conn.refuse_broken()?;
+            // Every statement of the call, a grant's read-back after its `COMMIT` too.
+            let _replies = conn.tighten_replies(super::backend::reply_limit(wait));
             let mut flow = LockTransaction::new(step.write(), facts::<C::Backend>());
             let confirms = flow.confirms_grant();
             // The bound's setting inside the transaction, before the lock's statements.

@@ -380,6 +380,8 @@ on_both_drivers!(
     "start" => writes_sent_to_the_standby_are_read_only,
     "start" => fences_keep_rising_across_a_failover_that_loses_commits,
     "start-sync" => a_failover_under_synchronous_replication_loses_no_acknowledged_write,
+    "start" => a_version_lost_in_an_asynchronous_failover_is_handed_out_again,
+    "start-sync" => under_synchronous_replication_a_copy_of_the_old_primary_conflicts,
 );
 
 /// A copy read on the standby and written on the primary after someone else's write is a
@@ -559,6 +561,73 @@ fn fences_keep_rising_across_a_failover_that_loses_commits<D: Driver>(pair: &Pai
     assert_eq!(stale_on_new, 0, "{}", D::NAME);
     std::mem::forget(stale); // its connection's server is gone; nothing to release
     d.release(holder).unwrap();
+}
+
+/// The documented limit of version guards under asynchronous replication (guide,
+/// `topologies`): a write acknowledged by the old primary and lost in the failover
+/// leaves a copy carrying a version the promoted server never had; once another writer
+/// reaches that version on the promoted server, the stale copy matches it and its write
+/// overwrites the newer one. Fences carry the timeline and are safe from this; versions
+/// are computed by the client from the copy and are not. The rule the guide gives is
+/// synchronous replication (see the next test). If a later release makes versions carry
+/// an epoch, this test turns into a `Conflict` check.
+fn a_version_lost_in_an_asynchronous_failover_is_handed_out_again<D: Driver>(pair: &Pair, d: &D) {
+    diesel::insert_into(orders::table)
+        .values(&Order::new(1, "first"))
+        .execute(&mut pair.primary.get().unwrap())
+        .unwrap();
+    pair.wait_for_standby();
+
+    // Acknowledged by the primary after its standby stopped: lost in the failover.
+    script("detach");
+    d.update(On::Primary, &order(&pair.primary, 1), "lost")
+        .unwrap();
+    let stale_copy = order(&pair.primary, 1);
+    assert_eq!((stale_copy.note.as_str(), stale_copy.version), ("lost", 1));
+
+    script("fail-over");
+    assert_eq!(
+        order(&pair.standby, 1).version,
+        0,
+        "{}: the write was lost",
+        D::NAME
+    );
+    // Another writer reaches version 1 on the promoted server...
+    d.update(On::Standby, &order(&pair.standby, 1), "newer")
+        .unwrap();
+    // ...and the stale copy, at the same version, matches it: the newer write is lost.
+    d.update(On::Standby, &stale_copy, "stale").unwrap();
+    let row = order(&pair.standby, 1);
+    assert_eq!(
+        (row.note.as_str(), row.version),
+        ("stale", 2),
+        "{}: the limit the guide documents is reproduced",
+        D::NAME
+    );
+}
+
+/// The same writes under synchronous replication: the acknowledged write survives the
+/// failover, so the other writer's copy is the stale one, and its write is a `Conflict`
+/// that shows the surviving row.
+fn under_synchronous_replication_a_copy_of_the_old_primary_conflicts<D: Driver>(
+    pair: &Pair,
+    d: &D,
+) {
+    diesel::insert_into(orders::table)
+        .values(&Order::new(1, "first"))
+        .execute(&mut pair.primary.get().unwrap())
+        .unwrap();
+    let old_copy = order(&pair.primary, 1);
+    d.update(On::Primary, &old_copy, "acknowledged").unwrap();
+
+    script("fail-over");
+    let current = conflicting_row(d.update(On::Standby, &old_copy, "from an old copy"));
+    assert_eq!(
+        (current.note.as_str(), current.version),
+        ("acknowledged", 1),
+        "{}",
+        D::NAME
+    );
 }
 
 /// With synchronous replication (`synchronous_commit = remote_apply`), a failover right

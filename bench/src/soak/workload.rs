@@ -269,7 +269,14 @@ pub trait AsyncManager: diesel_async::AsyncConnection + 'static {
 #[cfg(feature = "postgres")]
 impl AsyncManager for diesel_async::AsyncPgConnection {
     fn manager(url: &str) -> diesel_async::pooled_connection::AsyncDieselConnectionManager<Self> {
-        diesel_async::pooled_connection::AsyncDieselConnectionManager::new(url)
+        // The blocking pools' reply timeout, on the async ones too.
+        let bound = diesel_occ::PoolConfig::default()
+            .reply_timeout
+            .expect("a default bound");
+        diesel_async::pooled_connection::AsyncDieselConnectionManager::new_with_config(
+            url,
+            diesel_occ::asynchronous::manager_config_with_reply_timeout(bound),
+        )
     }
 }
 
