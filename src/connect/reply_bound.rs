@@ -88,6 +88,7 @@ impl Watch {
     /// Bounds each reply to `limit` (if tighter than the connection's bound) until the
     /// returned value is dropped: a lock's statements, whose answers no longer count once
     /// the lease they compute could have run out.
+    #[cfg(feature = "locks")]
     pub(crate) fn tighten(self: &Arc<Self>, limit: Duration) -> Tightened {
         let nanos = nanos_of(limit).max(1);
         let before = self.tighter.swap(nanos, Ordering::AcqRel);
@@ -138,11 +139,13 @@ impl Watch {
 }
 
 /// A call's tighter bound on a watch, lifted when dropped.
+#[cfg(feature = "locks")]
 pub(crate) struct Tightened {
     watch: Arc<Watch>,
     before: u64,
 }
 
+#[cfg(feature = "locks")]
 impl Drop for Tightened {
     fn drop(&mut self) {
         self.watch.tighter.store(self.before, Ordering::Release);
@@ -160,6 +163,7 @@ pub(crate) fn watch_of(instrumentation: &mut dyn Instrumentation) -> Option<Arc<
 
 /// Bounds each reply on the connection of `instrumentation` to `limit` while the returned
 /// value lives (nothing if the connection is not watched).
+#[cfg(feature = "locks")]
 pub(crate) fn tighten(
     instrumentation: &mut dyn Instrumentation,
     limit: Duration,

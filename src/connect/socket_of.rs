@@ -40,22 +40,20 @@ pub(crate) fn before() -> Before {
 /// A watch with `bound` on the one socket opened since `before`, if exactly one was.
 pub(crate) fn watch_new_socket(before: &Before, bound: Duration) -> Option<Arc<Watch>> {
     #[cfg(target_os = "linux")]
-    {
-        let socket = linux::opened_since(&before.0);
-        #[cfg(feature = "tracing")]
-        if socket.is_none() {
-            tracing::warn!(
-                target: "diesel_occ",
-                "a new connection's socket could not be told apart; it has no reply timeout"
-            );
-        }
-        return Watch::start(socket?, bound);
-    }
+    let socket = linux::opened_since(&before.0);
     #[cfg(not(target_os = "linux"))]
-    {
-        let _ = (before, bound);
+    let socket: Option<super::reply_bound::Socket> = {
+        let _ = before;
         None
+    };
+    #[cfg(feature = "tracing")]
+    if socket.is_none() {
+        tracing::warn!(
+            target: "diesel_occ",
+            "a new connection's socket could not be told apart; it has no reply timeout"
+        );
     }
+    Watch::start(socket?, bound)
 }
 
 /// How long a connection waits for its turn before it is made beside the one under way.

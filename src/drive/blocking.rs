@@ -19,6 +19,7 @@ use super::{
 };
 use crate::connect::backend::OccBackend;
 use crate::connect::caller_transaction::protect_caller;
+#[cfg(feature = "locks")]
 use crate::connect::reply_bound::Tightened;
 use crate::connect::source::Connections;
 use crate::connect::transaction::{commit_operation, in_transaction, LostCommit, WriteTransaction};
@@ -62,6 +63,7 @@ where
         Ok(())
     }
 
+    #[cfg(feature = "locks")]
     fn tighten_replies(&mut self, limit: Duration) -> Option<Tightened> {
         crate::connect::reply_bound::tighten(self.0.instrumentation(), limit)
     }

@@ -11,6 +11,7 @@ use diesel::result::Error as DieselError;
 use diesel::QueryResult;
 
 use crate::connect::backend::OccBackend;
+#[cfg(feature = "locks")]
 use crate::connect::reply_bound::Tightened;
 use crate::connect::transaction::{failed_commit, LostCommit};
 use crate::error::Error;
@@ -56,6 +57,7 @@ pub(crate) trait Io: Send + Sized {
 
     /// Bounds each reply on the connection to `limit` while the value returned lives, if
     /// the connection is watched (see `connect::reply_bound`).
+    #[cfg(feature = "locks")]
     fn tighten_replies(&mut self, limit: Duration) -> Option<Tightened>;
 
     /// Classifies an error a statement just returned.

@@ -22,6 +22,7 @@ use super::{
     Attempts, Body, End, Ended, ExecuteOn, Io, QueryOn, ReadOn, ReadRow, RunEachOn, RunOn,
     Transactions, WriteAttempt,
 };
+#[cfg(feature = "locks")]
 use crate::connect::reply_bound::Tightened;
 use crate::connect::transaction::LostCommit;
 use crate::drive::on_async::connection::{
@@ -51,6 +52,7 @@ where
         refuse_broken(self)
     }
 
+    #[cfg(feature = "locks")]
     fn tighten_replies(&mut self, limit: Duration) -> Option<Tightened> {
         crate::connect::reply_bound::tighten(self.instrumentation(), limit)
     }

@@ -255,7 +255,7 @@ for_each_backend! {
             let pid = match self {
                 Path::Blocking(pool) => process_blocking(&mut pool.get().unwrap()).unwrap(),
                 Path::Async(pool, runtime) => runtime.block_on(async {
-                    process_async(&mut *pool.get().await.unwrap()).await.unwrap()
+                    process_async(&mut pool.get().await.unwrap()).await.unwrap()
                 }),
             };
             Frozen::new(pid)
