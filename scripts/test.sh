@@ -44,7 +44,8 @@ step "frozen servers: calls on a server stopped with SIGSTOP come back within th
 # thaws the servers however the step ends. Local servers only: skipped when a URL was
 # preset (the tests signal the server's processes).
 if [ -z "$preset" ]; then
-trap 'as_root pkill -CONT -x 'mariadbd|mysqld' || true; as_root pkill -CONT -x postgres || true' EXIT
+thaw_servers() { as_root pkill -CONT -x 'mariadbd|mysqld' || true; as_root pkill -CONT -x postgres || true; }
+trap thaw_servers EXIT
 OCC_FREEZE_SERVERS=1 cargo test --all-features --test connections frozen_server:: -- --test-threads=1
 fi
 step "cargo clippy of each backend alone (feature gates)"
