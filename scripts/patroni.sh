@@ -55,6 +55,14 @@ one_primary_one_standby() {
     p=$(primary) || return 1
     accepts_writes "$p" && streaming $((3 - p))
 }
+# HAProxy counts a server up until its health checks say otherwise, and takes turns
+# between the servers it counts up: six connections in a row that reach a writable node
+# mean the standby is out of its turns.
+proxy_on_primary_only() {
+    for _ in 1 2 3 4 5 6; do
+        [ "$(psql "$(proxy_url)?connect_timeout=2" -Atc 'SELECT NOT pg_is_in_recovery()' 2>/dev/null)" = t ] || return 1
+    done
+}
 
 write_config() { # node
     local n=$1
@@ -179,7 +187,7 @@ start_all() {
     wait_within 120 "the standby streaming" one_primary_one_standby
     psql -h 127.0.0.1 -p "$(pg_port 1)" -U postgres -d postgres -qc "CREATE DATABASE diesel_occ_test"
     write_proxy_config
-    wait_for "HAProxy on the primary" psql "$(proxy_url)" -Atc "SELECT 1"
+    wait_for "HAProxy sending to the primary alone" proxy_on_primary_only
     urls
 }
 
@@ -193,6 +201,7 @@ switchover)
         --candidate "node$((3 - old))" --force >/dev/null
     wait_within 120 "the switchover" primary_is $((3 - old))
     wait_within 120 "the new primary accepting writes, the old one streaming from it" one_primary_one_standby
+    wait_for "HAProxy sending to the new primary alone" proxy_on_primary_only
     ;;
 fail-over)
     old=$(primary)
@@ -200,6 +209,7 @@ fail-over)
     wait_within 120 "the standby promoted" accepts_writes $((3 - old))
     start_node "$old"
     wait_within 120 "the old primary rejoined as a standby" one_primary_one_standby
+    wait_for "HAProxy sending to the new primary alone" proxy_on_primary_only
     ;;
 primary) primary ;;
 *)

@@ -157,7 +157,7 @@ fn stall(
 
 /// Runs `command` (with `bash -c`) every `every`, at most `times` times, until `stop`,
 /// each run awaited: a server restart, a cluster node killed and started again, a
-/// failover.
+/// failover. A run that fails ends the soak early, and the soak then fails.
 pub fn outages(
     command: &str,
     every: Duration,
@@ -180,7 +180,13 @@ pub fn outages(
             .status();
         let kind = match ran {
             Ok(status) if status.success() => "outage",
-            _ => "outage_failed",
+            // The bed did not come back: the rest of the run would measure a broken bed
+            // (a strict synchronous primary without its standby holds every commit).
+            _ => {
+                eprintln!("soak: the outage command failed ({ran:?}); the run ends here");
+                plan.end_early();
+                "outage_failed"
+            }
         };
         *injected.entry(kind).or_default() += 1;
         runs += 1;

@@ -4,6 +4,7 @@
 //! overlapped. The one exception: each row a claim handed out is recorded when the claim
 //! answered, stamped with the claim's start.
 
+use std::collections::BTreeMap;
 use std::fs::File;
 use std::io::{BufRead, BufReader, BufWriter, Write};
 use std::path::Path;
@@ -57,18 +58,44 @@ pub enum What {
     },
 }
 
-/// Appends events to a file.
+/// Appends events to a file, and keeps what a stalled run must say: the calls that have
+/// not answered, and when the last event came.
 pub struct Recorder {
     start: Instant,
-    out: Mutex<BufWriter<File>>,
+    out: Mutex<Written>,
+}
+
+struct Written {
+    file: BufWriter<File>,
+    /// Per caller and key, its call that has not answered: its stamp and its line.
+    open: BTreeMap<(u64, i64), (u64, String)>,
+    last: u64,
 }
 
 impl Recorder {
     pub fn create(path: &Path) -> std::io::Result<Self> {
         Ok(Recorder {
             start: Instant::now(),
-            out: Mutex::new(BufWriter::new(File::create(path)?)),
+            out: Mutex::new(Written {
+                file: BufWriter::new(File::create(path)?),
+                open: BTreeMap::new(),
+                last: 0,
+            }),
         })
+    }
+
+    /// How long ago the last event was recorded (or the run began).
+    pub fn quiet_for(&self) -> std::time::Duration {
+        let last = self.out.lock().unwrap_or_else(|p| p.into_inner()).last;
+        self.start.elapsed() - std::time::Duration::from_micros(last)
+    }
+
+    /// The calls that have not answered, oldest first: each one's line.
+    pub fn unanswered(&self) -> Vec<String> {
+        let out = self.out.lock().unwrap_or_else(|p| p.into_inner());
+        let mut open: Vec<_> = out.open.values().cloned().collect();
+        open.sort();
+        open.into_iter().map(|(_, line)| line).collect()
     }
 
     /// Writes `what` for `caller` on `key`, stamped now; the stamp.
@@ -80,7 +107,9 @@ impl Recorder {
     /// out a row, known only once the claim answered) or now; the stamp.
     pub fn record_at(&self, at: Option<u64>, caller: u64, key: i64, what: What) -> u64 {
         let mut out = self.out.lock().unwrap_or_else(|p| p.into_inner());
-        let at = at.unwrap_or_else(|| self.start.elapsed().as_micros() as u64);
+        let now = self.start.elapsed().as_micros() as u64;
+        let at = at.unwrap_or(now);
+        let invoked = matches!(what, What::Invoke { .. });
         let line = serde_json::to_string(&Event {
             at,
             caller,
@@ -88,12 +117,22 @@ impl Recorder {
             what,
         })
         .expect("an event serializes");
-        writeln!(out, "{line}").expect("the history file takes a line");
+        writeln!(out.file, "{line}").expect("the history file takes a line");
+        if invoked {
+            out.open.insert((caller, key), (at, line));
+        } else {
+            out.open.remove(&(caller, key));
+        }
+        out.last = now;
         at
     }
 
     pub fn flush(&self) -> std::io::Result<()> {
-        self.out.lock().unwrap_or_else(|p| p.into_inner()).flush()
+        self.out
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .file
+            .flush()
     }
 }
 

@@ -13,6 +13,7 @@ mod model;
 mod orders;
 mod outcome;
 mod rows;
+mod stall;
 mod workload;
 
 use std::collections::BTreeMap;
@@ -182,7 +183,9 @@ pub fn run(backend: Backend, mut settings: SoakSettings) -> Result<(), Box<dyn s
     let plan = workload::Plan::new(&settings);
     let stop = AtomicBool::new(false);
     let started = Instant::now();
-    let injected = std::thread::scope(|s| {
+    let (phase, finished) = (stall::Phase::new("the workers"), AtomicBool::new(false));
+    let (injected, audit) = std::thread::scope(|s| {
+        s.spawn(|| stall::watch(&recorder, &phase, &finished));
         let from_outside = settings
             .faults
             .iter()
@@ -214,26 +217,33 @@ pub fn run(backend: Backend, mut settings: SoakSettings) -> Result<(), Box<dyn s
             _ => Err("this build does not have the backend".into()),
         };
         stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        phase.set("the fault thread");
         let mut injected = faults
             .map(|f| f.join().expect("the fault thread ends"))
             .unwrap_or_default();
+        phase.set("the elections' candidates to end");
         injected.extend(elections.join().expect("the elections end"));
         if let Some(outages) = outages {
+            phase.set("the outage command");
             injected.extend(outages.join().expect("the outages end"));
         }
-        ran.map(|()| injected).map_err(|e| e.to_string())
+        // Read once the faults stopped: a killed session would lose the read.
+        phase.set("the lock audit's read");
+        let audit = ran.and_then(|()| match backend {
+            #[cfg(feature = "sqlite")]
+            Backend::Sqlite { .. } => workload::sqlite::audit(&settings.url),
+            #[cfg(feature = "postgres")]
+            Backend::Postgres => workload::postgres::audit(&settings.url),
+            #[cfg(feature = "mysql")]
+            Backend::Mysql => workload::mysql::audit(&settings.url),
+            #[allow(unreachable_patterns)]
+            _ => Err("this build does not have the backend".into()),
+        });
+        finished.store(true, std::sync::atomic::Ordering::Relaxed);
+        audit
+            .map(|audit| (injected, audit))
+            .map_err(|e| e.to_string())
     })?;
-    // Read once the faults stopped: a killed session would lose the read.
-    let audit = match backend {
-        #[cfg(feature = "sqlite")]
-        Backend::Sqlite { .. } => workload::sqlite::audit(&settings.url),
-        #[cfg(feature = "postgres")]
-        Backend::Postgres => workload::postgres::audit(&settings.url),
-        #[cfg(feature = "mysql")]
-        Backend::Mysql => workload::mysql::audit(&settings.url),
-        #[allow(unreachable_patterns)]
-        _ => Err("this build does not have the backend".into()),
-    }?;
     recorder.flush()?;
     let elapsed = started.elapsed();
     println!(
@@ -251,7 +261,11 @@ pub fn run(backend: Backend, mut settings: SoakSettings) -> Result<(), Box<dyn s
     println!("faults injected: {}", describe(&injected));
     let audited = judge_audit(&audit);
     let judged = judge(&path);
-    audited.and(judged)
+    let bed = match injected.get("outage_failed") {
+        Some(_) => Err("the outage command failed: the test bed did not come back".into()),
+        None => Ok(()),
+    };
+    audited.and(judged).and(bed)
 }
 
 /// Prints what the lock audit table says; an error when a lock had two holders at once
@@ -277,6 +291,10 @@ fn judge_audit(audit: &locks::Audit) -> Result<(), Box<dyn std::error::Error>> {
     }
 }
 
+/// How long the checker may take over a history: a run of this soak takes it about a
+/// second; a history it cannot decide in minutes fails the run rather than hold it.
+const CHECK_BUDGET: std::time::Duration = std::time::Duration::from_secs(120);
+
 /// Judges the history at `path` and prints the counts and the verdict.
 pub fn judge(path: &Path) -> Result<(), Box<dyn std::error::Error>> {
     let events = history::read(path)?;
@@ -299,7 +317,16 @@ pub fn judge(path: &Path) -> Result<(), Box<dyn std::error::Error>> {
     // The soak's table has no trigger, rule or policy: a refusal is a wrong answer.
     let refused = outcomes.get("refused").copied().unwrap_or(0);
     let started = Instant::now();
-    let verdict = check::check(&events);
+    let verdict = check::check_within(events, CHECK_BUDGET).map_err(|gave_up| {
+        format!(
+            "the checker gave up after {} s on key {} ({} of its calls never answered): \
+             its history is in {}",
+            CHECK_BUDGET.as_secs(),
+            gave_up.key,
+            gave_up.unanswered,
+            path.display()
+        )
+    })?;
     println!(
         "checker (stateright LinearizabilityTester, per key): {} operations on {} keys in {:.1} s: \
          {} keys not linearizable, {} malformed, {} raw errors",

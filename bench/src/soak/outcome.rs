@@ -72,6 +72,8 @@ fn error_ret(
         Error::Retryable { reason, .. } => (Ret::NothingWritten, retryable_kind(*reason)),
         Error::RetriesExhausted { .. } => (Ret::NothingWritten, "retries_exhausted"),
         Error::Pool(_) => (Ret::NothingWritten, "pool_timeout"),
+        // A standby, or a primary still finishing its promotion, refused the statement.
+        Error::ReadOnly { .. } => (Ret::NothingWritten, "read_only"),
         // Nothing was written; the soak fails the run all the same (nothing refuses here).
         Error::Refused { .. } => (Ret::NothingWritten, "refused"),
         Error::Ambiguous { .. } => return Err("ambiguous".into()),

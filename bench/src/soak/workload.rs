@@ -24,6 +24,9 @@ use crate::backend::per_backend;
 /// pools that workers held exhausted.
 pub struct Plan {
     started: AtomicU64,
+    /// Set when the test bed failed under the run (an outage command that did not bring
+    /// it back): the workers stop, and the run fails.
+    ended: AtomicBool,
     exhaustions: AtomicU64,
     total: u64,
     deadline: Option<Instant>,
@@ -35,6 +38,7 @@ impl Plan {
     pub fn new(settings: &SoakSettings) -> Self {
         Plan {
             started: AtomicU64::new(0),
+            ended: AtomicBool::new(false),
             exhaustions: AtomicU64::new(0),
             total: settings.ops,
             deadline: settings
@@ -47,7 +51,8 @@ impl Plan {
 
     /// The key of the next operation, or `None` when the run is over.
     pub fn next(&self, rng: &mut fastrand::Rng) -> Option<i64> {
-        if self.deadline.is_some_and(|d| Instant::now() >= d) {
+        if self.ended.load(Ordering::Relaxed) || self.deadline.is_some_and(|d| Instant::now() >= d)
+        {
             return None;
         }
         let n = self.started.fetch_add(1, Ordering::Relaxed);
@@ -96,8 +101,14 @@ impl Plan {
 
     /// Whether every operation was handed out (or the time is up).
     pub fn is_over(&self) -> bool {
-        self.deadline.is_some_and(|d| Instant::now() >= d)
+        self.ended.load(Ordering::Relaxed)
+            || self.deadline.is_some_and(|d| Instant::now() >= d)
             || self.started.load(Ordering::Relaxed) >= self.total
+    }
+
+    /// Ends the run early: no operation is handed out after this.
+    pub fn end_early(&self) {
+        self.ended.store(true, Ordering::Relaxed);
     }
 
     /// Operations handed out so far.
