@@ -59,6 +59,12 @@ pub trait OccBackend: Backend + Default {
     /// (see the module `connect::write_gate`), as write transactions do.
     const ONE_WRITER: bool = false;
 
+    /// Whether a new connection may reach a writable server where this one met a
+    /// read-only one: a standby still being promoted behind a proxy, a server set
+    /// read-only while a failover moves its clients, a multi-host URL that skips standbys.
+    /// Not SQLite, whose every connection opens the same file.
+    const RECONNECT_MAY_REACH_PRIMARY: bool = true;
+
     /// Whether the backend's diesel-async connection ends, by itself, a transaction whose
     /// top-level `COMMIT` failed: SQLite's (`SyncConnectionWrapper`) runs diesel's blocking
     /// transaction manager, which rolls back then (or marks itself broken when it cannot),
@@ -260,6 +266,7 @@ impl OccBackend for diesel::sqlite::Sqlite {
     const SKIP_LOCKED: &'static str = "";
     const FOR_UPDATE: &'static str = "";
     const ONE_WRITER: bool = true;
+    const RECONNECT_MAY_REACH_PRIMARY: bool = false;
     const ASYNC_ENDS_FAILED_COMMIT: bool = true;
     const RETURNING: bool = true;
     const LIMIT_IN_SQL: bool = true;

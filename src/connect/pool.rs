@@ -13,7 +13,7 @@ use diesel::r2d2::{ConnectionManager, ManageConnection, Pool, PooledConnection, 
 
 use super::reply_bound::Watch;
 use super::socket_of;
-use crate::error::{connection_lost, Error};
+use crate::error::{connection_lost, read_only_refusal, Error};
 
 /// Settings shared by the pool builders.
 ///
@@ -151,6 +151,7 @@ impl<C: R2D2Connection + Send + 'static> ManageConnection for CheckedManager<C> 
         conn.set_instrumentation(Liveness {
             last_answer: Some(Instant::now()),
             lost: false,
+            met_read_only: false,
             watch,
             user: diesel::connection::get_default_instrumentation(),
         });
@@ -175,15 +176,21 @@ impl<C: R2D2Connection + Send + 'static> ManageConnection for CheckedManager<C> 
             || conn
                 .instrumentation()
                 .downcast_ref::<Liveness>()
-                .is_some_and(|liveness| liveness.lost)
+                .is_some_and(|liveness| liveness.lost || liveness.met_read_only)
     }
 }
 
-/// Remembers when the server last answered on a connection and whether the connection
-/// was found lost, then passes the event on to the user's instrumentation, if any.
+/// Remembers when the server last answered on a connection, whether the connection was
+/// found lost and whether it met a read-only server, then passes the event on to the
+/// user's instrumentation, if any.
 struct Liveness {
     last_answer: Option<Instant>,
     lost: bool,
+    /// A write was refused as read-only: the connection reached a standby (through a
+    /// proxy during a failover, a stale DNS name, a demoted primary set read-only), so
+    /// the pool connects again rather than hand it out. On SQLite the new connection
+    /// opens the same file, which costs little.
+    met_read_only: bool,
     watch: Option<Arc<Watch>>,
     user: Option<Box<dyn Instrumentation>>,
 }
@@ -199,6 +206,10 @@ impl Instrumentation for Liveness {
                 Some(error) if connection_lost(error) => {
                     self.lost = true;
                     self.last_answer = None;
+                }
+                Some(error) if read_only_refusal(error) => {
+                    self.met_read_only = true;
+                    self.last_answer = Some(Instant::now());
                 }
                 // The server answered, with an error of its own.
                 Some(diesel::result::Error::DatabaseError(..)) => {

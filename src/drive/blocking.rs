@@ -228,6 +228,11 @@ where
         })
     }
 
+    fn discard(&mut self) {
+        use diesel::connection::TransactionManager;
+        C::TransactionManager::transaction_manager_status_mut(&mut self.0).set_in_error();
+    }
+
     fn classifier(&mut self, error: Option<&DieselError>) -> impl Future<Output = Classifier> {
         ready(Classifier {
             in_transaction: in_transaction(&mut self.0),

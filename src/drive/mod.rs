@@ -222,6 +222,10 @@ pub(crate) trait WriteAttempt: Sized {
     /// What classifies `error` (when there is one) as a statement's on this connection:
     /// the server asked first where the client keeps only the text (MySQL's async one).
     fn classifier(&mut self, error: Option<&DieselError>) -> impl Future<Output = Classifier>;
+
+    /// Marks the connection broken, so that its pool does not hand it out again (one that
+    /// met a read-only server: the pool's next connection may reach the primary).
+    fn discard(&mut self);
 }
 
 /// What the body of a write transaction of the library's gave, judged as every such

@@ -204,6 +204,11 @@ where
     fn classifier(&mut self, error: Option<&DieselError>) -> impl Future<Output = Classifier> {
         classifier(self, error)
     }
+
+    fn discard(&mut self) {
+        use diesel_async::TransactionManager;
+        C::TransactionManager::transaction_manager_status_mut(self).set_in_error();
+    }
 }
 
 impl<T, C> ReadRow<C> for T

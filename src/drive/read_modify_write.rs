@@ -61,6 +61,9 @@ where
                     key,
                     suspects,
                 )
+                .reconnecting_on_read_only(
+                    <C::Backend as crate::connect::backend::OccBackend>::RECONNECT_MAY_REACH_PRIMARY,
+                )
                 .reported_as(S::OPERATION);
                 let mut effect = flow.start();
                 loop {
@@ -130,11 +133,15 @@ where
             }
         })
         .await;
-    match ended {
+    let next = match ended {
         Ended::NotBegun(error) => flow.began(Err(error)),
         Ended::Committed((), committed) => flow.committed(committed),
         // A failed ROLLBACK leaves the connection broken, which the next call refuses;
         // the attempt's own failure is what counts.
         Ended::RolledBack((), _) => flow.rolled_back(),
+    };
+    if flow.connection_unfit() {
+        conn.discard();
     }
+    next
 }

@@ -262,8 +262,11 @@ pub enum Error {
 
     /// The server refused a write because it accepts none: a PostgreSQL hot standby, a
     /// MySQL / MariaDB replica with `read_only`, or a transaction opened `READ ONLY`.
-    /// Nothing was written; retrying on the same server cannot help, so it is not
+    /// Nothing was written; retrying on the same connection cannot help, so it is not
     /// retryable: send the write to the primary (after a failover, to the new one).
+    /// Operations that take a pooled connection per attempt retry it on a new one
+    /// ([`RetryReason::ReadOnly`]); a pool of the library's discards a connection that
+    /// met a read-only server, so that the next checkout connects again.
     #[error("the server is read-only (a standby or replica, or a READ ONLY transaction) and refused the write: send writes to the primary; nothing was written: {source}")]
     ReadOnly {
         /// The database's own report (PostgreSQL `25006`, MySQL `1792` or `1290` for
@@ -351,6 +354,14 @@ pub enum RetryReason {
     /// a copy of a commit a failover lost stays ahead for good, and the retry policy's
     /// bound ends it.
     ReadBehind,
+    /// The server refused the write as read-only ([`Error::ReadOnly`]): nothing was
+    /// written. Only for operations that take a new connection from a pool for each
+    /// attempt, on PostgreSQL and MySQL / MariaDB: the connection that met the read-only
+    /// server is discarded, and the pool's next one may reach the primary (a standby
+    /// still finishing its promotion behind a proxy, a multi-host URL with
+    /// `target_session_attrs=read-write`). A server that stays read-only ends at the retry
+    /// policy's bound.
+    ReadOnly,
 }
 
 impl fmt::Display for RetryReason {
@@ -363,6 +374,7 @@ impl fmt::Display for RetryReason {
             RetryReason::ConnectionLost => "connection lost before the commit",
             RetryReason::NodeNotReady => "cluster node not ready",
             RetryReason::ReadBehind => "the server's row is older than the caller's copy",
+            RetryReason::ReadOnly => "the server was read-only",
         })
     }
 }

@@ -20,6 +20,9 @@
 //! - how a failure before the `COMMIT` reads: the server rolled everything back, so a
 //!   lost connection is a plain database error, retryable when every attempt gets a
 //!   connection of its own;
+//! - a read-only server's refusal, when every attempt gets a connection of its own and
+//!   a new one may reach the primary: retryable, and the connection is discarded so that
+//!   its pool connects again;
 //! - whether to go on: the policy's bounds and waits, with a conflict marking the row
 //!   contended.
 //!
@@ -88,6 +91,10 @@ pub(crate) struct ReadModifyWrite<'a, T, V, E> {
     run: Run<'a>,
     contended: Contended,
     fresh_per_attempt: bool,
+    /// Whether a read-only refusal is retried on a new connection.
+    reconnects_on_read_only: bool,
+    /// Whether the attempt that just ended met a read-only server.
+    unfit_connection: bool,
     nested: bool,
     table: &'static str,
     key: &'a (dyn Debug + Sync),
@@ -114,6 +121,8 @@ impl<'a, T, V, E: From<Error>> ReadModifyWrite<'a, T, V, E> {
             run: if nested { run.only_once() } else { run },
             contended: Contended::of(policy, table, key),
             fresh_per_attempt,
+            reconnects_on_read_only: false,
+            unfit_connection: false,
             nested,
             table,
             key,
@@ -214,6 +223,20 @@ impl<'a, T, V, E: From<Error>> ReadModifyWrite<'a, T, V, E> {
         Effect::Begin
     }
 
+    /// This flow, retrying a read-only server's refusal on a new connection when
+    /// `reconnect_may_reach_primary` (the backend's) and every attempt gets a connection
+    /// of its own.
+    pub(crate) fn reconnecting_on_read_only(mut self, reconnect_may_reach_primary: bool) -> Self {
+        self.reconnects_on_read_only = reconnect_may_reach_primary && self.fresh_per_attempt;
+        self
+    }
+
+    /// Whether the attempt that just ended met a read-only server, asked once per
+    /// attempt: its connection is to be discarded rather than handed out again.
+    pub(crate) fn connection_unfit(&mut self) -> bool {
+        std::mem::take(&mut self.unfit_connection)
+    }
+
     /// This flow, its retries reported as those of `operation`.
     pub(crate) fn reported_as(mut self, operation: &'static str) -> Self {
         self.run = self.run.named(operation);
@@ -239,10 +262,20 @@ impl<'a, T, V, E: From<Error>> ReadModifyWrite<'a, T, V, E> {
     }
 
     /// After a failed attempt: mark the row contended on a conflict, retry a connection
-    /// lost before the `COMMIT` when the next attempt gets another, then pause or stop as
-    /// the policy says.
+    /// lost before the `COMMIT` when the next attempt gets another (and a read-only
+    /// refusal when that one may reach the primary), then pause or stop as the policy
+    /// says.
     fn settle(&mut self, stop: Stop<E>) -> Effect {
-        let stop = self.contended.settle(stop, self.fresh_per_attempt);
+        let stop = match self.contended.settle(stop, self.fresh_per_attempt) {
+            Stop::Occ(Error::ReadOnly { source }) if self.reconnects_on_read_only => {
+                self.unfit_connection = true;
+                Stop::Occ(Error::Retryable {
+                    reason: RetryReason::ReadOnly,
+                    source,
+                })
+            }
+            other => other,
+        };
         match self.run.wait_or_stop(stop) {
             Ok(pause) => {
                 self.state = State::Pausing;

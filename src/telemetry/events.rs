@@ -79,6 +79,7 @@ fn retry_reason(error: &Error) -> &'static str {
             R::ConnectionLost => "connection_lost",
             R::NodeNotReady => "node_not_ready",
             R::ReadBehind => "read_behind",
+            R::ReadOnly => "read_only",
         },
         other => other.kind(),
     }

@@ -18,4 +18,5 @@ mod frozen_server;
 mod http_service;
 mod killed_writer;
 mod pool;
+mod read_only_server;
 mod send_futures;

@@ -609,3 +609,82 @@ fn a_driver_that_skips_a_step_is_caught() {
     flow.start();
     flow.changed(Ok(1));
 }
+
+#[test]
+fn a_read_only_refusal_is_retried_on_a_new_connection_only_where_one_may_reach_the_primary() {
+    let read_only = || {
+        Stop::Occ(Error::ReadOnly {
+            source: db_error(
+                DatabaseErrorKind::ReadOnlyTransaction,
+                "cannot execute UPDATE in a read-only transaction",
+            ),
+        })
+    };
+    let key = 1_i64;
+    // (a connection per attempt, the backend's reconnect may reach the primary) -> retried
+    for (fresh, may_reach, retried) in [
+        (true, true, true),
+        (false, true, false),
+        (true, false, false),
+    ] {
+        let policy = policy(5);
+        let mut flow =
+            ReadModifyWrite::<i64, i64, Caller>::new(&policy, false, fresh, "orders", &key, "v")
+                .reconnecting_on_read_only(may_reach);
+        flow.start();
+        flow.began(Ok(()));
+        flow.read(Ok(Some(10)), Error::Database);
+        flow.changed(Err(read_only()));
+        let next = flow.rolled_back();
+        assert_eq!(
+            flow.connection_unfit(),
+            retried,
+            "discarded ({fresh}, {may_reach})"
+        );
+        assert!(!flow.connection_unfit(), "asked once per attempt");
+        if !retried {
+            assert_eq!(next, Done, "({fresh}, {may_reach})");
+            let Err(Caller::Occ(error)) = flow.outcome().map_err(Stop::into_error) else {
+                panic!("an error")
+            };
+            assert!(error.starts_with("ReadOnly"), "{error}");
+            continue;
+        }
+        assert!(matches!(next, Effect::Pause(_)), "{next:?}");
+        assert_eq!(flow.paused(), Begin);
+        flow.began(Ok(()));
+        flow.read(Ok(Some(10)), Error::Database);
+        flow.changed(Ok(11));
+        assert_eq!(flow.committed(Ok(())), Done);
+        assert!(
+            !flow.connection_unfit(),
+            "a clean attempt keeps its connection"
+        );
+        assert_eq!(flow.outcome().map_err(Stop::into_error), Ok((11, 2)));
+    }
+    // A server that stays read-only ends at the policy's bound, the reason named.
+    let policy = policy(2);
+    let mut flow =
+        ReadModifyWrite::<i64, i64, Caller>::new(&policy, false, true, "orders", &key, "v")
+            .reconnecting_on_read_only(true);
+    flow.start();
+    for attempt in 1..=2 {
+        flow.began(Ok(()));
+        flow.read(Ok(Some(10)), Error::Database);
+        flow.changed(Err(read_only()));
+        let next = flow.rolled_back();
+        assert!(flow.connection_unfit());
+        if attempt == 1 {
+            flow.paused();
+        } else {
+            assert_eq!(next, Done);
+        }
+    }
+    let Err(Caller::Occ(error)) = flow.outcome().map_err(Stop::into_error) else {
+        panic!("an error")
+    };
+    assert!(
+        error.starts_with("RetriesExhausted") && error.contains("ReadOnly"),
+        "{error}"
+    );
+}
