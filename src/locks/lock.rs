@@ -930,7 +930,8 @@ where
 
     /// [`try_lock`](Self::try_lock), trying again while the lock is held, the database
     /// refuses for now ([`Error::Retryable`]) or a grant came back too late to be believed
-    /// ([`Error::LockLost`]; it was released), for at most `wait`, with waits drawn as
+    /// ([`Error::LockLost`]; it is released at once, best effort: a release that fails
+    /// leaves the lock held until that lease ends), for at most `wait`, with waits drawn as
     /// `policy` draws them. The last such error when the wait is over.
     pub fn lock(
         &self,
@@ -989,7 +990,7 @@ where
 /// Whether a refused try is worth waiting on: held, refused for now by the database (a
 /// serialization failure under REPEATABLE READ or SERIALIZABLE sessions, a deadlock,
 /// SQLite busy, a row lock held past the wait bound), or granted too late to be believed
-/// (and released).
+/// (and released, best effort).
 pub(crate) fn is_worth_waiting_on(error: &Error) -> bool {
     matches!(
         error,

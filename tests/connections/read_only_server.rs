@@ -99,7 +99,7 @@ for_each_backend! {
             match self {
                 OnePool::Blocking(pool) => session_blocking(&mut pool.get().unwrap()),
                 OnePool::Async(pool, runtime) => {
-                    runtime.block_on(async { session_async(&mut *pool.get().await.unwrap()).await })
+                    runtime.block_on(async { session_async(&mut pool.get().await.unwrap()).await })
                 }
             }
         }

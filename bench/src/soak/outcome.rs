@@ -58,8 +58,8 @@ fn error_ret(
         Error::LockHeld { .. } => (Ret::Held, "lock_held"),
         Error::LockLost { .. } => match op.kind() {
             Kind::Order => (Ret::ClaimLost, "claim_lost"),
-            // A grant that came back too late to be believed: released at once.
-            _ if *op == Op::Acquire => (Ret::NothingWritten, "granted_late"),
+            // A grant that came back too late to be believed: let go at once, best effort.
+            _ if *op == Op::Acquire => (Ret::GrantedLate, "granted_late"),
             _ => (Ret::Lost, "lock_lost"),
         },
         Error::StaleFence { current, .. } => (Ret::Stale { current: *current }, "stale_fence"),

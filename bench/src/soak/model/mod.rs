@@ -189,6 +189,9 @@ pub enum Ret {
 
     /// The lock was granted with this fence.
     Granted { fence: i64 },
+    /// A grant that came back after its holder's deadline: the library lets it go at
+    /// once, best effort, so the lock may stay held until that lease ends.
+    GrantedLate,
     /// The lock is held by another holder whose lease has not ended.
     Held,
     /// The lease was extended.
