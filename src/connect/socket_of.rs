@@ -2,10 +2,10 @@
 //!
 //! Neither libpq, libmysqlclient nor diesel-async's clients expose a connection's socket
 //! through diesel, so the sockets of the process are listed before and after the
-//! connection is made: the one that appeared is the connection's. Blocking connections
-//! made through this module take turns, and so do async ones, so they do not take each
+//! connection is made: the one that appeared is the connection's. Connections made
+//! through this module take turns, blocking and async alike, so they do not take each
 //! other's sockets; a socket the rest of the process opened during those milliseconds (an
-//! accepted HTTP connection, a blocking and an async connection made at once) makes the
+//! accepted HTTP connection, a connection made without this module) makes the
 //! answer ambiguous, and then the connection is not watched rather than watched on the
 //! wrong socket (a warning says so with the `tracing` feature). A turn is waited for
 //! [`TURN_WAIT`] at most: a connection to a frozen server never ends, and must not hold
@@ -17,6 +17,7 @@
 
 use std::time::Duration;
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use super::reply_bound::Watch;
@@ -59,30 +60,57 @@ pub(crate) fn watch_new_socket(before: &Before, bound: Duration) -> Option<Arc<W
 /// How long a connection waits for its turn before it is made beside the one under way.
 pub(crate) const TURN_WAIT: Duration = Duration::from_millis(200);
 
+/// Whether a connection is being made through this module, blocking or async: one turn
+/// for both, since a blocking and an async connection made at once would each find two
+/// new sockets.
+static CONNECTING: AtomicBool = AtomicBool::new(false);
+
+/// The turn to connect, given back when dropped.
+struct Turn;
+
+impl Turn {
+    fn take() -> Option<Turn> {
+        CONNECTING
+            .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
+            .ok()
+            .map(|_| Turn)
+    }
+}
+
+impl Drop for Turn {
+    fn drop(&mut self) {
+        CONNECTING.store(false, Ordering::Release);
+    }
+}
+
+/// How often a connection waiting for its turn looks again.
+const TURN_POLL: Duration = Duration::from_millis(2);
+
 /// Makes connections one at a time in blocking code (see the module's docs).
 pub(crate) fn one_at_a_time<T>(connect: impl FnOnce() -> T) -> T {
-    static CONNECTING: std::sync::Mutex<()> = std::sync::Mutex::new(());
     let deadline = std::time::Instant::now() + TURN_WAIT;
     let _turn = loop {
-        match CONNECTING.try_lock() {
-            Ok(turn) => break Some(turn),
-            Err(std::sync::TryLockError::Poisoned(e)) => break Some(e.into_inner()),
-            Err(std::sync::TryLockError::WouldBlock) if std::time::Instant::now() < deadline => {
-                std::thread::sleep(Duration::from_millis(2))
-            }
-            Err(std::sync::TryLockError::WouldBlock) => break None,
+        match Turn::take() {
+            Some(turn) => break Some(turn),
+            None if std::time::Instant::now() < deadline => std::thread::sleep(TURN_POLL),
+            None => break None,
         }
     };
     connect()
 }
 
-/// The same in async code: the turn is held across the connection's awaits.
+/// The same in async code: the turn is held across the connection's awaits, and waited
+/// for on tokio's timer.
 #[cfg(feature = "async")]
 pub(crate) async fn one_at_a_time_async<T>(connect: impl std::future::Future<Output = T>) -> T {
-    static CONNECTING: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-    let _turn = tokio::time::timeout(TURN_WAIT, CONNECTING.lock())
-        .await
-        .ok();
+    let deadline = std::time::Instant::now() + TURN_WAIT;
+    let _turn = loop {
+        match Turn::take() {
+            Some(turn) => break Some(turn),
+            None if std::time::Instant::now() < deadline => tokio::time::sleep(TURN_POLL).await,
+            None => break None,
+        }
+    };
     connect.await
 }
 
@@ -141,5 +169,61 @@ mod linux {
         PIDFD
             .get_or_init(|| pidfd_open(getpid(), PidfdFlags::empty()).ok())
             .as_ref()
+    }
+}
+
+#[cfg(all(test, feature = "async"))]
+mod tests {
+    use super::*;
+
+    fn runtime() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .unwrap()
+    }
+
+    /// A blocking and an async connection made at once would each find two new sockets.
+    #[test]
+    fn blocking_and_async_connections_take_the_same_turns() {
+        let inside = AtomicBool::new(false);
+        let overlapped = AtomicBool::new(true);
+        std::thread::scope(|s| {
+            one_at_a_time(|| {
+                inside.store(true, Ordering::SeqCst);
+                s.spawn(|| {
+                    runtime().block_on(one_at_a_time_async(async {
+                        overlapped.store(inside.load(Ordering::SeqCst), Ordering::SeqCst)
+                    }))
+                });
+                std::thread::sleep(TURN_WAIT / 4);
+                inside.store(false, Ordering::SeqCst);
+            });
+        });
+        assert!(!overlapped.load(Ordering::SeqCst), "the async one waited");
+        a_turn_is_waited_for_a_bounded_time_and_given_back();
+    }
+
+    /// A connection that never ends (a frozen server) holds the others back for
+    /// [`TURN_WAIT`] at most, and gives its turn back when it ends. (One test with the
+    /// one above: the turn is the process's.)
+    fn a_turn_is_waited_for_a_bounded_time_and_given_back() {
+        let held = loop {
+            match Turn::take() {
+                Some(turn) => break turn,
+                None => std::thread::sleep(TURN_POLL),
+            }
+        };
+        let started = std::time::Instant::now();
+        one_at_a_time(|| ());
+        runtime().block_on(one_at_a_time_async(async {}));
+        let waited = started.elapsed();
+        assert!(waited >= TURN_WAIT * 2, "{waited:?}");
+        drop(held);
+        let deadline = std::time::Instant::now() + TURN_WAIT;
+        while Turn::take().is_none() {
+            assert!(std::time::Instant::now() < deadline, "given back");
+            std::thread::sleep(TURN_POLL);
+        }
     }
 }
