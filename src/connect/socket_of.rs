@@ -7,18 +7,19 @@
 //! other's sockets; a socket the rest of the process opened during those milliseconds (an
 //! accepted HTTP connection, a connection made without this module) makes the
 //! answer ambiguous, and then the connection is not watched rather than watched on the
-//! wrong socket (a warning says so with the `tracing` feature). A turn is waited for
-//! [`TURN_WAIT`] at most: a connection to a frozen server never ends, and must not hold
-//! every other connection of the process back.
+//! wrong socket (a warning says so with the `tracing` feature). A turn held longer than
+//! [`TURN_WAIT`] is not waited for: a connection to a frozen server never ends, and must
+//! not hold every other connection of the process back.
 //!
 //! Linux only (`/proc/self/fd` and `pidfd_getfd`); elsewhere nothing is found. Where a
 //! seccomp profile refuses `pidfd_getfd` (Docker's default without `CAP_SYS_PTRACE`),
 //! nothing is found either.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::sync::OnceLock;
 
 use super::reply_bound::Watch;
 
@@ -57,43 +58,73 @@ pub(crate) fn watch_new_socket(before: &Before, bound: Duration) -> Option<Arc<W
     Watch::start(socket?, bound)
 }
 
-/// How long a connection waits for its turn before it is made beside the one under way.
+/// How long one connection may keep the turn before the others stop waiting for it: a
+/// connection to a frozen server never ends, and must not hold every other connection of
+/// the process back. A connection quicker than this passes the turn on, and the next one
+/// waits again, so a pool filling itself (r2d2 makes its idle connections at once)
+/// still connects one at a time.
 pub(crate) const TURN_WAIT: Duration = Duration::from_millis(200);
 
-/// Whether a connection is being made through this module, blocking or async: one turn
-/// for both, since a blocking and an async connection made at once would each find two
-/// new sockets.
-static CONNECTING: AtomicBool = AtomicBool::new(false);
-
-/// The turn to connect, given back when dropped.
-struct Turn;
-
-impl Turn {
-    fn take() -> Option<Turn> {
-        CONNECTING
-            .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
-            .ok()
-            .map(|_| Turn)
-    }
-}
-
-impl Drop for Turn {
-    fn drop(&mut self) {
-        CONNECTING.store(false, Ordering::Release);
-    }
-}
+/// How long a connection waits for its turn in all, however quickly the turn passes.
+const TURN_WAIT_IN_ALL: Duration = Duration::from_secs(2);
 
 /// How often a connection waiting for its turn looks again.
 const TURN_POLL: Duration = Duration::from_millis(2);
 
+/// Who holds the turn to connect, blocking and async alike (a blocking and an async
+/// connection made at once would each find two new sockets): 0 when no one does, else
+/// when the holder took it, in microseconds since [`epoch`], plus one.
+static TURN_TAKEN_AT: AtomicU64 = AtomicU64::new(0);
+
+fn epoch() -> Instant {
+    static EPOCH: OnceLock<Instant> = OnceLock::new();
+    *EPOCH.get_or_init(Instant::now)
+}
+
+fn stamp() -> u64 {
+    epoch().elapsed().as_micros() as u64 + 1
+}
+
+/// The turn to connect, given back when dropped.
+struct Turn;
+
+impl Drop for Turn {
+    fn drop(&mut self) {
+        TURN_TAKEN_AT.store(0, Ordering::Release);
+    }
+}
+
+/// What a connection waiting for its turn does next.
+enum Next {
+    /// Connect with the turn.
+    Connect(Turn),
+    /// Connect without it: the holder is stuck, or the wait is over.
+    ConnectAnyway,
+    /// Look again in a moment.
+    Wait,
+}
+
+/// Takes the turn if it is free; `waiting_since` is when this connection began to wait.
+fn next(waiting_since: Instant) -> Next {
+    let now = stamp();
+    match TURN_TAKEN_AT.compare_exchange(0, now, Ordering::Acquire, Ordering::Relaxed) {
+        Ok(_) => Next::Connect(Turn),
+        Err(taken_at) if now.saturating_sub(taken_at) > TURN_WAIT.as_micros() as u64 => {
+            Next::ConnectAnyway
+        }
+        Err(_) if waiting_since.elapsed() > TURN_WAIT_IN_ALL => Next::ConnectAnyway,
+        Err(_) => Next::Wait,
+    }
+}
+
 /// Makes connections one at a time in blocking code (see the module's docs).
 pub(crate) fn one_at_a_time<T>(connect: impl FnOnce() -> T) -> T {
-    let deadline = std::time::Instant::now() + TURN_WAIT;
+    let waiting_since = Instant::now();
     let _turn = loop {
-        match Turn::take() {
-            Some(turn) => break Some(turn),
-            None if std::time::Instant::now() < deadline => std::thread::sleep(TURN_POLL),
-            None => break None,
+        match next(waiting_since) {
+            Next::Connect(turn) => break Some(turn),
+            Next::ConnectAnyway => break None,
+            Next::Wait => std::thread::sleep(TURN_POLL),
         }
     };
     connect()
@@ -103,12 +134,12 @@ pub(crate) fn one_at_a_time<T>(connect: impl FnOnce() -> T) -> T {
 /// for on tokio's timer.
 #[cfg(feature = "async")]
 pub(crate) async fn one_at_a_time_async<T>(connect: impl std::future::Future<Output = T>) -> T {
-    let deadline = std::time::Instant::now() + TURN_WAIT;
+    let waiting_since = Instant::now();
     let _turn = loop {
-        match Turn::take() {
-            Some(turn) => break Some(turn),
-            None if std::time::Instant::now() < deadline => tokio::time::sleep(TURN_POLL).await,
-            None => break None,
+        match next(waiting_since) {
+            Next::Connect(turn) => break Some(turn),
+            Next::ConnectAnyway => break None,
+            Next::Wait => tokio::time::sleep(TURN_POLL).await,
         }
     };
     connect.await
@@ -186,6 +217,7 @@ mod tests {
     /// A blocking and an async connection made at once would each find two new sockets.
     #[test]
     fn blocking_and_async_connections_take_the_same_turns() {
+        use std::sync::atomic::AtomicBool;
         let inside = AtomicBool::new(false);
         let overlapped = AtomicBool::new(true);
         std::thread::scope(|s| {
@@ -209,19 +241,20 @@ mod tests {
     /// one above: the turn is the process's.)
     fn a_turn_is_waited_for_a_bounded_time_and_given_back() {
         let held = loop {
-            match Turn::take() {
-                Some(turn) => break turn,
-                None => std::thread::sleep(TURN_POLL),
+            match next(Instant::now()) {
+                Next::Connect(turn) => break turn,
+                _ => std::thread::sleep(TURN_POLL),
             }
         };
         let started = std::time::Instant::now();
         one_at_a_time(|| ());
         runtime().block_on(one_at_a_time_async(async {}));
         let waited = started.elapsed();
-        assert!(waited >= TURN_WAIT * 2, "{waited:?}");
+        assert!(waited >= TURN_WAIT, "{waited:?}");
+        assert!(waited < TURN_WAIT_IN_ALL, "{waited:?}");
         drop(held);
         let deadline = std::time::Instant::now() + TURN_WAIT;
-        while Turn::take().is_none() {
+        while !matches!(next(Instant::now()), Next::Connect(_)) {
             assert!(std::time::Instant::now() < deadline, "given back");
             std::thread::sleep(TURN_POLL);
         }

@@ -290,15 +290,21 @@ for_each_backend! {
             }
         }
 
-        /// Tries to take lock `name` for `ttl`.
+        /// Tries to take lock `name` for `ttl`, and releases it at once: a guard dropped
+        /// would be released in the background (on async, a task), on the pool's only
+        /// connection, and could meet the frozen server before the call under test.
         fn try_lock(&self, name: &str, ttl: Duration) -> Result<i64, Error> {
             match self {
-                Path::Blocking(pool) => diesel_occ::Locks::new(pool.clone())
-                    .try_lock(name, "main", ttl, None)
-                    .map(|guard| guard.fence()),
+                Path::Blocking(pool) => {
+                    let guard = diesel_occ::Locks::new(pool.clone()).try_lock(name, "main", ttl, None)?;
+                    let fence = guard.fence();
+                    guard.release().map(|()| fence)
+                }
                 Path::Async(pool, runtime) => runtime.block_on(async {
                     let locks = diesel_occ::asynchronous::AsyncLocks::new(pool.clone());
-                    locks.try_lock(name, "main", ttl, None).await.map(|guard| guard.fence())
+                    let guard = locks.try_lock(name, "main", ttl, None).await?;
+                    let fence = guard.fence();
+                    guard.release().await.map(|()| fence)
                 }),
             }
         }
