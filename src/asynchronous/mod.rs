@@ -120,6 +120,11 @@ pub use pessimistic::AsyncPessimistic;
 pub use reply_timeout::establish_with_reply_timeout;
 #[cfg(any(feature = "bb8", feature = "async-deadpool"))]
 pub use reply_timeout::manager_config_with_reply_timeout;
+#[cfg(all(
+    feature = "async-mysql",
+    any(feature = "bb8", feature = "async-deadpool")
+))]
+pub(crate) use reply_timeout::recycling_check;
 pub use run::AsyncRun;
 pub use source::AsyncConnectionSource;
 #[cfg(feature = "async-deadpool")]

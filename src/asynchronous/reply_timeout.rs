@@ -31,12 +31,11 @@ where
         ConnectionResult::Ok((conn, socket_of::watch_new_socket(&before, bound)))
     })
     .await?;
-    if let Some(watch) = watch {
-        conn.set_instrumentation(Watched {
-            watch,
-            user: get_default_instrumentation(),
-        });
-    }
+    conn.set_instrumentation(Watched {
+        watch,
+        met_read_only: false,
+        user: get_default_instrumentation(),
+    });
     Ok(conn)
 }
 
@@ -45,14 +44,52 @@ where
 /// manager_config_with_reply_timeout(bound))`. For MySQL / MariaDB,
 /// `MysqlSettings::async_manager_config` (feature `async-mysql`) sets the bound along
 /// with the session settings.
+///
+/// Its check before a connection is handed out again (bb8's `test_on_check_out`, on by
+/// default; deadpool's recycling) refuses one that met a read-only server, so that the
+/// pool connects again (after a failover the new connection may reach the primary), and
+/// otherwise asks the server `SELECT 1`, as diesel-async's own check does.
 #[cfg(any(feature = "bb8", feature = "async-deadpool"))]
 pub fn manager_config_with_reply_timeout<C>(
     bound: Duration,
 ) -> diesel_async::pooled_connection::ManagerConfig<C>
 where
     C: AsyncConnection + 'static,
+    diesel::query_builder::SqlQuery: diesel_async::methods::ExecuteDsl<C>,
 {
     let mut config = diesel_async::pooled_connection::ManagerConfig::default();
     config.custom_setup = Box::new(move |url| Box::pin(establish_with_reply_timeout(url, bound)));
+    config.recycling_method = recycling_check();
     config
+}
+
+/// The check of [`manager_config_with_reply_timeout`]'s connections before they are
+/// handed out again.
+#[cfg(any(feature = "bb8", feature = "async-deadpool"))]
+pub(crate) fn recycling_check<C>() -> diesel_async::pooled_connection::RecyclingMethod<C>
+where
+    C: AsyncConnection + 'static,
+    diesel::query_builder::SqlQuery: diesel_async::methods::ExecuteDsl<C>,
+{
+    diesel_async::pooled_connection::RecyclingMethod::CustomFunction(Box::new(|conn: &mut C| {
+        Box::pin(async move {
+            if met_read_only(conn.instrumentation()) {
+                return Err(diesel::result::Error::DatabaseError(
+                    diesel::result::DatabaseErrorKind::Unknown,
+                    Box::new("the connection met a read-only server".to_string()),
+                ));
+            }
+            diesel_async::RunQueryDsl::execute(diesel::sql_query("SELECT 1"), conn)
+                .await
+                .map(drop)
+        })
+    }))
+}
+
+/// Whether the connection of `instrumentation` met a read-only server's refusal.
+#[cfg(any(feature = "bb8", feature = "async-deadpool"))]
+fn met_read_only(instrumentation: &mut dyn diesel::connection::Instrumentation) -> bool {
+    instrumentation
+        .downcast_ref::<Watched>()
+        .is_some_and(|watched| watched.met_read_only)
 }

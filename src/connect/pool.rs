@@ -425,6 +425,9 @@ impl MysqlSettings {
                 Ok(conn)
             })
         });
+        if reply_timeout.is_some() {
+            config.recycling_method = crate::asynchronous::recycling_check();
+        }
         config
     }
 }

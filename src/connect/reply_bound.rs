@@ -156,7 +156,7 @@ impl Drop for Tightened {
 /// its pools, or made by `establish_with_reply_timeout`), if it is watched.
 pub(crate) fn watch_of(instrumentation: &mut dyn Instrumentation) -> Option<Arc<Watch>> {
     if let Some(watched) = instrumentation.downcast_ref::<Watched>() {
-        return Some(watched.watch.clone());
+        return watched.watch.clone();
     }
     crate::connect::pool::watch_of(instrumentation)
 }
@@ -268,17 +268,27 @@ fn patrol() -> Duration {
     (smallest / 10).clamp(Duration::from_millis(5), Duration::from_millis(100))
 }
 
-/// An instrumentation that keeps a connection's watch and passes every event on to the
-/// user's instrumentation, if any. Set on diesel-async connections, whose pools take no
-/// other instrumentation of the library's.
+/// An instrumentation that keeps a connection's watch (when its socket was found) and
+/// whether it met a read-only server, and passes every event on to the user's
+/// instrumentation, if any. Set on diesel-async connections, whose pools take no other
+/// instrumentation of the library's.
 pub(crate) struct Watched {
-    pub(crate) watch: Arc<Watch>,
+    pub(crate) watch: Option<Arc<Watch>>,
+    pub(crate) met_read_only: bool,
     pub(crate) user: Option<Box<dyn Instrumentation>>,
 }
 
 impl Instrumentation for Watched {
     fn on_connection_event(&mut self, event: InstrumentationEvent<'_>) {
-        self.watch.follow(&event);
+        if let Some(watch) = &self.watch {
+            watch.follow(&event);
+        }
+        if let InstrumentationEvent::FinishQuery {
+            error: Some(error), ..
+        } = &event
+        {
+            self.met_read_only |= crate::error::read_only_refusal(error);
+        }
         if let Some(user) = &mut self.user {
             user.on_connection_event(event);
         }

@@ -6,8 +6,9 @@
 //!   that met the refusal is discarded, and the retry runs on a new one: applied once,
 //!   in two attempts, the retry's reason `ReadOnly`. On SQLite every connection opens the
 //!   same file, so the refusal is answered at once, `ReadOnly`, nothing written;
-//! - a guarded write on a connection of the library's blocking pool answers `ReadOnly`,
-//!   and the pool does not hand that connection out again.
+//! - a guarded write on a pooled connection answers `ReadOnly`, and a pool the library
+//!   configured (its r2d2 pool, or a bb8 pool made with
+//!   `manager_config_with_reply_timeout`) does not hand that connection out again.
 //!
 //! Both drivers: the library's r2d2 pool and a bb8 pool of diesel-async connections.
 
@@ -104,6 +105,16 @@ for_each_backend! {
             }
         }
 
+        /// The guarded update of `row` on a pooled connection: its new version.
+        fn update(&self, row: &Order, patch: OrderPatch) -> Result<i64, Error> {
+            match self {
+                OnePool::Blocking(pool) => GuardedWrite::guarded_update(row, &mut *pool.get().unwrap(), patch),
+                OnePool::Async(pool, runtime) => runtime.block_on(async {
+                    AsyncGuardedWrite::guarded_update(row, &mut *pool.get().await.unwrap(), patch).await
+                }),
+            }
+        }
+
         fn add_one(&self, policy: &RetryPolicy) -> Result<diesel_occ::Modified<Order, ()>, Error> {
             match self {
                 OnePool::Blocking(pool) => <Order as GuardedModify>::modify_pooled(
@@ -178,26 +189,45 @@ for_each_backend! {
         a_pooled_read_modify_write_that_meets_a_read_only_server_retries_on_a_new_connection(true);
     }
 
-    /// The library's blocking pool: a connection that met a read-only refusal is not
-    /// handed out again, whatever call met it. (A bb8 or deadpool pool keeps its
-    /// connections by its own rules; `modify_pooled` discards the one it used.)
-    #[test]
-    fn a_connection_of_the_librarys_pool_that_met_a_read_only_server_is_not_handed_out_again() {
+    /// A pool the library configured (its r2d2 pool; a bb8 pool made with
+    /// `manager_config_with_reply_timeout`): a connection that met a read-only refusal is
+    /// not handed out again, whatever call met it.
+    fn a_connection_that_met_a_read_only_server_is_not_handed_out_again(on_async: bool) {
         let Some(db) = db_with_order() else { return };
-        let pool = OnePool::new(&db, false);
-        let OnePool::Blocking(r2d2) = &pool else { unreachable!() };
+        let pool = if on_async {
+            let runtime = common::paths::runtime();
+            let manager = diesel_async::pooled_connection::AsyncDieselConnectionManager::new_with_config(
+                &db.url,
+                diesel_occ::asynchronous::manager_config_with_reply_timeout(std::time::Duration::from_secs(30)),
+            );
+            let pool = runtime
+                .block_on(diesel_async::pooled_connection::bb8::Pool::builder().max_size(1).build(manager))
+                .expect("a bb8 pool");
+            OnePool::Async(pool, runtime)
+        } else {
+            OnePool::new(&db, false)
+        };
         let read_only_session = pool.make_read_only();
         let row = stored(&db);
 
-        let refused = GuardedWrite::guarded_update(&row, &mut *r2d2.get().unwrap(), patch("refused"));
+        let refused = pool.update(&row, patch("refused"));
 
         assert!(matches!(refused, Err(Error::ReadOnly { .. })), "{refused:?}");
-        let conn = &mut *r2d2.get().unwrap();
         assert_eq!(stored(&db).version, 0, "nothing written");
         if BACKEND != "sqlite" {
-            assert_ne!(session_blocking(conn), read_only_session);
+            assert_ne!(pool.session(), read_only_session);
         }
         // The new connection writes, on SQLite too (`query_only` was the old session's).
-        assert_eq!(GuardedWrite::guarded_update(&row, conn, patch("written")).unwrap(), 1);
+        assert_eq!(pool.update(&row, patch("written")).unwrap(), 1);
+    }
+
+    #[test]
+    fn blocking_a_connection_that_met_a_read_only_server_is_not_handed_out_again() {
+        a_connection_that_met_a_read_only_server_is_not_handed_out_again(false);
+    }
+
+    #[test]
+    fn async_a_connection_that_met_a_read_only_server_is_not_handed_out_again() {
+        a_connection_that_met_a_read_only_server_is_not_handed_out_again(true);
     }
 }
