@@ -262,8 +262,15 @@ trait Driver: Sync + Sized {
         session: &str,
         id: i64,
     ) -> (Result<(), Error>, usize);
-    /// `try_lock` of `("read-only", resource)` on the pool's connection, released at once.
-    fn try_lock_on(&self, single: &Self::Single, resource: &str) -> Result<(), Error>;
+    /// `session`, then `try_lock` of `("read-only", resource)` on the pool's connection,
+    /// released at once. (The pool replaced the connection that met a read-only refusal,
+    /// so the session is set again.)
+    fn try_lock_on(
+        &self,
+        single: &Self::Single,
+        session: &str,
+        resource: &str,
+    ) -> Result<(), Error>;
     /// `lock` of `("cluster", resource)` on node `node`, waiting up to a minute.
     fn lock(&self, node: usize, resource: &str) -> Result<Self::Guard, Error>;
     fn fence(guard: &Self::Guard) -> i64;
@@ -355,7 +362,13 @@ impl Driver for Blocking {
         });
         (done.map(drop), attempts)
     }
-    fn try_lock_on(&self, single: &Self::Single, resource: &str) -> Result<(), Error> {
+    fn try_lock_on(
+        &self,
+        single: &Self::Single,
+        session: &str,
+        resource: &str,
+    ) -> Result<(), Error> {
+        single.get().unwrap().batch_execute(session).unwrap();
         diesel_occ::Locks::new(single.clone())
             .try_lock("read-only", resource, Duration::from_secs(30), None)?
             .release()
@@ -521,8 +534,20 @@ mod async_driver {
             });
             (done, attempts.load(Ordering::SeqCst))
         }
-        fn try_lock_on(&self, single: &Self::Single, resource: &str) -> Result<(), Error> {
+        fn try_lock_on(
+            &self,
+            single: &Self::Single,
+            session: &str,
+            resource: &str,
+        ) -> Result<(), Error> {
             self.runtime.block_on(async {
+                single
+                    .get()
+                    .await
+                    .unwrap()
+                    .batch_execute(session)
+                    .await
+                    .unwrap();
                 AsyncLocks::new(single.clone())
                     .try_lock("read-only", resource, Duration::from_secs(30), None)
                     .await?
@@ -835,7 +860,7 @@ fn writes_on_a_read_only_node_are_read_only<D: Driver>(cluster: &Cluster, d: &D)
             &node.replacen("root@", &format!("{user}@"), 1),
             &cluster.database,
         );
-        // One connection: the lock below runs on the session whose language was set.
+        // One connection at a time: each call runs on the session whose language was set.
         let single = d.single(&url);
         for language in ["de_DE", "en_US"] {
             let session = format!("SET lc_messages = '{language}'");
@@ -856,7 +881,7 @@ fn writes_on_a_read_only_node_are_read_only<D: Driver>(cluster: &Cluster, d: &D)
             }
             #[cfg(feature = "locks")]
             {
-                let err = d.try_lock_on(&single, language).unwrap_err();
+                let err = d.try_lock_on(&single, &session, language).unwrap_err();
                 assert!(
                     matches!(err, Error::ReadOnly { .. }),
                     "{}, {language}: {err:?}",

@@ -180,6 +180,9 @@ for_each_backend! {
 
         #[cfg(feature = "locks")]
         {
+            // The pool discarded the connection that met the refusals: its next one is
+            // writable, and is made read-only too.
+            pool.get().unwrap().batch_execute(read_only).unwrap();
             let locks = diesel_occ::Locks::new(pool.clone());
             refused(locks.try_lock("read-only", "r", std::time::Duration::from_secs(30), None).map(drop).unwrap_err());
             let lock_rows: i64 = diesel_occ::occ_locks::table.count().get_result(&mut db.conn()).unwrap();
