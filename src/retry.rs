@@ -395,6 +395,16 @@ impl Run<'_> {
     /// [`wait_after`](Self::wait_after), what the run gives back still telling the
     /// library's error from the caller's.
     pub(crate) fn wait_or_stop<E>(&mut self, stop: Stop<E>) -> Result<Duration, Stop<E>> {
+        self.wait_at_least_or_stop(stop, Duration::ZERO)
+    }
+
+    /// [`wait_or_stop`](Self::wait_or_stop), waiting at least `floor` before the next
+    /// attempt (a failover takes seconds, not the policy's milliseconds).
+    pub(crate) fn wait_at_least_or_stop<E>(
+        &mut self,
+        stop: Stop<E>,
+        floor: Duration,
+    ) -> Result<Duration, Stop<E>> {
         let policy = self.policy;
         let error = match stop {
             Stop::Caller(e) => return Err(Stop::Caller(e)),
@@ -404,7 +414,7 @@ impl Run<'_> {
             Stop::Occ(error) => error,
         };
         let delay = match self.delays.next() {
-            Some(delay) if self.number < self.max_attempts => delay,
+            Some(delay) if self.number < self.max_attempts => delay.max(floor),
             _ => return Err(Stop::Occ(self.exhausted(error))),
         };
         if self.started.elapsed() + delay > policy.max_elapsed {

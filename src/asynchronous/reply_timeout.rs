@@ -18,19 +18,24 @@ use crate::connect::socket_of;
 /// connection too. Connections are made one at a time through this function (their
 /// sockets are told apart that way). The default instrumentation
 /// ([`diesel::connection::set_default_instrumentation`]) still receives every event; one
-/// you set on the connection afterwards replaces the watch.
+/// you set on the connection afterwards replaces the watch, and the record of a read-only
+/// refusal that [`manager_config_with_reply_timeout`]'s check reads.
 ///
 /// Use it in a pool's manager through [`manager_config_with_reply_timeout`].
 pub async fn establish_with_reply_timeout<C>(url: &str, bound: Duration) -> ConnectionResult<C>
 where
     C: AsyncConnection + 'static,
 {
-    let (mut conn, watch) = socket_of::one_at_a_time_async(async {
-        let before = socket_of::before();
-        let conn = C::establish(url).await?;
-        ConnectionResult::Ok((conn, socket_of::watch_new_socket(&before, bound)))
-    })
-    .await?;
+    let (mut conn, watch) = if socket_of::has_socket::<C::Backend>() {
+        socket_of::one_at_a_time_async(async {
+            let before = socket_of::before();
+            let conn = C::establish(url).await?;
+            ConnectionResult::Ok((conn, socket_of::watch_new_socket(&before, bound)))
+        })
+        .await?
+    } else {
+        (C::establish(url).await?, None)
+    };
     conn.set_instrumentation(Watched {
         watch,
         met_read_only: false,
@@ -46,7 +51,8 @@ where
 /// with the session settings.
 ///
 /// Its check before a connection is handed out again (bb8's `test_on_check_out`, on by
-/// default; deadpool's recycling) refuses one that met a read-only server, so that the
+/// default: turned off, nothing is checked; deadpool's recycling) refuses one that met a
+/// read-only server, so that the
 /// pool connects again (after a failover the new connection may reach the primary), and
 /// otherwise asks the server `SELECT 1`, as diesel-async's own check does.
 #[cfg(any(feature = "bb8", feature = "async-deadpool"))]

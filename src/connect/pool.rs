@@ -138,12 +138,14 @@ impl<C: R2D2Connection + Send + 'static> ManageConnection for CheckedManager<C> 
 
     fn connect(&self) -> Result<C, Self::Error> {
         let (mut conn, watch) = match self.reply_timeout {
-            Some(bound) => socket_of::one_at_a_time(|| {
-                let before = socket_of::before();
-                let conn = self.inner.connect()?;
-                Ok::<_, Self::Error>((conn, socket_of::watch_new_socket(&before, bound)))
-            })?,
-            None => (self.inner.connect()?, None),
+            Some(bound) if socket_of::has_socket::<C::Backend>() => {
+                socket_of::one_at_a_time(|| {
+                    let before = socket_of::before();
+                    let conn = self.inner.connect()?;
+                    Ok::<_, Self::Error>((conn, socket_of::watch_new_socket(&before, bound)))
+                })?
+            }
+            _ => (self.inner.connect()?, None),
         };
         if !self.statement_cache {
             conn.set_prepared_statement_cache_size(diesel::connection::CacheSize::Disabled);

@@ -39,6 +39,20 @@ pub(crate) fn before() -> Before {
     Before()
 }
 
+/// Whether connections of backend `B` talk over a socket: not SQLite's, whose file is
+/// opened in the process. Looking for one would take any socket the process opened
+/// meanwhile (an accepted HTTP connection) for the connection's, and the watch would
+/// shut that one down under a slow SQLite statement.
+pub(crate) fn has_socket<B: 'static>() -> bool {
+    let backend = std::any::TypeId::of::<B>();
+    #[cfg(feature = "sqlite")]
+    if backend == std::any::TypeId::of::<diesel::sqlite::Sqlite>() {
+        return false;
+    }
+    let _ = backend;
+    true
+}
+
 /// A watch with `bound` on the one socket opened since `before`, if exactly one was.
 pub(crate) fn watch_new_socket(before: &Before, bound: Duration) -> Option<Arc<Watch>> {
     #[cfg(target_os = "linux")]
@@ -218,17 +232,23 @@ mod tests {
     #[test]
     fn blocking_and_async_connections_take_the_same_turns() {
         use std::sync::atomic::AtomicBool;
-        let inside = AtomicBool::new(false);
+        let (inside, waiting) = (AtomicBool::new(false), AtomicBool::new(false));
         let overlapped = AtomicBool::new(true);
         std::thread::scope(|s| {
             one_at_a_time(|| {
                 inside.store(true, Ordering::SeqCst);
                 s.spawn(|| {
+                    waiting.store(true, Ordering::SeqCst);
                     runtime().block_on(one_at_a_time_async(async {
                         overlapped.store(inside.load(Ordering::SeqCst), Ordering::SeqCst)
                     }))
                 });
-                std::thread::sleep(TURN_WAIT / 4);
+                // Hold the turn until the async one is waiting for it, then a little
+                // longer, well within the time a holder is waited for.
+                while !waiting.load(Ordering::SeqCst) {
+                    std::thread::sleep(TURN_POLL);
+                }
+                std::thread::sleep(TURN_POLL * 5);
                 inside.store(false, Ordering::SeqCst);
             });
         });
@@ -258,5 +278,15 @@ mod tests {
             assert!(std::time::Instant::now() < deadline, "given back");
             std::thread::sleep(TURN_POLL);
         }
+    }
+}
+
+#[cfg(all(test, feature = "sqlite", feature = "postgres"))]
+mod backends {
+    /// SQLite opens a file: looking for its socket would take another one.
+    #[test]
+    fn only_client_server_backends_have_a_socket() {
+        assert!(!super::has_socket::<diesel::sqlite::Sqlite>());
+        assert!(super::has_socket::<diesel::pg::Pg>());
     }
 }

@@ -360,7 +360,8 @@ pub enum RetryReason {
     /// server is discarded, and the pool's next one may reach the primary (a standby
     /// still finishing its promotion behind a proxy, a multi-host URL with
     /// `target_session_attrs=read-write`). A server that stays read-only ends at the retry
-    /// policy's bound.
+    /// policy's bound, with `ReadOnly` as its last error. Such a retry waits at least
+    /// 250 ms: each attempt costs a connect.
     ReadOnly,
 }
 

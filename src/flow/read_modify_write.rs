@@ -227,7 +227,10 @@ impl<'a, T, V, E: From<Error>> ReadModifyWrite<'a, T, V, E> {
     /// `reconnect_may_reach_primary` (the backend's) and every attempt gets a connection
     /// of its own.
     pub(crate) fn reconnecting_on_read_only(mut self, reconnect_may_reach_primary: bool) -> Self {
-        self.reconnects_on_read_only = reconnect_may_reach_primary && self.fresh_per_attempt;
+        // Inside the caller's transaction (a test pool's, say) there is one attempt, and
+        // its connection is the caller's to keep.
+        self.reconnects_on_read_only =
+            reconnect_may_reach_primary && self.fresh_per_attempt && !self.nested;
         self
     }
 
@@ -266,23 +269,24 @@ impl<'a, T, V, E: From<Error>> ReadModifyWrite<'a, T, V, E> {
     /// refusal when that one may reach the primary), then pause or stop as the policy
     /// says.
     fn settle(&mut self, stop: Stop<E>) -> Effect {
-        let stop = match self.contended.settle(stop, self.fresh_per_attempt) {
+        let (stop, floor) = match self.contended.settle(stop, self.fresh_per_attempt) {
             Stop::Occ(Error::ReadOnly { source }) if self.reconnects_on_read_only => {
                 self.unfit_connection = true;
-                Stop::Occ(Error::Retryable {
+                let retry = Error::Retryable {
                     reason: RetryReason::ReadOnly,
                     source,
-                })
+                };
+                (Stop::Occ(retry), READ_ONLY_PAUSE)
             }
-            other => other,
+            other => (other, Duration::ZERO),
         };
-        match self.run.wait_or_stop(stop) {
+        match self.run.wait_at_least_or_stop(stop, floor) {
             Ok(pause) => {
                 self.state = State::Pausing;
                 Effect::Pause(pause)
             }
             Err(e) => {
-                self.state = State::Done(Err(e));
+                self.state = State::Done(Err(read_only_again(e)));
                 Effect::Done
             }
         }
@@ -294,6 +298,33 @@ impl<'a, T, V, E: From<Error>> ReadModifyWrite<'a, T, V, E> {
             state(&self.state),
             "read-modify-write: `{step}` fed out of order"
         );
+    }
+}
+
+/// The least pause before a read-only refusal is tried again on a new connection: a
+/// promotion or a proxy's switch takes seconds, and each attempt costs a connect.
+const READ_ONLY_PAUSE: Duration = Duration::from_millis(250);
+
+/// A read-only refusal the run did not retry (one attempt) or whose retries ran out, said
+/// as the refusal it is: `ReadOnly`, not retryable (as the last error of
+/// `RetriesExhausted` too).
+fn read_only_again<E>(stop: Stop<E>) -> Stop<E> {
+    let back = |error: Error| match error {
+        Error::Retryable {
+            reason: RetryReason::ReadOnly,
+            source,
+        } => Error::ReadOnly { source },
+        other => other,
+    };
+    match stop {
+        Stop::Occ(Error::RetriesExhausted { attempts, last }) => {
+            Stop::Occ(Error::RetriesExhausted {
+                attempts,
+                last: Box::new(back(*last)),
+            })
+        }
+        Stop::Occ(error) => Stop::Occ(back(error)),
+        caller => caller,
     }
 }
 

@@ -68,7 +68,13 @@ pub trait GuardedModify: GuardedWrite + Clone {
     /// attempt whose connection died before its `COMMIT` wrote nothing and runs again
     /// ([`RetryReason::ConnectionLost`](crate::RetryReason::ConnectionLost), as `policy`
     /// allows); one whose `COMMIT` lost the connection may have landed and stops with
-    /// [`Error::Ambiguous`].
+    /// [`Error::Ambiguous`]. On PostgreSQL and MySQL / MariaDB, an attempt refused by a
+    /// read-only server (a standby still being promoted behind a proxy) marks its
+    /// connection broken, so that the pool drops it, and runs again on a new one at least
+    /// 250 ms later ([`RetryReason::ReadOnly`](crate::RetryReason::ReadOnly)); a server
+    /// that stays read-only ends as [`Error::ReadOnly`], or `RetriesExhausted` with it as
+    /// the last error. The pool must hand out a connection to one caller at a time, as
+    /// pools do.
     fn modify_pooled<S, R, E>(
         pool: &S,
         key: &Self::Key,

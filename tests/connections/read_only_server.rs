@@ -60,6 +60,8 @@ for_each_backend! {
     /// A pool of one connection, on either driver.
     enum OnePool {
         Blocking(r2d2::Pool<diesel_occ::CheckedManager<Conn>>),
+        /// diesel's own r2d2 manager: only the library's call discards the connection.
+        Plain(r2d2::Pool<diesel::r2d2::ConnectionManager<Conn>>),
         Async(diesel_async::pooled_connection::bb8::Pool<Async_>, tokio::runtime::Runtime),
     }
 
@@ -85,6 +87,11 @@ for_each_backend! {
                     diesel::RunQueryDsl::execute(diesel::sql_query(sql), conn).unwrap();
                     session_blocking(conn)
                 }
+                OnePool::Plain(pool) => {
+                    let conn = &mut *pool.get().unwrap();
+                    diesel::RunQueryDsl::execute(diesel::sql_query(sql), conn).unwrap();
+                    session_blocking(conn)
+                }
                 OnePool::Async(pool, runtime) => runtime.block_on(async {
                     let mut conn = pool.get().await.unwrap();
                     diesel_async::RunQueryDsl::execute(diesel::sql_query(sql), &mut *conn)
@@ -99,6 +106,7 @@ for_each_backend! {
         fn session(&self) -> i64 {
             match self {
                 OnePool::Blocking(pool) => session_blocking(&mut pool.get().unwrap()),
+                OnePool::Plain(pool) => session_blocking(&mut pool.get().unwrap()),
                 OnePool::Async(pool, runtime) => {
                     runtime.block_on(async { session_async(&mut pool.get().await.unwrap()).await })
                 }
@@ -109,6 +117,7 @@ for_each_backend! {
         fn update(&self, row: &Order, patch: OrderPatch) -> Result<i64, Error> {
             match self {
                 OnePool::Blocking(pool) => GuardedWrite::guarded_update(row, &mut *pool.get().unwrap(), patch),
+                OnePool::Plain(pool) => GuardedWrite::guarded_update(row, &mut *pool.get().unwrap(), patch),
                 OnePool::Async(pool, runtime) => runtime.block_on(async {
                     AsyncGuardedWrite::guarded_update(row, &mut *pool.get().await.unwrap(), patch).await
                 }),
@@ -118,6 +127,12 @@ for_each_backend! {
         fn add_one(&self, policy: &RetryPolicy) -> Result<diesel_occ::Modified<Order, ()>, Error> {
             match self {
                 OnePool::Blocking(pool) => <Order as GuardedModify>::modify_pooled(
+                    pool,
+                    &1,
+                    policy,
+                    |o| common::paths::add_one_to(o, "+"),
+                ),
+                OnePool::Plain(pool) => <Order as GuardedModify>::modify_pooled(
                     pool,
                     &1,
                     policy,
@@ -151,7 +166,10 @@ for_each_backend! {
 
     fn a_pooled_read_modify_write_that_meets_a_read_only_server_retries_on_a_new_connection(on_async: bool) {
         let Some(db) = db_with_order() else { return };
-        let pool = OnePool::new(&db, on_async);
+        modify_on_a_read_only_connection(&db, &OnePool::new(&db, on_async));
+    }
+
+    fn modify_on_a_read_only_connection(db: &common::TestDb<Conn>, pool: &OnePool) {
         let read_only_session = pool.make_read_only();
         let reasons = Arc::new(Mutex::new(Vec::new()));
         let seen = reasons.clone();
@@ -168,13 +186,13 @@ for_each_backend! {
             // The same file behind every connection: no retry can help.
             assert!(matches!(modified, Err(Error::ReadOnly { .. })), "{modified:?}");
             assert!(reasons.lock().unwrap().is_empty(), "{:?}", reasons.lock().unwrap());
-            assert_eq!((stored(&db).quantity, stored(&db).version), (1, 0), "nothing written");
+            assert_eq!((stored(db).quantity, stored(db).version), (1, 0), "nothing written");
             return;
         }
         let modified = modified.unwrap_or_else(|e| panic!("{e:?}"));
         assert_eq!(modified.attempts, 2);
         assert_eq!(*reasons.lock().unwrap(), [Some(RetryReason::ReadOnly)]);
-        let row = stored(&db);
+        let row = stored(db);
         assert_eq!((row.quantity, row.version, row.note.as_str()), (2, 1, "new+"), "applied once");
         assert_ne!(pool.session(), read_only_session, "the read-only connection was discarded");
     }
@@ -187,6 +205,16 @@ for_each_backend! {
     #[test]
     fn async_a_pooled_read_modify_write_that_meets_a_read_only_server_retries_on_a_new_connection() {
         a_pooled_read_modify_write_that_meets_a_read_only_server_retries_on_a_new_connection(true);
+    }
+
+    /// On a pool of diesel's own manager, which knows nothing of read-only servers: the
+    /// call itself discards the connection.
+    #[test]
+    fn blocking_on_a_plain_r2d2_pool_a_read_modify_write_that_meets_a_read_only_server_retries_on_a_new_connection() {
+        let Some(db) = db_with_order() else { return };
+        let manager = diesel::r2d2::ConnectionManager::<Conn>::new(&db.url);
+        let pool = OnePool::Plain(r2d2::Pool::builder().max_size(1).build(manager).unwrap());
+        modify_on_a_read_only_connection(&db, &pool);
     }
 
     /// A pool the library configured (its r2d2 pool; a bb8 pool made with

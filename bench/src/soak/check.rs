@@ -47,8 +47,15 @@ pub fn check_within(events: Vec<Event>, budget: Duration) -> Result<Verdict, Gav
     let events = Arc::new(events);
     let judged = Arc::clone(&events);
     // Not joined when it overruns: the process ends with it still searching.
-    std::thread::spawn(move || done.send(check(&judged, &key)));
-    verdict.recv_timeout(budget).map_err(|_| {
+    let checker = std::thread::spawn(move || done.send(check(&judged, &key)));
+    verdict.recv_timeout(budget).map_err(|gave_up| {
+        if gave_up == mpsc::RecvTimeoutError::Disconnected {
+            // The checker panicked (a model that met an operation it has no rule for):
+            // that panic, not a timeout.
+            if let Err(panic) = checker.join() {
+                std::panic::resume_unwind(panic);
+            }
+        }
         let key = current.load(Ordering::Relaxed);
         let unanswered = events
             .iter()

@@ -186,6 +186,7 @@ pub fn run(backend: Backend, mut settings: SoakSettings) -> Result<(), Box<dyn s
     let (phase, finished) = (stall::Phase::new("the workers"), AtomicBool::new(false));
     let (injected, audit) = std::thread::scope(|s| {
         s.spawn(|| stall::watch(&recorder, &phase, &finished));
+        let _finished = stall::Finished(&finished);
         let from_outside = settings
             .faults
             .iter()
@@ -239,7 +240,6 @@ pub fn run(backend: Backend, mut settings: SoakSettings) -> Result<(), Box<dyn s
             #[allow(unreachable_patterns)]
             _ => Err("this build does not have the backend".into()),
         });
-        finished.store(true, std::sync::atomic::Ordering::Relaxed);
         audit
             .map(|audit| (injected, audit))
             .map_err(|e| e.to_string())

@@ -93,6 +93,7 @@ fn retryable_kind(reason: diesel_occ::RetryReason) -> &'static str {
         ConnectionLost => "retryable_connection_lost",
         NodeNotReady => "retryable_node_not_ready",
         ReadBehind => "retryable_read_behind",
+        ReadOnly => "retryable_read_only",
         _ => "retryable_other",
     }
 }

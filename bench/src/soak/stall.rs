@@ -5,7 +5,7 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use super::history::Recorder;
 
@@ -13,20 +13,32 @@ use super::history::Recorder;
 /// script waits up to two minutes for each of its steps while the workers are done).
 pub const LIMIT: Duration = Duration::from_secs(300);
 
-/// What the run is waiting for, named for the report of a stall.
-pub struct Phase(Mutex<&'static str>);
+/// What the run is waiting for, named for the report of a stall, and since when: each
+/// step after the workers (an outage command finishing its waits, say) gets the whole
+/// [`LIMIT`].
+pub struct Phase(Mutex<(&'static str, Instant)>);
 
 impl Phase {
     pub fn new(what: &'static str) -> Self {
-        Phase(Mutex::new(what))
+        Phase(Mutex::new((what, Instant::now())))
     }
 
     pub fn set(&self, what: &'static str) {
-        *self.0.lock().unwrap_or_else(|p| p.into_inner()) = what;
+        *self.0.lock().unwrap_or_else(|p| p.into_inner()) = (what, Instant::now());
     }
 
-    fn get(&self) -> &'static str {
+    fn get(&self) -> (&'static str, Instant) {
         *self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// Sets `finished` when dropped, however the run's thread ends (a panic included), so
+/// that the watch stops rather than report the panic as a stall.
+pub struct Finished<'a>(pub &'a AtomicBool);
+
+impl Drop for Finished<'_> {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Relaxed);
     }
 }
 
@@ -36,14 +48,15 @@ impl Phase {
 pub fn watch(recorder: &Recorder, phase: &Phase, finished: &AtomicBool) {
     while !finished.load(Ordering::Relaxed) {
         std::thread::sleep(Duration::from_millis(200));
-        if recorder.quiet_for() < LIMIT {
+        let (waiting_for, since) = phase.get();
+        if recorder.quiet_for().min(since.elapsed()) < LIMIT {
             continue;
         }
         let unanswered = recorder.unanswered();
         eprintln!(
             "soak: no event for {} s while waiting for {}; {} calls had not answered{}",
             LIMIT.as_secs(),
-            phase.get(),
+            waiting_for,
             unanswered.len(),
             if unanswered.is_empty() {
                 ""

@@ -684,7 +684,30 @@ fn a_read_only_refusal_is_retried_on_a_new_connection_only_where_one_may_reach_t
         panic!("an error")
     };
     assert!(
-        error.starts_with("RetriesExhausted") && error.contains("ReadOnly"),
-        "{error}"
+        error.starts_with("RetriesExhausted")
+            && error.contains("last: ReadOnly")
+            && !error.contains("Retryable"),
+        "the last error is the refusal itself: {error}"
     );
+    // One attempt (the policy's, or inside the caller's transaction): the refusal itself;
+    // inside the caller's transaction the connection is the caller's, and kept.
+    for (attempts, nested) in [(1, false), (5, true)] {
+        let once = RetryPolicy::default().max_attempts(attempts);
+        let mut flow =
+            ReadModifyWrite::<i64, i64, Caller>::new(&once, nested, true, "orders", &key, "v")
+                .reconnecting_on_read_only(true);
+        flow.start();
+        flow.began(Ok(()));
+        flow.read(Ok(Some(10)), Error::Database);
+        flow.changed(Err(read_only()));
+        assert_eq!(flow.rolled_back(), Done);
+        assert_eq!(flow.connection_unfit(), !nested, "({attempts}, {nested})");
+        let Err(Caller::Occ(error)) = flow.outcome().map_err(Stop::into_error) else {
+            panic!("an error")
+        };
+        assert!(
+            error.starts_with("ReadOnly"),
+            "({attempts}, {nested}): {error}"
+        );
+    }
 }
