@@ -1016,9 +1016,16 @@ where
     W: common::drivers::Update<Counter, diesel::dsl::Eq<counters::value, i64>>,
 {
     use common::drivers::Update as _;
-    let rounds = 10 * rounds();
+    // At least the rounds asked for, and on until node 2 was seen behind: how often it is
+    // varies with the machine's load (none in 80 rounds was seen once on CI's 2 cores).
+    let (least, most) = (10 * rounds(), 2_000);
     let (mut landed, mut retries) = (0, std::collections::BTreeMap::new());
-    for round in 0..rounds {
+    let mut rounds = 0;
+    for round in 0..most {
+        if round >= least && !retries.is_empty() {
+            break;
+        }
+        rounds += 1;
         let mut copy = Counter {
             name: format!("behind-{round}"),
             value: 0,
