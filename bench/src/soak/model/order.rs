@@ -57,8 +57,7 @@ impl OrderModel {
         states
     }
 
-    fn set(&mut self, mut next: Vec<Option<Order>>) {
-        next.dedup();
+    fn set(&mut self, next: Vec<Option<Order>>) {
         let mut unique = Vec::with_capacity(next.len());
         for state in next {
             if !unique.contains(&state) {
