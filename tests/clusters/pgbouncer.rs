@@ -12,9 +12,9 @@
 //! - the async API (diesel-async names every statement) needs 1.24's prepared
 //!   statements; behind 1.18 it gets the same typed error.
 //!
-//! A client is moved to another session on purpose: PgBouncer hands out the session it
-//! used last first, so a connection that holds that session in an open transaction makes
-//! the client's next statement run on another one.
+//! A client is moved to another session on purpose: a connection that holds the session
+//! it used last in an open transaction makes the client's next statement run on another
+//! one.
 //!
 //! The URLs come from `OCC_PGBOUNCER_URLS` (1.18's, then 1.24's); without it the tests
 //! are skipped, unless `OCC_REQUIRE_CLUSTER` is set. The whole suite, faults and a
@@ -80,39 +80,65 @@ fn db(pooler: Pooler) -> Option<Db> {
 }
 
 /// A connection of its own through the pooler holding, in an open transaction, the
-/// server session the pooler handed out last: until it is dropped, the pooler gives
-/// every other client another session. With that session's backend pid.
-fn hold_last_session(db: &Db) -> (PgConnection, i32) {
-    let mut hog = PgConnection::establish(&db.url).expect("a connection through the pooler");
-    hog.batch_execute("BEGIN").unwrap();
-    let pid = diesel::select(backend_pid()).get_result(&mut hog).unwrap();
-    (hog, pid)
+/// server session `pid`: until it is dropped, the pooler gives every other client another
+/// session.
+///
+/// The pooler hands out its idle sessions newest first, so the first try usually gets
+/// the session a client used last. Not always: the async client closes an unnamed
+/// statement in its background after its answer came, which keeps that session busy for
+/// a moment. A connection that got another session keeps it until one gets `pid`; with
+/// the pooler's 8 sessions per database taken, the last waits until `pid` is idle.
+fn hold_session(db: &Db, pid: i32) -> PgConnection {
+    let mut others: Vec<PgConnection> = Vec::new();
+    for _ in 0..8 {
+        let mut hog = PgConnection::establish(&db.url).expect("a connection through the pooler");
+        hog.batch_execute("BEGIN").unwrap();
+        let held: i32 = diesel::select(backend_pid()).get_result(&mut hog).unwrap();
+        if held == pid {
+            for mut other in others {
+                other.batch_execute("ROLLBACK").unwrap();
+            }
+            return hog;
+        }
+        others.push(hog);
+    }
+    panic!("8 connections through the pooler never got session {pid}");
 }
 
 fn backend_pid() -> diesel::expression::SqlLiteral<diesel::sql_types::Integer> {
     diesel::dsl::sql("pg_backend_pid()")
 }
 
-/// The backend pid of the server session the client's next statement runs on.
+/// The backend pid of the server session the client's last statement ran on. Behind a
+/// pooler that keeps no prepared statement, the query's own statement may meet another
+/// session than the one it was prepared on: then it is asked again.
 trait SessionPid {
-    fn session_pid(&mut self) -> i32;
+    fn try_session_pid(&mut self) -> QueryResult<i32>;
+
+    fn session_pid(&mut self) -> i32 {
+        let mut tries = 0;
+        loop {
+            match self.try_session_pid() {
+                Ok(pid) => return pid,
+                Err(error) if tries == 20 => panic!("no backend pid in 20 tries: {error}"),
+                Err(_) => tries += 1,
+            }
+        }
+    }
 }
 
 impl SessionPid for common::drivers::Blocking<PgConnection> {
-    fn session_pid(&mut self) -> i32 {
-        diesel::select(backend_pid())
-            .get_result(&mut self.0)
-            .unwrap()
+    fn try_session_pid(&mut self) -> QueryResult<i32> {
+        diesel::select(backend_pid()).get_result(&mut self.0)
     }
 }
 
 #[cfg(feature = "async")]
 impl SessionPid for common::drivers::Async<diesel_async::AsyncPgConnection> {
-    fn session_pid(&mut self) -> i32 {
+    fn try_session_pid(&mut self) -> QueryResult<i32> {
         let query = diesel::select(backend_pid());
         self.runtime
             .block_on(diesel_async::RunQueryDsl::get_result(query, &mut self.conn))
-            .unwrap()
     }
 }
 
@@ -132,39 +158,65 @@ fn a_client_moved_to_another_session<W>(db: &Db, mut client: W, kept: bool)
 where
     W: Update<Order, diesel::dsl::Eq<orders::note, &'static str>> + SessionPid,
 {
-    let first = stored(db);
-    let version = client
-        .update(&first, orders::note.eq("first"))
-        .expect("the first write, on the session its statement was prepared on");
-    let used = client.session_pid();
-    let (hog, held) = hold_last_session(db);
-    assert_eq!(held, used, "the hog holds the session the client used");
-    let second = Order { version, ..first };
-    let answer = client.update(&second, orders::note.eq("second"));
-    drop(hog);
-    let row = stored(db);
     if kept {
+        let first = stored(db);
+        let version = client
+            .update(&first, orders::note.eq("first"))
+            .expect("the first write");
+        let used = client.session_pid();
+        let hog = hold_session(db, used);
+        let second = Order { version, ..first };
+        let answer = client.update(&second, orders::note.eq("second"));
+        drop(hog);
         assert_eq!(
             answer.expect("the second write, on another session"),
             version + 1
         );
+        let row = stored(db);
         assert_eq!((row.note.as_str(), row.version), ("second", version + 1));
-    } else {
-        match answer {
-            Err(error @ Error::StatementLostByPooler { .. }) => {
-                assert!(
-                    error.to_string().contains("max_prepared_statements"),
-                    "{error}"
-                );
-                assert!(error.to_string().contains("statement_cache"), "{error}");
-            }
-            other => panic!("expected StatementLostByPooler, got {other:?}"),
+        return;
+    }
+    // Without the pooler's prepared statements, any statement of the client may meet a
+    // session that lacks it, not only the one after the move: the async client closes
+    // its unnamed statements in its background, which can keep a session busy when its
+    // next statement comes. So every answer must be a write that landed or the typed
+    // error with nothing written, and rounds go on until the error was seen.
+    for _ in 0..20 {
+        let lost_first =
+            landed_or_lost(db, |before| client.update(before, orders::note.eq("first")));
+        let used = client.session_pid();
+        let hog = hold_session(db, used);
+        let lost_second = landed_or_lost(db, |before| {
+            client.update(before, orders::note.eq("second"))
+        });
+        drop(hog);
+        if lost_first || lost_second {
+            return;
         }
-        assert_eq!(
-            (row.note.as_str(), row.version),
-            ("first", version),
-            "nothing written"
-        );
+    }
+    panic!("20 moves to another session never lost a statement");
+}
+
+/// Runs `write` on the stored row and checks its answer against the row afterwards:
+/// either it landed (one version up), or it is [`Error::StatementLostByPooler`], naming
+/// the settings that fix it, and nothing was written. Whether it was lost.
+fn landed_or_lost(db: &Db, write: impl FnOnce(&Order) -> Result<i64, Error>) -> bool {
+    let before = stored(db);
+    let answer = write(&before);
+    let row = stored(db);
+    match answer {
+        Ok(version) => {
+            assert_eq!((version, row.version), (before.version + 1, version));
+            false
+        }
+        Err(error @ Error::StatementLostByPooler { .. }) => {
+            let message = error.to_string();
+            assert!(message.contains("max_prepared_statements"), "{message}");
+            assert!(message.contains("statement_cache"), "{message}");
+            assert_eq!(row, before, "nothing written");
+            true
+        }
+        Err(other) => panic!("expected StatementLostByPooler, got {other:?}"),
     }
 }
 
