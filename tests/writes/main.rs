@@ -17,6 +17,7 @@ mod bulk;
 mod caller_transaction;
 mod concurrency;
 mod database_clock;
+mod diesel_attributes;
 mod error_classification;
 mod excluded_fields;
 mod guarded_update;
