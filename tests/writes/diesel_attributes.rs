@@ -101,7 +101,8 @@ fn guarded_writes_use_the_names_and_types_diesel_s_attributes_give() {
     let refused = stale.guarded_save(conn).unwrap_err();
     assert!(refused.as_conflict().is_some(), "{refused:?}");
 
-    // The version is the column `rev` of the table `legacy_posts`, read through `serialize_as`.
+    // The version is the column `rev` of the table `legacy_posts`; the title is read
+    // through `deserialize_as`.
     let post: Post = Post::belonging_to(&stored)
         .select(Post::as_select())
         .first(conn)
