@@ -80,8 +80,8 @@ fn db(pooler: Pooler) -> Option<Db> {
 }
 
 /// A connection of its own through the pooler holding, in an open transaction, the
-/// server session `pid`: until it is dropped, the pooler gives every other client another
-/// session.
+/// server session `pid`: until it is given back (`give_back`), the pooler gives every
+/// other client another session.
 ///
 /// The pooler hands out its idle sessions newest first, so the first try usually gets
 /// the session a client used last. Not always: the async client (tokio-postgres) closes
@@ -91,15 +91,13 @@ fn db(pooler: Pooler) -> Option<Db> {
 /// taken (`default_pool_size` in scripts/pgbouncer.sh), the last waits until `pid` is
 /// idle.
 fn hold_session(db: &Db, pid: i32) -> PgConnection {
-    let mut others: Vec<PgConnection> = Vec::new();
+    let mut others = Vec::new();
     for _ in 0..8 {
         let mut hog = PgConnection::establish(&db.url).expect("a connection through the pooler");
         hog.batch_execute("BEGIN").unwrap();
         let held: i32 = diesel::select(backend_pid()).get_result(&mut hog).unwrap();
         if held == pid {
-            for mut other in others {
-                other.batch_execute("ROLLBACK").unwrap();
-            }
+            others.into_iter().for_each(give_back);
             return hog;
         }
         others.push(hog);
